@@ -1,0 +1,259 @@
+"""A single-node Apache Kafka (KRaft) on loopback, from Maven Central jars, run on Java 17.
+
+`up()` resolves the jars once (`mvn dependency:copy-dependencies` over `infra/pom.xml`) into
+`$STACX_HOME/kafka/<version>/libs`, formats the storage with `kafka.tools.StorageTool`, starts
+`kafka.Kafka` and waits until the broker answers a metadata request.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import shutil
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infra import paths
+from infra.services.errors import InfraError
+from infra.services.processes import (
+    pid_alive,
+    port_open,
+    read_pid,
+    require_free_port,
+    stop_pid,
+    tail,
+)
+
+POM = Path(__file__).resolve().parent.parent / "pom.xml"
+LOG4J = Path(__file__).resolve().parent.parent / "log4j2.xml"
+HOST = "127.0.0.1"
+
+
+@dataclass(kw_only=True, slots=True)
+class KafkaConfig:
+    """How the local broker is run."""
+
+    port: int = field(default_factory=lambda: int(os.environ.get("STACX_KAFKA_PORT", "9092")))
+    """Client listener on 127.0.0.1 (env STACX_KAFKA_PORT)."""
+    controller_port: int = field(
+        default_factory=lambda: int(os.environ.get("STACX_KAFKA_CONTROLLER_PORT", "9093"))
+    )
+    """KRaft controller listener on 127.0.0.1 (env STACX_KAFKA_CONTROLLER_PORT)."""
+    heap: str = "1g"
+    """JVM heap (-Xmx)."""
+    start_timeout_s: float = 90.0
+    """How long `up` waits for the broker to answer a metadata request."""
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.port}"
+
+
+def kafka_version() -> str:
+    match = re.search(r"<kafka.version>([^<]+)</kafka.version>", POM.read_text())
+    if not match:
+        raise InfraError(f"{POM} has no <kafka.version> property")
+    return match.group(1)
+
+
+def home() -> Path:
+    return paths.stacx_home() / "kafka"
+
+
+def jar_dir() -> Path:
+    """Directory holding the broker and tools jars (classpath `<dir>/*`)."""
+    return home() / kafka_version() / "libs"
+
+
+def data_dir() -> Path:
+    return home() / "data"
+
+
+def log_file() -> Path:
+    return paths.logs_dir() / "kafka.log"
+
+
+def pid_file() -> Path:
+    return paths.run_dir() / "kafka.pid"
+
+
+# -- jars --------------------------------------------------------------------------------------
+
+
+def ensure_jars() -> Path:
+    """Resolve the Kafka jars from Maven Central once per machine."""
+    libs = jar_dir()
+    if (libs / ".complete").exists():
+        return libs
+    _require_tool("mvn", "Maven", "apt-get install maven")
+    partial = libs.with_name("libs.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    cmd = ["mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
+           f"-DoutputDirectory={partial}", "-DincludeScope=runtime"]
+    print(f"[stacx infra] resolving Apache Kafka {kafka_version()} jars with Maven (once per machine)")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise InfraError(_maven_failure(proc.stdout + proc.stderr))
+    shutil.rmtree(libs, ignore_errors=True)
+    partial.rename(libs)
+    (libs / ".complete").write_text(kafka_version())
+    return libs
+
+
+def _maven_failure(output: str) -> str:
+    last = "\n".join(output.strip().splitlines()[-15:])
+    if re.search(r"UnknownHost|Connection refused|Could not transfer|Network is unreachable", output):
+        return ("Maven could not reach Maven Central to download the Kafka jars. Check the network "
+                "or configure a mirror in ~/.m2/settings.xml, then rerun `stacx infra up`.\n" + last)
+    return f"`mvn dependency:copy-dependencies -f {POM}` failed:\n{last}"
+
+
+def _require_tool(binary: str, name: str, fix: str) -> None:
+    if shutil.which(binary) is None:
+        raise InfraError(f"{name} (`{binary}`) is not installed; install it with `{fix}`")
+
+
+def java_binary() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+    if not java or not Path(java).exists():
+        raise InfraError("Java 17+ is needed to run Kafka; install it with "
+                         "`apt-get install openjdk-17-jre-headless` or set JAVA_HOME")
+    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+    match = re.search(r'version "(\d+)', out)
+    if not match or int(match.group(1)) < 17:
+        raise InfraError(f"{java} is not Java 17+ ({out.splitlines()[0] if out else '?'}); "
+                         "install openjdk-17 or point JAVA_HOME at a JDK 17+")
+    return java
+
+
+# -- configuration and storage -------------------------------------------------------------------
+
+
+def write_server_properties(config: KafkaConfig) -> Path:
+    props = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@{HOST}:{config.controller_port}",
+        "listeners": f"PLAINTEXT://{HOST}:{config.port},CONTROLLER://{HOST}:{config.controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{HOST}:{config.port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "log.dirs": str(data_dir()),
+        "num.partitions": "1",
+        "offsets.topic.replication.factor": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        "message.max.bytes": str(64 * 1024 * 1024),
+        "replica.fetch.max.bytes": str(64 * 1024 * 1024),
+        "socket.request.max.bytes": str(256 * 1024 * 1024),
+        "auto.create.topics.enable": "true",
+        "log.cleaner.backoff.ms": "5000",
+    }
+    path = home() / "server.properties"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+    return path
+
+
+def format_storage(java: str, libs: Path, properties: Path) -> None:
+    """Format the KRaft log directory once (kept across restarts)."""
+    if (data_dir() / "meta.properties").exists():
+        return
+    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    cmd = [java, "-cp", f"{libs}/*", f"-Dlog4j2.configurationFile={LOG4J}",
+           "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise InfraError(f"kafka.tools.StorageTool format failed:\n{proc.stdout}{proc.stderr}")
+
+
+# -- lifecycle -----------------------------------------------------------------------------------
+
+
+def running_pid() -> int | None:
+    return read_pid(pid_file())
+
+
+def up(config: KafkaConfig) -> str:
+    """Start the broker unless ours already runs; return a one-line status."""
+    pid = running_pid()
+    if pid is not None and broker_answers(config.bootstrap):
+        return f"Kafka already running at {config.bootstrap} (pid {pid})"
+    if pid is not None:
+        wait_ready(config, pid, started=time.monotonic())
+        return f"Kafka running at {config.bootstrap} (pid {pid})"
+    require_free_port(HOST, config.port, "the Kafka broker", "STACX_KAFKA_PORT")
+    require_free_port(HOST, config.controller_port, "the KRaft controller",
+                      "STACX_KAFKA_CONTROLLER_PORT")
+    java = java_binary()
+    libs = ensure_jars()
+    properties = write_server_properties(config)
+    format_storage(java, libs, properties)
+    pid = _spawn(java, libs, properties, config)
+    wait_ready(config, pid, started=time.monotonic())
+    return f"Kafka started at {config.bootstrap} (pid {pid}, log {log_file()})"
+
+
+def _spawn(java: str, libs: Path, properties: Path, config: KafkaConfig) -> int:
+    cmd = [java, f"-Xmx{config.heap}", "-Xms256m", "-XX:+UseG1GC",
+           "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={LOG4J}",
+           f"-Dkafka.logs.dir={paths.logs_dir()}", "-cp", f"{libs}/*", "kafka.Kafka",
+           str(properties)]
+    with open(log_file(), "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    pid_file().write_text(str(proc.pid))
+    return proc.pid
+
+
+def wait_ready(config: KafkaConfig, pid: int, started: float) -> None:
+    while time.monotonic() - started < config.start_timeout_s:
+        if not pid_alive(pid):
+            pid_file().unlink(missing_ok=True)
+            raise InfraError(f"the Kafka broker exited during start-up; last lines of "
+                             f"{log_file()}:\n{tail(log_file())}")
+        if port_open(HOST, config.port) and broker_answers(config.bootstrap):
+            return
+        time.sleep(0.5)
+    raise InfraError(f"the Kafka broker did not answer within {config.start_timeout_s:.0f}s; "
+                     f"last lines of {log_file()}:\n{tail(log_file())}")
+
+
+def broker_answers(bootstrap: str, timeout_s: float = 5.0) -> bool:
+    """True when a broker at `bootstrap` answers a metadata request."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 3000})
+    try:
+        metadata = admin.list_topics(timeout=timeout_s)
+    except Exception:
+        return False
+    return bool(metadata.brokers)
+
+
+def down() -> str:
+    pid = running_pid()
+    if pid is None:
+        pid_file().unlink(missing_ok=True)
+        return "Kafka: not running (nothing started by stacx)"
+    stop_pid(pid, timeout_s=60)
+    pid_file().unlink(missing_ok=True)
+    return f"Kafka: stopped pid {pid}"
+
+
+def status(config: KafkaConfig) -> str:
+    pid = running_pid()
+    if pid is None:
+        return f"Kafka: not running (log {log_file()})"
+    state = "answering" if broker_answers(config.bootstrap) else "NOT answering"
+    return (f"Kafka {kafka_version()}: pid {pid}, {state} at {config.bootstrap}, "
+            f"data {data_dir()}, log {log_file()}")

@@ -1,0 +1,59 @@
+"""All local services together: what `stacx infra up | down | status` does."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from infra.services import docker_engine, kafka, sandbox_image
+from infra.services.errors import InfraError
+from infra.services.topics import ensure_topics
+from schemas.topics import BOOTSTRAP_ENV
+
+
+@dataclass(kw_only=True, slots=True)
+class StackConfig:
+    """Which local services `stacx infra up` manages."""
+
+    kafka: kafka.KafkaConfig = field(default_factory=kafka.KafkaConfig)
+    """The local broker (ignored when `bootstrap_servers` points at an existing cluster)."""
+    bootstrap_servers: str | None = field(default_factory=lambda: os.environ.get(BOOTSTRAP_ENV))
+    """An existing Kafka cluster to use instead of the local broker (env STACX_KAFKA)."""
+    docker: bool = True
+    """Start (or check) the Docker engine and build the sandbox base image."""
+
+    @property
+    def bootstrap(self) -> str:
+        return self.bootstrap_servers or self.kafka.bootstrap
+
+
+def up(config: StackConfig, say: Callable[[str], None] = print) -> None:
+    if config.bootstrap_servers:
+        if not kafka.broker_answers(config.bootstrap_servers):
+            raise InfraError(f"no Kafka broker answers at {config.bootstrap_servers} "
+                             f"(from {BOOTSTRAP_ENV} / bootstrap_servers); check the address")
+        say(f"Kafka: using the existing cluster at {config.bootstrap_servers} (local broker skipped)")
+    else:
+        say(kafka.up(config.kafka))
+    for line in ensure_topics(config.bootstrap):
+        say(line)
+    if config.docker:
+        say(docker_engine.up())
+        say(sandbox_image.up())
+
+
+def down(say: Callable[[str], None] = print) -> None:
+    say(kafka.down())
+    say(docker_engine.down())
+
+
+def status(config: StackConfig) -> list[str]:
+    lines = []
+    if config.bootstrap_servers:
+        state = "answering" if kafka.broker_answers(config.bootstrap_servers) else "NOT answering"
+        lines.append(f"Kafka: external cluster {config.bootstrap_servers}, {state}")
+    else:
+        lines.append(kafka.status(config.kafka))
+    lines += [docker_engine.status(), sandbox_image.status()]
+    return lines

@@ -1,0 +1,39 @@
+"""Idempotent creation of the topics of ARCHITECTURE.md (names and configs live in `schemas.topics`)."""
+
+from __future__ import annotations
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from infra.services.errors import InfraError
+from schemas.topics import TOPICS, TopicSpec
+
+
+def ensure_topics(bootstrap: str, specs: tuple[TopicSpec, ...] = TOPICS) -> list[str]:
+    """Create missing topics and bring configs of existing ones in line; return one line each."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    existing = set(admin.list_topics(timeout=15).topics)
+    lines = [_create(admin, spec) for spec in specs if spec.name not in existing]
+    lines += [_align(admin, spec) for spec in specs if spec.name in existing]
+    return lines
+
+
+def _create(admin: AdminClient, spec: TopicSpec) -> str:
+    new = NewTopic(spec.name, num_partitions=spec.partitions, replication_factor=1,
+                   config=dict(spec.config))
+    try:
+        admin.create_topics([new])[spec.name].result(timeout=30)
+    except KafkaException as exc:
+        if exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            return f"topic {spec.name}: exists"
+        raise InfraError(f"cannot create topic {spec.name}: {exc}") from exc
+    return f"topic {spec.name}: created ({spec.partitions} partitions)"
+
+
+def _align(admin: AdminClient, spec: TopicSpec) -> str:
+    resource = ConfigResource(ConfigResource.Type.TOPIC, spec.name, set_config=dict(spec.config))
+    try:
+        admin.alter_configs([resource])[resource].result(timeout=30)
+    except KafkaException as exc:
+        raise InfraError(f"cannot update the configs of topic {spec.name}: {exc}") from exc
+    return f"topic {spec.name}: exists"

@@ -1,0 +1,97 @@
+"""Shared fixtures: the real local services started by `stacx infra up` (make test does it).
+
+Integration tests fail loudly, never skip, when a service that `make test` should have started
+is missing: the message says how to start it.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from schemas import topics
+
+SANDBOX_IMAGE = "stacx/sandbox:bookworm"
+START_HINT = "start the local services with `.venv/bin/stacx infra up` (`make test` does this)"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.fspath))
+        if "integration" in path.parts or "e2e" in path.parts:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> str:
+    """bootstrap.servers of a live broker (STACX_KAFKA or the local default)."""
+    from confluent_kafka.admin import AdminClient
+
+    bootstrap = os.environ.get(topics.BOOTSTRAP_ENV, topics.DEFAULT_BOOTSTRAP)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        admin.list_topics(timeout=10)
+    except Exception as exc:  # KafkaException: broker down
+        pytest.fail(f"no Kafka broker answers at {bootstrap} ({exc}); {START_HINT}", pytrace=False)
+    return bootstrap
+
+
+@pytest.fixture
+def fresh_topic(kafka_bootstrap: str) -> Iterator[Callable[..., str]]:
+    """Factory: `fresh_topic("trajectories", partitions=4, config={...})` -> a new unique topic."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    created: list[str] = []
+
+    def make(stem: str = "test", partitions: int = 1, config: dict[str, str] | None = None) -> str:
+        name = f"test.{stem}.{uuid.uuid4().hex[:10]}"
+        future = admin.create_topics(
+            [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})]
+        )[name]
+        future.result(timeout=30)
+        created.append(name)
+        return name
+
+    yield make
+    if created:
+        for future in admin.delete_topics(created).values():
+            try:
+                future.result(timeout=30)
+            except Exception:
+                pass
+
+
+@pytest.fixture
+def fresh_group() -> str:
+    """A consumer group id no other test uses."""
+    return f"test-group-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def docker_client():  # type: ignore[no-untyped-def]
+    """Docker SDK client of a live engine."""
+    import docker
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception as exc:
+        pytest.fail(f"no Docker engine answers ({exc}); {START_HINT}", pytrace=False)
+    return client
+
+
+@pytest.fixture(scope="session")
+def sandbox_image(docker_client) -> str:  # type: ignore[no-untyped-def]
+    """Name of the sandbox base image built by `stacx infra up`."""
+    import docker.errors
+
+    try:
+        docker_client.images.get(SANDBOX_IMAGE)
+    except docker.errors.ImageNotFound:
+        pytest.fail(f"sandbox image {SANDBOX_IMAGE} is missing; {START_HINT}", pytrace=False)
+    return SANDBOX_IMAGE

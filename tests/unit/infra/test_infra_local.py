@@ -1,0 +1,72 @@
+"""Local-service helpers that need no running service."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from infra.services import kafka, sandbox_image
+from infra.services.errors import InfraError
+from infra.services.processes import require_free_port
+
+
+def test_busy_port_names_port_and_process() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(InfraError) as info:
+            require_free_port("127.0.0.1", port, "the Kafka broker", "STACX_KAFKA_PORT")
+    message = str(info.value)
+    assert f"port {port}" in message
+    assert f"pid {os.getpid()}" in message
+    assert "STACX_KAFKA_PORT" in message
+
+
+def test_server_properties_listen_on_loopback_only(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("STACX_HOME", str(tmp_path))
+    config = kafka.KafkaConfig(port=19092, controller_port=19093)
+    props = dict(
+        line.split("=", 1) for line in kafka.write_server_properties(config).read_text().splitlines()
+    )
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
+    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:19092"
+    assert props["process.roles"] == "broker,controller"
+    assert props["log.dirs"].startswith(str(tmp_path))
+
+
+def test_kafka_version_comes_from_the_pom() -> None:
+    assert kafka.kafka_version().startswith("4.")
+
+
+def test_missing_java_is_a_clear_error(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(InfraError, match="Java 17"):
+        kafka.java_binary()
+
+
+def test_maven_unreachable_message_says_how_to_fix() -> None:
+    message = kafka._maven_failure("[ERROR] Could not transfer artifact ... UnknownHostException")
+    assert "could not reach Maven Central" in message
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "deb http://mirror.example/debian bookworm main\n",
+        "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\n",
+    ],
+)
+def test_debian_mirror_is_read_from_apt_sources(tmp_path: Path, text: str) -> None:
+    source = tmp_path / "sources"
+    source.write_text(text)
+    assert sandbox_image._mirror_in(source) == "http://mirror.example/debian"
+
+
+def test_debian_mirror_env_override(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("STACX_DEBIAN_MIRROR", "http://mirror.example/debian")
+    assert sandbox_image.debian_mirror() == "http://mirror.example/debian"
