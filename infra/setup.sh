@@ -66,8 +66,13 @@ if [[ -L "$LOCAL" || ! -x "$LOCAL/bin/python" ]] || ! grep -qxF "$SHARED_SITE" "
   for tool in "$SHARED"/bin/*; do
     name="$(basename "$tool")"
     case "$name" in python*|activate*|Activate*|stacx) continue ;; esac
-    [[ -e "$LOCAL/bin/$name" ]] || printf '#!/usr/bin/env bash\nexec "%s/bin/python" "%s" "$@"\n' "$LOCAL" "$tool" > "$LOCAL/bin/$name"
-    chmod +x "$LOCAL/bin/$name"
+    [[ -e "$LOCAL/bin/$name" ]] && continue
+    if [[ "$(head -c 2 "$tool")" == "#!" ]]; then  # a Python entry point: run it with .venv's python
+      printf '#!/usr/bin/env bash\nexec "%s/bin/python" "%s" "$@"\n' "$LOCAL" "$tool" > "$LOCAL/bin/$name"
+      chmod +x "$LOCAL/bin/$name"
+    else  # a native binary (ruff)
+      ln -s "$tool" "$LOCAL/bin/$name"
+    fi
   done
 fi
 

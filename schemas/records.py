@@ -43,7 +43,7 @@ def trajectory_id(task_id: str, group_id: str, sample_index: int, policy_version
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
-class TrajectoryStatus(str, enum.Enum):
+class TrajectoryStatus(enum.StrEnum):
     COMPLETED = "COMPLETED"
     TRUNCATED = "TRUNCATED"
     FAILED = "FAILED"

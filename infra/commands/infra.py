@@ -54,9 +54,9 @@ def _down(args: argparse.Namespace) -> int:
 @_guarded
 def _status(args: argparse.Namespace) -> int:
     lines = stack.status(stack.StackConfig())
-    for line in lines:
+    for _, line in lines:
         _say(line)
-    return 0 if all("not" not in line.split(":", 1)[1][:20] for line in lines) else 1
+    return 0 if all(healthy for healthy, _ in lines) else 1
 
 
 @_guarded

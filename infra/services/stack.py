@@ -48,12 +48,15 @@ def down(say: Callable[[str], None] = print) -> None:
     say(docker_engine.down())
 
 
-def status(config: StackConfig) -> list[str]:
-    lines = []
+def status(config: StackConfig) -> list[tuple[bool, str]]:
+    """(healthy, line) for each service."""
     if config.bootstrap_servers:
-        state = "answering" if kafka.broker_answers(config.bootstrap_servers) else "NOT answering"
-        lines.append(f"Kafka: external cluster {config.bootstrap_servers}, {state}")
+        answers = kafka.broker_answers(config.bootstrap_servers)
+        state = "answering" if answers else "NOT answering"
+        kafka_line = (answers, f"Kafka: external cluster {config.bootstrap_servers}, {state}")
     else:
-        lines.append(kafka.status(config.kafka))
-    lines += [docker_engine.status(), sandbox_image.status()]
-    return lines
+        kafka_line = (kafka.running_pid() is not None and kafka.broker_answers(config.bootstrap),
+                      kafka.status(config.kafka))
+    return [kafka_line,
+            (docker_engine.engine_answers(), docker_engine.status()),
+            (sandbox_image.image_exists(), sandbox_image.status())]
