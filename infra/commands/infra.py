@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
+from infra.config import ConfigError, load_yaml
 from infra.services import smoke, stack
 from infra.services.errors import InfraError
 
@@ -16,10 +18,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     up.add_argument("--no-docker", action="store_true", help="Kafka only")
     up.set_defaults(func=_up)
     actions.add_parser("down", help="stop the services `up` started").set_defaults(func=_down)
-    actions.add_parser("status", help="what runs, where, and where its logs are").set_defaults(
-        func=_status)
-    actions.add_parser("smoke", help="round-trip a record through Kafka, run a sandbox command"
-                       ).set_defaults(func=_smoke)
+    status = actions.add_parser("status", help="what runs, where, and where its logs are")
+    status.set_defaults(func=_status)
+    smoke_ = actions.add_parser("smoke", help="round-trip a record through Kafka, run a sandbox command")
+    smoke_.set_defaults(func=_smoke)
+    for parser_ in (up, status, smoke_):
+        parser_.add_argument("--config", type=Path, default=None,
+                             help="YAML config; its `bootstrap_servers` selects an existing Kafka cluster")
 
 
 def _say(line: str) -> None:
@@ -30,7 +35,7 @@ def _guarded(fn):  # type: ignore[no-untyped-def]
     def run(args: argparse.Namespace) -> int:
         try:
             return fn(args)
-        except InfraError as exc:
+        except (InfraError, ConfigError) as exc:
             print(f"[stacx infra] error: {exc}", flush=True)
             return 1
     return run
@@ -39,7 +44,8 @@ def _guarded(fn):  # type: ignore[no-untyped-def]
 @_guarded
 def _up(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    config = stack.StackConfig(docker=not args.no_docker)
+    config = _stack_config(args)
+    config.docker = not args.no_docker
     stack.up(config, say=_say)
     _say(f"ready in {time.monotonic() - started:.1f}s (bootstrap {config.bootstrap})")
     return 0
@@ -53,7 +59,7 @@ def _down(args: argparse.Namespace) -> int:
 
 @_guarded
 def _status(args: argparse.Namespace) -> int:
-    lines = stack.status(stack.StackConfig())
+    lines = stack.status(_stack_config(args))
     for _, line in lines:
         _say(line)
     return 0 if all(healthy for healthy, _ in lines) else 1
@@ -61,9 +67,18 @@ def _status(args: argparse.Namespace) -> int:
 
 @_guarded
 def _smoke(args: argparse.Namespace) -> int:
-    config = stack.StackConfig()
+    config = _stack_config(args)
     _say(smoke.kafka_round_trip(config.bootstrap))
     _say(smoke.sandbox_command())
     _say("smoke test passed. The quickstart (`stacx quickstart`) is not built yet: "
          "this smoke test stands in for it in `make demo`.")
     return 0
+
+
+def _stack_config(args: argparse.Namespace) -> stack.StackConfig:
+    config = stack.StackConfig()
+    if getattr(args, "config", None) is not None:
+        tree = load_yaml(args.config)
+        if tree.get("bootstrap_servers"):
+            config.bootstrap_servers = str(tree["bootstrap_servers"])
+    return config

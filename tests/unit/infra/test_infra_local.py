@@ -70,3 +70,39 @@ def test_debian_mirror_is_read_from_apt_sources(tmp_path: Path, text: str) -> No
 def test_debian_mirror_env_override(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("STACX_DEBIAN_MIRROR", "http://mirror.example/debian")
     assert sandbox_image.debian_mirror() == "http://mirror.example/debian"
+
+
+def test_missing_maven_is_a_clear_error(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("STACX_HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(InfraError, match="Maven .*apt-get install maven"):
+        kafka.ensure_jars()
+
+
+def test_broker_dying_during_start_shows_its_log(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+    import time
+
+    monkeypatch.setenv("STACX_HOME", str(tmp_path))
+    kafka.log_file().write_text("line 1\nERROR Exiting Kafka due to fatal exception\n")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with pytest.raises(InfraError) as info:
+        kafka.wait_ready(kafka.KafkaConfig(port=1, controller_port=2), dead.pid, time.monotonic())
+    assert "exited during start-up" in str(info.value)
+    assert "Exiting Kafka due to fatal exception" in str(info.value)
+
+
+def test_debootstrap_failure_names_the_mirror_and_log(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("STACX_HOME", str(tmp_path))
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "debootstrap").write_text("#!/bin/sh\necho 'E: Failed getting release file' ; exit 1\n")
+    (fake / "debootstrap").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:/usr/bin:/bin")
+    with pytest.raises(InfraError) as info:
+        sandbox_image._debootstrap(tmp_path / "rootfs", "http://mirror.example/debian")
+    message = str(info.value)
+    assert "mirror.example" in message and "STACX_DEBIAN_MIRROR" in message
+    assert "Failed getting release file" in message
