@@ -1,1 +1,18 @@
-"""STACX consumers."""
+"""STACX consumers: typed Kafka consumption, dead letters, replay, deduplication."""
+
+from consumers.dedup import Deduplicator
+from consumers.errors import ConsumerClosedError, ConsumerError
+from consumers.event_consumer import ConsumedEvent, EventConsumer, Validator
+from consumers.memory import InMemoryConsumer
+from consumers.protocols import EventSource
+
+__all__ = [
+    "ConsumedEvent",
+    "ConsumerClosedError",
+    "ConsumerError",
+    "Deduplicator",
+    "EventConsumer",
+    "EventSource",
+    "InMemoryConsumer",
+    "Validator",
+]

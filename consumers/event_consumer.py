@@ -1,0 +1,382 @@
+"""EventConsumer: Kafka -> typed records, manual commits, replay seeks, lag, dead letters."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.context import Context
+
+from consumers.errors import ConsumerClosedError, ConsumerError
+from producers import BlobStoreError, Delivery, EventProducer, FsspecBlobStore, context_from_headers
+from producers.event_producer import registry_client
+from schemas import topics as topic_names
+from schemas.catalogue import SchemaCatalogue
+from schemas.claimcheck import ClaimCheck
+from schemas.codec import Codec
+from schemas.errors import SchemaError
+from schemas.records import DeadLetter
+from schemas.validation import validate as validate_record
+
+__all__ = ["ConsumedEvent", "EventConsumer", "Validator"]
+
+log = logging.getLogger(__name__)
+
+Validator = Callable[[object], None]
+"""Raises (any exception) when a decoded record must not be handed out; it then goes to the DLQ."""
+
+_PARTITION_EOF = -191
+_OFFSET_END = -1
+
+
+@dataclass(slots=True)
+class ConsumedEvent:
+    """One decoded event and where it came from."""
+
+    value: Any
+    """The typed record (schemas/records.py), claim checks already resolved."""
+    key: str | None
+    """The Kafka key, decoded as UTF-8."""
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    """Kafka timestamp (CreateTime by default) in epoch milliseconds."""
+    headers: dict[str, bytes] = field(default_factory=dict)
+
+    @property
+    def trace_context(self) -> Context:
+        """The OpenTelemetry context the producer injected (use as `parent`/`context=`)."""
+        return context_from_headers(self.headers)
+
+
+def _bootstrap_default() -> str:
+    return os.environ.get(topic_names.BOOTSTRAP_ENV, topic_names.DEFAULT_BOOTSTRAP)
+
+
+class EventConsumer:
+    """Polls topics and yields typed records; bad events go to the DLQ and consumption goes on.
+
+    Offsets are committed only by `commit()`. `seek_to_timestamp` / `seek` replay retained
+    events; when called before the group assigned partitions, they apply on assignment.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        bootstrap_servers: str = field(default_factory=_bootstrap_default)
+        """Kafka bootstrap.servers (default: $STACX_KAFKA or 127.0.0.1:9092)."""
+        group_id: str = "stacx"
+        """Consumer group: members share the partitions and the committed offsets."""
+        topics: list[str] = field(default_factory=list)
+        """Topics to subscribe to."""
+        client_id: str = "stacx-consumer"
+        """client.id shown in broker logs and metrics."""
+        auto_offset_reset: str = "earliest"
+        """Where a group without committed offsets starts: earliest or latest."""
+        dlq_topic: str | None = topic_names.DLQ
+        """Dead-letter topic for undecodable or invalid events; None only logs them."""
+        validate: bool = True
+        """Check record invariants (schemas.validation) and dead-letter violations."""
+        resolve_claim_checks: bool = True
+        """Fetch claim-checked records from the blob store (False hands out the ClaimCheck)."""
+        schema_registry_url: str | None = None
+        """Confluent schema registry URL for events in the Confluent wire format."""
+        schemas_topic: str = topic_names.SCHEMAS
+        """Schema catalogue topic, read to resolve unknown writer schemas."""
+        session_timeout_ms: int = 45_000
+        """session.timeout.ms."""
+        max_poll_interval_ms: int = 300_000
+        """max.poll.interval.ms: the longest gap between polls before the group evicts us."""
+        kafka: dict[str, Any] = field(default_factory=dict)
+        """Extra librdkafka options (override everything above)."""
+
+        def __post_init__(self) -> None:
+            if not self.topics:
+                raise ValueError("EventConsumer.Config.topics is empty: name at least one topic")
+            if self.auto_offset_reset not in {"earliest", "latest"}:
+                raise ValueError(
+                    f"EventConsumer.Config.auto_offset_reset={self.auto_offset_reset!r}: "
+                    "use earliest or latest"
+                )
+
+    def __init__(self, config: Config, *, validator: Validator | None = None) -> None:
+        from confluent_kafka import Consumer
+
+        self.config = config
+        self._validator = validator
+        self._catalogue = SchemaCatalogue(
+            SchemaCatalogue.Config(
+                bootstrap_servers=config.bootstrap_servers, topic=config.schemas_topic, create_topic=False
+            )
+        )
+        registry = registry_client(config.schema_registry_url) if config.schema_registry_url else None
+        self.codec = Codec(resolver=self._catalogue.lookup, registry=registry)
+        self._dlq: EventProducer | None = None
+        self._dlq_sent: list[Future[Delivery]] = []
+        self._pending_seeks: list[Callable[[list[Any]], list[Any]]] = []
+        self._closed = False
+        self.num_dead_letters = 0
+        """Events sent to the DLQ (or dropped with a log line when there is none)."""
+        self._consumer = Consumer(self._librdkafka_config(config))
+        self._consumer.subscribe(list(config.topics), on_assign=self._on_assign)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def poll(self, timeout: float = 1.0) -> ConsumedEvent | None:
+        """The next good event, or None when none arrived within `timeout` seconds."""
+        self._check_open()
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self._consumer.poll(max(deadline - time.monotonic(), 0.0))
+            event = self._handle(msg) if msg is not None else None
+            if event is not None or msg is None or time.monotonic() >= deadline:
+                return event
+
+    def consume(self, max_records: int = 500, timeout: float = 1.0) -> list[ConsumedEvent]:
+        """Up to `max_records` good events, returning early after `timeout` seconds."""
+        self._check_open()
+        messages = self._consumer.consume(max_records, timeout)
+        return [e for e in map(self._handle, messages) if e is not None]
+
+    def __iter__(self) -> Iterator[ConsumedEvent]:
+        """Events forever (until `close()`)."""
+        while not self._closed:
+            event = self.poll(1.0)
+            if event is not None:
+                yield event
+
+    # -- offsets -----------------------------------------------------------------------------
+
+    def commit(self, events: ConsumedEvent | Iterable[ConsumedEvent] | None = None) -> None:
+        """Commit synchronously: past `events`, or (None) past everything polled so far.
+
+        Dead letters produced so far are flushed first, so no event is committed unaccounted.
+        """
+        from confluent_kafka import KafkaException, TopicPartition
+
+        self._check_open()
+        self._flush_dlq()
+        if events is None:
+            try:
+                self._consumer.commit(asynchronous=False)
+            except KafkaException as exc:
+                if "NO_OFFSET" not in str(exc):  # nothing consumed since the last commit
+                    raise ConsumerError(f"commit failed: {exc}") from exc
+            return
+        batch = [events] if isinstance(events, ConsumedEvent) else list(events)
+        ends: dict[tuple[str, int], int] = {}
+        for e in batch:
+            ends[(e.topic, e.partition)] = max(ends.get((e.topic, e.partition), 0), e.offset + 1)
+        if ends:
+            offsets = [TopicPartition(t, p, o) for (t, p), o in ends.items()]
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        """Read `topic`/`partition` from `offset` next.
+
+        Before the group assigned partitions, seeks are remembered and applied on assignment.
+        """
+        from confluent_kafka import TopicPartition
+
+        def resolve(parts: list[Any]) -> list[Any]:
+            return [
+                TopicPartition(topic, partition, offset)
+                for p in parts
+                if (p.topic, p.partition) == (topic, partition)
+            ]
+
+        self._seek(resolve)
+
+    def seek_to_timestamp(self, timestamp_ms: int, timeout: float = 10.0) -> None:
+        """Replay: every assigned partition continues at its first event at or after `timestamp_ms`."""
+        from confluent_kafka import TopicPartition
+
+        def resolve(parts: list[Any]) -> list[Any]:
+            query = [TopicPartition(p.topic, p.partition, timestamp_ms) for p in parts]
+            found = self._consumer.offsets_for_times(query, timeout=timeout)
+            return [
+                TopicPartition(p.topic, p.partition, p.offset if p.offset >= 0 else _OFFSET_END)
+                for p in found
+            ]
+
+        self._seek(resolve)
+
+    def seek_to_beginning(self) -> None:
+        """Replay every assigned partition from its first retained event."""
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        self._seek(lambda parts: [TopicPartition(p.topic, p.partition, OFFSET_BEGINNING) for p in parts])
+
+    def lag(self, timeout: float = 10.0) -> dict[tuple[str, int], int]:
+        """Events not yet consumed, per assigned (topic, partition)."""
+        self._check_open()
+        lags: dict[tuple[str, int], int] = {}
+        for tp in self._consumer.assignment():
+            low, high = self._consumer.get_watermark_offsets(tp, timeout=timeout, cached=False)
+            position = self._consumer.position([tp])[0].offset
+            if position < 0:
+                committed = self._consumer.committed([tp], timeout=timeout)[0].offset
+                position = (
+                    committed
+                    if committed >= 0
+                    else (low if self.config.auto_offset_reset == "earliest" else high)
+                )
+            lags[(tp.topic, tp.partition)] = max(high - position, 0)
+        return lags
+
+    def total_lag(self, timeout: float = 10.0) -> int:
+        """Sum of `lag()` over the assigned partitions."""
+        return sum(self.lag(timeout).values())
+
+    def assignment(self) -> list[tuple[str, int]]:
+        """(topic, partition) pairs currently assigned to this member."""
+        return [(tp.topic, tp.partition) for tp in self._consumer.assignment()]
+
+    def close(self) -> None:
+        """Flush dead letters and leave the group (uncommitted events will be redelivered)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._flush_dlq()
+        except ConsumerError as exc:  # their source events were not committed: redelivered later
+            log.error("%s", exc)
+        finally:
+            if self._dlq is not None:
+                self._dlq.close()
+            self._catalogue.close()
+            self._consumer.close()
+
+    def __enter__(self) -> EventConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _handle(self, msg: Any) -> ConsumedEvent | None:
+        err = msg.error()
+        if err is not None:
+            if err.code() != _PARTITION_EOF:
+                if err.fatal():
+                    raise ConsumerError(f"fatal consumer error: {err}")
+                log.warning("consumer error on %s: %s", msg.topic(), err)
+            return None
+        value = msg.value()
+        if value is None:  # tombstone in a compacted topic
+            return None
+        try:
+            record = self._decode(value)
+        except Exception as exc:  # any decode/validation failure: dead-letter it, keep consuming
+            self._dead_letter(msg, exc)
+            return None
+        key = msg.key()
+        headers = msg.headers()
+        return ConsumedEvent(
+            record,
+            key.decode("utf-8", "replace") if key is not None else None,
+            msg.topic(),
+            msg.partition(),
+            msg.offset(),
+            msg.timestamp()[1],
+            dict(headers) if headers else {},
+        )
+
+    def _decode(self, value: bytes) -> Any:
+        record = self.codec.decode(value)
+        if isinstance(record, ClaimCheck) and self.config.resolve_claim_checks:
+            record = self.codec.decode(FsspecBlobStore.get(record.uri, sha256=record.sha256))
+        if self.config.validate:
+            validate_record(record)
+        if self._validator is not None:
+            self._validator(record)
+        return record
+
+    def _dead_letter(self, msg: Any, exc: Exception) -> None:
+        self.num_dead_letters += 1
+        reason = f"{type(exc).__name__}: {exc}"
+        where = f"{msg.topic()}/{msg.partition()}@{msg.offset()}"
+        if self.config.dlq_topic is None:
+            log.error("dropping undecodable event %s (no DLQ configured): %s", where, reason)
+            return
+        known = isinstance(exc, (SchemaError, BlobStoreError))
+        log.warning("event %s -> DLQ %s: %s", where, self.config.dlq_topic, reason if known else exc)
+        letter = DeadLetter(
+            source_topic=msg.topic(),
+            source_partition=msg.partition(),
+            source_offset=msg.offset(),
+            reason=reason,
+            error_type=type(exc).__name__,
+            key=msg.key(),
+            value=msg.value(),
+            headers={k: v.decode("utf-8", "replace") for k, v in (msg.headers() or []) if v is not None},
+        )
+        self._dlq_sent.append(self._dlq_producer().publish(self.config.dlq_topic, letter, key=msg.key()))
+
+    def _dlq_producer(self) -> EventProducer:
+        if self._dlq is None:
+            self._dlq = EventProducer(
+                EventProducer.Config(
+                    bootstrap_servers=self.config.bootstrap_servers,
+                    client_id=f"{self.config.client_id}-dlq",
+                    schemas_topic=self.config.schemas_topic,
+                    linger_ms=0,
+                )
+            )
+        return self._dlq
+
+    def _flush_dlq(self) -> None:
+        """Wait for the dead letters sent so far; raise (so nothing is committed past them) if any failed."""
+        if self._dlq is None or not self._dlq_sent:
+            return
+        self._dlq.flush(30.0)
+        failed = [f for f in self._dlq_sent if not f.done() or f.exception() is not None]
+        self._dlq_sent = [f for f in self._dlq_sent if not f.done()]
+        if failed:
+            raise ConsumerError(
+                f"{len(failed)} dead letter(s) not acknowledged by {self.config.dlq_topic!r}; "
+                "not committing past them (they will be redelivered)",
+                retriable=True,
+            )
+
+    def _seek(self, resolve: Callable[[list[Any]], list[Any]]) -> None:
+        self._check_open()
+        assigned = self._consumer.assignment()
+        if not assigned:
+            self._pending_seeks.append(resolve)
+            return
+        for tp in resolve(assigned):
+            self._consumer.seek(tp)
+
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        if self._pending_seeks and partitions:
+            moved = {
+                (tp.topic, tp.partition): tp for resolve in self._pending_seeks for tp in resolve(partitions)
+            }
+            partitions = [moved.get((p.topic, p.partition), p) for p in partitions]
+            self._pending_seeks.clear()
+        consumer.assign(partitions)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConsumerClosedError("EventConsumer is closed")
+
+    @staticmethod
+    def _librdkafka_config(config: Config) -> dict[str, Any]:
+        return {
+            "bootstrap.servers": config.bootstrap_servers,
+            "group.id": config.group_id,
+            "client.id": config.client_id,
+            "enable.auto.commit": False,
+            "auto.offset.reset": config.auto_offset_reset,
+            "session.timeout.ms": config.session_timeout_ms,
+            "max.poll.interval.ms": config.max_poll_interval_ms,
+            "isolation.level": "read_committed",
+            **config.kafka,
+        }

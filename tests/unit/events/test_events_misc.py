@@ -1,0 +1,118 @@
+"""Confluent wire format, deduplication, validation, trace headers, blob store."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+
+from consumers import Deduplicator
+from producers import FsspecBlobStore, context_from_headers, trace_headers
+from producers.errors import BlobStoreError
+from producers.event_producer import registry_client
+from schemas.codec import Codec, decode
+from schemas.errors import CodecError, RecordValidationError
+from schemas.identity import record_id, record_key
+from schemas.records import TrainingBatch, Trajectory, token_ids
+from schemas.validation import record_problems, validate
+
+
+def trajectory(i: int = 0, **kw: object) -> Trajectory:
+    return Trajectory(
+        trajectory_id=f"traj-{i}",
+        group_id="g",
+        sample_index=i,
+        task_id="k",
+        task_type="x",
+        model_name="m",
+        policy_version=0,
+        **kw,
+    )  # type: ignore[arg-type]
+
+
+def test_confluent_wire_format_with_mock_registry() -> None:
+    registry = registry_client("mock://events-unit")
+    data = Codec(registry=registry).encode(trajectory(3))
+    assert data[0] == 0
+    schema_id = int.from_bytes(data[1:5], "big")
+    assert registry.get_latest_version("stacx.Trajectory").schema_id == schema_id
+    assert Codec(registry=registry).decode(data, Trajectory).trajectory_id == "traj-3"
+    with pytest.raises(CodecError, match="schema_registry_url"):
+        decode(data)
+
+
+def test_deduplicator_recognises_ids_and_forgets_the_oldest() -> None:
+    dedup = Deduplicator(capacity=2)
+    assert [dedup.is_duplicate(trajectory(i)) for i in (1, 2, 1)] == [False, False, True]
+    dedup.is_duplicate(trajectory(3))  # evicts traj-2 (traj-1 was refreshed)
+    assert dedup.seen("traj-1") and not dedup.seen("traj-2")
+    assert dedup.num_duplicates == 2
+
+
+def test_identity_defaults() -> None:
+    assert record_key(trajectory(1)) == "g" and record_id(trajectory(1)) == "traj-1"
+    assert record_id(object()) == "" and record_key(object()) is None
+
+
+def test_validation_lists_every_problem() -> None:
+    bad = trajectory(token_ids=token_ids([1, 2]), prompt_length=5)
+    assert len(record_problems(bad)) == 2
+    with pytest.raises(RecordValidationError, match="same length"):
+        validate(bad)
+    batch = TrainingBatch(
+        batch_id="b",
+        model_name="m",
+        trajectory_ids=["a"],
+        group_ids=["g"],
+        task_types=["x"],
+        policy_versions=np.zeros(1, np.int32),
+        offsets=np.zeros(1, np.int32),
+        lengths=np.array([4], np.int32),
+        prompt_lengths=np.zeros(1, np.int32),
+        token_ids=np.zeros(2, np.int32),
+        loss_mask=np.zeros(2, np.uint8),
+        logprobs=np.zeros(2, np.float32),
+        rewards=np.zeros(1, np.float32),
+    )
+    assert record_problems(batch) == ["a sequence extends past the end of token_ids"]
+
+
+def test_trace_context_round_trips_through_headers() -> None:
+    tracer = TracerProvider().get_tracer("events-test")
+    assert trace_headers() == []
+    with tracer.start_as_current_span("publish") as span:
+        headers = trace_headers()
+    assert headers[0][0] == "traceparent"
+    extracted = trace.get_current_span(context_from_headers(headers)).get_span_context()
+    assert extracted.trace_id == span.get_span_context().trace_id
+    assert extracted.span_id == span.get_span_context().span_id
+
+
+def test_blob_store_round_trip_and_corruption(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    store = FsspecBlobStore(str(tmp_path))
+    url, digest = store.put(b"payload", prefix="topic")
+    assert FsspecBlobStore.get(url, sha256=digest) == b"payload"
+    with pytest.raises(BlobStoreError, match="SHA-256"):
+        FsspecBlobStore.get(url, sha256="0" * 64)
+    with pytest.raises(BlobStoreError, match="cannot read"):
+        FsspecBlobStore.get(str(tmp_path / "missing.avro"))
+
+
+def test_in_memory_publisher_and_consumer_mirror_the_kafka_pair() -> None:
+    from consumers import EventSource, InMemoryConsumer
+    from producers import InMemoryPublisher, Publisher
+
+    publisher: Publisher = InMemoryPublisher()
+    assert isinstance(publisher, InMemoryPublisher)
+    assert publisher.publish("t", trajectory(1)).result().offset == 0
+    publisher.publish_bytes("t", b"garbage")
+    publisher.publish("t", trajectory(2), headers={"h": "v"})
+    source: EventSource = InMemoryConsumer(publisher, ["t"])
+    events = source.consume()
+    assert [e.value.trajectory_id for e in events] == ["traj-1", "traj-2"]
+    assert events[0].key == "g" and events[1].headers == {"h": b"v"}
+    source.commit(events[0])
+    assert (
+        isinstance(source, InMemoryConsumer) and source.committed["t"] == 1 and source.num_dead_letters == 1
+    )

@@ -1,0 +1,78 @@
+"""EventProducer without a broker: failures surface in futures, a full queue applies backpressure."""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import wait
+
+import pytest
+
+from producers import DeliveryError, EventProducer, ProducerClosedError
+from schemas.records import Trajectory
+
+DEAD_BROKER = "127.0.0.1:1"
+
+
+def trajectory(i: int) -> Trajectory:
+    return Trajectory(
+        trajectory_id=f"traj-{i}",
+        group_id="g",
+        sample_index=i,
+        task_id="k",
+        task_type="x",
+        model_name="m",
+        policy_version=0,
+    )
+
+
+def offline_producer(**overrides: object) -> EventProducer:
+    settings: dict[str, object] = {
+        "bootstrap_servers": DEAD_BROKER,
+        "register_schemas": False,
+        "claim_check_threshold_bytes": 1_000_000,
+        "delivery_timeout_ms": 1000,
+        "linger_ms": 0,
+    }
+    config = EventProducer.Config(**(settings | overrides))  # type: ignore[arg-type]
+    return EventProducer(config)
+
+
+def test_delivery_failure_reaches_the_future_and_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    producer = offline_producer()
+    with caplog.at_level(logging.ERROR, logger="producers.event_producer"):
+        future = producer.publish("test.offline", trajectory(1))
+        error = future.exception(timeout=30)
+    producer.close(timeout_s=5)
+    assert isinstance(error, DeliveryError)
+    assert error.record_id == "traj-1" and error.topic == "test.offline"
+    assert any("traj-1" in r.getMessage() for r in caplog.records)
+
+
+def test_full_queue_blocks_instead_of_raising() -> None:
+    producer = offline_producer(queue_max_messages=5)
+    futures = [producer.publish("test.offline", trajectory(i)) for i in range(15)]
+    done, pending = wait(futures, timeout=60)
+    producer.close(timeout_s=5)
+    assert not pending
+    assert all(isinstance(f.exception(), DeliveryError) for f in futures)
+
+
+def test_publish_after_close_raises() -> None:
+    producer = offline_producer()
+    producer.close(timeout_s=1)
+    with pytest.raises(ProducerClosedError):
+        producer.publish("test.offline", trajectory(0))
+
+
+@pytest.mark.parametrize("field,value", [("compression", "brotli"), ("max_message_bytes", 10)])
+def test_config_errors_name_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        EventProducer.Config(**{field: value})  # type: ignore[arg-type]
+
+
+def test_close_fails_the_futures_of_undelivered_records() -> None:
+    producer = offline_producer(delivery_timeout_ms=600_000)
+    future = producer.publish("test.offline", trajectory(4))
+    producer.close(timeout_s=0.5)
+    error = future.exception(timeout=10)
+    assert isinstance(error, DeliveryError) and error.record_id == "traj-4"
