@@ -1,0 +1,219 @@
+"""`WeightSubscriber`: keep an inference server on the newest published weights.
+
+Follows the compacted `stacx.weights` topic (key = model name, value = `WeightVersion`). At
+start-up it reads the topic to its end and applies only the latest version of its model; after
+that each newer version is applied as it arrives and older or repeated ones are ignored. Applying
+means `POST /update_weights_from_disk` and confirming the reported `weight_version` with
+`GET /get_model_info`: the SGLang HTTP API, so the same subscriber drives the built-in server and
+SGLang. It speaks HTTP itself (httpx) because consumers/ does not import rollout/.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+from consumers.errors import ConsumerError
+from schemas import topics
+from schemas.records import WeightVersion
+
+__all__ = ["EventSource", "WeightSubscriber", "WeightUpdateError"]
+
+log = logging.getLogger(__name__)
+
+
+class WeightUpdateError(ConsumerError):
+    """The server did not take a weight version (after retries, or it refused the files)."""
+
+
+class EventSource(Protocol):
+    """What the subscriber needs from `consumers.EventConsumer` (a fake fits in tests)."""
+
+    def poll(self, timeout: float = 1.0) -> Any: ...
+
+    def total_lag(self, timeout: float = 10.0) -> int: ...
+
+    def assignment(self) -> list[tuple[str, int]]: ...
+
+    def close(self) -> None: ...
+
+
+def _bootstrap_default() -> str:
+    import os
+
+    return os.environ.get(topics.BOOTSTRAP_ENV, topics.DEFAULT_BOOTSTRAP)
+
+
+class WeightSubscriber:
+    """Applies each newer `WeightVersion` of one model to one inference server."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        model_name: str
+        """Kafka key of the model (or role) this server serves."""
+        server_url: str
+        """Base URL of the inference server, e.g. http://127.0.0.1:30000."""
+        bootstrap_servers: str = field(default_factory=_bootstrap_default)
+        """Kafka bootstrap.servers (default: $STACX_KAFKA or 127.0.0.1:9092)."""
+        topic: str = topics.WEIGHTS
+        """Compacted topic of `WeightVersion` events."""
+        group_id: str | None = None
+        """Consumer group; None picks a fresh one so every subscriber reads the whole topic."""
+        abort_running: bool = False
+        """Abort requests running on the old weights instead of letting them finish."""
+        request_timeout_s: float = 600.0
+        """Timeout of one update call (loading large checkpoints takes a while)."""
+        max_attempts: int = 6
+        """Tries per version when the server is unreachable or busy (429/5xx)."""
+        backoff_s: float = 0.5
+        """First retry delay, doubled each try."""
+        catch_up_timeout_s: float = 60.0
+        """How long start-up may spend reading the topic to its end."""
+
+        def __post_init__(self) -> None:
+            if not self.model_name:
+                raise ValueError("WeightSubscriber.Config.model_name is empty: name the model "
+                                 "whose versions to follow (the Kafka key on stacx.weights)")
+
+    def __init__(self, config: Config, source: EventSource | None = None,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self.config = config
+        self._source = source if source is not None else self._default_source()
+        self._http = httpx.Client(base_url=config.server_url, timeout=config.request_timeout_s,
+                                  transport=transport)
+        self.applied: WeightVersion | None = None
+        """Latest version confirmed on the server."""
+        self.num_ignored = 0
+        """Events skipped: other models, or not newer than `applied`."""
+
+    def _default_source(self) -> EventSource:
+        from consumers.event_consumer import EventConsumer
+
+        group = self.config.group_id or f"stacx-weights-{self.config.model_name}-{uuid.uuid4().hex[:8]}"
+        return EventConsumer(EventConsumer.Config(
+            bootstrap_servers=self.config.bootstrap_servers, group_id=group,
+            topics=[self.config.topic], client_id=f"stacx-weights-{self.config.model_name}",
+            auto_offset_reset="earliest"))
+
+    # -- following -----------------------------------------------------------------------------
+
+    def catch_up(self) -> WeightVersion | None:
+        """Read the topic to its end and apply only the newest version of our model."""
+        latest: WeightVersion | None = None
+        deadline = time.monotonic() + self.config.catch_up_timeout_s
+        while time.monotonic() < deadline:
+            event = self._source.poll(0.5)
+            if event is not None:
+                if self._is_newer(event.value, latest):
+                    latest = event.value
+                continue
+            if self._source.assignment() and self._source.total_lag() == 0:
+                break
+        else:
+            log.warning("catch-up on %s stopped after %.0fs before reaching the end",
+                        self.config.topic, self.config.catch_up_timeout_s)
+        if latest is not None and self._is_newer(latest, self.applied):
+            self.apply(latest)
+        return self.applied
+
+    def handle(self, record: Any) -> bool:
+        """Apply `record` if it is a newer version of our model; True when applied."""
+        if not self._is_newer(record, self.applied):
+            self.num_ignored += 1
+            return False
+        self.apply(record)
+        return True
+
+    def run(self, stop: threading.Event | None = None, poll_timeout_s: float = 1.0) -> None:
+        """Catch up, then follow until `stop` is set. A version the server refuses is skipped."""
+        stop = stop or threading.Event()
+        self._guarded(self.catch_up)
+        while not stop.is_set():
+            event = self._source.poll(poll_timeout_s)
+            if event is not None:
+                self._guarded(self.handle, event.value)
+
+    def close(self) -> None:
+        self._source.close()
+        self._http.close()
+
+    def __enter__(self) -> WeightSubscriber:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _is_newer(self, record: Any, than: WeightVersion | None) -> bool:
+        if not isinstance(record, WeightVersion) or record.model_name != self.config.model_name:
+            return False
+        return than is None or record.version > than.version
+
+    @staticmethod
+    def _guarded(step: Callable[..., object], *args: Any) -> None:
+        try:
+            step(*args)
+        except WeightUpdateError as exc:
+            log.error("weight update skipped: %s", exc)
+
+    # -- applying ------------------------------------------------------------------------------
+
+    def apply(self, version: WeightVersion) -> None:
+        """Load `version` on the server and confirm it; raises `WeightUpdateError`."""
+        expected = str(version.version)
+        if self.server_version() != expected:
+            body = {"model_path": version.path, "weight_version": expected,
+                    "abort_all_requests": self.config.abort_running}
+            answer = self._request("POST", "/update_weights_from_disk", body)
+            if answer.get("success") is False:
+                raise WeightUpdateError(
+                    f"server refused {version.model_name} v{expected} from {version.path}: "
+                    f"{answer.get('message')}")
+            reported = self.server_version()
+            if reported != expected:
+                raise WeightUpdateError(
+                    f"server reports weight_version {reported!r} after loading v{expected}")
+        self.applied = version
+        log.info("server %s now serves %s v%s (%s)", self.config.server_url,
+                 version.model_name, expected, version.path)
+
+    def server_version(self) -> str:
+        return str(self._request("GET", "/get_model_info").get("weight_version"))
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None
+                 ) -> dict[str, Any]:
+        delay = self.config.backoff_s
+        problem = ""
+        for _ in range(self.config.max_attempts):
+            try:
+                response = self._http.request(method, path, json=body)
+            except httpx.TransportError as exc:
+                problem = f"{exc!r}"
+            else:
+                if response.status_code not in (429, 500, 502, 503, 504):
+                    return _json_body(response, method, path)
+                problem = f"HTTP {response.status_code}"
+            time.sleep(delay)
+            delay *= 2
+        raise WeightUpdateError(f"{method} {self.config.server_url}{path} failed "
+                                f"{self.config.max_attempts} times (last: {problem})",
+                                retriable=True)
+
+
+def _json_body(response: httpx.Response, method: str, path: str) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        body = {"message": response.text[:300]}
+    if not isinstance(body, dict):
+        body = {"message": str(body)[:300]}
+    if response.status_code >= 400 and "success" not in body:
+        raise WeightUpdateError(f"{method} {path} answered HTTP {response.status_code}: "
+                                f"{body.get('message') or body.get('error') or body}")
+    return body

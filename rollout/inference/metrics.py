@@ -1,0 +1,90 @@
+"""Server metrics, rendered in the Prometheus text format at `GET /metrics`.
+
+The decode batch-size histogram makes batching observable: with concurrent requests its upper
+buckets fill, with one request at a time only `le="1"` does.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+__all__ = ["Histogram", "Metrics"]
+
+BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+LATENCY_BUCKETS_S: tuple[float, ...] = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+@dataclass(slots=True)
+class Histogram:
+    """Cumulative-bucket histogram (Prometheus semantics)."""
+
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * len(self.buckets)
+
+    def observe(self, value: float) -> None:
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+        self.total += value
+        self.count += 1
+
+    def render(self, name: str) -> list[str]:
+        lines = [f"# TYPE {name} histogram"]
+        for bound, count in zip(self.buckets, self.counts, strict=True):
+            lines.append(f'{name}_bucket{{le="{bound:g}"}} {count}')
+        lines += [f'{name}_bucket{{le="+Inf"}} {self.count}', f"{name}_sum {self.total:g}",
+                  f"{name}_count {self.count}"]
+        return lines
+
+
+class Metrics:
+    """Counters, gauges and histograms of one server; safe to update from any thread."""
+
+    PREFIX = "stacx_inference_"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counters: dict[str, float] = {
+            "requests_total": 0, "requests_failed_total": 0, "prompt_tokens_total": 0,
+            "generated_tokens_total": 0, "decode_steps_total": 0, "prefill_batches_total": 0,
+            "weight_updates_total": 0}
+        self.gauges: dict[str, float] = {"running_requests": 0, "waiting_requests": 0}
+        self.batch_size = Histogram(BATCH_SIZE_BUCKETS)
+        """Rows per decode step."""
+        self.request_latency = Histogram(LATENCY_BUCKETS_S)
+        """Seconds from arrival to the last token."""
+
+    def inc(self, name: str, amount: float = 1) -> None:
+        with self._lock:
+            self.counters[name] += amount
+
+    def set(self, name: str, value: float) -> None:
+        with self._lock:
+            self.gauges[name] = value
+
+    def observe_batch(self, size: int) -> None:
+        with self._lock:
+            self.batch_size.observe(size)
+            self.counters["decode_steps_total"] += 1
+
+    def observe_latency(self, seconds: float) -> None:
+        with self._lock:
+            self.request_latency.observe(seconds)
+
+    def render(self) -> str:
+        """Prometheus text exposition."""
+        with self._lock:
+            lines: list[str] = []
+            for name, value in self.counters.items():
+                lines += [f"# TYPE {self.PREFIX}{name} counter", f"{self.PREFIX}{name} {value:g}"]
+            for name, value in self.gauges.items():
+                lines += [f"# TYPE {self.PREFIX}{name} gauge", f"{self.PREFIX}{name} {value:g}"]
+            lines += self.batch_size.render(f"{self.PREFIX}batch_size")
+            lines += self.request_latency.render(f"{self.PREFIX}request_latency_seconds")
+        return "\n".join(lines) + "\n"

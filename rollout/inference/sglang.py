@@ -1,0 +1,115 @@
+"""Launch SGLang (`python -m sglang.launch_server`) with flags matching the built-in server.
+
+SGLang needs its package and a CUDA GPU; `unavailable_reason()` says which is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from rollout.inference.errors import InferenceError, ServerUnavailableError
+
+__all__ = ["SGLangServer", "unavailable_reason"]
+
+
+def unavailable_reason() -> str | None:
+    """Why SGLang cannot run here, or None when it can."""
+    if importlib.util.find_spec("sglang") is None:
+        return ("the sglang package is not installed in this environment (it needs a CUDA "
+                "machine); use --engine builtin, or install sglang on a GPU host")
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is visible to torch; SGLang serves on GPUs only: use --engine builtin"
+    return None
+
+
+class SGLangServer:
+    """One `sglang.launch_server` child process."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        model_path: str
+        """Local Hugging Face model directory."""
+        host: str = "127.0.0.1"
+        """Interface to listen on."""
+        port: int = 30000
+        """TCP port."""
+        dtype: str = "auto"
+        """--dtype (auto, float16, bfloat16, float32)."""
+        tp_size: int = 1
+        """Tensor-parallel GPUs."""
+        context_length: int | None = None
+        """--context-length; None keeps the model's."""
+        mem_fraction_static: float | None = None
+        """--mem-fraction-static: share of GPU memory for weights and KV cache."""
+        served_model_name: str | None = None
+        """--served-model-name."""
+        weight_version: str = "default"
+        """--weight-version reported before the first update."""
+        extra_args: list[str] = field(default_factory=list)
+        """More launch_server flags, passed through verbatim."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.config.host}:{self.config.port}"
+
+    def command(self) -> list[str]:
+        c = self.config
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", c.model_path,
+               "--host", c.host, "--port", str(c.port), "--dtype", c.dtype,
+               "--tp-size", str(c.tp_size), "--weight-version", c.weight_version]
+        if c.context_length is not None:
+            cmd += ["--context-length", str(c.context_length)]
+        if c.mem_fraction_static is not None:
+            cmd += ["--mem-fraction-static", str(c.mem_fraction_static)]
+        if c.served_model_name:
+            cmd += ["--served-model-name", c.served_model_name]
+        return cmd + list(c.extra_args)
+
+    def start(self) -> None:
+        reason = unavailable_reason()
+        if reason is not None:
+            raise InferenceError(f"cannot launch SGLang: {reason}")
+        self.process = subprocess.Popen(self.command())
+
+    def wait_ready(self, timeout_s: float = 600.0) -> None:
+        """Block until `/get_model_info` answers; raises if the process dies or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise ServerUnavailableError(
+                    f"SGLang exited with status {self.process.returncode} while starting")
+            try:
+                if httpx.get(f"{self.base_url}/get_model_info", timeout=5).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(1.0)
+        raise ServerUnavailableError(f"SGLang did not answer at {self.base_url} in {timeout_s}s")
+
+    def wait(self) -> int:
+        assert self.process is not None, "start() first"
+        return self.process.wait()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()

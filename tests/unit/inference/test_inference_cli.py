@@ -1,0 +1,51 @@
+"""`stacx models tiny` and `stacx serve` argument handling (no server is started)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from infra.cli import build_parser
+
+
+def _run(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+def test_models_tiny_writes_a_loadable_directory(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(["models", "tiny", "--out", str(tmp_path / "m"), "--seed", "3"]) == 0
+    assert (tmp_path / "m" / "model.safetensors").is_file()
+    assert capsys.readouterr().out.strip() == str(tmp_path / "m")
+
+
+def test_serve_rejects_a_directory_without_a_model(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(["serve", "--model", str(tmp_path)]) == 2
+    assert "config.json" in capsys.readouterr().err
+
+
+def test_serve_sglang_explains_why_it_cannot_run(tiny_model_dir: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from rollout.inference.sglang import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is None:
+        pytest.skip("sglang and a GPU are present: this checks the refusal path")
+    assert _run(["serve", "--engine", "sglang", "--model", str(tiny_model_dir)]) == 2
+    assert reason in capsys.readouterr().err
+
+
+def test_sglang_command_carries_matching_flags() -> None:
+    from rollout.inference.sglang import SGLangServer
+
+    command = SGLangServer(SGLangServer.Config(
+        model_path="/m", port=31000, tp_size=2, weight_version="4", context_length=2048,
+        extra_args=["--disable-cuda-graph"])).command()
+    assert command[1:3] == ["-m", "sglang.launch_server"]
+    pairs = dict(zip(command[3::2], command[4::2], strict=False))
+    assert pairs["--model-path"] == "/m" and pairs["--port"] == "31000"
+    assert pairs["--tp-size"] == "2" and pairs["--weight-version"] == "4"
+    assert pairs["--context-length"] == "2048" and command[-1] == "--disable-cuda-graph"

@@ -1,0 +1,125 @@
+"""`WeightSubscriber` with a fake event source and a scripted SGLang-like server."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from consumers.weights import WeightSubscriber
+from schemas.records import WeightVersion
+
+
+@dataclass
+class _Event:
+    value: Any
+
+
+class FakeSource:
+    """Hands out scripted events; reports lag 0 once they are all consumed."""
+
+    def __init__(self, records: list[Any]) -> None:
+        self.pending = deque(_Event(r) for r in records)
+        self.closed = False
+
+    def poll(self, timeout: float = 1.0) -> _Event | None:
+        return self.pending.popleft() if self.pending else None
+
+    def total_lag(self, timeout: float = 10.0) -> int:
+        return len(self.pending)
+
+    def assignment(self) -> list[tuple[str, int]]:
+        return [("stacx.weights", 0)]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeServer:
+    """SGLang's two endpoints; refuses paths containing 'broken'; 503 for the first `busy` calls."""
+
+    def __init__(self, busy: int = 0) -> None:
+        self.version = "default"
+        self.loaded: list[str] = []
+        self.busy = busy
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if self.busy:
+            self.busy -= 1
+            return httpx.Response(503, json={"error": {"message": "busy"}})
+        if request.url.path == "/get_model_info":
+            return httpx.Response(200, json={"weight_version": self.version})
+        body = json.loads(request.content)
+        if "broken" in body["model_path"]:
+            return httpx.Response(400, json={"success": False, "message": "no safetensors"})
+        self.loaded.append(body["model_path"])
+        self.version = body["weight_version"]
+        return httpx.Response(200, json={"success": True, "message": "ok"})
+
+
+def _version(v: int, model: str = "policy", path: str | None = None) -> WeightVersion:
+    return WeightVersion(model_name=model, version=v, path=path or f"/ckpt/{model}/{v}")
+
+
+def _subscriber(records: list[Any], server: FakeServer) -> WeightSubscriber:
+    config = WeightSubscriber.Config(model_name="policy", server_url="http://server",
+                                     backoff_s=0.001, catch_up_timeout_s=5)
+    return WeightSubscriber(config, source=FakeSource(records),
+                            transport=httpx.MockTransport(server))
+
+
+def test_catch_up_applies_only_the_latest_of_its_model() -> None:
+    server = FakeServer()
+    history = [_version(1), _version(3), _version(2), _version(9, model="critic")]
+    with _subscriber(history, server) as subscriber:
+        applied = subscriber.catch_up()
+    assert applied is not None and applied.version == 3
+    assert server.loaded == ["/ckpt/policy/3"] and server.version == "3"
+
+
+def test_follow_ignores_older_and_other_models_and_applies_newer() -> None:
+    server = FakeServer()
+    subscriber = _subscriber([_version(2)], server)
+    subscriber.catch_up()
+    assert not subscriber.handle(_version(1))
+    assert not subscriber.handle(_version(2))
+    assert not subscriber.handle(_version(5, model="reference"))
+    assert subscriber.handle(_version(4))
+    assert server.loaded == ["/ckpt/policy/2", "/ckpt/policy/4"]
+    assert subscriber.num_ignored == 3
+
+
+def test_refused_version_is_skipped_and_later_ones_still_apply() -> None:
+    server = FakeServer(busy=2)  # the first calls meet a server that is still starting
+    records = [_version(1), _version(2, path="/ckpt/broken"), _version(3)]
+    subscriber = _subscriber(records[:1], server)
+    stop = threading.Event()
+    source = subscriber._source
+    assert isinstance(source, FakeSource)
+    original_poll = source.poll
+
+    def poll_then_feed(timeout: float = 1.0) -> _Event | None:
+        event = original_poll(timeout)
+        if event is None and subscriber.applied is not None:
+            if records[1:]:
+                source.pending.append(_Event(records.pop(1)))
+            else:
+                stop.set()
+        return event
+
+    source.poll = poll_then_feed  # type: ignore[method-assign]
+    subscriber.run(stop, poll_timeout_s=0.01)
+    assert server.loaded == ["/ckpt/policy/1", "/ckpt/policy/3"]
+    assert subscriber.applied is not None and subscriber.applied.version == 3
+
+
+def test_already_serving_the_latest_means_no_reload() -> None:
+    server = FakeServer()
+    server.version = "7"
+    with _subscriber([_version(7)], server) as subscriber:
+        subscriber.catch_up()
+    assert server.loaded == [] and subscriber.applied is not None
