@@ -1,0 +1,2 @@
+#!/bin/bash
+printf 'Hello, STACX!\n' > /app/greeting.txt

@@ -1,0 +1,106 @@
+"""Pieces shared by the real backends: the in-sandbox command lines and output capping."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sandbox.errors import BackendError, SandboxFileNotFound
+from sandbox.models import ExecResult
+
+NOT_FOUND_EXIT = 44
+"""Exit status of READ_FILE_SCRIPT when the file is missing."""
+
+READ_FILE_SCRIPT = f'[ -f "$1" ] || exit {NOT_FOUND_EXIT}; exec cat -- "$1"'
+READ_DIR_SCRIPT = f'[ -d "$1" ] || exit {NOT_FOUND_EXIT}; exec tar -c -C "$1" .'
+WRITE_ARCHIVE_SCRIPT = 'mkdir -p -- "$1" && exec tar -x --no-same-owner -m -C "$1" -f -'
+OOM_EVENTS_SCRIPT = (
+    "cat /sys/fs/cgroup/memory.events 2>/dev/null"
+    " || cat /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null || true"
+)
+TIMEOUT_GRACE_S = 5.0
+"""Extra time the host waits for an exec past its in-sandbox `timeout` before giving up on it."""
+
+
+def exec_argv(command: str, timeout_s: float) -> list[str]:
+    """`timeout -s KILL` kills the whole process group of `bash -c command` at the deadline."""
+    seconds = f"{max(timeout_s, 0.01):.3f}"
+    return ["timeout", "-s", "KILL", seconds, "bash", "-c", command]
+
+
+def helper_argv(script: str, *args: str) -> list[str]:
+    """argv running a fixed shell script with positional arguments (never interpolated)."""
+    return ["bash", "-c", script, "stacx", *args]
+
+
+class OutputCap:
+    """Accumulates a stream up to `limit` bytes and remembers whether more came."""
+
+    __slots__ = ("limit", "parts", "size", "truncated")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.truncated = False
+
+    def add(self, chunk: bytes) -> None:
+        room = self.limit - self.size
+        if len(chunk) > room:
+            self.truncated = True
+            chunk = chunk[: max(room, 0)]
+        if chunk:
+            self.parts.append(chunk)
+            self.size += len(chunk)
+
+    def data(self) -> bytes:
+        return b"".join(self.parts)
+
+    def text(self) -> str:
+        return self.data().decode("utf-8", errors="replace")
+
+
+@dataclass(kw_only=True, slots=True)
+class RawRun:
+    """A finished in-sandbox process, bytes as produced."""
+
+    exit_code: int
+    stdout: OutputCap
+    stderr: OutputCap
+    duration_s: float
+    host_timeout: bool = False
+    """The host gave up waiting (the in-sandbox timeout did not end it)."""
+
+
+def to_result(run: RawRun, timeout_s: float, *, oom_killed: bool = False) -> ExecResult:
+    """ExecResult of a command run under `exec_argv`; exit 137 at the deadline means timed out."""
+    at_deadline = run.duration_s >= timeout_s * 0.98 or math.isclose(run.duration_s, timeout_s)
+    timed_out = run.host_timeout or (run.exit_code == 137 and at_deadline and not oom_killed)
+    return ExecResult(
+        exit_code=run.exit_code,
+        stdout=run.stdout.text(),
+        stderr=run.stderr.text(),
+        stdout_truncated=run.stdout.truncated,
+        stderr_truncated=run.stderr.truncated,
+        timed_out=timed_out,
+        oom_killed=oom_killed,
+        duration_s=run.duration_s,
+    )
+
+
+def check_helper(run: RawRun, what: str, path: str) -> None:
+    """Raise the right error when a helper script (read/write files) failed."""
+    if run.exit_code == NOT_FOUND_EXIT:
+        raise SandboxFileNotFound(f"{path} does not exist in the sandbox (or is not a {what})")
+    if run.exit_code != 0:
+        detail = run.stderr.text().strip()[-500:]
+        raise BackendError(f"{what} {path!r} failed with exit {run.exit_code}: {detail}")
+
+
+def parse_oom_kills(text: str) -> int:
+    """`oom_kill N` from cgroup v2 memory.events or v1 memory.oom_control (0 when absent)."""
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill" and value.strip().isdigit():
+            return int(value.strip())
+    return 0

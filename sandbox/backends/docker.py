@@ -1,0 +1,334 @@
+"""Docker backend: one hardened container per session, driven through the Docker SDK.
+
+Every container runs with no network, all capabilities dropped, no-new-privileges, a read-only
+root file system, a non-root numeric user, pids / memory / CPU limits, and writable tmpfs mounts
+for /tmp, /tests and /logs. The workdir is a tmpfs, or, for task images whose WORKDIR it is, an
+anonymous volume seeded from the image. Labels name the owner, the gateway instance, the session
+and the expiry time so a reaper can always find what a crashed gateway left behind.
+
+The SDK is blocking; calls run on a dedicated thread pool sized for hundreds of sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from sandbox.backends._common import (
+    OOM_EVENTS_SCRIPT,
+    READ_DIR_SCRIPT,
+    READ_FILE_SCRIPT,
+    TIMEOUT_GRACE_S,
+    WRITE_ARCHIVE_SCRIPT,
+    OutputCap,
+    RawRun,
+    check_helper,
+    exec_argv,
+    helper_argv,
+    parse_oom_kills,
+    to_result,
+)
+from sandbox.errors import BackendError, BaseImageMissing
+from sandbox.models import ExecRequest, ExecResult
+from sandbox.protocols import SandboxHandle, SandboxSpec
+
+__all__ = ["LABEL_EXPIRES", "LABEL_INSTANCE", "LABEL_OWNER", "LABEL_SESSION", "DockerBackend"]
+
+LABEL_SANDBOX = "stacx.sandbox"
+LABEL_OWNER = "stacx.sandbox.owner"
+LABEL_INSTANCE = "stacx.sandbox.instance"
+LABEL_SESSION = "stacx.sandbox.session"
+LABEL_EXPIRES = "stacx.sandbox.expires-at"
+_KEEPALIVE = "trap 'exit 0' TERM; while :; do sleep 86400 & wait $!; done"
+"""PID 1 of a sandbox: bash reaps the orphans that killed exec process groups leave behind."""
+
+T = TypeVar("T")
+
+
+class DockerBackend:
+    """Sandboxes as hardened Docker containers."""
+
+    name = "docker"
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        base_url: str | None = None
+        """Docker engine address (None: DOCKER_HOST or the local socket)."""
+        user: str = "1000:1000"
+        """Numeric uid:gid every sandbox process runs as."""
+        tmpfs_mb: int = 256
+        """Size of each tmpfs mount (/tmp, /tests, /logs, a fresh workdir); counts as memory."""
+        max_threads: int = 512
+        """Thread pool (and HTTP connection pool) size for concurrent engine calls."""
+        api_timeout_s: float = 120.0
+        """Timeout of one engine API call."""
+
+    def __init__(self, config: Config | None = None) -> None:
+        import docker
+
+        self.config = config or DockerBackend.Config()
+        kwargs: dict[str, Any] = {
+            "timeout": int(self.config.api_timeout_s),
+            "max_pool_size": self.config.max_threads,
+        }
+        try:
+            if self.config.base_url:
+                self._client = docker.DockerClient(base_url=self.config.base_url, **kwargs)
+            else:
+                self._client = docker.from_env(**kwargs)
+            self._ncpu = float(self._client.info().get("NCPU", 1))
+        except docker.errors.DockerException as exc:
+            raise BackendError(f"no Docker engine answers ({exc}); start dockerd") from exc
+        self._pool = ThreadPoolExecutor(self.config.max_threads, thread_name_prefix="docker")
+        self._workdirs: dict[str, str | None] = {}
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self, spec: SandboxSpec) -> SandboxHandle:
+        container_id = await self._run(self._start, spec)
+        return SandboxHandle(
+            session_id=spec.session_id, ref=container_id, workdir=spec.workdir, env=dict(spec.env)
+        )
+
+    def _start(self, spec: SandboxSpec) -> str:
+        import docker.errors
+
+        try:
+            container = self._client.containers.create(**self._create_kwargs(spec))
+        except docker.errors.ImageNotFound as exc:
+            raise BaseImageMissing(
+                f"image {spec.image!r} is not available locally; build it first "
+                "(`stacx infra up` builds stacx/sandbox:bookworm)"
+            ) from exc
+        except docker.errors.APIError as exc:
+            raise BackendError(f"creating a container from {spec.image!r} failed: {exc}") from exc
+        try:
+            container.start()
+        except docker.errors.APIError as exc:
+            self._remove(container.id)
+            raise BackendError(f"starting a container from {spec.image!r} failed: {exc}") from exc
+        return str(container.id)
+
+    def _create_kwargs(self, spec: SandboxSpec) -> dict[str, Any]:
+        from docker.types import Mount
+
+        uid, _, gid = self.config.user.partition(":")
+        # Owned by the sandbox user: Docker drops a tmpfs `mode=1777`; `exec` undoes its noexec.
+        options = f"rw,exec,nosuid,nodev,size={self.config.tmpfs_mb}m,mode=0755,uid={uid},gid={gid or uid}"
+        roots = ["/tmp", "/tests", "/logs"]
+        mounts = []
+        if spec.seed_workdir:
+            mounts.append(Mount(target=spec.workdir, source=None, type="volume"))
+        else:
+            roots.append(spec.workdir)
+        tmpfs = dict.fromkeys(roots, options)
+        return {
+            "image": spec.image,
+            "command": ["bash", "-c", _KEEPALIVE],
+            "user": self.config.user,
+            "network_mode": "none",
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges:true"],
+            "read_only": True,
+            "pids_limit": spec.pids,
+            "mem_limit": f"{spec.memory_mb}m",
+            "memswap_limit": f"{spec.memory_mb}m",
+            "nano_cpus": int(min(spec.cpus, self._ncpu) * 1e9),
+            "tmpfs": tmpfs,
+            "mounts": mounts,
+            "working_dir": spec.workdir,
+            "environment": {"HOME": spec.workdir, **spec.env},
+            "hostname": "sandbox",
+            "labels": {
+                LABEL_SANDBOX: "1",
+                LABEL_OWNER: spec.owner,
+                LABEL_INSTANCE: spec.instance,
+                LABEL_SESSION: spec.session_id,
+                LABEL_EXPIRES: f"{spec.expires_at:.0f}",
+            },
+            "stop_signal": "SIGKILL",
+        }
+
+    async def stop(self, handle: SandboxHandle) -> None:
+        await self._run(self._remove, handle.ref)
+
+    def _remove(self, container_id: str) -> None:
+        import docker.errors
+
+        try:
+            self._client.api.remove_container(container_id, force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if "already in progress" not in str(exc):
+                raise BackendError(f"removing container {container_id[:12]} failed: {exc}") from exc
+
+    async def reap(self, *, owner: str, keep: set[str]) -> int:
+        return await self._run(self._reap, owner, keep)
+
+    def _reap(self, owner: str, keep: set[str]) -> int:
+        now = time.time()
+        doomed: list[str] = []
+        for info in self._client.api.containers(all=True, filters={"label": LABEL_SANDBOX}):
+            labels = info.get("Labels") or {}
+            expires = float(labels.get(LABEL_EXPIRES, "inf") or "inf")
+            orphan = labels.get(LABEL_OWNER) == owner and labels.get(LABEL_SESSION) not in keep
+            if orphan or expires < now:
+                doomed.append(info["Id"])
+        for container_id in doomed:
+            self._remove(container_id)
+        return len(doomed)
+
+    async def image_workdir(self, image: str) -> str | None:
+        if image not in self._workdirs:
+            self._workdirs[image] = await self._run(self._image_workdir, image)
+        return self._workdirs[image]
+
+    def _image_workdir(self, image: str) -> str | None:
+        import docker.errors
+
+        try:
+            attrs = self._client.images.get(image).attrs
+        except docker.errors.ImageNotFound as exc:
+            raise BaseImageMissing(
+                f"image {image!r} is not available locally; build it first "
+                "(`stacx infra up` builds stacx/sandbox:bookworm)"
+            ) from exc
+        return (attrs.get("Config") or {}).get("WorkingDir") or None
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._client.close()
+
+    # -- exec and files --------------------------------------------------------------------
+    async def exec(self, handle: SandboxHandle, request: ExecRequest, *, max_output_bytes: int) -> ExecResult:
+        stdin = request.stdin.encode() if request.stdin is not None else None
+        run = await self._run(
+            self._exec,
+            handle.ref,
+            exec_argv(request.command, request.timeout_s),
+            stdin,
+            {**handle.env, **request.env},
+            request.workdir or handle.workdir,
+            max_output_bytes,
+            request.timeout_s + TIMEOUT_GRACE_S,
+        )
+        oom = run.exit_code == 137 and await self._new_oom_kill(handle)
+        return to_result(run, request.timeout_s, oom_killed=oom)
+
+    async def _new_oom_kill(self, handle: SandboxHandle) -> bool:
+        argv = ["bash", "-c", OOM_EVENTS_SCRIPT]
+        run = await self._run(self._exec, handle.ref, argv, None, {}, "/", 1 << 16, 30.0)
+        count = parse_oom_kills(run.stdout.text())
+        seen, handle.oom_kills = handle.oom_kills, max(count, handle.oom_kills)
+        return count > seen
+
+    async def write_archive(self, handle: SandboxHandle, dest: str, data: bytes) -> None:
+        argv = helper_argv(WRITE_ARCHIVE_SCRIPT, dest)
+        run = await self._run(self._exec, handle.ref, argv, data, {}, "/", 1 << 16, 300.0)
+        check_helper(run, "directory", dest)
+
+    async def read_file(self, handle: SandboxHandle, path: str, *, max_bytes: int) -> bytes:
+        argv = helper_argv(READ_FILE_SCRIPT, path)
+        run = await self._run(self._exec, handle.ref, argv, None, {}, "/", max_bytes, 300.0)
+        check_helper(run, "file", path)
+        if run.stdout.truncated:
+            raise BackendError(f"{path} is larger than the download limit of {max_bytes} bytes")
+        return run.stdout.data()
+
+    async def read_archive(self, handle: SandboxHandle, path: str, *, max_bytes: int) -> bytes:
+        argv = helper_argv(READ_DIR_SCRIPT, path)
+        run = await self._run(self._exec, handle.ref, argv, None, {}, "/", max_bytes, 300.0)
+        check_helper(run, "directory", path)
+        if run.stdout.truncated:
+            raise BackendError(f"{path} is larger than the download limit of {max_bytes} bytes")
+        return run.stdout.data()
+
+    def _exec(
+        self,
+        container_id: str,
+        argv: list[str],
+        stdin: bytes | None,
+        env: dict[str, str],
+        workdir: str,
+        max_bytes: int,
+        wait_s: float,
+    ) -> RawRun:
+        import docker.errors
+
+        started = time.monotonic()
+        api = self._client.api
+        try:
+            exec_id = api.exec_create(
+                container_id, argv, stdin=stdin is not None, environment=env, workdir=workdir
+            )["Id"]
+            sock = api.exec_start(exec_id, socket=True)
+        except docker.errors.NotFound as exc:
+            raise BackendError(f"container {container_id[:12]} is gone: {exc}") from exc
+        except docker.errors.APIError as exc:
+            raise BackendError(f"exec in container {container_id[:12]} failed: {exc}") from exc
+        out, err = OutputCap(max_bytes), OutputCap(max_bytes)
+        host_timeout = False
+        try:
+            raw: socket.socket = getattr(sock, "_sock", sock)
+            raw.settimeout(wait_s)
+            if stdin is not None:
+                raw.sendall(stdin)
+                raw.shutdown(socket.SHUT_WR)
+            _read_frames(_reader(sock, raw), out, err)
+        except TimeoutError:
+            host_timeout = True
+        finally:
+            sock.close()
+        exit_code = 137 if host_timeout else self._exit_code(exec_id)
+        return RawRun(
+            exit_code=exit_code,
+            stdout=out,
+            stderr=err,
+            duration_s=time.monotonic() - started,
+            host_timeout=host_timeout,
+        )
+
+    def _exit_code(self, exec_id: str) -> int:
+        for _ in range(50):
+            info = self._client.api.exec_inspect(exec_id)
+            if not info.get("Running") and info.get("ExitCode") is not None:
+                return int(info["ExitCode"])
+            time.sleep(0.02)
+        raise BackendError(f"exec {exec_id[:12]} ended its output but never reported an exit code")
+
+
+def _reader(sock: Any, raw: socket.socket) -> Callable[[int], bytes]:
+    """Read function of an exec stream. The HTTP layer may already have buffered output that
+    arrived with the response headers (fast commands), so read through its buffered reader, not
+    the bare socket, or that output is lost."""
+    try:
+        buffered = sock._response.raw._fp.fp
+    except AttributeError:
+        return raw.recv
+    return buffered.read1 if hasattr(buffered, "read1") else raw.recv
+
+
+def _read_frames(recv: Callable[[int], bytes], out: OutputCap, err: OutputCap) -> None:
+    """Demultiplex Docker's attach stream (8-byte header: stream, 0, 0, 0, big-endian size)."""
+    buffer = bytearray()
+    while True:
+        chunk = recv(1 << 16)
+        if not chunk:
+            return
+        buffer += chunk
+        while len(buffer) >= 8:
+            stream, size = buffer[0], struct.unpack(">I", buffer[4:8])[0]
+            if len(buffer) < 8 + size:
+                break
+            payload = bytes(buffer[8 : 8 + size])
+            del buffer[: 8 + size]
+            (err if stream == 2 else out).add(payload)

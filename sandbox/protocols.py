@@ -1,0 +1,109 @@
+"""The seams of the sandbox package: what a backend implements and what a verifier needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from sandbox.models import ExecRequest, ExecResult
+
+__all__ = ["SandboxBackend", "SandboxHandle", "SandboxOps", "SandboxSpec"]
+
+
+@dataclass(kw_only=True, slots=True)
+class SandboxSpec:
+    """A fully resolved request to start one sandbox (defaults applied, limits capped)."""
+
+    session_id: str
+    """Gateway session id; also labels the container."""
+    owner: str
+    """Name of the gateway deployment owning the sandbox (reaper label)."""
+    instance: str
+    """Id of the running gateway process (reaper label)."""
+    image: str
+    workdir: str
+    """Writable working directory inside the sandbox."""
+    seed_workdir: bool = False
+    """Start the workdir with the image's content at that path (task images) instead of empty."""
+    cpus: float
+    memory_mb: int
+    pids: int
+    env: dict[str, str] = field(default_factory=dict)
+    expires_at: float
+    """Unix time after which any reaper may remove the sandbox."""
+
+
+@dataclass(kw_only=True, slots=True)
+class SandboxHandle:
+    """A started sandbox, as its backend knows it."""
+
+    session_id: str
+    ref: str
+    """Backend reference: container id, or the session's host directory."""
+    workdir: str
+    env: dict[str, str] = field(default_factory=dict)
+    oom_kills: int = 0
+    """Out-of-memory kills seen so far (to attribute new ones to an exec)."""
+
+
+@runtime_checkable
+class SandboxBackend(Protocol):
+    """Starts, drives and removes isolated sandboxes. Implementations: docker, process, fake."""
+
+    name: str
+
+    async def start(self, spec: SandboxSpec) -> SandboxHandle:
+        """Start a sandbox and return once it accepts execs."""
+        ...
+
+    async def exec(self, handle: SandboxHandle, request: ExecRequest, *, max_output_bytes: int) -> ExecResult:
+        """Run `request.command` with `bash -c`; kill its process group at the timeout."""
+        ...
+
+    async def write_archive(self, handle: SandboxHandle, dest: str, data: bytes) -> None:
+        """Extract a (validated) tar archive into directory `dest`, creating it."""
+        ...
+
+    async def read_file(self, handle: SandboxHandle, path: str, *, max_bytes: int) -> bytes:
+        """Bytes of a regular file; `SandboxFileNotFound` when it does not exist."""
+        ...
+
+    async def read_archive(self, handle: SandboxHandle, path: str, *, max_bytes: int) -> bytes:
+        """A tar archive of directory `path` (members relative to it)."""
+        ...
+
+    async def stop(self, handle: SandboxHandle) -> None:
+        """Remove the sandbox and everything it wrote; idempotent."""
+        ...
+
+    async def reap(self, *, owner: str, keep: set[str]) -> int:
+        """Remove `owner`'s sandboxes whose session id is not in `keep`, and any expired one."""
+        ...
+
+    async def image_workdir(self, image: str) -> str | None:
+        """The image's WORKDIR when it has one (None: unknown or not applicable)."""
+        ...
+
+    async def close(self) -> None:
+        """Release client resources (not the sandboxes: the session manager stops those)."""
+        ...
+
+
+@runtime_checkable
+class SandboxOps(Protocol):
+    """Session operations a verifier or agent needs; `SandboxClient` and `SessionManager` have them."""
+
+    async def exec(
+        self,
+        session_id: str,
+        command: str,
+        *,
+        timeout_s: float = 60.0,
+        stdin: str | None = None,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+    ) -> ExecResult: ...
+
+    async def upload_archive(self, session_id: str, dest: str, data: bytes) -> None: ...
+
+    async def download(self, session_id: str, path: str) -> bytes: ...

@@ -1,0 +1,449 @@
+"""Session manager: one sandbox per session, lifetimes, idle timeouts, reaper and warm pool.
+
+The gateway is a thin HTTP layer over this class; tests and `stacx tasks check` use it
+in-process. It has the `SandboxOps` methods, so `sandbox.verifier` runs against it directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import posixpath
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sandbox.errors import CapacityExceeded, InvalidSpec, SessionExpired, SessionNotFound
+from sandbox.images import TaskImageBuilder
+from sandbox.models import (
+    DEFAULT_WORKDIR,
+    ExecRequest,
+    ExecResult,
+    FileWritten,
+    SessionInfo,
+    SessionSpec,
+    VerifyResult,
+)
+from sandbox.paths import check_archive, resolve_path, tar_files
+from sandbox.protocols import SandboxBackend, SandboxHandle, SandboxSpec
+from sandbox.tasks import HarborTask, load_task
+from sandbox.verifier import verify
+
+__all__ = ["SessionManager"]
+
+log = logging.getLogger(__name__)
+_GONE_MEMORY = 256
+"""How many closed session ids to remember, to tell 'expired' from 'never existed'."""
+
+
+@dataclass(kw_only=True, slots=True)
+class _Session:
+    info: SessionInfo
+    handle: SandboxHandle
+    task: HarborTask | None = None
+    busy: int = 0
+    """Requests in flight; an idle timeout never closes a busy session."""
+
+
+@dataclass(kw_only=True, slots=True)
+class _Resolved:
+    spec: SandboxSpec
+    task: HarborTask | None
+    idle_timeout_s: float
+
+
+class SessionManager:
+    """Creates, drives and always cleans up sandboxes through one backend."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        owner: str = "stacx-gateway"
+        """Deployment name on every sandbox; the reaper removes this owner's unknown sandboxes."""
+        default_image: str = "stacx/sandbox:bookworm"
+        """Image of sessions that name neither an image nor a task."""
+        max_sessions: int = 512
+        """Concurrent sessions allowed; more get `CapacityExceeded` (HTTP 503)."""
+        default_cpus: float = 1.0
+        default_memory_mb: int = 1024
+        default_pids: int = 256
+        max_lifetime_s: float = 12 * 3600.0
+        """Hard cap on a session's lifetime (also the default)."""
+        idle_timeout_s: float = 1800.0
+        """Default idle timeout (no request for this long closes the session)."""
+        reap_interval_s: float = 30.0
+        """Period of the reaper (expiry checks and orphan removal)."""
+        max_output_bytes: int = 1 << 20
+        """Per-stream output cap of one exec."""
+        max_file_bytes: int = 64 << 20
+        """Largest upload or download."""
+        warm_pool_size: int = 0
+        """Pre-started sandboxes of `default_image` kept ready (0: none)."""
+        allowed_task_roots: tuple[str, ...] = ()
+        """Directories `task_dir` must be under (empty: any directory of the gateway host)."""
+
+    def __init__(
+        self,
+        config: Config,
+        backend: SandboxBackend,
+        *,
+        images: TaskImageBuilder | None = None,
+    ) -> None:
+        if config.max_sessions < 1:
+            raise InvalidSpec(f"SessionManager.Config.max_sessions must be >= 1, got {config.max_sessions}")
+        self.config = config
+        self.backend = backend
+        self.images = images
+        self.instance = uuid.uuid4().hex[:12]
+        self.stats: defaultdict[str, float] = defaultdict(float)
+        """Counters served on /metrics."""
+        self._pool_filling = 0
+        self._sessions: dict[str, _Session] = {}
+        self._starting: set[str] = set()
+        self._gone: dict[str, str] = {}
+        self._pool: list[tuple[SandboxHandle, float]] = []
+        """Warm sandboxes and the expiry written on their labels."""
+        self._tasks: set[asyncio.Task[None]] = set()
+        """Background pool fills and discards."""
+        self._closing = False
+        self._reaper: asyncio.Task[None] | None = None
+
+    # -- lifecycle of the manager -------------------------------------------------------------
+    async def start(self) -> None:
+        """Remove what an earlier gateway of this owner left, start the reaper, fill the pool."""
+        self._closing = False
+        removed = await self.backend.reap(owner=self.config.owner, keep=set())
+        self.stats["reaped_total"] += removed
+        if removed:
+            log.warning("reaped %d sandboxes left by an earlier gateway (%s)", removed, self.config.owner)
+        self._reaper = asyncio.create_task(self._reap_forever(), name="sandbox-reaper")
+        self._refill_pool()
+
+    async def stop(self) -> None:
+        """Close every session and pooled sandbox."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        self._closing = True
+        # Pool fills and discards finish on their own (a thread cannot be cancelled, and a
+        # cancelled start would leave its container behind); they stop what they start.
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        handles = [s.handle for s in self._sessions.values()] + [h for h, _ in self._pool]
+        self._sessions.clear()
+        self._pool.clear()
+        await asyncio.gather(*(self._stop_quietly(h) for h in handles))
+
+    async def __aenter__(self) -> SessionManager:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _stop_quietly(self, handle: SandboxHandle) -> None:
+        try:
+            await self.backend.stop(handle)
+        except Exception:
+            log.exception("removing sandbox %s failed; the reaper will retry", handle.ref)
+
+    # -- sessions ------------------------------------------------------------------------------
+    async def create(self, spec: SessionSpec | None = None) -> SessionInfo:
+        """Start a sandbox for `spec` (default: the default image) and return its session."""
+        spec = spec or SessionSpec()
+        if len(self._sessions) + len(self._starting) >= self.config.max_sessions:
+            raise CapacityExceeded(
+                f"the gateway already runs {self.config.max_sessions} sessions "
+                "(SessionManager.Config.max_sessions); close some or retry later"
+            )
+        session_id = f"sb-{uuid.uuid4().hex[:16]}"
+        self._starting.add(session_id)
+        try:
+            resolved = await self._resolve(spec, session_id)
+            handle = self._take_pooled(spec, resolved.spec) or await self._start_sandbox(resolved.spec)
+        finally:
+            self._starting.discard(session_id)
+        now = time.time()
+        info = SessionInfo(
+            id=handle.session_id,
+            image=resolved.spec.image,
+            backend=self.backend.name,
+            workdir=resolved.spec.workdir,
+            cpus=resolved.spec.cpus,
+            memory_mb=resolved.spec.memory_mb,
+            pids=resolved.spec.pids,
+            network="none",
+            created_at=now,
+            expires_at=resolved.spec.expires_at,
+            idle_timeout_s=resolved.idle_timeout_s,
+            last_used_at=now,
+            task_name=resolved.task.name if resolved.task else None,
+        )
+        self._sessions[info.id] = _Session(info=info, handle=handle, task=resolved.task)
+        self.stats["sessions_created_total"] += 1
+        return info
+
+    async def _resolve(self, spec: SessionSpec, session_id: str) -> _Resolved:
+        if spec.image and spec.task_dir:
+            raise InvalidSpec("give either image or task_dir, not both")
+        task = self._load_task(spec.task_dir) if spec.task_dir else None
+        image = spec.image or self.config.default_image
+        if task is not None:
+            if self.images is None:
+                raise InvalidSpec(
+                    f"task_dir sessions need task images, which the {self.backend.name} backend "
+                    "cannot build; run the gateway with the docker backend"
+                )
+            image = await self.images.ensure(task)
+        image_workdir = await self.backend.image_workdir(image)
+        if image_workdir == "/":
+            image_workdir = None
+        workdir = spec.workdir or image_workdir or DEFAULT_WORKDIR
+        lifetime = min(spec.lifetime_s or self.config.max_lifetime_s, self.config.max_lifetime_s)
+        sandbox = SandboxSpec(
+            session_id=session_id,
+            owner=self.config.owner,
+            instance=self.instance,
+            image=image,
+            workdir=workdir,
+            seed_workdir=image_workdir is not None and workdir == image_workdir,
+            cpus=spec.cpus or (task.cpus if task else self.config.default_cpus),
+            memory_mb=spec.memory_mb or (task.memory_mb if task else self.config.default_memory_mb),
+            pids=spec.pids or self.config.default_pids,
+            env=dict(spec.env),
+            expires_at=time.time() + lifetime,
+        )
+        idle = spec.idle_timeout_s or self.config.idle_timeout_s
+        return _Resolved(spec=sandbox, task=task, idle_timeout_s=idle)
+
+    def _load_task(self, task_dir: str) -> HarborTask:
+        path = Path(task_dir).resolve()
+        roots = [Path(r).resolve() for r in self.config.allowed_task_roots]
+        if roots and not any(path.is_relative_to(r) for r in roots):
+            raise InvalidSpec(f"task_dir {task_dir!r} is outside the gateway's allowed task roots")
+        return load_task(path)
+
+    def get(self, session_id: str) -> SessionInfo:
+        """The live session `session_id`."""
+        return self._session(session_id).info
+
+    def list(self) -> list[SessionInfo]:
+        """Every live session."""
+        return [s.info for s in self._sessions.values()]
+
+    @property
+    def warm(self) -> int:
+        """Pre-started sandboxes ready in the warm pool."""
+        return len(self._pool)
+
+    def task(self, session_id: str) -> HarborTask | None:
+        """The Harbor task the session was created for, if any."""
+        return self._session(session_id).task
+
+    def _session(self, session_id: str) -> _Session:
+        session = self._sessions.get(session_id)
+        if session is None:
+            reason = self._gone.get(session_id)
+            if reason:
+                raise SessionExpired(f"session {session_id} was closed ({reason})")
+            raise SessionNotFound(f"no session {session_id}")
+        return session
+
+    async def close(self, session_id: str, *, reason: str = "closed by client") -> None:
+        """Remove the session's sandbox."""
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            self._session(session_id)  # raises the right error
+            return
+        self._forget(session_id, reason)
+        self.stats["sessions_closed_total"] += 1
+        await self._stop_quietly(session.handle)
+
+    def _forget(self, session_id: str, reason: str) -> None:
+        self._gone[session_id] = reason
+        while len(self._gone) > _GONE_MEMORY:
+            self._gone.pop(next(iter(self._gone)))
+
+    @contextlib.asynccontextmanager
+    async def _use(self, session_id: str) -> AsyncIterator[_Session]:
+        session = self._session(session_id)
+        session.busy += 1
+        try:
+            yield session
+        finally:
+            session.busy -= 1
+            session.info.last_used_at = time.time()
+
+    # -- operations (SandboxOps) ---------------------------------------------------------------
+    async def exec(
+        self,
+        session_id: str,
+        command: str,
+        *,
+        timeout_s: float = 60.0,
+        stdin: str | None = None,
+        env: dict[str, str] | None = None,
+        workdir: str | None = None,
+        max_output_bytes: int | None = None,
+    ) -> ExecResult:
+        """Run `command` with `bash -c` in the session."""
+        async with self._use(session_id) as session:
+            if workdir is not None:
+                workdir = resolve_path(workdir, session.info.workdir)
+            request = ExecRequest(
+                command=command, timeout_s=timeout_s, stdin=stdin, env=env or {}, workdir=workdir
+            )
+            cap = min(max_output_bytes or self.config.max_output_bytes, self.config.max_output_bytes)
+            started = time.monotonic()
+            result = await self.backend.exec(session.handle, request, max_output_bytes=cap)
+            self.stats["execs_total"] += 1
+            self.stats["exec_seconds_total"] += time.monotonic() - started
+            self.stats["exec_timeouts_total"] += int(result.timed_out)
+            self.stats["exec_oom_kills_total"] += int(result.oom_killed)
+            return result
+
+    async def upload(self, session_id: str, path: str, data: bytes, *, mode: int = 0o644) -> FileWritten:
+        """Write one file (parent directories created)."""
+        self._check_size(len(data))
+        async with self._use(session_id) as session:
+            full = resolve_path(path, session.info.workdir)
+            directory, name = posixpath.split(full)
+            if not name:
+                raise InvalidSpec(f"upload path {path!r} names a directory, not a file")
+            archive = tar_files({name: data}, mode=mode)
+            await self.backend.write_archive(session.handle, directory, archive)
+            self.stats["uploads_total"] += 1
+            return FileWritten(path=full, size=len(data))
+
+    async def upload_archive(self, session_id: str, dest: str, data: bytes) -> None:
+        """Extract a tar archive (plain files and directories only) into `dest`."""
+        self._check_size(len(data))
+        check_archive(data)
+        async with self._use(session_id) as session:
+            full = resolve_path(dest, session.info.workdir)
+            await self.backend.write_archive(session.handle, full, data)
+            self.stats["uploads_total"] += 1
+
+    async def download(self, session_id: str, path: str) -> bytes:
+        """Bytes of one file."""
+        async with self._use(session_id) as session:
+            full = resolve_path(path, session.info.workdir)
+            data = await self.backend.read_file(session.handle, full, max_bytes=self.config.max_file_bytes)
+            self.stats["downloads_total"] += 1
+            return data
+
+    async def download_archive(self, session_id: str, path: str) -> bytes:
+        """A tar archive of one directory."""
+        async with self._use(session_id) as session:
+            full = resolve_path(path, session.info.workdir)
+            data = await self.backend.read_archive(session.handle, full, max_bytes=self.config.max_file_bytes)
+            self.stats["downloads_total"] += 1
+            return data
+
+    async def verify(self, session_id: str, task: HarborTask | str | Path | None = None) -> VerifyResult:
+        """Run a Harbor verifier in the session (default: the task it was created for)."""
+        if task is None:
+            task = self._session(session_id).task
+            if task is None:
+                raise InvalidSpec(f"session {session_id} was not created from a task; pass task_dir")
+        elif not isinstance(task, HarborTask):
+            task = self._load_task(str(task))
+        result = await verify(self, session_id, task)
+        self.stats["verifications_total"] += 1
+        return result
+
+    def _check_size(self, size: int) -> None:
+        if size > self.config.max_file_bytes:
+            raise InvalidSpec(
+                f"upload of {size} bytes exceeds SessionManager.Config.max_file_bytes "
+                f"({self.config.max_file_bytes})"
+            )
+
+    # -- reaper and pool -----------------------------------------------------------------------
+    async def reap_once(self) -> int:
+        """Close expired and idle sessions, then remove this owner's unknown sandboxes."""
+        now = time.time()
+        doomed: list[tuple[str, str]] = []
+        for sid, session in self._sessions.items():
+            if now >= session.info.expires_at:
+                doomed.append((sid, "maximum lifetime reached"))
+            elif session.busy == 0 and now - session.info.last_used_at >= session.info.idle_timeout_s:
+                doomed.append((sid, "idle timeout"))
+        for sid, reason in doomed:
+            self.stats["sessions_expired_total"] += 1
+            await self.close(sid, reason=reason)
+        keep = set(self._sessions) | self._starting | {h.session_id for h, _ in self._pool}
+        orphans = await self.backend.reap(owner=self.config.owner, keep=keep)
+        self.stats["reaped_total"] += orphans
+        return len(doomed) + orphans
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.reap_interval_s)
+            try:
+                await self.reap_once()
+            except Exception:
+                log.exception("reaper pass failed; retrying in %.0f s", self.config.reap_interval_s)
+
+    def _pool_compatible(self, spec: SessionSpec) -> bool:
+        plain = spec.task_dir is None and spec.workdir is None and spec.lifetime_s is None
+        limits = (spec.cpus, spec.memory_mb, spec.pids) == (None, None, None)
+        return plain and limits and (spec.image or self.config.default_image) == self.config.default_image
+
+    def _take_pooled(self, spec: SessionSpec, resolved: SandboxSpec) -> SandboxHandle | None:
+        if not self._pool or not self._pool_compatible(spec):
+            return None
+        handle, expires_at = self._pool.pop()
+        handle.env = {**handle.env, **resolved.env}
+        resolved.expires_at = min(resolved.expires_at, expires_at)
+        self.stats["pool_hits_total"] += 1
+        self._refill_pool()
+        return handle
+
+    def _background(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _start_sandbox(self, spec: SandboxSpec) -> SandboxHandle:
+        """backend.start that never leaks: if the caller is cancelled mid-start (client gone),
+        the sandbox is removed as soon as it exists."""
+        start = asyncio.ensure_future(self.backend.start(spec))
+        try:
+            return await asyncio.shield(start)
+        except asyncio.CancelledError:
+            start.add_done_callback(self._discard_started)
+            raise
+
+    def _discard_started(self, start: asyncio.Future[SandboxHandle]) -> None:
+        if not start.cancelled() and start.exception() is None:
+            self._background(self._stop_quietly(start.result()))
+
+    def _refill_pool(self) -> None:
+        if self._closing:
+            return
+        missing = self.config.warm_pool_size - len(self._pool) - self._pool_filling
+        for _ in range(max(missing, 0)):
+            self._background(self._add_pooled())
+
+    async def _add_pooled(self) -> None:
+        self._pool_filling += 1
+        try:
+            resolved = await self._resolve(SessionSpec(), f"sb-{uuid.uuid4().hex[:16]}")
+            self._starting.add(resolved.spec.session_id)
+            try:
+                handle = await self.backend.start(resolved.spec)
+                if self._closing:
+                    await self._stop_quietly(handle)
+                else:
+                    self._pool.append((handle, resolved.spec.expires_at))
+            finally:
+                self._starting.discard(resolved.spec.session_id)
+        except Exception:
+            log.exception("starting a warm-pool sandbox failed")
+        finally:
+            self._pool_filling -= 1

@@ -1,0 +1,69 @@
+"""Run a gateway in-process for tests and tools: uvicorn on a free 127.0.0.1 port in a thread.
+
+    with serve_gateway(FakeBackend(), token="t") as url:
+        async with SandboxClient(SandboxClient.Config(base_url=url, token="t")) as client: ...
+
+The server's lifespan starts the session manager (reaping this owner's leftovers) and closes
+every session on exit, so tests cannot leak sandboxes past the `with` block.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sandbox.backends.fake import FakeBackend
+from sandbox.gateway import KEEP_ALIVE_S, create_app
+from sandbox.protocols import SandboxBackend
+from sandbox.sessions import SessionManager
+
+__all__ = ["FakeBackend", "serve_app", "serve_gateway"]
+
+
+@contextmanager
+def serve_app(app: Any, *, host: str = "127.0.0.1", start_timeout_s: float = 30.0) -> Iterator[str]:
+    """Serve an ASGI app on a free port in a daemon thread; yields its base URL."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan="on", backlog=4096, timeout_keep_alive=KEEP_ALIVE_S
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError(f"the in-process gateway did not start on {host}:{port}")
+        time.sleep(0.02)
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(120)
+        sock.close()
+
+
+@contextmanager
+def serve_gateway(
+    backend: SandboxBackend,
+    *,
+    token: str | None = "test-token",
+    config: SessionManager.Config | None = None,
+    images: Any = None,
+) -> Iterator[str]:
+    """A full gateway over `backend` (owner unique to this call unless `config` sets one)."""
+    config = config or SessionManager.Config(owner=f"test-{uuid.uuid4().hex[:8]}")
+    manager = SessionManager(config, backend, images=images)
+    with serve_app(create_app(manager, token=token)) as url:
+        yield url

@@ -1,0 +1,106 @@
+"""Harbor tasks on the real engine: every built-in task scores 1.0 with its oracle and 0.0 with
+a no-op agent; missing base images and bad reward files fail with distinct, clear errors."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from sandbox.backends import DockerBackend
+from sandbox.checks import check_task
+from sandbox.client import SandboxClient
+from sandbox.errors import BaseImageMissing, RewardFileEmpty, RewardFileMalformed, RewardFileMissing
+from sandbox.images import TaskImageBuilder
+from sandbox.models import SessionSpec
+from sandbox.sessions import SessionManager
+from sandbox.tasks import load_task
+from sandbox.testing import serve_gateway
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "tasks"
+BUILTIN = sorted(p.name for p in EXAMPLES.iterdir() if (p / "task.toml").is_file())
+
+
+@pytest.fixture
+async def manager(sandbox_image: str) -> AsyncIterator[SessionManager]:
+    config = SessionManager.Config(owner=f"test-tasks-{uuid.uuid4().hex[:8]}", default_image=sandbox_image)
+    backend = DockerBackend()
+    async with SessionManager(config, backend, images=TaskImageBuilder()) as mgr:
+        yield mgr
+    await backend.close()
+
+
+def test_there_are_at_least_six_builtin_tasks() -> None:
+    assert len(BUILTIN) >= 6
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+async def test_builtin_task_oracle_scores_1_noop_scores_0(manager: SessionManager, name: str) -> None:
+    check = await check_task(manager, load_task(EXAMPLES / name))
+    assert check.error is None
+    assert (check.oracle_reward, check.noop_reward) == (1.0, 0.0)
+
+
+async def test_task_session_through_the_gateway(sandbox_image: str) -> None:
+    config = SessionManager.Config(owner=f"test-tasks-{uuid.uuid4().hex[:8]}", default_image=sandbox_image)
+    task_dir = str(EXAMPLES / "json-to-csv")
+    with serve_gateway(DockerBackend(), token="t", config=config, images=TaskImageBuilder()) as url:
+        async with SandboxClient(SandboxClient.Config(base_url=url, token="t")) as client:
+            async with client.session(task_dir=task_dir) as info:
+                assert info.workdir == "/app" and info.task_name == "stacx/json-to-csv"
+                assert (await client.verify_remote(info.id)).reward == 0.0
+                solved = await client.run_oracle(info.id, task_dir)
+                assert solved.ok
+                result = await client.verify(info.id, task_dir)
+                assert result.reward == 1.0
+                assert result.rewards == {"reward": 1.0, "header": 1.0, "rows": 1.0, "order": 1.0}
+
+
+def _task(tmp_path: Path, test_sh: str, dockerfile: str = "FROM stacx/sandbox:bookworm\n") -> Path:
+    root = tmp_path / "task"
+    shutil.copytree(EXAMPLES / "write-file", root)
+    (root / "environment" / "Dockerfile").write_text(dockerfile)
+    (root / "tests" / "test.sh").write_text(test_sh)
+    return root
+
+
+async def test_missing_from_image_is_named(manager: SessionManager, tmp_path: Path) -> None:
+    root = _task(tmp_path, "true\n", dockerfile="FROM stacx/not-built-anywhere:1\nRUN true\n")
+    with pytest.raises(BaseImageMissing, match="stacx/not-built-anywhere:1"):
+        await manager.create(SessionSpec(task_dir=str(root)))
+    assert manager.list() == []
+
+
+@pytest.mark.parametrize(
+    ("test_sh", "error"),
+    [
+        ("echo no reward here\n", RewardFileMissing),
+        ("mkdir -p /logs/verifier; : > /logs/verifier/reward.txt\n", RewardFileEmpty),
+        ("mkdir -p /logs/verifier; echo great > /logs/verifier/reward.txt\n", RewardFileMalformed),
+        ("mkdir -p /logs/verifier; echo '{\"reward\": ' > /logs/verifier/reward.json\n", RewardFileMalformed),
+    ],
+)
+async def test_bad_reward_files_fail_clearly(
+    manager: SessionManager, tmp_path: Path, test_sh: str, error: type
+) -> None:
+    root = _task(tmp_path, test_sh)
+    info = await manager.create(SessionSpec(task_dir=str(root)))
+    try:
+        with pytest.raises(error):
+            await manager.verify(info.id)
+    finally:
+        await manager.close(info.id)
+
+
+def test_tasks_check_command_prints_both_rewards(
+    capsys: pytest.CaptureFixture[str], sandbox_image: str
+) -> None:
+    from infra.cli import build_parser
+
+    args = build_parser().parse_args(["tasks", "check", str(EXAMPLES / "write-file"), "--json"])
+    assert args.func(args) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert '"oracle_reward": 1.0' in line and '"noop_reward": 0.0' in line and '"passed": true' in line

@@ -1,0 +1,55 @@
+"""Exec plumbing shared by the docker and process backends."""
+
+from __future__ import annotations
+
+from sandbox.backends._common import OutputCap, RawRun, exec_argv, parse_oom_kills, to_result
+
+
+def test_exec_argv_kills_the_process_group_at_the_timeout() -> None:
+    argv = exec_argv("echo hi", 2.5)
+    assert argv[:4] == ["timeout", "-s", "KILL", "2.500"]
+    assert argv[4:] == ["bash", "-c", "echo hi"]
+
+
+def test_output_cap_truncates_and_flags() -> None:
+    cap = OutputCap(5)
+    cap.add(b"abc")
+    cap.add(b"defg")
+    cap.add(b"h")
+    assert cap.data() == b"abcde"
+    assert cap.truncated
+
+
+def test_output_cap_under_limit_is_not_truncated() -> None:
+    cap = OutputCap(10)
+    cap.add("é".encode())
+    assert cap.text() == "é" and not cap.truncated
+
+
+def _run(exit_code: int, duration_s: float, host_timeout: bool = False) -> RawRun:
+    return RawRun(
+        exit_code=exit_code,
+        stdout=OutputCap(10),
+        stderr=OutputCap(10),
+        duration_s=duration_s,
+        host_timeout=host_timeout,
+    )
+
+
+def test_kill_at_the_deadline_is_a_timeout() -> None:
+    assert to_result(_run(137, 2.01), 2.0).timed_out
+
+
+def test_early_kill_is_not_a_timeout() -> None:
+    result = to_result(_run(137, 0.3), 2.0, oom_killed=True)
+    assert not result.timed_out and result.oom_killed
+
+
+def test_host_timeout_is_a_timeout() -> None:
+    assert to_result(_run(137, 9.0, host_timeout=True), 2.0).timed_out
+
+
+def test_parse_oom_kills_reads_cgroup_v1_and_v2() -> None:
+    assert parse_oom_kills("low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\n") == 2
+    assert parse_oom_kills("oom_kill_disable 0\nunder_oom 0\noom_kill 5\n") == 5
+    assert parse_oom_kills("") == 0

@@ -1,0 +1,96 @@
+"""Reward files and the verifier flow, over an in-memory backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sandbox.backends.fake import FakeBackend, FakeSandbox
+from sandbox.errors import RewardFileEmpty, RewardFileMalformed, RewardFileMissing
+from sandbox.models import ExecRequest, ExecResult, SessionSpec
+from sandbox.sessions import SessionManager
+from sandbox.tasks import load_task
+from sandbox.verifier import parse_reward_json, parse_reward_text, run_oracle, scalar_reward
+
+TASK = Path(__file__).resolve().parents[3] / "examples" / "tasks" / "write-file"
+
+
+def test_reward_text() -> None:
+    assert parse_reward_text(b"1\n") == 1.0
+    assert parse_reward_text(b" 0.25 ") == 0.25
+    with pytest.raises(RewardFileEmpty):
+        parse_reward_text(b"  \n")
+    with pytest.raises(RewardFileMalformed, match="one number"):
+        parse_reward_text(b"passed")
+    with pytest.raises(RewardFileMalformed, match="finite"):
+        parse_reward_text(b"nan")
+
+
+def test_reward_json() -> None:
+    assert parse_reward_json(b'{"reward": 1, "style": 0.5}') == {"reward": 1.0, "style": 0.5}
+    with pytest.raises(RewardFileEmpty):
+        parse_reward_json(b"")
+    with pytest.raises(RewardFileMalformed, match="not valid JSON"):
+        parse_reward_json(b"{reward: 1")
+    with pytest.raises(RewardFileMalformed, match="object"):
+        parse_reward_json(b"[1]")
+    with pytest.raises(RewardFileMalformed, match="not numbers"):
+        parse_reward_json(b'{"reward": "high", "ok": true}')
+
+
+def test_scalar_reward_prefers_reward_key_then_mean() -> None:
+    assert scalar_reward({"reward": 0.2, "x": 1.0}) == 0.2
+    assert scalar_reward({"a": 1.0, "b": 0.0}) == 0.5
+
+
+def _writes(files: dict[str, bytes]):  # type: ignore[no-untyped-def]
+    def handler(sandbox: FakeSandbox, request: ExecRequest) -> ExecResult:
+        if request.command == "bash /tests/test.sh":
+            sandbox.files.update(files)
+        return ExecResult(exit_code=0, stdout="", stderr="", duration_s=0.01)
+
+    return handler
+
+
+async def _verify(files: dict[str, bytes]) -> float:
+    backend = FakeBackend(_writes(files))
+    async with SessionManager(SessionManager.Config(owner="t"), backend) as manager:
+        session = await manager.create(SessionSpec())
+        result = await manager.verify(session.id, TASK)
+        assert backend.sandboxes[f"fake-{session.id}"].files["/tests/test.sh"].startswith(b"#!/bin/bash")
+        return result.reward
+
+
+async def test_verify_reads_reward_txt() -> None:
+    assert await _verify({"/logs/verifier/reward.txt": b"1\n"}) == 1.0
+
+
+async def test_reward_json_wins_over_txt() -> None:
+    files = {"/logs/verifier/reward.json": b'{"a": 1, "b": 0}', "/logs/verifier/reward.txt": b"1"}
+    assert await _verify(files) == 0.5
+
+
+@pytest.mark.parametrize(
+    ("files", "error"),
+    [
+        ({}, RewardFileMissing),
+        ({"/logs/verifier/reward.txt": b""}, RewardFileEmpty),
+        ({"/logs/verifier/reward.txt": b"ok"}, RewardFileMalformed),
+        ({"/logs/verifier/reward.json": b"{"}, RewardFileMalformed),
+    ],
+)
+async def test_bad_reward_files_are_distinct_errors(files: dict[str, bytes], error: type) -> None:
+    with pytest.raises(error):
+        await _verify(files)
+
+
+async def test_oracle_uploads_and_runs_solve_sh() -> None:
+    backend = FakeBackend()
+    async with SessionManager(SessionManager.Config(owner="t"), backend) as manager:
+        session = await manager.create(SessionSpec())
+        result = await run_oracle(manager, session.id, load_task(TASK))
+        sandbox = backend.sandboxes[f"fake-{session.id}"]
+        assert result.ok
+        assert sandbox.commands[-1] == "bash /tmp/solution/solve.sh"
+        assert b"Hello, STACX!" in sandbox.files["/tmp/solution/solve.sh"]
