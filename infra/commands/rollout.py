@@ -1,0 +1,101 @@
+"""`stacx rollout CONFIG` (the rollout service) and `stacx eval CONFIG` (rollout-only evaluation)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    rollout = subparsers.add_parser("rollout", help="run the rollout service from a YAML config")
+    rollout.add_argument("config", help="rollout YAML (see examples/rollout/)")
+    rollout.add_argument("--num-groups", type=int, default=None, help="stop after N task groups")
+    rollout.add_argument("--no-progress", action="store_true", help="no live progress view")
+    rollout.set_defaults(func=_rollout)
+
+    evaluate = subparsers.add_parser("eval", help="rollout-only evaluation: rewards per task type")
+    evaluate.add_argument("config", help="rollout YAML (see examples/rollout/eval-tasks.yaml)")
+    evaluate.add_argument("--tasks", default=None, help="Harbor task directory (overrides data)")
+    evaluate.add_argument("--samples", type=int, default=None, help="samples per task")
+    evaluate.add_argument("--publish", action="store_true", help="also publish trajectories")
+    evaluate.add_argument("--json", dest="json_out", default=None, help="write the report here")
+    evaluate.add_argument("--no-progress", action="store_true", help="no live progress view")
+    evaluate.set_defaults(func=_eval)
+
+
+def _load(path: str, args: argparse.Namespace) -> Any:
+    from rollout.config import load_config
+    from rollout.errors import ConfigError
+
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+    config.progress = config.progress and not args.no_progress and sys.stdout.isatty()
+    return config
+
+
+def _rollout(args: argparse.Namespace) -> int:
+    from rollout.service import run_rollout
+
+    config = _load(args.config, args)
+    if config is None:
+        return 2
+    if args.num_groups is not None:
+        config.num_groups = args.num_groups
+    summary = asyncio.run(run_rollout(config))
+    print(json.dumps(_report(summary)))
+    return 0 if summary.num_publish_errors == 0 else 1
+
+
+def _harbor_tasks(directory: str) -> list[Any]:
+    from sandbox.tasks import discover_tasks, to_task_sample
+
+    return [to_task_sample(task) for task in discover_tasks(directory)]
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from rollout.config import DataConfig
+    from rollout.progress import reward_table
+    from rollout.service import run_rollout
+
+    config = _load(args.config, args)
+    if config is None:
+        return 2
+    if args.tasks:
+        config.data = DataConfig(task_dirs=args.tasks, samples_per_task=config.data.samples_per_task)
+    if args.samples:
+        config.data.samples_per_task = args.samples
+    config.kafka.publish = args.publish
+    config.kafka.follow_weights = False
+    config.manager.record_task_rewards = True
+    tasks = _harbor_tasks(config.data.task_dirs) if config.data.task_dirs else None
+    summary = asyncio.run(run_rollout(config, tasks=tasks))
+    report = _report(summary)
+    rows = {t: (summary.episodes_by_type[t], r) for t, r in summary.mean_reward_by_type().items()}
+    Console(stderr=True).print(reward_table(rows))
+    if args.json_out:
+        with open(args.json_out, "w") as out:
+            json.dump(report, out, indent=2)
+    print(json.dumps(report))
+    return 0
+
+
+def _report(summary: Any) -> dict[str, Any]:
+    by_task = {t: sum(r) / len(r) for t, r in sorted(summary.rewards_by_task.items()) if r}
+    return {
+        "groups": summary.num_groups,
+        "episodes": summary.num_episodes,
+        "by_status": summary.by_status,
+        "mean_reward_by_type": summary.mean_reward_by_type(),
+        "mean_reward_by_task": by_task,
+        "publish_errors": summary.num_publish_errors,
+        "max_concurrent_episodes": summary.max_concurrent_episodes,
+        "wall_s": round(summary.wall_s, 3),
+    }

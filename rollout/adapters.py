@@ -1,0 +1,251 @@
+"""Real implementations of the rollout seams: sandbox gateway, inference client, Kafka.
+
+Third-party imports happen inside the constructors, so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from rollout.errors import EnvironmentStepError, InferenceCallError, RewardError
+from rollout.protocols import ExecResult, Generation, SamplingParams
+from schemas import topics
+from schemas.records import TaskSample, Trajectory, WeightVersion
+
+__all__ = [
+    "GatewayEnvironments",
+    "GatewaySession",
+    "InferenceAdapter",
+    "KafkaTrajectoryPublisher",
+    "WeightsFollower",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_IMAGE = "stacx/sandbox:bookworm"
+
+
+class GatewaySession:
+    """One gateway session seen through the `EnvironmentSession` protocol."""
+
+    def __init__(self, client: Any, session_id: str, task: TaskSample) -> None:
+        self.client = client
+        self.session_id = session_id
+        self.task = task
+
+    async def exec(
+        self, command: str, *, stdin: str | None = None, timeout_s: float | None = None
+    ) -> ExecResult:
+        try:
+            result = await self.client.exec(
+                self.session_id, command, stdin=stdin, timeout_s=timeout_s or 60.0
+            )
+        except Exception as exc:
+            raise EnvironmentStepError(f"exec in {self.session_id}: {type(exc).__name__}: {exc}") from exc
+        return ExecResult(
+            exit_code=result.exit_code,
+            stdout=result.stdout,
+            stderr=result.stderr,
+            truncated=result.truncated,
+            timed_out=result.timed_out,
+            duration_ms=int(result.duration_s * 1000),
+        )
+
+    async def verify(self) -> dict[str, float]:
+        if not self.task.task_dir:
+            raise RewardError(
+                f"task {self.task.task_id} has no task_dir: the verifier needs a "
+                "Harbor task (or configure a reward function)"
+            )
+        try:
+            result = await self.client.verify_remote(self.session_id)
+        except Exception as exc:
+            raise RewardError(f"verifier of {self.task.task_id}: {type(exc).__name__}: {exc}") from exc
+        rewards = {k: float(v) for k, v in result.rewards.items()}
+        rewards["reward"] = float(result.reward)
+        return rewards
+
+    async def close(self) -> None:
+        await self.client.close_session(self.session_id)
+
+
+class GatewayEnvironments:
+    """Opens one gateway session per episode: from the task directory, else from an image."""
+
+    def __init__(
+        self, client: Any, *, default_image: str = DEFAULT_IMAGE, lifetime_s: float = 3600.0
+    ) -> None:
+        self.client = client
+        self.default_image = default_image
+        self.lifetime_s = lifetime_s
+
+    async def open(self, task: TaskSample, *, cpus: float, memory_mb: int) -> GatewaySession:
+        spec: dict[str, Any] = {"cpus": cpus, "memory_mb": memory_mb, "lifetime_s": self.lifetime_s}
+        if task.task_dir:
+            spec["task_dir"] = task.task_dir
+        else:
+            spec["image"] = task.image or self.default_image
+        try:
+            info = await self.client.create_session(**spec)
+        except Exception as exc:
+            raise EnvironmentStepError(
+                f"create session for {task.task_id}: {type(exc).__name__}: {exc}"
+            ) from exc
+        return GatewaySession(self.client, info.id, task)
+
+
+class InferenceAdapter:
+    """Adapts `rollout.inference.InferenceClient` (built-in server or SGLang) to the evaluator's
+    `InferenceClient` protocol: our `SamplingParams` in, a `Generation` out.
+
+    `client.generate(input_ids, sampling, return_logprob=True)` must return an object (or dict)
+    with output_ids, logprobs, weight_version and finish_reason.
+    """
+
+    def __init__(self, client: Any, sampling_type: Any = None) -> None:
+        self.client = client
+        if sampling_type is None:
+            from rollout.inference.sampling import SamplingParams as sampling_type
+        self.sampling_type = sampling_type
+
+    async def generate(self, input_ids: Sequence[int], params: SamplingParams) -> Generation:
+        sampling = self.sampling_type(
+            max_new_tokens=params.max_new_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            stop=list(params.stop),
+            stop_token_ids=list(params.stop_token_ids),
+        )
+        try:
+            out = await self.client.generate(list(input_ids), sampling, return_logprob=True)
+        except Exception as exc:
+            raise InferenceCallError(f"{type(exc).__name__}: {exc}") from exc
+        return _generation(out)
+
+
+def _field(out: Any, *names: str) -> Any:
+    for name in names:
+        if isinstance(out, dict) and name in out:
+            return out[name]
+        if hasattr(out, name):
+            return getattr(out, name)
+    raise InferenceCallError(f"inference answer lacks {names[0]!r} ({type(out).__name__})")
+
+
+def _generation(out: Any) -> Generation:
+    ids = [int(x) for x in _field(out, "output_ids")]
+    lps = [float(x) for x in _field(out, "logprobs", "output_token_logprobs")]
+    version = _field(out, "weight_version")
+    reason = _field(out, "finish_reason")
+    if isinstance(reason, dict):  # SGLang: {"type": "stop", ...}
+        reason = reason.get("type", "stop")
+    return Generation(
+        output_ids=ids, logprobs=lps, weight_version=_version(version), finish_reason=str(reason)
+    )
+
+
+def _version(value: Any) -> int | None:
+    """SGLang reports weight_version as text ("default" before any update)."""
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
+
+
+class KafkaTrajectoryPublisher:
+    """Publishes trajectories to `stacx.trajectories`, keyed by group id."""
+
+    def __init__(
+        self, producer: Any = None, *, bootstrap_servers: str | None = None, topic: str = topics.TRAJECTORIES
+    ) -> None:
+        if producer is None:
+            from producers import EventProducer
+
+            config = EventProducer.Config(client_id="stacx-rollout")
+            if bootstrap_servers:
+                config.bootstrap_servers = bootstrap_servers
+            producer = EventProducer(config)
+        self.producer = producer
+        self.topic = topic
+
+    async def publish(self, trajectory: Trajectory) -> None:
+        await self.producer.publish_async(self.topic, trajectory, key=trajectory.group_id)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.producer.close)
+
+
+class WeightsFollower:
+    """Follows the compacted `stacx.weights` topic in a thread; `current()` is the newest version
+    published for `model_name` (starting from `initial`)."""
+
+    def __init__(
+        self,
+        model_name: str,
+        *,
+        bootstrap_servers: str | None = None,
+        topic: str = topics.WEIGHTS,
+        initial: int = 0,
+        consumer: Any = None,
+    ) -> None:
+        self.model_name = model_name
+        self._version = initial
+        self._consumer = consumer if consumer is not None else self._make(bootstrap_servers, topic)
+        self._stop = threading.Event()
+        self.caught_up = threading.Event()
+        """Set once a poll came back empty with partitions assigned."""
+        self._thread = threading.Thread(target=self._loop, name="stacx-weights", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _make(bootstrap_servers: str | None, topic: str) -> Any:
+        from consumers import EventConsumer
+
+        config = EventConsumer.Config(
+            topics=[topic],
+            group_id=f"stacx-rollout-weights-{uuid.uuid4().hex[:8]}",
+            auto_offset_reset="earliest",
+        )
+        if bootstrap_servers:
+            config.bootstrap_servers = bootstrap_servers
+        return EventConsumer(config)
+
+    def current(self) -> int:
+        return self._version
+
+    def observe(self, record: WeightVersion) -> None:
+        if record.model_name == self.model_name and record.version > self._version:
+            log.info("policy %s is now at version %d", self.model_name, record.version)
+            self._version = record.version
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                event = self._consumer.poll(0.2)
+            except Exception as exc:  # keep following; the manager keeps the last version
+                log.warning("weights follower: %s", exc)
+                self._stop.wait(1.0)
+                continue
+            if event is not None and isinstance(event.value, WeightVersion):
+                self.observe(event.value)
+            elif event is None and self._assigned():
+                self.caught_up.set()  # nothing more to read right now: the latest is applied
+
+    def _assigned(self) -> bool:
+        assignment = getattr(self._consumer, "assignment", None)
+        return bool(assignment()) if callable(assignment) else True
+
+    def wait_caught_up(self, timeout_s: float) -> bool:
+        """Block until the topic was read to its end once (True) or `timeout_s` passed."""
+        return self.caught_up.wait(timeout_s)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._consumer.close()

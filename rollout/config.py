@@ -1,0 +1,180 @@
+"""The rollout service configuration (one YAML file) and its loader.
+
+Unknown keys are errors naming their path, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rollout.errors import ConfigError
+from rollout.manager import RolloutManager
+from schemas import topics
+
+__all__ = [
+    "DataConfig",
+    "InferenceConfig",
+    "KafkaConfig",
+    "RolloutConfig",
+    "SandboxConfig",
+    "load_config",
+    "parse_config",
+]
+
+
+@dataclass(kw_only=True, slots=True)
+class DataConfig:
+    """Where tasks come from: a tasks.jsonl, Harbor task directories, or the tasks topic."""
+
+    path: str | None = None
+    """tasks.jsonl of TaskSample rows."""
+    task_dirs: str | None = None
+    """Directory of Harbor-format tasks (each becomes a TaskSample)."""
+    topic: str | None = None
+    """Kafka topic of TaskSample events (e.g. stacx.tasks), read through a consumer group."""
+    consumer_group: str = "stacx-rollout"
+    """Consumer group shared by rollout workers reading `topic`."""
+    samples_per_task: int = 1
+    """GRPO group size n."""
+    epochs: int = 1
+    """Passes over a file / directory source (0 = forever)."""
+    shuffle: bool = False
+    """Shuffle each epoch."""
+    seed: int = 0
+    """Shuffle seed."""
+
+    def __post_init__(self) -> None:
+        chosen = [name for name in ("path", "task_dirs", "topic") if getattr(self, name)]
+        if len(chosen) != 1:
+            raise ConfigError(f"data: set exactly one of path, task_dirs, topic (got {chosen or 'none'})")
+
+
+@dataclass(kw_only=True, slots=True)
+class InferenceConfig:
+    """The inference server (built-in or SGLang)."""
+
+    url: str = "http://127.0.0.1:30000"
+    """Base URL of the server."""
+    tokenizer: str | None = None
+    """HF tokenizer directory (usually the model directory)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class SandboxConfig:
+    """The sandbox gateway."""
+
+    url: str = "http://127.0.0.1:8700"
+    """Gateway base URL."""
+    token_env: str = "STACX_SANDBOX_TOKEN"
+    """Environment variable holding the gateway's bearer token."""
+    image: str = "stacx/sandbox:bookworm"
+    """Image of sessions for tasks without task_dir or image."""
+
+    def token(self) -> str | None:
+        return os.environ.get(self.token_env)
+
+
+@dataclass(kw_only=True, slots=True)
+class KafkaConfig:
+    """Kafka: where trajectories go and where policy versions come from."""
+
+    bootstrap_servers: str = field(
+        default_factory=lambda: os.environ.get(topics.BOOTSTRAP_ENV, topics.DEFAULT_BOOTSTRAP)
+    )
+    """bootstrap.servers (default $STACX_KAFKA or 127.0.0.1:9092)."""
+    publish: bool = True
+    """Publish trajectories to `trajectories_topic` (false: keep them in memory, e.g. eval)."""
+    trajectories_topic: str = topics.TRAJECTORIES
+    """Where trajectories go."""
+    follow_weights: bool = True
+    """Follow `weights_topic` for the current policy version."""
+    weights_topic: str = topics.WEIGHTS
+    """Compacted topic of WeightVersion events."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RolloutConfig:
+    """Everything `stacx rollout` / `stacx eval` need."""
+
+    data: DataConfig
+    """Task source."""
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    """Inference server."""
+    sandbox: SandboxConfig | None = field(default_factory=SandboxConfig)
+    """Sandbox gateway (null when every scaffold is sandbox-less)."""
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    """Kafka."""
+    manager: RolloutManager.Config = field(default_factory=RolloutManager.Config)
+    """Manager, pool, scheduler and evaluators."""
+    num_groups: int | None = None
+    """Stop after this many groups (None: the whole source)."""
+    progress: bool = True
+    """Live progress view on the terminal."""
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)  # resolved in the module that defines `cls`
+
+
+def _build(cls: Any, values: Any, where: str) -> Any:
+    """A dataclass `cls` from a mapping, recursing into nested dataclasses."""
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(values).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(names)}")
+    hints = _hints(cls)
+    kwargs = {key: _convert(hints[key], value, f"{where}.{key}") for key, value in values.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+
+
+def _convert(hint: Any, value: Any, where: str) -> Any:
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, where)
+    args = typing.get_args(hint)
+    if value is None:
+        return None
+    if typing.get_origin(hint) is dict and len(args) == 2 and dataclasses.is_dataclass(args[1]):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping of name -> settings")
+        return {str(k): _build(args[1], v, f"{where}.{k}") for k, v in value.items()}
+    for arg in args:  # X | None
+        if dataclasses.is_dataclass(arg):
+            return _build(arg, value, where)
+    return value
+
+
+def parse_config(values: dict[str, Any], *, where: str = "config") -> RolloutConfig:
+    """A `RolloutConfig` from already-loaded YAML."""
+    config: RolloutConfig = _build(RolloutConfig, values, where)
+    return config
+
+
+def load_config(path: str | Path) -> RolloutConfig:
+    """Read a YAML rollout config; relative data paths are resolved against the file."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
+    config = parse_config(values, where=str(path))
+    for name in ("path", "task_dirs"):
+        value = getattr(config.data, name)
+        if value and not Path(value).is_absolute() and not Path(value).exists():
+            setattr(config.data, name, str((path.parent / value).resolve()))
+    return config

@@ -1,0 +1,215 @@
+"""DataSource: task groups from a `tasks.jsonl` file or from the `stacx.tasks` topic."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rollout.errors import ConfigError
+from rollout.protocols import TaskGroup
+from schemas.records import TaskSample
+
+__all__ = [
+    "JsonlTaskSource",
+    "KafkaTaskSource",
+    "ListTaskSource",
+    "group_id_for",
+    "load_tasks_jsonl",
+    "task_from_dict",
+]
+
+_TASK_FIELDS = {f.name for f in dataclasses.fields(TaskSample)}
+
+
+def group_id_for(task_id: str, epoch: int, salt: str = "") -> str:
+    """Deterministic group id: the same task in the same epoch of the same run gets the same id."""
+    return hashlib.sha256(f"{task_id}\x1f{epoch}\x1f{salt}".encode()).hexdigest()[:24]
+
+
+def task_from_dict(row: Mapping[str, Any], *, where: str) -> TaskSample:
+    """A `TaskSample` from a JSON object; `data` may be an object (it is JSON-encoded)."""
+    unknown = sorted(set(row) - _TASK_FIELDS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown field(s) {unknown}; TaskSample has {sorted(_TASK_FIELDS)}")
+    missing = [name for name in ("task_id", "task_type", "prompt") if name not in row]
+    if missing:
+        raise ConfigError(f"{where}: missing required field(s) {missing}")
+    values = dict(row)
+    if not isinstance(values.get("data", "{}"), str):
+        values["data"] = json.dumps(values["data"])
+    values["metadata"] = {str(k): str(v) for k, v in dict(values.get("metadata") or {}).items()}
+    return TaskSample(**values)
+
+
+def load_tasks_jsonl(path: str | Path) -> list[TaskSample]:
+    """Read every row of a tasks.jsonl; errors name the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"tasks file {path} does not exist; set data.path to a tasks.jsonl")
+    tasks: list[TaskSample] = []
+    for line_no, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{line_no}: not valid JSON ({exc.msg})") from exc
+        tasks.append(task_from_dict(row, where=f"{path}:{line_no}"))
+    if not tasks:
+        raise ConfigError(f"{path} holds no tasks")
+    return tasks
+
+
+class ListTaskSource:
+    """Groups from an in-memory list of tasks: `epochs` passes, shuffled with `seed` per epoch."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        samples_per_task: int = 1
+        """Samples per task: the GRPO group size `n`."""
+        epochs: int = 1
+        """Passes over the tasks (0 = forever)."""
+        shuffle: bool = False
+        """Shuffle the order in every epoch."""
+        seed: int = 0
+        """Shuffle seed (epoch e uses seed + e), also salts group ids."""
+
+        def __post_init__(self) -> None:
+            if self.samples_per_task < 1:
+                raise ConfigError(f"data.samples_per_task = {self.samples_per_task}; use >= 1")
+            if self.epochs < 0:
+                raise ConfigError(f"data.epochs = {self.epochs}; use >= 0 (0 = forever)")
+
+    def __init__(self, tasks: Sequence[TaskSample], config: Config | None = None) -> None:
+        if not tasks:
+            raise ConfigError("the task list is empty")
+        self.config = config or ListTaskSource.Config()
+        self._tasks = list(tasks)
+        self._iter = self._groups()
+
+    def _order(self, epoch: int) -> list[TaskSample]:
+        order = list(self._tasks)
+        if self.config.shuffle:
+            random.Random(self.config.seed + epoch).shuffle(order)
+        return order
+
+    def _groups(self) -> Iterator[TaskGroup]:
+        epoch = 0
+        while self.config.epochs == 0 or epoch < self.config.epochs:
+            for task in self._order(epoch):
+                yield TaskGroup(
+                    group_id=group_id_for(task.task_id, epoch, str(self.config.seed)),
+                    task=task,
+                    num_samples=self.config.samples_per_task,
+                    epoch=epoch,
+                )
+            epoch += 1
+
+    async def next_group(self) -> TaskGroup | None:
+        return next(self._iter, None)
+
+    async def ack(self, group: TaskGroup) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+class JsonlTaskSource(ListTaskSource):
+    """Groups from a `tasks.jsonl` file of `TaskSample` rows."""
+
+    def __init__(self, path: str | Path, config: ListTaskSource.Config | None = None) -> None:
+        super().__init__(load_tasks_jsonl(path), config)
+        self.path = Path(path)
+
+
+class KafkaTaskSource:
+    """Groups from the `stacx.tasks` topic through a consumer group (many workers share it).
+
+    Offsets are committed only after every sample of the group is published (`ack`), so a crashed
+    worker's tasks are redelivered to another one.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        bootstrap_servers: str
+        """Kafka bootstrap servers."""
+        group_id: str = "stacx-rollout"
+        """Consumer group shared by the rollout workers."""
+        topic: str = "stacx.tasks"
+        """Topic of `TaskSample` events."""
+        samples_per_task: int = 1
+        """Samples per task: the GRPO group size `n`."""
+        poll_timeout_s: float = 0.5
+        """How long one poll waits for an event."""
+        max_idle_polls: int = 0
+        """Return `None` (exhausted) after this many empty polls in a row (0 = never)."""
+
+    def __init__(self, config: Config, consumer: Any = None) -> None:
+        self.config = config
+        self._consumer = consumer if consumer is not None else self._make_consumer()
+        self._idle = 0
+        self._pending: dict[tuple[str, int], dict[int, Any]] = {}
+        """Per partition: offset -> event, still in flight (committed in offset order only)."""
+        self._done: dict[tuple[str, int], dict[int, Any]] = {}
+        self._commit_lock = asyncio.Lock()
+
+    def _make_consumer(self) -> Any:
+        from consumers import EventConsumer
+
+        return EventConsumer(
+            EventConsumer.Config(
+                bootstrap_servers=self.config.bootstrap_servers,
+                group_id=self.config.group_id,
+                topics=[self.config.topic],
+            )
+        )
+
+    async def next_group(self) -> TaskGroup | None:
+        while True:
+            event = await asyncio.to_thread(self._consumer.poll, self.config.poll_timeout_s)
+            if event is not None and isinstance(event.value, TaskSample):
+                self._idle = 0
+                ref = f"{event.topic}/{event.partition}/{event.offset}"
+                self._pending.setdefault((event.topic, event.partition), {})[event.offset] = event
+                return TaskGroup(
+                    group_id=group_id_for(event.value.task_id, 0, ref),
+                    task=event.value,
+                    num_samples=self.config.samples_per_task,
+                    source_ref=event,
+                )
+            self._idle += 1
+            if self.config.max_idle_polls and self._idle >= self.config.max_idle_polls:
+                return None
+
+    async def ack(self, group: TaskGroup) -> None:
+        event = group.source_ref
+        part = (event.topic, event.partition)
+        self._pending.get(part, {}).pop(event.offset, None)
+        self._done.setdefault(part, {})[event.offset] = event
+        async with self._commit_lock:  # commits finish in order: a later one never goes backwards
+            last = self._committable(part)
+            if last is not None:
+                await asyncio.to_thread(self._consumer.commit, last)
+
+    def _committable(self, part: tuple[str, int]) -> Any:
+        """The highest finished event below every unfinished one of `part` (None: nothing new)."""
+        pending, done = self._pending.get(part, {}), self._done.get(part, {})
+        low = min(pending) if pending else None
+        ready = [offset for offset in done if low is None or offset < low]
+        if not ready:
+            return None
+        last = done[max(ready)]
+        for offset in ready:
+            del done[offset]
+        return last
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._consumer.close)

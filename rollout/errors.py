@@ -1,0 +1,47 @@
+"""Exceptions of the rollout engine: one root, retriability as a class attribute."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "EnvironmentStepError",
+    "EpisodeError",
+    "InferenceCallError",
+    "ResourceDeadlockError",
+    "RewardError",
+    "RolloutError",
+]
+
+
+class RolloutError(Exception):
+    """Root of every error the rollout engine raises."""
+
+    retriable: bool = False
+
+
+class ConfigError(RolloutError, ValueError):
+    """A configuration value is missing or invalid; the message names the field and the fix."""
+
+
+class ResourceDeadlockError(ConfigError):
+    """The global budget cannot satisfy some evaluator's maximal demand: it could never run."""
+
+
+class EpisodeError(RolloutError):
+    """An episode failed; the trajectory is published with status FAILED and this reason."""
+
+
+class InferenceCallError(EpisodeError):
+    """The inference server failed to generate (after the client's own retries)."""
+
+    retriable = True
+
+
+class EnvironmentStepError(EpisodeError):
+    """The sandbox (gateway, session or verifier) failed."""
+
+    retriable = True
+
+
+class RewardError(EpisodeError):
+    """The reward could not be computed (verifier broken, unknown reward function...)."""

@@ -1,0 +1,440 @@
+"""Evaluator: one async multi-turn episode from a task to a training-ready `Trajectory`.
+
+render prompt -> generate (ids + logprobs) -> scaffold parses an action -> acquire -> env step
+through the gateway -> release (finally) -> append the observation -> ... until done, max turns,
+max tokens or timeout -> reward (verifier in the sandbox, or a reward function).
+
+Environment and model failures end the episode with status FAILED and the reason; they never
+propagate. Cancellation propagates after the sandbox is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollout.errors import (
+    ConfigError,
+    EnvironmentStepError,
+    EpisodeError,
+    InferenceCallError,
+    RewardError,
+)
+from rollout.protocols import (
+    Action,
+    EnvironmentFactory,
+    EnvironmentSession,
+    ExecResult,
+    Generation,
+    InferenceClient,
+    Message,
+    RewardFunction,
+    SamplingParams,
+    Scaffold,
+    TaskGroup,
+    Tokenizer,
+)
+from rollout.resources import EvaluatorDemand, ResourcePool, Resources
+from rollout.rewards import get_reward
+from rollout.scaffolds import build_scaffold
+from rollout.tokens import ChatFormat, TokenBuffer
+from schemas.records import (
+    ToolCall,
+    Trajectory,
+    TrajectoryStatus,
+    Turn,
+    now_ms,
+    token_ids,
+    trajectory_id,
+)
+
+__all__ = ["EpisodeStats", "Evaluator"]
+
+VERIFIER = "verifier"
+_PROMPT_CACHE_SIZE = 1024
+
+
+@dataclass(kw_only=True, slots=True)
+class EpisodeStats:
+    """Time spent inside external calls, for the engine-overhead figure."""
+
+    num_steps: int = 0
+    generate_s: float = 0.0
+    env_s: float = 0.0
+
+
+@dataclass(slots=True)
+class _Episode:
+    """Mutable state of one running episode."""
+
+    group: TaskGroup
+    sample_index: int
+    start_version: int
+    buffer: TokenBuffer = field(default_factory=TokenBuffer)
+    turns: list[Turn] = field(default_factory=list)
+    prompt_length: int = 0
+    answer: str | None = None
+    status: TrajectoryStatus = TrajectoryStatus.COMPLETED
+    error: str | None = None
+    rewards: dict[str, float] = field(default_factory=dict)
+    metadata: dict[str, str] = field(default_factory=dict)
+    env: EnvironmentSession | None = None
+
+    def stop(self, reason: str, status: TrajectoryStatus = TrajectoryStatus.COMPLETED) -> None:
+        self.status = status
+        self.metadata["stop_reason"] = reason
+
+
+class Evaluator:
+    """Runs episodes of one evaluator kind (a scaffold + reward + limits, per task type)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        scaffold: str = "retool"
+        """retool | terminal | single_turn."""
+        scaffold_options: dict[str, Any] = field(default_factory=dict)
+        """Keyword options of the scaffold (e.g. system_prompt)."""
+        reward: str = "exact_answer"
+        """`verifier` (the task's tests in the sandbox) or a registered reward function."""
+        max_turns: int = 8
+        """Model turns per episode."""
+        max_tokens: int = 2048
+        """Whole sequence length (prompt + generated + observations)."""
+        max_new_tokens: int = 256
+        """Tokens per model turn."""
+        temperature: float = 1.0
+        """Sampling temperature."""
+        top_p: float = 1.0
+        """Nucleus sampling mass."""
+        top_k: int = -1
+        """Top-k (-1 = off)."""
+        episode_timeout_s: float = 600.0
+        """Wall-clock limit of one episode (status TIMED_OUT)."""
+        step_timeout_s: float = 30.0
+        """Limit of one command in the sandbox."""
+        episode: dict[str, float] = field(default_factory=lambda: {"sandboxes": 1, "memory_mb": 512})
+        """Resources held for the whole episode (sandbox count is 0 for sandbox-less scaffolds)."""
+        step: dict[str, float] = field(default_factory=lambda: {"cpu": 1.0})
+        """Resources acquired around each environment step (from the local pool)."""
+        generate: dict[str, float] = field(default_factory=lambda: {"generations": 1})
+        """Resources acquired around each model call (from the global pool)."""
+
+        def __post_init__(self) -> None:
+            for name in ("max_turns", "max_tokens", "max_new_tokens"):
+                if getattr(self, name) < 1:
+                    raise ConfigError(f"evaluator.{name} = {getattr(self, name)}; use >= 1")
+            for name in ("episode_timeout_s", "step_timeout_s"):
+                if getattr(self, name) <= 0:
+                    raise ConfigError(f"evaluator.{name} = {getattr(self, name)}; use > 0")
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        name: str,
+        tokenizer: Tokenizer,
+        inference: InferenceClient,
+        environments: EnvironmentFactory | None,
+        global_pool: ResourcePool,
+        model_name: str = "policy",
+        scaffold: Scaffold | None = None,
+        reward_fn: RewardFunction | None = None,
+    ) -> None:
+        self.config = config
+        self.name = name
+        self.tokenizer = tokenizer
+        self.chat = ChatFormat(tokenizer)
+        self.inference = inference
+        self.environments = environments
+        self.global_pool = global_pool
+        self.model_name = model_name
+        self.scaffold = scaffold or build_scaffold(config.scaffold, **config.scaffold_options)
+        self.reward_fn = reward_fn if reward_fn is not None else self._reward_from_config()
+        self.demand = self._demand()
+        self.stats = EpisodeStats()
+        self._prompts: dict[str, list[int]] = {}
+        if self.scaffold.needs_sandbox and environments is None:
+            raise ConfigError(
+                f"evaluator {name!r}: scaffold {self.scaffold.name!r} needs a sandbox "
+                "gateway; configure `sandbox`"
+            )
+
+    def _reward_from_config(self) -> RewardFunction | None:
+        if self.config.reward == VERIFIER:
+            if not self.scaffold.needs_sandbox:
+                raise ConfigError(
+                    f"evaluator {self.name!r}: reward `verifier` needs a sandbox "
+                    f"scaffold, not {self.scaffold.name!r}"
+                )
+            return None
+        return get_reward(self.config.reward)
+
+    def _demand(self) -> EvaluatorDemand:
+        where = f"evaluators.{self.name}"
+        episode = dict(self.config.episode)
+        if not self.scaffold.needs_sandbox:
+            episode = {k: v for k, v in episode.items() if k not in ("sandboxes", "memory_mb")}
+        return EvaluatorDemand(
+            name=self.name,
+            episode=Resources.from_mapping(episode, where=f"{where}.episode"),
+            step=Resources.from_mapping(self.config.step, where=f"{where}.step"),
+            generate=Resources.from_mapping(self.config.generate, where=f"{where}.generate"),
+        )
+
+    # -- episode -------------------------------------------------------------------------------
+
+    async def run(
+        self, group: TaskGroup, sample_index: int, local: ResourcePool, *, policy_version: int = 0
+    ) -> Trajectory:
+        """Play one episode in `local` (the pool drawn for it) and return its trajectory."""
+        episode = _Episode(group=group, sample_index=sample_index, start_version=policy_version)
+        started = time.monotonic()
+        try:
+            await self._run_limited(episode, local)
+        except EpisodeError as exc:
+            self._fail(episode, TrajectoryStatus.FAILED, f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # a bug in a scaffold/tokenizer must not kill the manager
+            self._fail(episode, TrajectoryStatus.FAILED, f"unexpected {type(exc).__name__}: {exc}")
+        finally:
+            await self._close_env(episode)
+        episode.metadata["duration_ms"] = str(int((time.monotonic() - started) * 1000))
+        return self._trajectory(episode)
+
+    async def _run_limited(self, episode: _Episode, local: ResourcePool) -> None:
+        timeout = asyncio.timeout(self.config.episode_timeout_s)
+        try:
+            async with timeout:
+                await self._play(episode, local)
+                if episode.status is not TrajectoryStatus.FAILED:
+                    await self._score(episode)
+        except TimeoutError:
+            if not timeout.expired():
+                raise
+            self._fail(
+                episode,
+                TrajectoryStatus.TIMED_OUT,
+                f"episode exceeded episode_timeout_s={self.config.episode_timeout_s}",
+            )
+
+    def _fail(self, episode: _Episode, status: TrajectoryStatus, reason: str) -> None:
+        episode.status = status
+        episode.error = reason
+        episode.rewards = {"reward": 0.0}
+
+    async def _play(self, episode: _Episode, local: ResourcePool) -> None:
+        messages = self.scaffold.initial_messages(episode.group.task)
+        prompt = self._prompt_ids(episode.group, messages)
+        episode.buffer.add_context(prompt)
+        episode.prompt_length = len(prompt)
+        episode.turns.append(Turn(role="user", text=messages[-1]["content"], token_ids=token_ids(prompt)))
+        if self.scaffold.needs_sandbox:
+            episode.env = await self._open_env(episode)
+        for turn_index in range(self.config.max_turns):
+            if not await self._turn(episode, local, turn_index):
+                return
+        episode.stop("max_turns", TrajectoryStatus.TRUNCATED)
+
+    def _prompt_ids(self, group: TaskGroup, messages: list[Message]) -> list[int]:
+        """Rendered once per group: its n samples share the prompt."""
+        cached = self._prompts.get(group.group_id)
+        if cached is None:
+            if len(self._prompts) >= _PROMPT_CACHE_SIZE:
+                self._prompts.pop(next(iter(self._prompts)))
+            cached = self._prompts[group.group_id] = self.chat.prompt_ids(messages)
+        return cached
+
+    async def _turn(self, episode: _Episode, local: ResourcePool, turn_index: int) -> bool:
+        """One model turn (and its step); False when the episode is over."""
+        room = self.config.max_tokens - len(episode.buffer)
+        if room <= 0:
+            episode.stop("max_tokens", TrajectoryStatus.TRUNCATED)
+            return False
+        generation = await self._generate(episode, min(self.config.max_new_tokens, room))
+        text = self.tokenizer.decode(generation.output_ids)
+        action = self.scaffold.parse(text, finish_reason=generation.finish_reason)
+        if generation.weight_version is None:
+            generation.weight_version = episode.start_version
+        episode.turns.append(self._assistant_turn(text, generation, action, turn_index))
+        if action.kind == "answer":
+            episode.answer = action.answer
+            episode.stop("answer")
+            return False
+        if action.kind == "invalid":
+            truncated = generation.finish_reason == "length"
+            episode.stop(
+                "max_new_tokens" if truncated else "invalid_action",
+                TrajectoryStatus.TRUNCATED if truncated else TrajectoryStatus.COMPLETED,
+            )
+            episode.metadata["reward_reason"] = action.reason
+            return False
+        if action.kind != "exec":
+            return True
+        result = await self._step(episode, local, action)
+        return self._observe(episode, action, result, generation)
+
+    async def _generate(self, episode: _Episode, max_new_tokens: int) -> Generation:
+        params = SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=self.config.temperature,
+            top_p=self.config.top_p,
+            top_k=self.config.top_k,
+            stop=list(self.scaffold.stop),
+        )
+        started = time.perf_counter()
+        async with self.global_pool.lease(self.demand.generate):
+            try:
+                generation = await self.inference.generate(list(episode.buffer.ids), params)
+            except EpisodeError:
+                raise
+            except Exception as exc:
+                raise InferenceCallError(f"generate failed: {type(exc).__name__}: {exc}") from exc
+        self.stats.generate_s += time.perf_counter() - started
+        if len(generation.output_ids) != len(generation.logprobs):
+            raise InferenceCallError(
+                f"server returned {len(generation.output_ids)} ids but {len(generation.logprobs)} logprobs"
+            )
+        episode.buffer.add_generated(generation.output_ids, generation.logprobs)
+        return generation
+
+    def _assistant_turn(self, text: str, generation: Generation, action: Action, turn_index: int) -> Turn:
+        calls = []
+        if action.kind == "exec":
+            calls = [
+                ToolCall(id=f"call-{turn_index}", name=action.tool_name, arguments=action.tool_arguments)
+            ]
+        return Turn(
+            role="assistant",
+            text=text,
+            token_ids=token_ids(generation.output_ids),
+            tool_calls=calls,
+            policy_version=generation.weight_version,
+            started_at_ms=now_ms(),
+        )
+
+    async def _step(self, episode: _Episode, local: ResourcePool, action: Action) -> ExecResult:
+        assert episode.env is not None, "exec action in a sandbox-less scaffold"
+        started = time.perf_counter()
+        async with local.lease(self.demand.step):
+            try:
+                result = await episode.env.exec(
+                    action.command, stdin=action.stdin, timeout_s=self.config.step_timeout_s
+                )
+            except EpisodeError:
+                raise
+            except Exception as exc:
+                raise EnvironmentStepError(f"exec failed: {type(exc).__name__}: {exc}") from exc
+        self.stats.env_s += time.perf_counter() - started
+        self.stats.num_steps += 1
+        return result
+
+    def _observe(self, episode: _Episode, action: Action, result: ExecResult, generation: Generation) -> bool:
+        observation = self.scaffold.observe(action, result)
+        if observation.inline:
+            ids = self.tokenizer.encode(observation.text)
+        else:
+            after_eos = bool(generation.output_ids) and (
+                generation.output_ids[-1] in self.tokenizer.eos_token_ids
+            )
+            ids = self.chat.message_ids(observation.role, observation.text, after_eos=after_eos)
+        if len(episode.buffer) + len(ids) >= self.config.max_tokens:
+            episode.stop("max_tokens", TrajectoryStatus.TRUNCATED)
+            return False
+        episode.buffer.add_context(ids)
+        episode.turns.append(
+            Turn(
+                role="tool",
+                text=observation.text,
+                token_ids=token_ids(ids),
+                observation=observation.text,
+                duration_ms=result.duration_ms,
+            )
+        )
+        return True
+
+    # -- sandbox and reward --------------------------------------------------------------------
+
+    async def _open_env(self, episode: _Episode) -> EnvironmentSession:
+        assert self.environments is not None
+        try:
+            env = await self.environments.open(
+                episode.group.task,
+                cpus=max(self.demand.step.cpu, self.demand.episode.cpu, 0.1),
+                memory_mb=self.demand.episode.memory_mb or 512,
+            )
+        except EpisodeError:
+            raise
+        except Exception as exc:
+            raise EnvironmentStepError(f"sandbox create failed: {type(exc).__name__}: {exc}") from exc
+        episode.metadata["sandbox_id"] = env.session_id
+        return env
+
+    async def _close_env(self, episode: _Episode) -> None:
+        env, episode.env = episode.env, None
+        if env is None:
+            return
+        try:
+            await asyncio.shield(env.close())
+        except Exception as exc:  # the gateway's reaper removes it; record why
+            episode.metadata["close_error"] = f"{type(exc).__name__}: {exc}"
+
+    async def _score(self, episode: _Episode) -> None:
+        if self.reward_fn is not None:
+            episode.rewards = self._score_answer(episode)
+            return
+        assert episode.env is not None
+        try:
+            episode.rewards = dict(await episode.env.verify())
+        except EpisodeError:
+            raise
+        except Exception as exc:
+            raise RewardError(f"verifier failed: {type(exc).__name__}: {exc}") from exc
+        episode.rewards.setdefault("reward", 0.0)
+
+    def _score_answer(self, episode: _Episode) -> dict[str, float]:
+        assert self.reward_fn is not None
+        try:
+            data = json.loads(episode.group.task.data or "{}")
+        except json.JSONDecodeError as exc:
+            raise RewardError(f"task {episode.group.task.task_id}: data is not JSON ({exc})") from exc
+        if episode.answer is None:
+            episode.metadata.setdefault("reward_reason", "no final answer")
+        rewards = dict(self.reward_fn(episode.answer, data))
+        rewards.setdefault("reward", 0.0)
+        return rewards
+
+    def _trajectory(self, episode: _Episode) -> Trajectory:
+        ids, mask, lps = episode.buffer.arrays()
+        task = episode.group.task
+        metadata = {
+            "evaluator": self.name,
+            "scaffold": self.scaffold.name,
+            "num_turns": str(sum(t.role == "assistant" for t in episode.turns)),
+            "num_tool_calls": str(sum(len(t.tool_calls) for t in episode.turns)),
+            **episode.metadata,
+        }
+        if episode.answer is not None:
+            metadata["answer"] = episode.answer[:200]
+        return Trajectory(
+            trajectory_id=trajectory_id(
+                task.task_id, episode.group.group_id, episode.sample_index, episode.start_version
+            ),
+            group_id=episode.group.group_id,
+            sample_index=episode.sample_index,
+            task_id=task.task_id,
+            task_type=task.task_type,
+            model_name=self.model_name,
+            policy_version=episode.start_version,
+            turns=episode.turns,
+            token_ids=ids,
+            loss_mask=mask,
+            logprobs=lps,
+            prompt_length=episode.prompt_length,
+            rewards=episode.rewards,
+            reward=float(episode.rewards.get("reward", 0.0)),
+            status=episode.status,
+            error=episode.error,
+            metadata=metadata,
+        )

@@ -1,0 +1,388 @@
+"""RolloutManager: pull task groups, schedule them, run evaluators concurrently within the
+resource pool, publish trajectories, follow the policy version with bounded staleness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollout.errors import ConfigError
+from rollout.evaluator import Evaluator
+from rollout.protocols import (
+    EnvironmentFactory,
+    InferenceClient,
+    TaskGroup,
+    TaskSource,
+    Tokenizer,
+    TrajectoryPublisher,
+    VersionSource,
+)
+from rollout.resources import LocalPool, ResourcePool, Resources, check_feasible
+from rollout.scheduler import TaskScheduler
+from schemas.records import Trajectory, TrajectoryStatus, trajectory_id
+
+__all__ = ["RolloutManager", "RolloutSummary"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_EVALUATOR = "default"
+
+
+@dataclass(kw_only=True, slots=True)
+class RolloutSummary:
+    """What a run produced, per status and per task type."""
+
+    num_groups: int = 0
+    num_episodes: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)
+    reward_sum_by_type: dict[str, float] = field(default_factory=dict)
+    episodes_by_type: dict[str, int] = field(default_factory=dict)
+    rewards_by_task: dict[str, list[float]] = field(default_factory=dict)
+    """Every reward per task id (only with `record_task_rewards`)."""
+    num_publish_errors: int = 0
+    max_concurrent_episodes: int = 0
+    wall_s: float = 0.0
+
+    def mean_reward_by_type(self) -> dict[str, float]:
+        return {t: self.reward_sum_by_type[t] / n for t, n in self.episodes_by_type.items() if n}
+
+
+class RolloutManager:
+    """Runs many evaluators at once; see `run()` and `stop()`."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        model_name: str = "policy"
+        """Model name written into every trajectory (and followed on stacx.weights)."""
+        max_concurrent_episodes: int = 256
+        """Episodes running at once (also bounded by the pool)."""
+        pool: dict[str, float] = field(
+            default_factory=lambda: {
+                "sandboxes": 256,
+                "cpu": 256.0,
+                "memory_mb": 262144,
+                "generations": 64,
+                "gpus": 0,
+            }
+        )
+        """Global budget: sandboxes, cpu, memory_mb, generations, gpus."""
+        evaluators: dict[str, Evaluator.Config] = field(
+            default_factory=lambda: {DEFAULT_EVALUATOR: Evaluator.Config()}
+        )
+        """Evaluator per task type (`default` serves the other types)."""
+        scheduler: TaskScheduler.Config = field(default_factory=TaskScheduler.Config)
+        """Ordering strategy of pending groups."""
+        max_staleness: int = 1
+        """Policy versions by which admitted data may trail the trainer when it is consumed."""
+        train_groups_per_version: int = 0
+        """Groups the trainer consumes per policy version; enables the staleness bound (0 = off)."""
+        staleness_poll_s: float = 0.05
+        """How often a stalled manager re-reads the policy version."""
+        record_task_rewards: bool = False
+        """Keep every reward per task id in the summary (evaluation runs)."""
+        publish_failed: bool = True
+        """Publish FAILED/TIMED_OUT trajectories too (the assembler excludes them from training)."""
+
+        def __post_init__(self) -> None:
+            if self.max_concurrent_episodes < 1:
+                raise ConfigError(f"max_concurrent_episodes = {self.max_concurrent_episodes}; use >= 1")
+            if self.max_staleness < 0:
+                raise ConfigError(f"max_staleness = {self.max_staleness}; use >= 0")
+            if not self.evaluators:
+                raise ConfigError("evaluators is empty; configure at least `default`")
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        source: TaskSource,
+        tokenizer: Tokenizer,
+        inference: InferenceClient,
+        publisher: TrajectoryPublisher,
+        sandbox: EnvironmentFactory | None = None,
+        versions: VersionSource | None = None,
+    ) -> None:
+        self.config = config
+        self.source = source
+        self.publisher = publisher
+        self.versions = versions
+        self.pool = ResourcePool(Resources.from_mapping(config.pool, where="pool"))
+        self.scheduler = TaskScheduler(config.scheduler)
+        self.evaluators = {
+            name: Evaluator(
+                cfg,
+                name=name,
+                tokenizer=tokenizer,
+                inference=inference,
+                environments=sandbox,
+                global_pool=self.pool,
+                model_name=config.model_name,
+            )
+            for name, cfg in config.evaluators.items()
+        }
+        check_feasible(self.pool.capacity, [e.demand for e in self.evaluators.values()])
+        self.summary = RolloutSummary()
+        self._slots = asyncio.Semaphore(config.max_concurrent_episodes)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._num_running = 0
+        self._remaining: dict[str, int] = {}
+        self._source_done = False
+        self._ready = asyncio.Event()
+        """Set by the puller when a group is pending or the source is done."""
+        self._space = asyncio.Event()
+        """Set by the dispatcher when it took a group (room for the puller)."""
+        self._stopping: str | None = None
+        self._first_version: int | None = None
+        self._groups_admitted = 0
+        self.num_stalls = 0
+        self._started_at = time.monotonic()
+
+    # -- public API ----------------------------------------------------------------------------
+
+    def policy_version(self) -> int:
+        return self.versions.current() if self.versions is not None else 0
+
+    @property
+    def num_in_flight(self) -> int:
+        return self._num_running
+
+    async def run(self, num_groups: int | None = None) -> RolloutSummary:
+        """Roll out `num_groups` groups (all of the source when None); return when all are
+        published, or after `stop()`."""
+        self._started_at = time.monotonic()
+        try:
+            await self._dispatch_loop(num_groups)
+            if self._stopping == "cancel":
+                await self._cancel_all()
+            else:
+                await self._drain()
+        except BaseException:
+            await self._cancel_all()
+            raise
+        self.summary.wall_s = time.monotonic() - self._started_at
+        return self.summary
+
+    def stop(self, mode: str = "drain") -> None:
+        """Stop pulling; `drain` lets running episodes finish, `cancel` cancels them (their
+        sandboxes are closed either way)."""
+        if mode not in ("drain", "cancel"):
+            raise ConfigError(f"stop mode {mode!r}; use drain or cancel")
+        if self._stopping != "cancel":
+            self._stopping = mode
+        self._ready.set()
+        if mode == "cancel":
+            for task in list(self._tasks):
+                task.cancel()
+
+    async def close(self) -> None:
+        await self.source.close()
+        await self.publisher.close()
+
+    def metrics(self) -> dict[str, Any]:
+        """A snapshot for progress output."""
+        elapsed = max(time.monotonic() - self._started_at, 1e-9)
+        done = self.summary.num_episodes
+        return {
+            "policy_version": self.policy_version(),
+            "in_flight": self.num_in_flight,
+            "pending_groups": len(self.scheduler),
+            "groups_admitted": self._groups_admitted,
+            "episodes_done": done,
+            "episodes_per_s": done / elapsed,
+            "by_status": dict(self.summary.by_status),
+            "mean_reward_by_type": self.summary.mean_reward_by_type(),
+            "staleness_stalls": self.num_stalls,
+            "pool_in_use": self.pool.in_use.as_dict(),
+            "pool_capacity": self.pool.capacity.as_dict(),
+        }
+
+    # -- dispatch ------------------------------------------------------------------------------
+
+    async def _dispatch_loop(self, num_groups: int | None) -> None:
+        puller = asyncio.create_task(self._pull(num_groups))
+        try:
+            while self._stopping is None and (num_groups is None or self._groups_admitted < num_groups):
+                group = await self._next_group()
+                if group is None:
+                    break
+                await self._wait_for_staleness()
+                if self._stopping is not None:
+                    break
+                await self._admit_group(group)
+        finally:
+            puller.cancel()
+            await asyncio.gather(puller, return_exceptions=True)
+
+    async def _pull(self, num_groups: int | None) -> None:
+        """Keep `lookahead` groups pending (never more than wanted), concurrently with dispatch:
+        a stream source may block for a long time without holding back pending work."""
+        pulled = 0
+        while self._stopping is None and (num_groups is None or pulled < num_groups):
+            if len(self.scheduler) >= self.config.scheduler.lookahead:
+                self._space.clear()
+                await self._space.wait()
+                continue
+            group = await self.source.next_group()
+            if group is None:
+                break
+            self.scheduler.push(group)
+            pulled += 1
+            self._ready.set()
+        self._source_done = True
+        self._ready.set()
+
+    async def _next_group(self) -> TaskGroup | None:
+        """The strategy's next group; waits for the puller; None when the source is done."""
+        while not len(self.scheduler):
+            if self._source_done or self._stopping is not None:
+                return None
+            self._ready.clear()
+            await self._ready.wait()
+        group = self.scheduler.pop()
+        self._space.set()
+        return group
+
+    async def _admit_group(self, group: TaskGroup) -> None:
+        self._groups_admitted += 1
+        self.summary.num_groups += 1
+        self._remaining[group.group_id] = group.num_samples
+        for index in range(group.num_samples):
+            if self._stopping == "cancel":
+                return
+            await self._admit(group, index)
+
+    def _stale(self) -> bool:
+        """True when data admitted now would trail the trainer by more than max_staleness."""
+        per_version = self.config.train_groups_per_version
+        if not per_version:
+            return False
+        version = self.policy_version()
+        if self._first_version is None:
+            self._first_version = version
+        steps = version - self._first_version
+        return self._groups_admitted >= (steps + self.config.max_staleness + 1) * per_version
+
+    async def _wait_for_staleness(self) -> None:
+        if self._stale():
+            self.num_stalls += 1
+            log.info(
+                "staleness bound reached at version %d: waiting for a new policy",
+                self.policy_version(),
+            )
+        while self._stale() and self._stopping is None:
+            await asyncio.sleep(self.config.staleness_poll_s)
+
+    async def _admit(self, group: TaskGroup, index: int) -> None:
+        evaluator = self._evaluator_for(group)
+        await self._slots.acquire()
+        local: LocalPool | None = None
+        try:
+            if evaluator is not None:
+                local = LocalPool(self.pool, evaluator.demand.local_pool, name=f"{group.group_id}/{index}")
+                await local.open()
+        except BaseException:
+            self._slots.release()
+            raise
+        task = asyncio.create_task(self._episode(evaluator, group, index, local))
+        self._tasks.add(task)
+        self._num_running += local is not None  # running until its local pool is closed
+        self.summary.max_concurrent_episodes = max(self.summary.max_concurrent_episodes, self._num_running)
+        # cleanup in a done callback: it runs even for a task cancelled before it started
+        task.add_done_callback(lambda done: self._finished(done, local))
+
+    def _finished(self, task: asyncio.Task[None], local: LocalPool | None) -> None:
+        self._tasks.discard(task)
+        self._close_local(local)
+        self._slots.release()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("episode task failed: %r", task.exception())
+
+    def _evaluator_for(self, group: TaskGroup) -> Evaluator | None:
+        return self.evaluators.get(group.task.task_type) or self.evaluators.get(DEFAULT_EVALUATOR)
+
+    async def _episode(
+        self, evaluator: Evaluator | None, group: TaskGroup, index: int, local: LocalPool | None
+    ) -> None:
+        version = self.policy_version()
+        if evaluator is None or local is None:
+            trajectory = self._unserved(group, index, version)
+        else:
+            trajectory = await evaluator.run(group, index, local, policy_version=version)
+            self._close_local(local)  # the sandbox is gone: free its budget before publishing
+        await self._publish(group, trajectory)
+
+    def _close_local(self, local: LocalPool | None) -> None:
+        if local is not None and local.close():
+            self._num_running -= 1
+
+    def _unserved(self, group: TaskGroup, index: int, version: int) -> Trajectory:
+        task = group.task
+        return Trajectory(
+            trajectory_id=trajectory_id(task.task_id, group.group_id, index, version),
+            group_id=group.group_id,
+            sample_index=index,
+            task_id=task.task_id,
+            task_type=task.task_type,
+            model_name=self.config.model_name,
+            policy_version=version,
+            status=TrajectoryStatus.FAILED,
+            error=f"no evaluator for task_type {task.task_type!r} and no `default` evaluator",
+        )
+
+    async def _publish(self, group: TaskGroup, trajectory: Trajectory) -> None:
+        self._record(trajectory)
+        failed = trajectory.status in (TrajectoryStatus.FAILED, TrajectoryStatus.TIMED_OUT)
+        if failed:
+            log.warning(
+                "episode %s of %s %s: %s",
+                trajectory.sample_index,
+                group.task.task_id,
+                trajectory.status.value,
+                trajectory.error,
+            )
+        if failed and not self.config.publish_failed:
+            await self._sample_done(group, ok=True)
+            return
+        try:
+            await self.publisher.publish(trajectory)
+        except Exception as exc:  # surfaced, counted, and the group is not acked (redelivered)
+            self.summary.num_publish_errors += 1
+            log.error("publishing trajectory %s failed: %s", trajectory.trajectory_id, exc)
+            await self._sample_done(group, ok=False)
+            return
+        await self._sample_done(group, ok=True)
+
+    def _record(self, trajectory: Trajectory) -> None:
+        summary = self.summary
+        summary.num_episodes += 1
+        summary.by_status[trajectory.status.value] = summary.by_status.get(trajectory.status.value, 0) + 1
+        task_type = trajectory.task_type
+        summary.episodes_by_type[task_type] = summary.episodes_by_type.get(task_type, 0) + 1
+        if self.config.record_task_rewards:
+            summary.rewards_by_task.setdefault(trajectory.task_id, []).append(trajectory.reward)
+        summary.reward_sum_by_type[task_type] = (
+            summary.reward_sum_by_type.get(task_type, 0.0) + trajectory.reward
+        )
+
+    async def _sample_done(self, group: TaskGroup, *, ok: bool) -> None:
+        if not ok:
+            self._remaining[group.group_id] = -(10**9)  # never ack a group with a lost sample
+        self._remaining[group.group_id] -= 1
+        if self._remaining[group.group_id] == 0:
+            del self._remaining[group.group_id]
+            await self.source.ack(group)
+
+    # -- shutdown ------------------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def _cancel_all(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await self._drain()

@@ -1,0 +1,211 @@
+"""Built-in agent runtimes (scaffolds): ReTool-style Python tool calling, a Terminus-style
+terminal agent, and single-turn completion. All parsing is total: model output never raises.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rollout.errors import ConfigError
+from rollout.protocols import Action, ExecResult, Message, Observation, Scaffold
+from schemas.records import TaskSample
+
+__all__ = [
+    "SCAFFOLDS",
+    "SingleTurnScaffold",
+    "TerminalScaffold",
+    "ToolCallingScaffold",
+    "build_scaffold",
+    "extract_answer",
+]
+
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_TOOL_OPEN = "<tool_call>"
+_TOOL_CLOSE = "</tool_call>"
+
+
+def _boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}`, with balanced braces."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 1, start + len("\\boxed{")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j]
+    return None
+
+
+def extract_answer(text: str) -> str | None:
+    """The last `<answer>...</answer>` or `\\boxed{...}` in `text`, stripped; None if absent."""
+    found = _ANSWER.findall(text)
+    if found:
+        return str(found[-1]).strip()
+    boxed = _boxed(text)
+    return boxed.strip() if boxed is not None else None
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f"\n...[{len(text) - limit} chars cut]"
+
+
+def _output_text(result: ExecResult, limit: int) -> str:
+    text = result.stdout + result.stderr
+    if result.timed_out:
+        text += "\n[timed out]"
+    return _clip(text, limit)
+
+
+def _task_messages(system: str, task: TaskSample) -> list[Message]:
+    messages: list[Message] = [{"role": "system", "content": system}] if system else []
+    return [*messages, {"role": "user", "content": task.prompt}]
+
+
+RETOOL_SYSTEM = (
+    "Solve the problem. You may run Python by writing <tool_call>code</tool_call>; the output "
+    "comes back as <tool_response>...</tool_response>. Give the final answer as <answer>...</answer>."
+)
+
+
+@dataclass(kw_only=True, slots=True)
+class ToolCallingScaffold:
+    """ReTool-style: `<tool_call>python</tool_call>` runs in the sandbox; the response comes back
+    inline as `<tool_response>...</tool_response>` (mask 0); `<answer>` or `\\boxed{}` ends it."""
+
+    name: str = "retool"
+    needs_sandbox: bool = True
+    system_prompt: str = RETOOL_SYSTEM
+    max_observation_chars: int = 2000
+    python: str = "python3"
+    response_template: str = "\n<tool_response>\n{output}\n</tool_response>\n"
+    """How the tool output is framed (inline, mask 0); `{output}` is stdout + stderr."""
+    stop: list[str] = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.stop is None:
+            self.stop = [_TOOL_CLOSE]
+        if "{output}" not in self.response_template:
+            raise ConfigError("scaffold_options.response_template must contain {output}")
+
+    def initial_messages(self, task: TaskSample) -> list[Message]:
+        return _task_messages(self.system_prompt, task)
+
+    def parse(self, text: str, *, finish_reason: str) -> Action:
+        call_at = text.rfind(_TOOL_OPEN)
+        answer_at = max(text.rfind("</answer>"), text.rfind("\\boxed{"))
+        if call_at >= 0 and call_at > answer_at:
+            return self._tool_call(text[call_at + len(_TOOL_OPEN) :], finish_reason)
+        answer = extract_answer(text)
+        if answer is not None:
+            return Action(kind="answer", answer=answer)
+        return Action(kind="invalid", reason="no <tool_call> and no <answer>/\\boxed{} in the output")
+
+    def _tool_call(self, body: str, finish_reason: str) -> Action:
+        closed = _TOOL_CLOSE in body
+        code = body.split(_TOOL_CLOSE, 1)[0]
+        if not closed and finish_reason == "length":
+            return Action(kind="invalid", reason="tool call cut off by the token limit")
+        if not code.strip():
+            return Action(kind="invalid", reason="empty <tool_call>")
+        return Action(
+            kind="exec",
+            command=self.python + " -",
+            stdin=code.strip("\n") + "\n",
+            tool_name="python",
+            tool_arguments=json.dumps({"code": code}),
+            reason="" if closed else "close-tag-missing",
+        )
+
+    def observe(self, action: Action, result: ExecResult) -> Observation:
+        prefix = _TOOL_CLOSE if action.reason == "close-tag-missing" else ""
+        body = _output_text(result, self.max_observation_chars)
+        return Observation(text=prefix + self.response_template.replace("{output}", body))
+
+
+TERMINAL_SYSTEM = (
+    "You are in a Linux shell in the task's working directory. Reply with exactly one shell "
+    "command as <command>...</command>; you will see its output. When the task is done reply <done/>."
+)
+_COMMAND = re.compile(r"<command>(.*?)(?:</command>|$)", re.DOTALL)
+_FENCE = re.compile(r"```(?:bash|sh)?\n(.*?)```", re.DOTALL)
+
+
+@dataclass(kw_only=True, slots=True)
+class TerminalScaffold:
+    """Terminus-style: one shell command per turn, output back as a user message."""
+
+    name: str = "terminal"
+    needs_sandbox: bool = True
+    system_prompt: str = TERMINAL_SYSTEM
+    max_observation_chars: int = 4000
+    stop: list[str] = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.stop is None:
+            self.stop = ["</command>"]
+
+    def initial_messages(self, task: TaskSample) -> list[Message]:
+        return _task_messages(self.system_prompt, task)
+
+    def parse(self, text: str, *, finish_reason: str) -> Action:
+        if "<done/>" in text or "<task_complete>" in text:
+            return Action(kind="answer", answer=None)
+        commands = [c for c in _COMMAND.findall(text) if c.strip()] or _FENCE.findall(text)
+        if not commands:
+            return Action(kind="invalid", reason="no <command> and no <done/> in the output")
+        command = commands[-1].strip()
+        return Action(
+            kind="exec",
+            command=command,
+            tool_name="shell",
+            tool_arguments=json.dumps({"command": command}),
+        )
+
+    def observe(self, action: Action, result: ExecResult) -> Observation:
+        body = _output_text(result, self.max_observation_chars)
+        return Observation(text=f"exit code {result.exit_code}\n{body}", role="user", inline=False)
+
+
+@dataclass(kw_only=True, slots=True)
+class SingleTurnScaffold:
+    """One completion, scored by a reward function; no sandbox."""
+
+    name: str = "single_turn"
+    needs_sandbox: bool = False
+    system_prompt: str = "Give the final answer as <answer>...</answer>."
+    stop: list[str] = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.stop is None:
+            self.stop = []
+
+    def initial_messages(self, task: TaskSample) -> list[Message]:
+        return _task_messages(self.system_prompt, task)
+
+    def parse(self, text: str, *, finish_reason: str) -> Action:
+        answer = extract_answer(text)
+        return Action(kind="answer", answer=answer if answer is not None else text.strip())
+
+    def observe(self, action: Action, result: ExecResult) -> Observation:
+        return Observation(text="")
+
+
+SCAFFOLDS: dict[str, Callable[..., Scaffold]] = {
+    "retool": ToolCallingScaffold,
+    "terminal": TerminalScaffold,
+    "single_turn": SingleTurnScaffold,
+}
+
+
+def build_scaffold(name: str, **options: object) -> Scaffold:
+    """A built-in scaffold by name, with its options (e.g. `system_prompt`)."""
+    if name not in SCAFFOLDS:
+        raise ConfigError(f"scaffold {name!r} is unknown; use one of {sorted(SCAFFOLDS)}")
+    try:
+        return SCAFFOLDS[name](**options)
+    except TypeError as exc:
+        raise ConfigError(f"scaffold {name!r}: bad option ({exc})") from exc

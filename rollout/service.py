@@ -1,0 +1,183 @@
+"""Builds a RolloutManager from a `RolloutConfig` (real clients), runs it, always closes.
+
+config = load_config("examples/rollout/arithmetic.yaml")
+summary = asyncio.run(run_rollout(config))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from rollout.adapters import (
+    GatewayEnvironments,
+    InferenceAdapter,
+    KafkaTrajectoryPublisher,
+    WeightsFollower,
+)
+from rollout.config import RolloutConfig
+from rollout.data import JsonlTaskSource, KafkaTaskSource, ListTaskSource
+from rollout.errors import ConfigError
+from rollout.fakes import MemoryPublisher, StaticVersion
+from rollout.manager import RolloutManager, RolloutSummary
+from rollout.progress import live_progress, metrics_line
+from rollout.protocols import (
+    EnvironmentFactory,
+    InferenceClient,
+    TaskSource,
+    Tokenizer,
+    TrajectoryPublisher,
+    VersionSource,
+)
+from rollout.tokens import HFTokenizer
+from schemas.records import TaskSample
+
+__all__ = ["build_source", "open_manager", "run_rollout"]
+
+log = logging.getLogger(__name__)
+
+
+def build_source(config: RolloutConfig, tasks: Sequence[TaskSample] | None = None) -> TaskSource:
+    """The task source named by `config.data` (`tasks` stands in for `task_dirs`)."""
+    data = config.data
+    options = ListTaskSource.Config(
+        samples_per_task=data.samples_per_task, epochs=data.epochs, shuffle=data.shuffle, seed=data.seed
+    )
+    if tasks is not None:
+        return ListTaskSource(tasks, options)
+    if data.path:
+        return JsonlTaskSource(data.path, options)
+    if data.topic:
+        return KafkaTaskSource(
+            KafkaTaskSource.Config(
+                bootstrap_servers=config.kafka.bootstrap_servers,
+                group_id=data.consumer_group,
+                topic=data.topic,
+                samples_per_task=data.samples_per_task,
+            )
+        )
+    raise ConfigError("data.task_dirs needs the tasks loaded by the caller (`stacx eval` does it)")
+
+
+def build_inference(config: RolloutConfig) -> tuple[InferenceClient, Any]:
+    """The async inference client of `rollout.inference` wrapped as an `InferenceClient`."""
+    from rollout.inference.client import InferenceClient as HttpInferenceClient
+
+    client = HttpInferenceClient(HttpInferenceClient.Config(base_url=config.inference.url))
+    return InferenceAdapter(client), client
+
+
+def build_tokenizer(config: RolloutConfig) -> Tokenizer:
+    if not config.inference.tokenizer:
+        raise ConfigError("inference.tokenizer is not set; point it at the model directory")
+    return HFTokenizer(config.inference.tokenizer)
+
+
+@contextlib.asynccontextmanager
+async def open_manager(
+    config: RolloutConfig,
+    *,
+    tasks: Sequence[TaskSample] | None = None,
+    inference: InferenceClient | None = None,
+    tokenizer: Tokenizer | None = None,
+    sandbox: EnvironmentFactory | None = None,
+    publisher: TrajectoryPublisher | None = None,
+    versions: VersionSource | None = None,
+) -> AsyncIterator[RolloutManager]:
+    """A manager wired to real services (any seam may be passed in instead); closes them all."""
+    closers: list[Any] = []
+    try:
+        if inference is None:
+            inference, raw = build_inference(config)
+            closers.append(raw)
+        if sandbox is None and config.sandbox is not None:
+            from sandbox.client import SandboxClient
+
+            client = SandboxClient(
+                SandboxClient.Config(base_url=config.sandbox.url, token=config.sandbox.token())
+            )
+            closers.append(client)
+            sandbox = GatewayEnvironments(client, default_image=config.sandbox.image)
+        if publisher is None:
+            publisher = (
+                KafkaTrajectoryPublisher(
+                    bootstrap_servers=config.kafka.bootstrap_servers, topic=config.kafka.trajectories_topic
+                )
+                if config.kafka.publish
+                else MemoryPublisher()
+            )
+        if versions is None:
+            versions = _versions(config)
+            closers.append(versions)
+            if isinstance(versions, WeightsFollower):
+                if not await asyncio.to_thread(versions.wait_caught_up, 30.0):
+                    log.warning(
+                        "stacx.weights not read to its end in 30 s; starting at version %d",
+                        versions.current(),
+                    )
+        manager = RolloutManager(
+            config.manager,
+            source=build_source(config, tasks),
+            tokenizer=tokenizer or build_tokenizer(config),
+            inference=inference,
+            publisher=publisher,
+            sandbox=sandbox,
+            versions=versions,
+        )
+        try:
+            yield manager
+        finally:
+            await manager.close()
+    finally:
+        for closer in reversed(closers):
+            await _close(closer)
+
+
+def _versions(config: RolloutConfig) -> VersionSource:
+    if not config.kafka.follow_weights:
+        return StaticVersion(0)
+    return WeightsFollower(
+        config.manager.model_name,
+        bootstrap_servers=config.kafka.bootstrap_servers,
+        topic=config.kafka.weights_topic,
+    )
+
+
+async def _close(resource: Any) -> None:
+    for name in ("aclose", "close"):
+        method = getattr(resource, name, None)
+        if method is not None:
+            result = method()
+            if asyncio.iscoroutine(result):
+                await result
+            return
+
+
+def _install_signals(manager: RolloutManager) -> None:
+    """First Ctrl-C drains (running episodes finish), the second cancels them."""
+    loop = asyncio.get_running_loop()
+    presses = {"n": 0}
+
+    def on_signal() -> None:
+        presses["n"] += 1
+        mode = "drain" if presses["n"] == 1 else "cancel"
+        log.warning("stopping (%s); press Ctrl-C again to cancel running episodes", mode)
+        manager.stop(mode)
+
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGINT, on_signal)
+        loop.add_signal_handler(signal.SIGTERM, on_signal)
+
+
+async def run_rollout(config: RolloutConfig, **seams: Any) -> RolloutSummary:
+    """Build, run `config.num_groups` groups (or the whole source) with progress, close."""
+    async with open_manager(config, **seams) as manager:
+        _install_signals(manager)
+        async with live_progress(manager, enabled=config.progress):
+            summary = await manager.run(config.num_groups)
+        log.info("rollout finished: %s", metrics_line(manager.metrics()))
+        return summary

@@ -1,0 +1,82 @@
+"""Every shipped rollout config loads and builds a manager (all errors reported at once)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rollout.config import load_config, parse_config
+from rollout.data import ListTaskSource, load_tasks_jsonl
+from rollout.errors import ConfigError
+from rollout.fakes import FakeEnvironments, FakeTokenizer, MemoryPublisher, ScriptedInference
+from rollout.manager import RolloutManager
+from schemas.records import TaskSample
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "rollout"
+
+
+def _build(path: Path) -> None:
+    config = load_config(path)
+    tok = FakeTokenizer()
+    RolloutManager(
+        config.manager,
+        source=ListTaskSource([TaskSample(task_id="t", task_type="x", prompt="p")]),
+        tokenizer=tok,
+        inference=ScriptedInference(tok, lambda c, i: ""),
+        publisher=MemoryPublisher(),
+        sandbox=FakeEnvironments(),
+    )
+    if config.data.path:
+        assert load_tasks_jsonl(config.data.path)
+    if config.data.task_dirs:
+        assert Path(config.data.task_dirs).is_dir(), config.data.task_dirs
+
+
+def test_every_shipped_config_builds() -> None:
+    paths = sorted(EXAMPLES.glob("*.yaml"))
+    assert len(paths) >= 3
+    errors = []
+    for path in paths:
+        try:
+            _build(path)
+        except Exception as exc:
+            errors.append(f"{path.name}: {type(exc).__name__}: {exc}")
+    assert not errors, "\n".join(errors)
+
+
+@pytest.mark.parametrize(
+    ("values", "fragment"),
+    [
+        ({"data": {"path": "a", "topic": "b"}}, "exactly one of path, task_dirs, topic"),
+        ({"data": {"path": "a"}, "manager": {"pool": {"tpus": 1}}}, "unknown resource kind"),
+        (
+            {"data": {"path": "a"}, "manager": {"evaluators": {"x": {"scafold": "retool"}}}},
+            "config.manager.evaluators.x: unknown key(s) ['scafold']",
+        ),
+        (
+            {"data": {"path": "a"}, "manager": {"evaluators": {"x": {"max_turns": 0}}}},
+            "evaluator.max_turns = 0",
+        ),
+    ],
+)
+def test_bad_configs_name_the_field(values: dict, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config = parse_config(values)
+        tok = FakeTokenizer()
+        RolloutManager(
+            config.manager,
+            source=ListTaskSource([TaskSample(task_id="t", task_type="x", prompt="p")]),
+            tokenizer=tok,
+            inference=ScriptedInference(tok, lambda c, i: ""),
+            publisher=MemoryPublisher(),
+            sandbox=FakeEnvironments(),
+        )
+    assert fragment in str(info.value)
+
+
+def test_tasks_jsonl_errors_name_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text('{"task_id": "a", "task_type": "m", "prompt": "p"}\n{"task_id": "b"}\n')
+    with pytest.raises(ConfigError, match=r"tasks.jsonl:2: missing required field"):
+        load_tasks_jsonl(path)

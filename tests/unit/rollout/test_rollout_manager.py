@@ -1,0 +1,268 @@
+"""RolloutManager with fakes: concurrency within the pool, groups, staleness, shutdown, failures."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass
+
+import pytest
+
+from rollout.data import KafkaTaskSource, ListTaskSource
+from rollout.errors import ResourceDeadlockError
+from rollout.evaluator import Evaluator
+from rollout.fakes import (
+    FakeEnvironments,
+    FakeTokenizer,
+    MemoryPublisher,
+    ScriptedInference,
+    StaticVersion,
+)
+from rollout.manager import RolloutManager
+from rollout.resources import Resources
+from rollout.scheduler import TaskScheduler
+from schemas.records import TaskSample, TrajectoryStatus
+
+TOOL_THEN_ANSWER = ("<tool_call>print(6*7)</tool_call>", "<answer>42</answer>")
+
+
+def _tasks(num: int, task_type: str = "math") -> list[TaskSample]:
+    return [
+        TaskSample(task_id=f"{task_type}-{i}", task_type=task_type, prompt=f"q{i}", data='{"answer": 42}')
+        for i in range(num)
+    ]
+
+
+def _policy(context: str, call: int) -> str:
+    # second model turn of an episode: the context already holds a tool response
+    return TOOL_THEN_ANSWER[1] if "<tool_response>\n" in context else TOOL_THEN_ANSWER[0]
+
+
+def _manager(tasks, *, samples=1, envs=None, versions=None, publisher=None, **config):
+    tok = FakeTokenizer()
+    source = ListTaskSource(tasks, ListTaskSource.Config(samples_per_task=samples))
+    cfg = RolloutManager.Config(**config)
+    return RolloutManager(
+        cfg,
+        source=source,
+        tokenizer=tok,
+        inference=ScriptedInference(tok, _policy),
+        publisher=publisher or MemoryPublisher(),
+        sandbox=envs or FakeEnvironments(),
+        versions=versions,
+    )
+
+
+async def _until(predicate, limit_s: float = 30.0) -> None:
+    async def wait() -> None:
+        while not predicate():
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(wait(), limit_s)
+
+
+async def test_runs_groups_concurrently_and_publishes_every_sample() -> None:
+    envs = FakeEnvironments(delay_s=0.01)
+    manager = _manager(_tasks(20), samples=4, envs=envs, max_concurrent_episodes=16)
+    summary = await manager.run()
+    published = manager.publisher.published
+    assert len(published) == 80 and summary.num_groups == 20
+    assert summary.by_status == {"COMPLETED": 80}
+    by_group = Counter(t.group_id for t in published)
+    assert len(by_group) == 20 and set(by_group.values()) == {4}
+    assert {t.sample_index for t in published} == {0, 1, 2, 3}
+    assert len({t.trajectory_id for t in published}) == 80
+    assert 1 < summary.max_concurrent_episodes <= 16
+    assert envs.open_sessions == [] and manager.pool.in_use == Resources()
+    assert summary.mean_reward_by_type() == {"math": 1.0}
+
+
+async def test_pool_bounds_concurrency() -> None:
+    envs = FakeEnvironments(delay_s=0.01)
+    manager = _manager(
+        _tasks(12), envs=envs, pool={"sandboxes": 3, "cpu": 3, "memory_mb": 4096, "generations": 1}
+    )
+    await manager.run()
+    assert manager.pool.peak.sandboxes == 3 and manager.summary.max_concurrent_episodes == 3
+    assert manager.pool.peak.generations == 1
+    assert len(manager.publisher.published) == 12
+
+
+def test_config_that_could_never_run_is_refused() -> None:
+    with pytest.raises(ResourceDeadlockError, match=r"needs 1 sandboxes .* budget has 0"):
+        _manager(_tasks(1), pool={"sandboxes": 0, "cpu": 4, "memory_mb": 4096, "generations": 1})
+
+
+async def test_failures_are_published_and_never_crash_the_manager() -> None:
+    envs = FakeEnvironments(fail_exec=True)
+    manager = _manager(_tasks(5), envs=envs)
+    summary = await manager.run()
+    assert summary.by_status == {"FAILED": 5}
+    assert all("gateway unreachable" in (t.error or "") for t in manager.publisher.published)
+    assert envs.open_sessions == []
+
+
+async def test_unknown_task_type_without_default_is_failed_not_fatal() -> None:
+    evaluators = {"math": Evaluator.Config()}
+    manager = _manager(_tasks(2) + _tasks(1, "poetry"), evaluators=evaluators)
+    summary = await manager.run()
+    assert summary.by_status == {"COMPLETED": 2, "FAILED": 1}
+    failed = [t for t in manager.publisher.published if t.status is TrajectoryStatus.FAILED]
+    assert "poetry" in (failed[0].error or "")
+
+
+async def test_staleness_bound_stops_pulling_until_the_policy_advances() -> None:
+    versions = StaticVersion(0)
+    manager = _manager(_tasks(8), versions=versions, max_staleness=1, train_groups_per_version=2)
+    run = asyncio.create_task(manager.run())
+    await _until(lambda: manager.summary.num_episodes == 4)
+    await asyncio.sleep(0.05)  # give it the chance to (wrongly) go further
+    assert manager.summary.num_groups == 4 and manager.num_stalls == 1  # (0 + 1 + 1) * 2
+    versions.version = 1
+    await _until(lambda: manager.summary.num_groups == 6)
+    versions.version = 2
+    summary = await asyncio.wait_for(run, 30)
+    assert summary.num_groups == 8
+    assert [t.policy_version for t in manager.publisher.published[-2:]] == [2, 2]
+
+
+async def test_cancel_leaves_no_sandbox_and_no_held_resources() -> None:
+    envs = FakeEnvironments(delay_s=3600)
+    manager = _manager(_tasks(30), envs=envs, max_concurrent_episodes=10)
+    run = asyncio.create_task(manager.run())
+    await _until(lambda: len(envs.sessions) == 10 and all(s.commands for s in envs.sessions))
+    manager.stop("cancel")
+    await asyncio.wait_for(run, 30)
+    assert envs.open_sessions == [] and manager.pool.in_use == Resources()
+    assert manager.publisher.published == []
+
+
+async def test_drain_finishes_running_episodes_and_pulls_no_more() -> None:
+    envs = FakeEnvironments(delay_s=0.05)
+    manager = _manager(_tasks(30), envs=envs, max_concurrent_episodes=5)
+    run = asyncio.create_task(manager.run())
+    await _until(lambda: len(envs.sessions) >= 5)
+    manager.stop("drain")
+    summary = await asyncio.wait_for(run, 30)
+    assert 5 <= summary.num_episodes < 30
+    assert summary.num_episodes == len(envs.sessions) == len(manager.publisher.published)
+    assert envs.open_sessions == []
+
+
+async def test_strategy_from_config_orders_dispatch() -> None:
+    tasks = _tasks(3, "math") + _tasks(3, "shell")
+    scheduler = TaskScheduler.Config(strategy="fair_share", weights={"math": 1, "shell": 2})
+    manager = _manager(tasks, max_concurrent_episodes=1, scheduler=scheduler)
+    await manager.run()
+    order = [t.task_type for t in manager.publisher.published]
+    assert order == ["shell", "math", "shell", "shell", "math", "math"]
+
+
+async def test_publish_error_is_counted_and_group_not_acked() -> None:
+    class Flaky(MemoryPublisher):
+        async def publish(self, trajectory):  # type: ignore[no-untyped-def]
+            if trajectory.sample_index == 1:
+                raise RuntimeError("broker down")
+            await super().publish(trajectory)
+
+    acked: list[str] = []
+    manager = _manager(_tasks(2), samples=2, publisher=Flaky())
+    manager.source.ack = lambda group: _record(acked, group.group_id)  # type: ignore[method-assign]
+    summary = await manager.run()
+    assert summary.num_publish_errors == 2 and acked == []
+
+
+async def _record(into: list[str], value: str) -> None:
+    into.append(value)
+
+
+@dataclass
+class _Event:
+    topic: str
+    partition: int
+    offset: int
+    value: TaskSample
+
+
+class _FakeConsumer:
+    def __init__(self, events: list[_Event]) -> None:
+        self.events = events
+        self.committed: list[int] = []
+
+    def poll(self, timeout: float) -> _Event | None:
+        return self.events.pop(0) if self.events else None
+
+    def commit(self, event: _Event) -> None:
+        self.committed.append(event.offset)
+
+    def close(self) -> None:
+        pass
+
+
+async def test_kafka_source_commits_only_contiguous_finished_offsets() -> None:
+    events = [_Event("stacx.tasks", 0, i, t) for i, t in enumerate(_tasks(3))]
+    consumer = _FakeConsumer(list(events))
+    source = KafkaTaskSource(
+        KafkaTaskSource.Config(bootstrap_servers="unused", samples_per_task=2, max_idle_polls=1),
+        consumer=consumer,
+    )
+    groups = [await source.next_group() for _ in range(3)]
+    assert all(g is not None and g.num_samples == 2 for g in groups)
+    assert await source.next_group() is None
+    await source.ack(groups[1])  # offset 1 done, 0 still running: nothing to commit
+    assert consumer.committed == []
+    await source.ack(groups[0])
+    assert consumer.committed == [1]
+    await source.ack(groups[2])
+    assert consumer.committed == [1, 2]
+
+
+class _StreamSource:
+    """Two groups, then blocks like an idle Kafka topic."""
+
+    def __init__(self) -> None:
+        self.source = ListTaskSource(_tasks(2), ListTaskSource.Config(samples_per_task=2))
+        self.acked: list[str] = []
+
+    async def next_group(self):  # type: ignore[no-untyped-def]
+        group = await self.source.next_group()
+        if group is None:
+            await asyncio.Event().wait()  # an idle stream: never returns
+        return group
+
+    async def ack(self, group) -> None:  # type: ignore[no-untyped-def]
+        self.acked.append(group.group_id)
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_idle_stream_source_does_not_hold_back_pending_work() -> None:
+    tok = FakeTokenizer()
+    source = _StreamSource()
+    manager = RolloutManager(
+        RolloutManager.Config(),
+        source=source,
+        tokenizer=tok,
+        inference=ScriptedInference(tok, _policy),
+        publisher=MemoryPublisher(),
+        sandbox=FakeEnvironments(),
+    )
+    summary = await asyncio.wait_for(manager.run(num_groups=2), 30)
+    assert summary.num_episodes == 4 and len(source.acked) == 2
+
+    # without a group limit it runs until stopped, then drains
+    source = _StreamSource()
+    manager = RolloutManager(
+        RolloutManager.Config(),
+        source=source,
+        tokenizer=tok,
+        inference=ScriptedInference(tok, _policy),
+        publisher=MemoryPublisher(),
+        sandbox=FakeEnvironments(),
+    )
+    run = asyncio.create_task(manager.run())
+    await _until(lambda: len(source.acked) == 2)
+    manager.stop("drain")
+    summary = await asyncio.wait_for(run, 30)
+    assert summary.num_episodes == 4
