@@ -1,0 +1,205 @@
+"""Benchmark: trajectories/s through the Faust assembler vs a plain confluent-kafka loop.
+
+Both read the same preloaded trajectories topic in the same run:
+  baseline   confluent-kafka consume -> decode (schemas.codec) -> produce the event unchanged
+  assembler  the `stacx assemble` worker (in this process): group, filter, mix, pack, produce
+Rates count input trajectories from the first event consumed to the last output written.
+`ratio` = assembler rate / baseline rate. CPU seconds are this process's (the assembler's include
+its start-up and shutdown). Last stdout line: the JSON figure object.
+
+    .venv/bin/python bench/assembly.py --json [--trajectories 4000] [--tokens 512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from confluent_kafka import Consumer, Producer  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+from consumers.assembly import (  # noqa: E402
+    AssemblerApp,
+    AssemblyStats,
+    GroupAssembler,
+    MixturePlanner,
+)
+from consumers.assembly.testing import make_trajectory  # noqa: E402
+from schemas import topics  # noqa: E402
+from schemas.codec import decode, encode  # noqa: E402
+from schemas.records import Trajectory  # noqa: E402
+
+
+def _create_topics(admin: AdminClient, names: dict[str, int]) -> None:
+    cfg = {"max.message.bytes": str(topics.BATCHES_MAX_MESSAGE_BYTES)}
+    new = [NewTopic(n, num_partitions=p, replication_factor=1, config=cfg) for n, p in names.items()]
+    for future in admin.create_topics(new).values():
+        future.result(timeout=30)
+
+
+def _preload(bootstrap: str, topic: str, args: argparse.Namespace) -> int:
+    # gzip: the one codec aiokafka (under Faust) reads without extra packages
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20,
+                         "compression.type": "gzip", "message.max.bytes": 16 * 1024 * 1024})
+    num_groups = args.trajectories // args.group_size
+    for g in range(num_groups):
+        for i in range(args.group_size):
+            traj = make_trajectory(f"group-{g}", i, num_prompt=args.tokens // 2,
+                                   num_completion=args.tokens - args.tokens // 2)
+            producer.produce(topic, key=traj.group_id.encode(), value=encode(traj))
+            producer.poll(0)
+    producer.flush(60)
+    return num_groups * args.group_size
+
+
+def run_baseline(bootstrap: str, source: str, sink: str, expected: int) -> dict[str, float]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
+                         "enable.idempotence": True})
+    consumer.subscribe([source])
+    seen, started = 0, 0.0
+    cpu0 = time.process_time()
+    deadline = time.monotonic() + 300
+    while seen < expected and time.monotonic() < deadline:
+        for msg in consumer.consume(500, timeout=1.0):
+            if msg.error():
+                continue
+            started = started or time.monotonic()
+            decode(msg.value(), Trajectory)
+            producer.produce(sink, key=msg.key(), value=msg.value())
+            producer.poll(0)
+            seen += 1
+    producer.flush(60)
+    elapsed = time.monotonic() - started
+    consumer.close()
+    return {"trajectories": seen, "seconds": elapsed, "rate": seen / elapsed,
+            "cpu_s": time.process_time() - cpu0}
+
+
+def _watch_batches(bootstrap: str, topic: str, expected: int, out: dict[str, Any],
+                   stats: AssemblyStats) -> None:
+    """Thread: wait for `expected` batches, note the last one's timestamp, SIGTERM the worker.
+
+    Also samples the process CPU time when the first trajectory is seen and at the last batch.
+    """
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    deadline = time.monotonic() + 600
+    out["batches"], out["last_ms"] = 0, 0
+    while out["batches"] < expected and time.monotonic() < deadline:
+        msg = consumer.poll(0.05)
+        if stats.first_event_ms and "cpu_first" not in out:
+            out["cpu_first"] = time.process_time()
+        if msg is None or msg.error():
+            continue
+        out["batches"] += 1
+        out["last_ms"] = max(out["last_ms"], msg.timestamp()[1])
+    out["cpu_last"] = time.process_time()
+    consumer.close()
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def run_assembler(bootstrap: str, names: dict[str, str], args: argparse.Namespace,
+                  expected_batches: int, app_id: str) -> dict[str, Any]:
+    config = AssemblerApp.Config(
+        app_id=app_id,
+        bootstrap_servers=bootstrap,
+        datadir=f"/tmp/stacx-bench-assembly-{uuid.uuid4().hex[:8]}",
+        stats_interval_s=0,
+        grouping=GroupAssembler.Config(group_size=args.group_size),
+        mixture=MixturePlanner.Config(batch_size=args.batch_size),
+        **names,
+    )
+    assembler = AssemblerApp(config)
+    watched: dict[str, Any] = {}
+    watcher = threading.Thread(
+        target=_watch_batches,
+        args=(bootstrap, config.batches_topic, expected_batches, watched, assembler.stats),
+        daemon=True,
+    )
+    watcher.start()
+    cpu0 = time.process_time()
+    code = assembler.run(loglevel="warning")
+    cpu_s = time.process_time() - cpu0
+    watcher.join(timeout=30)
+    stats = assembler.stats
+    if code != 0 or watched.get("batches", 0) < expected_batches or not stats.first_event_ms:
+        raise SystemExit(f"assembler failed (exit {code}, {watched.get('batches')} of "
+                         f"{expected_batches} batches, stats {stats.as_dict()})")
+    elapsed = (watched["last_ms"] - stats.first_event_ms) / 1000
+    return {"trajectories": stats.trajectories, "batches": watched["batches"],
+            "seconds": elapsed, "rate": stats.trajectories / elapsed,
+            "cpu_s": cpu_s, "processing_cpu_s": watched["cpu_last"] - watched["cpu_first"],
+            "stats": stats.as_dict()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print only the JSON figures")
+    parser.add_argument("--bootstrap", default=os.environ.get(topics.BOOTSTRAP_ENV,
+                                                              topics.DEFAULT_BOOTSTRAP))
+    parser.add_argument("--trajectories", type=int, default=4096)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=8, help="groups per batch")
+    parser.add_argument("--tokens", type=int, default=512, help="tokens per trajectory")
+    parser.add_argument("--partitions", type=int, default=8)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    run = uuid.uuid4().hex[:8]
+    names = {"trajectories_topic": f"bench.asm.traj.{run}", "batches_topic": f"bench.asm.batches.{run}",
+             "weights_topic": f"bench.asm.weights.{run}", "dlq_topic": f"bench.asm.dlq.{run}"}
+    baseline_sink = f"bench.asm.baseline.{run}"
+    app_id = f"bench-asm-{run}"
+    admin = AdminClient({"bootstrap.servers": args.bootstrap})
+    _create_topics(admin, {names["trajectories_topic"]: args.partitions, baseline_sink: 1,
+                           names["batches_topic"]: 1, names["weights_topic"]: 1,
+                           names["dlq_topic"]: 1})
+    try:
+        count = _preload(args.bootstrap, names["trajectories_topic"], args)
+        baseline = run_baseline(args.bootstrap, names["trajectories_topic"], baseline_sink, count)
+        expected_batches = count // (args.group_size * args.batch_size)
+        assembler = run_assembler(args.bootstrap, names, args, expected_batches, app_id)
+    finally:
+        doomed = [*names.values(), baseline_sink]
+        doomed += [t for t in admin.list_topics(timeout=10).topics if t.startswith(app_id)]
+        for future in admin.delete_topics(doomed).values():
+            try:
+                future.result(timeout=30)
+            except Exception:
+                pass
+    figures = {
+        "trajectories": count,
+        "tokens_per_trajectory": args.tokens,
+        "group_size": args.group_size,
+        "batch_groups": args.batch_size,
+        "partitions": args.partitions,
+        "baseline_traj_per_s": round(baseline["rate"], 1),
+        "assembler_traj_per_s": round(assembler["rate"], 1),
+        "assembler_batches": assembler["batches"],
+        "ratio": round(assembler["rate"] / baseline["rate"], 3),
+        "baseline_cpu_s": round(baseline["cpu_s"], 2),
+        "assembler_cpu_s": round(assembler["cpu_s"], 2),
+        "assembler_processing_cpu_s": round(assembler["processing_cpu_s"], 2),
+        "load_avg_1m": round(os.getloadavg()[0], 1),
+    }
+    if not args.json:
+        print(json.dumps({"baseline": baseline, "assembler": assembler}, indent=2))
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,378 @@
+"""The Faust worker: thin agents around `GroupAssembler` (stage 1) and `BatchBuilder` (stage 2).
+
+Topology (all values raw bytes, decoded with `schemas.codec`):
+
+    trajectories (key: group id) ─┐
+    <app>-ticks (same partitions) ─┴▶ group agent ─▶ <app>-groups (1 partition) ─▶ batch agent
+                                       │ tables: groups, payloads                  │ tables: pool,
+                                       └▶ dlq (undecodable, invalid)               │ index, packed
+    weights (key: model) ─▶ weights agent ─▶ global table latest_versions          ▼
+                                                                              batches (key: id)
+
+Tables can only change inside stream processing, so group timeouts are driven by tick events
+that a timer writes to every partition of the ticks topic (co-partitioned with trajectories).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import faust
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from consumers.assembly.batching import BatchBuilder
+from consumers.assembly.claims import BatchEncoder, decode_trajectory
+from consumers.assembly.envelope import encode_group
+from consumers.assembly.errors import AssemblyConfigError, AssemblyError
+from consumers.assembly.filters import SampleFilter, invalid_reason
+from consumers.assembly.grouping import GroupAssembler
+from consumers.assembly.mixture import MixturePlanner
+from consumers.assembly.protocols import Forwarder, Output
+from consumers.assembly.stats import AssemblyStats
+from schemas import topics
+from schemas.codec import decode, encode
+from schemas.records import DeadLetter, WeightVersion, now_ms
+
+__all__ = [
+    "TICK_KEY",
+    "AssemblerApp",
+    "FaustForwarder",
+    "ensure_internal_topics",
+    "topic_partitions",
+]
+
+log = logging.getLogger(__name__)
+
+TICK_KEY = b"\x00stacx-assembler-tick"
+"""Key of the timer's tick events (never a valid group id)."""
+
+_RAW: dict[str, Any] = {
+    "key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"
+}
+
+
+class FaustForwarder:
+    """Sends agent outputs to Kafka through the app's producer (the production `Forwarder`)."""
+
+    def __init__(self, app: faust.App) -> None:
+        self._app = app
+        self._topics: dict[str, faust.TopicT] = {}
+
+    async def send(self, output: Output) -> None:
+        topic = self._topics.get(output.topic)
+        if topic is None:
+            topic = self._topics[output.topic] = self._app.topic(output.topic, **_RAW)
+        await topic.send(key=output.key, value=output.value)
+
+
+class AssemblerApp:
+    """Builds the Faust app, its topics, tables and agents from one `Config`."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        app_id: str = "stacx-assembler"
+        """Faust app id: the consumer group and the prefix of internal topics."""
+        bootstrap_servers: str = field(
+            default_factory=lambda: os.environ.get(topics.BOOTSTRAP_ENV, topics.DEFAULT_BOOTSTRAP)
+        )
+        """Kafka bootstrap servers (host:port[,host:port])."""
+        trajectories_topic: str = topics.TRAJECTORIES
+        """Input: `Trajectory` events keyed by group id."""
+        batches_topic: str = topics.BATCHES
+        """Output: `TrainingBatch` events keyed by batch id."""
+        weights_topic: str = topics.WEIGHTS
+        """Input: `WeightVersion` events keyed by model name (for the staleness filter)."""
+        dlq_topic: str = topics.DLQ
+        """Output: `DeadLetter` events for undecodable or invalid input."""
+        partitions: int | None = None
+        """Partitions of the trajectories topic (tables and ticks get as many); None: ask Kafka."""
+        weights_partitions: int = 1
+        """Partitions of the weights topic."""
+        store: str = "memory://"
+        """Table store URL: `memory://`, or `rocksdb://` (needs the rocksdict package)."""
+        datadir: str = field(default_factory=lambda: _stacx_home("assembler"))
+        """Directory for the worker's local data (RocksDB files, when used)."""
+        web_port: int | None = None
+        """Port of Faust's web server; None disables it."""
+        tick_interval_s: float = 1.0
+        """How often the group timeouts are checked."""
+        stats_interval_s: float = 30.0
+        """How often the counters are logged (0: only at shutdown)."""
+        producer_max_request_size: int = topics.BATCHES_MAX_MESSAGE_BYTES
+        """Largest message the producer sends (batches can be big)."""
+        grouping: GroupAssembler.Config = field(default_factory=GroupAssembler.Config)
+        """Grouping and partial-group policy."""
+        filtering: SampleFilter.Config = field(default_factory=SampleFilter.Config)
+        """Failure policy and staleness limit."""
+        mixture: MixturePlanner.Config = field(default_factory=MixturePlanner.Config)
+        """Batch size and task mixture."""
+        batching: BatchBuilder.Config = field(default_factory=BatchBuilder.Config)
+        """Packing-stage state retention."""
+        output: BatchEncoder.Config = field(default_factory=BatchEncoder.Config)
+        """Claim check for batches too large for the batches topic."""
+
+        def __post_init__(self) -> None:
+            if (self.partitions is not None and self.partitions < 1) or self.weights_partitions < 1:
+                raise AssemblyConfigError("partitions and weights_partitions must be >= 1")
+            if self.tick_interval_s <= 0:
+                raise AssemblyConfigError(
+                    f"tick_interval_s must be > 0, got {self.tick_interval_s}"
+                )
+
+        @property
+        def groups_topic(self) -> str:
+            return f"{self.app_id}-groups"
+
+        @property
+        def ticks_topic(self) -> str:
+            return f"{self.app_id}-ticks"
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        forwarder: Forwarder | None = None,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
+        if config.partitions is None:
+            found = topic_partitions(config.bootstrap_servers, config.trajectories_topic)
+            config = dataclasses.replace(config, partitions=found)
+        self.config = config
+        self.clock = clock  # epoch ms; tests inject a fake one
+        self.stats = AssemblyStats()
+        self.app = _new_faust_app(config)
+        self.forwarder: Forwarder = forwarder or FaustForwarder(self.app)
+        self._build_tables()
+        self._build_components()
+        self._build_agents()
+
+    def _build_tables(self) -> None:
+        app, n = self.app, self.config.partitions
+        # Values without a value_type use the json codec; value_type=bytes means raw bytes.
+        self.groups_table = app.Table("groups", partitions=n)
+        self.payloads_table = app.Table("payloads", partitions=n, value_type=bytes)
+        self.pool_table = app.Table("pool", partitions=1, value_type=bytes)
+        self.index_table = app.Table("index", partitions=1)
+        self.packed_table = app.Table("packed", partitions=1)
+        self.latest_versions = app.GlobalTable(
+            "latest_versions", partitions=self.config.weights_partitions
+        )
+
+    def _build_components(self) -> None:
+        cfg = self.config
+        self.sample_filter = SampleFilter(cfg.filtering, self.latest_versions)
+        self.grouper = GroupAssembler(
+            cfg.grouping, sample_filter=self.sample_filter, groups=self.groups_table,
+            payloads=self.payloads_table, stats=self.stats,
+        )
+        self.encoder = BatchEncoder(cfg.output)
+        self.builder = BatchBuilder(
+            cfg.batching, planner=MixturePlanner(cfg.mixture), sample_filter=self.sample_filter,
+            pool=self.pool_table, index=self.index_table, packed=self.packed_table,
+            stats=self.stats,
+        )
+
+    def _build_agents(self) -> None:
+        cfg, app = self.config, self.app
+        self.trajectories_channel = app.topic(cfg.trajectories_topic, cfg.ticks_topic, **_RAW)
+        self.ticks_topic = app.topic(cfg.ticks_topic, **_RAW)
+        self.groups_topic = app.topic(cfg.groups_topic, **_RAW)
+        self.weights_channel = app.topic(cfg.weights_topic, **_RAW)
+        sink = [self._publish]
+        self.group_agent = app.agent(self.trajectories_channel, name="group", sink=sink)(
+            self._group_stream
+        )
+        self.batch_agent = app.agent(self.groups_topic, name="batch", sink=sink)(
+            self._batch_stream
+        )
+        self.weights_agent = app.agent(self.weights_channel, name="weights", sink=sink)(
+            self._weights_stream
+        )
+        app.timer(cfg.tick_interval_s, name="ticks")(self._send_ticks)
+        if cfg.stats_interval_s > 0:
+            app.timer(cfg.stats_interval_s, name="stats")(self._log_stats)
+
+    # Each agent yields exactly one list of outputs per event (possibly empty): the sink
+    # publishes them, and `agent.test_context().put()` returns once the event is processed.
+
+    async def _group_stream(self, stream: faust.StreamT) -> AsyncIterator[list[Output]]:
+        async for event in stream.events():
+            yield self.on_group_event(event.message)
+
+    async def _batch_stream(self, stream: faust.StreamT) -> AsyncIterator[list[Output]]:
+        async for event in stream.events():
+            batches = self.builder.on_group(event.value, now_ms=self.clock())
+            yield [
+                Output(self.config.batches_topic, b.batch_id.encode(), self.encoder.encode(b))
+                for b in batches
+            ]
+
+    async def _weights_stream(self, stream: faust.StreamT) -> AsyncIterator[list[Output]]:
+        async for event in stream.events():
+            yield self.on_weights_event(event.message)
+
+    async def _publish(self, outputs: list[Output]) -> None:
+        for output in outputs:
+            await self.forwarder.send(output)
+
+    def on_weights_event(self, message: Any) -> list[Output]:
+        """Remember the newest version per model (drives the staleness filter)."""
+        try:
+            weights = decode(message.value, WeightVersion)
+        except Exception as exc:  # untrusted bytes: dead-letter them, keep going
+            return [self._dead_letter(message, exc)]
+        current = self.latest_versions.get(weights.model_name)
+        if current is None or weights.version > current:
+            self.latest_versions[weights.model_name] = weights.version
+            log.info("latest weights %s=%d", weights.model_name, weights.version)
+        return []
+
+    def on_group_event(self, message: Any) -> list[Output]:
+        """Stage 1 for one message of the trajectories topic or the ticks topic."""
+        now = self.clock()
+        if message.key == TICK_KEY:
+            ready = self.grouper.expire(now_ms=now, partition=message.partition)
+            return [self._group_output(g) for g in ready]
+        self.stats.trajectories += 1
+        self.stats.first_event_ms = self.stats.first_event_ms or now
+        try:
+            trajectory = decode_trajectory(message.value)
+        except Exception as exc:  # untrusted bytes: dead-letter them, keep going
+            return [self._dead_letter(message, exc)]
+        reason = invalid_reason(trajectory)
+        if reason is not None:
+            return [self._dead_letter(message, ValueError(reason))]
+        group = self.grouper.on_trajectory(
+            trajectory, message.value, partition=message.partition, now_ms=now
+        )
+        return [] if group is None else [self._group_output(group)]
+
+    def _group_output(self, group: Any) -> Output:
+        return Output(self.config.groups_topic, group.model_name.encode(), encode_group(group))
+
+    def _dead_letter(self, message: Any, exc: BaseException) -> Output:
+        self.stats.undecodable += 1
+        letter = DeadLetter(
+            source_topic=str(message.topic),
+            source_partition=int(message.partition or 0),
+            source_offset=int(message.offset or 0),
+            reason=str(exc)[:1000],
+            error_type=type(exc).__name__,
+            key=message.key,
+            value=message.value,
+        )
+        log.warning("dead-lettered %s[%s]@%s: %s", letter.source_topic,
+                    letter.source_partition, letter.source_offset, letter.reason)
+        return Output(self.config.dlq_topic, message.key, encode(letter))
+
+    async def _send_ticks(self) -> None:
+        value = str(now_ms()).encode()
+        for partition in range(self.config.partitions or 0):
+            await self.ticks_topic.send(key=TICK_KEY, value=value, partition=partition)
+
+    async def _log_stats(self) -> None:
+        log.info("assembler stats %s", self.stats.as_dict())
+
+    def worker(self, *, loglevel: str = "info") -> faust.Worker:
+        """A Faust worker (`worker.execute_from_commandline()` blocks until it is stopped)."""
+        worker = faust.Worker(self.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+        # Faust's terminal spinner sets the root logger to DEBUG whenever loglevel >= WARNING,
+        # which makes every aiokafka send build a log record: a large CPU cost per message.
+        worker.spinner = None
+        return worker
+
+    def run(self, *, loglevel: str = "info") -> int:
+        """Create the internal topics, run the worker until SIGINT/SIGTERM; exit status."""
+        ensure_internal_topics(self.config)
+        code = 0
+        try:
+            self.worker(loglevel=loglevel).execute_from_commandline()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 0
+        finally:
+            log.info("assembler final stats %s", json.dumps(self.stats.as_dict()))
+        return code
+
+
+def _admin(bootstrap_servers: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap_servers})
+
+
+def topic_partitions(bootstrap_servers: str, topic: str, timeout_s: float = 15.0) -> int:
+    """Partition count of an existing topic (the assembler must match the trajectories topic)."""
+    try:
+        # all topics: asking for one by name would auto-create it on brokers that allow that
+        meta = _admin(bootstrap_servers).list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise AssemblyError(f"cannot reach Kafka at {bootstrap_servers}: {exc}") from exc
+    info = meta.topics.get(topic)
+    if info is None or info.error is not None or not info.partitions:
+        raise AssemblyConfigError(
+            f"topic {topic!r} does not exist at {bootstrap_servers}; create it "
+            "(`stacx infra up` creates the standard topics) or set `partitions` in the config"
+        )
+    return len(info.partitions)
+
+
+def ensure_internal_topics(cfg: AssemblerApp.Config, timeout_s: float = 30.0) -> None:
+    """Create the ticks and groups topics with the right partition counts (idempotent)."""
+    assert cfg.partitions is not None
+    wanted = {cfg.ticks_topic: cfg.partitions, cfg.groups_topic: 1}
+    admin = _admin(cfg.bootstrap_servers)
+    existing = admin.list_topics(timeout=timeout_s).topics
+    for name, count in wanted.items():
+        if name in existing and len(existing[name].partitions) != count:
+            raise AssemblyConfigError(
+                f"internal topic {name!r} has {len(existing[name].partitions)} partitions, "
+                f"expected {count}: delete it or use another app_id"
+            )
+    missing = [
+        NewTopic(name, num_partitions=count, replication_factor=1, config=_INTERNAL_CONFIG)
+        for name, count in wanted.items() if name not in existing
+    ]
+    for name, future in (admin.create_topics(missing).items() if missing else []):
+        try:
+            future.result(timeout=timeout_s)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise AssemblyError(f"cannot create internal topic {name!r}: {exc}") from exc
+
+
+_INTERNAL_CONFIG = {"max.message.bytes": str(topics.BATCHES_MAX_MESSAGE_BYTES)}
+
+
+def _stacx_home(*parts: str) -> str:
+    home = Path(os.environ.get("STACX_HOME", Path.home() / ".cache" / "stacx"))
+    return str(home.joinpath(*parts))
+
+
+def _new_faust_app(cfg: AssemblerApp.Config) -> faust.App:
+    web: dict[str, Any] = {"web_enabled": False}
+    if cfg.web_port is not None:
+        web = {"web_enabled": True, "web_port": cfg.web_port, "web_bind": "127.0.0.1"}
+    return faust.App(
+        cfg.app_id,
+        broker=[f"kafka://{host}" for host in cfg.bootstrap_servers.split(",")],
+        store=cfg.store,
+        datadir=cfg.datadir,
+        topic_replication_factor=1,
+        topic_partitions=cfg.partitions,
+        consumer_auto_offset_reset="earliest",
+        producer_max_request_size=cfg.producer_max_request_size,
+        # fewer, larger produce requests: changelog and output records come in bursts
+        producer_max_batch_size=1024 * 1024,
+        producer_linger=0.005,
+        producer_acks=-1,
+        processing_guarantee="at_least_once",
+        autodiscover=False,
+        **web,
+    )
+

@@ -1,0 +1,132 @@
+"""Stage 2: pool closed groups, choose the mixture, pack batches.
+
+Runs on a single partition (the internal groups topic), so the pool and the order of groups
+are global and a replay from the same offset rebuilds the same batches. State: `pool` (group
+id -> encoded `ReadyGroup`), `index` (model name -> pooled entries in arrival order) and
+`packed` (group id -> when it was packed, to ignore redelivered groups).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from consumers.assembly.claims import decode_trajectory
+from consumers.assembly.envelope import ReadyGroup, decode_group
+from consumers.assembly.errors import AssemblyConfigError
+from consumers.assembly.filters import FailurePolicy, SampleFilter
+from consumers.assembly.mixture import MixturePlanner, PoolEntry
+from consumers.assembly.packing import PackedGroup, pack_batch
+from consumers.assembly.protocols import StateTable
+from consumers.assembly.stats import AssemblyStats
+from schemas.records import TrainingBatch
+
+__all__ = ["BatchBuilder"]
+
+IndexEntry = list[Any]
+"""[group id, task type, num sequences, min policy version]"""
+
+
+class BatchBuilder:
+    """Pools `ReadyGroup`s per model and emits a `TrainingBatch` whenever the mixture allows."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        packed_ttl_s: float = 24 * 3600.0
+        """How long packed group ids are remembered to ignore redelivered groups."""
+
+        def __post_init__(self) -> None:
+            if self.packed_ttl_s <= 0:
+                raise AssemblyConfigError(
+                    f"batching.packed_ttl_s must be > 0 seconds, got {self.packed_ttl_s}"
+                )
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        planner: MixturePlanner,
+        sample_filter: SampleFilter,
+        pool: StateTable[bytes],
+        index: StateTable[list[IndexEntry]],
+        packed: StateTable[int],
+        stats: AssemblyStats,
+    ) -> None:
+        self.config = config
+        self._planner = planner
+        self._filter = sample_filter
+        self._pool = pool
+        self._index = index
+        self._packed = packed
+        self._stats = stats
+
+    def on_group(self, payload: bytes, *, now_ms: int) -> list[TrainingBatch]:
+        """Pool one encoded `ReadyGroup`; returns the batches that became ready."""
+        group = decode_group(payload)
+        if group.group_id in self._pool or group.group_id in self._packed:
+            self._stats.groups_redelivered += 1
+            return []
+        if self._filter.is_stale(group.model_name, group.min_policy_version):
+            self._stats.groups_dropped += 1
+            self._stats.stale += len(group.payloads)
+            return []
+        self._pool[group.group_id] = payload
+        entry = [group.group_id, group.task_type, group.num_sequences, group.min_policy_version]
+        self._index[group.model_name] = [*self._index.get(group.model_name, []), entry]
+        return self.drain(group.model_name, now_ms=now_ms)
+
+    def drain(self, model_name: str, *, now_ms: int) -> list[TrainingBatch]:
+        """Emit every batch the pool of `model_name` can fill now."""
+        self._evict_stale(model_name)
+        batches: list[TrainingBatch] = []
+        while True:
+            entries = [PoolEntry(e[0], e[1], e[2]) for e in self._index.get(model_name, [])]
+            chosen = self._planner.select(entries)
+            if chosen is None:
+                break
+            batches.append(self._emit(model_name, chosen, now_ms=now_ms))
+        if batches:
+            self._forget_packed(now_ms)
+        return batches
+
+    def _emit(self, model_name: str, chosen: list[PoolEntry], *, now_ms: int) -> TrainingBatch:
+        groups = [decode_group(self._pool[e.key]) for e in chosen]
+        batch = pack_batch(
+            [_decoded(g) for g in groups],
+            model_name=model_name,
+            mask_flagged=self._filter.config.failure_policy is FailurePolicy.MASK,
+        )
+        keys = {e.key for e in chosen}
+        for key in keys:
+            del self._pool[key]
+            self._packed[key] = now_ms
+        self._index[model_name] = [e for e in self._index[model_name] if e[0] not in keys]
+        self._stats.batches += 1
+        self._stats.sequences += batch.num_sequences
+        return batch
+
+    def _evict_stale(self, model_name: str) -> None:
+        entries = self._index.get(model_name, [])
+        fresh = [e for e in entries if not self._filter.is_stale(model_name, e[3])]
+        if len(fresh) == len(entries):
+            return
+        for entry in entries:
+            if entry not in fresh:
+                del self._pool[entry[0]]
+                self._stats.groups_dropped += 1
+        self._index[model_name] = fresh
+
+    def _forget_packed(self, now_ms: int) -> None:
+        ttl_ms = self.config.packed_ttl_s * 1000
+        for key in [k for k, at in self._packed.items() if now_ms - at >= ttl_ms]:
+            del self._packed[key]
+
+
+def _decoded(group: ReadyGroup) -> PackedGroup:
+    return PackedGroup(
+        group_id=group.group_id,
+        trajectories=[decode_trajectory(p) for p in group.payloads],
+        group_size=group.group_size,
+        pad_to=group.pad_to,
+        flagged_ids=frozenset(group.flagged_ids),
+    )

@@ -1,0 +1,67 @@
+"""Claim checks at the assembler's edges: large trajectories in, large batches out.
+
+Producers replace records above a topic's size limit with a `ClaimCheck` (a blob-store URL).
+The assembler keeps the event bytes as they arrived (small for claim-checked samples) in its
+state and resolves them whenever it needs the record; batches above the limit go out the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from consumers.assembly.errors import AssemblyConfigError, InvalidTrajectoryError
+from producers.blobs import FsspecBlobStore, default_blob_url
+from schemas import topics
+from schemas.claimcheck import ClaimCheck
+from schemas.codec import decode, default_codec, encode
+from schemas.records import TrainingBatch, Trajectory
+
+__all__ = ["BatchEncoder", "decode_trajectory"]
+
+
+def decode_trajectory(payload: bytes) -> Trajectory:
+    """Decode a trajectory event, fetching it from the blob store if it is a claim check."""
+    record = decode(payload)
+    if isinstance(record, ClaimCheck):
+        record = decode(FsspecBlobStore.get(record.uri, sha256=record.sha256))
+    if not isinstance(record, Trajectory):
+        raise InvalidTrajectoryError(f"expected a Trajectory event, got {type(record).__name__}")
+    return record
+
+
+class BatchEncoder:
+    """Encodes batches; ones larger than the threshold go to the blob store behind a claim check."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        claim_check_threshold_bytes: int = topics.BATCHES_MAX_MESSAGE_BYTES - 64 * 1024
+        """Encoded batches above this size are stored as blobs and sent as a `ClaimCheck`."""
+        blob_store_url: str = field(default_factory=default_blob_url)
+        """fsspec root of the claim-check blob store (shared with the trainer)."""
+
+        def __post_init__(self) -> None:
+            if self.claim_check_threshold_bytes < 1024:
+                raise AssemblyConfigError(
+                    "output.claim_check_threshold_bytes must be >= 1024, "
+                    f"got {self.claim_check_threshold_bytes}"
+                )
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self._blobs: FsspecBlobStore | None = None
+
+    def encode(self, batch: TrainingBatch) -> bytes:
+        value = encode(batch)
+        if len(value) <= self.config.claim_check_threshold_bytes:
+            return value
+        if self._blobs is None:
+            self._blobs = FsspecBlobStore(self.config.blob_store_url)
+        url, digest = self._blobs.put(value, prefix="batches")
+        claim = ClaimCheck(
+            uri=url,
+            size_bytes=len(value),
+            sha256=digest,
+            record_type=default_codec().local_schema(TrainingBatch).name,
+            record_id=batch.batch_id,
+        )
+        return encode(claim)

@@ -1,0 +1,20 @@
+"""Exceptions of the batch assembler: one root, `AssemblyError`."""
+
+from __future__ import annotations
+
+__all__ = ["AssemblyConfigError", "AssemblyError", "InvalidTrajectoryError"]
+
+
+class AssemblyError(Exception):
+    """Root of every error the assembler raises."""
+
+    retriable: bool = False
+    """True where retrying the same operation may succeed."""
+
+
+class AssemblyConfigError(AssemblyError, ValueError):
+    """A configuration value is invalid; the message names the field and the fix."""
+
+
+class InvalidTrajectoryError(AssemblyError):
+    """A decoded trajectory cannot be packed (inconsistent token arrays, missing ids)."""

@@ -1,0 +1,193 @@
+"""Stage 1: collect the samples of each prompt group, drop duplicates and late arrivals.
+
+A group closes when `group_size` samples have arrived (whatever their verdict), or when
+`group_timeout_s` has passed since its first sample. What a group with fewer trainable samples
+than `group_size` becomes is the partial-group policy. Closed groups are remembered for
+`closed_ttl_s`, so that a duplicate or a late sample of a closed group is recognised.
+
+All state lives in two `StateTable`s (Faust tables in the worker): `groups` (group id -> record,
+JSON-able) and `payloads` (trajectory id -> encoded bytes, while its group is open).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from consumers.assembly.envelope import ReadyGroup
+from consumers.assembly.errors import AssemblyConfigError
+from consumers.assembly.filters import SampleFilter, Verdict, oldest_policy_version
+from consumers.assembly.protocols import StateTable
+from consumers.assembly.stats import AssemblyStats
+from schemas.records import Trajectory
+
+__all__ = ["GroupAssembler", "PartialPolicy"]
+
+GroupRecord = dict[str, Any]
+
+
+class PartialPolicy(enum.StrEnum):
+    DROP = "drop"
+    """Groups with fewer than `group_size` trainable samples are discarded."""
+    EMIT = "emit"
+    """Partial groups are packed as they are."""
+    PAD = "pad"
+    """Partial groups are padded to `group_size` with loss-masked copies of their samples."""
+
+
+class GroupAssembler:
+    """Turns a stream of samples into closed `ReadyGroup`s (one partition's worth of state)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        group_size: int = 8
+        """Samples per prompt group (`n`): a group is complete when this many have arrived."""
+        group_timeout_s: float = 120.0
+        """Seconds after a group's first sample after which it closes even if incomplete."""
+        partial_policy: PartialPolicy = PartialPolicy.EMIT
+        """What to do with a group that has fewer trainable samples than `group_size`."""
+        min_group_size: int = 1
+        """Partial groups with fewer trainable samples than this are dropped."""
+        closed_ttl_s: float = 24 * 3600.0
+        """How long closed group ids are remembered to recognise duplicates and late samples."""
+
+        def __post_init__(self) -> None:
+            self.partial_policy = PartialPolicy(self.partial_policy)
+            if self.group_size < 1:
+                raise AssemblyConfigError(
+                    f"grouping.group_size must be >= 1, got {self.group_size}"
+                )
+            if not 1 <= self.min_group_size <= self.group_size:
+                raise AssemblyConfigError(
+                    f"grouping.min_group_size must be in [1, group_size={self.group_size}], "
+                    f"got {self.min_group_size}"
+                )
+            if self.group_timeout_s <= 0 or self.closed_ttl_s <= 0:
+                raise AssemblyConfigError(
+                    "grouping.group_timeout_s and grouping.closed_ttl_s must be > 0 seconds"
+                )
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        sample_filter: SampleFilter,
+        groups: StateTable[GroupRecord],
+        payloads: StateTable[bytes],
+        stats: AssemblyStats,
+    ) -> None:
+        self.config = config
+        self._filter = sample_filter
+        self._groups = groups
+        self._payloads = payloads
+        self._stats = stats
+
+    def on_trajectory(
+        self, trajectory: Trajectory, payload: bytes, *, partition: int, now_ms: int
+    ) -> ReadyGroup | None:
+        """Add one decoded, valid sample; returns its group if this sample completed it."""
+        record = self._groups.get(trajectory.group_id)
+        if record is not None and trajectory.trajectory_id in record["members"]:
+            self._stats.duplicates += 1
+            return None
+        if record is not None and record["closed_ms"]:
+            self._stats.late += 1
+            return None
+        if record is None:
+            record = _new_record(trajectory, partition=partition, now_ms=now_ms)
+        verdict = self._filter.verdict(trajectory)
+        self._count(verdict)
+        record["members"][trajectory.trajectory_id] = [
+            trajectory.sample_index,
+            verdict.value,
+            oldest_policy_version(trajectory),
+        ]
+        if verdict.trainable:
+            self._payloads[trajectory.trajectory_id] = payload
+        if len(record["members"]) >= self.config.group_size:
+            self._stats.groups_complete += 1
+            return self._close(trajectory.group_id, record, now_ms=now_ms, reason="complete")
+        self._groups[trajectory.group_id] = record
+        return None
+
+    def expire(self, *, now_ms: int, partition: int | None = None) -> list[ReadyGroup]:
+        """Close timed-out groups and forget old closed ones (of one partition, or all)."""
+        timeout_ms = self.config.group_timeout_s * 1000
+        ttl_ms = self.config.closed_ttl_s * 1000
+        ready: list[ReadyGroup] = []
+        for group_id, record in sorted(self._groups.items(), key=lambda kv: kv[1]["opened_ms"]):
+            if partition is not None and record["partition"] != partition:
+                continue
+            if record["closed_ms"]:
+                if now_ms - record["closed_ms"] >= ttl_ms:
+                    del self._groups[group_id]
+            elif now_ms - record["opened_ms"] >= timeout_ms:
+                self._stats.groups_timed_out += 1
+                group = self._close(group_id, record, now_ms=now_ms, reason="timeout")
+                if group is not None:
+                    ready.append(group)
+        return ready
+
+    def _count(self, verdict: Verdict) -> None:
+        if verdict is Verdict.KEEP:
+            self._stats.kept += 1
+        elif verdict is Verdict.FLAG:
+            self._stats.failed_flagged += 1
+        elif verdict is Verdict.DROP_FAILED:
+            self._stats.failed_dropped += 1
+        else:
+            self._stats.stale += 1
+
+    def _close(
+        self, group_id: str, record: GroupRecord, *, now_ms: int, reason: str
+    ) -> ReadyGroup | None:
+        members = sorted(record["members"].items(), key=lambda kv: (kv[1][0], kv[0]))
+        trainable = [(tid, m) for tid, m in members if Verdict(m[1]).trainable]
+        payloads = [self._pop_payload(tid) for tid, _ in trainable]
+        record["closed_ms"] = max(now_ms, 1)  # 0 means open
+        self._groups[group_id] = record
+        group = ReadyGroup(
+            group_id=group_id,
+            model_name=record["model_name"],
+            task_type=record["task_type"],
+            group_size=self.config.group_size,
+            min_policy_version=min((m[2] for _, m in trainable), default=0),
+            payloads=[p for p in payloads if p is not None],
+            flagged_ids=[tid for tid, m in trainable if m[1] == Verdict.FLAG.value],
+            closed_reason=reason,
+        )
+        return self._apply_partial_policy(group)
+
+    def _apply_partial_policy(self, group: ReadyGroup) -> ReadyGroup | None:
+        num_trainable = len(group.payloads)
+        if num_trainable == 0:
+            self._stats.groups_dropped += 1
+            return None
+        if num_trainable >= self.config.group_size:
+            return group
+        policy = self.config.partial_policy
+        if policy is PartialPolicy.DROP or num_trainable < self.config.min_group_size:
+            self._stats.groups_dropped += 1
+            return None
+        if policy is PartialPolicy.PAD:
+            group.pad_to = self.config.group_size
+            self._stats.groups_padded += 1
+        return group
+
+    def _pop_payload(self, trajectory_id: str) -> bytes | None:
+        payload = self._payloads.get(trajectory_id)
+        if payload is not None:
+            del self._payloads[trajectory_id]
+        return payload
+
+
+def _new_record(trajectory: Trajectory, *, partition: int, now_ms: int) -> GroupRecord:
+    return {
+        "partition": partition,
+        "opened_ms": now_ms,
+        "closed_ms": 0,
+        "model_name": trajectory.model_name,
+        "task_type": trajectory.task_type,
+        "members": {},
+    }

@@ -1,0 +1,46 @@
+"""Counters of what the assembler did with each event (per process, not replicated)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+__all__ = ["AssemblyStats"]
+
+
+@dataclass(kw_only=True, slots=True)
+class AssemblyStats:
+    trajectories: int = 0
+    """Trajectory events consumed (decodable or not)."""
+    undecodable: int = 0
+    """Events sent to the dead-letter topic (undecodable or invalid)."""
+    duplicates: int = 0
+    """Samples dropped because their trajectory id was already seen."""
+    late: int = 0
+    """Samples dropped because their group had already been closed."""
+    stale: int = 0
+    """Samples dropped because their policy-version lag exceeded `max_staleness`."""
+    failed_dropped: int = 0
+    """Failed samples dropped under the `drop` failure policy."""
+    failed_flagged: int = 0
+    """Failed samples kept under the `flag` or `mask` failure policy."""
+    kept: int = 0
+    """Samples accepted into a group."""
+    groups_complete: int = 0
+    """Groups closed with all `n` samples arrived."""
+    groups_timed_out: int = 0
+    """Groups closed by the timeout."""
+    groups_dropped: int = 0
+    """Closed groups not forwarded (partial policy `drop`, too few samples, or stale)."""
+    groups_padded: int = 0
+    """Partial groups forwarded with padding."""
+    groups_redelivered: int = 0
+    """Groups seen again by the packing stage (at-least-once redelivery) and ignored."""
+    batches: int = 0
+    """Training batches emitted."""
+    sequences: int = 0
+    """Sequences packed into emitted batches (padding included)."""
+    first_event_ms: int = 0
+    """Wall-clock time of the first trajectory event this process saw."""
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)

@@ -1,0 +1,63 @@
+"""Test support: an in-memory `Forwarder` and a builder of small valid trajectories."""
+
+from __future__ import annotations
+
+from consumers.assembly.protocols import Output
+from schemas.records import (
+    Trajectory,
+    TrajectoryStatus,
+    logprobs,
+    loss_mask,
+    token_ids,
+    trajectory_id,
+)
+
+__all__ = ["ListForwarder", "make_trajectory"]
+
+
+class ListForwarder:
+    """Collects agent outputs instead of publishing them."""
+
+    def __init__(self) -> None:
+        self.outputs: list[Output] = []
+
+    async def send(self, output: Output) -> None:
+        self.outputs.append(output)
+
+    def on(self, topic: str) -> list[Output]:
+        """The outputs sent to `topic`, in order."""
+        return [o for o in self.outputs if o.topic == topic]
+
+
+def make_trajectory(
+    group_id: str,
+    sample_index: int,
+    *,
+    task_type: str = "math",
+    policy_version: int = 0,
+    status: TrajectoryStatus = TrajectoryStatus.COMPLETED,
+    reward: float | None = None,
+    model_name: str = "policy",
+    num_prompt: int = 3,
+    num_completion: int = 2,
+) -> Trajectory:
+    """A small valid trajectory whose tokens encode its sample index (reward = index)."""
+    task_id = f"task-{group_id}"
+    base = 100 * sample_index
+    prompt = [base + i for i in range(num_prompt)]
+    completion = [base + 50 + i for i in range(num_completion)]
+    return Trajectory(
+        trajectory_id=trajectory_id(task_id, group_id, sample_index, policy_version),
+        group_id=group_id,
+        sample_index=sample_index,
+        task_id=task_id,
+        task_type=task_type,
+        model_name=model_name,
+        policy_version=policy_version,
+        token_ids=token_ids(prompt + completion),
+        loss_mask=loss_mask([0] * num_prompt + [1] * num_completion),
+        logprobs=logprobs([0.0] * num_prompt + [-0.5] * num_completion),
+        prompt_length=num_prompt,
+        reward=float(sample_index) if reward is None else reward,
+        status=status,
+    )

@@ -1,0 +1,83 @@
+"""`stacx assemble`: run the Faust batch assembler (trajectories -> training batches)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+_OVERRIDES = {
+    "bootstrap": "bootstrap_servers",
+    "app_id": "app_id",
+    "trajectories_topic": "trajectories_topic",
+    "batches_topic": "batches_topic",
+    "weights_topic": "weights_topic",
+    "dlq_topic": "dlq_topic",
+    "partitions": "partitions",
+    "store": "store",
+    "datadir": "datadir",
+    "web_port": "web_port",
+}
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "assemble", help="run the batch assembler (Faust worker): trajectories -> batches"
+    )
+    p.add_argument("--config", help="YAML file; its `assembler` section is AssemblerApp.Config")
+    p.add_argument("--bootstrap", help="Kafka bootstrap servers (default: config, $STACX_KAFKA)")
+    p.add_argument("--app-id", help="Faust app id = consumer group and internal topic prefix")
+    p.add_argument("--trajectories-topic")
+    p.add_argument("--batches-topic")
+    p.add_argument("--weights-topic")
+    p.add_argument("--dlq-topic")
+    p.add_argument("--partitions", type=int, help="trajectories partitions (default: ask Kafka)")
+    p.add_argument("--store", help="table store URL: memory:// (default) or rocksdb://")
+    p.add_argument("--datadir", help="local data directory of the worker")
+    p.add_argument("--web-port", type=int, help="enable Faust's web server on this port")
+    p.add_argument("--group-size", type=int, help="samples per prompt group (n)")
+    p.add_argument("--group-timeout", type=float, help="seconds before an open group closes")
+    p.add_argument("--partial-policy", choices=("drop", "emit", "pad"))
+    p.add_argument("--batch-size", type=int, help="batch size in --batch-unit units")
+    p.add_argument("--batch-unit", choices=("groups", "sequences"))
+    p.add_argument("--max-staleness", type=int, help="largest allowed policy-version lag")
+    p.add_argument("--loglevel", default="info", help="worker log level")
+    p.set_defaults(func=_assemble)
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    """AssemblerApp.Config from the YAML file (if any) and the command-line overrides."""
+    from consumers.assembly import AssemblerApp
+    from infra.config import bootstrap_servers, build, load_yaml
+
+    tree = load_yaml(args.config) if args.config else {}
+    source = args.config or "command line"
+    data = dict(tree.get("assembler") or {})
+    data.setdefault("bootstrap_servers", bootstrap_servers(tree))
+    for flag, key in _OVERRIDES.items():
+        if getattr(args, flag, None) is not None:
+            data[key] = getattr(args, flag)
+    _nested_override(data, "grouping", group_size=args.group_size,
+                     group_timeout_s=args.group_timeout, partial_policy=args.partial_policy)
+    _nested_override(data, "mixture", batch_size=args.batch_size, batch_unit=args.batch_unit)
+    _nested_override(data, "filtering", max_staleness=args.max_staleness)
+    return build(AssemblerApp.Config, data, where=f"{source}: assembler")
+
+
+def _nested_override(data: dict[str, Any], section: str, **values: Any) -> None:
+    given = {k: v for k, v in values.items() if v is not None}
+    if given:
+        data[section] = {**dict(data.get(section) or {}), **given}
+
+
+def _assemble(args: argparse.Namespace) -> int:
+    from consumers.assembly import AssemblerApp, AssemblyError
+    from infra.config import ConfigError
+
+    try:
+        config = build_config(args)
+        assembler = AssemblerApp(config)
+    except (ConfigError, AssemblyError) as exc:
+        logging.getLogger("stacx.assemble").error("%s", exc)
+        return 2
+    return assembler.run(loglevel=args.loglevel)

@@ -1,0 +1,72 @@
+"""Stage 2 on plain dicts: mixture across models, stale eviction, state cleanup."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from consumers.assembly import (
+    AssemblyStats,
+    BatchBuilder,
+    MixturePlanner,
+    ReadyGroup,
+    SampleFilter,
+    encode_group,
+)
+from consumers.assembly.testing import make_trajectory
+from schemas.codec import encode
+
+
+def _group(group_id: str, *, model: str = "policy", task: str = "math", version: int = 0) -> bytes:
+    trajs = [make_trajectory(group_id, i, model_name=model, task_type=task,
+                             policy_version=version) for i in range(2)]
+    return encode_group(ReadyGroup(group_id=group_id, model_name=model, task_type=task,
+                                   group_size=2, min_policy_version=version,
+                                   payloads=[encode(t) for t in trajs]))
+
+
+def _builder(latest: dict[str, int] | None = None, **mixture: Any) -> tuple[BatchBuilder, dict]:
+    state: dict[str, Any] = {"pool": {}, "index": {}, "packed": {}}
+    builder = BatchBuilder(
+        BatchBuilder.Config(packed_ttl_s=10),
+        planner=MixturePlanner(MixturePlanner.Config(**mixture)),
+        sample_filter=SampleFilter(SampleFilter.Config(max_staleness=1), {} if latest is None else latest),
+        stats=AssemblyStats(),
+        **state,
+    )
+    return builder, state
+
+
+def test_batches_never_mix_models() -> None:
+    builder, state = _builder(batch_size=2)
+    assert builder.on_group(_group("a", model="m1"), now_ms=1) == []
+    assert builder.on_group(_group("b", model="m2"), now_ms=1) == []
+    (batch,) = builder.on_group(_group("c", model="m1"), now_ms=1)
+    assert batch.model_name == "m1" and set(batch.group_ids) == {"a", "c"}
+    assert list(state["pool"]) == ["b"] and set(state["packed"]) == {"a", "c"}
+
+
+def test_mixture_by_task_type_carries_surplus() -> None:
+    builder, _ = _builder(batch_size=2, task_ratios={"math": 1, "code": 1})
+    assert builder.on_group(_group("m1"), now_ms=1) == []
+    assert builder.on_group(_group("m2"), now_ms=1) == []
+    (batch,) = builder.on_group(_group("c1", task="code"), now_ms=1)
+    assert sorted(set(batch.group_ids)) == ["c1", "m1"]
+    (batch2,) = builder.on_group(_group("c2", task="code"), now_ms=1)
+    assert sorted(set(batch2.group_ids)) == ["c2", "m2"]
+
+
+def test_pooled_groups_that_become_stale_are_evicted() -> None:
+    latest: dict[str, int] = {}
+    builder, state = _builder(latest, batch_size=2)
+    builder.on_group(_group("old", version=0), now_ms=1)
+    latest["policy"] = 5
+    assert builder.on_group(_group("new", version=5), now_ms=1) == []
+    assert list(state["pool"]) == ["new"] and state["index"]["policy"][0][0] == "new"
+    assert builder.on_group(_group("late", version=1), now_ms=1) == []  # stale on arrival
+
+
+def test_packed_ids_expire_after_the_ttl() -> None:
+    builder, state = _builder(batch_size=1)
+    builder.on_group(_group("a"), now_ms=1_000)
+    builder.on_group(_group("b"), now_ms=20_000)
+    assert set(state["packed"]) == {"b"}

@@ -1,0 +1,87 @@
+"""Claim checks at the edges, and `stacx assemble` config loading."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from consumers.assembly import (
+    AssemblerApp,
+    BatchEncoder,
+    FailurePolicy,
+    PackedGroup,
+    PartialPolicy,
+    decode_trajectory,
+    pack_batch,
+)
+from consumers.assembly.errors import InvalidTrajectoryError
+from consumers.assembly.testing import make_trajectory
+from infra.commands.assemble import build_config
+from infra.config import ConfigError
+from producers.blobs import FsspecBlobStore
+from schemas.claimcheck import ClaimCheck
+from schemas.codec import decode, encode
+from schemas.records import TrainingBatch, WeightVersion
+
+
+def test_claim_checked_trajectories_are_fetched(tmp_path: Path) -> None:
+    traj = make_trajectory("g", 0)
+    url, digest = FsspecBlobStore(str(tmp_path)).put(encode(traj), prefix="t")
+    claim = ClaimCheck(uri=url, size_bytes=1, sha256=digest, record_type="stacx.Trajectory")
+    assert decode_trajectory(encode(claim)).trajectory_id == traj.trajectory_id
+    with pytest.raises(InvalidTrajectoryError, match="WeightVersion"):
+        decode_trajectory(encode(WeightVersion(model_name="m", version=1, path="/p")))
+
+
+def test_large_batches_leave_through_the_blob_store(tmp_path: Path) -> None:
+    trajs = [make_trajectory("g", i, num_completion=400) for i in range(4)]
+    batch = pack_batch([PackedGroup(group_id="g", trajectories=trajs)], model_name="m")
+    small = BatchEncoder(BatchEncoder.Config(blob_store_url=str(tmp_path)))
+    assert decode(small.encode(batch), TrainingBatch).batch_id == batch.batch_id
+    tight = BatchEncoder(
+        BatchEncoder.Config(claim_check_threshold_bytes=2048, blob_store_url=str(tmp_path))
+    )
+    claim = decode(tight.encode(batch))
+    assert isinstance(claim, ClaimCheck) and claim.record_id == batch.batch_id
+    stored = decode(FsspecBlobStore.get(claim.uri, sha256=claim.sha256), TrainingBatch)
+    assert stored.trajectory_ids == batch.trajectory_ids
+
+
+def _args(**overrides: object) -> argparse.Namespace:
+    names = ["config", "bootstrap", "app_id", "trajectories_topic", "batches_topic",
+             "weights_topic", "dlq_topic", "partitions", "store", "datadir", "web_port",
+             "group_size", "group_timeout", "partial_policy", "batch_size", "batch_unit",
+             "max_staleness"]
+    return argparse.Namespace(**{n: overrides.get(n) for n in names})
+
+
+def test_config_file_and_flags_build_the_component_configs(tmp_path: Path) -> None:
+    path = tmp_path / "asm.yaml"
+    path.write_text(
+        "bootstrap_servers: kafka:9092\n"
+        "assembler:\n"
+        "  app_id: a1\n"
+        "  partitions: 4\n"
+        "  grouping: {group_size: 4, partial_policy: pad}\n"
+        "  filtering: {failure_policy: mask, max_staleness: null}\n"
+        "  mixture: {batch_size: 2, task_ratios: {math: 1, code: 3}}\n"
+    )
+    config = build_config(_args(config=str(path), batch_size=6, group_timeout=9))
+    assert isinstance(config, AssemblerApp.Config)
+    assert config.bootstrap_servers == "kafka:9092" and config.app_id == "a1"
+    assert config.grouping.group_size == 4 and config.grouping.group_timeout_s == 9.0
+    assert config.grouping.partial_policy is PartialPolicy.PAD
+    assert config.filtering.failure_policy is FailurePolicy.MASK
+    assert config.filtering.max_staleness is None
+    assert config.mixture.batch_size == 6 and config.mixture.task_ratios == {"math": 1, "code": 3}
+
+
+def test_config_errors_name_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("assembler:\n  grouping: {group_sise: 4}\n")
+    with pytest.raises(ConfigError, match="group_sise"):
+        build_config(_args(config=str(path)))
+    with pytest.raises(ConfigError, match="group_size"):
+        build_config(_args(group_size=0, partitions=1))

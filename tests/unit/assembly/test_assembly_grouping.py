@@ -1,0 +1,132 @@
+"""Stage 1 on plain dicts: completion, duplicates, late samples, failures, staleness, timeouts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from consumers.assembly import (
+    AssemblyConfigError,
+    AssemblyStats,
+    GroupAssembler,
+    ReadyGroup,
+    SampleFilter,
+)
+from consumers.assembly.testing import make_trajectory
+from schemas.codec import decode, encode
+from schemas.records import Trajectory, TrajectoryStatus
+
+
+class Harness:
+    def __init__(self, latest: dict[str, int] | None = None, **config: Any) -> None:
+        filter_keys = {"failure_policy", "max_staleness", "ok_statuses"}
+        self.stats = AssemblyStats()
+        self.groups: dict[str, Any] = {}
+        self.payloads: dict[str, bytes] = {}
+        self.grouper = GroupAssembler(
+            GroupAssembler.Config(**{k: v for k, v in config.items() if k not in filter_keys}),
+            sample_filter=SampleFilter(
+                SampleFilter.Config(**{k: v for k, v in config.items() if k in filter_keys}),
+                latest or {},
+            ),
+            groups=self.groups,
+            payloads=self.payloads,
+            stats=self.stats,
+        )
+
+    def add(self, traj: Trajectory, now_ms: int = 1000) -> ReadyGroup | None:
+        return self.grouper.on_trajectory(traj, encode(traj), partition=0, now_ms=now_ms)
+
+
+def test_group_completes_at_n_samples_in_sample_order() -> None:
+    h = Harness(group_size=3)
+    samples = [make_trajectory("g", i) for i in (2, 0, 1)]
+    assert h.add(samples[0]) is None and h.add(samples[1]) is None
+    group = h.add(samples[2])
+    assert group is not None and group.closed_reason == "complete"
+    assert [decode(p, Trajectory).sample_index for p in group.payloads] == [0, 1, 2]
+    assert h.payloads == {}  # payloads leave the table once the group closes
+    assert h.stats.groups_complete == 1 and h.stats.kept == 3
+
+
+def test_duplicates_and_late_samples_are_dropped() -> None:
+    h = Harness(group_size=2)
+    first = make_trajectory("g", 0)
+    h.add(first)
+    assert h.add(first) is None
+    assert h.add(make_trajectory("g", 1)) is not None
+    assert h.add(first) is None  # duplicate of a closed group's member
+    assert h.add(make_trajectory("g", 5)) is None  # new sample of a closed group: late
+    assert (h.stats.duplicates, h.stats.late, h.stats.groups_complete) == (2, 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("policy", "flagged", "dropped"), [("drop", 0, 1), ("flag", 1, 0), ("mask", 1, 0)]
+)
+def test_failure_policy(policy: str, flagged: int, dropped: int) -> None:
+    h = Harness(group_size=2, failure_policy=policy)
+    h.add(make_trajectory("g", 0))
+    failed = make_trajectory("g", 1, status=TrajectoryStatus.FAILED)
+    group = h.add(failed)
+    assert group is not None
+    assert len(group.payloads) == 2 - dropped
+    assert group.flagged_ids == ([failed.trajectory_id] if flagged else [])
+    assert (h.stats.failed_flagged, h.stats.failed_dropped) == (flagged, dropped)
+
+
+def test_stale_samples_are_dropped_against_the_latest_version() -> None:
+    h = Harness({"policy": 10}, group_size=2, max_staleness=2)
+    h.add(make_trajectory("g", 0, policy_version=8))
+    group = h.add(make_trajectory("g", 1, policy_version=7))
+    assert group is not None and len(group.payloads) == 1 and group.min_policy_version == 8
+    assert h.stats.stale == 1
+
+
+def test_unknown_model_or_unlimited_staleness_keeps_samples() -> None:
+    h = Harness({"other": 10}, group_size=1, max_staleness=0)
+    assert h.add(make_trajectory("g", 0, policy_version=0)) is not None
+    h2 = Harness({"policy": 10}, group_size=1, max_staleness=None)
+    assert h2.add(make_trajectory("g", 0, policy_version=0)) is not None
+
+
+@pytest.mark.parametrize(("policy", "emitted", "pad_to"), [("drop", False, 0), ("emit", True, 0),
+                                                          ("pad", True, 3)])
+def test_timeout_applies_the_partial_policy(policy: str, emitted: bool, pad_to: int) -> None:
+    h = Harness(group_size=3, group_timeout_s=5, partial_policy=policy)
+    h.add(make_trajectory("g", 0), now_ms=1_000)
+    h.add(make_trajectory("g", 1), now_ms=2_000)
+    assert h.grouper.expire(now_ms=5_999) == []
+    ready = h.grouper.expire(now_ms=6_000)
+    assert len(ready) == int(emitted) and h.stats.groups_timed_out == 1
+    if emitted:
+        assert ready[0].closed_reason == "timeout" and ready[0].pad_to == pad_to
+        assert len(ready[0].payloads) == 2
+    assert h.add(make_trajectory("g", 2), now_ms=7_000) is None and h.stats.late == 1
+
+
+def test_min_group_size_and_partition_scoping() -> None:
+    h = Harness(group_size=4, group_timeout_s=1, min_group_size=2)
+    h.grouper.on_trajectory(make_trajectory("a", 0), b"x", partition=0, now_ms=1)
+    h.grouper.on_trajectory(make_trajectory("b", 0), b"y", partition=1, now_ms=1)
+    assert h.grouper.expire(now_ms=5000, partition=1) == []  # dropped: 1 < min_group_size
+    assert h.groups["a"]["closed_ms"] == 0 and h.groups["b"]["closed_ms"] > 0
+    assert h.stats.groups_dropped == 1
+
+
+def test_closed_groups_are_forgotten_after_the_ttl() -> None:
+    h = Harness(group_size=1, closed_ttl_s=10)
+    h.add(make_trajectory("g", 0), now_ms=1_000)
+    h.grouper.expire(now_ms=10_999)
+    assert "g" in h.groups
+    h.grouper.expire(now_ms=11_000)
+    assert "g" not in h.groups
+
+
+def test_config_errors_name_the_field() -> None:
+    with pytest.raises(AssemblyConfigError, match="grouping.group_size"):
+        GroupAssembler.Config(group_size=0)
+    with pytest.raises(AssemblyConfigError, match="grouping.min_group_size"):
+        GroupAssembler.Config(group_size=2, min_group_size=3)
+    with pytest.raises(AssemblyConfigError, match="filtering.max_staleness"):
+        SampleFilter.Config(max_staleness=-1)
