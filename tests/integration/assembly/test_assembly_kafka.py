@@ -25,7 +25,10 @@ from schemas.validation import record_problems
 
 
 def _produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    # lz4, as EventProducer publishes by default: the Faust worker (aiokafka) must read it.
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "compression.type": "lz4"}
+    )
     for key, value in records:
         producer.produce(topic, key=key, value=value)
     assert producer.flush(30) == 0
