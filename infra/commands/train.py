@@ -1,0 +1,70 @@
+"""`stacx train CONFIG` (run the trainer) and `stacx recipes` (list the shipped recipes)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("train", help="train from stacx.batches with a recipe (FSDP2 or "
+                              "single process); exports weights and publishes WeightVersions")
+    p.add_argument("config", help="trainer YAML (TrainerConfig; or a file with a `trainer:` "
+                   "section), see examples/train/")
+    p.add_argument("--recipe", help="override `recipe`")
+    p.add_argument("--max-steps", type=int, help="override `max_steps`")
+    p.add_argument("--bootstrap", help="Kafka bootstrap servers for the source and publisher")
+    p.add_argument("--topic", help="override `source.topic` (the TrainingBatch topic)")
+    p.add_argument("--group-id", help="override `source.group_id`")
+    p.add_argument("--world-size", type=int, help="spawn this many local ranks (implies fsdp2)")
+    p.add_argument("--replay-from-offset", type=int, help="replay the batch topic from an offset")
+    p.add_argument("--replay-from-timestamp-ms", type=int, help="replay from a time (epoch ms)")
+    p.set_defaults(func=_train)
+    r = subparsers.add_parser("recipes", help="list the registered training recipes")
+    r.set_defaults(func=_recipes)
+
+
+def _apply_overrides(config: Any, args: argparse.Namespace) -> None:
+    if args.recipe:
+        config.recipe = args.recipe
+    if args.max_steps is not None:
+        config.max_steps = args.max_steps
+    if args.bootstrap:
+        config.source.bootstrap_servers = config.export.bootstrap_servers = args.bootstrap
+    if args.topic:
+        config.source.topic = args.topic
+    if args.group_id:
+        config.source.group_id = args.group_id
+    if args.world_size:
+        config.backend.kind, config.backend.world_size = "fsdp2", args.world_size
+    if args.replay_from_offset is not None:
+        config.source.replay_from_offset = args.replay_from_offset
+    if args.replay_from_timestamp_ms is not None:
+        config.source.replay_from_timestamp_ms = args.replay_from_timestamp_ms
+
+
+def _train(args: argparse.Namespace) -> int:
+    from trainer import StacxTrainer, TrainerError, get_recipe, load_config
+
+    try:
+        config = load_config(args.config)
+        _apply_overrides(config, args)
+        get_recipe(config.recipe)  # fail fast on an unknown recipe, before spawning ranks
+        StacxTrainer.launch(config)
+    except TrainerError as exc:
+        log.error("%s", exc)
+        return 1
+    return 0
+
+
+def _recipes(args: argparse.Namespace) -> int:
+    from trainer import list_recipes
+
+    entries = list_recipes()
+    width = max(len(name) for name, _ in entries)
+    for name, description in entries:
+        print(f"{name:<{width}}  {description}")
+    return 0

@@ -1,0 +1,133 @@
+"""Engine behaviour on the single-process backend: validation, commits, resume, export."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from trainer import (
+    BatchValidationError,
+    CheckpointConfig,
+    InMemoryBatchSource,
+    InMemoryWeightPublisher,
+    StacxTrainer,
+)
+from trainer.testing import synthetic_batch, synthetic_batches, tiny_trainer_config
+
+
+def _bad_batch() -> object:
+    batch = synthetic_batch(99)
+    return dataclasses.replace(batch, loss_mask=batch.loss_mask[:-3])
+
+
+def test_batch_with_disagreeing_lengths_is_rejected_and_nothing_committed(tmp_path: Path) -> None:
+    config = tiny_trainer_config("sft", tmp_path)
+    config.checkpoint.every_steps = 2
+    source = InMemoryBatchSource([synthetic_batch(0), _bad_batch()])
+    trainer = StacxTrainer(config, source=source)
+    with pytest.raises(BatchValidationError, match=r"len\(loss_mask\)=\d+ != len\(token_ids\)"):
+        trainer.run(5)
+    assert source.committed == {}
+    assert source.commit_calls == 0
+    assert not (tmp_path / "ckpt" / "latest").exists()
+
+
+def test_per_sequence_field_mismatch_names_the_field() -> None:
+    batch = synthetic_batch(0)
+    bad = dataclasses.replace(batch, rewards=batch.rewards[:-1])
+    trainer = StacxTrainer(tiny_trainer_config("sft"), source=InMemoryBatchSource([bad]))
+    with pytest.raises(BatchValidationError, match=r"len\(rewards\)"):
+        trainer.run(1)
+
+
+class _CheckingSource(InMemoryBatchSource):
+    """Records, at each commit, what the latest checkpoint on disk says."""
+
+    def __init__(self, batches: list, root: Path) -> None:
+        super().__init__(batches)
+        self.root = root
+        self.log: list[tuple[dict, dict]] = []
+
+    def commit(self, positions: dict) -> None:
+        latest = self.root / (self.root / "latest").read_text()
+        state = json.loads((latest / "trainer_state.json").read_text())
+        self.log.append((dict(positions), state["positions"]))
+        super().commit(positions)
+
+
+def test_offsets_are_committed_only_after_a_checkpoint(tmp_path: Path) -> None:
+    config = tiny_trainer_config("sft", tmp_path)
+    config.checkpoint.every_steps = 2
+    source = _CheckingSource(synthetic_batches(3), tmp_path / "ckpt")
+    trainer = StacxTrainer(config, source=source)
+    trainer.run(3)  # checkpoint at step 2, then a final one when run() returns at step 3
+    assert source.log == [({"memory/0": 2}, {"memory/0": 2}), ({"memory/0": 3}, {"memory/0": 3})]
+    assert (tmp_path / "ckpt" / "latest").read_text() == "step_00000003"
+
+
+def test_resume_reproduces_the_next_step_loss(tmp_path: Path) -> None:
+    batches = synthetic_batches(3)
+    config = tiny_trainer_config("grpo", tmp_path)
+    config.optimizer.warmup_steps = 5  # the LR schedule must be restored too
+    first = StacxTrainer(config, source=InMemoryBatchSource(batches))
+    first.run(2)
+    saved = tmp_path / "saved"
+    shutil.copytree(tmp_path / "ckpt", saved)
+    expected = first.run(3)[0]
+    resumed_config = tiny_trainer_config("grpo", tmp_path,
+                                         checkpoint=CheckpointConfig(dir=str(saved)))
+    resumed_config.optimizer.warmup_steps = 5
+    source = InMemoryBatchSource(batches)
+    second = StacxTrainer(resumed_config, source=source)
+    assert second.step_count == 2 and source.next_offset == 2
+    got = second.run(3)[0]
+    assert got.batch_id == expected.batch_id
+    assert got.loss == pytest.approx(expected.loss, rel=1e-6, abs=1e-7)
+    for w in first.models.values():
+        if w.trainable:
+            for (name, p), q in zip(w.module.named_parameters(),  # type: ignore[union-attr]
+                                    second.models[w.slot.name].module.parameters(),  # type: ignore[union-attr]
+                                    strict=True):
+                assert torch.allclose(p, q, atol=1e-6), name
+
+
+def test_replayed_batch_ids_are_recognised_skipped_and_committed(tmp_path: Path) -> None:
+    batches = synthetic_batches(2)
+    source = InMemoryBatchSource([batches[0], batches[1], batches[0]])
+    trainer = StacxTrainer(tiny_trainer_config("sft", tmp_path), source=source)
+    results = trainer.run(5)
+    assert [r.batch_id for r in results] == [batches[0].batch_id, batches[1].batch_id]
+    assert trainer.positions == {"memory/0": 3}
+    assert source.committed == {"memory/0": 3}  # the skipped replay is committed too
+
+
+def test_export_writes_loadable_hf_weights_and_publishes(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_trainer_config("grpo", tmp_path)
+    publisher = InMemoryWeightPublisher()
+    trainer = StacxTrainer(config, source=InMemoryBatchSource(synthetic_batches(2)),
+                           publisher=publisher)
+    trainer.run(2)
+    assert [v.version for v in publisher.published] == [1, 2]
+    path = Path(publisher.published[-1].path)
+    assert path.name == "v00000002" and (path / "model.safetensors").is_file()
+    assert not list(path.parent.glob(".*tmp*"))
+    loaded = AutoModelForCausalLM.from_pretrained(str(path))
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    ours = trainer.models["policy"].module(ids, torch.ones_like(ids)).logits  # type: ignore[misc]
+    assert torch.allclose(loaded(input_ids=ids).logits, ours, atol=1e-5)
+
+
+def test_precomputed_advantages_are_used() -> None:
+    batch = synthetic_batch(0)
+    batch = dataclasses.replace(batch, advantages=np.zeros(batch.num_sequences, np.float32))
+    config = tiny_trainer_config("grpo", role_options={"policy": {"kl_beta": 0.0}})
+    result = StacxTrainer(config, source=InMemoryBatchSource([batch])).run(1)[0]
+    assert result.loss == 0.0

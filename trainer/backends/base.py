@@ -1,0 +1,60 @@
+"""What every backend provides: model placement, collectives and full (gathered) state dicts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer.config import BackendConfig
+
+__all__ = ["Backend"]
+
+
+class Backend:
+    """Single-process semantics; FSDP2Backend overrides placement and the collectives."""
+
+    name = "single"
+
+    def __init__(self, config: BackendConfig) -> None:
+        self.config = config
+        use_cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
+        self.use_cuda = use_cuda
+        self.rank, self.world_size = 0, 1
+        self.device = torch.device("cuda" if use_cuda else "cpu")
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def prepare_model(self, model: nn.Module | None, ranks: list[int]) -> nn.Module | None:
+        """Move (and shard) a model for the ranks that host it; every rank calls it, in order.
+
+        `model` is None on ranks outside `ranks` (they only join the collective setup).
+        """
+        return None if model is None else model.to(self.device)
+
+    def autocast(self) -> Any:
+        """Context for forward passes (bf16 autocast on GPU when mixed precision is asked)."""
+        import contextlib
+
+        if self.config.mixed_precision and self.use_cuda and self.name == "single":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def barrier(self) -> None:
+        pass
+
+    def broadcast_object(self, obj: Any, src: int) -> Any:
+        return obj
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def full_state_dict(self, module: nn.Module) -> dict[str, torch.Tensor]:
+        """Unsharded CPU copy of a module's weights (collective over the module's ranks)."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,97 @@
+"""FSDP2 (`fully_shard`) over torch.distributed: gloo on CPU, NCCL on GPU."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainer.backends.base import Backend
+from trainer.config import BackendConfig
+from trainer.distributed import init_process_group
+
+__all__ = ["FSDP2Backend"]
+
+log = logging.getLogger(__name__)
+
+
+class FSDP2Backend(Backend):
+    """Each model is sharded over the mesh of its worker group; every decoder layer is a unit."""
+
+    name = "fsdp2"
+
+    def __init__(self, config: BackendConfig) -> None:
+        Backend.__init__(self, config)
+        self._owns_group = not dist.is_initialized()
+        self.rank, self.world_size = init_process_group(self.use_cuda)
+        if self.use_cuda:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self._meshes: dict[tuple[int, ...], Any] = {}
+
+    def mesh(self, ranks: list[int]) -> Any:
+        """Device mesh of `ranks` (created collectively: every rank must ask in the same order)."""
+        from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+        key = tuple(ranks)
+        if key not in self._meshes:
+            kind = "cuda" if self.use_cuda else "cpu"
+            self._meshes[key] = (init_device_mesh(kind, (self.world_size,))
+                                 if len(ranks) == self.world_size
+                                 else DeviceMesh(kind, torch.tensor(ranks)))
+        return self._meshes[key]
+
+    def _mp_policy(self) -> Any:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        if not self.config.mixed_precision:
+            return MixedPrecisionPolicy()
+        if not self.use_cuda:
+            log.warning("backend.mixed_precision on CPU: bf16 compute with fp32 reduction")
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+    def prepare_model(self, model: nn.Module | None, ranks: list[int]) -> nn.Module | None:
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = self.mesh(ranks)
+        if model is None or self.rank not in ranks:
+            return None
+        model = model.to(self.device)
+        policy = self._mp_policy()
+        for module in model.modules():
+            if type(module).__name__.endswith("DecoderLayer"):
+                fully_shard(module, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        return model
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def broadcast_object(self, obj: Any, src: int) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        out = tensor.to(self.device if self.use_cuda else "cpu").clone()
+        dist.all_reduce(out)
+        return out.cpu()
+
+    def full_state_dict(self, module: nn.Module) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state: dict[str, torch.Tensor] = get_model_state_dict(module, options=options)  # type: ignore[assignment]
+        return state
+
+    def close(self) -> None:
+        """Leave the process group if this backend created it."""
+        if dist.is_initialized():
+            dist.barrier()
+            if self._owns_group:
+                dist.destroy_process_group()

@@ -1,0 +1,395 @@
+"""StacxTrainer: batches in, optimizer steps, checkpoints, exported weights and WeightVersions out.
+
+Per step (every rank): rank 0 reads a batch and broadcasts it; every role's `prepare_batch` runs on
+the whole batch; roles then run in recipe order, each on its worker group's shard (whole prompt
+groups per rank), and data syncs hand detached outputs to later roles; the summed loss of all
+trainable roles is back-propagated once and each trainable model steps its optimizer.
+Offsets are committed only after the checkpoint that includes the step is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from schemas.records import TrainingBatch, WeightVersion
+from trainer.backends import Backend, build_backend
+from trainer.batch import TensorBatch, to_tensor_batch, validate_batch
+from trainer.checkpoint import CheckpointManager
+from trainer.config import TrainerConfig
+from trainer.distributed import place_groups, spawn
+from trainer.errors import BatchValidationError, ConfigError
+from trainer.export import export_hf, prune_exports
+from trainer.models import ModelConfig, build_model
+from trainer.protocols import BatchSource, Positions, WeightPublisher
+from trainer.publish import build_publisher
+from trainer.recipe import DataSync, ModelSlot, TrainingConfig, get_recipe
+from trainer.sources import build_source
+from trainer.workers import ModelWorker, RoleWorker, build_optimizer
+
+__all__ = ["StacxTrainer", "StepResult"]
+
+log = logging.getLogger(__name__)
+
+MAX_REMEMBERED_BATCH_IDS = 100_000
+
+
+@dataclass(kw_only=True, slots=True)
+class StepResult:
+    """What one optimizer step did (rank 0's view; `loss` is averaged over ranks)."""
+
+    step: int
+    batch_id: str
+    loss: float
+    num_tokens: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class StacxTrainer:
+    """Runs a recipe over a batch source on a backend; see the module docstring."""
+
+    def __init__(self, config: TrainerConfig, *, source: BatchSource | None = None,
+                 publisher: WeightPublisher | None = None, backend: Backend | None = None,
+                 recipe: TrainingConfig | None = None,
+                 on_step: Callable[[StepResult], None] | None = None) -> None:
+        self.config = config
+        self.on_step = on_step
+        """Called on every rank after each step (after its export and checkpoint)."""
+        self.backend = backend or build_backend(config.backend)
+        torch.manual_seed(config.seed)
+        np.random.seed(config.seed)
+        self.recipe = recipe or get_recipe(config.recipe)
+        self.recipe.validate()
+        self.placement = place_groups(self.recipe.groups, self.backend.world_size)
+        self.models = {s.name: self._build_worker(s) for s in self.recipe.models}
+        self.roles = self._build_roles()
+        self.is_leader = self.backend.rank == 0
+        self.source = source if source is not None or not self.is_leader else self._kafka_source()
+        self.publisher = publisher
+        if publisher is None and self.is_leader:
+            self.publisher = build_publisher(config.export, config.trainer_id)
+        self.checkpoints = (CheckpointManager(config.checkpoint, self.backend)
+                            if config.checkpoint.dir else None)
+        self.step_count = 0
+        self.positions: Positions = {}
+        self.trained_batch_ids: list[str] = []
+        self._trained_set: set[str] = set()
+        self._last_checkpoint_step = 0
+        self._checkpointed_positions: Positions = {}
+        self._trace_context: Any = None
+        if self.checkpoints is None:
+            log.warning("checkpoint.dir is not set: consumer offsets will never be committed")
+        elif config.checkpoint.resume:
+            self._resume()
+
+    @classmethod
+    def from_config(cls, config: TrainerConfig, **kwargs: Any) -> StacxTrainer:
+        """Build a trainer (its models, source and publisher) from a TrainerConfig."""
+        return cls(config, **kwargs)
+
+    @staticmethod
+    def launch(config: TrainerConfig, max_steps: int | None = None) -> None:
+        """Run to completion: in this process, or spawned on `backend.world_size` local ranks."""
+        import os
+
+        if config.backend.kind == "fsdp2" and config.backend.world_size > 1 \
+                and "RANK" not in os.environ:
+            spawn(_run_rank, config.backend.world_size, config, max_steps)
+        else:
+            _run_rank(config, max_steps)
+
+    # ----------------------------------------------------------------------------- building
+
+    def _model_config(self, slot: ModelSlot) -> ModelConfig:
+        cfg = self.config.models.get(slot.name) or self.config.models.get(slot.init)
+        if cfg is None:
+            raise ConfigError(f"recipe {self.config.recipe!r} needs models.{slot.init} "
+                              f"(weights of its {slot.name!r} model)")
+        return cfg
+
+    def _build_worker(self, slot: ModelSlot) -> ModelWorker:
+        ranks = self.placement[slot.group]
+        model = build_model(self._model_config(slot), slot.head) \
+            if self.backend.rank in ranks else None
+        if model is not None and not slot.trainable:
+            model.requires_grad_(False).eval()
+        module = self.backend.prepare_model(model, ranks)
+        worker = ModelWorker(slot=slot, ranks=ranks, module=module)
+        if module is not None and slot.trainable:
+            module.train()
+            worker.optimizer, worker.scheduler = build_optimizer(module, self.config.optimizer)
+        return worker
+
+    def _build_roles(self) -> list[RoleWorker]:
+        roles = []
+        for role in self.recipe.roles:
+            worker = RoleWorker(role=role, workers=[self.models[m] for m in role.models])
+            worker.with_options(self.config.role_options.get(role.name, {}))
+            roles.append(worker)
+        groups = {r.role.name: r.group for r in roles}
+        for r in roles:
+            r.full_batch = any(groups[s.target] != r.group and s.source == r.role.name
+                               and self.placement[r.group] != self.placement[groups[s.target]]
+                               for s in self.recipe.syncs)
+        unknown = set(self.config.role_options) - set(groups)
+        if unknown:
+            raise ConfigError(f"role_options names unknown roles {sorted(unknown)}; "
+                              f"recipe {self.config.recipe!r} has {sorted(groups)}")
+        return roles
+
+    def _kafka_source(self) -> BatchSource:
+        return build_source(self.config.source)
+
+    # ----------------------------------------------------------------------------- resume
+
+    def _resume(self) -> None:
+        assert self.checkpoints is not None
+        state = self.checkpoints.load(list(self.models.values()))
+        if state is None:
+            return
+        self.step_count = self._last_checkpoint_step = int(state["step"])
+        self.positions = dict(state["positions"])
+        self._checkpointed_positions = dict(self.positions)
+        self.trained_batch_ids = list(state["trained_batch_ids"])
+        self._trained_set = set(self.trained_batch_ids)
+        if self.is_leader and self.source is not None and self.positions:
+            self.source.seek(self.positions)
+        log.info("resumed at step %d, positions %s", self.step_count, self.positions)
+
+    def trainer_state(self) -> dict[str, Any]:
+        """What a checkpoint stores besides tensors."""
+        return {"step": self.step_count, "version": self.step_count, "positions": self.positions,
+                "trained_batch_ids": self.trained_batch_ids[-MAX_REMEMBERED_BATCH_IDS:],
+                "recipe": self.config.recipe}
+
+    # ----------------------------------------------------------------------------- the loop
+
+    def run(self, max_steps: int | None = None) -> list[StepResult]:
+        """Train until `max_steps` total steps (or config.max_steps), or the source runs dry."""
+        limit = max_steps if max_steps is not None else self.config.max_steps
+        results: list[StepResult] = []
+        while limit is None or self.step_count < limit:
+            kind, payload = self.backend.broadcast_object(self._next(), src=0)
+            if kind == "stop":
+                break
+            if kind == "error":
+                raise BatchValidationError(payload)
+            if kind == "idle":
+                continue
+            record, position = payload
+            if kind == "skip":
+                self._advance(position)
+                continue
+            with self._step_span(record):
+                results.append(self.train_step(record, position))
+        self._final_checkpoint()
+        return results
+
+    def _next(self) -> tuple[str, Any]:
+        """Rank 0's decision for the next iteration: train, skip (replayed), idle, stop, error."""
+        if not self.is_leader:
+            return ("idle", None)
+        assert self.source is not None, "rank 0 needs a batch source"
+        sourced = self.source.poll(self.config.source.poll_timeout_s)
+        if sourced is None:
+            return ("stop", None) if self.source.exhausted else ("idle", None)
+        position = (sourced.position_key, sourced.offset + 1)
+        self._trace_context = sourced.trace_context
+        if sourced.batch.batch_id in self._trained_set:
+            log.info("batch %s at %s@%d was already trained: skipped", sourced.batch.batch_id,
+                     sourced.position_key, sourced.offset)
+            return ("skip", (None, position))
+        try:
+            validate_batch(sourced.batch)
+        except BatchValidationError as exc:
+            return ("error", f"{exc} (at {sourced.position_key}@{sourced.offset}; "
+                    "nothing was committed)")
+        return ("train", (sourced.batch, position))
+
+    def _step_span(self, record: TrainingBatch) -> Any:
+        """On rank 0, a `trainer.step` span continuing the batch event's trace (WeightVersion
+        events published inside it carry it on)."""
+        if not self.is_leader:
+            return contextlib.nullcontext()
+        from opentelemetry import trace
+
+        return trace.get_tracer("stacx.trainer").start_as_current_span(
+            "trainer.step", context=self._trace_context,
+            attributes={"stacx.batch_id": record.batch_id, "stacx.step": self.step_count + 1,
+                        "stacx.recipe": self.config.recipe})
+
+    def _advance(self, position: tuple[str, int] | None) -> None:
+        if position is not None:
+            self.positions[position[0]] = position[1]
+
+    def train_step(self, record: TrainingBatch,
+                   position: tuple[str, int] | None = None) -> StepResult:
+        """One optimizer step on `record` (all ranks), then export/publish and checkpoint/commit."""
+        full = to_tensor_batch(record)
+        loss, metrics = self._forward_backward(full)
+        self._optimizer_step()
+        self.step_count += 1
+        self._advance(position)
+        self.trained_batch_ids.append(record.batch_id)
+        self._trained_set.add(record.batch_id)
+        result = StepResult(step=self.step_count, batch_id=record.batch_id, loss=loss,
+                            num_tokens=full.num_tokens, metrics=metrics)
+        if self.is_leader:
+            log.info("step %d batch %s loss %.5f tokens %d", result.step, record.batch_id, loss,
+                     result.num_tokens)
+        self._maybe_export(record)
+        self._maybe_checkpoint()
+        if self.on_step is not None:
+            self.on_step(result)
+        return result
+
+    # ----------------------------------------------------------------------------- one step
+
+    def _rows(self, full: TensorBatch, group: str, whole: bool) -> torch.Tensor | None:
+        """Sequence rows this rank computes for `group` (None: not a member)."""
+        ranks = self.placement[group]
+        if self.backend.rank not in ranks:
+            return None
+        if whole or len(ranks) == 1:
+            return torch.arange(full.num_sequences)
+        n, i = len(ranks), ranks.index(self.backend.rank)
+        num_groups = int(full.group_index.max().item()) + 1
+        key = full.group_index if num_groups >= n else torch.arange(full.num_sequences)
+        return torch.nonzero(key % n == i).squeeze(-1)
+
+    def _forward_backward(self, full: TensorBatch) -> tuple[float, dict[str, float]]:
+        for rw in self.roles:
+            full = rw.specialization.prepare_batch(full)
+        synced: dict[str, dict[str, torch.Tensor]] = {}
+        bases: dict[tuple[str, bool], TensorBatch] = {}
+        losses: list[torch.Tensor] = []
+        metrics: dict[str, float] = {}
+        device = self.backend.device
+        for rw in self.roles:
+            rows = self._rows(full, rw.group, rw.full_batch)
+            outputs: dict[str, torch.Tensor] = {}
+            if rows is not None:
+                key = (rw.group, rw.full_batch)
+                if key not in bases:
+                    bases[key] = full.select(rows).to(device)
+                extras = {f: t[rows.to(t.device)].to(device)
+                          for f, t in synced.get(rw.role.name, {}).items()}
+                with self.backend.autocast():
+                    outputs, loss, role_metrics = rw.run(bases[key].with_extras(**extras))
+                if loss is not None:
+                    losses.append(loss)
+                    metrics.update({f"{rw.role.name}/{k}": v for k, v in role_metrics.items()})
+            for sync in (s for s in self.recipe.syncs if s.source == rw.role.name):
+                value = self._sync(rw, sync, outputs, rows, full.num_sequences)
+                if value is not None:
+                    synced.setdefault(sync.target, {})[sync.field] = value
+        total = torch.stack(losses).sum() if losses else None
+        if total is not None:
+            total.backward()
+        stats = torch.tensor([total.item() if total is not None else 0.0, float(bool(losses))])
+        stats = self.backend.all_reduce_sum(stats)
+        for worker in self.models.values():
+            worker.reset()
+        return float(stats[0] / stats[1].clamp(min=1.0)), metrics
+
+    def _sync(self, rw: RoleWorker, sync: DataSync, outputs: dict[str, torch.Tensor],
+              rows: torch.Tensor | None, num_sequences: int) -> torch.Tensor | None:
+        """Full-batch-sized detached copy of a role output for the sync's target role."""
+        if rw.full_batch:
+            src = rw.ranks[0]
+            local = outputs[sync.output].detach().cpu() if self.backend.rank == src else None
+            return self.backend.broadcast_object(local, src=src)  # type: ignore[no-any-return]
+        if rows is None:
+            return None
+        value = outputs[sync.output].detach()
+        buf = torch.zeros((num_sequences, *value.shape[1:]), dtype=value.dtype, device=value.device)
+        buf[rows.to(value.device)] = value
+        return buf
+
+    def _optimizer_step(self) -> None:
+        max_norm = self.config.optimizer.max_grad_norm
+        for worker in self.models.values():
+            if worker.optimizer is None or worker.module is None:
+                continue
+            if max_norm is not None:
+                torch.nn.utils.clip_grad_norm_(worker.module.parameters(), max_norm)
+            worker.optimizer.step()
+            worker.scheduler.step()
+            worker.optimizer.zero_grad(set_to_none=True)
+
+    # ----------------------------------------------------------------------------- outputs
+
+    def _maybe_export(self, record: TrainingBatch) -> None:
+        cfg = self.config.export
+        if cfg.dir is None or self.step_count % cfg.every_steps != 0:
+            return
+        worker = self.models[self.recipe.publish]
+        if 0 not in worker.ranks:
+            raise ConfigError(f"the published slot {worker.slot.name!r} must include rank 0")
+        state = self.backend.full_state_dict(worker.module) if worker.module is not None else {}
+        if self.is_leader:
+            self._write_and_publish(worker, state, record)
+        self.backend.barrier()
+
+    def _write_and_publish(self, worker: ModelWorker, state: dict[str, torch.Tensor],
+                           record: TrainingBatch) -> None:
+        cfg = self.config.export
+        assert cfg.dir is not None and worker.module is not None
+        root = Path(cfg.dir) / cfg.model_name
+        model_cfg = self._model_config(worker.slot)
+        path = export_hf(state, worker.module.config, root / f"v{self.step_count:08d}",
+                         tokenizer_dir=model_cfg.path)
+        prune_exports(root, cfg.keep_last)
+        if self.publisher is not None:
+            self.publisher.publish(WeightVersion(
+                model_name=cfg.model_name, version=self.step_count, path=str(path.resolve()),
+                step=self.step_count, trainer_id=self.config.trainer_id,
+                metadata={"recipe": self.config.recipe, "batch_id": record.batch_id}))
+
+    def _maybe_checkpoint(self) -> None:
+        if self.checkpoints is None or self.step_count % self.config.checkpoint.every_steps != 0:
+            return
+        self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        assert self.checkpoints is not None
+        self.checkpoints.save(self.step_count, list(self.models.values()), self.trainer_state())
+        self._last_checkpoint_step = self.step_count
+        self._checkpointed_positions = dict(self.positions)
+        if self.is_leader and self.source is not None and self.positions:
+            self.source.commit(dict(self.positions))
+
+    def _final_checkpoint(self) -> None:
+        behind = self.step_count > self._last_checkpoint_step or \
+            self.positions != self._checkpointed_positions  # e.g. only replays were skipped
+        if self.checkpoints is not None and behind:
+            self._checkpoint()
+
+    def close(self) -> None:
+        """Close the source and publisher and leave the process group."""
+        if self.source is not None:
+            self.source.close()
+        if self.publisher is not None:
+            self.publisher.close()
+        self.backend.close()
+
+    def __enter__(self) -> StacxTrainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _run_rank(config: TrainerConfig, max_steps: int | None) -> None:
+    trainer = StacxTrainer.from_config(config)
+    try:
+        trainer.run(max_steps)
+    finally:
+        trainer.close()

@@ -1,0 +1,158 @@
+"""Declarative recipes: model slots, roles with their specializations, and data syncs.
+
+A recipe is data. `@recipe("name")` registers a function returning a `TrainingConfig`; the trainer
+builds one model per slot, one worker per role and moves role outputs along the data syncs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from trainer.errors import RecipeError
+from trainer.models import Head
+from trainer.protocols import Specialization
+
+__all__ = [
+    "DataSync",
+    "ModelSlot",
+    "Role",
+    "TrainingConfig",
+    "get_recipe",
+    "list_recipes",
+    "recipe",
+]
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelSlot:
+    """One set of weights. Several roles may share a slot (shared weights)."""
+
+    name: str
+    """Slot name (`policy`, `reference`, `critic`, `reward`, `teacher`, ...)."""
+    head: Head = "lm"
+    """`lm` (logits), `value` (scalar per position) or `lm+value` (both, one trunk)."""
+    trainable: bool = True
+    """Frozen slots only run forward passes (no optimizer, not checkpointed)."""
+    init: str = "policy"
+    """Key of `TrainerConfig.models` whose weights initialise this slot."""
+    group: str = "main"
+    """Worker group (set of ranks) that hosts this model."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Role:
+    """A job done with one or more models: its specialization says how."""
+
+    name: str
+    """Role name (`policy`, `reference`, `critic`, `reward`, `teacher`)."""
+    specialization: Specialization
+    """Algorithm-specific batch preparation, output extraction and loss."""
+    models: tuple[str, ...] = ("policy",)
+    """Slots filling this role: outputs are averaged, losses summed (ensembles)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class DataSync:
+    """Send a role's (detached) output to another role, e.g. reference logprobs -> policy."""
+
+    source: str
+    """Role producing the tensor."""
+    output: str
+    """Key in the source role's `extract_model_output` result."""
+    target: str
+    """Role receiving it (in `batch.extras`)."""
+    field: str
+    """Name in the target's `batch.extras`."""
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainingConfig:
+    """A complete algorithm: which models exist, which roles use them, what flows between them."""
+
+    description: str = ""
+    """One line shown by `stacx recipes`."""
+    models: list[ModelSlot]
+    roles: list[Role]
+    """Run in this order each step: sources of a data sync come before its target."""
+    syncs: list[DataSync] = field(default_factory=list)
+    groups: dict[str, int] = field(default_factory=lambda: {"main": 0})
+    """Ranks per worker group; 0 = all ranks left over. Too few ranks: everything is colocated."""
+    publish: str = "policy"
+    """Slot whose weights are exported and announced as a WeightVersion."""
+
+    def slot(self, name: str) -> ModelSlot:
+        for s in self.models:
+            if s.name == name:
+                return s
+        raise RecipeError(f"no model slot {name!r}; slots are {[s.name for s in self.models]}")
+
+    def validate(self) -> None:
+        """Raise RecipeError listing every inconsistency at once."""
+        errors: list[str] = []
+        slots = {s.name for s in self.models}
+        seen: list[str] = []
+        for role in self.roles:
+            errors += [f"role {role.name!r} uses unknown slot {m!r}" for m in role.models
+                       if m not in slots]
+            if role.name in seen:
+                errors.append(f"role {role.name!r} is declared twice")
+            seen.append(role.name)
+        for s in self.models:
+            if s.group not in self.groups:
+                errors.append(f"slot {s.name!r} is in undeclared group {s.group!r}")
+        for sync in self.syncs:
+            if sync.source not in seen or sync.target not in seen:
+                errors.append(f"sync {sync.source}->{sync.target}: unknown role")
+            elif seen.index(sync.source) >= seen.index(sync.target):
+                errors.append(f"sync {sync.source}->{sync.target}: source must run before target")
+        if self.publish not in slots:
+            errors.append(f"publish={self.publish!r} is not a slot")
+        if errors:
+            raise RecipeError("invalid recipe: " + "; ".join(errors))
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    name: str
+    description: str
+    factory: Callable[[], TrainingConfig]
+
+
+_RECIPES: dict[str, _Entry] = {}
+
+
+def recipe(name: str) -> Callable[[Callable[[], TrainingConfig]], Callable[[], TrainingConfig]]:
+    """Register a recipe factory; its docstring's first line is the description."""
+
+    def register(factory: Callable[[], TrainingConfig]) -> Callable[[], TrainingConfig]:
+        if name in _RECIPES:
+            raise RecipeError(f"recipe {name!r} is registered twice")
+        doc = (factory.__doc__ or "").strip().splitlines()
+        _RECIPES[name] = _Entry(name, doc[0] if doc else "", factory)
+        return factory
+
+    return register
+
+
+def _load_builtin() -> None:
+    import trainer.recipes  # noqa: F401  (registers the shipped recipes)
+
+
+def get_recipe(name: str) -> TrainingConfig:
+    """A fresh, validated TrainingConfig of a registered recipe."""
+    _load_builtin()
+    if name not in _RECIPES:
+        raise RecipeError(f"unknown recipe {name!r}; known: {sorted(_RECIPES)} "
+                          "(list them with `stacx recipes`)")
+    config = _RECIPES[name].factory()
+    if not config.description:
+        config.description = _RECIPES[name].description
+    config.validate()
+    return config
+
+
+def list_recipes() -> list[tuple[str, str]]:
+    """(name, one-line description) of every registered recipe, sorted by name."""
+    _load_builtin()
+    return [(e.name, e.description) for e in sorted(_RECIPES.values(), key=lambda e: e.name)]

@@ -1,0 +1,41 @@
+"""GSPO: sequence-level importance ratios and clipping."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trainer.batch import TensorBatch
+from trainer.losses import group_advantages, gspo_loss
+from trainer.recipe import ModelSlot, Role, TrainingConfig, recipe
+from trainer.specialization import TokenLogprobs, behaviour_logprobs
+
+
+@dataclass(kw_only=True, slots=True)
+class GSPO(TokenLogprobs):
+    """Length-normalised sequence ratio, clipped in a narrow band (GSPO paper defaults)."""
+
+    clip_low: float = 3e-4
+    clip_high: float = 4e-4
+
+    def prepare_batch(self, batch: TensorBatch) -> TensorBatch:
+        adv = batch.advantages
+        if adv is None:
+            adv = group_advantages(batch.rewards, batch.group_index)
+        return batch.with_extras(advantages=adv)  # [B]
+
+    def compute_loss(self, outputs: dict[str, torch.Tensor],
+                     batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        logp = outputs["logprobs"]  # [B, T]
+        return gspo_loss(logp, behaviour_logprobs(logp, batch), batch.extras["advantages"],
+                         batch.loss_mask, clip_low=self.clip_low, clip_high=self.clip_high)
+
+
+@recipe("gspo")
+def gspo() -> TrainingConfig:
+    """GSPO: group advantages with sequence-level importance ratio and clipping."""
+    return TrainingConfig(
+        models=[ModelSlot(name="policy")],
+        roles=[Role(name="policy", specialization=GSPO())],
+    )

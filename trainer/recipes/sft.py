@@ -1,0 +1,30 @@
+"""Supervised fine-tuning."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trainer.batch import TensorBatch
+from trainer.losses import nll_loss
+from trainer.recipe import ModelSlot, Role, TrainingConfig, recipe
+from trainer.specialization import TokenLogprobs
+
+
+@dataclass(kw_only=True, slots=True)
+class SFT(TokenLogprobs):
+    """Negative log-likelihood of the loss-masked tokens."""
+
+    def compute_loss(self, outputs: dict[str, torch.Tensor],
+                     batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        return nll_loss(outputs["logprobs"], batch.loss_mask)  # [B, T]
+
+
+@recipe("sft")
+def sft() -> TrainingConfig:
+    """Supervised fine-tuning: mean NLL of the loss-masked tokens."""
+    return TrainingConfig(
+        models=[ModelSlot(name="policy")],
+        roles=[Role(name="policy", specialization=SFT())],
+    )
