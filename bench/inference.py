@@ -53,8 +53,13 @@ def _direct_once(model: Any, batch: int, args: argparse.Namespace) -> float:
 
     ids = torch.tensor(_prompts(batch, args.prompt_tokens))
     start = time.perf_counter()
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
-                         min_new_tokens=args.new_tokens, do_sample=False)
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=args.new_tokens,
+        min_new_tokens=args.new_tokens,
+        do_sample=False,
+    )
     assert out.shape[1] == ids.shape[1] + args.new_tokens
     return batch * args.new_tokens / (time.perf_counter() - start)
 
@@ -64,31 +69,33 @@ async def _server_once(client: Any, batch: int, args: argparse.Namespace) -> flo
 
     params = SamplingParams(max_new_tokens=args.new_tokens, temperature=0.0, ignore_eos=True)
     start = time.perf_counter()
-    results = await asyncio.gather(*[client.generate(p, params)
-                                     for p in _prompts(batch, args.prompt_tokens)])
+    results = await asyncio.gather(*[client.generate(p, params) for p in _prompts(batch, args.prompt_tokens)])
     tokens = sum(len(r.output_ids) for r in results)
     assert tokens == batch * args.new_tokens
     return tokens / (time.perf_counter() - start)
 
 
-def _throughput(model: Any, client: Any, loop: asyncio.AbstractEventLoop,
-                args: argparse.Namespace) -> tuple[dict[int, float], dict[int, float]]:
+def _throughput(
+    model: Any, client: Any, loop: asyncio.AbstractEventLoop, args: argparse.Namespace
+) -> tuple[dict[int, float], dict[int, float]]:
     """Best of `repeats` runs per side, the two sides interleaved so load drifts hit both."""
     served: dict[int, float] = {}
     direct: dict[int, float] = {}
     for batch in BATCH_SIZES:
         _direct_once(model, batch, args)  # warm-up
         loop.run_until_complete(_server_once(client, batch, args))
-        runs = [(_direct_once(model, batch, args),
-                 loop.run_until_complete(_server_once(client, batch, args)))
-                for _ in range(args.repeats)]
+        runs = [
+            (_direct_once(model, batch, args), loop.run_until_complete(_server_once(client, batch, args)))
+            for _ in range(args.repeats)
+        ]
         direct[batch] = max(d for d, _ in runs)
         served[batch] = max(s for _, s in runs)
     return served, direct
 
 
-def _swap_latencies(model: Any, client: Any, loop: asyncio.AbstractEventLoop, dirs: list[Path],
-                    repeats: int) -> tuple[float, float]:
+def _swap_latencies(
+    model: Any, client: Any, loop: asyncio.AbstractEventLoop, dirs: list[Path], repeats: int
+) -> tuple[float, float]:
     """Median (server, direct) seconds to put a checkpoint in place, interleaved."""
     from safetensors.torch import load_file
 
@@ -115,14 +122,21 @@ def main() -> int:
     from rollout.inference import BatchingEngine, InferenceClient, InferenceServer, load_model
     from rollout.models import make_tiny_model
 
-    shape = {"hidden_size": args.hidden_size, "intermediate_size": args.intermediate_size,
-             "num_hidden_layers": args.layers, "num_attention_heads": 8, "num_key_value_heads": 4}
+    shape = {
+        "hidden_size": args.hidden_size,
+        "intermediate_size": args.intermediate_size,
+        "num_hidden_layers": args.layers,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+    }
     with tempfile.TemporaryDirectory(prefix="stacx-bench-") as tmp:
         dirs = [make_tiny_model(Path(tmp) / f"seed{s}", seed=s, **shape) for s in (0, 1)]
         model, _ = load_model(dirs[0], device="cpu")
-        server = InferenceServer(InferenceServer.Config(
-            model_path=str(dirs[0]), port=0, device="cpu",
-            engine=BatchingEngine.Config(max_batch_size=64)))
+        server = InferenceServer(
+            InferenceServer.Config(
+                model_path=str(dirs[0]), port=0, device="cpu", engine=BatchingEngine.Config(max_batch_size=64)
+            )
+        )
         server.start()
         loop = asyncio.new_event_loop()
         client = InferenceClient(InferenceClient.Config(base_url=server.base_url))
@@ -136,9 +150,13 @@ def main() -> int:
         size_mb = (dirs[0] / "model.safetensors").stat().st_size / 1e6
     figures = {
         "benchmark": "inference",
-        "model": {**shape, "parameters": sum(p.numel() for p in model.parameters()),
-                  "safetensors_mb": round(size_mb, 1)},
-        "new_tokens": args.new_tokens, "prompt_tokens": args.prompt_tokens,
+        "model": {
+            **shape,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "safetensors_mb": round(size_mb, 1),
+        },
+        "new_tokens": args.new_tokens,
+        "prompt_tokens": args.prompt_tokens,
         "torch_threads": args.threads,
         "server_tokens_per_s": {str(b): round(v, 1) for b, v in served.items()},
         "direct_generate_tokens_per_s": {str(b): round(v, 1) for b, v in direct.items()},
@@ -148,12 +166,14 @@ def main() -> int:
         "swap_ratio": round(server_swap / direct_swap, 3),
         "swap_target": SWAP_TARGET,
     }
-    figures["meets_targets"] = (figures["throughput_ratio"] >= THROUGHPUT_TARGET
-                                and figures["swap_ratio"] <= SWAP_TARGET)
+    figures["meets_targets"] = (
+        figures["throughput_ratio"] >= THROUGHPUT_TARGET and figures["swap_ratio"] <= SWAP_TARGET
+    )
     if not args.json:
         for batch in BATCH_SIZES:
-            print(f"batch {batch:>2}: server {served[batch]:8.1f} tok/s   "
-                  f"generate {direct[batch]:8.1f} tok/s")
+            print(
+                f"batch {batch:>2}: server {served[batch]:8.1f} tok/s   generate {direct[batch]:8.1f} tok/s"
+            )
         print(f"swap: server {server_swap * 1000:.1f} ms   direct {direct_swap * 1000:.1f} ms")
     print(json.dumps(figures))
     return 0

@@ -79,15 +79,19 @@ class WeightSubscriber:
 
         def __post_init__(self) -> None:
             if not self.model_name:
-                raise ValueError("WeightSubscriber.Config.model_name is empty: name the model "
-                                 "whose versions to follow (the Kafka key on stacx.weights)")
+                raise ValueError(
+                    "WeightSubscriber.Config.model_name is empty: name the model "
+                    "whose versions to follow (the Kafka key on stacx.weights)"
+                )
 
-    def __init__(self, config: Config, source: EventSource | None = None,
-                 transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self, config: Config, source: EventSource | None = None, transport: httpx.BaseTransport | None = None
+    ) -> None:
         self.config = config
         self._source = source if source is not None else self._default_source()
-        self._http = httpx.Client(base_url=config.server_url, timeout=config.request_timeout_s,
-                                  transport=transport)
+        self._http = httpx.Client(
+            base_url=config.server_url, timeout=config.request_timeout_s, transport=transport
+        )
         self.applied: WeightVersion | None = None
         """Latest version confirmed on the server."""
         self.num_ignored = 0
@@ -97,10 +101,15 @@ class WeightSubscriber:
         from consumers.event_consumer import EventConsumer
 
         group = self.config.group_id or f"stacx-weights-{self.config.model_name}-{uuid.uuid4().hex[:8]}"
-        return EventConsumer(EventConsumer.Config(
-            bootstrap_servers=self.config.bootstrap_servers, group_id=group,
-            topics=[self.config.topic], client_id=f"stacx-weights-{self.config.model_name}",
-            auto_offset_reset="earliest"))
+        return EventConsumer(
+            EventConsumer.Config(
+                bootstrap_servers=self.config.bootstrap_servers,
+                group_id=group,
+                topics=[self.config.topic],
+                client_id=f"stacx-weights-{self.config.model_name}",
+                auto_offset_reset="earliest",
+            )
+        )
 
     # -- following -----------------------------------------------------------------------------
 
@@ -117,8 +126,11 @@ class WeightSubscriber:
             if self._source.assignment() and self._source.total_lag() == 0:
                 break
         else:
-            log.warning("catch-up on %s stopped after %.0fs before reaching the end",
-                        self.config.topic, self.config.catch_up_timeout_s)
+            log.warning(
+                "catch-up on %s stopped after %.0fs before reaching the end",
+                self.config.topic,
+                self.config.catch_up_timeout_s,
+            )
         if latest is not None and self._is_newer(latest, self.applied):
             self.apply(latest)
         return self.applied
@@ -168,26 +180,35 @@ class WeightSubscriber:
         """Load `version` on the server and confirm it; raises `WeightUpdateError`."""
         expected = str(version.version)
         if self.server_version() != expected:
-            body = {"model_path": version.path, "weight_version": expected,
-                    "abort_all_requests": self.config.abort_running}
+            body = {
+                "model_path": version.path,
+                "weight_version": expected,
+                "abort_all_requests": self.config.abort_running,
+            }
             answer = self._request("POST", "/update_weights_from_disk", body)
             if answer.get("success") is False:
                 raise WeightUpdateError(
                     f"server refused {version.model_name} v{expected} from {version.path}: "
-                    f"{answer.get('message')}")
+                    f"{answer.get('message')}"
+                )
             reported = self.server_version()
             if reported != expected:
                 raise WeightUpdateError(
-                    f"server reports weight_version {reported!r} after loading v{expected}")
+                    f"server reports weight_version {reported!r} after loading v{expected}"
+                )
         self.applied = version
-        log.info("server %s now serves %s v%s (%s)", self.config.server_url,
-                 version.model_name, expected, version.path)
+        log.info(
+            "server %s now serves %s v%s (%s)",
+            self.config.server_url,
+            version.model_name,
+            expected,
+            version.path,
+        )
 
     def server_version(self) -> str:
         return str(self._request("GET", "/get_model_info").get("weight_version"))
 
-    def _request(self, method: str, path: str, body: dict[str, Any] | None = None
-                 ) -> dict[str, Any]:
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         delay = self.config.backoff_s
         problem = ""
         for _ in range(self.config.max_attempts):
@@ -201,9 +222,11 @@ class WeightSubscriber:
                 problem = f"HTTP {response.status_code}"
             time.sleep(delay)
             delay *= 2
-        raise WeightUpdateError(f"{method} {self.config.server_url}{path} failed "
-                                f"{self.config.max_attempts} times (last: {problem})",
-                                retriable=True)
+        raise WeightUpdateError(
+            f"{method} {self.config.server_url}{path} failed "
+            f"{self.config.max_attempts} times (last: {problem})",
+            retriable=True,
+        )
 
 
 def _json_body(response: httpx.Response, method: str, path: str) -> dict[str, Any]:
@@ -214,6 +237,8 @@ def _json_body(response: httpx.Response, method: str, path: str) -> dict[str, An
     if not isinstance(body, dict):
         body = {"message": str(body)[:300]}
     if response.status_code >= 400 and "success" not in body:
-        raise WeightUpdateError(f"{method} {path} answered HTTP {response.status_code}: "
-                                f"{body.get('message') or body.get('error') or body}")
+        raise WeightUpdateError(
+            f"{method} {path} answered HTTP {response.status_code}: "
+            f"{body.get('message') or body.get('error') or body}"
+        )
     return body

@@ -58,8 +58,9 @@ def build(cls: type[T], data: Mapping[str, Any], where: str) -> T:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}; "
-                          f"valid fields: {', '.join(sorted(fields))}")
+        raise ConfigError(
+            f"{where}: unknown field(s) {', '.join(unknown)}; valid fields: {', '.join(sorted(fields))}"
+        )
     hints = typing.get_type_hints(cls)
     kwargs = {key: _coerce(value, hints[key], f"{where}.{key}") for key, value in data.items()}
     try:

@@ -5,11 +5,17 @@
             result = await client.exec(session.id, "python3 -c 'print(1)'", timeout_s=10)
 
 Errors come back as the gateway raised them (`sandbox.errors`), e.g. `SessionNotFound`.
+
+Calls that are safe to repeat (session start, reads, uploads, close) are retried with bounded
+exponential backoff when the gateway cannot be reached (connection refused or reset) or answers
+502/503 (`Config.max_retries`); `exec` and `verify_remote` run commands and are never retried.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -38,6 +44,19 @@ __all__ = ["SandboxClient"]
 _EXEC_SLACK_S = 30.0
 """HTTP timeout of an exec beyond its own timeout (queueing, process start, transfer)."""
 
+_RETRY_STATUSES = frozenset({502, 503})
+"""Answers after which a retry-safe call is repeated (backend failure, capacity or proxy)."""
+
+_RETRY_TRANSPORT_ERRORS: tuple[type[httpx.TransportError], ...] = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.ReadError,
+    httpx.WriteError,
+    httpx.RemoteProtocolError,
+)
+"""Connection refused or reset; read and pool timeouts are not retried (the gateway may be busy
+with the very request, e.g. building an image)."""
+
 
 class SandboxClient:
     """Talks to one gateway; safe to share between many concurrent coroutines."""
@@ -57,12 +76,15 @@ class SandboxClient:
         (sandbox.gateway.KEEP_ALIVE_S) so a request never races the server closing it."""
         transport: httpx.AsyncBaseTransport | None = None
         """Custom transport (e.g. `httpx.ASGITransport(app)` to call a gateway in-process)."""
+        max_retries: int = 3
+        """Retries of a retry-safe call after a connection error or a 502/503 (0 disables)."""
+        retry_backoff_s: float = 0.2
+        """Delay before the first retry; doubled for each further one (with jitter)."""
+        retry_backoff_max_s: float = 5.0
+        """Upper bound of one retry delay."""
 
     def __init__(self, config: Config) -> None:
-        if not config.base_url.startswith(("http://", "https://")):
-            raise InvalidSpec(
-                f"SandboxClient.Config.base_url must start with http:// or https://, got {config.base_url!r}"
-            )
+        _validate(config)
         self.config = config
         headers = {"Authorization": f"Bearer {config.token}"} if config.token else {}
         limits = httpx.Limits(
@@ -88,43 +110,62 @@ class SandboxClient:
         """Close the connection pool (sessions stay open)."""
         await self._http.aclose()
 
-    async def _request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
-        try:
-            response = await self._http.request(method, url, **kwargs)
-        except httpx.TimeoutException as exc:
-            raise BackendError(f"{method} {url}: the gateway did not answer in time ({exc})") from exc
-        except httpx.TransportError as exc:
-            raise BackendError(
-                f"{method} {url}: cannot reach the gateway at {self.config.base_url} "
-                f"({type(exc).__name__}: {exc})"
-            ) from exc
-        if response.is_success:
-            return response
-        raise _error_from(response)
+    async def _request(self, method: str, url: str, *, retry: bool = False, **kwargs: Any) -> httpx.Response:
+        """One call; with `retry=True` (only for calls safe to repeat) connection errors and
+        502/503 answers are retried up to `Config.max_retries` times."""
+        attempts = 1 + (self.config.max_retries if retry else 0)
+        for attempt in range(attempts):
+            last = attempt == attempts - 1
+            try:
+                response = await self._http.request(method, url, **kwargs)
+            except _RETRY_TRANSPORT_ERRORS as exc:
+                if last:
+                    raise self._unreachable(method, url, exc, attempts) from exc
+            except httpx.TimeoutException as exc:
+                raise BackendError(f"{method} {url}: the gateway did not answer in time ({exc})") from exc
+            except httpx.TransportError as exc:
+                raise self._unreachable(method, url, exc, attempt + 1) from exc
+            else:
+                if response.is_success:
+                    return response
+                if last or response.status_code not in _RETRY_STATUSES:
+                    raise _error_from(response)
+            await asyncio.sleep(_backoff_delay(self.config, attempt))
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _unreachable(self, method: str, url: str, exc: Exception, attempts: int) -> BackendError:
+        tries = f" after {attempts} attempts" if attempts > 1 else ""
+        return BackendError(
+            f"{method} {url}: cannot reach the gateway at {self.config.base_url}{tries} "
+            f"({type(exc).__name__}: {exc})"
+        )
 
     # -- sessions --------------------------------------------------------------------------------
     async def health(self) -> Health:
-        return Health.model_validate((await self._request("GET", "/healthz")).json())
+        return Health.model_validate((await self._request("GET", "/healthz", retry=True)).json())
 
     async def metrics(self) -> str:
-        return (await self._request("GET", "/metrics")).text
+        return (await self._request("GET", "/metrics", retry=True)).text
 
     async def create_session(self, spec: SessionSpec | None = None, **fields: Any) -> SessionInfo:
         """Start a session; pass a `SessionSpec` or its fields (`image=`, `task_dir=`, ...)."""
         spec = spec or _model(SessionSpec, fields)
-        response = await self._request("POST", "/v1/sessions", json=spec.model_dump(exclude_none=True))
+        body = spec.model_dump(exclude_none=True)
+        response = await self._request("POST", "/v1/sessions", json=body, retry=True)
         return SessionInfo.model_validate(response.json())
 
     async def get_session(self, session_id: str) -> SessionInfo:
-        return SessionInfo.model_validate((await self._request("GET", f"/v1/sessions/{session_id}")).json())
+        response = await self._request("GET", f"/v1/sessions/{session_id}", retry=True)
+        return SessionInfo.model_validate(response.json())
 
     async def list_sessions(self) -> list[SessionInfo]:
-        return [SessionInfo.model_validate(s) for s in (await self._request("GET", "/v1/sessions")).json()]
+        response = await self._request("GET", "/v1/sessions", retry=True)
+        return [SessionInfo.model_validate(s) for s in response.json()]
 
     async def close_session(self, session_id: str, *, missing_ok: bool = True) -> None:
         """Close a session (already closed or expired is fine unless `missing_ok=False`)."""
         try:
-            await self._request("DELETE", f"/v1/sessions/{session_id}")
+            await self._request("DELETE", f"/v1/sessions/{session_id}", retry=True)
         except SessionNotFound:
             if not missing_ok:
                 raise
@@ -174,13 +215,19 @@ class SandboxClient:
         """Write one file (relative paths are under the session workdir)."""
         content = data.encode() if isinstance(data, str) else data
         response = await self._request(
-            "PUT", f"/v1/sessions/{session_id}/files", params={"path": path, "mode": mode}, content=content
+            "PUT",
+            f"/v1/sessions/{session_id}/files",
+            params={"path": path, "mode": mode},
+            content=content,
+            retry=True,
         )
         return FileWritten.model_validate(response.json())
 
     async def upload_archive(self, session_id: str, dest: str, data: bytes) -> None:
         """Extract a tar archive of plain files and directories into directory `dest`."""
-        await self._request("PUT", f"/v1/sessions/{session_id}/archive", params={"path": dest}, content=data)
+        await self._request(
+            "PUT", f"/v1/sessions/{session_id}/archive", params={"path": dest}, content=data, retry=True
+        )
 
     async def upload_dir(self, session_id: str, local_dir: str | Path, dest: str) -> None:
         """Copy a local directory's content into `dest`."""
@@ -188,12 +235,16 @@ class SandboxClient:
 
     async def download(self, session_id: str, path: str) -> bytes:
         """Bytes of one file; `SandboxFileNotFound` when it does not exist."""
-        response = await self._request("GET", f"/v1/sessions/{session_id}/files", params={"path": path})
+        response = await self._request(
+            "GET", f"/v1/sessions/{session_id}/files", params={"path": path}, retry=True
+        )
         return response.content
 
     async def download_archive(self, session_id: str, path: str) -> bytes:
         """A tar archive of a directory."""
-        response = await self._request("GET", f"/v1/sessions/{session_id}/archive", params={"path": path})
+        response = await self._request(
+            "GET", f"/v1/sessions/{session_id}/archive", params={"path": path}, retry=True
+        )
         return response.content
 
     # -- Harbor tasks ----------------------------------------------------------------------------
@@ -213,6 +264,29 @@ class SandboxClient:
         """Apply the task's solution/solve.sh in the session."""
         loaded = task if isinstance(task, HarborTask) else load_task(task)
         return await run_oracle(self, session_id, loaded)
+
+
+def _backoff_delay(config: SandboxClient.Config, attempt: int) -> float:
+    """Seconds to wait after failed attempt number `attempt` (0-based): exponential, capped at
+    `retry_backoff_max_s`, with jitter in its upper half so that many clients do not retry in step."""
+    ceiling = min(config.retry_backoff_max_s, config.retry_backoff_s * 2.0**attempt)
+    return ceiling * random.uniform(0.5, 1.0)
+
+
+def _validate(config: SandboxClient.Config) -> None:
+    if not config.base_url.startswith(("http://", "https://")):
+        raise InvalidSpec(
+            f"SandboxClient.Config.base_url must start with http:// or https://, got {config.base_url!r}"
+        )
+    if config.max_retries < 0:
+        raise InvalidSpec(
+            f"SandboxClient.Config.max_retries must be >= 0 (0 disables), got {config.max_retries}"
+        )
+    if config.retry_backoff_s < 0 or config.retry_backoff_max_s < config.retry_backoff_s:
+        raise InvalidSpec(
+            "SandboxClient.Config needs 0 <= retry_backoff_s <= retry_backoff_max_s, got "
+            f"{config.retry_backoff_s} and {config.retry_backoff_max_s}"
+        )
 
 
 M = TypeVar("M", bound=BaseModel)

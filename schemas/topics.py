@@ -34,13 +34,21 @@ class TopicSpec:
 
 
 def _compacted() -> dict[str, str]:
-    return {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1",
-            "segment.ms": "600000", "max.message.bytes": str(DEFAULT_MAX_MESSAGE_BYTES)}
+    return {
+        "cleanup.policy": "compact",
+        "min.cleanable.dirty.ratio": "0.1",
+        "segment.ms": "600000",
+        "max.message.bytes": str(DEFAULT_MAX_MESSAGE_BYTES),
+    }
 
 
 def _retained(max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> dict[str, str]:
-    return {"cleanup.policy": "delete", "retention.ms": "-1", "max.message.bytes": str(max_bytes),
-            "compression.type": "producer"}
+    return {
+        "cleanup.policy": "delete",
+        "retention.ms": "-1",
+        "max.message.bytes": str(max_bytes),
+        "compression.type": "producer",
+    }
 
 
 TOPICS: tuple[TopicSpec, ...] = (

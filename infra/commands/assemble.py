@@ -57,8 +57,13 @@ def build_config(args: argparse.Namespace) -> Any:
     for flag, key in _OVERRIDES.items():
         if getattr(args, flag, None) is not None:
             data[key] = getattr(args, flag)
-    _nested_override(data, "grouping", group_size=args.group_size,
-                     group_timeout_s=args.group_timeout, partial_policy=args.partial_policy)
+    _nested_override(
+        data,
+        "grouping",
+        group_size=args.group_size,
+        group_timeout_s=args.group_timeout,
+        partial_policy=args.partial_policy,
+    )
     _nested_override(data, "mixture", batch_size=args.batch_size, batch_unit=args.batch_unit)
     _nested_override(data, "filtering", max_staleness=args.max_staleness)
     return build(AssemblerApp.Config, data, where=f"{source}: assembler")

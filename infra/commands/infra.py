@@ -23,8 +23,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     smoke_ = actions.add_parser("smoke", help="round-trip a record through Kafka, run a sandbox command")
     smoke_.set_defaults(func=_smoke)
     for parser_ in (up, status, smoke_):
-        parser_.add_argument("--config", type=Path, default=None,
-                             help="YAML config; its `bootstrap_servers` selects an existing Kafka cluster")
+        parser_.add_argument(
+            "--config",
+            type=Path,
+            default=None,
+            help="YAML config; its `bootstrap_servers` selects an existing Kafka cluster",
+        )
 
 
 def _say(line: str) -> None:
@@ -38,6 +42,7 @@ def _guarded(fn):  # type: ignore[no-untyped-def]
         except (InfraError, ConfigError) as exc:
             print(f"[stacx infra] error: {exc}", flush=True)
             return 1
+
     return run
 
 
@@ -70,8 +75,10 @@ def _smoke(args: argparse.Namespace) -> int:
     config = _stack_config(args)
     _say(smoke.kafka_round_trip(config.bootstrap))
     _say(smoke.sandbox_command())
-    _say("smoke test passed. The quickstart (`stacx quickstart`) is not built yet: "
-         "this smoke test stands in for it in `make demo`.")
+    _say(
+        "smoke test passed. The quickstart (`stacx quickstart`) is not built yet: "
+        "this smoke test stands in for it in `make demo`."
+    )
     return 0
 
 

@@ -15,8 +15,12 @@ log = logging.getLogger(__name__)
 def register(subparsers: Any) -> None:
     serve = subparsers.add_parser("serve", help="serve a local HF causal LM (SGLang HTTP API)")
     serve.add_argument("--model", required=True, help="local Hugging Face model directory")
-    serve.add_argument("--engine", choices=("builtin", "sglang"), default="builtin",
-                       help="builtin: CPU/CUDA server in this process; sglang: launch SGLang")
+    serve.add_argument(
+        "--engine",
+        choices=("builtin", "sglang"),
+        default="builtin",
+        help="builtin: CPU/CUDA server in this process; sglang: launch SGLang",
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=30000)
     serve.add_argument("--device", default="auto", help="builtin: auto, cpu or cuda[:N]")
@@ -28,8 +32,11 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--threads", type=int, help="builtin: torch CPU threads")
     serve.add_argument("--tp-size", type=int, default=1, help="sglang: tensor-parallel GPUs")
     serve.add_argument("--mem-fraction-static", type=float, help="sglang: GPU memory share")
-    serve.add_argument("--follow-weights", metavar="MODEL_NAME",
-                       help="apply new versions of MODEL_NAME from stacx.weights (Kafka)")
+    serve.add_argument(
+        "--follow-weights",
+        metavar="MODEL_NAME",
+        help="apply new versions of MODEL_NAME from stacx.weights (Kafka)",
+    )
     serve.add_argument("--bootstrap-servers", help="Kafka bootstrap (default: $STACX_KAFKA)")
     serve.set_defaults(func=_serve)
 
@@ -50,10 +57,15 @@ def _models_tiny(args: argparse.Namespace) -> int:
     from rollout.models import ModelFactoryError, make_tiny_model
 
     try:
-        out = make_tiny_model(args.out, seed=args.seed, hidden_size=args.hidden_size,
-                              intermediate_size=args.intermediate_size,
-                              num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                              num_key_value_heads=args.kv_heads)
+        out = make_tiny_model(
+            args.out,
+            seed=args.seed,
+            hidden_size=args.hidden_size,
+            intermediate_size=args.intermediate_size,
+            num_hidden_layers=args.layers,
+            num_attention_heads=args.heads,
+            num_key_value_heads=args.kv_heads,
+        )
     except ModelFactoryError as exc:
         print(f"stacx models tiny: {exc}", file=sys.stderr)
         return 2
@@ -67,18 +79,21 @@ def _start_follower(args: argparse.Namespace, base_url: str) -> threading.Event 
     from consumers.weights import WeightSubscriber
 
     kwargs = {"bootstrap_servers": args.bootstrap_servers} if args.bootstrap_servers else {}
-    subscriber = WeightSubscriber(WeightSubscriber.Config(
-        model_name=args.follow_weights, server_url=base_url, **kwargs))
+    subscriber = WeightSubscriber(
+        WeightSubscriber.Config(model_name=args.follow_weights, server_url=base_url, **kwargs)
+    )
     stop = threading.Event()
-    threading.Thread(target=subscriber.run, args=(stop,), name="stacx-weights",
-                     daemon=True).start()
+    threading.Thread(target=subscriber.run, args=(stop,), name="stacx-weights", daemon=True).start()
     return stop
 
 
 def _serve(args: argparse.Namespace) -> int:
     if not Path(args.model, "config.json").is_file():
-        print(f"stacx serve: {args.model} has no config.json; pass a local Hugging Face model "
-              "directory (`stacx models tiny --out DIR` makes one)", file=sys.stderr)
+        print(
+            f"stacx serve: {args.model} has no config.json; pass a local Hugging Face model "
+            "directory (`stacx models tiny --out DIR` makes one)",
+            file=sys.stderr,
+        )
         return 2
     return _serve_sglang(args) if args.engine == "sglang" else _serve_builtin(args)
 
@@ -87,11 +102,17 @@ def _serve_builtin(args: argparse.Namespace) -> int:
     from rollout.inference import BatchingEngine, InferenceError, InferenceServer
 
     config = InferenceServer.Config(
-        model_path=args.model, host=args.host, port=args.port, device=args.device,
-        dtype=args.dtype, weight_version=args.weight_version,
-        served_model_name=args.served_model_name, context_length=args.context_length,
+        model_path=args.model,
+        host=args.host,
+        port=args.port,
+        device=args.device,
+        dtype=args.dtype,
+        weight_version=args.weight_version,
+        served_model_name=args.served_model_name,
+        context_length=args.context_length,
         torch_threads=args.threads,
-        engine=BatchingEngine.Config(max_batch_size=args.max_batch_size))
+        engine=BatchingEngine.Config(max_batch_size=args.max_batch_size),
+    )
     try:
         server = InferenceServer(config)
     except InferenceError as exc:
@@ -114,11 +135,19 @@ def _serve_sglang(args: argparse.Namespace) -> int:
     if reason is not None:
         print(f"stacx serve --engine sglang: cannot run SGLang here: {reason}", file=sys.stderr)
         return 2
-    server = SGLangServer(SGLangServer.Config(
-        model_path=args.model, host=args.host, port=args.port, dtype=args.dtype,
-        tp_size=args.tp_size, context_length=args.context_length,
-        mem_fraction_static=args.mem_fraction_static,
-        served_model_name=args.served_model_name, weight_version=args.weight_version))
+    server = SGLangServer(
+        SGLangServer.Config(
+            model_path=args.model,
+            host=args.host,
+            port=args.port,
+            dtype=args.dtype,
+            tp_size=args.tp_size,
+            context_length=args.context_length,
+            mem_fraction_static=args.mem_fraction_static,
+            served_model_name=args.served_model_name,
+            weight_version=args.weight_version,
+        )
+    )
     server.start()
     stop: threading.Event | None = None
     try:

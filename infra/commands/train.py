@@ -10,10 +10,15 @@ log = logging.getLogger(__name__)
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("train", help="train from stacx.batches with a recipe (FSDP2 or "
-                              "single process); exports weights and publishes WeightVersions")
-    p.add_argument("config", help="trainer YAML (TrainerConfig; or a file with a `trainer:` "
-                   "section), see examples/train/")
+    p = subparsers.add_parser(
+        "train",
+        help="train from stacx.batches with a recipe (FSDP2 or "
+        "single process); exports weights and publishes WeightVersions",
+    )
+    p.add_argument(
+        "config",
+        help="trainer YAML (TrainerConfig; or a file with a `trainer:` section), see examples/train/",
+    )
     p.add_argument("--recipe", help="override `recipe`")
     p.add_argument("--max-steps", type=int, help="override `max_steps`")
     p.add_argument("--bootstrap", help="Kafka bootstrap servers for the source and publisher")

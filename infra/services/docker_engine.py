@@ -31,8 +31,9 @@ def pid_file() -> Path:
 def engine_answers() -> bool:
     if shutil.which("docker") is None:
         return False
-    proc = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"],
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        ["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True, timeout=30
+    )
     return proc.returncode == 0
 
 
@@ -50,11 +51,15 @@ def up() -> str:
 
 def _check_can_manage() -> None:
     if os.geteuid() != 0:
-        raise InfraError("no Docker engine answers (`docker info` failed) and stacx can only start one "
-                         "as root; start dockerd yourself or add your user to the `docker` group")
+        raise InfraError(
+            "no Docker engine answers (`docker info` failed) and stacx can only start one "
+            "as root; start dockerd yourself or add your user to the `docker` group"
+        )
     if not Path("/etc/debian_version").exists():
-        raise InfraError("no Docker engine answers (`docker info` failed) and this is not a Debian "
-                         "machine: install and start Docker Engine, then rerun `stacx infra up`")
+        raise InfraError(
+            "no Docker engine answers (`docker info` failed) and this is not a Debian "
+            "machine: install and start Docker Engine, then rerun `stacx infra up`"
+        )
 
 
 def _install_if_missing() -> None:
@@ -65,16 +70,25 @@ def _install_if_missing() -> None:
     for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "docker.io"]):
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
-            raise InfraError(f"`{' '.join(cmd)}` failed; install docker.io by hand:\n"
-                             f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+            raise InfraError(
+                f"`{' '.join(cmd)}` failed; install docker.io by hand:\n"
+                f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+            )
 
 
 def _spawn() -> int:
-    cmd = ["dockerd", "--bridge=none", "--iptables=false", "--ip6tables=false",
-           "--pidfile", str(paths.run_dir() / "dockerd.engine.pid")]
+    cmd = [
+        "dockerd",
+        "--bridge=none",
+        "--iptables=false",
+        "--ip6tables=false",
+        "--pidfile",
+        str(paths.run_dir() / "dockerd.engine.pid"),
+    ]
     with open(log_file(), "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
     pid_file().write_text(str(proc.pid))
     return proc.pid
 
@@ -84,13 +98,16 @@ def _wait_ready(pid: int) -> None:
     while time.monotonic() < deadline:
         if not pid_alive(pid):
             pid_file().unlink(missing_ok=True)
-            raise InfraError(f"dockerd exited during start-up; last lines of {log_file()}:\n"
-                             f"{tail(log_file())}")
+            raise InfraError(
+                f"dockerd exited during start-up; last lines of {log_file()}:\n{tail(log_file())}"
+            )
         if engine_answers():
             return
         time.sleep(0.5)
-    raise InfraError(f"dockerd did not answer within {START_TIMEOUT_S:.0f}s; last lines of "
-                     f"{log_file()}:\n{tail(log_file())}")
+    raise InfraError(
+        f"dockerd did not answer within {START_TIMEOUT_S:.0f}s; last lines of "
+        f"{log_file()}:\n{tail(log_file())}"
+    )
 
 
 def down() -> str:
@@ -108,6 +125,7 @@ def status() -> str:
     if not engine_answers():
         return f"Docker engine: not answering (log {log_file()})"
     owner = f"dockerd pid {pid} started by stacx" if pid else "not started by stacx"
-    version = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"],
-                             capture_output=True, text=True).stdout.strip()
+    version = subprocess.run(
+        ["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True
+    ).stdout.strip()
     return f"Docker engine {version}: running ({owner}), log {log_file()}"

@@ -92,8 +92,16 @@ def ensure_jars() -> Path:
     _require_tool("mvn", "Maven", "apt-get install maven")
     partial = libs.with_name("libs.partial")
     shutil.rmtree(partial, ignore_errors=True)
-    cmd = ["mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
-           f"-DoutputDirectory={partial}", "-DincludeScope=runtime"]
+    cmd = [
+        "mvn",
+        "-q",
+        "-B",
+        "-f",
+        str(POM),
+        "dependency:copy-dependencies",
+        f"-DoutputDirectory={partial}",
+        "-DincludeScope=runtime",
+    ]
     print(f"[stacx infra] resolving Apache Kafka {kafka_version()} jars with Maven (once per machine)")
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -107,8 +115,10 @@ def ensure_jars() -> Path:
 def _maven_failure(output: str) -> str:
     last = "\n".join(output.strip().splitlines()[-15:])
     if re.search(r"UnknownHost|Connection refused|Could not transfer|Network is unreachable", output):
-        return ("Maven could not reach Maven Central to download the Kafka jars. Check the network "
-                "or configure a mirror in ~/.m2/settings.xml, then rerun `stacx infra up`.\n" + last)
+        return (
+            "Maven could not reach Maven Central to download the Kafka jars. Check the network "
+            "or configure a mirror in ~/.m2/settings.xml, then rerun `stacx infra up`.\n" + last
+        )
     return f"`mvn dependency:copy-dependencies -f {POM}` failed:\n{last}"
 
 
@@ -121,13 +131,17 @@ def java_binary() -> str:
     java_home = os.environ.get("JAVA_HOME")
     java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
     if not java or not Path(java).exists():
-        raise InfraError("Java 17+ is needed to run Kafka; install it with "
-                         "`apt-get install openjdk-17-jre-headless` or set JAVA_HOME")
+        raise InfraError(
+            "Java 17+ is needed to run Kafka; install it with "
+            "`apt-get install openjdk-17-jre-headless` or set JAVA_HOME"
+        )
     out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
     match = re.search(r'version "(\d+)', out)
     if not match or int(match.group(1)) < 17:
-        raise InfraError(f"{java} is not Java 17+ ({out.splitlines()[0] if out else '?'}); "
-                         "install openjdk-17 or point JAVA_HOME at a JDK 17+")
+        raise InfraError(
+            f"{java} is not Java 17+ ({out.splitlines()[0] if out else '?'}); "
+            "install openjdk-17 or point JAVA_HOME at a JDK 17+"
+        )
     return java
 
 
@@ -169,8 +183,18 @@ def format_storage(java: str, libs: Path, properties: Path) -> None:
     if (data_dir() / "meta.properties").exists():
         return
     cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-    cmd = [java, "-cp", f"{libs}/*", f"-Dlog4j2.configurationFile={LOG4J}",
-           "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties)]
+    cmd = [
+        java,
+        "-cp",
+        f"{libs}/*",
+        f"-Dlog4j2.configurationFile={LOG4J}",
+        "kafka.tools.StorageTool",
+        "format",
+        "-t",
+        cluster_id,
+        "-c",
+        str(properties),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise InfraError(f"kafka.tools.StorageTool format failed:\n{proc.stdout}{proc.stderr}")
@@ -192,8 +216,7 @@ def up(config: KafkaConfig) -> str:
         wait_ready(config, pid, started=time.monotonic())
         return f"Kafka running at {config.bootstrap} (pid {pid})"
     require_free_port(HOST, config.port, "the Kafka broker", "STACX_KAFKA_PORT")
-    require_free_port(HOST, config.controller_port, "the KRaft controller",
-                      "STACX_KAFKA_CONTROLLER_PORT")
+    require_free_port(HOST, config.controller_port, "the KRaft controller", "STACX_KAFKA_CONTROLLER_PORT")
     java = java_binary()
     libs = ensure_jars()
     properties = write_server_properties(config)
@@ -204,13 +227,23 @@ def up(config: KafkaConfig) -> str:
 
 
 def _spawn(java: str, libs: Path, properties: Path, config: KafkaConfig) -> int:
-    cmd = [java, f"-Xmx{config.heap}", "-Xms256m", "-XX:+UseG1GC",
-           "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={LOG4J}",
-           f"-Dkafka.logs.dir={paths.logs_dir()}", "-cp", f"{libs}/*", "kafka.Kafka",
-           str(properties)]
+    cmd = [
+        java,
+        f"-Xmx{config.heap}",
+        "-Xms256m",
+        "-XX:+UseG1GC",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={LOG4J}",
+        f"-Dkafka.logs.dir={paths.logs_dir()}",
+        "-cp",
+        f"{libs}/*",
+        "kafka.Kafka",
+        str(properties),
+    ]
     with open(log_file(), "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
     pid_file().write_text(str(proc.pid))
     return proc.pid
 
@@ -219,13 +252,16 @@ def wait_ready(config: KafkaConfig, pid: int, started: float) -> None:
     while time.monotonic() - started < config.start_timeout_s:
         if not pid_alive(pid):
             pid_file().unlink(missing_ok=True)
-            raise InfraError(f"the Kafka broker exited during start-up; last lines of "
-                             f"{log_file()}:\n{tail(log_file())}")
+            raise InfraError(
+                f"the Kafka broker exited during start-up; last lines of {log_file()}:\n{tail(log_file())}"
+            )
         if port_open(HOST, config.port) and broker_answers(config.bootstrap):
             return
         time.sleep(0.5)
-    raise InfraError(f"the Kafka broker did not answer within {config.start_timeout_s:.0f}s; "
-                     f"last lines of {log_file()}:\n{tail(log_file())}")
+    raise InfraError(
+        f"the Kafka broker did not answer within {config.start_timeout_s:.0f}s; "
+        f"last lines of {log_file()}:\n{tail(log_file())}"
+    )
 
 
 def broker_answers(bootstrap: str, timeout_s: float = 5.0) -> bool:
@@ -255,5 +291,7 @@ def status(config: KafkaConfig) -> str:
     if pid is None:
         return f"Kafka: not running (log {log_file()})"
     state = "answering" if broker_answers(config.bootstrap) else "NOT answering"
-    return (f"Kafka {kafka_version()}: pid {pid}, {state} at {config.bootstrap}, "
-            f"data {data_dir()}, log {log_file()}")
+    return (
+        f"Kafka {kafka_version()}: pid {pid}, {state} at {config.bootstrap}, "
+        f"data {data_dir()}, log {log_file()}"
+    )

@@ -42,8 +42,9 @@ def up() -> str:
         return f"sandbox image {IMAGE}: present"
     mirror = debian_mirror()
     _require_debootstrap()
-    print(f"[stacx infra] building {IMAGE} with debootstrap (once per machine, a few minutes; "
-          f"log {log_file()})")
+    print(
+        f"[stacx infra] building {IMAGE} with debootstrap (once per machine, a few minutes; log {log_file()})"
+    )
     with tempfile.TemporaryDirectory(prefix="stacx-rootfs-", dir=paths.stacx_home()) as tmp:
         rootfs = Path(tmp) / "rootfs"
         _debootstrap(rootfs, mirror)
@@ -59,8 +60,10 @@ def debian_mirror() -> str:
     for source in [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]:
         if mirror := _mirror_in(source):
             return mirror
-    raise InfraError("cannot tell which Debian mirror to use: no `bookworm` source in /etc/apt; "
-                     "set STACX_DEBIAN_MIRROR=<mirror URL of the Debian archive>")
+    raise InfraError(
+        "cannot tell which Debian mirror to use: no `bookworm` source in /etc/apt; "
+        "set STACX_DEBIAN_MIRROR=<mirror URL of the Debian archive>"
+    )
 
 
 def _mirror_in(source: Path) -> str | None:
@@ -85,22 +88,24 @@ def _require_debootstrap() -> None:
         return
     if os.geteuid() == 0 and Path("/etc/debian_version").exists():
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "install", "-y", "-qq", "debootstrap"], env=env,
-                       capture_output=True)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "debootstrap"], env=env, capture_output=True)
     if not shutil.which("debootstrap"):
-        raise InfraError("debootstrap is needed to build the sandbox image; install it with "
-                         "`apt-get install debootstrap` (as root)")
+        raise InfraError(
+            "debootstrap is needed to build the sandbox image; install it with "
+            "`apt-get install debootstrap` (as root)"
+        )
 
 
 def _debootstrap(rootfs: Path, mirror: str) -> None:
-    cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE,
-           str(rootfs), mirror]
+    cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(rootfs), mirror]
     with open(log_file(), "wb") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
         tail = "\n".join(log_file().read_text(errors="replace").splitlines()[-20:])
-        raise InfraError(f"debootstrap failed (mirror {mirror}); check that the mirror is reachable "
-                         f"or set STACX_DEBIAN_MIRROR. Last lines of {log_file()}:\n{tail}")
+        raise InfraError(
+            f"debootstrap failed (mirror {mirror}); check that the mirror is reachable "
+            f"or set STACX_DEBIAN_MIRROR. Last lines of {log_file()}:\n{tail}"
+        )
 
 
 def _prepare_rootfs(rootfs: Path) -> None:
@@ -117,8 +122,7 @@ def _prepare_rootfs(rootfs: Path) -> None:
 
 
 def _import(rootfs: Path) -> None:
-    tar = subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "-c", "."],
-                           stdout=subprocess.PIPE)
+    tar = subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE)
     cmd = ["docker", "import"]
     for change in IMPORT_CHANGES:
         cmd += ["--change", change]

@@ -20,8 +20,7 @@ def kafka_round_trip(bootstrap: str) -> str:
     admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(30)
     try:
         payload = f"hello from stacx {uuid.uuid4()}".encode()
-        producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
-                             "acks": "all"})
+        producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all"})
         producer.produce(topic, payload, key=b"smoke")
         if producer.flush(30) != 0:
             raise InfraError(f"the smoke record was not delivered to {topic} at {bootstrap}")
@@ -34,8 +33,14 @@ def kafka_round_trip(bootstrap: str) -> str:
 
 
 def _read_one(bootstrap: str, topic: str, timeout_s: float = 30.0) -> bytes | None:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"smoke-{uuid.uuid4().hex}",
-                        "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"smoke-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([topic])
     deadline = time.monotonic() + timeout_s
     try:
@@ -50,9 +55,24 @@ def _read_one(bootstrap: str, topic: str, timeout_s: float = 30.0) -> bytes | No
 
 def sandbox_command() -> str:
     """Run `python3 -c` in a throw-away sandbox container without network."""
-    cmd = ["docker", "run", "--rm", "--network", "none", "--user", "1000:1000", "--cap-drop", "ALL",
-           "--security-opt", "no-new-privileges", "--read-only", IMAGE, "python3", "-c",
-           "import platform; print('sandbox python', platform.python_version())"]
+    cmd = [
+        "docker",
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--user",
+        "1000:1000",
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges",
+        "--read-only",
+        IMAGE,
+        "python3",
+        "-c",
+        "import platform; print('sandbox python', platform.python_version())",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
         raise InfraError(f"the sandbox container failed ({' '.join(cmd)}): {proc.stderr.strip()}")

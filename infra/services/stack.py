@@ -31,8 +31,10 @@ class StackConfig:
 def up(config: StackConfig, say: Callable[[str], None] = print) -> None:
     if config.bootstrap_servers:
         if not kafka.broker_answers(config.bootstrap_servers):
-            raise InfraError(f"no Kafka broker answers at {config.bootstrap_servers} "
-                             f"(from {BOOTSTRAP_ENV} / bootstrap_servers); check the address")
+            raise InfraError(
+                f"no Kafka broker answers at {config.bootstrap_servers} "
+                f"(from {BOOTSTRAP_ENV} / bootstrap_servers); check the address"
+            )
         say(f"Kafka: using the existing cluster at {config.bootstrap_servers} (local broker skipped)")
     else:
         say(kafka.up(config.kafka))
@@ -55,8 +57,12 @@ def status(config: StackConfig) -> list[tuple[bool, str]]:
         state = "answering" if answers else "NOT answering"
         kafka_line = (answers, f"Kafka: external cluster {config.bootstrap_servers}, {state}")
     else:
-        kafka_line = (kafka.running_pid() is not None and kafka.broker_answers(config.bootstrap),
-                      kafka.status(config.kafka))
-    return [kafka_line,
-            (docker_engine.engine_answers(), docker_engine.status()),
-            (sandbox_image.image_exists(), sandbox_image.status())]
+        kafka_line = (
+            kafka.running_pid() is not None and kafka.broker_answers(config.bootstrap),
+            kafka.status(config.kafka),
+        )
+    return [
+        kafka_line,
+        (docker_engine.engine_answers(), docker_engine.status()),
+        (sandbox_image.image_exists(), sandbox_image.status()),
+    ]

@@ -19,8 +19,7 @@ def ensure_topics(bootstrap: str, specs: tuple[TopicSpec, ...] = TOPICS) -> list
 
 
 def _create(admin: AdminClient, spec: TopicSpec) -> str:
-    new = NewTopic(spec.name, num_partitions=spec.partitions, replication_factor=1,
-                   config=dict(spec.config))
+    new = NewTopic(spec.name, num_partitions=spec.partitions, replication_factor=1, config=dict(spec.config))
     try:
         admin.create_topics([new])[spec.name].result(timeout=30)
     except KafkaException as exc:

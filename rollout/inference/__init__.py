@@ -1,6 +1,6 @@
 """Inference serving: the built-in SGLang-compatible server, its batching engine, the client.
 
-    from rollout.inference import InferenceClient, InferenceServer, SamplingParams
+from rollout.inference import InferenceClient, InferenceServer, SamplingParams
 """
 
 from rollout.inference.client import GenerateResult, InferenceClient, ModelInfo

@@ -47,9 +47,15 @@ class SamplingParamsBody(_Body):
 
     def to_params(self) -> SamplingParams:
         return SamplingParams(
-            max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-            top_k=self.top_k, stop=_as_list(self.stop), stop_token_ids=self.stop_token_ids or [],
-            ignore_eos=self.ignore_eos, skip_special_tokens=self.skip_special_tokens)
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            stop=_as_list(self.stop),
+            stop_token_ids=self.stop_token_ids or [],
+            ignore_eos=self.ignore_eos,
+            skip_special_tokens=self.skip_special_tokens,
+        )
 
 
 class GenerateRequest(_Body):
@@ -100,8 +106,13 @@ class CompletionRequest(_Body):
     user: str | None = None
 
     def to_params(self) -> SamplingParams:
-        return SamplingParams(max_new_tokens=self.max_tokens, temperature=self.temperature,
-                              top_p=self.top_p, top_k=self.top_k, stop=_as_list(self.stop))
+        return SamplingParams(
+            max_new_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            stop=_as_list(self.stop),
+        )
 
 
 class ChatMessage(_Body):
@@ -136,5 +147,10 @@ class ChatCompletionRequest(_Body):
 
     def to_params(self, default_max_tokens: int) -> SamplingParams:
         limit = self.max_completion_tokens or self.max_tokens or default_max_tokens
-        return SamplingParams(max_new_tokens=limit, temperature=self.temperature,
-                              top_p=self.top_p, top_k=self.top_k, stop=_as_list(self.stop))
+        return SamplingParams(
+            max_new_tokens=limit,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            stop=_as_list(self.stop),
+        )

@@ -35,8 +35,7 @@ class ServingState:
     context_length: int
     swap_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    def check_prompt(self, ids: list[int], params: SamplingParams, field_name: str,
-                     limit_name: str) -> None:
+    def check_prompt(self, ids: list[int], params: SamplingParams, field_name: str, limit_name: str) -> None:
         """Raise `InvalidRequestError` naming the field for empty, out-of-vocab or long input."""
         if not ids:
             raise InvalidRequestError(field_name, "is empty; send at least one token")
@@ -44,21 +43,29 @@ class ServingState:
         bad = [i for i in ids if not 0 <= i < vocab]
         if bad:
             raise InvalidRequestError(
-                field_name, f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+                field_name, f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
+            )
         if len(ids) + params.max_new_tokens > self.context_length:
             raise InvalidRequestError(
                 field_name,
                 f"has {len(ids)} tokens and {limit_name}={params.max_new_tokens}; together they "
                 f"exceed the context length {self.context_length}: shorten the prompt or lower "
-                f"{limit_name}")
+                f"{limit_name}",
+            )
 
     async def generate(self, ids: list[int], params: SamplingParams) -> GenerationOutput:
         return await asyncio.wrap_future(self.engine.submit(ids, params))
 
 
 def _error_body(exc: InferenceError) -> dict[str, Any]:
-    return {"error": {"message": str(exc), "type": type(exc).__name__,
-                      "param": getattr(exc, "field", None), "code": exc.status_code}}
+    return {
+        "error": {
+            "message": str(exc),
+            "type": type(exc).__name__,
+            "param": getattr(exc, "field", None),
+            "code": exc.status_code,
+        }
+    }
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -72,8 +79,12 @@ def _install_error_handlers(app: FastAPI) -> None:
         problems = [f"{_field_name(e['loc'])}: {e['msg']}" for e in exc.errors()]
         message = "; ".join(problems)
         return JSONResponse(
-            {"error": {"message": message, "type": "RequestValidationError", "code": 422},
-             "detail": jsonable_encoder(exc.errors())}, status_code=422)
+            {
+                "error": {"message": message, "type": "RequestValidationError", "code": 422},
+                "detail": jsonable_encoder(exc.errors()),
+            },
+            status_code=422,
+        )
 
 
 def _field_name(loc: tuple[Any, ...] | list[Any]) -> str:
@@ -93,15 +104,20 @@ class JsonBodyMiddleware:
         await self.app(scope, receive, send)
 
 
-def _meta_info(out: GenerationOutput, rid: str, started: float, logprobs: bool
-               ) -> dict[str, Any]:
+def _meta_info(out: GenerationOutput, rid: str, started: float, logprobs: bool) -> dict[str, Any]:
     meta: dict[str, Any] = {
-        "id": rid, "finish_reason": out.finish_reason, "prompt_tokens": out.prompt_tokens,
-        "completion_tokens": len(out.output_ids), "cached_tokens": 0,
-        "weight_version": out.weight_version, "e2e_latency": time.monotonic() - started}
+        "id": rid,
+        "finish_reason": out.finish_reason,
+        "prompt_tokens": out.prompt_tokens,
+        "completion_tokens": len(out.output_ids),
+        "cached_tokens": 0,
+        "weight_version": out.weight_version,
+        "e2e_latency": time.monotonic() - started,
+    }
     if logprobs:
         meta["output_token_logprobs"] = [
-            [lp, tid, None] for lp, tid in zip(out.logprobs, out.output_ids, strict=True)]
+            [lp, tid, None] for lp, tid in zip(out.logprobs, out.output_ids, strict=True)
+        ]
     return meta
 
 
@@ -121,45 +137,58 @@ def _install_native_routes(app: FastAPI, state: ServingState) -> None:
         started = time.monotonic()
         ids = _generate_input(state, body)
         params = body.sampling_params.to_params()
-        state.check_prompt(ids, params, "input_ids" if body.input_ids is not None else "text",
-                           "sampling_params.max_new_tokens")
+        state.check_prompt(
+            ids,
+            params,
+            "input_ids" if body.input_ids is not None else "text",
+            "sampling_params.max_new_tokens",
+        )
         out = await state.generate(ids, params)
         rid = body.rid or uuid.uuid4().hex
-        return {"text": out.text, "output_ids": out.output_ids,
-                "meta_info": _meta_info(out, rid, started, body.return_logprob)}
+        return {
+            "text": out.text,
+            "output_ids": out.output_ids,
+            "meta_info": _meta_info(out, rid, started, body.return_logprob),
+        }
 
     @app.get("/get_model_info")
     async def get_model_info() -> dict[str, Any]:
         config = state.engine.model.config
-        return {"model_path": state.model_path, "tokenizer_path": state.model_path,
-                "is_generation": True, "weight_version": state.engine.weight_version,
-                "model_type": getattr(config, "model_type", None),
-                "architectures": getattr(config, "architectures", None),
-                "served_model_name": state.served_model_name,
-                "max_context_length": state.context_length}
+        return {
+            "model_path": state.model_path,
+            "tokenizer_path": state.model_path,
+            "is_generation": True,
+            "weight_version": state.engine.weight_version,
+            "model_type": getattr(config, "model_type", None),
+            "architectures": getattr(config, "architectures", None),
+            "served_model_name": state.served_model_name,
+            "max_context_length": state.context_length,
+        }
 
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(body: UpdateWeightsRequest) -> JSONResponse:
         try:
             aborted = await _swap_weights(state, body)
         except WeightLoadError as exc:
-            return JSONResponse({"success": False, "message": str(exc), **_error_body(exc)},
-                                status_code=exc.status_code)
-        return JSONResponse({
-            "success": True, "num_paused_requests": aborted,
-            "message": f"loaded {body.model_path} as weight version "
-                       f"{state.engine.weight_version}"})
+            return JSONResponse(
+                {"success": False, "message": str(exc), **_error_body(exc)}, status_code=exc.status_code
+            )
+        return JSONResponse(
+            {
+                "success": True,
+                "num_paused_requests": aborted,
+                "message": f"loaded {body.model_path} as weight version {state.engine.weight_version}",
+            }
+        )
 
     @app.get("/health")
     async def health() -> JSONResponse:
         alive = state.engine.is_alive()
-        return JSONResponse({"status": "ok" if alive else "stopped"},
-                            status_code=200 if alive else 503)
+        return JSONResponse({"status": "ok" if alive else "stopped"}, status_code=200 if alive else 503)
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(state.engine.metrics.render(),
-                                 media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(state.engine.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
 async def _swap_weights(state: ServingState, body: UpdateWeightsRequest) -> int:
@@ -172,7 +201,8 @@ async def _swap_weights(state: ServingState, body: UpdateWeightsRequest) -> int:
         update = await asyncio.to_thread(check_state_dict, model, tensors)
         version = body.weight_version or state.engine.weight_version
         aborted = await asyncio.wrap_future(
-            state.engine.update_weights(update, version, body.abort_all_requests))
+            state.engine.update_weights(update, version, body.abort_all_requests)
+        )
         state.model_path = body.model_path
     return aborted
 

@@ -19,8 +19,7 @@ def is_row_editable(cache: Any) -> bool:
     """True when every layer is a plain full-attention `DynamicLayer` (tensors [B, H, T, D])."""
     from transformers.cache_utils import DynamicCache, DynamicLayer
 
-    return isinstance(cache, DynamicCache) and all(
-        type(layer) is DynamicLayer for layer in cache.layers)
+    return isinstance(cache, DynamicCache) and all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
 def _rebuild(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
@@ -46,8 +45,7 @@ def concat_rows(
     layers = []
     for layer_a, layer_b in zip(cache_a.layers, cache_b.layers, strict=True):
         keys = torch.cat([_pad_left(layer_a.keys, pad_a, 2), _pad_left(layer_b.keys, pad_b, 2)])
-        values = torch.cat(
-            [_pad_left(layer_a.values, pad_a, 2), _pad_left(layer_b.values, pad_b, 2)])
+        values = torch.cat([_pad_left(layer_a.values, pad_a, 2), _pad_left(layer_b.values, pad_b, 2)])
         layers.append((keys, values))
     mask = torch.cat([_pad_left(mask_a, pad_a, 1), _pad_left(mask_b, pad_b, 1)])
     return _rebuild(layers), mask

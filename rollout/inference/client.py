@@ -74,11 +74,16 @@ def _parse_generate(body: dict[str, Any], want_logprobs: bool) -> GenerateResult
     # Older SGLang releases omit `output_ids`; the logprob entries carry the ids too.
     output_ids = list(body.get("output_ids") or [int(entry[1]) for entry in entries])
     return GenerateResult(
-        output_ids=output_ids, logprobs=logprobs, text=body.get("text", ""),
+        output_ids=output_ids,
+        logprobs=logprobs,
+        text=body.get("text", ""),
         weight_version=str(meta.get("weight_version", "")),
-        finish_reason=str(finish.get("type", "unknown")), matched_stop=finish.get("matched"),
+        finish_reason=str(finish.get("type", "unknown")),
+        matched_stop=finish.get("matched"),
         prompt_tokens=int(meta.get("prompt_tokens", 0)),
-        completion_tokens=int(meta.get("completion_tokens", len(output_ids))), meta_info=meta)
+        completion_tokens=int(meta.get("completion_tokens", len(output_ids))),
+        meta_info=meta,
+    )
 
 
 def _error_message(response: httpx.Response) -> str:
@@ -114,8 +119,9 @@ class InferenceClient:
 
     def __init__(self, config: Config, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.config = config
-        self._http = httpx.AsyncClient(base_url=config.base_url, timeout=config.timeout_s,
-                                       transport=transport)
+        self._http = httpx.AsyncClient(
+            base_url=config.base_url, timeout=config.timeout_s, transport=transport
+        )
 
     async def __aenter__(self) -> InferenceClient:
         return self
@@ -126,25 +132,30 @@ class InferenceClient:
     async def close(self) -> None:
         await self._http.aclose()
 
-    async def generate(self, input_ids: list[int], sampling: SamplingParams | None = None,
-                       return_logprob: bool = True) -> GenerateResult:
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams | None = None, return_logprob: bool = True
+    ) -> GenerateResult:
         """Generate from token ids; the result says which weight version produced it."""
-        payload = {"input_ids": list(input_ids),
-                   "sampling_params": sampling_payload(sampling or SamplingParams()),
-                   "return_logprob": return_logprob}
+        payload = {
+            "input_ids": list(input_ids),
+            "sampling_params": sampling_payload(sampling or SamplingParams()),
+            "return_logprob": return_logprob,
+        }
         body = await self._call("POST", "/generate", payload)
         return _parse_generate(body, return_logprob)
 
     async def get_model_info(self) -> ModelInfo:
         body = await self._call("GET", "/get_model_info")
-        return ModelInfo(model_path=str(body.get("model_path", "")),
-                         weight_version=str(body.get("weight_version", "")), raw=body)
+        return ModelInfo(
+            model_path=str(body.get("model_path", "")),
+            weight_version=str(body.get("weight_version", "")),
+            raw=body,
+        )
 
-    async def update_weights_from_disk(self, model_path: str, weight_version: str | int | None
-                                       = None, abort_all_requests: bool = False
-                                       ) -> dict[str, Any]:
-        payload: dict[str, Any] = {"model_path": model_path,
-                                   "abort_all_requests": abort_all_requests}
+    async def update_weights_from_disk(
+        self, model_path: str, weight_version: str | int | None = None, abort_all_requests: bool = False
+    ) -> dict[str, Any]:
+        payload: dict[str, Any] = {"model_path": model_path, "abort_all_requests": abort_all_requests}
         if weight_version is not None:
             payload["weight_version"] = str(weight_version)
         return await self._call("POST", "/update_weights_from_disk", payload)
@@ -156,8 +167,7 @@ class InferenceClient:
             return False
         return response.status_code == 200
 
-    async def _call(self, method: str, path: str, payload: dict[str, Any] | None = None
-                    ) -> dict[str, Any]:
+    async def _call(self, method: str, path: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
         delay = self.config.backoff_initial_s
         for attempt in range(self.config.max_retries + 1):
             last = attempt == self.config.max_retries
@@ -166,7 +176,8 @@ class InferenceClient:
             except httpx.TransportError as exc:
                 if last:
                     raise ServerUnavailableError(
-                        f"{method} {self.config.base_url}{path} failed: {exc!r}") from exc
+                        f"{method} {self.config.base_url}{path} failed: {exc!r}"
+                    ) from exc
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(delay * 2, self.config.backoff_max_s)
                 continue

@@ -96,8 +96,14 @@ class BatchingEngine:
         raw_logprobs: bool = False
         """Report logprobs of the unscaled distribution (T = 1) instead of the sampled one."""
 
-    def __init__(self, config: Config, model: Any, tokenizer: Any,
-                 weight_version: str = "default", metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        model: Any,
+        tokenizer: Any,
+        weight_version: str = "default",
+        metrics: Metrics | None = None,
+    ) -> None:
         self.config = config
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -138,20 +144,26 @@ class BatchingEngine:
             self._thread.join(timeout=30)
         self._fail_all(EngineStoppedError("the inference engine stopped"))
 
-    def submit(self, input_ids: list[int], params: SamplingParams
-               ) -> concurrent.futures.Future[GenerationOutput]:
+    def submit(
+        self, input_ids: list[int], params: SamplingParams
+    ) -> concurrent.futures.Future[GenerationOutput]:
         """Queue one request; the future resolves when it finishes."""
-        stop_ids = frozenset(params.stop_token_ids) | (
-            frozenset() if params.ignore_eos else self._eos_ids)
-        job = _Job(input_ids=list(input_ids), params=params, stop_ids=stop_ids,
-                   future=concurrent.futures.Future(), arrived_s=time.monotonic())
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self._eos_ids)
+        job = _Job(
+            input_ids=list(input_ids),
+            params=params,
+            stop_ids=stop_ids,
+            future=concurrent.futures.Future(),
+            arrived_s=time.monotonic(),
+        )
         with self._cond:
             if self._stopping:
                 raise EngineStoppedError("the inference engine is stopping")
             if len(self._waiting) >= self.config.max_waiting_requests:
                 raise OverloadedError(
                     f"{len(self._waiting)} requests are waiting (max_waiting_requests="
-                    f"{self.config.max_waiting_requests}); retry later")
+                    f"{self.config.max_waiting_requests}); retry later"
+                )
             self._waiting.append(job)
             self.metrics.set("waiting_requests", len(self._waiting))
             self._cond.notify_all()
@@ -159,14 +171,16 @@ class BatchingEngine:
         self.metrics.inc("prompt_tokens_total", len(input_ids))
         return job.future
 
-    def update_weights(self, update: dict[str, torch.Tensor], version: str,
-                       abort_running: bool = False) -> concurrent.futures.Future[int]:
+    def update_weights(
+        self, update: dict[str, torch.Tensor], version: str, abort_running: bool = False
+    ) -> concurrent.futures.Future[int]:
         """Swap in `update` (from `weight_files.check_state_dict`) between decode steps.
 
         Resolves to the number of running requests that were aborted (0 unless `abort_running`).
         """
-        swap = _Swap(update=update, version=version, abort_running=abort_running,
-                     future=concurrent.futures.Future())
+        swap = _Swap(
+            update=update, version=version, abort_running=abort_running, future=concurrent.futures.Future()
+        )
         with self._cond:
             if self._swap is not None:
                 swap.future.set_exception(OverloadedError("another weight update is pending"))
@@ -223,12 +237,19 @@ class BatchingEngine:
         cache = DynamicCache(config=self.model.config)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # [n, L]
         extra = {"logits_to_keep": 1} if self._keep_last_logits else {}
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=cache, use_cache=True, **extra)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            **extra,
+        )
         self.metrics.inc("prefill_batches_total")
         tokens, logprobs = self._sample(out.logits[:, -1, :], _row_params(jobs, self.device))
-        prefilled = _Batch(jobs=jobs, cache=out.past_key_values, mask=mask, tokens=tokens,
-                           positions=mask.sum(dim=1))
+        prefilled = _Batch(
+            jobs=jobs, cache=out.past_key_values, mask=mask, tokens=tokens, positions=mask.sum(dim=1)
+        )
         new = self._retire(prefilled, tokens, logprobs)
         if new is not None:
             self._batch = new if self._batch is None else _join(self._batch, new)
@@ -241,17 +262,21 @@ class BatchingEngine:
         ids = torch.full((len(jobs), length), self._pad_id, dtype=torch.long)
         mask = torch.zeros((len(jobs), length), dtype=torch.long)
         for row, job in enumerate(jobs):
-            ids[row, length - len(job.input_ids):] = torch.tensor(job.input_ids)
-            mask[row, length - len(job.input_ids):] = 1
+            ids[row, length - len(job.input_ids) :] = torch.tensor(job.input_ids)
+            mask[row, length - len(job.input_ids) :] = 1
         return ids.to(self.device), mask.to(self.device)
 
     def _decode(self) -> None:
         batch = self._batch
         assert batch is not None
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones((len(batch.jobs), 1))], dim=1)
-        out = self.model(input_ids=batch.tokens.unsqueeze(1), attention_mask=batch.mask,
-                         position_ids=batch.positions.unsqueeze(1), past_key_values=batch.cache,
-                         use_cache=True)
+        out = self.model(
+            input_ids=batch.tokens.unsqueeze(1),
+            attention_mask=batch.mask,
+            position_ids=batch.positions.unsqueeze(1),
+            past_key_values=batch.cache,
+            use_cache=True,
+        )
         self.metrics.observe_batch(len(batch.jobs))
         batch.cache = out.past_key_values
         batch.positions = batch.positions + 1
@@ -264,19 +289,18 @@ class BatchingEngine:
             self._row_params = None  # rows left: rebuild per-row sampling tensors
         self.metrics.set("running_requests", len(self._batch.jobs) if self._batch else 0)
 
-    def _sample(self, logits: torch.Tensor,
-                params: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sample(
+        self, logits: torch.Tensor, params: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         temperature, top_k, top_p = params
-        return sample_tokens(logits, temperature, top_k, top_p, self._generator,
-                             raw=self.config.raw_logprobs)
+        return sample_tokens(logits, temperature, top_k, top_p, self._generator, raw=self.config.raw_logprobs)
 
-    def _retire(self, batch: _Batch, tokens: torch.Tensor, logprobs: torch.Tensor
-                ) -> _Batch | None:
+    def _retire(self, batch: _Batch, tokens: torch.Tensor, logprobs: torch.Tensor) -> _Batch | None:
         """Record this step's tokens; finish and drop the rows that are done."""
         keep: list[int] = []
         for row, (job, token, logprob) in enumerate(
-                zip(batch.jobs, tokens.tolist(), logprobs.tolist(), strict=True)):
+            zip(batch.jobs, tokens.tolist(), logprobs.tolist(), strict=True)
+        ):
             job.output_ids.append(token)
             job.logprobs.append(logprob)
             job.finish = self._finish_reason(job, token)
@@ -292,8 +316,13 @@ class BatchingEngine:
         index = torch.tensor(keep, device=self.device)
         cache, mask = batch_cache.select_rows(batch.cache, batch.mask, index)
         cache, mask = batch_cache.trim_left(cache, mask)
-        return _Batch(jobs=[batch.jobs[i] for i in keep], cache=cache, mask=mask,
-                      tokens=batch.tokens[index], positions=batch.positions[index])
+        return _Batch(
+            jobs=[batch.jobs[i] for i in keep],
+            cache=cache,
+            mask=mask,
+            tokens=batch.tokens[index],
+            positions=batch.positions[index],
+        )
 
     def _finish_reason(self, job: _Job, token: int) -> dict[str, Any] | None:
         if token in job.stop_ids:
@@ -309,17 +338,22 @@ class BatchingEngine:
 
     def _complete(self, job: _Job) -> None:
         assert job.finish is not None
-        text = self.tokenizer.decode(job.output_ids,
-                                     skip_special_tokens=job.params.skip_special_tokens)
+        text = self.tokenizer.decode(job.output_ids, skip_special_tokens=job.params.skip_special_tokens)
         matched = job.finish.get("matched")
         if isinstance(matched, str) and matched in text:
             text = text[: text.index(matched)]
         self.metrics.observe_latency(time.monotonic() - job.arrived_s)
         if not job.future.done():
-            job.future.set_result(GenerationOutput(
-                output_ids=job.output_ids, logprobs=job.logprobs, text=text,
-                finish_reason=job.finish, weight_version=self._version,
-                prompt_tokens=len(job.input_ids)))
+            job.future.set_result(
+                GenerationOutput(
+                    output_ids=job.output_ids,
+                    logprobs=job.logprobs,
+                    text=text,
+                    finish_reason=job.finish,
+                    weight_version=self._version,
+                    prompt_tokens=len(job.input_ids),
+                )
+            )
 
     # -- weight swap ---------------------------------------------------------------------------
 
@@ -336,8 +370,7 @@ class BatchingEngine:
         with self._cond:
             self._swap = None
         self.metrics.inc("weight_updates_total")
-        log.info("weights updated to version %s (%d running requests aborted)",
-                 swap.version, aborted)
+        log.info("weights updated to version %s (%d running requests aborted)", swap.version, aborted)
         swap.future.set_result(aborted)
 
     def _abort_running(self, message: str) -> int:
@@ -381,8 +414,7 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _row_params(jobs: list[_Job], device: torch.device
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _row_params(jobs: list[_Job], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     temperature = torch.tensor([j.params.temperature for j in jobs], dtype=torch.float32)
     top_k = torch.tensor([j.params.top_k for j in jobs], dtype=torch.long)
     top_p = torch.tensor([j.params.top_p for j in jobs], dtype=torch.float32)
@@ -391,6 +423,10 @@ def _row_params(jobs: list[_Job], device: torch.device
 
 def _join(old: _Batch, new: _Batch) -> _Batch:
     cache, mask = batch_cache.concat_rows(old.cache, old.mask, new.cache, new.mask)
-    return _Batch(jobs=old.jobs + new.jobs, cache=cache, mask=mask,
-                  tokens=torch.cat([old.tokens, new.tokens]),
-                  positions=torch.cat([old.positions, new.positions]))
+    return _Batch(
+        jobs=old.jobs + new.jobs,
+        cache=cache,
+        mask=mask,
+        tokens=torch.cat([old.tokens, new.tokens]),
+        positions=torch.cat([old.positions, new.positions]),
+    )

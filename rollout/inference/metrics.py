@@ -38,8 +38,11 @@ class Histogram:
         lines = [f"# TYPE {name} histogram"]
         for bound, count in zip(self.buckets, self.counts, strict=True):
             lines.append(f'{name}_bucket{{le="{bound:g}"}} {count}')
-        lines += [f'{name}_bucket{{le="+Inf"}} {self.count}', f"{name}_sum {self.total:g}",
-                  f"{name}_count {self.count}"]
+        lines += [
+            f'{name}_bucket{{le="+Inf"}} {self.count}',
+            f"{name}_sum {self.total:g}",
+            f"{name}_count {self.count}",
+        ]
         return lines
 
 
@@ -51,9 +54,14 @@ class Metrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.counters: dict[str, float] = {
-            "requests_total": 0, "requests_failed_total": 0, "prompt_tokens_total": 0,
-            "generated_tokens_total": 0, "decode_steps_total": 0, "prefill_batches_total": 0,
-            "weight_updates_total": 0}
+            "requests_total": 0,
+            "requests_failed_total": 0,
+            "prompt_tokens_total": 0,
+            "generated_tokens_total": 0,
+            "decode_steps_total": 0,
+            "prefill_batches_total": 0,
+            "weight_updates_total": 0,
+        }
         self.gauges: dict[str, float] = {"running_requests": 0, "waiting_requests": 0}
         self.batch_size = Histogram(BATCH_SIZE_BUCKETS)
         """Rows per decode step."""

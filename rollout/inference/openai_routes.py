@@ -38,10 +38,16 @@ def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
         if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
             return match.group(0)
         arguments = payload.get("arguments", {})
-        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": payload["name"],
-                                   "arguments": arguments if isinstance(arguments, str)
-                                   else json.dumps(arguments)}})
+        calls.append(
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {
+                    "name": payload["name"],
+                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+                },
+            }
+        )
         return ""
 
     content = _TOOL_CALL.sub(take, text).strip()
@@ -54,8 +60,26 @@ def _finish(out: GenerationOutput, has_tool_calls: bool) -> str:
 
 
 def _usage(out: GenerationOutput) -> dict[str, int]:
-    return {"prompt_tokens": out.prompt_tokens, "completion_tokens": len(out.output_ids),
-            "total_tokens": out.prompt_tokens + len(out.output_ids)}
+    return {
+        "prompt_tokens": out.prompt_tokens,
+        "completion_tokens": len(out.output_ids),
+        "total_tokens": out.prompt_tokens + len(out.output_ids),
+    }
+
+
+def _response(
+    id_prefix: str, kind: str, model: str, choice: dict[str, Any], out: GenerationOutput
+) -> dict[str, Any]:
+    """The OpenAI response envelope around one choice (plus the served weight version)."""
+    return {
+        "id": f"{id_prefix}-{uuid.uuid4().hex}",
+        "object": kind,
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": _usage(out),
+        "metadata": {"weight_version": out.weight_version},
+    }
 
 
 def _token_texts(state: ServingState, ids: list[int]) -> list[str]:
@@ -63,9 +87,12 @@ def _token_texts(state: ServingState, ids: list[int]) -> list[str]:
 
 
 def _chat_logprobs(state: ServingState, out: GenerationOutput) -> dict[str, Any]:
-    return {"content": [
-        {"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []}
-        for text, lp in zip(_token_texts(state, out.output_ids), out.logprobs, strict=True)]}
+    return {
+        "content": [
+            {"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []}
+            for text, lp in zip(_token_texts(state, out.output_ids), out.logprobs, strict=True)
+        ]
+    }
 
 
 def _completion_logprobs(state: ServingState, out: GenerationOutput) -> dict[str, Any]:
@@ -74,32 +101,35 @@ def _completion_logprobs(state: ServingState, out: GenerationOutput) -> dict[str
     for text in texts:
         offsets.append(position)
         position += len(text)
-    return {"tokens": texts, "token_logprobs": out.logprobs, "top_logprobs": None,
-            "text_offset": offsets}
+    return {"tokens": texts, "token_logprobs": out.logprobs, "top_logprobs": None, "text_offset": offsets}
 
 
 def _chat_prompt(state: ServingState, body: ChatCompletionRequest) -> list[int]:
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     text = state.tokenizer.apply_chat_template(
-        messages, tools=body.tools, add_generation_prompt=True, tokenize=False)
+        messages, tools=body.tools, add_generation_prompt=True, tokenize=False
+    )
     return list(state.tokenizer.encode(text, add_special_tokens=False))
 
 
 def install(app: FastAPI, state: ServingState) -> None:
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest) -> dict[str, Any]:
-        ids = (body.prompt if isinstance(body.prompt, list)
-               else list(state.tokenizer.encode(body.prompt, add_special_tokens=False)))
+        ids = (
+            body.prompt
+            if isinstance(body.prompt, list)
+            else list(state.tokenizer.encode(body.prompt, add_special_tokens=False))
+        )
         params = body.to_params()
         state.check_prompt(ids, params, "prompt", "max_tokens")
         out = await state.generate(ids, params)
-        choice = {"index": 0, "text": out.text, "finish_reason": _finish(out, False),
-                  "logprobs": _completion_logprobs(state, out) if body.logprobs is not None
-                  else None}
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
-                "created": int(time.time()), "model": body.model or state.served_model_name,
-                "choices": [choice], "usage": _usage(out),
-                "metadata": {"weight_version": out.weight_version}}
+        choice = {
+            "index": 0,
+            "text": out.text,
+            "finish_reason": _finish(out, False),
+            "logprobs": _completion_logprobs(state, out) if body.logprobs is not None else None,
+        }
+        return _response("cmpl", "text_completion", body.model or state.served_model_name, choice, out)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest) -> dict[str, Any]:
@@ -113,13 +143,13 @@ def install(app: FastAPI, state: ServingState) -> None:
         if calls:
             message["tool_calls"] = calls
         choice: dict[str, Any] = {
-            "index": 0, "message": message, "finish_reason": _finish(out, bool(calls)),
-            "logprobs": _chat_logprobs(state, out) if body.logprobs else None}
-        response: dict[str, Any] = {
-            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
-            "created": int(time.time()), "model": body.model or state.served_model_name,
-            "choices": [choice], "usage": _usage(out),
-            "metadata": {"weight_version": out.weight_version}}
+            "index": 0,
+            "message": message,
+            "finish_reason": _finish(out, bool(calls)),
+            "logprobs": _chat_logprobs(state, out) if body.logprobs else None,
+        }
+        model = body.model or state.served_model_name
+        response = _response("chatcmpl", "chat.completion", model, choice, out)
         if body.return_token_ids:
             response["prompt_token_ids"] = ids
             choice["token_ids"] = out.output_ids

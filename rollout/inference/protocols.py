@@ -19,11 +19,12 @@ class GenerationBackend(Protocol):
     `rollout.inference.fake.ScriptedBackend` implements it in memory for tests.
     """
 
-    async def generate(self, input_ids: list[int], sampling: SamplingParams | None = None,
-                       return_logprob: bool = True) -> GenerateResult: ...
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams | None = None, return_logprob: bool = True
+    ) -> GenerateResult: ...
 
     async def get_model_info(self) -> ModelInfo: ...
 
-    async def update_weights_from_disk(self, model_path: str, weight_version: str | int | None
-                                       = None, abort_all_requests: bool = False
-                                       ) -> dict[str, Any]: ...
+    async def update_weights_from_disk(
+        self, model_path: str, weight_version: str | int | None = None, abort_all_requests: bool = False
+    ) -> dict[str, Any]: ...

@@ -43,9 +43,7 @@ class SamplingParams:
         return self.temperature <= 0.0
 
 
-def truncate_logits(
-    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
-) -> torch.Tensor:
+def truncate_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Set logits outside each row's top-k / top-p set to -inf.
 
     logits: [B, V]; top_k: [B] int (<= 0 keeps all); top_p: [B] float in (0, 1].

@@ -32,21 +32,21 @@ def _pick_device(device: str) -> str:
     return device
 
 
-def load_model(model_path: str | Path, device: str = "auto", dtype: str = "auto"
-               ) -> tuple[Any, Any]:
+def load_model(model_path: str | Path, device: str = "auto", dtype: str = "auto") -> tuple[Any, Any]:
     """(model, tokenizer) from a local HF directory; float32 on CPU unless `dtype` says else."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(model_path)
     if not (path / "config.json").is_file():
-        raise InferenceError(f"{path} has no config.json: pass a local Hugging Face model "
-                             "directory (make one with `stacx models tiny --out DIR`)")
+        raise InferenceError(
+            f"{path} has no config.json: pass a local Hugging Face model "
+            "directory (make one with `stacx models tiny --out DIR`)"
+        )
     if dtype not in _DTYPES:
         raise InferenceError(f"dtype={dtype!r}; use one of {_DTYPES}")
     device = _pick_device(device)
-    torch_dtype = (torch.float32 if device == "cpu" else "auto") if dtype == "auto" \
-        else getattr(torch, dtype)
+    torch_dtype = (torch.float32 if device == "cpu" else "auto") if dtype == "auto" else getattr(torch, dtype)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     model = model.to(device).eval()  # type: ignore[arg-type]
@@ -94,12 +94,14 @@ class InferenceServer:
             torch.set_num_threads(config.torch_threads)
         model, tokenizer = load_model(config.model_path, config.device, config.dtype)
         self.engine = BatchingEngine(config.engine, model, tokenizer, config.weight_version)
-        context = config.context_length or int(
-            getattr(model.config, "max_position_embeddings", 4096))
+        context = config.context_length or int(getattr(model.config, "max_position_embeddings", 4096))
         self.state = ServingState(
-            engine=self.engine, tokenizer=tokenizer, model_path=str(config.model_path),
+            engine=self.engine,
+            tokenizer=tokenizer,
+            model_path=str(config.model_path),
             served_model_name=config.served_model_name or Path(config.model_path).name,
-            context_length=context)
+            context_length=context,
+        )
         self.app = build_app(self.state)
         self._uvicorn: Any = None
         self._thread: threading.Thread | None = None
@@ -113,8 +115,14 @@ class InferenceServer:
 
         if self.config.port == 0:
             self.config.port = _free_port(self.config.host)
-        config = uvicorn.Config(self.app, host=self.config.host, port=self.config.port,
-                                log_level="warning", access_log=False, lifespan="off")
+        config = uvicorn.Config(
+            self.app,
+            host=self.config.host,
+            port=self.config.port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+        )
         return uvicorn.Server(config)
 
     def serve_forever(self) -> None:

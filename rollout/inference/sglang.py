@@ -21,8 +21,10 @@ __all__ = ["SGLangServer", "unavailable_reason"]
 def unavailable_reason() -> str | None:
     """Why SGLang cannot run here, or None when it can."""
     if importlib.util.find_spec("sglang") is None:
-        return ("the sglang package is not installed in this environment (it needs a CUDA "
-                "machine); use --engine builtin, or install sglang on a GPU host")
+        return (
+            "the sglang package is not installed in this environment (it needs a CUDA "
+            "machine); use --engine builtin, or install sglang on a GPU host"
+        )
     try:
         import torch
     except ImportError:
@@ -68,9 +70,23 @@ class SGLangServer:
 
     def command(self) -> list[str]:
         c = self.config
-        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", c.model_path,
-               "--host", c.host, "--port", str(c.port), "--dtype", c.dtype,
-               "--tp-size", str(c.tp_size), "--weight-version", c.weight_version]
+        cmd = [
+            sys.executable,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            c.model_path,
+            "--host",
+            c.host,
+            "--port",
+            str(c.port),
+            "--dtype",
+            c.dtype,
+            "--tp-size",
+            str(c.tp_size),
+            "--weight-version",
+            c.weight_version,
+        ]
         if c.context_length is not None:
             cmd += ["--context-length", str(c.context_length)]
         if c.mem_fraction_static is not None:
@@ -91,7 +107,8 @@ class SGLangServer:
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise ServerUnavailableError(
-                    f"SGLang exited with status {self.process.returncode} while starting")
+                    f"SGLang exited with status {self.process.returncode} while starting"
+                )
             try:
                 if httpx.get(f"{self.base_url}/get_model_info", timeout=5).status_code == 200:
                     return

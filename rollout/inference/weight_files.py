@@ -27,12 +27,11 @@ def safetensors_files(model_dir: str | Path) -> list[Path]:
         return [root / shard for shard in shards]
     raise WeightLoadError(
         f"{root} has neither {SINGLE_FILE} nor {INDEX_FILE}; point model_path at a directory "
-        "written by save_pretrained(safe_serialization=True)")
+        "written by save_pretrained(safe_serialization=True)"
+    )
 
 
-def read_state_dict(
-    model_dir: str | Path, device: str | torch.device = "cpu"
-) -> dict[str, torch.Tensor]:
+def read_state_dict(model_dir: str | Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """All tensors of the checkpoint at `model_dir`, on `device`."""
     from safetensors.torch import load_file
 
@@ -57,13 +56,14 @@ def check_state_dict(model: Any, state: dict[str, torch.Tensor]) -> dict[str, to
     if unknown or missing:
         raise WeightLoadError(
             f"checkpoint does not match the loaded model: unknown tensors {unknown[:5]}, "
-            f"missing tensors {missing[:5]}; was it saved from the same architecture?")
+            f"missing tensors {missing[:5]}; was it saved from the same architecture?"
+        )
     update: dict[str, torch.Tensor] = {}
     for name, param in params.items():
         tensor = state[name]
         if tensor.shape != param.shape:
             raise WeightLoadError(
-                f"tensor {name} has shape {tuple(tensor.shape)}, the model expects "
-                f"{tuple(param.shape)}")
+                f"tensor {name} has shape {tuple(tensor.shape)}, the model expects {tuple(param.shape)}"
+            )
         update[name] = tensor.to(device=param.device, dtype=param.dtype)
     return update

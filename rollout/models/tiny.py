@@ -45,11 +45,13 @@ class TinyModelConfig:
         if self.hidden_size % self.num_attention_heads:
             raise ModelFactoryError(
                 f"hidden_size={self.hidden_size} is not divisible by num_attention_heads="
-                f"{self.num_attention_heads}; pick sizes where it divides")
+                f"{self.num_attention_heads}; pick sizes where it divides"
+            )
         if self.num_attention_heads % self.num_key_value_heads:
             raise ModelFactoryError(
                 f"num_attention_heads={self.num_attention_heads} is not divisible by "
-                f"num_key_value_heads={self.num_key_value_heads}")
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
 
 
 def _model_config(cfg: TinyModelConfig, tokenizer: Any) -> Any:
@@ -57,12 +59,18 @@ def _model_config(cfg: TinyModelConfig, tokenizer: Any) -> Any:
 
     eos = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
     return Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
-        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
         max_position_embeddings=cfg.max_position_embeddings,
-        initializer_range=cfg.initializer_range, tie_word_embeddings=cfg.tie_word_embeddings,
-        bos_token_id=None, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id,
+        initializer_range=cfg.initializer_range,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        bos_token_id=None,
+        eos_token_id=eos,
+        pad_token_id=tokenizer.pad_token_id,
     )
 
 
@@ -96,7 +104,8 @@ def make_tiny_model(out_dir: str | Path, **overrides: Any) -> Path:
     torch.manual_seed(cfg.seed)
     model = Qwen2ForCausalLM(config).eval()
     model.generation_config = GenerationConfig(
-        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, do_sample=False)
+        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, do_sample=False
+    )
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CHAT_TEMPLATE", "EOS_TOKEN", "PAD_TOKEN", "SPECIAL_TOKENS", "TOOL_TOKENS",
-           "make_tokenizer"]
+__all__ = ["CHAT_TEMPLATE", "EOS_TOKEN", "PAD_TOKEN", "SPECIAL_TOKENS", "TOOL_TOKENS", "make_tokenizer"]
 
 PAD_TOKEN = "<|endoftext|>"
 EOS_TOKEN = "<|im_end|>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, "<|im_start|>", EOS_TOKEN)
 """Control tokens, dropped by `decode(..., skip_special_tokens=True)`."""
-TOOL_TOKENS: tuple[str, ...] = ("<tool_call>", "</tool_call>", "<tool_response>",
-                                "</tool_response>")
+TOOL_TOKENS: tuple[str, ...] = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 """Tool-call markers: single tokens that stay visible in decoded text."""
 
 CHAT_TEMPLATE = (
@@ -30,7 +28,7 @@ CHAT_TEMPLATE = (
     "{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n\n"
     "For each call, return a JSON object with the function name and arguments within"
     " <tool_call></tool_call> tags:\n"
-    "<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>"
+    '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
     "<|im_end|>\n"
     "{% elif messages[0].role == 'system' %}"
     "<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n"
@@ -42,7 +40,7 @@ CHAT_TEMPLATE = (
     "<|im_start|>assistant\n{{ message.content or '' }}"
     "{% for call in message.tool_calls or [] %}"
     "{% set fn = call.function if call.function is defined else call %}"
-    "<tool_call>\n{\"name\": \"{{ fn.name }}\", \"arguments\": "
+    '<tool_call>\n{"name": "{{ fn.name }}", "arguments": '
     "{{ fn.arguments if fn.arguments is string else fn.arguments | tojson }}}\n</tool_call>"
     "{% endfor %}"
     "<|im_end|>\n"
@@ -57,8 +55,11 @@ CHAT_TEMPLATE = (
 
 def _byte_alphabet() -> list[str]:
     """GPT-2's printable stand-in character for each byte 0-255, in byte order."""
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-                 + list(range(ord("®"), ord("ÿ") + 1)))
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     extra = 0
     chars: list[str] = []
     for byte in range(256):
@@ -77,8 +78,7 @@ def _build_backend() -> Any:
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                for t in SPECIAL_TOKENS])
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
     return backend
 

@@ -97,6 +97,15 @@ def check_helper(run: RawRun, what: str, path: str) -> None:
         raise BackendError(f"{what} {path!r} failed with exit {run.exit_code}: {detail}")
 
 
+def downloaded(run: RawRun, what: str, path: str, max_bytes: int) -> bytes:
+    """The bytes a read helper (READ_FILE_SCRIPT, READ_DIR_SCRIPT) printed, after `check_helper`;
+    output cut at `max_bytes` is an error, never a silently short file."""
+    check_helper(run, what, path)
+    if run.stdout.truncated:
+        raise BackendError(f"{path} is larger than the download limit of {max_bytes} bytes")
+    return run.stdout.data()
+
+
 def parse_oom_kills(text: str) -> int:
     """`oom_kill N` from cgroup v2 memory.events or v1 memory.oom_control (0 when absent)."""
     for line in text.splitlines():

@@ -29,6 +29,7 @@ from sandbox.backends._common import (
     OutputCap,
     RawRun,
     check_helper,
+    downloaded,
     exec_argv,
     helper_argv,
     parse_oom_kills,
@@ -239,18 +240,12 @@ class DockerBackend:
     async def read_file(self, handle: SandboxHandle, path: str, *, max_bytes: int) -> bytes:
         argv = helper_argv(READ_FILE_SCRIPT, path)
         run = await self._run(self._exec, handle.ref, argv, None, {}, "/", max_bytes, 300.0)
-        check_helper(run, "file", path)
-        if run.stdout.truncated:
-            raise BackendError(f"{path} is larger than the download limit of {max_bytes} bytes")
-        return run.stdout.data()
+        return downloaded(run, "file", path, max_bytes)
 
     async def read_archive(self, handle: SandboxHandle, path: str, *, max_bytes: int) -> bytes:
         argv = helper_argv(READ_DIR_SCRIPT, path)
         run = await self._run(self._exec, handle.ref, argv, None, {}, "/", max_bytes, 300.0)
-        check_helper(run, "directory", path)
-        if run.stdout.truncated:
-            raise BackendError(f"{path} is larger than the download limit of {max_bytes} bytes")
-        return run.stdout.data()
+        return downloaded(run, "directory", path, max_bytes)
 
     def _exec(
         self,

@@ -27,6 +27,7 @@ from sandbox.backends._common import (
     OutputCap,
     RawRun,
     check_helper,
+    downloaded,
     exec_argv,
     helper_argv,
     to_result,
@@ -151,17 +152,11 @@ class ProcessBackend:
 
     async def read_file(self, handle: SandboxHandle, path: str, *, max_bytes: int) -> bytes:
         run = await self._helper(handle, helper_argv(READ_FILE_SCRIPT, path), None, max_bytes)
-        check_helper(run, "file", path)
-        if run.stdout.truncated:
-            raise BackendError(f"{path} is larger than the download limit of {max_bytes} bytes")
-        return run.stdout.data()
+        return downloaded(run, "file", path, max_bytes)
 
     async def read_archive(self, handle: SandboxHandle, path: str, *, max_bytes: int) -> bytes:
         run = await self._helper(handle, helper_argv(READ_DIR_SCRIPT, path), None, max_bytes)
-        check_helper(run, "directory", path)
-        if run.stdout.truncated:
-            raise BackendError(f"{path} is larger than the download limit of {max_bytes} bytes")
-        return run.stdout.data()
+        return downloaded(run, "directory", path, max_bytes)
 
 
 async def _run(argv: list[str], stdin: bytes | None, max_bytes: int, wait_s: float) -> RawRun:

@@ -28,8 +28,10 @@ def server(tiny_model_dir: Path) -> Iterator[InferenceServer]:
 
 
 def _generate(base_url: str) -> tuple[list[int], str]:
-    body = {"input_ids": [60, 61, 62], "sampling_params": {
-        "max_new_tokens": 8, "temperature": 0, "ignore_eos": True}}
+    body = {
+        "input_ids": [60, 61, 62],
+        "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+    }
     answer = httpx.post(f"{base_url}/generate", json=body, timeout=60).json()
     return answer["output_ids"], answer["meta_info"]["weight_version"]
 
@@ -44,8 +46,13 @@ def _wait_for_version(base_url: str, version: str, timeout_s: float = 60) -> Non
 
 
 def test_subscriber_applies_latest_then_follows_newer_versions(
-        kafka_bootstrap: str, fresh_topic: Callable[..., str], fresh_group: str,
-        server: InferenceServer, tiny_model_dir: Path, other_model_dir: Path) -> None:
+    kafka_bootstrap: str,
+    fresh_topic: Callable[..., str],
+    fresh_group: str,
+    server: InferenceServer,
+    tiny_model_dir: Path,
+    other_model_dir: Path,
+) -> None:
     topic = fresh_topic("weights", partitions=1, config=WEIGHTS_CONFIG)
     producer = EventProducer(EventProducer.Config(bootstrap_servers=kafka_bootstrap))
 
@@ -57,9 +64,15 @@ def test_subscriber_applies_latest_then_follows_newer_versions(
     publish("policy", 1, tiny_model_dir)
     publish("policy", 2, other_model_dir)
     publish("critic", 9, tiny_model_dir)
-    subscriber = WeightSubscriber(WeightSubscriber.Config(
-        model_name="policy", server_url=server.base_url, bootstrap_servers=kafka_bootstrap,
-        topic=topic, group_id=fresh_group))
+    subscriber = WeightSubscriber(
+        WeightSubscriber.Config(
+            model_name="policy",
+            server_url=server.base_url,
+            bootstrap_servers=kafka_bootstrap,
+            topic=topic,
+            group_id=fresh_group,
+        )
+    )
     stop = threading.Event()
     follower = threading.Thread(target=subscriber.run, args=(stop,))
     follower.start()

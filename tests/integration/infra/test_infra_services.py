@@ -48,9 +48,10 @@ def test_status_reports_live_services(kafka_bootstrap: str, sandbox_image: str) 
 
 def _run_in_sandbox(image: str, code: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["docker", "run", "--rm", "--network", "none", "--user", "1000:1000", image,
-         "python3", "-c", code],
-        capture_output=True, text=True, timeout=120,
+        ["docker", "run", "--rm", "--network", "none", "--user", "1000:1000", image, "python3", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

@@ -1,4 +1,5 @@
-"""Hypothesis strategies for every STACX record type, and a comparable view of records."""
+"""Hypothesis strategies for every STACX record type, a comparable view of records, and a minimal
+`trajectory()` for tests that need one record of no particular content."""
 
 from __future__ import annotations
 
@@ -192,3 +193,17 @@ def comparable(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: comparable(v) for k, v in value.items()}
     return value
+
+
+def trajectory(i: int = 0, **fields: Any) -> Trajectory:
+    """A valid Trajectory with only the required fields set (`traj-{i}`, sample `i`), plus `fields`."""
+    base: dict[str, Any] = {
+        "trajectory_id": f"traj-{i}",
+        "group_id": "g",
+        "sample_index": i,
+        "task_id": "k",
+        "task_type": "x",
+        "model_name": "m",
+        "policy_version": 0,
+    }
+    return Trajectory(**(base | fields))

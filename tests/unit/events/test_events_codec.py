@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from events_strategies import RECORDS, comparable
+from events_strategies import RECORDS, comparable, trajectory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -37,18 +37,7 @@ def test_every_builtin_schema_matches_its_dataclass() -> None:
 
 def test_token_arrays_travel_as_packed_little_endian_bytes() -> None:
     ids = np.arange(2000, dtype=np.int32)
-    t = Trajectory(
-        trajectory_id="t",
-        group_id="g",
-        sample_index=0,
-        task_id="k",
-        task_type="x",
-        model_name="m",
-        policy_version=0,
-        token_ids=ids,
-        loss_mask=loss_mask(np.ones(2000)),
-        logprobs=logprobs(np.zeros(2000)),
-    )
+    t = trajectory(token_ids=ids, loss_mask=loss_mask(np.ones(2000)), logprobs=logprobs(np.zeros(2000)))
     data = encode(t)
     assert ids.astype("<i4").tobytes() in data
     assert 2000 * 9 < len(data) < 2000 * 9 + 200  # 4 + 1 + 4 bytes per token, no boxing
@@ -57,16 +46,7 @@ def test_token_arrays_travel_as_packed_little_endian_bytes() -> None:
 
 
 def test_python_lists_are_accepted_for_arrays() -> None:
-    t = Trajectory(
-        trajectory_id="t",
-        group_id="g",
-        sample_index=0,
-        task_id="k",
-        task_type="x",
-        model_name="m",
-        policy_version=0,
-        turns=[Turn(role="user", text="hi", token_ids=[1, 2])],
-    )  # type: ignore[arg-type]
+    t = trajectory(turns=[Turn(role="user", text="hi", token_ids=[1, 2])])
     assert decode(encode(t), Trajectory).turns[0].token_ids.tolist() == [1, 2]
 
 
@@ -84,34 +64,13 @@ def test_unknown_fingerprint_names_it() -> None:
 
 
 def test_truncated_body_is_a_codec_error() -> None:
-    data = encode(
-        Trajectory(
-            trajectory_id="t",
-            group_id="g",
-            sample_index=0,
-            task_id="k",
-            task_type="x",
-            model_name="m",
-            policy_version=0,
-            token_ids=token_ids([1]),
-        )
-    )
+    data = encode(trajectory(token_ids=token_ids([1])))
     with pytest.raises(CodecError, match="corrupt"):
         decode(data[:20])
 
 
 def test_expected_type_mismatch() -> None:
-    data = encode(
-        Trajectory(
-            trajectory_id="t",
-            group_id="g",
-            sample_index=0,
-            task_id="k",
-            task_type="x",
-            model_name="m",
-            policy_version=0,
-        )
-    )
+    data = encode(trajectory())
     with pytest.raises(CodecError, match="expected Turn"):
         decode(data, Turn)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from events_strategies import trajectory
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -16,19 +17,6 @@ from schemas.errors import CodecError, RecordValidationError
 from schemas.identity import record_id, record_key
 from schemas.records import TrainingBatch, Trajectory, token_ids
 from schemas.validation import record_problems, validate
-
-
-def trajectory(i: int = 0, **kw: object) -> Trajectory:
-    return Trajectory(
-        trajectory_id=f"traj-{i}",
-        group_id="g",
-        sample_index=i,
-        task_id="k",
-        task_type="x",
-        model_name="m",
-        policy_version=0,
-        **kw,
-    )  # type: ignore[arg-type]
 
 
 def test_confluent_wire_format_with_mock_registry() -> None:

@@ -6,23 +6,11 @@ import logging
 from concurrent.futures import wait
 
 import pytest
+from events_strategies import trajectory
 
 from producers import DeliveryError, EventProducer, ProducerClosedError
-from schemas.records import Trajectory
 
 DEAD_BROKER = "127.0.0.1:1"
-
-
-def trajectory(i: int) -> Trajectory:
-    return Trajectory(
-        trajectory_id=f"traj-{i}",
-        group_id="g",
-        sample_index=i,
-        task_id="k",
-        task_type="x",
-        model_name="m",
-        policy_version=0,
-    )
 
 
 def offline_producer(**overrides: object) -> EventProducer:

@@ -15,16 +15,25 @@ def _prefill(model, rows: list[list[int]]):  # type: ignore[no-untyped-def]
     length = max(map(len, rows))
     ids = torch.tensor([[0] * (length - len(r)) + r for r in rows])
     mask = torch.tensor([[0] * (length - len(r)) + [1] * len(r) for r in rows])
-    out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
-                past_key_values=DynamicCache(config=model.config), use_cache=True)
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=(mask.cumsum(1) - 1).clamp(min=0),
+        past_key_values=DynamicCache(config=model.config),
+        use_cache=True,
+    )
     return out.past_key_values, mask
 
 
 def _next_logits(model, cache, mask, tokens: list[int], positions: list[int]):  # type: ignore[no-untyped-def]
     mask = torch.cat([mask, torch.ones(len(tokens), 1, dtype=mask.dtype)], dim=1)
-    out = model(input_ids=torch.tensor(tokens)[:, None], attention_mask=mask,
-                position_ids=torch.tensor(positions)[:, None], past_key_values=cache,
-                use_cache=True)
+    out = model(
+        input_ids=torch.tensor(tokens)[:, None],
+        attention_mask=mask,
+        position_ids=torch.tensor(positions)[:, None],
+        past_key_values=cache,
+        use_cache=True,
+    )
     return out.logits[:, -1]
 
 

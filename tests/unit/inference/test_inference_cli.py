@@ -14,21 +14,22 @@ def _run(argv: list[str]) -> int:
     return int(args.func(args))
 
 
-def test_models_tiny_writes_a_loadable_directory(tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_models_tiny_writes_a_loadable_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _run(["models", "tiny", "--out", str(tmp_path / "m"), "--seed", "3"]) == 0
     assert (tmp_path / "m" / "model.safetensors").is_file()
     assert capsys.readouterr().out.strip() == str(tmp_path / "m")
 
 
-def test_serve_rejects_a_directory_without_a_model(tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_serve_rejects_a_directory_without_a_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert _run(["serve", "--model", str(tmp_path)]) == 2
     assert "config.json" in capsys.readouterr().err
 
 
-def test_serve_sglang_explains_why_it_cannot_run(tiny_model_dir: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_serve_sglang_explains_why_it_cannot_run(
+    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from rollout.inference.sglang import unavailable_reason
 
     reason = unavailable_reason()
@@ -41,9 +42,16 @@ def test_serve_sglang_explains_why_it_cannot_run(tiny_model_dir: Path,
 def test_sglang_command_carries_matching_flags() -> None:
     from rollout.inference.sglang import SGLangServer
 
-    command = SGLangServer(SGLangServer.Config(
-        model_path="/m", port=31000, tp_size=2, weight_version="4", context_length=2048,
-        extra_args=["--disable-cuda-graph"])).command()
+    command = SGLangServer(
+        SGLangServer.Config(
+            model_path="/m",
+            port=31000,
+            tp_size=2,
+            weight_version="4",
+            context_length=2048,
+            extra_args=["--disable-cuda-graph"],
+        )
+    ).command()
     assert command[1:3] == ["-m", "sglang.launch_server"]
     pairs = dict(zip(command[3::2], command[4::2], strict=False))
     assert pairs["--model-path"] == "/m" and pairs["--port"] == "31000"

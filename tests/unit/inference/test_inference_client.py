@@ -16,15 +16,24 @@ from rollout.inference import (
     ServerError,
 )
 
-GENERATED = {"text": "ab", "output_ids": [97, 98], "meta_info": {
-    "id": "r1", "finish_reason": {"type": "stop", "matched": 258}, "prompt_tokens": 3,
-    "completion_tokens": 2, "weight_version": "4",
-    "output_token_logprobs": [[-0.5, 97, None], [-1.25, 98, None]]}}
+GENERATED = {
+    "text": "ab",
+    "output_ids": [97, 98],
+    "meta_info": {
+        "id": "r1",
+        "finish_reason": {"type": "stop", "matched": 258},
+        "prompt_tokens": 3,
+        "completion_tokens": 2,
+        "weight_version": "4",
+        "output_token_logprobs": [[-0.5, 97, None], [-1.25, 98, None]],
+    },
+}
 
 
 def _client(handler: httpx.MockTransport | None = None, **overrides: float) -> InferenceClient:
-    config = InferenceClient.Config(base_url="http://server", backoff_initial_s=0.001,
-                                    max_retries=3, **overrides)  # type: ignore[arg-type]
+    config = InferenceClient.Config(
+        base_url="http://server", backoff_initial_s=0.001, max_retries=3, **overrides
+    )  # type: ignore[arg-type]
     return InferenceClient(config, transport=handler)
 
 
@@ -37,8 +46,7 @@ def test_generate_sends_sglang_payload_and_parses_result() -> None:
 
     async def call() -> None:
         async with _client(httpx.MockTransport(handle)) as client:
-            result = await client.generate([1, 2, 3], SamplingParams(max_new_tokens=2,
-                                                                     temperature=0))
+            result = await client.generate([1, 2, 3], SamplingParams(max_new_tokens=2, temperature=0))
         assert result.output_ids == [97, 98] and result.logprobs == [-0.5, -1.25]
         assert (result.weight_version, result.policy_version) == ("4", 4)
         assert (result.finish_reason, result.matched_stop) == ("stop", 258)
@@ -50,9 +58,13 @@ def test_generate_sends_sglang_payload_and_parses_result() -> None:
 
 
 def test_retries_through_503_and_429_during_a_swap() -> None:
-    answers = iter([httpx.Response(503, json={"error": {"message": "swapping"}}),
-                    httpx.Response(429, headers={"Retry-After": "0"}, json={}),
-                    httpx.Response(200, json=GENERATED)])
+    answers = iter(
+        [
+            httpx.Response(503, json={"error": {"message": "swapping"}}),
+            httpx.Response(429, headers={"Retry-After": "0"}, json={}),
+            httpx.Response(200, json=GENERATED),
+        ]
+    )
 
     async def call() -> list[int]:
         async with _client(httpx.MockTransport(lambda _: next(answers))) as client:
@@ -80,10 +92,11 @@ def test_retries_connection_errors_then_gives_up_as_unavailable() -> None:
     assert calls == 4  # first try + max_retries
 
 
-@pytest.mark.parametrize(("status", "error"), [(400, InvalidRequestError), (422, InvalidRequestError),
-                                               (500, ServerError), (429, OverloadedError)])
-def test_non_retriable_or_exhausted_errors_carry_the_server_message(status: int,
-                                                                   error: type) -> None:
+@pytest.mark.parametrize(
+    ("status", "error"),
+    [(400, InvalidRequestError), (422, InvalidRequestError), (500, ServerError), (429, OverloadedError)],
+)
+def test_non_retriable_or_exhausted_errors_carry_the_server_message(status: int, error: type) -> None:
     body = {"error": {"message": "input_ids: is empty"}}
 
     async def call() -> None:

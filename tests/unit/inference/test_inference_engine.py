@@ -14,8 +14,13 @@ import torch
 from rollout.inference import BatchingEngine, SamplingParams, load_model
 from rollout.inference.weight_files import check_state_dict, read_state_dict
 
-PROMPTS = ["12+30=", "what is 7*6?", "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
-           "a", "The quick brown fox jumps over the lazy dog"]
+PROMPTS = [
+    "12+30=",
+    "what is 7*6?",
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+    "a",
+    "The quick brown fox jumps over the lazy dog",
+]
 
 
 @pytest.fixture
@@ -32,15 +37,20 @@ def _ids(engine: BatchingEngine, text: str) -> list[int]:
 
 
 def _reference_greedy(model: Any, ids: list[int], max_new_tokens: int) -> list[int]:
-    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                         max_new_tokens=max_new_tokens, do_sample=False)
-    return out[0, len(ids):].tolist()
+    out = model.generate(
+        torch.tensor([ids]),
+        attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+    )
+    return out[0, len(ids) :].tolist()
 
 
-def _teacher_forced_logprobs(model: Any, ids: list[int], output: list[int],
-                             temperature: float) -> torch.Tensor:
+def _teacher_forced_logprobs(
+    model: Any, ids: list[int], output: list[int], temperature: float
+) -> torch.Tensor:
     with torch.no_grad():
-        logits = model(torch.tensor([ids + output])).logits[0, len(ids) - 1:-1].float()
+        logits = model(torch.tensor([ids + output])).logits[0, len(ids) - 1 : -1].float()
     scaled = logits / (temperature if temperature > 0 else 1.0)
     return torch.log_softmax(scaled, dim=-1).gather(1, torch.tensor(output)[:, None]).squeeze(1)
 
@@ -68,7 +78,8 @@ def test_logprobs_match_teacher_forced_forward(engine: BatchingEngine, temperatu
         assert len(out.output_ids) == 16 and len(out.logprobs) == 16
         expected = _teacher_forced_logprobs(engine.model, ids, out.output_ids, temperature)
         assert torch.allclose(torch.tensor(out.logprobs), expected, atol=1e-4), (
-            (torch.tensor(out.logprobs) - expected).abs().max())
+            (torch.tensor(out.logprobs) - expected).abs().max()
+        )
 
 
 def test_concurrent_requests_share_decode_steps(engine: BatchingEngine) -> None:
@@ -83,20 +94,21 @@ def test_concurrent_requests_share_decode_steps(engine: BatchingEngine) -> None:
 
 def test_stop_token_ids_stop_strings_and_length(engine: BatchingEngine) -> None:
     ids = _ids(engine, PROMPTS[1])
-    free = engine.submit(ids, SamplingParams(max_new_tokens=10, temperature=0.0,
-                                             ignore_eos=True)).result(timeout=60)
+    free = engine.submit(ids, SamplingParams(max_new_tokens=10, temperature=0.0, ignore_eos=True)).result(
+        timeout=60
+    )
     assert free.finish_reason == {"type": "length", "length": 10}
     third = free.output_ids[2]
-    by_id = engine.submit(ids, SamplingParams(max_new_tokens=10, temperature=0.0,
-                                              ignore_eos=True, stop_token_ids=[third])
-                          ).result(timeout=60)
+    by_id = engine.submit(
+        ids, SamplingParams(max_new_tokens=10, temperature=0.0, ignore_eos=True, stop_token_ids=[third])
+    ).result(timeout=60)
     first_hit = free.output_ids.index(third)
     assert by_id.output_ids == free.output_ids[: first_hit + 1]
     assert by_id.finish_reason == {"type": "stop", "matched": third}
     stop_text = engine.tokenizer.decode(free.output_ids[3:5])
-    by_text = engine.submit(ids, SamplingParams(max_new_tokens=10, temperature=0.0,
-                                                ignore_eos=True, stop=[stop_text])
-                            ).result(timeout=60)
+    by_text = engine.submit(
+        ids, SamplingParams(max_new_tokens=10, temperature=0.0, ignore_eos=True, stop=[stop_text])
+    ).result(timeout=60)
     assert by_text.finish_reason == {"type": "stop", "matched": stop_text}
     assert stop_text not in by_text.text
 
@@ -116,12 +128,10 @@ def test_swap_changes_outputs_and_version(engine: BatchingEngine, other_model_di
 
 def test_swap_waits_for_running_requests(engine: BatchingEngine, other_model_dir: Path) -> None:
     ids = _ids(engine, PROMPTS[2])
-    running = engine.submit(ids, SamplingParams(max_new_tokens=200, temperature=0.0,
-                                                ignore_eos=True))
+    running = engine.submit(ids, SamplingParams(max_new_tokens=200, temperature=0.0, ignore_eos=True))
     while engine.metrics.counters["generated_tokens_total"] < 2:
         time.sleep(0.005)
-    swap = engine.update_weights(check_state_dict(engine.model, read_state_dict(other_model_dir)),
-                                 "1")
+    swap = engine.update_weights(check_state_dict(engine.model, read_state_dict(other_model_dir)), "1")
     queued = engine.submit(ids, SamplingParams(max_new_tokens=4, temperature=0.0))
     first = running.result(timeout=120)
     assert swap.result(timeout=60) == 0
@@ -130,8 +140,9 @@ def test_swap_waits_for_running_requests(engine: BatchingEngine, other_model_dir
 
 
 def test_swap_can_abort_running_requests(engine: BatchingEngine, other_model_dir: Path) -> None:
-    running = engine.submit(_ids(engine, "x"), SamplingParams(max_new_tokens=2000, temperature=0.0,
-                                                              ignore_eos=True))
+    running = engine.submit(
+        _ids(engine, "x"), SamplingParams(max_new_tokens=2000, temperature=0.0, ignore_eos=True)
+    )
     while engine.metrics.counters["generated_tokens_total"] < 2:
         time.sleep(0.005)
     update = check_state_dict(engine.model, read_state_dict(other_model_dir))

@@ -23,8 +23,9 @@ def server(tiny_model_dir: Path) -> Iterator[InferenceServer]:
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    srv = InferenceServer(InferenceServer.Config(model_path=str(tiny_model_dir), port=0,
-                                                 weight_version="0", context_length=256))
+    srv = InferenceServer(
+        InferenceServer.Config(model_path=str(tiny_model_dir), port=0, weight_version="0", context_length=256)
+    )
     srv.start()
     yield srv
     srv.stop()
@@ -42,8 +43,11 @@ def _error(response: httpx.Response) -> str:
 
 
 def test_generate_returns_sglang_shapes(http: httpx.Client) -> None:
-    body = {"text": "1+1=", "sampling_params": {"max_new_tokens": 4, "temperature": 0},
-            "return_logprob": True}
+    body = {
+        "text": "1+1=",
+        "sampling_params": {"max_new_tokens": 4, "temperature": 0},
+        "return_logprob": True,
+    }
     answer = http.post("/generate", json=body).json()
     meta = answer["meta_info"]
     assert len(answer["output_ids"]) == meta["completion_tokens"]
@@ -53,13 +57,16 @@ def test_generate_returns_sglang_shapes(http: httpx.Client) -> None:
     assert all(entry[0] <= 0 and entry[2] is None for entry in meta["output_token_logprobs"])
 
 
-@pytest.mark.parametrize(("body", "field"), [
-    ({"input_ids": []}, "input_ids"),
-    ({"text": ""}, "input_ids"),
-    ({"input_ids": [1] * 300}, "input_ids"),
-    ({"text": "x" * 200, "sampling_params": {"max_new_tokens": 100}}, "text"),
-    ({"input_ids": [100000]}, "input_ids"),
-])
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"input_ids": []}, "input_ids"),
+        ({"text": ""}, "input_ids"),
+        ({"input_ids": [1] * 300}, "input_ids"),
+        ({"text": "x" * 200, "sampling_params": {"max_new_tokens": 100}}, "text"),
+        ({"input_ids": [100000]}, "input_ids"),
+    ],
+)
 def test_bad_input_is_400_naming_the_field(http: httpx.Client, body: dict, field: str) -> None:
     response = http.post("/generate", json=body)
     assert response.status_code == 400
@@ -67,33 +74,41 @@ def test_bad_input_is_400_naming_the_field(http: httpx.Client, body: dict, field
     assert _error(response).startswith(f"{field}:")
 
 
-@pytest.mark.parametrize(("body", "field"), [
-    ({"input_ids": [1], "temprature": 0.5}, "temprature"),
-    ({"input_ids": [1], "sampling_params": {"max_tokens": 3}}, "sampling_params.max_tokens"),
-    ({"input_ids": "12"}, "input_ids"),
-    ({"input_ids": [1], "sampling_params": {"temperature": "hot"}},
-     "sampling_params.temperature"),
-    ({"input_ids": [1], "sampling_params": {"max_new_tokens": 0}},
-     "sampling_params.max_new_tokens"),
-])
-def test_unknown_or_mistyped_field_is_422_naming_it(http: httpx.Client, body: dict,
-                                                    field: str) -> None:
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"input_ids": [1], "temprature": 0.5}, "temprature"),
+        ({"input_ids": [1], "sampling_params": {"max_tokens": 3}}, "sampling_params.max_tokens"),
+        ({"input_ids": "12"}, "input_ids"),
+        ({"input_ids": [1], "sampling_params": {"temperature": "hot"}}, "sampling_params.temperature"),
+        ({"input_ids": [1], "sampling_params": {"max_new_tokens": 0}}, "sampling_params.max_new_tokens"),
+    ],
+)
+def test_unknown_or_mistyped_field_is_422_naming_it(http: httpx.Client, body: dict, field: str) -> None:
     response = http.post("/generate", json=body)
     assert response.status_code == 422
     assert field in _error(response)
 
 
 def test_openai_routes_answer_with_logprobs(http: httpx.Client) -> None:
-    chat = http.post("/v1/chat/completions", json={
-        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "temperature": 0,
-        "logprobs": True, "return_token_ids": True}).json()
+    chat = http.post(
+        "/v1/chat/completions",
+        json={
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 5,
+            "temperature": 0,
+            "logprobs": True,
+            "return_token_ids": True,
+        },
+    ).json()
     choice = chat["choices"][0]
     assert chat["object"] == "chat.completion" and chat["metadata"]["weight_version"] == "0"
     assert len(choice["logprobs"]["content"]) == len(choice["token_ids"])
     assert chat["usage"]["completion_tokens"] == len(choice["token_ids"])
-    completion = http.post("/v1/completions", json={"prompt": "ab", "max_tokens": 3,
-                                                    "logprobs": 0}).json()
+    completion = http.post("/v1/completions", json={"prompt": "ab", "max_tokens": 3, "logprobs": 0}).json()
     assert len(completion["choices"][0]["logprobs"]["token_logprobs"]) == 3
+    assert completion["object"] == "text_completion" and completion["id"].startswith("cmpl-")
+    assert chat["id"].startswith("chatcmpl-") and completion["metadata"]["weight_version"] == "0"
     bad = http.post("/v1/chat/completions", json={"messages": [], "max_tokens": 5})
     assert bad.status_code == 422 and "messages" in _error(bad)
 
@@ -102,22 +117,24 @@ def test_metrics_show_batched_decoding(server: InferenceServer, http: httpx.Clie
     async def burst() -> list[int]:
         async with InferenceClient(InferenceClient.Config(base_url=server.base_url)) as client:
             params = SamplingParams(max_new_tokens=16, temperature=0, ignore_eos=True)
-            results = await asyncio.gather(*[client.generate([40 + i, 41], params)
-                                             for i in range(8)])
+            results = await asyncio.gather(*[client.generate([40 + i, 41], params) for i in range(8)])
         return [len(r.output_ids) for r in results]
 
     assert asyncio.run(burst()) == [16] * 8
     text = http.get("/metrics").text
-    values = {line.split(" ")[0]: float(line.split(" ")[1])
-              for line in text.splitlines() if line and not line.startswith("#")}
+    values = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
     steps = values["stacx_inference_batch_size_count"]
     single = values['stacx_inference_batch_size_bucket{le="1"}']
     assert steps > 0 and single < steps  # some steps decoded several requests together
 
 
-def test_client_swap_changes_version_and_outputs(server: InferenceServer,
-                                                 other_model_dir: Path,
-                                                 tiny_model_dir: Path) -> None:
+def test_client_swap_changes_version_and_outputs(
+    server: InferenceServer, other_model_dir: Path, tiny_model_dir: Path
+) -> None:
     async def scenario() -> None:
         async with InferenceClient(InferenceClient.Config(base_url=server.base_url)) as client:
             params = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)

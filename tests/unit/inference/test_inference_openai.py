@@ -8,8 +8,10 @@ from rollout.inference.openai_routes import parse_tool_calls
 
 
 def test_valid_blocks_become_tool_calls() -> None:
-    text = ('Let me compute.<tool_call>\n{"name": "calc", "arguments": {"expr": "2+3"}}\n'
-            '</tool_call><tool_call>{"name": "echo", "arguments": "{\\"x\\": 1}"}</tool_call>')
+    text = (
+        'Let me compute.<tool_call>\n{"name": "calc", "arguments": {"expr": "2+3"}}\n'
+        '</tool_call><tool_call>{"name": "echo", "arguments": "{\\"x\\": 1}"}</tool_call>'
+    )
     content, calls = parse_tool_calls(text)
     assert content == "Let me compute."
     assert [c["function"]["name"] for c in calls] == ["calc", "echo"]

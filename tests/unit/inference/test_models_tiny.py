@@ -15,9 +15,9 @@ def _digest(model_dir: Path) -> str:
     return hashlib.sha256((model_dir / "model.safetensors").read_bytes()).hexdigest()
 
 
-def test_same_seed_same_weights_other_seed_other_weights(tmp_path: Path,
-                                                         tiny_model_dir: Path,
-                                                         other_model_dir: Path) -> None:
+def test_same_seed_same_weights_other_seed_other_weights(
+    tmp_path: Path, tiny_model_dir: Path, other_model_dir: Path
+) -> None:
     again = make_tiny_model(tmp_path / "again", seed=0)
     assert _digest(again) == _digest(tiny_model_dir)
     assert _digest(other_model_dir) != _digest(tiny_model_dir)
@@ -27,8 +27,7 @@ def test_layout_loads_with_auto_classes(tiny_model_dir: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     names = {p.name for p in tiny_model_dir.iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json",
-            "tokenizer_config.json"} <= names
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= names
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     assert model.config.vocab_size == len(tokenizer)
@@ -39,27 +38,33 @@ def test_layout_loads_with_auto_classes(tiny_model_dir: Path) -> None:
 
 def test_digits_are_single_tokens_and_text_round_trips() -> None:
     tokenizer = make_tokenizer()
-    text = "123+456=579 héllo <tool_call>{\"a\": 1}</tool_call>"
+    text = '123+456=579 héllo <tool_call>{"a": 1}</tool_call>'
     ids = tokenizer.encode(text, add_special_tokens=False)
     assert [tokenizer.decode([i]) for i in tokenizer.encode("123", add_special_tokens=False)] == [
-        "1", "2", "3"]
+        "1",
+        "2",
+        "3",
+    ]
     assert tokenizer.decode(ids) == text
     assert tokenizer.convert_tokens_to_ids("<tool_call>") in ids
     # tool markers survive skip_special_tokens, chat control tokens do not
-    marked = tokenizer.encode("<|im_start|><tool_call>x</tool_call><|im_end|>",
-                              add_special_tokens=False)
+    marked = tokenizer.encode("<|im_start|><tool_call>x</tool_call><|im_end|>", add_special_tokens=False)
     assert tokenizer.decode(marked, skip_special_tokens=True) == "<tool_call>x</tool_call>"
 
 
 def test_chat_template_renders_tools_and_tool_results() -> None:
     tokenizer = make_tokenizer()
-    messages = [{"role": "user", "content": "2+3?"},
-                {"role": "assistant", "content": "",
-                 "tool_calls": [{"function": {"name": "calc", "arguments": {"expr": "2+3"}}}]},
-                {"role": "tool", "content": "5"}]
+    messages = [
+        {"role": "user", "content": "2+3?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "calc", "arguments": {"expr": "2+3"}}}],
+        },
+        {"role": "tool", "content": "5"},
+    ]
     tools = [{"type": "function", "function": {"name": "calc"}}]
-    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
     assert text.startswith("<|im_start|>system\n# Tools")
     assert '<tool_call>\n{"name": "calc", "arguments": {"expr": "2+3"}}\n</tool_call><|im_end|>' in text
     assert "<tool_response>\n5\n</tool_response>" in text

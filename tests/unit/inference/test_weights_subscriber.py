@@ -66,10 +66,10 @@ def _version(v: int, model: str = "policy", path: str | None = None) -> WeightVe
 
 
 def _subscriber(records: list[Any], server: FakeServer) -> WeightSubscriber:
-    config = WeightSubscriber.Config(model_name="policy", server_url="http://server",
-                                     backoff_s=0.001, catch_up_timeout_s=5)
-    return WeightSubscriber(config, source=FakeSource(records),
-                            transport=httpx.MockTransport(server))
+    config = WeightSubscriber.Config(
+        model_name="policy", server_url="http://server", backoff_s=0.001, catch_up_timeout_s=5
+    )
+    return WeightSubscriber(config, source=FakeSource(records), transport=httpx.MockTransport(server))
 
 
 def test_catch_up_applies_only_the_latest_of_its_model() -> None:

@@ -38,9 +38,7 @@ def test_imports_point_one_way(package: str) -> None:
     for path in sorted((ROOT / package).rglob("*.py")):
         for imported in sorted(_imported_packages(path) - ALLOWED[package] - {package}):
             violations.append(f"{path.relative_to(ROOT)} imports {imported}")
-    assert not violations, f"{package}/ may import only {sorted(ALLOWED[package])}:\n" + "\n".join(
-        violations
-    )
+    assert not violations, f"{package}/ may import only {sorted(ALLOWED[package])}:\n" + "\n".join(violations)
 
 
 def test_sandbox_is_reached_from_rollout_through_its_client_only() -> None:
@@ -49,7 +47,12 @@ def test_sandbox_is_reached_from_rollout_through_its_client_only() -> None:
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sandbox"):
-                if node.module not in {"sandbox", "sandbox.client", "sandbox.protocols", "sandbox.models",
-                                       "sandbox.errors"}:
+                if node.module not in {
+                    "sandbox",
+                    "sandbox.client",
+                    "sandbox.protocols",
+                    "sandbox.models",
+                    "sandbox.errors",
+                }:
                     violations.append(f"{path.relative_to(ROOT)} imports {node.module}")
     assert not violations, "rollout/ uses the sandbox gateway client only:\n" + "\n".join(violations)

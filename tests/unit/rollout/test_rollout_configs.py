@@ -16,17 +16,21 @@ from schemas.records import TaskSample
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "rollout"
 
 
-def _build(path: Path) -> None:
-    config = load_config(path)
+def _manager_with_fakes(config: RolloutManager.Config) -> RolloutManager:
     tok = FakeTokenizer()
-    RolloutManager(
-        config.manager,
+    return RolloutManager(
+        config,
         source=ListTaskSource([TaskSample(task_id="t", task_type="x", prompt="p")]),
         tokenizer=tok,
         inference=ScriptedInference(tok, lambda c, i: ""),
         publisher=MemoryPublisher(),
         sandbox=FakeEnvironments(),
     )
+
+
+def _build(path: Path) -> None:
+    config = load_config(path)
+    _manager_with_fakes(config.manager)
     if config.data.path:
         assert load_tasks_jsonl(config.data.path)
     if config.data.task_dirs:
@@ -62,16 +66,7 @@ def test_every_shipped_config_builds() -> None:
 )
 def test_bad_configs_name_the_field(values: dict, fragment: str) -> None:
     with pytest.raises(ConfigError) as info:
-        config = parse_config(values)
-        tok = FakeTokenizer()
-        RolloutManager(
-            config.manager,
-            source=ListTaskSource([TaskSample(task_id="t", task_type="x", prompt="p")]),
-            tokenizer=tok,
-            inference=ScriptedInference(tok, lambda c, i: ""),
-            publisher=MemoryPublisher(),
-            sandbox=FakeEnvironments(),
-        )
+        _manager_with_fakes(parse_config(values).manager)
     assert fragment in str(info.value)
 
 

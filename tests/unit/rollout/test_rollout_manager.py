@@ -237,10 +237,9 @@ class _StreamSource:
         pass
 
 
-async def test_idle_stream_source_does_not_hold_back_pending_work() -> None:
+def _stream_manager(source: _StreamSource) -> RolloutManager:
     tok = FakeTokenizer()
-    source = _StreamSource()
-    manager = RolloutManager(
+    return RolloutManager(
         RolloutManager.Config(),
         source=source,
         tokenizer=tok,
@@ -248,19 +247,17 @@ async def test_idle_stream_source_does_not_hold_back_pending_work() -> None:
         publisher=MemoryPublisher(),
         sandbox=FakeEnvironments(),
     )
+
+
+async def test_idle_stream_source_does_not_hold_back_pending_work() -> None:
+    source = _StreamSource()
+    manager = _stream_manager(source)
     summary = await asyncio.wait_for(manager.run(num_groups=2), 30)
     assert summary.num_episodes == 4 and len(source.acked) == 2
 
     # without a group limit it runs until stopped, then drains
     source = _StreamSource()
-    manager = RolloutManager(
-        RolloutManager.Config(),
-        source=source,
-        tokenizer=tok,
-        inference=ScriptedInference(tok, _policy),
-        publisher=MemoryPublisher(),
-        sandbox=FakeEnvironments(),
-    )
+    manager = _stream_manager(source)
     run = asyncio.create_task(manager.run())
     await _until(lambda: len(source.acked) == 2)
     manager.stop("drain")

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from sandbox.backends._common import OutputCap, RawRun, exec_argv, parse_oom_kills, to_result
+import pytest
+
+from sandbox.backends._common import (
+    NOT_FOUND_EXIT,
+    OutputCap,
+    RawRun,
+    downloaded,
+    exec_argv,
+    parse_oom_kills,
+    to_result,
+)
+from sandbox.errors import BackendError, SandboxFileNotFound
 
 
 def test_exec_argv_kills_the_process_group_at_the_timeout() -> None:
@@ -53,3 +64,29 @@ def test_parse_oom_kills_reads_cgroup_v1_and_v2() -> None:
     assert parse_oom_kills("low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\n") == 2
     assert parse_oom_kills("oom_kill_disable 0\nunder_oom 0\noom_kill 5\n") == 5
     assert parse_oom_kills("") == 0
+
+
+def _read_run(exit_code: int, output: bytes, limit: int = 10) -> RawRun:
+    stdout, stderr = OutputCap(limit), OutputCap(100)
+    stdout.add(output)
+    stderr.add(b"tar: boom")
+    return RawRun(exit_code=exit_code, stdout=stdout, stderr=stderr, duration_s=0.1)
+
+
+def test_downloaded_returns_the_helper_output() -> None:
+    assert downloaded(_read_run(0, b"data"), "file", "f.txt", 10) == b"data"
+
+
+def test_downloaded_missing_path_is_file_not_found() -> None:
+    with pytest.raises(SandboxFileNotFound, match="not a directory"):
+        downloaded(_read_run(NOT_FOUND_EXIT, b""), "directory", "out", 10)
+
+
+def test_downloaded_failed_helper_reports_its_stderr() -> None:
+    with pytest.raises(BackendError, match="tar: boom"):
+        downloaded(_read_run(2, b""), "directory", "out", 10)
+
+
+def test_downloaded_over_the_limit_is_an_error_not_a_short_file() -> None:
+    with pytest.raises(BackendError, match="download limit of 10 bytes"):
+        downloaded(_read_run(0, b"x" * 11), "file", "big.bin", 10)

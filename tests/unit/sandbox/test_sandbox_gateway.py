@@ -138,7 +138,8 @@ async def test_archive_with_link_is_rejected(client: SandboxClient) -> None:
 
 
 async def test_capacity_is_503_and_retriable(url: str) -> None:
-    async with SandboxClient(SandboxClient.Config(base_url=url, token=TOKEN)) as c:
+    # max_retries=0: the client would otherwise retry the 503 itself before raising it.
+    async with SandboxClient(SandboxClient.Config(base_url=url, token=TOKEN, max_retries=0)) as c:
         opened = []
         try:
             with pytest.raises(CapacityExceeded) as info:
