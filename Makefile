@@ -16,7 +16,7 @@ services: setup
 	@$(STACX) infra up
 
 demo: services
-	@$(STACX) demo
+	@$(STACX) quickstart
 
 test: services
 	@$(VENV)/bin/pytest tests $(PYTEST_ARGS)

@@ -1,0 +1,27 @@
+"""The end-to-end pipeline orchestrator behind `stacx quickstart` and `stacx run CONFIG.yaml`.
+
+    from infra.pipeline import load_spec, run_pipeline
+    report = run_pipeline(load_spec("examples/quickstart.yaml"))
+"""
+
+from infra.pipeline.config import PipelineConfig, PipelineSpec, load_spec, parse_spec
+from infra.pipeline.errors import (
+    MissingComponentError,
+    PipelineConfigError,
+    PipelineError,
+    ServiceError,
+)
+from infra.pipeline.orchestrator import Pipeline, run_pipeline
+
+__all__ = [
+    "MissingComponentError",
+    "Pipeline",
+    "PipelineConfig",
+    "PipelineConfigError",
+    "PipelineError",
+    "PipelineSpec",
+    "ServiceError",
+    "load_spec",
+    "parse_spec",
+    "run_pipeline",
+]

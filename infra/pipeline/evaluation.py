@@ -1,0 +1,87 @@
+"""Held-out evaluation through the real rollout path: the rollout engine's evaluator, the live
+inference server and sandbox gateway; trajectories are kept in memory, never published."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from schemas.records import TaskSample, Trajectory
+
+__all__ = ["EvalResult", "evaluate_heldout", "run_evaluation"]
+
+
+@dataclass(kw_only=True, slots=True)
+class EvalResult:
+    """Success rate and tool-use rate over held-out episodes."""
+
+    success: float
+    tool_rate: float
+    num_episodes: int
+    num_failed: int
+    version: int
+    """Policy version the server reported when the evaluation started."""
+    wall_s: float
+
+
+class _Collector:
+    """A TrajectoryPublisher that keeps trajectories in a list."""
+
+    def __init__(self) -> None:
+        self.trajectories: list[Trajectory] = []
+
+    async def publish(self, trajectory: Trajectory) -> None:
+        self.trajectories.append(trajectory)
+
+    async def close(self) -> None:
+        pass
+
+
+def _eval_config(rollout_section: dict[str, Any], *, heldout_path: str, samples: int) -> Any:
+    from rollout.config import parse_config
+
+    section = copy.deepcopy(rollout_section)
+    section["data"] = {"path": heldout_path, "samples_per_task": samples, "epochs": 1,
+                       "shuffle": False}
+    section.setdefault("kafka", {}).update({"publish": False, "follow_weights": False})
+    manager = section.setdefault("manager", {})
+    manager["record_task_rewards"] = True
+    manager["train_groups_per_version"] = 0  # evaluation never waits for the trainer
+    section["progress"] = False
+    section["num_groups"] = None
+    return parse_config(section, where="pipeline evaluation")
+
+
+def _summarise(trajectories: list[Trajectory], version: int, started: float) -> EvalResult:
+    n = len(trajectories)
+    rewards = sum(t.reward for t in trajectories)
+    tools = sum(int(t.metadata.get("num_tool_calls", "0") or 0) > 0 for t in trajectories)
+    failed = sum(t.status.value in ("FAILED", "TIMED_OUT") for t in trajectories)
+    return EvalResult(success=rewards / n if n else 0.0, tool_rate=tools / n if n else 0.0,
+                      num_episodes=n, num_failed=failed, version=version,
+                      wall_s=time.monotonic() - started)
+
+
+async def evaluate_heldout(rollout_section: dict[str, Any], tasks: list[TaskSample], *,
+                           heldout_path: str, samples: int, version: int) -> EvalResult:
+    """Roll out every task `samples` times at the rollout config's temperature."""
+    from rollout.fakes import StaticVersion
+    from rollout.service import open_manager
+
+    started = time.monotonic()
+    config = _eval_config(rollout_section, heldout_path=heldout_path, samples=samples)
+    collector = _Collector()
+    async with open_manager(config, tasks=tasks, publisher=collector,
+                            versions=StaticVersion(version)) as manager:
+        await manager.run()
+    return _summarise(collector.trajectories, version, started)
+
+
+def run_evaluation(rollout_section: dict[str, Any], tasks: list[TaskSample], *,
+                   heldout_path: str, samples: int, version: int) -> EvalResult:
+    """Blocking wrapper (runs its own event loop; call it from a worker thread)."""
+    return asyncio.run(evaluate_heldout(rollout_section, tasks, heldout_path=heldout_path,
+                                        samples=samples, version=version))

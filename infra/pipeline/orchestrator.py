@@ -1,0 +1,483 @@
+"""The quickstart pipeline, end to end on one machine.
+
+    tiny model -> SFT warm start (sft recipe, in process) -> held-out eval (before)
+    -> services: sandbox gateway, inference server (+ weight subscriber), Faust assembler,
+       trainer (FSDP2, 2 CPU ranks), rollout service  -- all through the run's Kafka topics
+    -> GRPO until the trainer has published `steps` policy versions (live view, periodic evals)
+    -> held-out eval (after) -> report.json + reward-curve PNG
+
+Each service is its own `stacx <service>` process with its config file under
+`runs/<name>/config/`; the weight subscriber runs in this process (a thread), because it is a
+library component that `stacx serve --follow-weights` can only point at the standard topic.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from infra.pipeline import preflight
+from infra.pipeline.config import PipelineSpec
+from infra.pipeline.errors import PipelineError, ServiceError
+from infra.pipeline.evaluation import EvalResult, run_evaluation
+from infra.pipeline.layout import (
+    RunLayout,
+    assembler_section,
+    rollout_section,
+    trainer_section,
+)
+from infra.pipeline.monitor import EvalPoint, RunMetrics, TopicMonitor
+from infra.pipeline.report import plot_curve, write_report
+from infra.pipeline.services import ServiceProcess, ServiceSpec
+from infra.pipeline.sft import DemonstrationEncoder, demonstration_batches, run_sft
+from infra.pipeline.tasks import load_task_module, task_rows, write_tasks
+from infra.pipeline.view import render, status_line
+
+__all__ = ["Pipeline", "run_pipeline"]
+
+log = logging.getLogger(__name__)
+
+TOKEN_ENV = "STACX_SANDBOX_TOKEN"
+
+
+class Pipeline:
+    """One run of the pipeline described by a `PipelineSpec`; see the module docstring."""
+
+    def __init__(self, spec: PipelineSpec, *, layout: RunLayout | None = None) -> None:
+        self.spec = spec
+        self.cfg = spec.pipeline
+        self.layout = layout or RunLayout.create(spec)
+        self.metrics = RunMetrics()
+        self.services: dict[str, ServiceProcess] = {}
+        self.task = load_task_module()
+        self.heldout_rows: list[dict[str, Any]] = []
+        self.timings: dict[str, float] = {}
+        self.evals: dict[str, EvalResult] = {}
+        self.swaps: list[str] = []
+        self._token = os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)
+        self._stop_subscriber = threading.Event()
+        self._subscriber: Any = None
+        self._eval_pool = concurrent.futures.ThreadPoolExecutor(1, "stacx-eval")
+        self._pending_eval: concurrent.futures.Future[EvalResult] | None = None
+        self._sft_dir = self.layout.base_model
+
+    # ----------------------------------------------------------------------------- urls
+
+    @property
+    def inference_url(self) -> str:
+        s = self.cfg.services
+        return f"http://{s.host}:{s.inference_port}"
+
+    @property
+    def gateway_url(self) -> str:
+        s = self.cfg.services
+        return f"http://{s.host}:{s.gateway_port}"
+
+    # ----------------------------------------------------------------------------- main
+
+    def run(self) -> dict[str, Any]:
+        """Run every stage; always stops the services it started. Returns the report."""
+        started = time.monotonic()
+        preflight.check_all(self.spec)
+        self._prepare_run_dir()
+        os.environ[TOKEN_ENV] = self._token  # read by the rollout evaluation in this process
+        error: BaseException | None = None
+        try:
+            with self._live() as refresh:
+                self._stages(refresh)
+        except BaseException as exc:  # the report still says how far the run got, then re-raise
+            error = exc
+            raise
+        finally:
+            self._shutdown()
+            report = self._report(time.monotonic() - started, error)
+            write_report(self.layout.report_path, report)
+            plot_curve(self.layout.curve_path, self.metrics,
+                       title=f"STACX quickstart {self.layout.run_id}")
+        return report
+
+    def _stages(self, refresh: Any) -> None:
+        self._timed("setup_s", self._setup)
+        sft_dir = self._timed("sft_s", self._sft)
+        self._timed("services_s", self._start_serving, sft_dir)
+        before = self._timed("eval_before_s", self._evaluate, "before", True)
+        self.evals["before"] = before
+        self._timed("grpo_s", self._grpo, sft_dir, refresh)
+        self._stop_service("rollout")
+        self._await_swap(self.metrics.policy_version)
+        self.evals["after"] = self._timed("eval_after_s", self._evaluate, "after", True)
+        refresh()
+
+    def _timed(self, name: str, fn: Any, *args: Any) -> Any:
+        t0 = time.monotonic()
+        try:
+            return fn(*args)
+        finally:
+            self.timings[name] = round(time.monotonic() - t0, 2)
+
+    # ----------------------------------------------------------------------------- stages
+
+    def _prepare_run_dir(self) -> None:
+        root = self.layout.root
+        if root.exists():
+            shutil.rmtree(root)  # a run name is reused: the new run replaces the old one
+        for d in (self.layout.config_dir, self.layout.logs_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        self._file_logging()
+
+    def _file_logging(self) -> None:
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per status poll otherwise
+        handler = logging.FileHandler(self.layout.logs_dir / "pipeline.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logging.getLogger().addHandler(handler)
+
+    def _setup(self) -> None:
+        from infra.services.topics import ensure_topics
+        from rollout.models import make_tiny_model
+
+        self.metrics.stage = "creating topics, model and tasks"
+        ensure_topics(self.spec.bootstrap_servers, self.layout.topics.specs())
+        make_tiny_model(self.layout.base_model, **asdict(self.cfg.model))
+        tasks = self.cfg.tasks
+        heldout = self.task.make_problems(tasks.num_heldout, seed=10_000 + tasks.seed)
+        exclude = frozenset(p.expression for p in heldout)
+        train = self.task.make_problems(tasks.num_train, seed=tasks.seed, exclude=exclude)
+        self.heldout_rows = task_rows(heldout, prefix="heldout", task_type=self.task.TASK_TYPE)
+        write_tasks(self.layout.heldout_tasks, self.heldout_rows)
+        write_tasks(self.layout.train_tasks,
+                    task_rows(train, prefix="train", task_type=self.task.TASK_TYPE))
+        self._exclude = exclude
+
+    def _system_prompt(self) -> str:
+        evaluators = (self.spec.rollout.get("manager") or {}).get("evaluators") or {}
+        options = (evaluators.get(self.task.TASK_TYPE) or evaluators.get("default") or {})
+        scaffold_options = options.get("scaffold_options") or {}
+        if "system_prompt" in scaffold_options:
+            return str(scaffold_options["system_prompt"])
+        from rollout.scaffolds import RETOOL_SYSTEM
+
+        return RETOOL_SYSTEM
+
+    def _sft(self) -> Path:
+        from rollout.tokens import HFTokenizer
+
+        self.metrics.stage = f"SFT warm start ({self.cfg.sft.steps} steps)"
+        tokenizer = HFTokenizer(str(self.layout.base_model))
+        encoder = DemonstrationEncoder(tokenizer=tokenizer, system_prompt=self._system_prompt())
+        end = tokenizer.inner.eos_token or ""
+        batches = demonstration_batches(self.task, encoder, self.cfg.sft, self.cfg.demonstrations,
+                                        exclude=self._exclude, end_token=end)
+
+        sft = self.cfg.sft
+        skill, mixture = batches[: sft.skill_steps], batches[sft.skill_steps:]
+
+        def progress(offset: int) -> Any:
+            def on_step(step: int, loss: float) -> None:
+                self.metrics.sft_loss.append((offset + step, round(loss, 5)))
+                self.metrics.stage = (f"SFT warm start: step {offset + step}/{sft.steps} "
+                                      f"loss {loss:.3f}")
+            return on_step
+
+        model = self.layout.base_model
+        if skill:  # the skill: tool-heavy demonstrations at the full learning rate
+            model = run_sft(model, self.layout.sft_root, skill, lr=sft.lr,
+                            warmup_steps=sft.warmup_steps, seed=sft.seed,
+                            export_name="sft-skill", on_step=progress(0))
+        if mixture:  # the habit: the final mixture at a lower learning rate
+            model = run_sft(model, self.layout.sft_root, mixture, lr=sft.mixture_lr,
+                            seed=sft.seed + 1, export_name="sft", on_step=progress(len(skill)))
+        self._sft_dir = model
+        return model
+
+    def _start_serving(self, sft_dir: Path) -> None:
+        s = self.cfg.services
+        self.metrics.stage = "starting the sandbox gateway and the inference server"
+        self._start(ServiceSpec(
+            name="gateway", ready_url=f"{self.gateway_url}/healthz",
+            args=["gateway", "--host", s.host, "--port", str(s.gateway_port),
+                  "--backend", s.gateway_backend, "--warm-pool", str(s.gateway_warm_pool),
+                  "--owner", f"stacx-{self.layout.run_id}"]), wait=False)
+        self._start(ServiceSpec(
+            name="inference", ready_url=f"{self.inference_url}/health",
+            args=["serve", "--model", str(sft_dir), "--host", s.host, "--port",
+                  str(s.inference_port), "--device", "cpu", "--weight-version", "0",
+                  "--threads", str(s.inference_threads),
+                  "--max-batch-size", str(s.inference_max_batch_size)]), wait=False)
+        for name in ("gateway", "inference"):
+            self.services[name].wait_ready(s.startup_timeout_s)
+        self._start_subscriber()
+
+    def _start_subscriber(self) -> None:
+        from consumers.weights import WeightSubscriber
+
+        self._subscriber = WeightSubscriber(WeightSubscriber.Config(
+            model_name=self.layout.model_name, server_url=self.inference_url,
+            bootstrap_servers=self.spec.bootstrap_servers, topic=self.layout.topics.weights))
+        threading.Thread(target=self._subscriber.run, args=(self._stop_subscriber,),
+                         name="stacx-weight-subscriber", daemon=True).start()
+
+    def _grpo(self, sft_dir: Path, refresh: Any) -> None:
+        self.metrics.stage = "starting the assembler, the trainer and the rollout service"
+        monitor = TopicMonitor(
+            self.metrics, bootstrap_servers=self.spec.bootstrap_servers,
+            trajectories_topic=self.layout.topics.trajectories,
+            batches_topic=self.layout.topics.batches, weights_topic=self.layout.topics.weights,
+            model_name=self.layout.model_name).start()
+        try:
+            self._start_training_services(sft_dir)
+            self.metrics.stage = f"GRPO through Kafka (target: {self.cfg.steps} policy versions)"
+            self._follow(refresh)
+        finally:
+            monitor.stop()
+            if monitor.error:
+                log.warning("%s", monitor.error)
+
+    def _start_training_services(self, sft_dir: Path) -> None:
+        cfg_dir = self.layout.config_dir
+        rollout_file = self._write_yaml(cfg_dir / "rollout.yaml", rollout_section(
+            self.spec, self.layout, model_dir=sft_dir, inference_url=self.inference_url,
+            gateway_url=self.gateway_url))
+        assembler_file = self._write_yaml(cfg_dir / "assembler.yaml",
+                                          assembler_section(self.spec, self.layout))
+        trainer_file = self._write_yaml(cfg_dir / "trainer.yaml",
+                                        trainer_section(self.spec, self.layout, model_dir=sft_dir))
+        self._start(ServiceSpec(name="assembler", args=["assemble", "--config", str(assembler_file)]))
+        self._start(ServiceSpec(name="trainer", args=["train", str(trainer_file)]))
+        self._start(ServiceSpec(name="rollout", args=["rollout", str(rollout_file),
+                                                      "--no-progress"]))
+
+    def _follow(self, refresh: Any) -> None:
+        """Until the trainer has published the last version: refresh, evaluate, watch services."""
+        deadline = time.monotonic() + self.cfg.timeout_s
+        last_eval_version = 0
+        while self.metrics.policy_version < self.cfg.steps:
+            if time.monotonic() > deadline:
+                raise PipelineError(
+                    f"GRPO did not reach {self.cfg.steps} policy versions within "
+                    f"pipeline.timeout_s={self.cfg.timeout_s:.0f}s (at version "
+                    f"{self.metrics.policy_version}); see the logs in {self.layout.logs_dir}")
+            for name in ("gateway", "inference", "assembler", "trainer", "rollout"):
+                self._check_service(name)
+            last_eval_version = self._maybe_evaluate(last_eval_version)
+            self._poll_server_version()
+            refresh()
+            time.sleep(1.0)
+        self._collect_eval(block=True)
+
+    def _check_service(self, name: str) -> None:
+        service = self.services.get(name)
+        if service is None:
+            return
+        if name == "trainer" and not service.alive() and service.proc is not None \
+                and service.proc.returncode == 0:
+            return  # it finished its max_steps; the last version is on its way
+        service.check_alive()
+
+    # ----------------------------------------------------------------------------- evaluation
+
+    def _heldout_tasks(self, full: bool) -> list[Any]:
+        from rollout.data import task_from_dict
+
+        rows = self.heldout_rows if full else self.heldout_rows[: self.cfg.evaluation.num_problems]
+        return [task_from_dict(r, where="heldout") for r in rows]
+
+    def _eval_job(self, full: bool) -> EvalResult:
+        ev = self.cfg.evaluation
+        section = rollout_section(self.spec, self.layout, model_dir=self._model_dir(),
+                                  inference_url=self.inference_url, gateway_url=self.gateway_url)
+        return run_evaluation(
+            section, self._heldout_tasks(full), heldout_path=str(self.layout.heldout_tasks),
+            samples=ev.final_samples_per_problem if full else ev.samples_per_problem,
+            version=self._server_version_int())
+
+    def _model_dir(self) -> Path:
+        return self._sft_dir
+
+    def _evaluate(self, label: str, full: bool) -> EvalResult:
+        self.metrics.stage = f"held-out evaluation ({label})"
+        result = self._eval_job(full)
+        self._record_eval(result)
+        return result
+
+    def _record_eval(self, result: EvalResult) -> None:
+        self.metrics.evals.append(EvalPoint(
+            version=result.version, success=result.success, tool_rate=result.tool_rate,
+            num_episodes=result.num_episodes, wall_s=round(self.metrics.elapsed(), 1)))
+        log.info("held-out success %.3f, tool-use %.3f at v%d (%d episodes, %.1fs)",
+                 result.success, result.tool_rate, result.version, result.num_episodes,
+                 result.wall_s)
+
+    def _maybe_evaluate(self, last_version: int) -> int:
+        every = self.cfg.evaluation.every_versions
+        self._collect_eval(block=False)
+        version = self._server_version_int()
+        if every and self._pending_eval is None and version - last_version >= every:
+            self._pending_eval = self._eval_pool.submit(self._eval_job, False)
+            return version
+        return last_version
+
+    def _collect_eval(self, *, block: bool) -> None:
+        future = self._pending_eval
+        if future is None or (not block and not future.done()):
+            return
+        self._pending_eval = None
+        try:
+            self._record_eval(future.result())
+        except Exception as exc:  # a periodic evaluation is informative only: log, go on
+            log.warning("periodic evaluation failed: %s: %s", type(exc).__name__, exc)
+
+    # ----------------------------------------------------------------------------- weights
+
+    def _server_version(self) -> str:
+        import httpx
+
+        try:
+            info = httpx.get(f"{self.inference_url}/get_model_info", timeout=5.0).json()
+        except (httpx.HTTPError, ValueError):
+            return "?"
+        return str(info.get("weight_version"))
+
+    def _server_version_int(self) -> int:
+        try:
+            return int(self.metrics.server_version)
+        except ValueError:
+            return 0
+
+    def _poll_server_version(self) -> None:
+        version = self._server_version()
+        if version != self.metrics.server_version and version != "?":
+            self.swaps.append(version)
+        if version != "?":
+            self.metrics.server_version = version
+
+    def _await_swap(self, version: int, timeout_s: float = 120.0) -> None:
+        """Wait until the server reports `version` (the final weights) before the last eval."""
+        self.metrics.stage = f"waiting for the server to load v{version}"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self._poll_server_version()
+            if self.metrics.server_version == str(version):
+                return
+            time.sleep(0.5)
+        raise ServiceError(
+            f"the inference server still reports weight_version {self.metrics.server_version} "
+            f"{timeout_s:.0f}s after v{version} was published; see "
+            f"{self.layout.logs_dir / 'pipeline.log'} (weight subscriber) and inference.log")
+
+    # ----------------------------------------------------------------------------- services
+
+    def _start(self, spec: ServiceSpec, *, wait: bool = True) -> ServiceProcess:
+        spec.env.setdefault(TOKEN_ENV, self._token)
+        service = ServiceProcess(spec, self.layout.logs_dir).start()
+        self.services[spec.name] = service
+        if wait:
+            service.wait_ready(self.cfg.services.startup_timeout_s)
+        return service
+
+    def _stop_service(self, name: str) -> None:
+        service = self.services.get(name)
+        if service is not None:
+            self.metrics.stage = f"stopping {name}"
+            service.stop()
+
+    def _shutdown(self) -> None:
+        self._stop_subscriber.set()
+        self._eval_pool.shutdown(wait=False, cancel_futures=True)
+        for name in ("rollout", "trainer", "assembler", "inference", "gateway"):
+            with contextlib.suppress(Exception):
+                self._stop_service(name)
+        if self._subscriber is not None:
+            with contextlib.suppress(Exception):
+                self._subscriber.close()
+
+    @staticmethod
+    def _write_yaml(path: Path, data: dict[str, Any]) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        return path
+
+    # ----------------------------------------------------------------------------- view
+
+    @contextlib.contextmanager
+    def _live(self) -> Iterator[Any]:
+        title = f"STACX quickstart · {self.layout.run_id}"
+        if self.cfg.live and sys.stdout.isatty():
+            from rich.live import Live
+
+            with Live(render(self.metrics, title=title, target_steps=self.cfg.steps),
+                      refresh_per_second=2) as live:
+                def refresh() -> None:
+                    live.update(render(self.metrics, title=title, target_steps=self.cfg.steps))
+
+                stop = threading.Event()
+                ticker = threading.Thread(target=self._tick, args=(refresh, stop), daemon=True)
+                ticker.start()
+                try:
+                    yield refresh
+                finally:
+                    stop.set()
+                    refresh()
+            return
+        last = {"t": 0.0}
+
+        def log_refresh() -> None:
+            if time.monotonic() - last["t"] >= 15.0:
+                last["t"] = time.monotonic()
+                log.info("%s", status_line(self.metrics, target_steps=self.cfg.steps))
+
+        yield log_refresh
+
+    @staticmethod
+    def _tick(refresh: Any, stop: threading.Event) -> None:
+        while not stop.wait(0.5):
+            refresh()
+
+    # ----------------------------------------------------------------------------- report
+
+    def _report(self, wall_s: float, error: BaseException | None = None) -> dict[str, Any]:
+        before, after = self.evals.get("before"), self.evals.get("after")
+        return {
+            "name": self.layout.name,
+            "status": "ok" if error is None else "failed",
+            "error": None if error is None else f"{type(error).__name__}: {error}",
+            "stage": self.metrics.stage,
+            "run_id": self.layout.run_id,
+            "success_before": None if before is None else round(before.success, 4),
+            "success_after": None if after is None else round(after.success, 4),
+            "tool_rate_before": None if before is None else round(before.tool_rate, 4),
+            "tool_rate_after": None if after is None else round(after.tool_rate, 4),
+            "heldout_episodes": None if after is None else after.num_episodes,
+            "policy_versions": self.metrics.policy_version,
+            "target_policy_versions": self.cfg.steps,
+            "server_weight_versions_seen": self.swaps,
+            "wall_s": round(wall_s, 1),
+            "timings_s": self.timings,
+            "num_trajectories": self.metrics.num_trajectories,
+            "num_batches": self.metrics.num_batches,
+            "reward_curve": self.metrics.reward_curve(),
+            "heldout_curve": [asdict(e) for e in self.metrics.evals],
+            "sft_loss": self.metrics.sft_loss[:: max(1, len(self.metrics.sft_loss) // 50)],
+            "topics": asdict(self.layout.topics),
+            "model_name": self.layout.model_name,
+            "config": self.spec.source,
+            "curve_png": str(self.layout.curve_path),
+            "logs": str(self.layout.logs_dir),
+        }
+
+
+def run_pipeline(spec: PipelineSpec) -> dict[str, Any]:
+    """Run the pipeline; returns the report (also written to runs/<name>/report.json)."""
+    return Pipeline(spec).run()

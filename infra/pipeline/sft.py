@@ -1,0 +1,130 @@
+"""SFT warm start: synthetic demonstrations -> `TrainingBatch`es -> the trainer's `sft` recipe.
+
+Demonstrations are tokenised exactly as the rollout engine builds episodes: the prompt through
+the tokenizer's chat template (`rollout.tokens.ChatFormat`), policy segments and the tool
+observation tokenised separately, observation tokens with loss mask 0. The trainer runs in this
+process on the single-process backend from an in-memory batch source (no Kafka needed), and
+exports an HF directory the inference server loads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from infra.pipeline.config import DemonstrationsConfig, SFTConfig
+from schemas.records import TrainingBatch
+
+__all__ = ["DemonstrationEncoder", "demonstration_batches", "run_sft"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True, slots=True)
+class DemonstrationEncoder:
+    """Token ids and loss mask of one demonstration, rendered like a rollout episode."""
+
+    tokenizer: Any
+    """A `rollout.tokens.HFTokenizer`."""
+    system_prompt: str = ""
+    """The ReTool scaffold's system prompt (empty: none, which keeps sequences short)."""
+
+    def encode(self, prompt: str, segments: Sequence[str]) -> tuple[list[int], list[int]]:
+        from rollout.tokens import ChatFormat
+
+        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        ids = ChatFormat(self.tokenizer).prompt_ids([*messages, {"role": "user", "content": prompt}])
+        mask = [0] * len(ids)
+        for index, segment in enumerate(segments):
+            seg = self.tokenizer.encode(segment)
+            ids += seg
+            mask += [0 if index % 2 else 1] * len(seg)  # odd segments are tool observations
+        return ids, mask
+
+
+def _pack(rows: list[tuple[list[int], list[int]]], *, step: int, prompt_lengths: list[int]
+          ) -> TrainingBatch:
+    lengths = np.array([len(ids) for ids, _ in rows], dtype=np.int32)
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int32)
+    ids = np.concatenate([np.asarray(r[0], dtype=np.int32) for r in rows])
+    mask = np.concatenate([np.asarray(r[1], dtype=np.uint8) for r in rows])
+    digest = hashlib.sha256(ids.tobytes()).hexdigest()[:16]
+    n = len(rows)
+    return TrainingBatch(
+        batch_id=f"sft-{step:05d}-{digest}", model_name="policy",
+        trajectory_ids=[f"sft-{step}-{i}" for i in range(n)],
+        group_ids=[f"sft-{step}-{i}" for i in range(n)], task_types=["sft"] * n,
+        policy_versions=np.zeros(n, dtype=np.int32), offsets=offsets, lengths=lengths,
+        prompt_lengths=np.asarray(prompt_lengths, dtype=np.int32), token_ids=ids,
+        loss_mask=mask, logprobs=np.zeros(len(ids), dtype=np.float32),
+        rewards=np.zeros(n, dtype=np.float32))
+
+
+def demonstration_batches(task: ModuleType, encoder: DemonstrationEncoder, sft: SFTConfig,
+                          demos: DemonstrationsConfig, *, exclude: frozenset[str],
+                          end_token: str) -> list[TrainingBatch]:
+    """`sft.steps` batches of `sft.batch_size` fresh demonstrations (held-out problems excluded):
+    first `sft.skill_steps` tool-heavy ones, then the final mixture."""
+    rng = random.Random(sft.seed)
+    skill = task.DemonstrationConfig(tool_fraction=demos.skill_tool_fraction,
+                                     mental_accuracy=demos.mental_accuracy)
+    mixture = task.DemonstrationConfig(tool_fraction=demos.tool_fraction,
+                                       mental_accuracy=demos.mental_accuracy)
+    batches = []
+    for step in range(sft.steps):
+        demo_cfg = skill if step < sft.skill_steps else mixture
+        rows: list[tuple[list[int], list[int]]] = []
+        prompt_lengths: list[int] = []
+        while len(rows) < sft.batch_size:
+            problem = task.sample_problem(rng)
+            if problem.expression in exclude:
+                continue
+            ids, mask = encoder.encode(problem.prompt,
+                                       task.demonstration(problem, rng, demo_cfg, end=end_token))
+            rows.append((ids, mask))
+            prompt_lengths.append(mask.index(1))
+        batches.append(_pack(rows, step=step, prompt_lengths=prompt_lengths))
+    return batches
+
+
+def run_sft(base_model: Path, out_root: Path, batches: list[TrainingBatch], *, lr: float,
+            warmup_steps: int = 0, seed: int = 0, export_name: str = "sft",
+            on_step: Callable[[int, float], None] | None = None) -> Path:
+    """Train the `sft` recipe on `batches` from `base_model`; returns the exported HF directory
+    (`out_root/<export_name>/v<steps>`)."""
+    from trainer import (
+        BackendConfig,
+        ExportConfig,
+        InMemoryBatchSource,
+        ModelConfig,
+        OptimizerConfig,
+        StacxTrainer,
+        TrainerConfig,
+    )
+
+    config = TrainerConfig(
+        recipe="sft", models={"policy": ModelConfig(path=str(base_model))},
+        optimizer=OptimizerConfig(lr=lr, warmup_steps=warmup_steps),
+        backend=BackendConfig(kind="single", device="cpu"),
+        export=ExportConfig(dir=str(out_root), every_steps=len(batches), model_name=export_name,
+                            publish=False, keep_last=1),
+        max_steps=len(batches), seed=seed, trainer_id="stacx-quickstart-sft")
+
+    def step_done(result: Any) -> None:
+        if on_step is not None:
+            on_step(result.step, result.loss)
+
+    with StacxTrainer(config, source=InMemoryBatchSource(batches), on_step=step_done) as trainer:
+        trainer.run()
+    exported = sorted((out_root / export_name).glob("v*"))
+    if not exported:
+        raise RuntimeError(f"the sft trainer exported nothing under {out_root / export_name}")
+    return exported[-1]

@@ -1,0 +1,53 @@
+"""The quickstart's task plugin (examples/quickstart/arithmetic.py) and the task files of a run.
+
+`examples/` is not an installed package, so the plugin is loaded from its file next to this
+checkout; a clear error says where it was looked for.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from infra.pipeline.errors import MissingComponentError
+
+__all__ = ["REPO_ROOT", "TASK_MODULE", "load_task_module", "task_rows", "write_tasks"]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+"""The checkout this module lives in (`infra/pipeline/` is two levels down)."""
+TASK_MODULE = REPO_ROOT / "examples" / "quickstart" / "arithmetic.py"
+"""The arithmetic task: problems, demonstrations, reward."""
+
+
+def load_task_module(path: Path = TASK_MODULE) -> ModuleType:
+    """Import the task plugin from its file (cached in sys.modules under a private name)."""
+    name = "_stacx_quickstart_task"
+    if name in sys.modules:
+        return sys.modules[name]
+    if not path.is_file():
+        raise MissingComponentError([
+            f"the task module {path} (the quickstart runs from a source checkout: "
+            "`git clone` + `make setup`)"])
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def task_rows(problems: list[Any], *, prefix: str, task_type: str) -> list[dict[str, Any]]:
+    """`TaskSample` rows (tasks.jsonl) for `problems`."""
+    return [{"task_id": f"{prefix}-{i:05d}", "task_type": task_type, "prompt": p.prompt,
+             "data": json.loads(p.task_data())} for i, p in enumerate(problems)]
+
+
+def write_tasks(path: Path, rows: list[dict[str, Any]]) -> Path:
+    """Write a tasks.jsonl."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
