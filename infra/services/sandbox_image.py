@@ -88,7 +88,8 @@ def _require_debootstrap() -> None:
         return
     if os.geteuid() == 0 and Path("/etc/debian_version").exists():
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "install", "-y", "-qq", "debootstrap"], env=env, capture_output=True)
+        for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "debootstrap"]):
+            subprocess.run(cmd, env=env, capture_output=True)
     if not shutil.which("debootstrap"):
         raise InfraError(
             "debootstrap is needed to build the sandbox image; install it with "
