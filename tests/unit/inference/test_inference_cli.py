@@ -27,14 +27,31 @@ def test_serve_rejects_a_directory_without_a_model(
     assert "config.json" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("missing", ["package", "gpu"])
 def test_serve_sglang_explains_why_it_cannot_run(
-    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+    missing: str,
+    tiny_model_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from rollout.inference.sglang import unavailable_reason
+    import importlib.util
 
-    reason = unavailable_reason()
-    if reason is None:
-        pytest.skip("sglang and a GPU are present: this checks the refusal path")
+    import torch
+
+    from rollout.inference import sglang
+
+    # Simulate the machine the check is about, whatever this one has.
+    found = object() if missing == "gpu" else None
+    monkeypatch.setattr(
+        sglang.importlib.util,
+        "find_spec",
+        lambda name: found if name == "sglang" else importlib.util.find_spec(name),
+    )
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    reason = sglang.unavailable_reason()
+    assert reason is not None
+    assert ("sglang package is not installed" in reason) == (missing == "package")
+    assert ("no CUDA GPU" in reason) == (missing == "gpu")
     assert _run(["serve", "--engine", "sglang", "--model", str(tiny_model_dir)]) == 2
     assert reason in capsys.readouterr().err
 
