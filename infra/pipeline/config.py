@@ -8,15 +8,13 @@ under `runs/<name>/config/`.
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infra.config import ConfigError, bootstrap_servers, load_yaml, section
 from infra.pipeline.errors import PipelineConfigError
-from schemas.topics import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP
 
 __all__ = [
     "DemonstrationsConfig",
@@ -190,47 +188,6 @@ class PipelineSpec:
     """`trainer.TrainerConfig` section (models, topics, export dir filled in per run)."""
 
 
-def _build(cls: type[Any], data: Any, where: str) -> Any:
-    if not isinstance(data, dict):
-        raise PipelineConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise PipelineConfigError(
-            f"{where}: unknown field(s) {unknown}; valid: {sorted(fields)}")
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        default = fields[key].default_factory  # type: ignore[misc]
-        nested = default() if callable(default) else None
-        if dataclasses.is_dataclass(nested):
-            kwargs[key] = _build(type(nested), value or {}, f"{where}.{key}")
-        else:
-            kwargs[key] = _check_scalar(fields[key], value, f"{where}.{key}")
-    try:
-        return cls(**kwargs)
-    except TypeError as exc:
-        raise PipelineConfigError(f"{where}: {exc}") from exc
-
-
-def _check_scalar(f: dataclasses.Field[Any], value: Any, where: str) -> Any:
-    default = f.default
-    if isinstance(default, bool) and not isinstance(value, bool):
-        raise PipelineConfigError(f"{where} must be true or false, got {value!r}")
-    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(default, int | float | str) and not isinstance(value, type(default)):
-        raise PipelineConfigError(
-            f"{where} must be {type(default).__name__}, got {value!r}")
-    return value
-
-
-def _section(tree: dict[str, Any], name: str, source: str) -> dict[str, Any]:
-    value = tree.get(name) or {}
-    if not isinstance(value, dict):
-        raise PipelineConfigError(f"{source}: section `{name}` must be a mapping")
-    return dict(value)
-
-
 def parse_spec(tree: dict[str, Any], *, source: str = "config") -> PipelineSpec:
     """A `PipelineSpec` from an already-loaded YAML tree."""
     allowed = {"bootstrap_servers", "pipeline", "rollout", "assembler", "trainer"}
@@ -238,27 +195,28 @@ def parse_spec(tree: dict[str, Any], *, source: str = "config") -> PipelineSpec:
     if unknown:
         raise PipelineConfigError(
             f"{source}: unknown section(s) {unknown}; valid: {sorted(allowed)}")
-    bootstrap = str(tree.get("bootstrap_servers") or os.environ.get(BOOTSTRAP_ENV)
-                    or DEFAULT_BOOTSTRAP)
-    return PipelineSpec(
-        source=source, bootstrap_servers=bootstrap,
-        pipeline=_build(PipelineConfig, _section(tree, "pipeline", source),
-                        f"{source}: pipeline"),
-        rollout=_section(tree, "rollout", source), assembler=_section(tree, "assembler", source),
-        trainer=_section(tree, "trainer", source))
+    try:
+        return PipelineSpec(
+            source=source, bootstrap_servers=bootstrap_servers(tree),
+            pipeline=section(tree, "pipeline", PipelineConfig, source=source),
+            rollout=_raw_section(tree, "rollout", source),
+            assembler=_raw_section(tree, "assembler", source),
+            trainer=_raw_section(tree, "trainer", source))
+    except ConfigError as exc:
+        raise PipelineConfigError(str(exc)) from exc
+
+
+def _raw_section(tree: dict[str, Any], name: str, source: str) -> dict[str, Any]:
+    value = tree.get(name) or {}
+    if not isinstance(value, dict):
+        raise PipelineConfigError(f"{source}: section `{name}` must be a mapping")
+    return dict(value)
 
 
 def load_spec(path: str | Path) -> PipelineSpec:
     """Read a pipeline YAML file."""
-    import yaml
-
-    p = Path(path)
-    if not p.is_file():
-        raise PipelineConfigError(f"pipeline config {p} does not exist")
     try:
-        tree = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise PipelineConfigError(f"{p}: not valid YAML ({exc})") from exc
-    if not isinstance(tree, dict):
-        raise PipelineConfigError(f"{p}: the top level must be a mapping of sections")
-    return parse_spec(tree, source=str(p))
+        tree = load_yaml(path)
+    except ConfigError as exc:
+        raise PipelineConfigError(str(exc)) from exc
+    return parse_spec(tree, source=str(path))
