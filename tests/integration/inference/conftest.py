@@ -1,34 +1,3 @@
-"""Fixtures of the inference tests: tiny local models (made once per session), one CPU thread."""
+"""Inference fixtures, shared with tests/integration/inference (tests/inference_fixtures.py)."""
 
-from __future__ import annotations
-
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    """Tiny models run fastest on one thread; idle-spinning pools stall on a busy machine."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rollout.models import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("tiny-seed0"), seed=0)
-
-
-@pytest.fixture(scope="session")
-def other_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Same architecture, different weights (seed 1): what a training step publishes."""
-    from rollout.models import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("tiny-seed1"), seed=1)
+from inference_fixtures import _one_torch_thread, other_model_dir, tiny_model_dir  # noqa: F401
