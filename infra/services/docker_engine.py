@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from infra import paths
+from infra.services import tools
 from infra.services.errors import InfraError
 from infra.services.processes import pid_alive, read_pid, stop_pid, tail
 
@@ -43,7 +44,7 @@ def up() -> str:
         owner = f"started by stacx, pid {pid}" if pid else "not started by stacx"
         return f"Docker engine already running ({owner})"
     _check_can_manage()
-    _install_if_missing()
+    tools.ensure(["docker", "dockerd"], say=lambda line: print(f"[stacx infra] {line}"))
     pid = _spawn()
     _wait_ready(pid)
     return f"Docker engine started (dockerd pid {pid}, log {log_file()})"
@@ -60,20 +61,6 @@ def _check_can_manage() -> None:
             "no Docker engine answers (`docker info` failed) and this is not a Debian "
             "machine: install and start Docker Engine, then rerun `stacx infra up`"
         )
-
-
-def _install_if_missing() -> None:
-    if shutil.which("dockerd") and shutil.which("docker"):
-        return
-    print("[stacx infra] installing docker.io from the Debian packages")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "docker.io"]):
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            raise InfraError(
-                f"`{' '.join(cmd)}` failed; install docker.io by hand:\n"
-                f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
-            )
 
 
 def _spawn() -> int:

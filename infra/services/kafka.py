@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra import paths
+from infra.services import tools
 from infra.services.errors import InfraError
 from infra.services.processes import (
     pid_alive,
@@ -89,7 +90,7 @@ def ensure_jars() -> Path:
     libs = jar_dir()
     if (libs / ".complete").exists():
         return libs
-    _require_tool("mvn", "Maven", "apt-get install maven")
+    tools.ensure(["mvn"], say=lambda line: print(f"[stacx infra] {line}"))
     partial = libs.with_name("libs.partial")
     shutil.rmtree(partial, ignore_errors=True)
     cmd = [
@@ -120,11 +121,6 @@ def _maven_failure(output: str) -> str:
             "or configure a mirror in ~/.m2/settings.xml, then rerun `stacx infra up`.\n" + last
         )
     return f"`mvn dependency:copy-dependencies -f {POM}` failed:\n{last}"
-
-
-def _require_tool(binary: str, name: str, fix: str) -> None:
-    if shutil.which(binary) is None:
-        raise InfraError(f"{name} (`{binary}`) is not installed; install it with `{fix}`")
 
 
 def java_binary() -> str:

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from infra import paths
+from infra.services import tools
 from infra.services.errors import InfraError
 
 IMAGE = "stacx/sandbox:bookworm"
@@ -41,7 +42,7 @@ def up() -> str:
     if image_exists():
         return f"sandbox image {IMAGE}: present"
     mirror = debian_mirror()
-    _require_debootstrap()
+    tools.ensure(["debootstrap"], say=lambda line: print(f"[stacx infra] {line}"))
     print(
         f"[stacx infra] building {IMAGE} with debootstrap (once per machine, a few minutes; log {log_file()})"
     )
@@ -81,20 +82,6 @@ def _mirror_in(source: Path) -> str | None:
         if uris and suites and SUITE in suites.group(1).split() and "security" not in uris.group(1):
             return uris.group(1)
     return None
-
-
-def _require_debootstrap() -> None:
-    if shutil.which("debootstrap"):
-        return
-    if os.geteuid() == 0 and Path("/etc/debian_version").exists():
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "debootstrap"]):
-            subprocess.run(cmd, env=env, capture_output=True)
-    if not shutil.which("debootstrap"):
-        raise InfraError(
-            "debootstrap is needed to build the sandbox image; install it with "
-            "`apt-get install debootstrap` (as root)"
-        )
 
 
 def _debootstrap(rootfs: Path, mirror: str) -> None:

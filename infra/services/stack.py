@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from infra.services import docker_engine, kafka, sandbox_image
+from infra.services import docker_engine, kafka, sandbox_image, tools
 from infra.services.errors import InfraError
 from infra.services.topics import ensure_topics
 from schemas.topics import BOOTSTRAP_ENV
@@ -28,7 +28,12 @@ class StackConfig:
         return self.bootstrap_servers or self.kafka.bootstrap
 
 
+DOCKER_TOOLS = ("docker", "dockerd", "debootstrap")
+
+
 def up(config: StackConfig, say: Callable[[str], None] = print) -> None:
+    needed = [name for name in tools.TOOLS if config.docker or name not in DOCKER_TOOLS]
+    tools.ensure(needed, say=say)
     if config.bootstrap_servers:
         if not kafka.broker_answers(config.bootstrap_servers):
             raise InfraError(

@@ -76,3 +76,13 @@ def test_sandbox_has_no_network(sandbox_image: str) -> None:
     interfaces, outcome = proc.stdout.strip().splitlines()
     assert interfaces == "['lo']"
     assert outcome.startswith("blocked")
+
+
+def test_every_tool_the_code_runs_was_installed_by_infra_up(kafka_bootstrap: str, sandbox_image: str) -> None:
+    from infra.services import tools
+
+    absent = tools.missing()
+    assert not absent, (
+        "after `stacx infra up` these programs are still not on PATH (infra/services/tools.py should "
+        "have installed them): " + ", ".join(f"{t.executable} (package {t.package})" for t in absent)
+    )
