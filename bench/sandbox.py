@@ -6,9 +6,13 @@ all N sessions running at once. Execs (gateway and raw) run with the same number
 (`--exec-concurrency`, default min(N, 32): hundreds of `docker` CLI processes would exhaust the
 memory of a small machine). Prints JSON; the last line is the figure object:
 max_concurrent_sessions, start_p50_s, exec_p50_ms, raw_exec_p50_ms, exec_ratio (gateway/raw),
-leaked_containers (after the gateway shut down), and per-level runs.
+leaked_containers (after the gateway shut down), lifecycle_concurrency (container create/start/remove
+calls the Docker backend lets run at once), and per-level runs.
 
-    .venv/bin/python bench/sandbox.py --json [--sessions 64,128,256] [--steps 5]
+`--sweep 1,2,4,8` first measures create+exec+remove cycles per second at each lifecycle concurrency
+(64 cycles each, straight on the backend): the figure behind `DockerBackend.Config.lifecycle_concurrency`.
+
+    .venv/bin/python bench/sandbox.py --json [--sessions 64,128,256] [--steps 5] [--sweep 1,2,4,8]
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sandbox.backends import DockerBackend  # noqa: E402
 from sandbox.backends.docker import LABEL_OWNER, LABEL_SESSION  # noqa: E402
 from sandbox.client import SandboxClient  # noqa: E402
-from sandbox.models import SessionSpec  # noqa: E402
+from sandbox.models import ExecRequest, SessionSpec  # noqa: E402
+from sandbox.protocols import SandboxSpec  # noqa: E402
 from sandbox.sessions import SessionManager  # noqa: E402
 from sandbox.testing import serve_gateway  # noqa: E402
 
@@ -44,6 +49,14 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--image", default="stacx/sandbox:bookworm")
     parser.add_argument("--memory-mb", type=int, default=256, help="per-session memory limit")
     parser.add_argument("--json", action="store_true", help="print only JSON lines")
+    parser.add_argument(
+        "--lifecycle-concurrency",
+        type=int,
+        default=DockerBackend.Config().lifecycle_concurrency,
+        help="container create/start/remove calls in flight (DockerBackend.Config)",
+    )
+    parser.add_argument("--sweep", default="", help="lifecycle concurrencies to measure first, e.g. 1,2,4,8")
+    parser.add_argument("--sweep-cycles", type=int, default=64, help="create+exec+remove cycles per level")
     return parser.parse_args()
 
 
@@ -139,6 +152,44 @@ async def _level(
     }
 
 
+async def _cycles(concurrency: int, cycles: int, image: str) -> dict[str, Any]:
+    """`cycles` create+exec+remove cycles, all submitted at once, at one lifecycle concurrency."""
+    backend = DockerBackend(DockerBackend.Config(lifecycle_concurrency=concurrency))
+    owner = f"bench-sweep-{uuid.uuid4().hex[:8]}"
+
+    async def one(i: int) -> None:
+        spec = SandboxSpec(
+            session_id=f"s{i}",
+            image=image,
+            workdir="/workspace",
+            owner=owner,
+            instance="bench",
+            expires_at=time.time() + 600,
+            memory_mb=128,
+            cpus=0.5,
+            pids=64,
+            env={},
+        )
+        handle = await backend.start(spec)
+        try:
+            await backend.exec(handle, ExecRequest(command=COMMAND, timeout_s=30), max_output_bytes=1024)
+        finally:
+            await backend.stop(handle)
+
+    started = time.monotonic()
+    results = await asyncio.gather(*(one(i) for i in range(cycles)), return_exceptions=True)
+    wall = time.monotonic() - started
+    await backend.close()
+    failures = [f"{type(r).__name__}: {r}" for r in results if isinstance(r, BaseException)]
+    return {
+        "lifecycle_concurrency": concurrency,
+        "cycles": cycles,
+        "cycles_per_s": round((cycles - len(failures)) / wall, 2),
+        "failed": len(failures),
+        "first_failure": failures[0] if failures else None,
+    }
+
+
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
     import docker
 
@@ -147,8 +198,14 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     owner = f"bench-{uuid.uuid4().hex[:8]}"
     config = SessionManager.Config(owner=owner, default_image=args.image, max_sessions=max(levels))
     runs: list[dict[str, Any]] = []
+    sweep = []
+    for level in (int(n) for n in args.sweep.split(",") if n):
+        sweep.append(await _cycles(level, args.sweep_cycles, args.image))
+        if not args.json:
+            print(json.dumps(sweep[-1]), file=sys.stderr)
     error = None
-    with serve_gateway(DockerBackend(), token="bench", config=config) as url:
+    backend = DockerBackend(DockerBackend.Config(lifecycle_concurrency=args.lifecycle_concurrency))
+    with serve_gateway(backend, token="bench", config=config) as url:
         client_config = SandboxClient.Config(base_url=url, token="bench", timeout_s=600)
         async with SandboxClient(client_config) as client:
             ids: list[str] = []
@@ -170,6 +227,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         "raw_exec_p50_ms": last.get("raw_exec_p50_ms"),
         "exec_ratio": last.get("exec_ratio"),
         "leaked_containers": leaked,
+        "lifecycle_concurrency": args.lifecycle_concurrency,
+        "lifecycle_sweep": sweep,
         "steps": args.steps,
         "runs": runs,
         "error": error,

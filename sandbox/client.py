@@ -142,7 +142,16 @@ class SandboxClient:
 
     # -- sessions --------------------------------------------------------------------------------
     async def health(self) -> Health:
-        return Health.model_validate((await self._request("GET", "/healthz", retry=True)).json())
+        """The gateway's health; a degraded gateway (503) answers with `problem` set, not an error."""
+        try:
+            response = await self._http.get("/healthz")
+        except httpx.HTTPError:
+            response = await self._request("GET", "/healthz", retry=True)
+        if response.status_code == 503 and "problem" in response.text:
+            return Health.model_validate(response.json())
+        if not response.is_success:
+            raise _error_from(response)
+        return Health.model_validate(response.json())
 
     async def metrics(self) -> str:
         return (await self._request("GET", "/metrics", retry=True)).text

@@ -12,6 +12,7 @@ __all__ = [
     "BackendError",
     "BaseImageMissing",
     "CapacityExceeded",
+    "EngineWedged",
     "ImageBuildError",
     "InvalidSpec",
     "PathRejected",
@@ -83,6 +84,13 @@ class BackendError(SandboxError):
     retriable = True
 
 
+class EngineWedged(BackendError):
+    """The container engine stopped answering (a lifecycle call outlived its limit); the message
+    names the engine, the stuck call and the fix."""
+
+    status = 503
+
+
 class BaseImageMissing(SandboxError):
     """An image (or a Dockerfile's FROM image) is not available locally."""
 
@@ -131,6 +139,7 @@ _ALL: dict[str, type[SandboxError]] = {
         SandboxFileNotFound,
         CapacityExceeded,
         BackendError,
+        EngineWedged,
         BaseImageMissing,
         ImageBuildError,
         TaskFormatError,

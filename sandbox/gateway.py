@@ -1,7 +1,7 @@
 """The sandbox gateway: FastAPI over a `SessionManager`, with bearer-token auth on by default.
 
 Routes (all under bearer auth except /healthz):
-    GET    /healthz                            -> Health
+    GET    /healthz                            -> Health (503 when the backend is degraded)
     GET    /metrics                            -> Prometheus text
     POST   /v1/sessions          SessionSpec   -> SessionInfo (201)
     GET    /v1/sessions                        -> [SessionInfo]
@@ -108,10 +108,17 @@ def create_app(manager: SessionManager, *, token: str | None, manage_lifecycle: 
 
     auth = [Depends(_auth_dependency(token))]
 
-    @app.get("/healthz", response_model=Health)
-    async def health() -> Health:
+    @app.get("/healthz", response_model=Health, responses={503: {"model": Health}})
+    async def health(response: Response) -> Health:
+        problem = manager.backend.problem
+        if problem:
+            response.status_code = 503  # load balancers and `stacx run` see a degraded gateway
         return Health(
-            status="ok", backend=manager.backend.name, sessions=len(manager.list()), version=VERSION
+            status="degraded" if problem else "ok",
+            backend=manager.backend.name,
+            sessions=len(manager.list()),
+            version=VERSION,
+            problem=problem,
         )
 
     @app.get("/metrics", dependencies=auth, response_class=PlainTextResponse)

@@ -129,9 +129,12 @@ class Health(_Model):
     """Answer of /healthz."""
 
     status: str
+    """`ok`, or `degraded` when the backend cannot start sessions (see `problem`)."""
     backend: str
     sessions: int
     version: str
+    problem: str | None = None
+    """Why the backend is degraded (e.g. the Docker engine is wedged), with the fix."""
 
 
 class VerifyResult(_Model):

@@ -52,6 +52,11 @@ class SandboxBackend(Protocol):
 
     name: str
 
+    @property
+    def problem(self) -> str | None:
+        """Why the backend cannot serve sessions right now (e.g. a wedged engine), or None."""
+        ...
+
     async def start(self, spec: SandboxSpec) -> SandboxHandle:
         """Start a sandbox and return once it accepts execs."""
         ...

@@ -6,7 +6,9 @@ for /tmp, /tests and /logs. The workdir is a tmpfs, or, for task images whose WO
 anonymous volume seeded from the image. Labels name the owner, the gateway instance, the session
 and the expiry time so a reaper can always find what a crashed gateway left behind.
 
-The SDK is blocking; calls run on a dedicated thread pool sized for hundreds of sessions.
+The SDK is blocking; exec and file calls run on a thread pool sized for hundreds of sessions, while
+container create, start and remove go through a `LifecycleGuard`: a few at a time (Docker 20.10's
+libnetwork deadlocks under many concurrent starts), and a call that hangs marks the engine wedged.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from sandbox.backends._common import (
     parse_oom_kills,
     to_result,
 )
+from sandbox.backends.lifecycle import LifecycleGuard
 from sandbox.errors import BackendError, BaseImageMissing
 from sandbox.models import ExecRequest, ExecResult
 from sandbox.protocols import SandboxHandle, SandboxSpec
@@ -51,6 +54,12 @@ _KEEPALIVE = "trap 'exit 0' TERM; while :; do sleep 86400 & wait $!; done"
 
 T = TypeVar("T")
 
+WEDGED_HINT = (
+    " Docker 20.10 can deadlock in libnetwork under many concurrent container starts (docs/infra.md)."
+    " Fix: restart the engine (`stacx infra up` restarts a dockerd it started; a goroutine dump for a"
+    " bug report: `kill -USR1 <dockerd pid>`), then retry."
+)
+
 
 class DockerBackend:
     """Sandboxes as hardened Docker containers."""
@@ -66,7 +75,11 @@ class DockerBackend:
         tmpfs_mb: int = 256
         """Size of each tmpfs mount (/tmp, /tests, /logs, a fresh workdir); counts as memory."""
         max_threads: int = 512
-        """Thread pool (and HTTP connection pool) size for concurrent engine calls."""
+        """Thread pool (and HTTP connection pool) size for concurrent exec and file calls."""
+        lifecycle_concurrency: int = 4
+        """Container create/start/remove calls in flight at once (bench/sandbox.py measures it)."""
+        lifecycle_stuck_s: float = 60.0
+        """A lifecycle call running longer than this marks the engine wedged (gateway answers 503)."""
         api_timeout_s: float = 120.0
         """Timeout of one engine API call."""
 
@@ -87,23 +100,39 @@ class DockerBackend:
         except docker.errors.DockerException as exc:
             raise BackendError(f"no Docker engine answers ({exc}); start dockerd") from exc
         self._pool = ThreadPoolExecutor(self.config.max_threads, thread_name_prefix="docker")
+        self.lifecycle = LifecycleGuard(
+            engine=self.config.base_url or "the local socket",
+            concurrency=self.config.lifecycle_concurrency,
+            stuck_after_s=self.config.lifecycle_stuck_s,
+            probe=self._client.info,
+            hint=WEDGED_HINT,
+        )
         self._workdirs: dict[str, str | None] = {}
+
+    @property
+    def problem(self) -> str | None:
+        """Why the engine cannot serve sessions now (wedged), or None."""
+        return self.lifecycle.problem
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self, spec: SandboxSpec) -> SandboxHandle:
-        container_id = await self._run(self._start, spec)
+        what = f"create and start a container from {spec.image}"
+        container_id = await self.lifecycle.run(what, self._start, spec)
         return SandboxHandle(
             session_id=spec.session_id, ref=container_id, workdir=spec.workdir, env=dict(spec.env)
         )
 
     def _start(self, spec: SandboxSpec) -> str:
         import docker.errors
+        import requests
 
         try:
             container = self._client.containers.create(**self._create_kwargs(spec))
+        except requests.exceptions.RequestException as exc:
+            raise BackendError(f"creating a container from {spec.image!r}: no answer ({exc})") from exc
         except docker.errors.ImageNotFound as exc:
             raise BaseImageMissing(
                 f"image {spec.image!r} is not available locally; build it first "
@@ -113,7 +142,7 @@ class DockerBackend:
             raise BackendError(f"creating a container from {spec.image!r} failed: {exc}") from exc
         try:
             container.start()
-        except docker.errors.APIError as exc:
+        except (docker.errors.APIError, requests.exceptions.RequestException) as exc:
             self._remove(container.id)
             raise BackendError(f"starting a container from {spec.image!r} failed: {exc}") from exc
         return str(container.id)
@@ -159,21 +188,24 @@ class DockerBackend:
         }
 
     async def stop(self, handle: SandboxHandle) -> None:
-        await self._run(self._remove, handle.ref)
+        await self.lifecycle.run(f"remove container {handle.ref[:12]}", self._remove, handle.ref)
 
     def _remove(self, container_id: str) -> None:
         import docker.errors
+        import requests
 
         try:
             self._client.api.remove_container(container_id, force=True, v=True)
         except docker.errors.NotFound:
             pass
+        except requests.exceptions.RequestException as exc:
+            raise BackendError(f"removing container {container_id[:12]}: no answer ({exc})") from exc
         except docker.errors.APIError as exc:
             if "already in progress" not in str(exc):
                 raise BackendError(f"removing container {container_id[:12]} failed: {exc}") from exc
 
     async def reap(self, *, owner: str, keep: set[str]) -> int:
-        return await self._run(self._reap, owner, keep)
+        return await self.lifecycle.run(f"reap the containers of {owner}", self._reap, owner, keep)
 
     def _reap(self, owner: str, keep: set[str]) -> int:
         now = time.time()
@@ -207,6 +239,7 @@ class DockerBackend:
 
     async def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.lifecycle.close()
         self._client.close()
 
     # -- exec and files --------------------------------------------------------------------

@@ -38,6 +38,8 @@ class FakeBackend:
     """Records what it is asked; `handler(sandbox, request)` decides each exec's result."""
 
     name = "fake"
+    problem: str | None = None
+    """Why it cannot serve sessions (tests set it; see tests/unit/sandbox/test_sandbox_lifecycle.py)."""
 
     def __init__(
         self, handler: Handler | None = None, *, image_workdirs: dict[str, str] | None = None

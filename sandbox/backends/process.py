@@ -47,6 +47,7 @@ class ProcessBackend:
     """Sandboxes as bubblewrap-isolated processes over per-session host directories."""
 
     name = "process"
+    problem: str | None = None
 
     @dataclass(kw_only=True, slots=True)
     class Config:
