@@ -75,9 +75,7 @@ def _smoke(args: argparse.Namespace) -> int:
     config = _stack_config(args)
     _say(smoke.kafka_round_trip(config.bootstrap))
     _say(smoke.sandbox_command())
-    _say(
-        "smoke test passed (Kafka round trip and a sandbox command)."
-    )
+    _say("smoke test passed (Kafka round trip and a sandbox command).")
     return 0
 
 

@@ -22,15 +22,18 @@ QUICKSTART_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "quicksta
 
 def register(subparsers: Any) -> None:
     quick = subparsers.add_parser(
-        "quickstart", help="tool-integrated RL that learns: SFT, then GRPO through the full "
-                           "Kafka loop (examples/quickstart.yaml)")
+        "quickstart",
+        help="tool-integrated RL that learns: SFT, then GRPO through the full "
+        "Kafka loop (examples/quickstart.yaml)",
+    )
     quick.add_argument("--name", help="run name: results go to runs/NAME/ (default: quickstart)")
     quick.add_argument("--steps", type=int, help="GRPO policy versions to train")
     _common(quick)
     quick.set_defaults(func=_quickstart)
 
-    run = subparsers.add_parser("run", help="run a whole pipeline from a YAML file "
-                                            "(e.g. examples/quickstart.yaml)")
+    run = subparsers.add_parser(
+        "run", help="run a whole pipeline from a YAML file (e.g. examples/quickstart.yaml)"
+    )
     run.add_argument("config", type=Path, help="pipeline YAML")
     run.add_argument("--name", help="override pipeline.name")
     run.add_argument("--steps", type=int, help="override pipeline.steps")
@@ -56,8 +59,7 @@ def _apply(spec: Any, args: argparse.Namespace) -> None:
     from infra.pipeline.config import PipelineConfig
 
     cfg = spec.pipeline
-    overrides = {"name": args.name, "steps": args.steps, "runs_dir": args.runs_dir,
-                 "timeout_s": args.timeout}
+    overrides = {"name": args.name, "steps": args.steps, "runs_dir": args.runs_dir, "timeout_s": args.timeout}
     for key, value in overrides.items():
         if value is not None:
             setattr(cfg, key, value)
@@ -75,23 +77,30 @@ def _execute(config_path: Path, args: argparse.Namespace) -> int:
         report = run_pipeline(spec)
     except PipelineError as exc:
         print(f"stacx: {exc}", file=sys.stderr)
-        return 2 if exc.__class__.__name__ in ("MissingComponentError",
-                                                "PipelineConfigError") else 1
+        return 2 if exc.__class__.__name__ in ("MissingComponentError", "PipelineConfigError") else 1
     except KeyboardInterrupt:
         print("stacx: interrupted; the services this run started were stopped", file=sys.stderr)
         return 130
     except Exception as exc:  # a bug in a service library: full traceback, then where to look
         log.error("pipeline failed: %s: %s", type(exc).__name__, exc, exc_info=True)
-        print(f"stacx: the pipeline failed ({type(exc).__name__}: {exc}); the partial report "
-              "and the service logs are under runs/<name>/", file=sys.stderr)
+        print(
+            f"stacx: the pipeline failed ({type(exc).__name__}: {exc}); the partial report "
+            "and the service logs are under runs/<name>/",
+            file=sys.stderr,
+        )
         return 1
     _print_summary(report)
     return 0
 
 
 def _print_summary(report: dict[str, Any]) -> None:
-    keys = ("success_before", "success_after", "tool_rate_before", "tool_rate_after",
-            "policy_versions", "wall_s")
+    keys = (
+        "success_before",
+        "success_after",
+        "tool_rate_before",
+        "tool_rate_after",
+        "policy_versions",
+        "wall_s",
+    )
     print(json.dumps({k: report.get(k) for k in keys}))
-    print(f"report: {Path(report['curve_png']).with_name('report.json')}\n"
-          f"curve:  {report['curve_png']}")
+    print(f"report: {Path(report['curve_png']).with_name('report.json')}\ncurve:  {report['curve_png']}")

@@ -1,7 +1,7 @@
 """The end-to-end pipeline orchestrator behind `stacx quickstart` and `stacx run CONFIG.yaml`.
 
-    from infra.pipeline import load_spec, run_pipeline
-    report = run_pipeline(load_spec("examples/quickstart.yaml"))
+from infra.pipeline import load_spec, run_pipeline
+report = run_pipeline(load_spec("examples/quickstart.yaml"))
 """
 
 from infra.pipeline.config import PipelineConfig, PipelineSpec, load_spec, parse_spec

@@ -165,7 +165,8 @@ class PipelineConfig:
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
             raise PipelineConfigError(
-                f"pipeline.name={self.name!r}: use letters, digits, '.', '_' or '-' (max 64)")
+                f"pipeline.name={self.name!r}: use letters, digits, '.', '_' or '-' (max 64)"
+            )
         if self.steps < 1:
             raise PipelineConfigError(f"pipeline.steps={self.steps}: must be >= 1")
 
@@ -193,15 +194,16 @@ def parse_spec(tree: dict[str, Any], *, source: str = "config") -> PipelineSpec:
     allowed = {"bootstrap_servers", "pipeline", "rollout", "assembler", "trainer"}
     unknown = sorted(set(tree) - allowed)
     if unknown:
-        raise PipelineConfigError(
-            f"{source}: unknown section(s) {unknown}; valid: {sorted(allowed)}")
+        raise PipelineConfigError(f"{source}: unknown section(s) {unknown}; valid: {sorted(allowed)}")
     try:
         return PipelineSpec(
-            source=source, bootstrap_servers=bootstrap_servers(tree),
+            source=source,
+            bootstrap_servers=bootstrap_servers(tree),
             pipeline=section(tree, "pipeline", PipelineConfig, source=source),
             rollout=_raw_section(tree, "rollout", source),
             assembler=_raw_section(tree, "assembler", source),
-            trainer=_raw_section(tree, "trainer", source))
+            trainer=_raw_section(tree, "trainer", source),
+        )
     except ConfigError as exc:
         raise PipelineConfigError(str(exc)) from exc
 

@@ -44,8 +44,7 @@ def _eval_config(rollout_section: dict[str, Any], *, heldout_path: str, samples:
     from rollout.config import parse_config
 
     section = copy.deepcopy(rollout_section)
-    section["data"] = {"path": heldout_path, "samples_per_task": samples, "epochs": 1,
-                       "shuffle": False}
+    section["data"] = {"path": heldout_path, "samples_per_task": samples, "epochs": 1, "shuffle": False}
     section.setdefault("kafka", {}).update({"publish": False, "follow_weights": False})
     manager = section.setdefault("manager", {})
     manager["record_task_rewards"] = True
@@ -60,13 +59,19 @@ def _summarise(trajectories: list[Trajectory], version: int, started: float) -> 
     rewards = sum(t.reward for t in trajectories)
     tools = sum(int(t.metadata.get("num_tool_calls", "0") or 0) > 0 for t in trajectories)
     failed = sum(t.status.value in ("FAILED", "TIMED_OUT") for t in trajectories)
-    return EvalResult(success=rewards / n if n else 0.0, tool_rate=tools / n if n else 0.0,
-                      num_episodes=n, num_failed=failed, version=version,
-                      wall_s=time.monotonic() - started)
+    return EvalResult(
+        success=rewards / n if n else 0.0,
+        tool_rate=tools / n if n else 0.0,
+        num_episodes=n,
+        num_failed=failed,
+        version=version,
+        wall_s=time.monotonic() - started,
+    )
 
 
-async def evaluate_heldout(rollout_section: dict[str, Any], tasks: list[TaskSample], *,
-                           heldout_path: str, samples: int, version: int) -> EvalResult:
+async def evaluate_heldout(
+    rollout_section: dict[str, Any], tasks: list[TaskSample], *, heldout_path: str, samples: int, version: int
+) -> EvalResult:
     """Roll out every task `samples` times at the rollout config's temperature."""
     from rollout.fakes import StaticVersion
     from rollout.service import open_manager
@@ -74,14 +79,17 @@ async def evaluate_heldout(rollout_section: dict[str, Any], tasks: list[TaskSamp
     started = time.monotonic()
     config = _eval_config(rollout_section, heldout_path=heldout_path, samples=samples)
     collector = _Collector()
-    async with open_manager(config, tasks=tasks, publisher=collector,
-                            versions=StaticVersion(version)) as manager:
+    async with open_manager(
+        config, tasks=tasks, publisher=collector, versions=StaticVersion(version)
+    ) as manager:
         await manager.run()
     return _summarise(collector.trajectories, version, started)
 
 
-def run_evaluation(rollout_section: dict[str, Any], tasks: list[TaskSample], *,
-                   heldout_path: str, samples: int, version: int) -> EvalResult:
+def run_evaluation(
+    rollout_section: dict[str, Any], tasks: list[TaskSample], *, heldout_path: str, samples: int, version: int
+) -> EvalResult:
     """Blocking wrapper (runs its own event loop; call it from a worker thread)."""
-    return asyncio.run(evaluate_heldout(rollout_section, tasks, heldout_path=heldout_path,
-                                        samples=samples, version=version))
+    return asyncio.run(
+        evaluate_heldout(rollout_section, tasks, heldout_path=heldout_path, samples=samples, version=version)
+    )

@@ -34,10 +34,12 @@ class RunTopics:
         """`stacx.<kind>.<run_id>` when fresh (nothing left over from other runs), else the
         standard topics of schemas/topics.py."""
         if not fresh:
-            return cls(trajectories=topics.TRAJECTORIES, batches=topics.BATCHES,
-                       weights=topics.WEIGHTS)
-        return cls(trajectories=f"{topics.TRAJECTORIES}.{run_id}",
-                   batches=f"{topics.BATCHES}.{run_id}", weights=f"{topics.WEIGHTS}.{run_id}")
+            return cls(trajectories=topics.TRAJECTORIES, batches=topics.BATCHES, weights=topics.WEIGHTS)
+        return cls(
+            trajectories=f"{topics.TRAJECTORIES}.{run_id}",
+            batches=f"{topics.BATCHES}.{run_id}",
+            weights=f"{topics.WEIGHTS}.{run_id}",
+        )
 
     def specs(self) -> tuple[topics.TopicSpec, ...]:
         """The standard topics' specs (partitions, configs) under this run's names.
@@ -47,11 +49,14 @@ class RunTopics:
         only with the optional `cramjam` package, which is not installed.
         """
         base = {t.name: t for t in topics.TOPICS}
-        return tuple(topics.TopicSpec(name, base[std].partitions,
-                                      {**base[std].config, "compression.type": "gzip"})
-                     for name, std in ((self.trajectories, topics.TRAJECTORIES),
-                                       (self.batches, topics.BATCHES),
-                                       (self.weights, topics.WEIGHTS)))
+        return tuple(
+            topics.TopicSpec(name, base[std].partitions, {**base[std].config, "compression.type": "gzip"})
+            for name, std in (
+                (self.trajectories, topics.TRAJECTORIES),
+                (self.batches, topics.BATCHES),
+                (self.weights, topics.WEIGHTS),
+            )
+        )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -70,9 +75,13 @@ class RunLayout:
         cfg = spec.pipeline
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now if now is not None else time.time()))
         run_id = f"{cfg.name}-{stamp}"
-        return cls(name=cfg.name, run_id=run_id, root=Path(cfg.runs_dir) / cfg.name,
-                   topics=RunTopics.for_run(run_id, fresh=cfg.fresh_topics),
-                   model_name="policy" if cfg.fresh_topics else run_id)
+        return cls(
+            name=cfg.name,
+            run_id=run_id,
+            root=Path(cfg.runs_dir) / cfg.name,
+            topics=RunTopics.for_run(run_id, fresh=cfg.fresh_topics),
+            model_name="policy" if cfg.fresh_topics else run_id,
+        )
 
     @property
     def config_dir(self) -> Path:
@@ -125,44 +134,65 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def rollout_section(spec: PipelineSpec, layout: RunLayout, *, model_dir: Path,
-                    inference_url: str, gateway_url: str) -> dict[str, Any]:
+def rollout_section(
+    spec: PipelineSpec, layout: RunLayout, *, model_dir: Path, inference_url: str, gateway_url: str
+) -> dict[str, Any]:
     """`stacx rollout` config: the spec's `rollout` section plus this run's data and endpoints."""
-    return _merge(spec.rollout, {
-        "data": {"path": str(layout.train_tasks.resolve())},
-        "inference": {"url": inference_url, "tokenizer": str(model_dir.resolve())},
-        "sandbox": {"url": gateway_url},
-        "kafka": {"bootstrap_servers": spec.bootstrap_servers, "publish": True,
-                  "follow_weights": True, "trajectories_topic": layout.topics.trajectories,
-                  "weights_topic": layout.topics.weights},
-        "manager": {"model_name": layout.model_name},
-        "progress": False,
-    })
+    return _merge(
+        spec.rollout,
+        {
+            "data": {"path": str(layout.train_tasks.resolve())},
+            "inference": {"url": inference_url, "tokenizer": str(model_dir.resolve())},
+            "sandbox": {"url": gateway_url},
+            "kafka": {
+                "bootstrap_servers": spec.bootstrap_servers,
+                "publish": True,
+                "follow_weights": True,
+                "trajectories_topic": layout.topics.trajectories,
+                "weights_topic": layout.topics.weights,
+            },
+            "manager": {"model_name": layout.model_name},
+            "progress": False,
+        },
+    )
 
 
 def assembler_section(spec: PipelineSpec, layout: RunLayout) -> dict[str, Any]:
     """`stacx assemble --config` file contents (an `assembler:` section)."""
-    section = _merge(spec.assembler, {
-        "app_id": f"stacx-assembler-{layout.run_id}",
-        "bootstrap_servers": spec.bootstrap_servers,
-        "trajectories_topic": layout.topics.trajectories,
-        "batches_topic": layout.topics.batches,
-        "weights_topic": layout.topics.weights,
-        "datadir": str((layout.root / "assembler").resolve()),
-    })
+    section = _merge(
+        spec.assembler,
+        {
+            "app_id": f"stacx-assembler-{layout.run_id}",
+            "bootstrap_servers": spec.bootstrap_servers,
+            "trajectories_topic": layout.topics.trajectories,
+            "batches_topic": layout.topics.batches,
+            "weights_topic": layout.topics.weights,
+            "datadir": str((layout.root / "assembler").resolve()),
+        },
+    )
     return {"assembler": section}
 
 
 def trainer_section(spec: PipelineSpec, layout: RunLayout, *, model_dir: Path) -> dict[str, Any]:
     """`stacx train` config (TrainerConfig) for the GRPO loop of this run."""
-    return _merge(spec.trainer, {
-        "models": {"policy": {"path": str(model_dir.resolve())}},
-        "source": {"bootstrap_servers": spec.bootstrap_servers, "topic": layout.topics.batches,
-                   "group_id": f"stacx-trainer-{layout.run_id}"},
-        "export": {"dir": str(layout.weights_dir.resolve()), "model_name": layout.model_name,
-                   "publish": True, "topic": layout.topics.weights,
-                   "bootstrap_servers": spec.bootstrap_servers},
-        "checkpoint": {"dir": str(layout.checkpoints_dir.resolve()), "resume": False},
-        "max_steps": spec.pipeline.steps,
-        "trainer_id": f"stacx-trainer-{layout.run_id}",
-    })
+    return _merge(
+        spec.trainer,
+        {
+            "models": {"policy": {"path": str(model_dir.resolve())}},
+            "source": {
+                "bootstrap_servers": spec.bootstrap_servers,
+                "topic": layout.topics.batches,
+                "group_id": f"stacx-trainer-{layout.run_id}",
+            },
+            "export": {
+                "dir": str(layout.weights_dir.resolve()),
+                "model_name": layout.model_name,
+                "publish": True,
+                "topic": layout.topics.weights,
+                "bootstrap_servers": spec.bootstrap_servers,
+            },
+            "checkpoint": {"dir": str(layout.checkpoints_dir.resolve()), "resume": False},
+            "max_steps": spec.pipeline.steps,
+            "trainer_id": f"stacx-trainer-{layout.run_id}",
+        },
+    )

@@ -89,16 +89,14 @@ class RunMetrics:
             stats.num += 1
             stats.reward_sum += trajectory.reward
             stats.tool_calls += _used_tool(trajectory)
-            stats.failed += trajectory.status in (TrajectoryStatus.FAILED,
-                                                  TrajectoryStatus.TIMED_OUT)
+            stats.failed += trajectory.status in (TrajectoryStatus.FAILED, TrajectoryStatus.TIMED_OUT)
             self._recent.append((now, max(0, self.policy_version - trajectory.policy_version)))
 
     def observe_weights(self, version: WeightVersion) -> None:
         with self.lock:
             if version.version > self.policy_version:
                 self.policy_version = version.version
-                self.trainer_steps.append({"version": version.version,
-                                           "wall_s": round(self.elapsed(), 2)})
+                self.trainer_steps.append({"version": version.version, "wall_s": round(self.elapsed(), 2)})
 
     def observe_batch(self, batch: TrainingBatch) -> None:
         with self.lock:
@@ -126,16 +124,30 @@ class RunMetrics:
 
     def reward_curve(self) -> list[dict[str, float]]:
         with self.lock:
-            return [{"version": v, "mean_reward": round(s.mean_reward, 4),
-                     "tool_rate": round(s.tool_rate, 4), "episodes": s.num}
-                    for v, s in sorted(self.by_version.items())]
+            return [
+                {
+                    "version": v,
+                    "mean_reward": round(s.mean_reward, 4),
+                    "tool_rate": round(s.tool_rate, 4),
+                    "episodes": s.num,
+                }
+                for v, s in sorted(self.by_version.items())
+            ]
 
 
 class TopicMonitor:
     """A consumer thread that feeds `RunMetrics` from the run's topics."""
 
-    def __init__(self, metrics: RunMetrics, *, bootstrap_servers: str, trajectories_topic: str,
-                 batches_topic: str, weights_topic: str, model_name: str) -> None:
+    def __init__(
+        self,
+        metrics: RunMetrics,
+        *,
+        bootstrap_servers: str,
+        trajectories_topic: str,
+        batches_topic: str,
+        weights_topic: str,
+        model_name: str,
+    ) -> None:
         self.metrics = metrics
         self.model_name = model_name
         self._topics = [trajectories_topic, batches_topic, weights_topic]
@@ -156,10 +168,16 @@ class TopicMonitor:
         from consumers import EventConsumer
 
         try:
-            consumer = EventConsumer(EventConsumer.Config(
-                bootstrap_servers=self._bootstrap, group_id=f"stacx-monitor-{uuid.uuid4().hex[:8]}",
-                topics=self._topics, client_id="stacx-pipeline-monitor", dlq_topic=None,
-                kafka={"enable.auto.commit": False}))
+            consumer = EventConsumer(
+                EventConsumer.Config(
+                    bootstrap_servers=self._bootstrap,
+                    group_id=f"stacx-monitor-{uuid.uuid4().hex[:8]}",
+                    topics=self._topics,
+                    client_id="stacx-pipeline-monitor",
+                    dlq_topic=None,
+                    kafka={"enable.auto.commit": False},
+                )
+            )
         except Exception as exc:  # the view keeps going without topic metrics; the report says so
             self.error = f"monitor could not consume {self._topics}: {exc}"
             log.error("%s", self.error)

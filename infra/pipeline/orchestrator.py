@@ -105,8 +105,7 @@ class Pipeline:
             self._shutdown()
             report = self._report(time.monotonic() - started, error)
             write_report(self.layout.report_path, report)
-            plot_curve(self.layout.curve_path, self.metrics,
-                       title=f"STACX quickstart {self.layout.run_id}")
+            plot_curve(self.layout.curve_path, self.metrics, title=f"STACX quickstart {self.layout.run_id}")
         return report
 
     def _stages(self, refresh: Any) -> None:
@@ -157,13 +156,12 @@ class Pipeline:
         train = self.task.make_problems(tasks.num_train, seed=tasks.seed, exclude=exclude)
         self.heldout_rows = task_rows(heldout, prefix="heldout", task_type=self.task.TASK_TYPE)
         write_tasks(self.layout.heldout_tasks, self.heldout_rows)
-        write_tasks(self.layout.train_tasks,
-                    task_rows(train, prefix="train", task_type=self.task.TASK_TYPE))
+        write_tasks(self.layout.train_tasks, task_rows(train, prefix="train", task_type=self.task.TASK_TYPE))
         self._exclude = exclude
 
     def _system_prompt(self) -> str:
         evaluators = (self.spec.rollout.get("manager") or {}).get("evaluators") or {}
-        options = (evaluators.get(self.task.TASK_TYPE) or evaluators.get("default") or {})
+        options = evaluators.get(self.task.TASK_TYPE) or evaluators.get("default") or {}
         scaffold_options = options.get("scaffold_options") or {}
         if "system_prompt" in scaffold_options:
             return str(scaffold_options["system_prompt"])
@@ -178,44 +176,92 @@ class Pipeline:
         tokenizer = HFTokenizer(str(self.layout.base_model))
         encoder = DemonstrationEncoder(tokenizer=tokenizer, system_prompt=self._system_prompt())
         end = tokenizer.inner.eos_token or ""
-        batches = demonstration_batches(self.task, encoder, self.cfg.sft, self.cfg.demonstrations,
-                                        exclude=self._exclude, end_token=end)
+        batches = demonstration_batches(
+            self.task, encoder, self.cfg.sft, self.cfg.demonstrations, exclude=self._exclude, end_token=end
+        )
 
         sft = self.cfg.sft
-        skill, mixture = batches[: sft.skill_steps], batches[sft.skill_steps:]
+        skill, mixture = batches[: sft.skill_steps], batches[sft.skill_steps :]
 
         def progress(offset: int) -> Any:
             def on_step(step: int, loss: float) -> None:
                 self.metrics.sft_loss.append((offset + step, round(loss, 5)))
-                self.metrics.stage = (f"SFT warm start: step {offset + step}/{sft.steps} "
-                                      f"loss {loss:.3f}")
+                self.metrics.stage = f"SFT warm start: step {offset + step}/{sft.steps} loss {loss:.3f}"
+
             return on_step
 
         model = self.layout.base_model
         if skill:  # the skill: tool-heavy demonstrations at the full learning rate
-            model = run_sft(model, self.layout.sft_root, skill, lr=sft.lr,
-                            warmup_steps=sft.warmup_steps, seed=sft.seed,
-                            export_name="sft-skill", on_step=progress(0))
+            model = run_sft(
+                model,
+                self.layout.sft_root,
+                skill,
+                lr=sft.lr,
+                warmup_steps=sft.warmup_steps,
+                seed=sft.seed,
+                export_name="sft-skill",
+                on_step=progress(0),
+            )
         if mixture:  # the habit: the final mixture at a lower learning rate
-            model = run_sft(model, self.layout.sft_root, mixture, lr=sft.mixture_lr,
-                            seed=sft.seed + 1, export_name="sft", on_step=progress(len(skill)))
+            model = run_sft(
+                model,
+                self.layout.sft_root,
+                mixture,
+                lr=sft.mixture_lr,
+                seed=sft.seed + 1,
+                export_name="sft",
+                on_step=progress(len(skill)),
+            )
         self._sft_dir = model
         return model
 
     def _start_serving(self, sft_dir: Path) -> None:
         s = self.cfg.services
         self.metrics.stage = "starting the sandbox gateway and the inference server"
-        self._start(ServiceSpec(
-            name="gateway", ready_url=f"{self.gateway_url}/healthz",
-            args=["gateway", "--host", s.host, "--port", str(s.gateway_port),
-                  "--backend", s.gateway_backend, "--warm-pool", str(s.gateway_warm_pool),
-                  "--owner", f"stacx-{self.layout.run_id}"]), wait=False)
-        self._start(ServiceSpec(
-            name="inference", ready_url=f"{self.inference_url}/health",
-            args=["serve", "--model", str(sft_dir), "--host", s.host, "--port",
-                  str(s.inference_port), "--device", "cpu", "--weight-version", "0",
-                  "--threads", str(s.inference_threads),
-                  "--max-batch-size", str(s.inference_max_batch_size)]), wait=False)
+        self._start(
+            ServiceSpec(
+                name="gateway",
+                ready_url=f"{self.gateway_url}/healthz",
+                args=[
+                    "gateway",
+                    "--host",
+                    s.host,
+                    "--port",
+                    str(s.gateway_port),
+                    "--backend",
+                    s.gateway_backend,
+                    "--warm-pool",
+                    str(s.gateway_warm_pool),
+                    "--owner",
+                    f"stacx-{self.layout.run_id}",
+                ],
+            ),
+            wait=False,
+        )
+        self._start(
+            ServiceSpec(
+                name="inference",
+                ready_url=f"{self.inference_url}/health",
+                args=[
+                    "serve",
+                    "--model",
+                    str(sft_dir),
+                    "--host",
+                    s.host,
+                    "--port",
+                    str(s.inference_port),
+                    "--device",
+                    "cpu",
+                    "--weight-version",
+                    "0",
+                    "--threads",
+                    str(s.inference_threads),
+                    "--max-batch-size",
+                    str(s.inference_max_batch_size),
+                ],
+            ),
+            wait=False,
+        )
         for name in ("gateway", "inference"):
             self.services[name].wait_ready(s.startup_timeout_s)
         self._start_subscriber()
@@ -223,19 +269,31 @@ class Pipeline:
     def _start_subscriber(self) -> None:
         from consumers.weights import WeightSubscriber
 
-        self._subscriber = WeightSubscriber(WeightSubscriber.Config(
-            model_name=self.layout.model_name, server_url=self.inference_url,
-            bootstrap_servers=self.spec.bootstrap_servers, topic=self.layout.topics.weights))
-        threading.Thread(target=self._subscriber.run, args=(self._stop_subscriber,),
-                         name="stacx-weight-subscriber", daemon=True).start()
+        self._subscriber = WeightSubscriber(
+            WeightSubscriber.Config(
+                model_name=self.layout.model_name,
+                server_url=self.inference_url,
+                bootstrap_servers=self.spec.bootstrap_servers,
+                topic=self.layout.topics.weights,
+            )
+        )
+        threading.Thread(
+            target=self._subscriber.run,
+            args=(self._stop_subscriber,),
+            name="stacx-weight-subscriber",
+            daemon=True,
+        ).start()
 
     def _grpo(self, sft_dir: Path, refresh: Any) -> None:
         self.metrics.stage = "starting the assembler, the trainer and the rollout service"
         monitor = TopicMonitor(
-            self.metrics, bootstrap_servers=self.spec.bootstrap_servers,
+            self.metrics,
+            bootstrap_servers=self.spec.bootstrap_servers,
             trajectories_topic=self.layout.topics.trajectories,
-            batches_topic=self.layout.topics.batches, weights_topic=self.layout.topics.weights,
-            model_name=self.layout.model_name).start()
+            batches_topic=self.layout.topics.batches,
+            weights_topic=self.layout.topics.weights,
+            model_name=self.layout.model_name,
+        ).start()
         try:
             self._start_training_services(sft_dir)
             self.metrics.stage = f"GRPO through Kafka (target: {self.cfg.steps} policy versions)"
@@ -247,17 +305,25 @@ class Pipeline:
 
     def _start_training_services(self, sft_dir: Path) -> None:
         cfg_dir = self.layout.config_dir
-        rollout_file = self._write_yaml(cfg_dir / "rollout.yaml", rollout_section(
-            self.spec, self.layout, model_dir=sft_dir, inference_url=self.inference_url,
-            gateway_url=self.gateway_url))
-        assembler_file = self._write_yaml(cfg_dir / "assembler.yaml",
-                                          assembler_section(self.spec, self.layout))
-        trainer_file = self._write_yaml(cfg_dir / "trainer.yaml",
-                                        trainer_section(self.spec, self.layout, model_dir=sft_dir))
+        rollout_file = self._write_yaml(
+            cfg_dir / "rollout.yaml",
+            rollout_section(
+                self.spec,
+                self.layout,
+                model_dir=sft_dir,
+                inference_url=self.inference_url,
+                gateway_url=self.gateway_url,
+            ),
+        )
+        assembler_file = self._write_yaml(
+            cfg_dir / "assembler.yaml", assembler_section(self.spec, self.layout)
+        )
+        trainer_file = self._write_yaml(
+            cfg_dir / "trainer.yaml", trainer_section(self.spec, self.layout, model_dir=sft_dir)
+        )
         self._start(ServiceSpec(name="assembler", args=["assemble", "--config", str(assembler_file)]))
         self._start(ServiceSpec(name="trainer", args=["train", str(trainer_file)]))
-        self._start(ServiceSpec(name="rollout", args=["rollout", str(rollout_file),
-                                                      "--no-progress"]))
+        self._start(ServiceSpec(name="rollout", args=["rollout", str(rollout_file), "--no-progress"]))
 
     def _follow(self, refresh: Any) -> None:
         """Until the trainer has published the last version: refresh, evaluate, watch services."""
@@ -268,7 +334,8 @@ class Pipeline:
                 raise PipelineError(
                     f"GRPO did not reach {self.cfg.steps} policy versions within "
                     f"pipeline.timeout_s={self.cfg.timeout_s:.0f}s (at version "
-                    f"{self.metrics.policy_version}); see the logs in {self.layout.logs_dir}")
+                    f"{self.metrics.policy_version}); see the logs in {self.layout.logs_dir}"
+                )
             for name in ("gateway", "inference", "assembler", "trainer", "rollout"):
                 self._check_service(name)
             last_eval_version = self._maybe_evaluate(last_eval_version)
@@ -281,8 +348,12 @@ class Pipeline:
         service = self.services.get(name)
         if service is None:
             return
-        if name == "trainer" and not service.alive() and service.proc is not None \
-                and service.proc.returncode == 0:
+        if (
+            name == "trainer"
+            and not service.alive()
+            and service.proc is not None
+            and service.proc.returncode == 0
+        ):
             return  # it finished its max_steps; the last version is on its way
         service.check_alive()
 
@@ -296,12 +367,20 @@ class Pipeline:
 
     def _eval_job(self, full: bool) -> EvalResult:
         ev = self.cfg.evaluation
-        section = rollout_section(self.spec, self.layout, model_dir=self._model_dir(),
-                                  inference_url=self.inference_url, gateway_url=self.gateway_url)
+        section = rollout_section(
+            self.spec,
+            self.layout,
+            model_dir=self._model_dir(),
+            inference_url=self.inference_url,
+            gateway_url=self.gateway_url,
+        )
         return run_evaluation(
-            section, self._heldout_tasks(full), heldout_path=str(self.layout.heldout_tasks),
+            section,
+            self._heldout_tasks(full),
+            heldout_path=str(self.layout.heldout_tasks),
             samples=ev.final_samples_per_problem if full else ev.samples_per_problem,
-            version=self._server_version_int())
+            version=self._server_version_int(),
+        )
 
     def _model_dir(self) -> Path:
         return self._sft_dir
@@ -313,12 +392,23 @@ class Pipeline:
         return result
 
     def _record_eval(self, result: EvalResult) -> None:
-        self.metrics.evals.append(EvalPoint(
-            version=result.version, success=result.success, tool_rate=result.tool_rate,
-            num_episodes=result.num_episodes, wall_s=round(self.metrics.elapsed(), 1)))
-        log.info("held-out success %.3f, tool-use %.3f at v%d (%d episodes, %.1fs)",
-                 result.success, result.tool_rate, result.version, result.num_episodes,
-                 result.wall_s)
+        self.metrics.evals.append(
+            EvalPoint(
+                version=result.version,
+                success=result.success,
+                tool_rate=result.tool_rate,
+                num_episodes=result.num_episodes,
+                wall_s=round(self.metrics.elapsed(), 1),
+            )
+        )
+        log.info(
+            "held-out success %.3f, tool-use %.3f at v%d (%d episodes, %.1fs)",
+            result.success,
+            result.tool_rate,
+            result.version,
+            result.num_episodes,
+            result.wall_s,
+        )
 
     def _maybe_evaluate(self, last_version: int) -> int:
         every = self.cfg.evaluation.every_versions
@@ -375,7 +465,8 @@ class Pipeline:
         raise ServiceError(
             f"the inference server still reports weight_version {self.metrics.server_version} "
             f"{timeout_s:.0f}s after v{version} was published; see "
-            f"{self.layout.logs_dir / 'pipeline.log'} (weight subscriber) and inference.log")
+            f"{self.layout.logs_dir / 'pipeline.log'} (weight subscriber) and inference.log"
+        )
 
     # ----------------------------------------------------------------------------- services
 
@@ -417,8 +508,10 @@ class Pipeline:
         if self.cfg.live and sys.stdout.isatty():
             from rich.live import Live
 
-            with Live(render(self.metrics, title=title, target_steps=self.cfg.steps),
-                      refresh_per_second=2) as live:
+            with Live(
+                render(self.metrics, title=title, target_steps=self.cfg.steps), refresh_per_second=2
+            ) as live:
+
                 def refresh() -> None:
                     live.update(render(self.metrics, title=title, target_steps=self.cfg.steps))
 

@@ -44,8 +44,7 @@ def _module_present(name: str) -> bool:
 
 
 def missing_modules(present: Callable[[str], bool] = _module_present) -> list[str]:
-    return [f"python module `{name}` — the {what}" for name, what in MODULES.items()
-            if not present(name)]
+    return [f"python module `{name}` — the {what}" for name, what in MODULES.items() if not present(name)]
 
 
 def _stacx_commands() -> set[str]:
@@ -66,8 +65,7 @@ def missing_commands(available: set[str] | None = None) -> list[str]:
         names = _stacx_commands() if available is None else available
     except Exception as exc:  # a broken command module breaks the whole CLI: say which
         return [f"a working `stacx` command line ({type(exc).__name__}: {exc})"]
-    return [f"{what} — no `stacx {name}` subcommand" for name, what in COMMANDS.items()
-            if name not in names]
+    return [f"{what} — no `stacx {name}` subcommand" for name, what in COMMANDS.items() if name not in names]
 
 
 def _kafka_problem(bootstrap: str) -> str | None:
@@ -100,11 +98,12 @@ def _ports_problems(spec: PipelineSpec) -> list[str]:
 
     services = spec.pipeline.services
     problems = []
-    for what, port in (("gateway_port", services.gateway_port),
-                       ("inference_port", services.inference_port)):
+    for what, port in (("gateway_port", services.gateway_port), ("inference_port", services.inference_port)):
         if port_open(services.host, port):
-            problems.append(f"a free port {port} for pipeline.services.{what} (held by "
-                            f"{port_holder(port)}); pick another one in the config")
+            problems.append(
+                f"a free port {port} for pipeline.services.{what} (held by "
+                f"{port_holder(port)}); pick another one in the config"
+            )
     return problems
 
 

@@ -34,11 +34,15 @@ def plot_curve(path: Path, metrics: RunMetrics, *, title: str, min_episodes: int
     if curve:
         versions = [p["version"] for p in curve]
         ax.plot(versions, [p["mean_reward"] for p in curve], "o-", label="mean rollout reward")
-        ax.plot(versions, [p["tool_rate"] for p in curve], "s--", alpha=0.6,
-                label="rollout tool-use rate")
+        ax.plot(versions, [p["tool_rate"] for p in curve], "s--", alpha=0.6, label="rollout tool-use rate")
     if metrics.evals:
-        ax.plot([e.version for e in metrics.evals], [e.success for e in metrics.evals], "D-",
-                color="black", label="held-out success")
+        ax.plot(
+            [e.version for e in metrics.evals],
+            [e.success for e in metrics.evals],
+            "D-",
+            color="black",
+            label="held-out success",
+        )
     ax.set_xlabel("policy version (GRPO steps)")
     ax.set_ylabel("rate")
     ax.set_ylim(-0.02, 1.02)

@@ -67,8 +67,14 @@ class ServiceProcess:
         with self.log_path.open("ab") as out:
             out.write(f"$ {' '.join(argv)}\n".encode())
             out.flush()
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         log.info("started %s (pid %d): %s", self.spec.name, self.proc.pid, " ".join(argv))
         return self
 
@@ -90,7 +96,8 @@ class ServiceProcess:
         if self.proc is not None and self.proc.poll() is not None:
             raise ServiceError(
                 f"service {self.spec.name} exited with status {self.proc.returncode}; "
-                f"log {self.log_path}:\n{self.tail()}")
+                f"log {self.log_path}:\n{self.tail()}"
+            )
 
     def wait_ready(self, timeout_s: float) -> None:
         """Block until ready; ServiceError when it dies or `timeout_s` passes."""
@@ -107,7 +114,8 @@ class ServiceProcess:
         raise ServiceError(
             f"service {self.spec.name} was not ready within {timeout_s:.0f}s "
             f"(waiting for {self.spec.ready_url or 'start-up'}); log {self.log_path}:\n"
-            f"{self.tail()}")
+            f"{self.tail()}"
+        )
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM to the service's process group, then SIGKILL after `timeout_s`."""

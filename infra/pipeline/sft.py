@@ -50,8 +50,7 @@ class DemonstrationEncoder:
         return ids, mask
 
 
-def _pack(rows: list[tuple[list[int], list[int]]], *, step: int, prompt_lengths: list[int]
-          ) -> TrainingBatch:
+def _pack(rows: list[tuple[list[int], list[int]]], *, step: int, prompt_lengths: list[int]) -> TrainingBatch:
     lengths = np.array([len(ids) for ids, _ in rows], dtype=np.int32)
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int32)
     ids = np.concatenate([np.asarray(r[0], dtype=np.int32) for r in rows])
@@ -59,25 +58,40 @@ def _pack(rows: list[tuple[list[int], list[int]]], *, step: int, prompt_lengths:
     digest = hashlib.sha256(ids.tobytes()).hexdigest()[:16]
     n = len(rows)
     return TrainingBatch(
-        batch_id=f"sft-{step:05d}-{digest}", model_name="policy",
+        batch_id=f"sft-{step:05d}-{digest}",
+        model_name="policy",
         trajectory_ids=[f"sft-{step}-{i}" for i in range(n)],
-        group_ids=[f"sft-{step}-{i}" for i in range(n)], task_types=["sft"] * n,
-        policy_versions=np.zeros(n, dtype=np.int32), offsets=offsets, lengths=lengths,
-        prompt_lengths=np.asarray(prompt_lengths, dtype=np.int32), token_ids=ids,
-        loss_mask=mask, logprobs=np.zeros(len(ids), dtype=np.float32),
-        rewards=np.zeros(n, dtype=np.float32))
+        group_ids=[f"sft-{step}-{i}" for i in range(n)],
+        task_types=["sft"] * n,
+        policy_versions=np.zeros(n, dtype=np.int32),
+        offsets=offsets,
+        lengths=lengths,
+        prompt_lengths=np.asarray(prompt_lengths, dtype=np.int32),
+        token_ids=ids,
+        loss_mask=mask,
+        logprobs=np.zeros(len(ids), dtype=np.float32),
+        rewards=np.zeros(n, dtype=np.float32),
+    )
 
 
-def demonstration_batches(task: ModuleType, encoder: DemonstrationEncoder, sft: SFTConfig,
-                          demos: DemonstrationsConfig, *, exclude: frozenset[str],
-                          end_token: str) -> list[TrainingBatch]:
+def demonstration_batches(
+    task: ModuleType,
+    encoder: DemonstrationEncoder,
+    sft: SFTConfig,
+    demos: DemonstrationsConfig,
+    *,
+    exclude: frozenset[str],
+    end_token: str,
+) -> list[TrainingBatch]:
     """`sft.steps` batches of `sft.batch_size` fresh demonstrations (held-out problems excluded):
     first `sft.skill_steps` tool-heavy ones, then the final mixture."""
     rng = random.Random(sft.seed)
-    skill = task.DemonstrationConfig(tool_fraction=demos.skill_tool_fraction,
-                                     mental_accuracy=demos.mental_accuracy)
-    mixture = task.DemonstrationConfig(tool_fraction=demos.tool_fraction,
-                                       mental_accuracy=demos.mental_accuracy)
+    skill = task.DemonstrationConfig(
+        tool_fraction=demos.skill_tool_fraction, mental_accuracy=demos.mental_accuracy
+    )
+    mixture = task.DemonstrationConfig(
+        tool_fraction=demos.tool_fraction, mental_accuracy=demos.mental_accuracy
+    )
     batches = []
     for step in range(sft.steps):
         demo_cfg = skill if step < sft.skill_steps else mixture
@@ -87,17 +101,26 @@ def demonstration_batches(task: ModuleType, encoder: DemonstrationEncoder, sft: 
             problem = task.sample_problem(rng)
             if problem.expression in exclude:
                 continue
-            ids, mask = encoder.encode(problem.prompt,
-                                       task.demonstration(problem, rng, demo_cfg, end=end_token))
+            ids, mask = encoder.encode(
+                problem.prompt, task.demonstration(problem, rng, demo_cfg, end=end_token)
+            )
             rows.append((ids, mask))
             prompt_lengths.append(mask.index(1))
         batches.append(_pack(rows, step=step, prompt_lengths=prompt_lengths))
     return batches
 
 
-def run_sft(base_model: Path, out_root: Path, batches: list[TrainingBatch], *, lr: float,
-            warmup_steps: int = 0, seed: int = 0, export_name: str = "sft",
-            on_step: Callable[[int, float], None] | None = None) -> Path:
+def run_sft(
+    base_model: Path,
+    out_root: Path,
+    batches: list[TrainingBatch],
+    *,
+    lr: float,
+    warmup_steps: int = 0,
+    seed: int = 0,
+    export_name: str = "sft",
+    on_step: Callable[[int, float], None] | None = None,
+) -> Path:
     """Train the `sft` recipe on `batches` from `base_model`; returns the exported HF directory
     (`out_root/<export_name>/v<steps>`)."""
     from trainer import (
@@ -111,12 +134,17 @@ def run_sft(base_model: Path, out_root: Path, batches: list[TrainingBatch], *, l
     )
 
     config = TrainerConfig(
-        recipe="sft", models={"policy": ModelConfig(path=str(base_model))},
+        recipe="sft",
+        models={"policy": ModelConfig(path=str(base_model))},
         optimizer=OptimizerConfig(lr=lr, warmup_steps=warmup_steps),
         backend=BackendConfig(kind="single", device="cpu"),
-        export=ExportConfig(dir=str(out_root), every_steps=len(batches), model_name=export_name,
-                            publish=False, keep_last=1),
-        max_steps=len(batches), seed=seed, trainer_id="stacx-quickstart-sft")
+        export=ExportConfig(
+            dir=str(out_root), every_steps=len(batches), model_name=export_name, publish=False, keep_last=1
+        ),
+        max_steps=len(batches),
+        seed=seed,
+        trainer_id="stacx-quickstart-sft",
+    )
 
     def step_done(result: Any) -> None:
         if on_step is not None:

@@ -29,9 +29,12 @@ def load_task_module(path: Path = TASK_MODULE) -> ModuleType:
     if name in sys.modules:
         return sys.modules[name]
     if not path.is_file():
-        raise MissingComponentError([
-            f"the task module {path} (the quickstart runs from a source checkout: "
-            "`git clone` + `make setup`)"])
+        raise MissingComponentError(
+            [
+                f"the task module {path} (the quickstart runs from a source checkout: "
+                "`git clone` + `make setup`)"
+            ]
+        )
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -42,8 +45,15 @@ def load_task_module(path: Path = TASK_MODULE) -> ModuleType:
 
 def task_rows(problems: list[Any], *, prefix: str, task_type: str) -> list[dict[str, Any]]:
     """`TaskSample` rows (tasks.jsonl) for `problems`."""
-    return [{"task_id": f"{prefix}-{i:05d}", "task_type": task_type, "prompt": p.prompt,
-             "data": json.loads(p.task_data())} for i, p in enumerate(problems)]
+    return [
+        {
+            "task_id": f"{prefix}-{i:05d}",
+            "task_type": task_type,
+            "prompt": p.prompt,
+            "data": json.loads(p.task_data()),
+        }
+        for i, p in enumerate(problems)
+    ]
 
 
 def write_tasks(path: Path, rows: list[dict[str, Any]]) -> Path:

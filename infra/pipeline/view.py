@@ -20,17 +20,27 @@ def _rows(metrics: RunMetrics, target_steps: int) -> list[tuple[str, str]]:
     rows = [
         ("stage", metrics.stage),
         ("elapsed", f"{metrics.elapsed():.0f} s"),
-        ("policy version", f"{metrics.policy_version} / {target_steps}"
-                           f"   (server: {metrics.server_version})"),
-        ("mean reward", "-" if latest is None else
-         f"{latest[1].mean_reward:.2f}  (v{latest[0]}, {latest[1].num} episodes)"),
+        ("policy version", f"{metrics.policy_version} / {target_steps}   (server: {metrics.server_version})"),
+        (
+            "mean reward",
+            "-"
+            if latest is None
+            else f"{latest[1].mean_reward:.2f}  (v{latest[0]}, {latest[1].num} episodes)",
+        ),
         ("tool-use rate", "-" if latest is None else f"{latest[1].tool_rate:.2f}"),
-        ("held-out success", "-" if heldout is None else
-         f"{heldout.success:.2f} at v{heldout.version}"
-         + ("" if first is None or first is heldout else f"  (start {first.success:.2f})")),
+        (
+            "held-out success",
+            "-"
+            if heldout is None
+            else f"{heldout.success:.2f} at v{heldout.version}"
+            + ("" if first is None or first is heldout else f"  (start {first.success:.2f})"),
+        ),
         ("staleness", f"{_fmt(metrics.mean_staleness())} versions (mean, recent)"),
-        ("events/s", f"{_fmt(metrics.events_per_s(), 1)} trajectories/s   "
-                     f"({metrics.num_trajectories} trajectories, {metrics.num_batches} batches)"),
+        (
+            "events/s",
+            f"{_fmt(metrics.events_per_s(), 1)} trajectories/s   "
+            f"({metrics.num_trajectories} trajectories, {metrics.num_batches} batches)",
+        ),
     ]
     return rows
 

@@ -3,15 +3,23 @@
 If no engine answers and this machine allows it (root on Debian), `up()` installs `docker.io` and
 starts `dockerd --bridge=none --iptables=false`: no bridge network and no private addresses; sandboxes
 run with `--network none`, image builds with `--network host`.
+
+Every probe of the engine has a short timeout: Docker 20.10 can wedge (a libnetwork deadlock under
+many concurrent container starts), and then even `docker info` hangs. `up()` restarts a wedged
+dockerd that it started itself (by its pid file); `status()` says the engine is wedged.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from infra import paths
 from infra.services import tools
@@ -29,25 +37,69 @@ def pid_file() -> Path:
     return paths.run_dir() / "dockerd.pid"
 
 
-def engine_answers() -> bool:
+PROBE_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineState:
+    """What one `docker info` probe saw."""
+
+    state: Literal["answers", "down", "wedged", "absent"]
+    version: str = ""
+
+
+def probe(timeout_s: float | None = None) -> EngineState:
+    """`docker info` with a timeout: answers, down (refused), wedged (no answer in time), absent."""
     if shutil.which("docker") is None:
-        return False
-    proc = subprocess.run(
-        ["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True, timeout=30
-    )
-    return proc.returncode == 0
+        return EngineState("absent")
+    try:
+        proc = subprocess.run(
+            ["docker", "info", "--format", "{{.ServerVersion}}"],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S if timeout_s is None else timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        return EngineState("wedged")
+    return EngineState("answers", proc.stdout.strip()) if proc.returncode == 0 else EngineState("down")
+
+
+def engine_answers() -> bool:
+    return probe().state == "answers"
 
 
 def up() -> str:
-    if engine_answers():
-        pid = read_pid(pid_file())
+    engine = probe()
+    pid = read_pid(pid_file())
+    if engine.state == "answers":
         owner = f"started by stacx, pid {pid}" if pid else "not started by stacx"
         return f"Docker engine already running ({owner})"
+    if engine.state == "wedged":
+        _restart_wedged(pid)
     _check_can_manage()
     tools.ensure(["docker", "dockerd"], say=lambda line: print(f"[stacx infra] {line}"))
     pid = _spawn()
     _wait_ready(pid)
     return f"Docker engine started (dockerd pid {pid}, log {log_file()})"
+
+
+def _restart_wedged(pid: int | None) -> None:
+    if pid is None:
+        raise InfraError(
+            f"the Docker engine does not answer `docker info` within {PROBE_TIMEOUT_S:.0f}s (wedged?) "
+            "and stacx did not start it: restart it yourself (e.g. `systemctl restart docker`), "
+            "then rerun `stacx infra up`; see docs/infra.md (known Docker 20.10 deadlock)"
+        )
+    print(
+        f"[stacx infra] the Docker engine (dockerd pid {pid}, started by stacx) does not answer within "
+        f"{PROBE_TIMEOUT_S:.0f}s: wedged; writing its goroutine dump (see {log_file()}) and restarting it",
+        flush=True,
+    )
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGUSR1)
+        time.sleep(1.0)
+    stop_pid(pid, timeout_s=30)
+    pid_file().unlink(missing_ok=True)
 
 
 def _check_can_manage() -> None:
@@ -107,12 +159,20 @@ def down() -> str:
     return f"Docker engine: stopped dockerd pid {pid}"
 
 
-def status() -> str:
+def status() -> tuple[bool, str]:
+    """(healthy, one line) for `stacx infra status`; never hangs on a wedged engine."""
     pid = read_pid(pid_file())
-    if not engine_answers():
-        return f"Docker engine: not answering (log {log_file()})"
     owner = f"dockerd pid {pid} started by stacx" if pid else "not started by stacx"
-    version = subprocess.run(
-        ["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True
-    ).stdout.strip()
-    return f"Docker engine {version}: running ({owner}), log {log_file()}"
+    engine = probe()
+    if engine.state == "wedged":
+        fix = "`stacx infra up` restarts it" if pid else "restart dockerd"
+        return False, (
+            f"Docker engine not answering within {PROBE_TIMEOUT_S:.0f}s (wedged?; {owner}): {fix}; "
+            f"log {log_file()}, docs/infra.md"
+        )
+    if engine.state != "answers":
+        return (
+            False,
+            f"Docker engine: not answering ({engine.state}; `stacx infra up` starts it), log {log_file()}",
+        )
+    return True, f"Docker engine {engine.version}: running ({owner}), log {log_file()}"

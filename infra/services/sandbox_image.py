@@ -33,8 +33,14 @@ def log_file() -> Path:
     return paths.logs_dir() / "sandbox-image.log"
 
 
-def image_exists(image: str = IMAGE) -> bool:
-    proc = subprocess.run(["docker", "image", "inspect", image], capture_output=True)
+def image_exists(image: str = IMAGE, timeout_s: float = 30.0) -> bool:
+    try:
+        proc = subprocess.run(["docker", "image", "inspect", image], capture_output=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        raise InfraError(
+            f"`docker image inspect {image}` did not answer within {timeout_s:.0f}s: the Docker engine "
+            "is wedged (`stacx infra status`; `stacx infra up` restarts a dockerd it started)"
+        ) from exc
     return proc.returncode == 0
 
 

@@ -66,8 +66,9 @@ def status(config: StackConfig) -> list[tuple[bool, str]]:
             kafka.running_pid() is not None and kafka.broker_answers(config.bootstrap),
             kafka.status(config.kafka),
         )
-    return [
-        kafka_line,
-        (docker_engine.engine_answers(), docker_engine.status()),
-        (sandbox_image.image_exists(), sandbox_image.status()),
-    ]
+    engine = docker_engine.status()
+    if not engine[0]:
+        image = (False, f"sandbox image {sandbox_image.IMAGE}: unknown (the Docker engine does not answer)")
+    else:
+        image = (sandbox_image.image_exists(), sandbox_image.status())
+    return [kafka_line, engine, image]

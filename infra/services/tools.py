@@ -40,7 +40,7 @@ TOOLS: dict[str, Tool] = {
         Tool(executable="bwrap", package="bubblewrap", used_by="the process sandbox backend"),
         Tool(executable="debootstrap", package="debootstrap", used_by="building the sandbox base image"),
         Tool(executable="java", package="openjdk-17-jre-headless", used_by="the local Kafka broker"),
-        Tool(executable="mvn", package="maven", used_by="resolving the Kafka jars"),
+        Tool(executable="mvn", package="maven", used_by="Maven, resolving the Kafka jars"),
         Tool(executable="tar", package="tar", used_by="importing the sandbox base image"),
         Tool(executable="apt-get", package="apt", used_by="installing the tools above"),
         Tool(executable="flock", package="util-linux", used_by="make setup (one venv build at a time)"),
@@ -62,18 +62,23 @@ def ensure(names: Iterable[str] | None = None, say: Callable[[str], None] = prin
     if not absent:
         return []
     packages = sorted({tool.package for tool in absent})
+    fix = f"install them with `apt-get install -y {' '.join(packages)}` and rerun `stacx infra up`"
     if os.geteuid() != 0 or not Path("/etc/debian_version").exists():
         raise InfraError(
-            f"{_describe(absent)} not installed and stacx can only install them as root on Debian; "
-            f"install the packages {' '.join(packages)} and rerun `stacx infra up`"
+            f"{_describe(absent)} not installed (stacx installs them as root on Debian only); {fix}"
         )
     say(f"installing {' '.join(packages)} from the Debian packages")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *packages]):
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        except FileNotFoundError as exc:
+            raise InfraError(
+                f"{_describe(absent)} not installed and {exc.filename} is missing; {fix}"
+            ) from exc
         if proc.returncode != 0:
             raise InfraError(
-                f"`{' '.join(cmd)}` failed; install {' '.join(packages)} by hand:\n"
+                f"`{' '.join(cmd)}` failed while installing {_describe(absent)}; {fix}:\n"
                 f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
             )
     still = missing(names)

@@ -75,7 +75,7 @@ def test_debian_mirror_env_override(monkeypatch) -> None:  # type: ignore[no-unt
 def test_missing_maven_is_a_clear_error(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("STACX_HOME", str(tmp_path))
     monkeypatch.setenv("PATH", "/nonexistent")
-    with pytest.raises(InfraError, match="Maven .*apt-get install maven"):
+    with pytest.raises(InfraError, match="`mvn` .*Maven.*apt-get install -y maven"):
         kafka.ensure_jars()
 
 

@@ -45,7 +45,7 @@ def _programs_in(tree: ast.AST) -> list[tuple[str, int]]:
         body = list(ast.iter_child_nodes(scope)) if scope is tree else [scope]
         names: dict[str, ast.AST] = {}
         for node in (n for part in body for n in ast.walk(part)):
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
                 names[node.targets[0].id] = node.value
         for node in (n for part in body for n in ast.walk(part)):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
