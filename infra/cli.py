@@ -2,6 +2,11 @@
 
 Each module in `infra.commands` exposes `register(subparsers)`, adding its subcommands with
 `set_defaults(func=...)`; `func(args) -> int` is the exit status.
+
+Every command stops the same way on SIGINT and SIGTERM (what Ctrl-C, `timeout`, CI and service
+managers send): SIGTERM is turned into SIGINT, so every `finally`, context manager and asyncio
+cancellation runs and stops what the command started; then one line, no traceback, and exit status
+128 + the signal number (130, 143). A second SIGTERM while stopping is ignored.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import argparse
 import importlib
 import logging
 import pkgutil
+import signal
 import sys
 
 from infra import commands
@@ -29,6 +35,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_received: list[signal.Signals] = []
+
+
+def _on_sigterm(signum: int, _frame: object) -> None:
+    if not _received:
+        _received.append(signal.Signals(signum))
+        signal.raise_signal(signal.SIGINT)  # whatever handles Ctrl-C here (asyncio, uvicorn, ...)
+
+
+def _stopping_signal() -> signal.Signals:
+    return _received[0] if _received else signal.SIGINT
+
+
+def _run(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # stopping already: a second signal waits
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        received = _stopping_signal()
+        print(f"stacx {args.command}: stopped by {received.name}", file=sys.stderr, flush=True)
+        return 128 + received.value
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -39,7 +70,11 @@ def main(argv: list[str] | None = None) -> None:
     if not getattr(args, "func", None):
         parser.print_help()
         sys.exit(2)
-    sys.exit(args.func(args))
+    code = _run(args)
+    if _received and code == 0:  # the command handled the signal itself and ended normally
+        print(f"stacx {args.command}: stopped by {_received[0].name}", file=sys.stderr, flush=True)
+        code = 128 + _received[0].value
+    sys.exit(code)
 
 
 if __name__ == "__main__":

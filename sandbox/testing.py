@@ -18,11 +18,12 @@ from contextlib import contextmanager
 from typing import Any
 
 from sandbox.backends.fake import FakeBackend
+from sandbox.backends.lifecycle import LifecycleGuard
 from sandbox.gateway import KEEP_ALIVE_S, create_app
-from sandbox.protocols import SandboxBackend
+from sandbox.protocols import SandboxBackend, SandboxHandle, SandboxSpec
 from sandbox.sessions import SessionManager
 
-__all__ = ["FakeBackend", "serve_app", "serve_gateway"]
+__all__ = ["FakeBackend", "WedgingBackend", "serve_app", "serve_gateway"]
 
 
 @contextmanager
@@ -67,3 +68,37 @@ def serve_gateway(
     manager = SessionManager(config, backend, images=images)
     with serve_app(create_app(manager, token=token)) as url:
         yield url
+
+
+class WedgingBackend(FakeBackend):
+    """A fake whose container starts hang like a wedged Docker engine's, behind the same
+    `LifecycleGuard` as the Docker backend (stuck after `stuck_after_s`); `release` ends the hang."""
+
+    def __init__(self, *, stuck_after_s: float = 0.3) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.guard = LifecycleGuard(
+            engine="unix:///fake-docker.sock",
+            concurrency=2,
+            stuck_after_s=stuck_after_s,
+            probe=self._probe,
+            probe_every_s=0.05,
+            hint=" Fix: restart the engine.",
+        )
+
+    def _probe(self) -> None:
+        if not self.release.is_set():
+            raise ConnectionError("the fake engine does not answer")
+
+    @property  # type: ignore[override]
+    def problem(self) -> str | None:
+        return self.guard.problem
+
+    async def start(self, spec: SandboxSpec) -> SandboxHandle:
+        await self.guard.run(f"create a container from {spec.image}", self.release.wait)
+        return await super().start(spec)
+
+    async def close(self) -> None:
+        self.release.set()
+        self.guard.close()
+        await super().close()

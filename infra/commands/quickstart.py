@@ -78,9 +78,6 @@ def _execute(config_path: Path, args: argparse.Namespace) -> int:
     except PipelineError as exc:
         print(f"stacx: {exc}", file=sys.stderr)
         return 2 if exc.__class__.__name__ in ("MissingComponentError", "PipelineConfigError") else 1
-    except KeyboardInterrupt:
-        print("stacx: interrupted; the services this run started were stopped", file=sys.stderr)
-        return 130
     except Exception as exc:  # a bug in a service library: full traceback, then where to look
         log.error("pipeline failed: %s: %s", type(exc).__name__, exc, exc_info=True)
         print(

@@ -154,8 +154,6 @@ def _serve_sglang(args: argparse.Namespace) -> int:
         server.wait_ready()
         stop = _start_follower(args, server.base_url)
         return server.wait()
-    except KeyboardInterrupt:
-        return 0
     finally:
         if stop is not None:
             stop.set()

@@ -147,6 +147,8 @@ class PipelineConfig:
     """Per-run topic names (`stacx.trajectories.<run_id>`, ...); false: the standard topics."""
     timeout_s: float = 1800.0
     """Give up (and say where it stalled) after this long."""
+    stall_timeout_s: float = 300.0
+    """Stop with a diagnosis when no trajectory, batch or policy version appears for this long."""
     live: bool = True
     """Show the live rich view (off when stdout is not a terminal)."""
     tasks: TasksConfig = field(default_factory=TasksConfig)
@@ -169,6 +171,10 @@ class PipelineConfig:
             )
         if self.steps < 1:
             raise PipelineConfigError(f"pipeline.steps={self.steps}: must be >= 1")
+        if not self.stall_timeout_s > 0:
+            raise PipelineConfigError(
+                f"pipeline.stall_timeout_s={self.stall_timeout_s}: must be > 0 seconds (default 300)"
+            )
 
 
 @dataclass(kw_only=True, slots=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["MissingComponentError", "PipelineConfigError", "PipelineError", "ServiceError"]
+__all__ = ["MissingComponentError", "PipelineConfigError", "PipelineError", "ServiceError", "StallError"]
 
 
 class PipelineError(RuntimeError):
@@ -28,3 +28,7 @@ class ServiceError(PipelineError):
     """A service subprocess failed to start, died, or did not become ready in time."""
 
     retriable = True
+
+
+class StallError(PipelineError):
+    """Nothing moved for `pipeline.stall_timeout_s`; the message says which stage is stuck and why."""

@@ -13,6 +13,7 @@ library component that `stacx serve --follow-weights` can only point at the stan
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import logging
@@ -31,7 +32,7 @@ import yaml
 
 from infra.pipeline import preflight
 from infra.pipeline.config import PipelineSpec
-from infra.pipeline.errors import PipelineError, ServiceError
+from infra.pipeline.errors import PipelineError, ServiceError, StallError
 from infra.pipeline.evaluation import EvalResult, run_evaluation
 from infra.pipeline.layout import (
     RunLayout,
@@ -43,6 +44,7 @@ from infra.pipeline.monitor import EvalPoint, RunMetrics, TopicMonitor
 from infra.pipeline.report import plot_curve, write_report
 from infra.pipeline.services import ServiceProcess, ServiceSpec
 from infra.pipeline.sft import DemonstrationEncoder, demonstration_batches, run_sft
+from infra.pipeline.stall import Progress, StallWatch, diagnose
 from infra.pipeline.tasks import load_task_module, task_rows, write_tasks
 from infra.pipeline.view import render, status_line
 
@@ -80,6 +82,11 @@ class Pipeline:
     def inference_url(self) -> str:
         s = self.cfg.services
         return f"http://{s.host}:{s.inference_port}"
+
+    @property
+    def sandbox_owner(self) -> str:
+        """Owner label of every sandbox container of this run (the reaper's key)."""
+        return f"stacx-{self.layout.run_id}"
 
     @property
     def gateway_url(self) -> str:
@@ -344,6 +351,37 @@ class Pipeline:
             time.sleep(1.0)
         self._collect_eval(block=True)
 
+    def _progress(self) -> Progress:
+        m = self.metrics
+        return Progress(trajectories=m.num_trajectories, batches=m.num_batches, versions=m.policy_version)
+
+    def _check_progress(self, watch: StallWatch) -> None:
+        progress = self._progress()
+        stalled_s = watch.observe(progress, time.monotonic())
+        if stalled_s < watch.timeout_s:
+            return
+        raise StallError(diagnose(
+            progress, stalled_s=stalled_s, trajectories_per_batch=self._trajectories_per_batch(),
+            gateway_problem=self._gateway_problem(), logs_dir=self.layout.logs_dir))
+
+    def _trajectories_per_batch(self) -> int:
+        grouping = self.spec.assembler.get("grouping") or {}
+        mixture = self.spec.assembler.get("mixture") or {}
+        size = int(mixture.get("batch_size", 1) or 1)
+        per_group = int(grouping.get("group_size", 1) or 1)
+        return size * per_group if mixture.get("batch_unit", "groups") == "groups" else size
+
+    def _gateway_problem(self) -> str | None:
+        import httpx
+
+        try:
+            answer = httpx.get(f"{self.gateway_url}/healthz", timeout=5.0)
+        except httpx.HTTPError as exc:
+            return f"the sandbox gateway at {self.gateway_url} does not answer /healthz ({exc})"
+        if answer.status_code == 503:
+            return str(answer.json().get("problem") or answer.text)
+        return None
+
     def _check_service(self, name: str) -> None:
         service = self.services.get(name)
         if service is None:
@@ -490,9 +528,29 @@ class Pipeline:
         for name in ("rollout", "trainer", "assembler", "inference", "gateway"):
             with contextlib.suppress(Exception):
                 self._stop_service(name)
+        with contextlib.suppress(Exception):
+            self._reap_sandboxes()
         if self._subscriber is not None:
             with contextlib.suppress(Exception):
                 self._subscriber.close()
+
+    def _reap_sandboxes(self) -> None:
+        """Remove containers of this run that the gateway left behind (it was killed, or the
+        engine was wedged when it closed its sessions): by owner label, nothing else."""
+        if "gateway" not in self.services or self.cfg.services.gateway_backend != "docker":
+            return
+        from sandbox.backends import DockerBackend
+
+        async def reap() -> int:
+            backend = DockerBackend()
+            try:
+                return await backend.reap(owner=self.sandbox_owner, keep=set())
+            finally:
+                await backend.close()
+
+        removed = asyncio.run(reap())
+        if removed:
+            log.warning("removed %d sandbox container(s) the gateway left behind", removed)
 
     @staticmethod
     def _write_yaml(path: Path, data: dict[str, Any]) -> Path:

@@ -13,13 +13,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from sandbox.backends.fake import FakeBackend
 from sandbox.backends.lifecycle import LifecycleGuard
 from sandbox.client import SandboxClient
 from sandbox.errors import EngineWedged
-from sandbox.protocols import SandboxHandle, SandboxSpec
 from sandbox.sessions import SessionManager
-from sandbox.testing import serve_gateway
+from sandbox.testing import WedgingBackend, serve_gateway
 
 
 class _Probe:
@@ -62,7 +60,9 @@ async def test_at_most_concurrency_calls_run_at_once() -> None:
 async def test_a_hung_call_marks_the_engine_wedged_and_later_calls_fail_fast() -> None:
     probe, release = _Probe(), threading.Event()
     guard = _guard(probe)
-    with pytest.raises(EngineWedged, match=r"unix:///fake.sock.*`create from img` has been running .*restart"):
+    with pytest.raises(
+        EngineWedged, match=r"fake.sock.*`create from img` has been running .*restart"
+    ):
         await guard.run("create from img", release.wait)
     assert guard.problem is not None
     never_called = threading.Event()
@@ -90,33 +90,16 @@ async def test_the_engine_stays_wedged_while_its_probe_fails() -> None:
     guard.close()
 
 
-class _WedgingBackend(FakeBackend):
-    """A fake whose container starts hang, behind the same guard as the Docker backend."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.release = threading.Event()
-        self.guard = _guard(_Probe())
-
-    @property  # type: ignore[override]
-    def problem(self) -> str | None:
-        return self.guard.problem
-
-    async def start(self, spec: SandboxSpec) -> SandboxHandle:
-        await self.guard.run(f"create a container from {spec.image}", self.release.wait)
-        return await super().start(spec)
-
-
 @pytest.fixture
-def wedging() -> Iterator[tuple[_WedgingBackend, str]]:
-    backend = _WedgingBackend()
+def wedging() -> Iterator[tuple[WedgingBackend, str]]:
+    backend = WedgingBackend()
     with serve_gateway(backend, token=None, config=SessionManager.Config(owner="wedge")) as url:
         yield backend, url
     backend.release.set()
     backend.guard.close()
 
 
-async def test_gateway_answers_503_naming_the_engine_and_the_fix(wedging: tuple[_WedgingBackend, str]) -> None:
+async def test_gateway_answers_503_naming_the_engine_and_the_fix(wedging: tuple[WedgingBackend, str]) -> None:
     _, url = wedging
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
         assert (await http.get("/healthz")).json()["status"] == "ok"
@@ -133,7 +116,7 @@ async def test_gateway_answers_503_naming_the_engine_and_the_fix(wedging: tuple[
 
 
 async def test_client_raises_engine_wedged_and_reads_a_degraded_health(
-    wedging: tuple[_WedgingBackend, str],
+    wedging: tuple[WedgingBackend, str],
 ) -> None:
     _, url = wedging
     async with SandboxClient(SandboxClient.Config(base_url=url, max_retries=1)) as client:

@@ -1,0 +1,87 @@
+"""The pipeline cannot stall silently (infra/pipeline/stall.py and the orchestrator's progress check)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from infra.pipeline.config import load_spec, parse_spec
+from infra.pipeline.errors import PipelineConfigError, StallError
+from infra.pipeline.orchestrator import Pipeline
+from infra.pipeline.stall import Progress, StallWatch, diagnose, error_tail, likely_stuck
+from sandbox.sessions import SessionManager
+from sandbox.testing import WedgingBackend, serve_gateway
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_watch_counts_seconds_since_the_last_change() -> None:
+    watch = StallWatch(timeout_s=60)
+    assert watch.observe(Progress(0, 0, 0), now=100.0) == 0
+    assert watch.observe(Progress(0, 0, 0), now=130.0) == 30
+    assert not watch.stalled(Progress(0, 0, 0), now=159.0)
+    assert watch.stalled(Progress(0, 0, 0), now=160.0)
+    assert watch.observe(Progress(1, 0, 0), now=170.0) == 0  # one trajectory resets it
+
+
+@pytest.mark.parametrize(
+    ("progress", "gateway_problem", "service"),
+    [
+        (Progress(500, 3, 3), "the Docker engine is not answering", "gateway"),
+        (Progress(200, 4, 2), None, "trainer"),
+        (Progress(200, 2, 2), None, "assembler"),  # 200 >= 3 batches of 64
+        (Progress(0, 0, 0), None, "rollout"),
+        (Progress(150, 2, 2), None, "rollout"),  # a partial batch: the assembler waits for more
+    ],
+)
+def test_likely_stuck_stage(progress: Progress, gateway_problem: str | None, service: str) -> None:
+    assert likely_stuck(progress, trajectories_per_batch=64, gateway_problem=gateway_problem)[0] == service
+
+
+def test_error_tail_prefers_error_lines(tmp_path: Path) -> None:
+    log = tmp_path / "trainer.log"
+    log.write_text("step 1\nERROR rank0: allreduce failed\nstep 2 waiting\nstep 2 waiting\n")
+    assert "allreduce failed" in error_tail(log)
+    assert "step 2 waiting" not in error_tail(log)
+    assert "no log at" in error_tail(tmp_path / "absent.log")
+
+
+def test_diagnosis_names_stage_reason_log_lines_and_logs_dir(tmp_path: Path) -> None:
+    (tmp_path / "trainer.log").write_text("INFO ok\nTraceback (most recent call last):\nValueError: nan\n")
+    text = diagnose(
+        Progress(120, 3, 1), stalled_s=301, trajectories_per_batch=64, gateway_problem=None, logs_dir=tmp_path
+    )
+    assert "nothing moved for 301s" in text
+    assert "Most likely stuck: trainer (2 batch(es)" in text
+    assert "ValueError: nan" in text and str(tmp_path) in text and "stall_timeout_s" in text
+
+
+def test_stall_timeout_is_validated() -> None:
+    with pytest.raises(PipelineConfigError, match="stall_timeout_s"):
+        parse_spec({"pipeline": {"stall_timeout_s": 0}})
+
+
+def test_orchestrator_stops_a_stalled_run_naming_the_wedged_engine(tmp_path: Path) -> None:
+    spec = load_spec(REPO / "examples" / "quickstart.yaml")
+    spec.pipeline.runs_dir = str(tmp_path)
+    pipeline = Pipeline(spec)
+    backend = WedgingBackend()
+    try:
+        with serve_gateway(backend, token=None, config=SessionManager.Config(owner="stall")) as url:
+            pipeline.cfg.services.gateway_port = int(url.rsplit(":", 1)[1])
+            import httpx
+
+            assert httpx.post(f"{url}/v1/sessions", json={}, timeout=30).status_code == 503
+            watch = StallWatch(timeout_s=5)
+            watch.observe(pipeline._progress(), now=0.0)  # nothing has moved since t=0
+            watch._since = -10.0
+            with pytest.raises(StallError) as info:
+                pipeline._check_progress(watch)
+    finally:
+        backend.release.set()
+        backend.guard.close()
+    message = str(info.value)
+    assert "Most likely stuck: gateway" in message
+    assert "Docker engine" in message and "not answering" in message
+    assert str(pipeline.layout.logs_dir) in message
