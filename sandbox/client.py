@@ -45,6 +45,8 @@ _EXEC_SLACK_S = 30.0
 """HTTP timeout of an exec beyond its own timeout (queueing, process start, transfer)."""
 
 _RETRY_STATUSES = frozenset({502, 503})
+_DEGRADED = frozenset({503})
+"""/healthz of a degraded gateway: a Health body with `problem`."""
 """Answers after which a retry-safe call is repeated (backend failure, capacity or proxy)."""
 
 _RETRY_TRANSPORT_ERRORS: tuple[type[httpx.TransportError], ...] = (
@@ -110,9 +112,18 @@ class SandboxClient:
         """Close the connection pool (sessions stay open)."""
         await self._http.aclose()
 
-    async def _request(self, method: str, url: str, *, retry: bool = False, **kwargs: Any) -> httpx.Response:
+    async def _request(
+        self,
+        method: str,
+        url: str,
+        *,
+        retry: bool = False,
+        accept: frozenset[int] = frozenset(),
+        **kwargs: Any,
+    ) -> httpx.Response:
         """One call; with `retry=True` (only for calls safe to repeat) connection errors and
-        502/503 answers are retried up to `Config.max_retries` times."""
+        502/503 answers are retried up to `Config.max_retries` times. Statuses in `accept` are
+        answers, not errors."""
         attempts = 1 + (self.config.max_retries if retry else 0)
         for attempt in range(attempts):
             last = attempt == attempts - 1
@@ -126,7 +137,7 @@ class SandboxClient:
             except httpx.TransportError as exc:
                 raise self._unreachable(method, url, exc, attempt + 1) from exc
             else:
-                if response.is_success:
+                if response.is_success or response.status_code in accept:
                     return response
                 if last or response.status_code not in _RETRY_STATUSES:
                     raise _error_from(response)
@@ -143,14 +154,7 @@ class SandboxClient:
     # -- sessions --------------------------------------------------------------------------------
     async def health(self) -> Health:
         """The gateway's health; a degraded gateway (503) answers with `problem` set, not an error."""
-        try:
-            response = await self._http.get("/healthz")
-        except httpx.HTTPError:
-            response = await self._request("GET", "/healthz", retry=True)
-        if response.status_code == 503 and "problem" in response.text:
-            return Health.model_validate(response.json())
-        if not response.is_success:
-            raise _error_from(response)
+        response = await self._request("GET", "/healthz", retry=True, accept=_DEGRADED)
         return Health.model_validate(response.json())
 
     async def metrics(self) -> str:
