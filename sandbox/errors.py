@@ -12,6 +12,7 @@ __all__ = [
     "BackendError",
     "BaseImageMissing",
     "CapacityExceeded",
+    "HealthcheckFailed",
     "ImageBuildError",
     "InvalidSpec",
     "PathRejected",
@@ -21,9 +22,11 @@ __all__ = [
     "RewardError",
     "SandboxError",
     "SandboxFileNotFound",
+    "SandboxStopped",
     "SessionExpired",
     "SessionNotFound",
     "TaskFormatError",
+    "TaskUnsupported",
     "error_class",
 ]
 
@@ -95,6 +98,25 @@ class ImageBuildError(SandboxError):
     status = 424
 
 
+class SandboxStopped(BackendError):
+    """The sandbox's container is no longer running (its ENTRYPOINT or main process exited)."""
+
+    status = 409
+    retriable = False
+
+
+class TaskUnsupported(SandboxError):
+    """The task needs something sandboxes cannot give (GPUs, Windows, several containers)."""
+
+    status = 501
+
+
+class HealthcheckFailed(SandboxError):
+    """A task's (or step's) healthcheck did not pass within its retries."""
+
+    status = 424
+
+
 class TaskFormatError(SandboxError):
     """A Harbor task directory is malformed; the message names the file and the field."""
 
@@ -133,6 +155,9 @@ _ALL: dict[str, type[SandboxError]] = {
         BackendError,
         BaseImageMissing,
         ImageBuildError,
+        SandboxStopped,
+        TaskUnsupported,
+        HealthcheckFailed,
         TaskFormatError,
         RewardError,
         RewardFileMissing,
