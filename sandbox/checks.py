@@ -22,7 +22,7 @@ __all__ = ["TaskCheck", "check_path", "check_task", "network_hint"]
 _NETWORK = re.compile(
     r"could not resolve host|temporary failure (in name )?resolution|temporary failure resolving|"
     r"network is unreachable|name or service not known|failed to establish a new connection|"
-    r"network connectivity is disabled|no solution found when resolving|failed to fetch http",
+    r"network connectivity is disabled|no solution found when resolving|failed to fetch|unable to connect",
     re.IGNORECASE,
 )
 _TAIL_CHARS = 1200
