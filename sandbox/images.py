@@ -232,6 +232,7 @@ class TaskImageBuilder:
     def _stream_build(self, task: HarborTask, tag: str, dockerfile: Path) -> None:
         import docker.errors
         import requests.exceptions
+        import urllib3.exceptions
 
         where = f"building {tag} from {task.dockerfile}"
         deadline = time.monotonic() + task.build_timeout_s
@@ -255,10 +256,10 @@ class TaskImageBuilder:
                     raise ImageBuildError(f"{where} failed: {entry['error'].strip()}\n{_tail(log)}")
                 if time.monotonic() > deadline:
                     raise ImageBuildError(_timeout_message(where, task, log))
-        except requests.exceptions.RequestException as exc:
-            if isinstance(exc, requests.exceptions.ReadTimeout | requests.exceptions.ConnectionError):
-                raise ImageBuildError(_timeout_message(where, task, log)) from exc
-            raise ImageBuildError(f"{where} failed: {exc}\n{_tail(log)}") from exc
+        except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, TimeoutError) as exc:
+            # The engine stream goes quiet past the HTTP timeout: urllib3's ReadTimeoutError while
+            # iterating, requests' ReadTimeout / ConnectionError while connecting.
+            raise ImageBuildError(_timeout_message(where, task, log)) from exc
         except docker.errors.APIError as exc:
             raise ImageBuildError(f"{where} failed: {exc}\n{_tail(log)}") from exc
         if not self._exists(tag):

@@ -6,11 +6,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from harbor_cookbook import MULTI_CONTAINER, SINGLE_CONTAINER, cookbook
 
 from sandbox.errors import TaskFormatError
 from sandbox.task_config import parse_size_mb, resolve_env
 from sandbox.tasks import discover_tasks, find_task_dirs, load_task
-from harbor_cookbook import MULTI_CONTAINER, SINGLE_CONTAINER, cookbook
 
 
 def _task(tmp_path: Path, toml: str, name: str = "t") -> Path:
@@ -27,9 +27,20 @@ def _task(tmp_path: Path, toml: str, name: str = "t") -> Path:
 @pytest.mark.parametrize(
     ("value", "mb"),
     [
-        ("4G", 4096), ("4g", 4096), ("4GB", 4096), ("4Gi", 4096), ("4GiB", 4096), ("1.5G", 1536),
-        ("512M", 512), ("512MB", 512), ("512Mi", 512), ("2048K", 2), ("1T", 1 << 20), ("300", 300),
-        (1024, 1024), (512.0, 512),
+        ("4G", 4096),
+        ("4g", 4096),
+        ("4GB", 4096),
+        ("4Gi", 4096),
+        ("4GiB", 4096),
+        ("1.5G", 1536),
+        ("512M", 512),
+        ("512MB", 512),
+        ("512Mi", 512),
+        ("2048K", 2),
+        ("1T", 1 << 20),
+        ("300", 300),
+        (1024, 1024),
+        (512.0, 512),
     ],
 )
 def test_size_forms(value: object, mb: int) -> None:
@@ -97,7 +108,11 @@ def test_env_sections_and_templates(tmp_path: Path) -> None:
         '[solution.env]\nC = "${TOKEN}"\n[environment]\nworkdir = "/srv"\n'
     )
     task = load_task(_task(tmp_path, toml))
-    assert (task.env, task.verifier_env, task.solution_env) == ({"A": "x"}, {"B": "${HOME_DIR:-/root}"}, {"C": "${TOKEN}"})
+    assert (task.env, task.verifier_env, task.solution_env) == (
+        {"A": "x"},
+        {"B": "${HOME_DIR:-/root}"},
+        {"C": "${TOKEN}"},
+    )
     assert task.workdir == "/srv"
     assert resolve_env(task.verifier_env, "v", environ={}) == {"B": "/root"}
     assert resolve_env(task.verifier_env, "v", environ={"HOME_DIR": "/h"}) == {"B": "/h"}
@@ -136,7 +151,15 @@ os = "linux"
 """
     task = load_task(_task(tmp_path, toml))
     text = "\n".join(task.warnings)
-    for expected in ("unknown field surprise", "artifacts", "user ignored", "environment_mode", "gpu_types", "skills_dir", "mcp_servers (tools)"):
+    for expected in (
+        "unknown field surprise",
+        "artifacts",
+        "user ignored",
+        "environment_mode",
+        "gpu_types",
+        "skills_dir",
+        "mcp_servers (tools)",
+    ):
         assert expected in text, expected
     assert task.name == "org/all-fields" and task.agent_timeout_s == 10 and task.verifier_timeout_s == 20
     assert task.healthcheck is not None and task.healthcheck.retries == 2
@@ -178,7 +201,10 @@ def test_multi_step_layout() -> None:
     assert task.instruction == scaffold.instruction
     assert scaffold.config.min_reward == 1.0 and implement.config.min_reward == 0.5
     assert implement.config.verifier_env == {"EXPECTED_NAME": "Harbor", "EXPECTED_GREETING": "Hello, Harbor!"}
-    assert implement.config.healthcheck is not None and implement.config.healthcheck.command == "test -x /app/greet.sh"
+    assert (
+        implement.config.healthcheck is not None
+        and implement.config.healthcheck.command == "test -x /app/greet.sh"
+    )
     assert (implement.workdir_dir / "setup.sh").is_file() and not scaffold.workdir_dir.exists()
     assert (implement.config.agent_timeout_s, implement.config.verifier_timeout_s) == (90.0, 30.0)
     assert document.config.artifacts == ["/app/README.md"] and task.artifacts == ["/app/greet.sh"]
@@ -190,7 +216,9 @@ def test_multi_step_missing_step_files_are_named(tmp_path: Path) -> None:
     root = tmp_path / "ms"
     shutil.copytree(cookbook() / "multi-step", root)
     (root / "steps" / "implement" / "instruction.md").unlink()
-    with pytest.raises(TaskFormatError, match=r"instruction.md is missing \(the instruction of step 'implement'\)"):
+    with pytest.raises(
+        TaskFormatError, match=r"instruction.md is missing \(the instruction of step 'implement'\)"
+    ):
         load_task(root)
     shutil.rmtree(root)
     shutil.copytree(cookbook() / "multi-step", root)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from harbor_cookbook import cookbook
+
 from sandbox.backends.fake import FakeBackend, FakeSandbox
 from sandbox.checks import network_hint
 from sandbox.errors import HealthcheckFailed
@@ -78,7 +78,9 @@ async def test_min_reward_stops_the_remaining_steps() -> None:
 
 
 async def test_failed_step_healthcheck_is_an_error() -> None:
-    with pytest.raises(HealthcheckFailed, match="step implement healthcheck `test -x /app/greet.sh` failed 3 times"):
+    with pytest.raises(
+        HealthcheckFailed, match="step implement healthcheck `test -x /app/greet.sh` failed 3 times"
+    ):
         await _run(_Script(["1", "1", "1"], healthy=False))
 
 
