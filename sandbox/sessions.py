@@ -195,7 +195,9 @@ class SessionManager:
         if spec.image and spec.task_dir:
             raise InvalidSpec("give either image or task_dir, not both")
         task = self._load_task(spec.task_dir) if spec.task_dir else None
-        image, warnings, volumes = spec.image or self.config.default_image, [], {}
+        image = spec.image or self.config.default_image
+        warnings: list[str] = []
+        volumes: dict[str, str] = {}
         if task is not None:
             image, warnings, volumes = await self._task_image(task)
         image_workdir = await self.backend.image_workdir(image)

@@ -411,7 +411,7 @@ def discover_tasks(root: str | Path, *, max_depth: int = 3) -> list[HarborTask]:
 
 def to_task_sample(task: HarborTask) -> TaskSample:
     """The `TaskSample` a rollout worker needs to run `task` through the gateway."""
-    data = {
+    data: dict[str, Any] = {
         "agent_timeout_s": task.agent_timeout_s,
         "verifier_timeout_s": task.verifier_timeout_s,
         "cpus": task.cpus,
