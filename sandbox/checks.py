@@ -1,57 +1,149 @@
 """`stacx tasks check`: run a task's oracle and a no-op agent, each in a fresh session, and
-report both rewards (a well-formed task scores 1.0 and 0.0)."""
+report both rewards (a well-formed task scores 1.0 and 0.0) with what explains a failure: the
+fields that matter, the image used, warnings, per-step rewards and the tail of test.sh's output."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from sandbox.errors import SandboxError
-from sandbox.models import SessionSpec
+from sandbox.models import SessionSpec, VerifyResult
 from sandbox.sessions import SessionManager
-from sandbox.tasks import HarborTask
+from sandbox.tasks import HarborTask, TaskStep, load_task
+from sandbox.trials import TrialOutcome, run_trial
 from sandbox.verifier import run_oracle
 
-__all__ = ["TaskCheck", "check_task"]
+__all__ = ["TaskCheck", "check_path", "check_task", "network_hint"]
+
+_NETWORK = re.compile(
+    r"could not resolve host|temporary failure (in name )?resolution|temporary failure resolving|"
+    r"network is unreachable|name or service not known|failed to establish a new connection|"
+    r"network connectivity is disabled|no solution found when resolving|failed to fetch|unable to connect",
+    re.IGNORECASE,
+)
+_TAIL_CHARS = 1200
+
+
+def network_hint(text: str) -> str | None:
+    """The first line of `text` that shows a command failing for want of network, if any."""
+    return next((line.strip()[:200] for line in text.splitlines() if _NETWORK.search(line)), None)
 
 
 @dataclass(kw_only=True, slots=True)
 class TaskCheck:
-    """Rewards of one task under its oracle and under a no-op agent."""
+    """Rewards of one task under its oracle and under a no-op agent, and why they are what they are."""
 
     task: str
     oracle_reward: float | None = None
     noop_reward: float | None = None
     error: str | None = None
+    path: str = ""
+    image: str | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+    """The parsed task.toml fields that matter (cpus, memory, timeouts, steps, internet...)."""
+    warnings: list[str] = field(default_factory=list)
+    oracle_steps: dict[str, float] = field(default_factory=dict)
+    """Oracle reward per step (multi-step tasks)."""
+    oracle_rewards: dict[str, float] = field(default_factory=dict)
+    """Every named reward of the oracle run."""
+    output_tail: str | None = None
+    """Last lines of test.sh's output in the run whose reward parity did not expect."""
+    needs_network: str | None = None
+    """The output line showing the task failed for want of network."""
+    duration_s: float = 0.0
 
     @property
     def passed(self) -> bool:
         """Oracle 1.0, no-op 0.0, no error."""
         return self.error is None and self.oracle_reward == 1.0 and self.noop_reward == 0.0
 
+    def as_json(self) -> dict[str, Any]:
+        from dataclasses import asdict
 
-async def _reward(manager: SessionManager, task: HarborTask, *, oracle: bool) -> float:
+        return asdict(self) | {"passed": self.passed}
+
+
+async def _oracle(manager: SessionManager, session_id: str, task: HarborTask, step: TaskStep) -> None:
+    solved = await run_oracle(manager, session_id, task, step)
+    if not solved.ok:
+        output = (solved.stdout + solved.stderr).strip()[-_TAIL_CHARS:]
+        hint = network_hint(output)
+        raise SandboxError(
+            f"solution/solve.sh of {step.name} exited {solved.exit_code}"
+            + (f" (needs network: {hint})" if hint else "")
+            + f": {output[-400:]!r}"
+        )
+
+
+async def _noop(step: TaskStep) -> None:
+    return None
+
+
+async def _trial(
+    manager: SessionManager, task: HarborTask, check: TaskCheck, *, oracle: bool
+) -> TrialOutcome:
     session = await manager.create(SessionSpec(task_dir=str(task.path)))
+    check.image = session.image
+    check.warnings = list(dict.fromkeys(check.warnings + session.warnings))
     try:
-        if oracle:
-            solved = await run_oracle(manager, session.id, task)
-            if not solved.ok:
-                raise SandboxError(
-                    f"solution/solve.sh exited {solved.exit_code}: {solved.stderr.strip()[-300:]}"
-                )
-        return (await manager.verify(session.id, task)).reward
+
+        async def agent(step: TaskStep) -> None:
+            await _oracle(manager, session.id, task, step)
+
+        return await run_trial(manager, session.id, task, agent if oracle else _noop, workdir=session.workdir)
     finally:
         await manager.close(session.id)
 
 
+def _explain(check: TaskCheck, result: VerifyResult, task: HarborTask) -> None:
+    output = (result.stdout + "\n" + result.stderr).strip()
+    check.output_tail = output[-_TAIL_CHARS:]
+    hint = network_hint(output)
+    if hint:
+        internet = " (it asks for internet)" if task.wants_internet else ""
+        check.needs_network = f"test.sh needs network{internet}, sandboxes have none: {hint}"
+
+
 async def check_task(manager: SessionManager, task: HarborTask) -> TaskCheck:
     """Oracle and no-op rewards of `task` (errors are reported in the result, not raised)."""
-    check = TaskCheck(task=task.name)
+    started = time.monotonic()
+    check = TaskCheck(
+        task=task.name, path=str(task.path), fields=task.summary(), warnings=list(task.warnings)
+    )
     try:
-        check.noop_reward = await _reward(manager, task, oracle=False)
-        if task.has_solution:
-            check.oracle_reward = await _reward(manager, task, oracle=True)
-        else:
+        if task.unsupported:
+            check.error = f"not supported: {task.unsupported}"
+            return check
+        noop = await _trial(manager, task, check, oracle=False)
+        check.noop_reward = noop.reward
+        if noop.reward != 0.0:
+            _explain(check, noop.steps[-1].result, task)
+        if not task.has_solution:
             check.error = "no solution/solve.sh: the oracle cannot run"
+            return check
+        oracle = await _trial(manager, task, check, oracle=True)
+        check.oracle_reward, check.oracle_rewards = oracle.reward, oracle.rewards
+        check.oracle_steps = {s.name: s.result.reward for s in oracle.steps} if task.multi_step else {}
+        if oracle.reward != 1.0:
+            _explain(check, oracle.steps[-1].result, task)
     except (SandboxError, OSError) as exc:
         check.error = f"{type(exc).__name__}: {exc}"
+        hint = network_hint(str(exc))
+        if hint and check.needs_network is None:
+            check.needs_network = f"needs network, sandboxes have none: {hint}"
+    finally:
+        check.duration_s = round(time.monotonic() - started, 1)
     return check
+
+
+async def check_path(manager: SessionManager, directory: Path) -> TaskCheck:
+    """`check_task` of the task folder `directory`; a task that does not load is a failed check."""
+    try:
+        task = load_task(directory)
+    except (SandboxError, OSError) as exc:
+        return TaskCheck(task=directory.name, path=str(directory), error=f"{type(exc).__name__}: {exc}")
+    return await check_task(manager, task)

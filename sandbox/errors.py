@@ -13,6 +13,7 @@ __all__ = [
     "BaseImageMissing",
     "CapacityExceeded",
     "EngineWedged",
+    "HealthcheckFailed",
     "ImageBuildError",
     "InvalidSpec",
     "PathRejected",
@@ -22,9 +23,11 @@ __all__ = [
     "RewardError",
     "SandboxError",
     "SandboxFileNotFound",
+    "SandboxStopped",
     "SessionExpired",
     "SessionNotFound",
     "TaskFormatError",
+    "TaskUnsupported",
     "error_class",
 ]
 
@@ -103,6 +106,25 @@ class ImageBuildError(SandboxError):
     status = 424
 
 
+class SandboxStopped(BackendError):
+    """The sandbox's container is no longer running (its ENTRYPOINT or main process exited)."""
+
+    status = 409
+    retriable = False
+
+
+class TaskUnsupported(SandboxError):
+    """The task needs something sandboxes cannot give (GPUs, Windows, several containers)."""
+
+    status = 501
+
+
+class HealthcheckFailed(SandboxError):
+    """A task's (or step's) healthcheck did not pass within its retries."""
+
+    status = 424
+
+
 class TaskFormatError(SandboxError):
     """A Harbor task directory is malformed; the message names the file and the field."""
 
@@ -142,6 +164,9 @@ _ALL: dict[str, type[SandboxError]] = {
         EngineWedged,
         BaseImageMissing,
         ImageBuildError,
+        SandboxStopped,
+        TaskUnsupported,
+        HealthcheckFailed,
         TaskFormatError,
         RewardError,
         RewardFileMissing,

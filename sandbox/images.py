@@ -1,25 +1,73 @@
 """Build (and cache) the image of a Harbor task's environment/ with the local Docker engine.
 
-Tags depend on the content of environment/ (`HarborTask.image_tag`), so an unchanged task is
+Tags depend on the content of environment/ (`HarborTask.built_tag`), so an unchanged task is
 built once and every later session or test run reuses the image. Builds use the host network
-(the engine has no bridge) and never pull: a FROM image that is not available locally is an
-error naming it.
+(the engine has no bridge) and never pull. A FROM image that is not available locally goes
+through the base-image map (`ubuntu:24.04` -> a local Debian stand-in that `stacx tasks images
+build` makes); one that is neither local nor mapped is a `BaseImageMissing` naming it and the fix.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import re
-from dataclasses import dataclass
+import tempfile
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sandbox.errors import BackendError, BaseImageMissing, ImageBuildError
 from sandbox.tasks import HarborTask
 
-__all__ = ["TaskImageBuilder", "from_images"]
+__all__ = [
+    "DEFAULT_BASE_IMAGES",
+    "ImageChoice",
+    "TaskImageBuilder",
+    "from_images",
+    "map_base_image",
+    "rewrite_from",
+]
 
 LABEL_TASK = "stacx.task"
+STAND_IN_DEBIAN = "stacx/base:debian-bookworm"
+"""Local stand-in for ubuntu/debian base images (`stacx tasks images build`)."""
+STAND_IN_PYTHON = "stacx/base:python3-bookworm"
+"""Local stand-in for python base images."""
+TOOLS_IMAGE = "stacx/harbor-tools:1"
+"""Offline verifier tools (uv/uvx, pytest wheels, relocatable python3 and curl)."""
+TOOLS_DIR = "/opt/stacx-tools"
+"""Where Harbor task sandboxes see the tools image's content (read-only)."""
+
+
+DEFAULT_BASE_IMAGES: dict[str, str] = {
+    "ubuntu": STAND_IN_DEBIAN,
+    "ubuntu:*": STAND_IN_DEBIAN,
+    "debian": STAND_IN_DEBIAN,
+    "debian:*": STAND_IN_DEBIAN,
+    "buildpack-deps:*": STAND_IN_DEBIAN,
+    "python": STAND_IN_PYTHON,
+    "python:*": STAND_IN_PYTHON,
+}
+"""FROM image (fnmatch pattern) -> local image used when the FROM image itself is not present."""
+
+
+def map_base_image(image: str, base_images: dict[str, str]) -> str | None:
+    """The local image `image` maps to (first matching pattern; `docker.io/library/` ignored)."""
+    name = re.sub(r"^(docker\.io/)?(library/)?", "", image)
+    if name in base_images:
+        return base_images[name]
+    return next((local for pattern, local in base_images.items() if fnmatch.fnmatchcase(name, pattern)), None)
+
+
+def rewrite_from(text: str, replacements: dict[str, str]) -> str:
+    """Dockerfile `text` with the image of each FROM line replaced per `replacements`."""
+
+    def replace(match: re.Match[str]) -> str:
+        return match.group(1) + replacements.get(match.group(2), match.group(2))
+
+    return re.sub(r"(?im)^(\s*FROM\s+(?:--\S+\s+)*)(\S+)", replace, text)
 
 
 def from_images(dockerfile: Path) -> list[str]:
@@ -42,6 +90,15 @@ def from_images(dockerfile: Path) -> list[str]:
     return images
 
 
+@dataclass(kw_only=True, slots=True)
+class ImageChoice:
+    """The image a task runs in and how it was chosen."""
+
+    tag: str
+    notes: list[str] = field(default_factory=list)
+    """One line each: base images mapped to stand-ins, docker_image fallback, missing tools."""
+
+
 class TaskImageBuilder:
     """Ensures a task's image exists locally, building it at most once per content."""
 
@@ -49,6 +106,10 @@ class TaskImageBuilder:
     class Config:
         base_url: str | None = None
         """Docker engine address (None: DOCKER_HOST or the local socket)."""
+        base_images: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_BASE_IMAGES))
+        """FROM image pattern -> local image, used when the FROM image is not present locally."""
+        tools_image: str = TOOLS_IMAGE
+        """Offline verifier tools mounted at TOOLS_DIR in Harbor sandboxes ('' : none)."""
 
     def __init__(self, config: Config | None = None, *, client: Any = None) -> None:
         import docker
@@ -62,31 +123,94 @@ class TaskImageBuilder:
 
     async def ensure(self, task: HarborTask) -> str:
         """The task's image tag, built now if missing."""
-        tag = task.image_tag
-        lock = self._locks.setdefault(tag, asyncio.Lock())
+        return (await self.resolve(task)).tag
+
+    async def resolve(self, task: HarborTask) -> ImageChoice:
+        """`ensure` with the notes on how the image was chosen."""
+        lock = self._locks.setdefault(str(task.path), asyncio.Lock())
         async with lock:
-            await asyncio.to_thread(self.ensure_sync, task)
-        return tag
+            return await asyncio.to_thread(self.resolve_sync, task)
 
     def ensure_sync(self, task: HarborTask) -> str:
         """Blocking form of `ensure`."""
-        tag = task.image_tag
-        if self._exists(tag):
-            return tag
+        return self.resolve_sync(task).tag
+
+    def resolve_sync(self, task: HarborTask) -> ImageChoice:
+        """Blocking form of `resolve`."""
+        choice = ImageChoice(tag=task.built_tag)
         if task.docker_image:
-            raise BaseImageMissing(
-                f"{task.path / 'task.toml'}: [environment] docker_image {tag!r} is not available "
-                "locally; load or build it first (sandboxes have no registry access)"
-            )
-        for image in from_images(task.dockerfile):
-            if not self._exists(image):
+            if self._exists(task.docker_image):
+                return ImageChoice(tag=task.docker_image)
+            if not task.dockerfile.is_file():
                 raise BaseImageMissing(
-                    f"{task.dockerfile}: FROM image {image!r} is not available locally and builds "
-                    "never pull; build or load it first (`stacx infra up` builds "
-                    "stacx/sandbox:bookworm)"
+                    f"{task.path / 'task.toml'}: [environment] docker_image {task.docker_image!r} is not "
+                    "available locally and there is no environment/Dockerfile to build instead; "
+                    "`docker load` it first (sandboxes have no registry access)"
                 )
-        self._build(task, tag)
-        return tag
+            choice.notes.append(
+                f"docker_image {task.docker_image} is not local: built environment/Dockerfile"
+            )
+        if self._exists(choice.tag):
+            choice.notes += self._mapping_notes(task)
+            return choice
+        replacements = self._base_replacements(task)
+        choice.notes += [f"FROM {a} -> local stand-in {b}" for a, b in replacements.items()]
+        self._build(task, choice.tag, replacements)
+        return choice
+
+    def _mapping_notes(self, task: HarborTask) -> list[str]:
+        notes = []
+        for image in from_images(task.dockerfile):
+            local = map_base_image(image, self.config.base_images)
+            if local and not self._exists(image):
+                notes.append(f"FROM {image} -> local stand-in {local}")
+        return notes
+
+    def _base_replacements(self, task: HarborTask) -> dict[str, str]:
+        replacements: dict[str, str] = {}
+        for image in from_images(task.dockerfile):
+            if self._exists(image):
+                continue
+            local = map_base_image(image, self.config.base_images)
+            if local is None:
+                raise BaseImageMissing(
+                    f"{task.dockerfile}: FROM image {image!r} is not available locally, builds never "
+                    "pull and no base-image map entry covers it; `docker load` it, or map it to a "
+                    f"local image (TaskImageBuilder.Config.base_images / --base-image {image}=IMAGE)"
+                )
+            if not self._exists(local):
+                raise BaseImageMissing(
+                    f"{task.dockerfile}: FROM image {image!r} maps to the local stand-in {local!r}, "
+                    "which is not built yet; run `stacx tasks images build`"
+                )
+            replacements[image] = local
+        return replacements
+
+    def tools_volume(self) -> str | None:
+        """Name of a volume holding the verifier tools (created from `tools_image` once); None when
+        that image is not built."""
+        import docker.errors
+        from docker.types import Mount
+
+        if not self.config.tools_image:
+            return None
+        try:
+            image = self._client.images.get(self.config.tools_image)
+        except docker.errors.ImageNotFound:
+            return None
+        name = f"stacx-harbor-tools-{image.id.split(':')[-1][:12]}"
+        try:
+            self._client.volumes.get(name)
+            return name
+        except docker.errors.NotFound:
+            pass
+        self._client.volumes.create(name, labels={"stacx.tools": self.config.tools_image})
+        mount = Mount(target=TOOLS_DIR, source=name, type="volume")
+        filler = self._client.containers.create(
+            image.id, command=["true"], mounts=[mount], network_mode="none"
+        )
+        filler.remove(force=True)
+        return name
 
     def _exists(self, image: str) -> bool:
         import docker.errors
@@ -99,25 +223,58 @@ class TaskImageBuilder:
             raise BackendError(f"inspecting image {image!r} failed: {exc}") from exc
         return True
 
-    def _build(self, task: HarborTask, tag: str) -> None:
-        import docker.errors
+    def _build(self, task: HarborTask, tag: str, replacements: dict[str, str]) -> None:
+        with tempfile.TemporaryDirectory(prefix="stacx-dockerfile-") as tmp:
+            dockerfile = Path(tmp) / "Dockerfile"
+            dockerfile.write_text(rewrite_from(task.dockerfile.read_text(), replacements))
+            self._stream_build(task, tag, dockerfile)
 
+    def _stream_build(self, task: HarborTask, tag: str, dockerfile: Path) -> None:
+        import docker.errors
+        import requests.exceptions
+        import urllib3.exceptions
+
+        where = f"building {tag} from {task.dockerfile}"
+        deadline = time.monotonic() + task.build_timeout_s
+        log: list[str] = []
         try:
-            self._client.images.build(
+            stream = self._client.api.build(
                 path=str(task.environment_dir),
+                dockerfile=str(dockerfile),
                 tag=tag,
                 network_mode="host",
                 pull=False,
                 rm=True,
                 forcerm=True,
-                timeout=int(task.build_timeout_s),
+                timeout=int(task.build_timeout_s) + 5,
                 labels={LABEL_TASK: task.name},
+                decode=True,
             )
-        except docker.errors.BuildError as exc:
-            tail = "".join(_log_text(entry) for entry in exc.build_log)[-1500:]
-            raise ImageBuildError(f"building {tag} from {task.dockerfile} failed: {exc}\n{tail}") from exc
+            for entry in stream:
+                log.append(_log_text(entry))
+                if isinstance(entry, dict) and entry.get("error"):
+                    raise ImageBuildError(f"{where} failed: {entry['error'].strip()}\n{_tail(log)}")
+                if time.monotonic() > deadline:
+                    raise ImageBuildError(_timeout_message(where, task, log))
+        except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, TimeoutError) as exc:
+            # The engine stream goes quiet past the HTTP timeout: urllib3's ReadTimeoutError while
+            # iterating, requests' ReadTimeout / ConnectionError while connecting.
+            raise ImageBuildError(_timeout_message(where, task, log)) from exc
         except docker.errors.APIError as exc:
-            raise ImageBuildError(f"building {tag} from {task.dockerfile} failed: {exc}") from exc
+            raise ImageBuildError(f"{where} failed: {exc}\n{_tail(log)}") from exc
+        if not self._exists(tag):
+            raise ImageBuildError(f"{where} ended without an image\n{_tail(log)}")
+
+
+def _timeout_message(where: str, task: HarborTask, log: list[str]) -> str:
+    return (
+        f"{where} did not finish within build_timeout_sec = {task.build_timeout_s:g} s "
+        f"([environment] of {task.path / 'task.toml'}); raise it or make the build faster\n{_tail(log)}"
+    )
+
+
+def _tail(log: list[str]) -> str:
+    return "".join(log)[-1500:]
 
 
 def _log_text(entry: Any) -> str:

@@ -75,6 +75,10 @@ class SessionInfo(_Model):
     idle_timeout_s: float
     last_used_at: float
     task_name: str | None = None
+    harbor: bool = False
+    """Harbor semantics (task sessions): the image's user and WORKDIR, writable root file system."""
+    warnings: list[str] = Field(default_factory=list)
+    """What the session could not honour or had to substitute (one line each)."""
 
 
 class ExecRequest(_Model):
@@ -149,3 +153,5 @@ class VerifyResult(_Model):
     stderr: str
     duration_s: float
     timed_out: bool = False
+    step: str | None = None
+    """Step of a multi-step task this verification belongs to."""

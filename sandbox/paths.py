@@ -11,14 +11,15 @@ from sandbox.errors import PathRejected
 
 __all__ = ["EXTRA_WRITABLE_ROOTS", "check_archive", "resolve_path", "tar_directory", "tar_files"]
 
-EXTRA_WRITABLE_ROOTS = ("/tmp", "/tests", "/logs")
-"""Writable directories of every sandbox besides its workdir (verifier files live in the last two)."""
+EXTRA_WRITABLE_ROOTS = ("/tmp", "/tests", "/logs", "/solution")
+"""Writable directories of every sandbox besides its workdir (tests, verifier logs, reference solution)."""
 
 
-def resolve_path(path: str, workdir: str) -> str:
+def resolve_path(path: str, workdir: str, *, anywhere: bool = False) -> str:
     """Absolute path inside the sandbox for `path` (relative to `workdir`), or `PathRejected`.
 
-    Paths must stay under the workdir or one of `EXTRA_WRITABLE_ROOTS`; `..` components and NUL
+    Paths must stay under the workdir or one of `EXTRA_WRITABLE_ROOTS` (any absolute path when
+    `anywhere`: Harbor sandboxes, whose whole file system is the task's); `..` components and NUL
     bytes are refused outright rather than normalised away.
     """
     if not path or "\x00" in path:
@@ -26,6 +27,8 @@ def resolve_path(path: str, workdir: str) -> str:
     if ".." in path.split("/"):
         raise PathRejected(f"path {path!r} contains '..'; give a path inside the sandbox workdir")
     full = posixpath.normpath(posixpath.join(workdir, path))
+    if anywhere:
+        return full
     for root in (workdir, *EXTRA_WRITABLE_ROOTS):
         if full == root or full.startswith(root.rstrip("/") + "/"):
             return full

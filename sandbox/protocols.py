@@ -31,6 +31,11 @@ class SandboxSpec:
     env: dict[str, str] = field(default_factory=dict)
     expires_at: float
     """Unix time after which any reaper may remove the sandbox."""
+    harbor: bool = False
+    """Harbor semantics: the image's user (root) and WORKDIR, a writable root file system, the
+    capabilities package managers need, the image's ENTRYPOINT kept."""
+    volumes: dict[str, str] = field(default_factory=dict)
+    """Named volume -> mount point, mounted read-only (the offline verifier tools)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -44,6 +49,8 @@ class SandboxHandle:
     env: dict[str, str] = field(default_factory=dict)
     oom_kills: int = 0
     """Out-of-memory kills seen so far (to attribute new ones to an exec)."""
+    notes: list[str] = field(default_factory=list)
+    """What the backend had to change to start the sandbox (e.g. an ENTRYPOINT that exited)."""
 
 
 @runtime_checkable

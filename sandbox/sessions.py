@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sandbox.errors import CapacityExceeded, InvalidSpec, SessionExpired, SessionNotFound
-from sandbox.images import TaskImageBuilder
+from sandbox.errors import CapacityExceeded, InvalidSpec, SessionExpired, SessionNotFound, TaskUnsupported
+from sandbox.images import TOOLS_DIR, TaskImageBuilder
 from sandbox.models import (
     DEFAULT_WORKDIR,
     ExecRequest,
@@ -31,6 +31,7 @@ from sandbox.models import (
 )
 from sandbox.paths import check_archive, resolve_path, tar_files
 from sandbox.protocols import SandboxBackend, SandboxHandle, SandboxSpec
+from sandbox.task_config import resolve_env
 from sandbox.tasks import HarborTask, load_task
 from sandbox.verifier import verify
 
@@ -55,6 +56,7 @@ class _Resolved:
     spec: SandboxSpec
     task: HarborTask | None
     idle_timeout_s: float
+    warnings: list[str]
 
 
 class SessionManager:
@@ -182,6 +184,8 @@ class SessionManager:
             idle_timeout_s=resolved.idle_timeout_s,
             last_used_at=now,
             task_name=resolved.task.name if resolved.task else None,
+            harbor=resolved.spec.harbor,
+            warnings=resolved.warnings + handle.notes,
         )
         self._sessions[info.id] = _Session(info=info, handle=handle, task=resolved.task)
         self.stats["sessions_created_total"] += 1
@@ -192,17 +196,15 @@ class SessionManager:
             raise InvalidSpec("give either image or task_dir, not both")
         task = self._load_task(spec.task_dir) if spec.task_dir else None
         image = spec.image or self.config.default_image
+        warnings: list[str] = []
+        volumes: dict[str, str] = {}
         if task is not None:
-            if self.images is None:
-                raise InvalidSpec(
-                    f"task_dir sessions need task images, which the {self.backend.name} backend "
-                    "cannot build; run the gateway with the docker backend"
-                )
-            image = await self.images.ensure(task)
+            image, warnings, volumes = await self._task_image(task)
         image_workdir = await self.backend.image_workdir(image)
-        if image_workdir == "/":
-            image_workdir = None
-        workdir = spec.workdir or image_workdir or DEFAULT_WORKDIR
+        if task is not None:
+            workdir = spec.workdir or task.workdir or image_workdir or "/"
+        else:
+            workdir = spec.workdir or (image_workdir if image_workdir != "/" else None) or DEFAULT_WORKDIR
         lifetime = min(spec.lifetime_s or self.config.max_lifetime_s, self.config.max_lifetime_s)
         sandbox = SandboxSpec(
             session_id=session_id,
@@ -210,15 +212,39 @@ class SessionManager:
             instance=self.instance,
             image=image,
             workdir=workdir,
-            seed_workdir=image_workdir is not None and workdir == image_workdir,
+            seed_workdir=task is None and image_workdir not in (None, "/") and workdir == image_workdir,
             cpus=spec.cpus or (task.cpus if task else self.config.default_cpus),
             memory_mb=spec.memory_mb or (task.memory_mb if task else self.config.default_memory_mb),
             pids=spec.pids or self.config.default_pids,
-            env=dict(spec.env),
+            env={
+                **(resolve_env(task.env, f"{task.path}/task.toml [environment.env]") if task else {}),
+                **spec.env,
+            },
             expires_at=time.time() + lifetime,
+            harbor=task is not None,
+            volumes=volumes,
         )
         idle = spec.idle_timeout_s or self.config.idle_timeout_s
-        return _Resolved(spec=sandbox, task=task, idle_timeout_s=idle)
+        return _Resolved(spec=sandbox, task=task, idle_timeout_s=idle, warnings=warnings)
+
+    async def _task_image(self, task: HarborTask) -> tuple[str, list[str], dict[str, str]]:
+        """Image, warnings and tool volumes of a Harbor task session."""
+        if task.unsupported:
+            raise TaskUnsupported(f"task {task.name}: {task.unsupported}")
+        if self.images is None:
+            raise InvalidSpec(
+                f"task_dir sessions need task images, which the {self.backend.name} backend "
+                "cannot build; run the gateway with the docker backend"
+            )
+        choice = await self.images.resolve(task)
+        warnings = task.warnings + choice.notes
+        volume = await asyncio.to_thread(self.images.tools_volume)
+        if volume is None:
+            warnings.append(
+                f"verifier tools image {self.images.config.tools_image} is not built: a test.sh that "
+                "installs uv/pytest at verify time needs network (`stacx tasks images build`)"
+            )
+        return choice.tag, warnings, {volume: TOOLS_DIR} if volume else {}
 
     def _load_task(self, task_dir: str) -> HarborTask:
         path = Path(task_dir).resolve()
@@ -293,7 +319,7 @@ class SessionManager:
         """Run `command` with `bash -c` in the session."""
         async with self._use(session_id) as session:
             if workdir is not None:
-                workdir = resolve_path(workdir, session.info.workdir)
+                workdir = resolve_path(workdir, session.info.workdir, anywhere=session.info.harbor)
             request = ExecRequest(
                 command=command, timeout_s=timeout_s, stdin=stdin, env=env or {}, workdir=workdir
             )
@@ -310,7 +336,7 @@ class SessionManager:
         """Write one file (parent directories created)."""
         self._check_size(len(data))
         async with self._use(session_id) as session:
-            full = resolve_path(path, session.info.workdir)
+            full = resolve_path(path, session.info.workdir, anywhere=session.info.harbor)
             directory, name = posixpath.split(full)
             if not name:
                 raise InvalidSpec(f"upload path {path!r} names a directory, not a file")
@@ -324,14 +350,14 @@ class SessionManager:
         self._check_size(len(data))
         check_archive(data)
         async with self._use(session_id) as session:
-            full = resolve_path(dest, session.info.workdir)
+            full = resolve_path(dest, session.info.workdir, anywhere=session.info.harbor)
             await self.backend.write_archive(session.handle, full, data)
             self.stats["uploads_total"] += 1
 
     async def download(self, session_id: str, path: str) -> bytes:
         """Bytes of one file."""
         async with self._use(session_id) as session:
-            full = resolve_path(path, session.info.workdir)
+            full = resolve_path(path, session.info.workdir, anywhere=session.info.harbor)
             data = await self.backend.read_file(session.handle, full, max_bytes=self.config.max_file_bytes)
             self.stats["downloads_total"] += 1
             return data
@@ -339,13 +365,13 @@ class SessionManager:
     async def download_archive(self, session_id: str, path: str) -> bytes:
         """A tar archive of one directory."""
         async with self._use(session_id) as session:
-            full = resolve_path(path, session.info.workdir)
+            full = resolve_path(path, session.info.workdir, anywhere=session.info.harbor)
             data = await self.backend.read_archive(session.handle, full, max_bytes=self.config.max_file_bytes)
             self.stats["downloads_total"] += 1
             return data
 
     async def verify(self, session_id: str, task: HarborTask | str | Path | None = None) -> VerifyResult:
-        """Run a Harbor verifier in the session (default: the task it was created for)."""
+        """Run a Harbor verifier in the session (default: the task it was created for; its last step)."""
         if task is None:
             task = self._session(session_id).task
             if task is None:

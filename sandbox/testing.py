@@ -90,7 +90,7 @@ class WedgingBackend(FakeBackend):
         if not self.release.is_set():
             raise ConnectionError("the fake engine does not answer")
 
-    @property  # type: ignore[override]
+    @property
     def problem(self) -> str | None:
         return self.guard.problem
 

@@ -1,8 +1,11 @@
 """Run a Harbor task's verifier (and its oracle) in a session and read the reward.
 
 Works over anything with `SandboxOps` (the HTTP `SandboxClient` or an in-process
-`SessionManager`): copy tests/ to /tests, run `bash /tests/test.sh` with the task's verifier
-timeout, then read /logs/verifier/reward.json (an object of numbers) or reward.txt (one float).
+`SessionManager`): copy tests/ (the task's, then the step's over it) to /tests, run
+`bash /tests/test.sh` with the verifier timeout and `[verifier.env]`, then read
+/logs/verifier/reward.json (an object of numbers: named rewards) or reward.txt (one float).
+Where the offline verifier tools are mounted (`sandbox.images.TOOLS_DIR`), test.sh finds uv/uvx,
+pytest wheels, python3 and curl there, as if its `curl .../uv/install.sh | sh` had worked.
 """
 
 from __future__ import annotations
@@ -16,16 +19,19 @@ from sandbox.errors import (
     RewardFileMissing,
     SandboxFileNotFound,
 )
+from sandbox.images import TOOLS_DIR
 from sandbox.models import ExecResult, VerifyResult
 from sandbox.paths import tar_directory
 from sandbox.protocols import SandboxOps
-from sandbox.tasks import HarborTask
+from sandbox.task_config import resolve_env
+from sandbox.tasks import HarborTask, TaskStep
 
 __all__ = [
     "REWARD_JSON",
     "REWARD_TXT",
     "parse_reward_json",
     "parse_reward_text",
+    "SOLUTION_DIR",
     "run_oracle",
     "scalar_reward",
     "verify",
@@ -33,8 +39,23 @@ __all__ = [
 
 REWARD_JSON = "/logs/verifier/reward.json"
 REWARD_TXT = "/logs/verifier/reward.txt"
-SOLUTION_DIR = "/tmp/solution"
-_RESET = "rm -rf /tests/* /logs/verifier && mkdir -p /tests /logs/verifier /logs/agent"
+SOLUTION_DIR = "/solution"
+TESTS_DIR = "/tests"
+_RESET = (
+    "rm -rf /tests/* /logs/verifier && mkdir -p /tests /logs/verifier /logs/agent /logs/artifacts"
+    " && chmod 777 /logs/verifier"
+)
+_TOOLS_SETUP = f"""if [ -x {TOOLS_DIR}/bin/uv ]; then
+  mkdir -p "$HOME/.local/bin"
+  for t in uv uvx; do [ -e "$HOME/.local/bin/$t" ] || ln -s {TOOLS_DIR}/bin/$t "$HOME/.local/bin/$t"; done
+  [ -e "$HOME/.local/bin/env" ] || echo 'export PATH="$HOME/.local/bin:$PATH"' > "$HOME/.local/bin/env"
+fi"""
+"""Stands in for uv's installer: `source $HOME/.local/bin/env` then finds uv/uvx."""
+_RUN_TESTS = f"""if [ -d {TOOLS_DIR}/bin ]; then
+  export PATH="$PATH:{TOOLS_DIR}/bin:{TOOLS_DIR}/python/bin" UV_OFFLINE=1 UV_FIND_LINKS={TOOLS_DIR}/wheels \
+    UV_PYTHON_DOWNLOADS=never UV_CACHE_DIR=/tmp/stacx-uv-cache UV_NO_PROGRESS=1
+fi
+exec bash {TESTS_DIR}/test.sh"""
 
 
 def parse_reward_text(data: bytes, *, where: str = REWARD_TXT) -> float:
@@ -83,23 +104,33 @@ async def _read_rewards(ops: SandboxOps, session_id: str, run: ExecResult) -> di
     try:
         return {"reward": parse_reward_text(await ops.download(session_id, REWARD_TXT))}
     except SandboxFileNotFound:
-        tail = (run.stderr or run.stdout).strip()[-400:]
+        tail = (run.stdout + run.stderr).strip()[-600:]
         state = "timed out" if run.timed_out else f"exited {run.exit_code}"
         raise RewardFileMissing(
             f"test.sh {state} and wrote neither {REWARD_JSON} nor {REWARD_TXT}; output: {tail!r}"
         ) from None
 
 
-async def verify(ops: SandboxOps, session_id: str, task: HarborTask) -> VerifyResult:
-    """Run the task's tests in the session and return the reward."""
+def _step(task: HarborTask, step: TaskStep | None, *, last: bool) -> TaskStep:
+    if step is not None:
+        return step
+    return task.steps[-1] if last else task.steps[0]
+
+
+async def verify(
+    ops: SandboxOps, session_id: str, task: HarborTask, step: TaskStep | None = None
+) -> VerifyResult:
+    """Run the tests of `step` (default: the task's last step) in the session and return the reward."""
+    step = _step(task, step, last=True)
     await ops.exec(session_id, _RESET, timeout_s=60)
-    await ops.upload_archive(session_id, "/tests", tar_directory(task.tests_dir))
-    run = await ops.exec(
-        session_id,
-        "bash /tests/test.sh",
-        timeout_s=task.verifier_timeout_s,
-        env=task.verifier_env,
-    )
+    for tests in dict.fromkeys([task.tests_dir, step.tests_dir]):
+        if tests.is_dir():
+            await ops.upload_archive(session_id, TESTS_DIR, tar_directory(tests))
+    await ops.exec(session_id, _TOOLS_SETUP, timeout_s=60)
+    where = f"{task.path}/task.toml [verifier.env]"
+    env = resolve_env({**task.verifier_env, **step.config.verifier_env}, where)
+    timeout = step.config.verifier_timeout_s or task.verifier_timeout_s
+    run = await ops.exec(session_id, _RUN_TESTS, timeout_s=timeout, env=env)
     rewards = await _read_rewards(ops, session_id, run)
     return VerifyResult(
         reward=scalar_reward(rewards),
@@ -109,12 +140,19 @@ async def verify(ops: SandboxOps, session_id: str, task: HarborTask) -> VerifyRe
         stderr=run.stderr,
         duration_s=run.duration_s,
         timed_out=run.timed_out,
+        step=step.name if task.multi_step else None,
     )
 
 
-async def run_oracle(ops: SandboxOps, session_id: str, task: HarborTask) -> ExecResult:
-    """Apply the reference solution (solution/solve.sh) in the session, as an agent would."""
-    if not task.has_solution:
-        raise FileNotFoundError(f"{task.solution_dir / 'solve.sh'} does not exist")
-    await ops.upload_archive(session_id, SOLUTION_DIR, tar_directory(task.solution_dir))
-    return await ops.exec(session_id, f"bash {SOLUTION_DIR}/solve.sh", timeout_s=task.agent_timeout_s)
+async def run_oracle(
+    ops: SandboxOps, session_id: str, task: HarborTask, step: TaskStep | None = None
+) -> ExecResult:
+    """Apply the reference solution of `step` (default: the first) at /solution, as an agent would."""
+    step = _step(task, step, last=False)
+    if not step.has_solution:
+        raise FileNotFoundError(f"{step.solution_dir / 'solve.sh'} does not exist")
+    await ops.exec(session_id, f"rm -rf {SOLUTION_DIR}/* && mkdir -p {SOLUTION_DIR}", timeout_s=60)
+    await ops.upload_archive(session_id, SOLUTION_DIR, tar_directory(step.solution_dir))
+    env = resolve_env(task.solution_env, f"{task.path}/task.toml [solution.env]")
+    timeout = step.config.agent_timeout_s or task.agent_timeout_s
+    return await ops.exec(session_id, f"bash {SOLUTION_DIR}/solve.sh", timeout_s=timeout, env=env)

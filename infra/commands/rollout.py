@@ -53,9 +53,23 @@ def _rollout(args: argparse.Namespace) -> int:
 
 
 def _harbor_tasks(directory: str) -> list[Any]:
-    from sandbox.tasks import discover_tasks, to_task_sample
+    """TaskSamples of every runnable task under `directory`; each broken or unsupported task is
+    skipped with one line on stderr (the others still run)."""
+    from sandbox.errors import SandboxError
+    from sandbox.tasks import find_task_dirs, load_task, to_task_sample
 
-    return [to_task_sample(task) for task in discover_tasks(directory)]
+    samples = []
+    for path in find_task_dirs(directory):
+        try:
+            task = load_task(path)
+        except SandboxError as exc:
+            print(f"skipped {path}: {exc}", file=sys.stderr)
+            continue
+        if task.unsupported:
+            print(f"skipped {task.name}: {task.unsupported}", file=sys.stderr)
+            continue
+        samples.append(to_task_sample(task))
+    return samples
 
 
 def _eval(args: argparse.Namespace) -> int:

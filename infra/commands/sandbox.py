@@ -1,4 +1,5 @@
-"""`stacx gateway`, `stacx tasks check DIR`, `stacx tasks import DIR -o tasks.jsonl`."""
+"""`stacx gateway`, `stacx tasks check DIR`, `stacx tasks import DIR -o tasks.jsonl`,
+`stacx tasks images [build]` (local stand-ins for public base images, offline verifier tools)."""
 
 from __future__ import annotations
 
@@ -35,11 +36,23 @@ def register(subparsers: Any) -> None:
     check = sub.add_parser("check", help="run oracle and no-op agent, print both rewards")
     check.add_argument("dir", type=Path, help="a task directory or a directory of tasks")
     check.add_argument("--json", action="store_true", help="print JSON lines")
+    check.add_argument("--jobs", "-j", type=int, default=2, help="tasks checked at once (default 2)")
+    check.add_argument(
+        "--base-image",
+        action="append",
+        default=[],
+        metavar="FROM=LOCAL",
+        help="map a FROM image to a local one (repeatable; adds to the default map)",
+    )
     check.set_defaults(func=_tasks_check)
     imp = sub.add_parser("import", help="normalise task directories into TaskSample rows")
     imp.add_argument("dir", type=Path)
     imp.add_argument("-o", "--output", type=Path, required=True, help="tasks.jsonl to write")
     imp.set_defaults(func=_tasks_import)
+    images = sub.add_parser("images", help="the base-image map and the local stand-in images")
+    images.add_argument("action", nargs="?", choices=("list", "build"), default="list")
+    images.add_argument("names", nargs="*", help="images to build (default: all)")
+    images.set_defaults(func=_tasks_images)
 
 
 def _gateway(args: argparse.Namespace) -> int:
@@ -76,31 +89,44 @@ def _env_token() -> str | None:
     return os.environ.get(TOKEN_ENV)
 
 
+def _base_images(pairs: list[str]) -> dict[str, str]:
+    from sandbox.images import DEFAULT_BASE_IMAGES
+
+    mapping = dict(DEFAULT_BASE_IMAGES)
+    for pair in pairs:
+        source, sep, local = pair.partition("=")
+        if not sep or not source or not local:
+            raise ValueError(
+                f"--base-image takes FROM=LOCAL (e.g. ubuntu:24.04=my/ubuntu:24.04), got {pair!r}"
+            )
+        mapping = {source: local, **mapping}
+    return mapping
+
+
 def _tasks_check(args: argparse.Namespace) -> int:
     from sandbox.errors import SandboxError
-    from sandbox.tasks import discover_tasks
+    from sandbox.tasks import find_task_dirs
 
     try:
-        tasks = discover_tasks(args.dir)
-        checks = asyncio.run(_run_checks(tasks))
-    except SandboxError as exc:
+        base_images = _base_images(args.base_image)
+        directories = find_task_dirs(args.dir)
+        if args.jobs < 1:
+            raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+        checks = asyncio.run(_run_checks(directories, base_images, args.jobs, as_json=args.json))
+    except (SandboxError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    for check in checks:
-        if args.json:
-            print(json.dumps(dataclasses.asdict(check) | {"passed": check.passed}))
-        else:
-            status = "ok " if check.passed else "BAD"
-            print(
-                f"{status} {check.task}: oracle={check.oracle_reward} noop={check.noop_reward}"
-                + (f"  ({check.error})" if check.error else "")
-            )
-    return 0 if all(c.passed for c in checks) else 1
+    passed = sum(c.passed for c in checks)
+    if not args.json:
+        print(f"{passed}/{len(checks)} tasks passed (oracle 1.0, no-op 0.0)")
+    return 0 if passed == len(checks) else 1
 
 
-async def _run_checks(tasks: list[Any]) -> list[Any]:
+async def _run_checks(
+    directories: list[Path], base_images: dict[str, str], jobs: int, *, as_json: bool
+) -> list[Any]:
     from sandbox.backends import DockerBackend
-    from sandbox.checks import check_task
+    from sandbox.checks import check_path
     from sandbox.images import TaskImageBuilder
     from sandbox.sessions import SessionManager
 
@@ -109,13 +135,69 @@ async def _run_checks(tasks: list[Any]) -> list[Any]:
         # lets any gateway's reaper remove what a killed check left behind.
         SessionManager.Config(owner=f"stacx-tasks-check-{os.getpid()}", max_lifetime_s=3600.0),
         DockerBackend(),
-        images=TaskImageBuilder(),
+        images=TaskImageBuilder(TaskImageBuilder.Config(base_images=base_images)),
     )
+    limit = asyncio.Semaphore(jobs)
+
+    async def one(directory: Path) -> Any:
+        async with limit:
+            check = await check_path(manager, directory)
+        print(json.dumps(check.as_json()) if as_json else _describe(check), flush=True)
+        return check
+
     async with manager:
         try:
-            return list(await asyncio.gather(*(check_task(manager, t) for t in tasks)))
+            return list(await asyncio.gather(*(one(d) for d in directories)))
         finally:
             await manager.backend.close()
+
+
+def _describe(check: Any) -> str:
+    """Human-readable lines for one TaskCheck."""
+    status = "ok " if check.passed else "BAD"
+    lines = [
+        f"{status} {check.task}: oracle={check.oracle_reward} noop={check.noop_reward} ({check.duration_s}s)",
+        f"    path {check.path}",
+    ]
+    if check.image:
+        lines.append(f"    image {check.image}")
+    if check.fields:
+        lines.append("    " + " ".join(f"{k}={v}" for k, v in check.fields.items() if v not in (None, False)))
+    if check.oracle_steps:
+        lines.append("    oracle per step: " + " ".join(f"{k}={v}" for k, v in check.oracle_steps.items()))
+    if len(check.oracle_rewards) > 1:
+        lines.append("    oracle rewards: " + " ".join(f"{k}={v}" for k, v in check.oracle_rewards.items()))
+    lines += [f"    warning: {w}" for w in check.warnings]
+    if check.error:
+        lines.append(f"    error: {check.error}")
+    if check.needs_network:
+        lines.append(f"    {check.needs_network}")
+    if check.output_tail and not check.passed:
+        lines.append("    test.sh output (tail):")
+        lines += [f"      | {line}" for line in check.output_tail.splitlines()[-15:]]
+    return "\n".join(lines)
+
+
+def _tasks_images(args: argparse.Namespace) -> int:
+    from infra.services import harbor_images
+    from infra.services.errors import InfraError
+    from infra.services.sandbox_image import image_exists
+    from sandbox.images import DEFAULT_BASE_IMAGES
+
+    if args.action == "build":
+        try:
+            harbor_images.build(
+                args.names or None, say=lambda line: print(f"[stacx tasks] {line}", flush=True)
+            )
+        except InfraError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    for source, local in DEFAULT_BASE_IMAGES.items():
+        print(f"FROM {source:<18} -> {local}")
+    for name, what in harbor_images.STAND_INS.items():
+        print(f"{name:<30} {'present' if image_exists(name) else 'missing':<8} {what}")
+    return 0
 
 
 def _tasks_import(args: argparse.Namespace) -> int:

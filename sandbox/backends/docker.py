@@ -38,7 +38,7 @@ from sandbox.backends._common import (
     to_result,
 )
 from sandbox.backends.lifecycle import LifecycleGuard
-from sandbox.errors import BackendError, BaseImageMissing
+from sandbox.errors import BackendError, BaseImageMissing, SandboxStopped
 from sandbox.models import ExecRequest, ExecResult
 from sandbox.protocols import SandboxHandle, SandboxSpec
 
@@ -51,6 +51,12 @@ LABEL_SESSION = "stacx.sandbox.session"
 LABEL_EXPIRES = "stacx.sandbox.expires-at"
 _KEEPALIVE = "trap 'exit 0' TERM; while :; do sleep 86400 & wait $!; done"
 """PID 1 of a sandbox: bash reaps the orphans that killed exec process groups leave behind."""
+
+HARBOR_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "NET_BIND_SERVICE")
+"""Capabilities Harbor sandboxes keep (root in the container): what apt/dpkg and pip need to own,
+chmod and switch users, and binding low ports on the sandbox's own loopback. All others dropped."""
+_ENTRYPOINT_WAIT_S = 1.0
+"""How long a started sandbox whose image has an ENTRYPOINT is watched for an early exit."""
 
 T = TypeVar("T")
 
@@ -108,6 +114,7 @@ class DockerBackend:
             hint=WEDGED_HINT,
         )
         self._workdirs: dict[str, str | None] = {}
+        self._pending_notes: dict[str, list[str]] = {}
 
     @property
     def problem(self) -> str | None:
@@ -122,7 +129,11 @@ class DockerBackend:
         what = f"create and start a container from {spec.image}"
         container_id = await self.lifecycle.run(what, self._start, spec)
         return SandboxHandle(
-            session_id=spec.session_id, ref=container_id, workdir=spec.workdir, env=dict(spec.env)
+            session_id=spec.session_id,
+            ref=container_id,
+            workdir=spec.workdir,
+            env=dict(spec.env),
+            notes=self._pending_notes.pop(spec.session_id, []),
         )
 
     def _start(self, spec: SandboxSpec) -> str:
@@ -145,7 +156,34 @@ class DockerBackend:
         except (docker.errors.APIError, requests.exceptions.RequestException) as exc:
             self._remove(container.id)
             raise BackendError(f"starting a container from {spec.image!r} failed: {exc}") from exc
+        if spec.harbor:
+            return self._running_despite_entrypoint(container, spec)
         return str(container.id)
+
+    def _running_despite_entrypoint(self, container: Any, spec: SandboxSpec) -> str:
+        """Harbor keeps the image's ENTRYPOINT (it gets the keep-alive command as arguments). One
+        that exits instead of exec-ing them leaves no sandbox: start again without it, and say so."""
+        entrypoint = (self._client.images.get(spec.image).attrs.get("Config") or {}).get("Entrypoint")
+        if not entrypoint:
+            return str(container.id)
+        deadline = time.monotonic() + _ENTRYPOINT_WAIT_S
+        while time.monotonic() < deadline:
+            container.reload()
+            if container.status != "running":
+                break
+            time.sleep(0.1)
+        else:
+            return str(container.id)
+        logs = container.logs(tail=5).decode(errors="replace").strip()
+        self._remove(container.id)
+        self._pending_notes[spec.session_id] = [
+            f"the image's ENTRYPOINT {entrypoint} exited at start ({logs[-200:]!r}) instead of "
+            'running its arguments (`exec "$@"`); the sandbox runs without it'
+        ]
+        kwargs = self._create_kwargs(spec) | {"entrypoint": ["bash"], "command": ["-c", _KEEPALIVE]}
+        retry = self._client.containers.create(**kwargs)
+        retry.start()
+        return str(retry.id)
 
     def _create_kwargs(self, spec: SandboxSpec) -> dict[str, Any]:
         from docker.types import Mount
@@ -153,14 +191,14 @@ class DockerBackend:
         uid, _, gid = self.config.user.partition(":")
         # Owned by the sandbox user: Docker drops a tmpfs `mode=1777`; `exec` undoes its noexec.
         options = f"rw,exec,nosuid,nodev,size={self.config.tmpfs_mb}m,mode=0755,uid={uid},gid={gid or uid}"
-        roots = ["/tmp", "/tests", "/logs"]
+        roots = ["/tmp", "/tests", "/logs", "/solution"]
         mounts = []
         if spec.seed_workdir:
             mounts.append(Mount(target=spec.workdir, source=None, type="volume"))
         else:
             roots.append(spec.workdir)
         tmpfs = dict.fromkeys(roots, options)
-        return {
+        kwargs = {
             "image": spec.image,
             "command": ["bash", "-c", _KEEPALIVE],
             "user": self.config.user,
@@ -186,6 +224,7 @@ class DockerBackend:
             },
             "stop_signal": "SIGKILL",
         }
+        return _harbor_kwargs(kwargs, spec) if spec.harbor else kwargs
 
     async def stop(self, handle: SandboxHandle) -> None:
         await self.lifecycle.run(f"remove container {handle.ref[:12]}", self._remove, handle.ref)
@@ -302,6 +341,11 @@ class DockerBackend:
         except docker.errors.NotFound as exc:
             raise BackendError(f"container {container_id[:12]} is gone: {exc}") from exc
         except docker.errors.APIError as exc:
+            if exc.status_code == 409:
+                raise SandboxStopped(
+                    f"container {container_id[:12]} is not running (its ENTRYPOINT or main process "
+                    f"exited): {exc.explanation or exc}"
+                ) from exc
             raise BackendError(f"exec in container {container_id[:12]} failed: {exc}") from exc
         out, err = OutputCap(max_bytes), OutputCap(max_bytes)
         host_timeout = False
@@ -332,6 +376,21 @@ class DockerBackend:
                 return int(info["ExitCode"])
             time.sleep(0.02)
         raise BackendError(f"exec {exec_id[:12]} ended its output but never reported an exit code")
+
+
+def _harbor_kwargs(kwargs: dict[str, Any], spec: SandboxSpec) -> dict[str, Any]:
+    """Create options of a Harbor sandbox: the image's user and a writable root file system (the
+    container, not the uid, is the boundary), a few capabilities back, read-only tool volumes."""
+    from docker.types import Mount
+
+    volumes = [Mount(target=t, source=s, type="volume", read_only=True) for s, t in spec.volumes.items()]
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("user", "tmpfs")}
+    return kwargs | {
+        "read_only": False,
+        "cap_add": list(HARBOR_CAPS),
+        "mounts": volumes,
+        "environment": dict(spec.env),
+    }
 
 
 def _reader(sock: Any, raw: socket.socket) -> Callable[[int], bytes]:

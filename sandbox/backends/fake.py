@@ -38,8 +38,6 @@ class FakeBackend:
     """Records what it is asked; `handler(sandbox, request)` decides each exec's result."""
 
     name = "fake"
-    problem: str | None = None
-    """Why it cannot serve sessions (tests set it; see tests/unit/sandbox/test_sandbox_lifecycle.py)."""
 
     def __init__(
         self, handler: Handler | None = None, *, image_workdirs: dict[str, str] | None = None
@@ -51,6 +49,11 @@ class FakeBackend:
         """Sandboxes left by an earlier gateway: ref -> (owner, expires_at); reap removes them."""
         self.image_workdirs = image_workdirs or {}
         self.closed = False
+
+    @property
+    def problem(self) -> str | None:
+        """Never degraded (`sandbox.testing.WedgingBackend` is a fake that wedges)."""
+        return None
 
     async def start(self, spec: SandboxSpec) -> SandboxHandle:
         ref = f"fake-{spec.session_id}"

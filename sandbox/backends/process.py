@@ -38,7 +38,7 @@ from sandbox.protocols import SandboxHandle, SandboxSpec
 
 __all__ = ["ProcessBackend"]
 
-_MOUNTS = ("tests", "logs", "tmp")
+_MOUNTS = ("tests", "logs", "tmp", "solution")
 _META = "sandbox.json"
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
+import pytest
+
 from infra.cli import build_parser
+from infra.commands import sandbox as commands
 from rollout.data import load_tasks_jsonl
+from sandbox.checks import check_path
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "tasks"
 
@@ -32,3 +37,39 @@ def test_tasks_import_reports_broken_tasks(tmp_path: Path, capsys) -> None:  # t
 def test_gateway_arguments() -> None:
     args = build_parser().parse_args(["gateway", "--backend", "process", "--port", "9", "--warm-pool", "2"])
     assert (args.backend, args.port, args.warm_pool, args.no_auth) == ("process", 9, 2, False)
+
+
+def test_eval_skips_broken_and_unsupported_harbor_tasks(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
+    from infra.commands.rollout import _harbor_tasks
+
+    shutil.copytree(EXAMPLES / "write-file", tmp_path / "good")
+    shutil.copytree(EXAMPLES / "write-file", tmp_path / "gpu")
+    (tmp_path / "gpu" / "task.toml").write_text("[task]\nname = 'gpu'\n[environment]\ngpus = 2\n")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "task.toml").write_text("[task]\nname = 'x'\n")
+    samples = _harbor_tasks(str(tmp_path))
+    assert [s.task_id for s in samples] == ["stacx-write-file"]
+    err = capsys.readouterr().err
+    assert "skipped gpu: needs 2 GPU(s)" in err and "instruction.md is missing" in err
+
+
+def test_tasks_check_reports_broken_and_unsupported_tasks_one_by_one(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "task.toml").write_text("[environment]\nmemory = 'lots'\n")
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "gpu" / "task.toml").write_text("[environment]\ngpus = 1\n")
+    (tmp_path / "gpu" / "instruction.md").write_text("x")
+    (tmp_path / "gpu" / "tests").mkdir()
+    (tmp_path / "gpu" / "tests" / "test.sh").write_text("true")
+    (tmp_path / "gpu" / "environment").mkdir()
+    (tmp_path / "gpu" / "environment" / "Dockerfile").write_text("FROM scratch")
+    rows = [asyncio.run(check_path(None, d)) for d in sorted(tmp_path.iterdir())]  # type: ignore[arg-type]
+    by_name = {r.path.rsplit("/", 1)[-1]: r for r in rows}
+    assert "memory must be a size" in (by_name["bad"].error or "")
+    assert by_name["gpu"].error == "not supported: needs 1 GPU(s); sandboxes have none"
+    assert not any(r.passed for r in rows)
+    assert commands._base_images(["ubuntu:24.04=mine:1"])["ubuntu:24.04"] == "mine:1"
+    with pytest.raises(ValueError, match="FROM=LOCAL"):
+        commands._base_images(["ubuntu"])

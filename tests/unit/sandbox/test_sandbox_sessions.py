@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from sandbox.backends.fake import FakeBackend, FakeSandbox
-from sandbox.errors import CapacityExceeded, InvalidSpec, SessionExpired, SessionNotFound
+from sandbox.errors import CapacityExceeded, InvalidSpec, PathRejected, SessionExpired, SessionNotFound
+from sandbox.images import ImageChoice, TaskImageBuilder
 from sandbox.models import ExecRequest, ExecResult, SessionSpec
 from sandbox.sessions import SessionManager
 
@@ -168,12 +169,17 @@ async def test_output_cap_applies() -> None:
 
 
 class _Images:
-    def __init__(self) -> None:
+    def __init__(self, tools_volume: str | None = "tools-vol") -> None:
         self.built: list[str] = []
+        self.volume = tools_volume
+        self.config = TaskImageBuilder.Config()
 
-    async def ensure(self, task) -> str:  # type: ignore[no-untyped-def]
+    async def resolve(self, task) -> ImageChoice:  # type: ignore[no-untyped-def]
         self.built.append(task.name)
-        return task.image_tag
+        return ImageChoice(tag=task.image_tag, notes=["FROM x -> y"])
+
+    def tools_volume(self) -> str | None:
+        return self.volume
 
 
 async def test_task_session_uses_task_image_and_limits() -> None:
@@ -186,6 +192,30 @@ async def test_task_session_uses_task_image_and_limits() -> None:
         assert images.built == ["stacx/top-ips"] and info.task_name == "stacx/top-ips"
         assert spec.image.startswith("stacx-task/stacx-top-ips:") and spec.memory_mb == 512
         assert manager.task(info.id) is not None
+        # Harbor semantics: the image's user and file system, tools mounted, image notes reported
+        assert spec.harbor and info.harbor and spec.volumes == {"tools-vol": "/opt/stacx-tools"}
+        assert spec.workdir == "/" and not spec.seed_workdir
+        assert "FROM x -> y" in info.warnings
+
+
+async def test_task_session_says_when_the_verifier_tools_are_missing() -> None:
+    backend = FakeBackend(image_workdirs={})
+    images = _Images(tools_volume=None)
+    async with SessionManager(SessionManager.Config(owner="unit"), backend, images=images) as manager:  # type: ignore[arg-type]
+        info = await manager.create(SessionSpec(task_dir=str(EXAMPLES / "top-ips")))
+        spec = backend.sandboxes[f"fake-{info.id}"].spec
+        assert spec.volumes == {}
+        assert any("stacx tasks images build" in w for w in info.warnings)
+
+
+async def test_harbor_session_accepts_any_absolute_path() -> None:
+    backend = FakeBackend(image_workdirs={})
+    async with SessionManager(SessionManager.Config(owner="unit"), backend, images=_Images()) as manager:  # type: ignore[arg-type]
+        harbor = await manager.create(SessionSpec(task_dir=str(EXAMPLES / "top-ips")))
+        await manager.upload(harbor.id, "/etc/task-data/x.txt", b"x")
+        plain = await manager.create(SessionSpec())
+        with pytest.raises(PathRejected):
+            await manager.upload(plain.id, "/etc/task-data/x.txt", b"x")
 
 
 class _SlowStart(FakeBackend):

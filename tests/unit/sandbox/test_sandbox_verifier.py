@@ -46,7 +46,7 @@ def test_scalar_reward_prefers_reward_key_then_mean() -> None:
 
 def _writes(files: dict[str, bytes]):  # type: ignore[no-untyped-def]
     def handler(sandbox: FakeSandbox, request: ExecRequest) -> ExecResult:
-        if request.command == "bash /tests/test.sh":
+        if request.command.endswith("bash /tests/test.sh"):
             sandbox.files.update(files)
         return ExecResult(exit_code=0, stdout="", stderr="", duration_s=0.01)
 
@@ -92,5 +92,5 @@ async def test_oracle_uploads_and_runs_solve_sh() -> None:
         result = await run_oracle(manager, session.id, load_task(TASK))
         sandbox = backend.sandboxes[f"fake-{session.id}"]
         assert result.ok
-        assert sandbox.commands[-1] == "bash /tmp/solution/solve.sh"
-        assert b"Hello, STACX!" in sandbox.files["/tmp/solution/solve.sh"]
+        assert sandbox.commands[-1] == "bash /solution/solve.sh"  # Harbor mounts it at /solution
+        assert b"Hello, STACX!" in sandbox.files["/solution/solve.sh"]
