@@ -11,6 +11,7 @@ key there is an error naming it (SGLang raises too).
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -202,11 +203,24 @@ class SamplingParamsBody(_Body):
             logit_bias=parse_logit_bias(self.logit_bias, vocab_size, f"{where}logit_bias"),
             stop=as_list(self.stop),
             stop_token_ids=list(self.stop_token_ids or []),
+            stop_regex=_regexes(self.stop_regex, f"{where}stop_regex"),
             ignore_eos=self.ignore_eos,
             skip_special_tokens=self.skip_special_tokens,
             no_stop_trim=self.no_stop_trim,
             sampling_seed=self.sampling_seed,
         )
+
+
+def _regexes(value: str | list[str] | None, field: str) -> list[str]:
+    patterns = as_list(value)
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise InvalidRequestError(
+                field, f"{pattern!r} is not a valid regular expression: {exc}"
+            ) from None
+    return patterns
 
 
 def parse_logit_bias(bias: dict[str, float] | None, vocab_size: int, field: str) -> dict[int, float]:

@@ -97,7 +97,7 @@ class Job:
         self.abort_message: str | None = None
         self.generator: Any = None
         """The request's own torch.Generator when it set `sampling_seed` (engine thread)."""
-        self._stops = StopMatcher(params.stop)
+        self._stops = StopMatcher(params.stop, params.stop_regex)
         needs_text = bool(self._stops) or options.on_chunk is not None
         self._detok: Any = None
         self._needs_text = needs_text

@@ -61,6 +61,8 @@ class SamplingParams:
     """Stop strings: generation ends once the decoded text contains one."""
     stop_token_ids: list[int] = field(default_factory=list)
     """Token ids that end generation, besides the model's EOS ids."""
+    stop_regex: list[str] = field(default_factory=list)
+    """Regular expressions that end generation once the decoded text matches one."""
     ignore_eos: bool = False
     """Keep going past EOS ids (benchmarks)."""
     skip_special_tokens: bool = True
