@@ -249,6 +249,8 @@ class NativeItem:
     top_logprobs_num: int
     field: str
     """Request field holding this item's prompt (for error messages)."""
+    sample: int = 0
+    """Which of the n samples of its prompt; with `sampling_seed`, sample i uses seed + i."""
 
 
 class GenerateRequest(BaseModel):
@@ -314,6 +316,7 @@ class GenerateRequest(BaseModel):
                         logprob_start_len=int(starts[i]),
                         top_logprobs_num=int(tops[i]),
                         field=field,
+                        sample=sample,
                     )
                 )
         return items

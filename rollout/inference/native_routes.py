@@ -80,6 +80,8 @@ def _item_ids(state: ServingState, item: NativeItem) -> list[int]:
 def _generation(state: ServingState, item: NativeItem) -> Generation:
     ids = _item_ids(state, item)
     params = item.sampling.to_params(state.engine.vocab_size)
+    if params.sampling_seed is not None:
+        params.sampling_seed += item.sample
     state.check_prompt(ids, params, item.field, "sampling_params.max_new_tokens")
     start: int | None = None
     if item.return_logprob:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import dataclasses
 import functools
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
