@@ -8,7 +8,10 @@ In one run, on one tiny model made locally (`rollout.models.make_tiny_model`):
   `throughput_ratio` = server / direct at batch 32 (target >= 0.8);
 * weight swap latency: `POST /update_weights_from_disk` until it answers (the new version is
   live) vs `safetensors.torch.load_file` + `model.load_state_dict` on the same files in-process;
-  `swap_ratio` = server / direct (target <= 1.5).
+  `swap_ratio` = server / direct (target <= 1.5);
+* GRPO prefix sharing: 8 samples of each of 16 prompts of 512 tokens (all 128 requests at once,
+  sampled, as a GRPO rollout sends them) on a server with the prefix cache and on one without;
+  `grpo_prefix_cache_speedup` = wall time without / with, plus the cache hit rate.
 The last line printed is the JSON figure object.
 """
 
@@ -41,6 +44,10 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3, help="best of N timed runs")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (both sides)")
+    parser.add_argument("--grpo-prompts", type=int, default=16)
+    parser.add_argument("--grpo-samples", type=int, default=8)
+    parser.add_argument("--grpo-prompt-tokens", type=int, default=512)
+    parser.add_argument("--grpo-new-tokens", type=int, default=16)
     return parser.parse_args()
 
 
@@ -114,6 +121,46 @@ def _swap_latencies(
     return statistics.median(server_s), statistics.median(direct_s)
 
 
+async def _grpo_once(client: Any, args: argparse.Namespace) -> float:
+    """Seconds to serve every sample of every prompt, all requests sent at once."""
+    from rollout.inference import SamplingParams
+
+    params = SamplingParams(max_new_tokens=args.grpo_new_tokens, temperature=1.0, ignore_eos=True)
+    prompts = _prompts(args.grpo_prompts, args.grpo_prompt_tokens)
+    start = time.perf_counter()
+    results = await asyncio.gather(
+        *[client.generate(p, params) for p in prompts for _ in range(args.grpo_samples)]
+    )
+    assert sum(len(r.output_ids) for r in results) == len(results) * args.grpo_new_tokens
+    return time.perf_counter() - start
+
+
+def _grpo(model_dir: Path, args: argparse.Namespace) -> dict[str, float]:
+    """The GRPO case on a server with the prefix cache and on one without."""
+    from rollout.inference import BatchingEngine, InferenceClient, InferenceServer
+
+    seconds: dict[str, float] = {}
+    hit_rate = 0.0
+    for name, cache_tokens in (("with_cache", 1 << 20), ("without_cache", 0)):
+        config = InferenceServer.Config(
+            model_path=str(model_dir),
+            port=0,
+            device="cpu",
+            engine=BatchingEngine.Config(max_batch_size=128, prefix_cache_tokens=cache_tokens),
+        )
+        with InferenceServer(config) as server:
+            loop = asyncio.new_event_loop()
+            client = InferenceClient(InferenceClient.Config(base_url=server.base_url))
+            try:
+                seconds[name] = loop.run_until_complete(_grpo_once(client, args))
+            finally:
+                loop.run_until_complete(client.close())
+                loop.close()
+            if cache_tokens:
+                hit_rate = server.engine.metrics.gauges["prefix_cache_hit_rate"]
+    return {**seconds, "hit_rate": hit_rate, "speedup": seconds["without_cache"] / seconds["with_cache"]}
+
+
 def main() -> int:
     args = _parse_args()
     import torch
@@ -148,6 +195,7 @@ def main() -> int:
             loop.close()
             server.stop()
         size_mb = (dirs[0] / "model.safetensors").stat().st_size / 1e6
+        grpo = _grpo(dirs[0], args)
     figures = {
         "benchmark": "inference",
         "model": {
@@ -165,6 +213,16 @@ def main() -> int:
         "swap_latency_s": {"server": round(server_swap, 4), "direct": round(direct_swap, 4)},
         "swap_ratio": round(server_swap / direct_swap, 3),
         "swap_target": SWAP_TARGET,
+        "grpo": {
+            "prompts": args.grpo_prompts,
+            "samples": args.grpo_samples,
+            "prompt_tokens": args.grpo_prompt_tokens,
+            "new_tokens": args.grpo_new_tokens,
+            "seconds_with_cache": round(grpo["with_cache"], 3),
+            "seconds_without_cache": round(grpo["without_cache"], 3),
+            "prefix_cache_hit_rate": round(grpo["hit_rate"], 3),
+        },
+        "grpo_prefix_cache_speedup": round(grpo["speedup"], 2),
     }
     figures["meets_targets"] = (
         figures["throughput_ratio"] >= THROUGHPUT_TARGET and figures["swap_ratio"] <= SWAP_TARGET
@@ -175,6 +233,10 @@ def main() -> int:
                 f"batch {batch:>2}: server {served[batch]:8.1f} tok/s   generate {direct[batch]:8.1f} tok/s"
             )
         print(f"swap: server {server_swap * 1000:.1f} ms   direct {direct_swap * 1000:.1f} ms")
+        print(
+            f"grpo: {grpo['with_cache']:.2f} s with the prefix cache, {grpo['without_cache']:.2f} s without "
+            f"(hit rate {grpo['hit_rate']:.2f})"
+        )
     print(json.dumps(figures))
     return 0
 

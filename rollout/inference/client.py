@@ -57,12 +57,20 @@ class ModelInfo:
     raw: dict[str, Any] = field(default_factory=dict)
 
 
+ALWAYS_SENT = ("max_new_tokens", "temperature", "top_p", "top_k", "ignore_eos", "skip_special_tokens")
+
+
 def sampling_payload(params: SamplingParams) -> dict[str, Any]:
-    """SGLang `sampling_params` JSON (both servers accept every key written here)."""
-    payload = dataclasses.asdict(params)
-    for key in ("stop", "stop_token_ids"):
-        if not payload[key]:
-            del payload[key]
+    """SGLang `sampling_params` JSON: the core fields, plus every other field that is not at its
+    default (so an older SGLang never sees a key it does not know unless the caller set it)."""
+    defaults = dataclasses.asdict(SamplingParams())
+    payload = {
+        key: value
+        for key, value in dataclasses.asdict(params).items()
+        if key in ALWAYS_SENT or value != defaults[key]
+    }
+    if "logit_bias" in payload:
+        payload["logit_bias"] = {str(k): v for k, v in payload["logit_bias"].items()}
     return payload
 
 

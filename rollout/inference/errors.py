@@ -11,6 +11,7 @@ __all__ = [
     "InferenceError",
     "InvalidRequestError",
     "OverloadedError",
+    "RequestFailedError",
     "ServerError",
     "ServerUnavailableError",
     "WeightLoadError",
@@ -33,6 +34,12 @@ class InvalidRequestError(InferenceError):
         super().__init__(f"{field}: {message}")
         self.field = field
         """Dotted name of the offending request field."""
+
+
+class RequestFailedError(InferenceError):
+    """Serving this one request failed (its prefill, decode or sampling raised); others go on."""
+
+    status_code = 500
 
 
 class OverloadedError(InferenceError):

@@ -56,13 +56,21 @@ class Metrics:
         self.counters: dict[str, float] = {
             "requests_total": 0,
             "requests_failed_total": 0,
+            "requests_aborted_total": 0,
             "prompt_tokens_total": 0,
             "generated_tokens_total": 0,
             "decode_steps_total": 0,
             "prefill_batches_total": 0,
             "weight_updates_total": 0,
+            "prefix_cache_hit_tokens_total": 0,
+            "prefix_cache_query_tokens_total": 0,
         }
-        self.gauges: dict[str, float] = {"running_requests": 0, "waiting_requests": 0}
+        self.gauges: dict[str, float] = {
+            "running_requests": 0,
+            "waiting_requests": 0,
+            "prefix_cache_tokens": 0,
+            "prefix_cache_hit_rate": 0,
+        }
         self.batch_size = Histogram(BATCH_SIZE_BUCKETS)
         """Rows per decode step."""
         self.request_latency = Histogram(LATENCY_BUCKETS_S)
@@ -80,6 +88,15 @@ class Metrics:
         with self._lock:
             self.batch_size.observe(size)
             self.counters["decode_steps_total"] += 1
+
+    def observe_prefix_cache(self, hit_tokens: int, query_tokens: int) -> None:
+        """Prompt tokens served from the prefix cache out of those admitted; updates the rate."""
+        with self._lock:
+            self.counters["prefix_cache_hit_tokens_total"] += hit_tokens
+            self.counters["prefix_cache_query_tokens_total"] += query_tokens
+            queried = self.counters["prefix_cache_query_tokens_total"]
+            hits = self.counters["prefix_cache_hit_tokens_total"]
+            self.gauges["prefix_cache_hit_rate"] = hits / queried if queried else 0.0
 
     def observe_latency(self, seconds: float) -> None:
         with self._lock:

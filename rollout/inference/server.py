@@ -11,9 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollout.inference.app import ServingState, build_app
+import uvicorn
+
+from rollout.inference.app import build_app
 from rollout.inference.engine import BatchingEngine
 from rollout.inference.errors import InferenceError, ServerUnavailableError
+from rollout.inference.state import ServingState
 
 __all__ = ["InferenceServer", "load_model"]
 
@@ -51,6 +54,23 @@ def load_model(model_path: str | Path, device: str = "auto", dtype: str = "auto"
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     model = model.to(device).eval()  # type: ignore[arg-type]
     return model, tokenizer
+
+
+GRACEFUL_SHUTDOWN_S = 5
+"""After this many seconds, connections still open at shutdown are closed."""
+
+
+class _EngineStoppingServer(uvicorn.Server):
+    """uvicorn, stopping the engine first on SIGTERM/SIGINT: in-flight requests then end at once
+    (503) instead of holding the graceful shutdown open."""
+
+    def __init__(self, config: Any, engine: BatchingEngine) -> None:
+        super().__init__(config)
+        self._engine = engine
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        await asyncio.to_thread(self._engine.stop)
+        await super().shutdown(sockets)
 
 
 def _free_port(host: str) -> int:
@@ -111,8 +131,6 @@ class InferenceServer:
         return f"http://{self.config.host}:{self.config.port}"
 
     def _uvicorn_server(self) -> Any:
-        import uvicorn
-
         if self.config.port == 0:
             self.config.port = _free_port(self.config.host)
         config = uvicorn.Config(
@@ -122,8 +140,9 @@ class InferenceServer:
             log_level="warning",
             access_log=False,
             lifespan="off",
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         )
-        return uvicorn.Server(config)
+        return _EngineStoppingServer(config, self.engine)
 
     def serve_forever(self) -> None:
         """Run until interrupted (the `stacx serve` entry point)."""
@@ -149,11 +168,12 @@ class InferenceServer:
         return self.base_url
 
     def stop(self) -> None:
+        """Fail what is still running (503, retriable), then close the HTTP server."""
+        self.engine.stop()
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True
         if self._thread is not None:
-            self._thread.join(timeout=10)
-        self.engine.stop()
+            self._thread.join(timeout=GRACEFUL_SHUTDOWN_S + 5)
 
     def __enter__(self) -> InferenceServer:
         self.start()

@@ -77,17 +77,74 @@ def test_bad_input_is_400_naming_the_field(http: httpx.Client, body: dict, field
 @pytest.mark.parametrize(
     ("body", "field"),
     [
-        ({"input_ids": [1], "temprature": 0.5}, "temprature"),
         ({"input_ids": [1], "sampling_params": {"max_tokens": 3}}, "sampling_params.max_tokens"),
         ({"input_ids": "12"}, "input_ids"),
         ({"input_ids": [1], "sampling_params": {"temperature": "hot"}}, "sampling_params.temperature"),
-        ({"input_ids": [1], "sampling_params": {"max_new_tokens": 0}}, "sampling_params.max_new_tokens"),
+        ({"input_ids": [1], "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens"),
+        ({"input_ids": [1], "sampling_params": {"top_p": 0}}, "sampling_params.top_p"),
+        (
+            {"input_ids": [1], "sampling_params": {"repetition_penalty": 3}},
+            "sampling_params.repetition_penalty",
+        ),
+        ({"input_ids": [1], "sampling_params": {"min_new_tokens": 5, "max_new_tokens": 2}}, "min_new_tokens"),
+        ({"input_ids": [1], "sampling_params": {"logit_bias": {"99999": 1}}}, "sampling_params.logit_bias"),
+        ({"input_ids": [[1], [2]], "rid": ["a"]}, "rid"),
     ],
 )
-def test_unknown_or_mistyped_field_is_422_naming_it(http: httpx.Client, body: dict, field: str) -> None:
+def test_mistyped_or_out_of_range_field_is_400_naming_it(http: httpx.Client, body: dict, field: str) -> None:
     response = http.post("/generate", json=body)
-    assert response.status_code == 422
+    assert response.status_code == 400
     assert field in _error(response)
+
+
+def test_unknown_top_level_field_is_ignored_with_a_warning(
+    http: httpx.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = {"input_ids": [1, 2], "temprature": 0.5, "sampling_params": {"max_new_tokens": 2}}
+    with caplog.at_level("WARNING", logger="rollout.inference.api"):
+        response = http.post("/generate", json=body)
+    assert response.status_code == 200 and len(response.json()["output_ids"]) == 2
+    assert "temprature" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"image_data": "cat.png"}, "image_data"),
+        ({"lora_path": "adapter"}, "lora_path"),
+        ({"sampling_params": {"regex": "[0-9]+"}}, "sampling_params.regex"),
+        ({"sampling_params": {"json_schema": "{}"}}, "sampling_params.json_schema"),
+    ],
+)
+def test_unsupported_fields_are_refused_by_name(http: httpx.Client, extra: dict, field: str) -> None:
+    response = http.post("/generate", json={"text": "hi", **extra})
+    assert response.status_code == 400
+    assert _error(response).startswith(f"{field}: is not supported")
+
+
+def test_sglang_nulls_and_empty_defaults_are_accepted(http: httpx.Client) -> None:
+    """What SGLang's frontend sends for unset options: nulls, empty lists, its own defaults."""
+    params = {
+        "max_new_tokens": 3,
+        "min_new_tokens": 0,
+        "n": 1,
+        "stop": [],
+        "stop_token_ids": [],
+        "stop_regex": [],
+        "temperature": 0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "min_p": 0.0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "ignore_eos": False,
+        "regex": None,
+        "json_schema": None,
+        "skip_special_tokens": True,
+        "spaces_between_special_tokens": True,
+    }
+    response = http.post("/generate", json={"text": "hi", "sampling_params": params, "return_logprob": None})
+    assert response.status_code == 200, response.text
 
 
 def test_openai_routes_answer_with_logprobs(http: httpx.Client) -> None:
@@ -110,7 +167,7 @@ def test_openai_routes_answer_with_logprobs(http: httpx.Client) -> None:
     assert completion["object"] == "text_completion" and completion["id"].startswith("cmpl-")
     assert chat["id"].startswith("chatcmpl-") and completion["metadata"]["weight_version"] == "0"
     bad = http.post("/v1/chat/completions", json={"messages": [], "max_tokens": 5})
-    assert bad.status_code == 422 and "messages" in _error(bad)
+    assert bad.status_code == 400 and "messages" in _error(bad)
 
 
 def test_metrics_show_batched_decoding(server: InferenceServer, http: httpx.Client) -> None:
