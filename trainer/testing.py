@@ -15,7 +15,8 @@ from schemas.records import TrainingBatch, logprobs, loss_mask, token_ids
 from trainer.config import CheckpointConfig, ExportConfig, SourceConfig, TrainerConfig
 from trainer.models import ModelConfig
 
-__all__ = ["run_gradients", "run_jobs", "run_steps", "synthetic_batch", "synthetic_batches", "tiny_trainer_config"]
+__all__ = ["run_gradients", "run_jobs", "run_steps", "synthetic_batch", "synthetic_batches",
+           "tiny_trainer_config"]
 
 
 def synthetic_batch(index: int, *, num_groups: int = 2, group_size: int = 2, prompt_length: int = 4,

@@ -7,7 +7,14 @@ from dataclasses import dataclass
 import torch
 
 from trainer.batch import TensorBatch
-from trainer.losses import KLEstimator, check_kl_estimator, kl_estimate, masked_whiten, ppo_clip_loss, returns_to_go
+from trainer.losses import (
+    KLEstimator,
+    check_kl_estimator,
+    kl_estimate,
+    masked_whiten,
+    ppo_clip_loss,
+    returns_to_go,
+)
 from trainer.recipe import DataSync, ModelSlot, Role, TrainingConfig, recipe
 from trainer.specialization import PolicyGradient, TokenLogprobs, terminal_rewards
 
