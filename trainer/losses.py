@@ -414,10 +414,17 @@ def nll_loss(logp: torch.Tensor, mask: torch.Tensor, *, aggregation: Aggregation
 
 def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor,
              ref_chosen: torch.Tensor, ref_rejected: torch.Tensor, *,
-             beta: float = 0.1, label_smoothing: float = 0.0) -> tuple[torch.Tensor, Metrics]:
-    """Sigmoid DPO: -log sigma(beta * ((pi_c - ref_c) - (pi_r - ref_r))). Inputs: sequence logps [P]."""
+             beta: float = 0.1, label_smoothing: float = 0.0,
+             norm: Normaliser | None = None) -> tuple[torch.Tensor, Metrics]:
+    """Sigmoid DPO: -log sigma(beta * ((pi_c - ref_c) - (pi_r - ref_r))), mean over the pairs of
+    the global batch (with `norm`: pair counts summed over its ranks). Inputs: sequence logps [P]."""
     margin = beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected))  # [P]
     losses = -(1 - label_smoothing) * F.logsigmoid(margin) - label_smoothing * F.logsigmoid(-margin)
-    loss = losses.mean()
+    if norm is None:
+        loss = losses.mean()
+    else:
+        pairs = norm.sum(torch.tensor([float(losses.numel())], dtype=torch.float64,
+                                      device=losses.device))
+        loss = _divide(losses.sum(), pairs[0]) * norm.dp_size
     return loss, {"dpo_loss": loss.item(), "reward_margin": margin.detach().mean().item(),
                   "reward_accuracy": (margin > 0).float().mean().item()}

@@ -74,7 +74,8 @@ def test_fsdp2_loss_and_gradients_equal_one_process_for_every_aggregation(tmp_pa
     options = [("grpo", {"aggregation": how, "max_tokens": 16, "kl_beta": 0.1})
                for how in AGGREGATIONS]
     options += [("reinforce_pp", {"aggregation": "seq-mean-token-sum"}),
-                ("ppo", {"aggregation": "token-mean", "off_policy": "token-truncate"})]
+                ("ppo", {"aggregation": "token-mean", "off_policy": "token-truncate"}),
+                ("dpo", {})]  # 2 pairs on rank 0, 1 on rank 1
     backend = BackendConfig(kind="fsdp2", world_size=2, device="cpu")
     jobs = []
     for i, (recipe, opts) in enumerate(options):
