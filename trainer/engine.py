@@ -35,7 +35,7 @@ from trainer.recipe import DataSync, ModelSlot, TrainingConfig, get_recipe
 from trainer.sources import build_source
 from trainer.workers import ModelWorker, RoleWorker, build_optimizer
 
-__all__ = ["StacxTrainer", "StepResult"]
+__all__ = ["StacxTrainer", "StepResult", "merge_metrics"]
 
 log = logging.getLogger(__name__)
 
