@@ -88,8 +88,8 @@ class PlainLoop:
         a = adv[:, None]
         per_token = -torch.minimum(ratio * a, ratio.clamp(1 - CLIP, 1 + CLIP) * a)
         pg = ((per_token * mask).sum(-1) / mask.sum(-1)).mean()
-        delta = ref_logp - logp
-        kl = ((torch.exp(delta) - delta - 1) * mask).sum() / mask.sum()
+        delta = ref_logp - logp  # k3, aggregated like the policy term (seq-mean-token-mean)
+        kl = (((torch.exp(delta) - delta - 1) * mask).sum(-1) / mask.sum(-1)).mean()
         loss = pg + KL_BETA * kl
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.policy.parameters(), MAX_NORM)

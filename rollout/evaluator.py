@@ -431,6 +431,7 @@ class Evaluator:
             token_ids=ids,
             loss_mask=mask,
             logprobs=lps,
+            temperature=self.config.temperature if self.config.temperature > 0 else 1.0,
             prompt_length=episode.prompt_length,
             rewards=episode.rewards,
             reward=float(episode.rewards.get("reward", 0.0)),

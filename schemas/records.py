@@ -94,6 +94,9 @@ class Trajectory:
     """1 on model-generated tokens, 0 on prompt, observation and template tokens."""
     logprobs: Logprobs = field(default_factory=logprobs)
     """Sampling logprob per token (0.0 where loss_mask is 0)."""
+    temperature: float = 1.0
+    """Temperature of the distribution `logprobs` come from, log_softmax(logits / T); 0 (greedy)
+    means 1. The trainer recomputes its logprobs at this temperature."""
     prompt_length: int = 0
     rewards: dict[str, float] = field(default_factory=dict)
     reward: float = 0.0
@@ -144,6 +147,11 @@ class TrainingBatch:
     logprobs: Logprobs
     rewards: npt.NDArray[np.float32]
     advantages: npt.NDArray[np.float32] | None = None
+    temperatures: npt.NDArray[np.float32] | None = None
+    """Per sequence: the sampling temperature of its logprobs (None: all 1)."""
+    logprobs_recorded: npt.NDArray[np.uint8] | None = None
+    """Per sequence: 1 when `logprobs` holds sampled logprobs, 0 when none were recorded.
+    None (older producers): a row whose logprobs are all 0 on its mask counts as not recorded."""
     metadata: dict[str, str] = field(default_factory=dict)
     created_at_ms: int = field(default_factory=now_ms)
 

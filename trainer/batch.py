@@ -13,6 +13,7 @@ import torch
 
 from schemas.records import TrainingBatch
 from trainer.errors import BatchValidationError
+from trainer.losses import Normaliser
 
 __all__ = ["TensorBatch", "to_tensor_batch", "validate_batch"]
 
@@ -36,10 +37,16 @@ class TensorBatch:
     """[B] int64 dense group ids 0..G-1 (sequences of one prompt share one)."""
     lengths: torch.Tensor
     """[B] int64 true sequence lengths."""
+    temperatures: torch.Tensor | None = None
+    """[B] float32 sampling temperature of each row's logprobs (> 0; None: all 1)."""
+    logprobs_recorded: torch.Tensor | None = None
+    """[B] bool: the row's `old_logprobs` were recorded at sampling time (None: all were)."""
     advantages: torch.Tensor | None = None
     """[B] float32 precomputed advantages, when the batch carries them."""
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     """Derived or synced tensors (e.g. `ref_logprobs` [B, T], `values` [B, T])."""
+    normaliser: Normaliser | None = None
+    """Global loss denominators of the role being computed (set by the engine; None: this batch's)."""
 
     @property
     def num_sequences(self) -> int:
@@ -62,6 +69,9 @@ class TensorBatch:
             loss_mask=self.loss_mask[index], old_logprobs=self.old_logprobs[index],
             rewards=self.rewards[index], group_index=self.group_index[index],
             lengths=self.lengths[index],
+            temperatures=None if self.temperatures is None else self.temperatures[index],
+            logprobs_recorded=None if self.logprobs_recorded is None
+            else self.logprobs_recorded[index],
             advantages=None if self.advantages is None else self.advantages[index],
             extras={k: v[index] for k, v in self.extras.items()},
         )
@@ -69,14 +79,20 @@ class TensorBatch:
     def with_extras(self, **tensors: torch.Tensor) -> TensorBatch:
         return replace(self, extras={**self.extras, **tensors})
 
+    def with_normaliser(self, normaliser: Normaliser | None) -> TensorBatch:
+        return replace(self, normaliser=normaliser)
+
     def to(self, device: torch.device) -> TensorBatch:
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
         return replace(
             self,
             input_ids=self.input_ids.to(device), attention_mask=self.attention_mask.to(device),
             loss_mask=self.loss_mask.to(device), old_logprobs=self.old_logprobs.to(device),
             rewards=self.rewards.to(device), group_index=self.group_index.to(device),
-            lengths=self.lengths.to(device),
-            advantages=None if self.advantages is None else self.advantages.to(device),
+            lengths=self.lengths.to(device), temperatures=move(self.temperatures),
+            logprobs_recorded=move(self.logprobs_recorded), advantages=move(self.advantages),
             extras={k: v.to(device) for k, v in self.extras.items()},
         )
 
@@ -95,8 +111,15 @@ def validate_batch(batch: TrainingBatch) -> None:
         if len(getattr(batch, name)) != n:
             raise _fail(batch, f"len({name})={len(getattr(batch, name))} but there are {n} "
                         "sequences (len(trajectory_ids)); every per-sequence field needs one entry")
-    if batch.advantages is not None and len(batch.advantages) != n:
-        raise _fail(batch, f"len(advantages)={len(batch.advantages)} but there are {n} sequences")
+    for name in ("advantages", "temperatures", "logprobs_recorded"):
+        values = getattr(batch, name)
+        if values is not None and len(values) != n:
+            raise _fail(batch, f"len({name})={len(values)} but there are {n} sequences; "
+                        "give one entry per sequence or leave it null")
+    if batch.temperatures is not None and not (np.isfinite(batch.temperatures).all()
+                                               and (batch.temperatures >= 0).all()):
+        raise _fail(batch, f"temperatures must be finite and >= 0 (0 = greedy), "
+                    f"got {np.asarray(batch.temperatures).tolist()}")
     size = len(batch.token_ids)
     for name in ("loss_mask", "logprobs"):
         if len(getattr(batch, name)) != size:
@@ -128,14 +151,32 @@ def to_tensor_batch(batch: TrainingBatch) -> TensorBatch:
         mask[i, :length] = batch.loss_mask[sl]
         logp[i, :length] = batch.logprobs[sl]
     dense = {g: i for i, g in enumerate(dict.fromkeys(batch.group_ids))}
+    mask_t = mask[:, 1:]
     return TensorBatch(
         batch_id=batch.batch_id,
         input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(attn),
-        loss_mask=torch.from_numpy(mask[:, 1:].copy()),
+        loss_mask=torch.from_numpy(mask_t.copy()),
         old_logprobs=torch.from_numpy(logp[:, 1:].copy()),
         rewards=torch.tensor(np.asarray(batch.rewards, dtype=np.float32)),
         group_index=torch.tensor([dense[g] for g in batch.group_ids], dtype=torch.int64),
         lengths=torch.tensor(np.asarray(batch.lengths, dtype=np.int64)),
+        temperatures=_temperatures(batch),
+        logprobs_recorded=_recorded(batch, mask_t, logp[:, 1:]),
         advantages=None if batch.advantages is None
         else torch.tensor(np.asarray(batch.advantages, dtype=np.float32)),
     )
+
+
+def _temperatures(batch: TrainingBatch) -> torch.Tensor:
+    """[B] float32; greedy rows (T = 0) report logprobs at T = 1, as the sampler does."""
+    if batch.temperatures is None:
+        return torch.ones(batch.num_sequences)
+    t = torch.tensor(np.asarray(batch.temperatures, dtype=np.float32))
+    return torch.where(t > 0, t, torch.ones_like(t))
+
+
+def _recorded(batch: TrainingBatch, mask: np.ndarray, logp: np.ndarray) -> torch.Tensor:
+    """[B] bool. Batches without the flags (older producers): a row all 0 on its mask has none."""
+    if batch.logprobs_recorded is not None:
+        return torch.tensor(np.asarray(batch.logprobs_recorded) > 0)
+    return torch.tensor(np.abs(logp * mask).sum(-1) > 0)

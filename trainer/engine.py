@@ -27,6 +27,7 @@ from trainer.config import TrainerConfig
 from trainer.distributed import place_groups, spawn
 from trainer.errors import BatchValidationError, ConfigError
 from trainer.export import export_hf, prune_exports
+from trainer.losses import Normaliser
 from trainer.models import ModelConfig, build_model
 from trainer.protocols import BatchSource, Positions, WeightPublisher
 from trainer.publish import build_publisher
@@ -34,7 +35,7 @@ from trainer.recipe import DataSync, ModelSlot, TrainingConfig, get_recipe
 from trainer.sources import build_source
 from trainer.workers import ModelWorker, RoleWorker, build_optimizer
 
-__all__ = ["StacxTrainer", "StepResult"]
+__all__ = ["StacxTrainer", "StepResult", "merge_metrics"]
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,8 @@ MAX_REMEMBERED_BATCH_IDS = 100_000
 
 @dataclass(kw_only=True, slots=True)
 class StepResult:
-    """What one optimizer step did (rank 0's view; `loss` is averaged over ranks)."""
+    """What one optimizer step did: `loss` of the global batch (summed over trainable roles),
+    `metrics` merged over ranks (`merge_metrics`)."""
 
     step: int
     batch_id: str
@@ -264,12 +266,18 @@ class StacxTrainer:
         key = full.group_index if num_groups >= n else torch.arange(full.num_sequences)
         return torch.nonzero(key % n == i).squeeze(-1)
 
+    def forward_backward(self, record: TrainingBatch) -> tuple[float, dict[str, float]]:
+        """Forward and backward passes of one step on `record` (all ranks), without the optimizer
+        step: gradients are left on the trainable models. Returns (global loss, metrics)."""
+        return self._forward_backward(to_tensor_batch(record))
+
     def _forward_backward(self, full: TensorBatch) -> tuple[float, dict[str, float]]:
         for rw in self.roles:
             full = rw.specialization.prepare_batch(full)
         synced: dict[str, dict[str, torch.Tensor]] = {}
         bases: dict[tuple[str, bool], TensorBatch] = {}
         losses: list[torch.Tensor] = []
+        reported = 0.0
         metrics: dict[str, float] = {}
         device = self.backend.device
         for rw in self.roles:
@@ -281,23 +289,47 @@ class StacxTrainer:
                     bases[key] = full.select(rows).to(device)
                 extras = {f: t[rows.to(t.device)].to(device)
                           for f, t in synced.get(rw.role.name, {}).items()}
+                batch = bases[key].with_extras(**extras).with_normaliser(
+                    self._normaliser(rw, bases[key]))
                 with self.backend.autocast():
-                    outputs, loss, role_metrics = rw.run(bases[key].with_extras(**extras))
+                    outputs, loss, role_metrics = rw.run(batch)
                 if loss is not None:
                     losses.append(loss)
+                    reported += loss.item() * self._report_weight(rw)
                     metrics.update({f"{rw.role.name}/{k}": v for k, v in role_metrics.items()})
             for sync in (s for s in self.recipe.syncs if s.source == rw.role.name):
                 value = self._sync(rw, sync, outputs, rows, full.num_sequences)
                 if value is not None:
                     synced.setdefault(sync.target, {})[sync.field] = value
-        total = torch.stack(losses).sum() if losses else None
-        if total is not None:
-            total.backward()
-        stats = torch.tensor([total.item() if total is not None else 0.0, float(bool(losses))])
-        stats = self.backend.all_reduce_sum(stats)
+        if losses:
+            torch.stack(losses).sum().backward()
         for worker in self.models.values():
             worker.reset()
-        return float(stats[0] / stats[1].clamp(min=1.0)), metrics
+        total = self.backend.all_reduce_sum(torch.tensor([reported], dtype=torch.float64))
+        return float(total[0]), merge_metrics(self.backend.all_gather_object(metrics))
+
+    def _normaliser(self, rw: RoleWorker, batch: TensorBatch) -> Normaliser | None:
+        """Global denominators of a trainable role: its ranks' token and sequence counts summed.
+
+        A role computing the whole batch on each of its ranks (full_batch) needs no sum."""
+        if not rw.trainable:
+            return None
+        mask = batch.loss_mask
+        counts = torch.stack([mask.sum(), (mask.sum(-1) > 0).sum()]).to(torch.float64).cpu()
+        dp = 1 if rw.full_batch else len(rw.ranks)
+        if dp == 1:
+            return Normaliser(num_tokens=float(counts[0]), num_sequences=float(counts[1]))
+        ranks = rw.ranks
+        counts = self.backend.all_reduce_sum(counts, ranks=ranks)
+        return Normaliser(num_tokens=float(counts[0]), num_sequences=float(counts[1]),
+                          dp_size=dp,
+                          all_reduce=lambda t: self.backend.all_reduce_sum(t, ranks=ranks))
+
+    def _report_weight(self, rw: RoleWorker) -> float:
+        """Share of this rank's loss in the reported global loss (the sum over ranks)."""
+        if rw.full_batch:
+            return 1.0 if self.backend.rank == rw.ranks[0] else 0.0
+        return 1.0 / len(rw.ranks)
 
     def _sync(self, rw: RoleWorker, sync: DataSync, outputs: dict[str, torch.Tensor],
               rows: torch.Tensor | None, num_sequences: int) -> torch.Tensor | None:
@@ -385,6 +417,20 @@ class StacxTrainer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def merge_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """One view of every rank's metrics: `*_max` keys take the max, `*_min` the min, others the
+    mean over the ranks that report them."""
+    values: dict[str, list[float]] = {}
+    for metrics in per_rank:
+        for key, value in metrics.items():
+            values.setdefault(key, []).append(value)
+    merged = {}
+    for key, vs in values.items():
+        merged[key] = max(vs) if key.endswith("_max") else min(vs) if key.endswith("_min") \
+            else sum(vs) / len(vs)
+    return merged
 
 
 def _run_rank(config: TrainerConfig, max_steps: int | None) -> None:

@@ -1,30 +1,45 @@
-"""Pure tensor losses and advantage estimators.
+"""Pure tensor losses, aggregation and advantage estimators.
 
 Every loss returns `(loss, metrics)` where `loss` is a scalar with grad and `metrics` holds detached
-python floats. No module state, no config objects: hyperparameters are plain arguments.
+python floats. No module state, no config objects: hyperparameters are plain arguments. Formulas
+and the reference each one matches are in docs/trainer.md.
 
 Shape legend:
     B  sequences in the (local) batch
     T  target positions (padded sequence length - 1); position t predicts token t + 1
     V  vocabulary size
     Every `[B, T]` tensor is aligned to targets; `mask` is 1.0 on trained (model-generated) tokens.
+
+Aggregation: a per-token loss `l[B, T]` becomes a scalar in one of four ways (`Aggregation`), over
+the *global* batch when a `Normaliser` carries the data-parallel counts (see `aggregate`).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 
 __all__ = [
+    "AGGREGATIONS",
+    "KL_ESTIMATORS",
+    "LOG_RATIO_CLAMP",
     "Aggregation",
+    "KLEstimator",
+    "Normaliser",
     "aggregate",
+    "check_aggregation",
+    "check_kl_estimator",
     "dpo_loss",
     "gae",
     "group_advantages",
     "gspo_loss",
+    "kl_estimate",
     "kl_k1",
+    "kl_k2",
     "kl_k3",
     "masked_mean",
     "masked_whiten",
@@ -41,12 +56,101 @@ __all__ = [
 ]
 
 Metrics = dict[str, float]
-Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                      "seq-mean-token-sum-norm"]
+AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
+KLEstimator = Literal["k1", "k2", "k3"]
+KL_ESTIMATORS: tuple[str, ...] = get_args(KLEstimator)
+LOG_RATIO_CLAMP = 20.0
+"""|log pi - log pi_old| is clamped here before exp (verl): a ratio never exceeds e^20."""
+GSPO_LOG_RATIO_MAX = 10.0
+"""GSPO's sequence log-ratio is clamped from above here before exp (verl)."""
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log p(target) per position: logits [B, T, V], targets [B, T] -> [B, T] (float32)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
+# ----------------------------------------------------------------------------- aggregation
+
+
+@dataclass(frozen=True, slots=True)
+class Normaliser:
+    """Denominators of a loss over the whole (data-parallel) batch of one role.
+
+    A rank holding some rows computes `sum over its rows / global count * dp_size`; FSDP averages
+    gradients over the `dp_size` ranks, so the update equals one on the whole batch.
+    """
+
+    num_tokens: float
+    """Loss-masked tokens in the global batch."""
+    num_sequences: float
+    """Sequences with at least one loss-masked token in the global batch."""
+    dp_size: int = 1
+    """Ranks whose gradients FSDP averages (1: one process, or a role computing the whole batch)."""
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+    """Sums a tensor over those ranks (batch statistics such as whitening); None: nothing to sum."""
+
+    @classmethod
+    def of(cls, mask: torch.Tensor) -> Normaliser:
+        """The counts of `mask` [B, T] alone (one process)."""
+        return cls(num_tokens=float(mask.sum().item()),
+                   num_sequences=float((mask.sum(-1) > 0).sum().item()))
+
+    def sum(self, x: torch.Tensor) -> torch.Tensor:
+        """`x` summed over the data-parallel ranks."""
+        return x if self.all_reduce is None else self.all_reduce(x)
+
+
+def check_aggregation(how: str, max_tokens: int | None = None) -> None:
+    """Raise ValueError unless `how` is a known mode with what it needs."""
+    if how not in AGGREGATIONS:
+        raise ValueError(f"aggregation={how!r} is unknown; use one of {list(AGGREGATIONS)}")
+    if how == "seq-mean-token-sum-norm" and (max_tokens is None or max_tokens < 1):
+        raise ValueError("aggregation='seq-mean-token-sum-norm' needs max_tokens >= 1: the "
+                         f"completion budget (constant length), got {max_tokens!r}")
+
+
+def _divide(total: torch.Tensor, count: float | torch.Tensor) -> torch.Tensor:
+    if isinstance(count, torch.Tensor):
+        return total / count.to(total.dtype).clamp(min=1.0)
+    return total / max(float(count), 1.0)
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: Aggregation, *,
+              max_tokens: int | None = None, norm: Normaliser | None = None) -> torch.Tensor:
+    """Reduce a [B, T] per-token loss to a scalar; N = sequences with a masked token, n_i = masked
+    tokens of sequence i, L = `max_tokens` (all counts global when `norm` is given).
+
+    token-mean:              sum_i,t l / sum_i n_i                 (DAPO, TRL `dapo`/`bnpo`)
+    seq-mean-token-mean:     1/N sum_i (sum_t l / n_i)             (GRPO)
+    seq-mean-token-sum:      1/N sum_i sum_t l                     (verl)
+    seq-mean-token-sum-norm: 1/N sum_i sum_t l / L                 (Dr. GRPO, TRL `dr_grpo`)
+    """
+    check_aggregation(how, max_tokens)
+    masked = per_token * mask  # [B, T]
+    row_tokens = mask.sum(-1)  # [B]
+    dp = 1 if norm is None else norm.dp_size
+    if how == "token-mean":
+        count: float | torch.Tensor = row_tokens.sum() if norm is None else norm.num_tokens
+        return _divide(masked.sum(), count) * dp
+    rows = masked.sum(-1)  # [B]
+    if how == "seq-mean-token-mean":
+        rows = rows / row_tokens.clamp(min=1.0)
+    elif how == "seq-mean-token-sum-norm":
+        assert max_tokens is not None
+        rows = rows / float(max_tokens)
+    count = (row_tokens > 0).sum() if norm is None else norm.num_sequences
+    return _divide(rows.sum(), count) * dp
+
+
+# ----------------------------------------------------------------------------- basics
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor,
+                   temperatures: torch.Tensor | None = None) -> torch.Tensor:
+    """log p(target) under softmax(logits / T_i): logits [B, T, V], targets [B, T], temperatures
+    [B] (None: 1) -> [B, T] in float32 (float64 stays float64)."""
+    x = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if temperatures is not None:
+        x = x / temperatures.to(x.dtype).view(-1, 1, 1)
+    logp = torch.log_softmax(x, dim=-1)
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
@@ -57,10 +161,23 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1.0)
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / std over the masked positions; zero outside the mask."""
-    mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask)
+def _masked_extremes(x: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
+    values = x.detach()[mask > 0]
+    if values.numel() == 0:
+        return 0.0, 0.0
+    return float(values.min().item()), float(values.max().item())
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, *, eps: float = 1e-8,
+                  norm: Normaliser | None = None) -> torch.Tensor:
+    """(x - mean) / std over the masked positions of the global batch (unbiased variance, as
+    verl); zero outside the mask. With `norm`, the statistics are summed over its ranks."""
+    reduce = norm.sum if norm is not None else (lambda t: t)
+    first = reduce(torch.stack([(x * mask).sum(), mask.sum().to(x.dtype)]))
+    count = first[1]
+    mean = first[0] / count.clamp(min=1.0)
+    sq = reduce(((x - mean) ** 2 * mask).sum())
+    var = sq / (count - 1.0).clamp(min=1.0)  # unbiased; one token: var 0, output 0
     return (x - mean) * torch.rsqrt(var + eps) * mask
 
 
@@ -69,37 +186,25 @@ def sequence_logprobs(logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (logp * mask).sum(-1)
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, how: Aggregation,
-              max_tokens: int | None = None) -> torch.Tensor:
-    """Reduce a [B, T] per-token loss to a scalar.
+# ----------------------------------------------------------------------------- advantages
 
-    token-mean: mean over all masked tokens (DAPO); seq-mean-token-mean: mean per sequence then over
-    sequences (GRPO); seq-mean-token-sum-norm: token sum / a constant length, mean over sequences
-    (Dr. GRPO: no length bias). `max_tokens` defaults to T.
-    """
-    if how == "token-mean":
-        return masked_mean(per_token, mask)
-    if how == "seq-mean-token-mean":
-        return masked_mean(per_token, mask, dim=-1).mean()
-    norm = float(max_tokens or per_token.shape[-1])
-    return ((per_token * mask).sum(-1) / norm).mean()
+
+def _group_sums(values: torch.Tensor, group_index: torch.Tensor, num_groups: int) -> torch.Tensor:
+    return torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(
+        0, group_index, values)
 
 
 def group_advantages(rewards: torch.Tensor, group_index: torch.Tensor, *,
                      scale_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
-    """GRPO advantages: reward minus its group mean, divided by the group std (unbiased) if asked.
-
-    rewards [B], group_index [B] (int ids 0..G-1) -> [B].
-    """
+    """GRPO advantages: reward minus its group mean, divided by (the group's unbiased std + eps)
+    if asked. A group of one has no baseline: advantage 0. rewards [B], group_index [B] -> [B]."""
     num_groups = int(group_index.max().item()) + 1
-    counts = torch.zeros(num_groups, dtype=rewards.dtype).index_add_(0, group_index,
-                                                                     torch.ones_like(rewards))
-    sums = torch.zeros(num_groups, dtype=rewards.dtype).index_add_(0, group_index, rewards)
-    mean = (sums / counts)[group_index]
+    counts = _group_sums(torch.ones_like(rewards), group_index, num_groups)
+    mean = (_group_sums(rewards, group_index, num_groups) / counts)[group_index]
     centred = rewards - mean
     if not scale_by_std:
         return centred
-    sq = torch.zeros(num_groups, dtype=rewards.dtype).index_add_(0, group_index, centred ** 2)
+    sq = _group_sums(centred ** 2, group_index, num_groups)
     std = torch.sqrt(sq / (counts - 1).clamp(min=1.0))[group_index]
     return centred / (std + eps)
 
@@ -110,31 +215,23 @@ def rloo_advantages(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.T
     A group of one sample has no baseline: its advantage is 0.
     """
     num_groups = int(group_index.max().item()) + 1
-    counts = torch.zeros(num_groups, dtype=rewards.dtype).index_add_(0, group_index,
-                                                                     torch.ones_like(rewards))
-    sums = torch.zeros(num_groups, dtype=rewards.dtype).index_add_(0, group_index, rewards)
+    counts = _group_sums(torch.ones_like(rewards), group_index, num_groups)
+    sums = _group_sums(rewards, group_index, num_groups)
     n = counts[group_index]
     baseline = (sums[group_index] - rewards) / (n - 1).clamp(min=1.0)
     return torch.where(n > 1, rewards - baseline, torch.zeros_like(rewards))
 
 
-def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k1 estimator of KL(pi || ref) per sampled token: log pi - log ref. [B, T]."""
-    return logp - ref_logp
-
-
-def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k3 estimator (Schulman): exp(ref - pi) - (ref - pi) - 1 >= 0, unbiased, low variance. [B, T]."""
-    delta = ref_logp - logp
-    return torch.exp(delta) - delta - 1.0
-
-
 def returns_to_go(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
-    """Discounted sum of future rewards on masked positions: [B, T] -> [B, T]."""
+    """Discounted sum of future rewards over masked positions: [B, T] -> [B, T].
+
+    Unmasked positions (observations between turns) are skipped, not reset: earlier turns still
+    see the final reward.
+    """
     out = torch.zeros_like(token_rewards)
     running = torch.zeros_like(token_rewards[:, 0])
     for t in reversed(range(token_rewards.shape[1])):
-        running = token_rewards[:, t] + gamma * running * mask[:, t]
+        running = torch.where(mask[:, t] > 0, token_rewards[:, t] + gamma * running, running)
         out[:, t] = running
     return out * mask
 
@@ -159,56 +256,144 @@ def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *
     return advantages, (advantages + values) * mask
 
 
+# ----------------------------------------------------------------------------- KL estimators
+
+
+def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k1 estimator of KL(pi || ref) per sampled token: log pi - log ref. [B, T]."""
+    return logp - ref_logp
+
+
+def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k2 estimator: (log pi - log ref)^2 / 2 >= 0, low variance, biased. [B, T]."""
+    return 0.5 * (logp - ref_logp) ** 2
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k3 estimator (Schulman): exp(d) - d - 1 with d = ref - pi, >= 0, unbiased. [B, T].
+
+    As verl: d is clamped to [-20, 20] and the estimate to <= 10 (no overflow on outliers).
+    """
+    delta = torch.clamp(ref_logp - logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return torch.clamp(torch.exp(delta) - delta - 1.0, max=10.0)
+
+
+def check_kl_estimator(estimator: str) -> None:
+    """Raise ValueError unless `estimator` is `k1`, `k2` or `k3`."""
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator={estimator!r} is unknown; use one of {list(KL_ESTIMATORS)}")
+
+
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
+    """Per-token KL(pi || ref) by the named estimator (`k1`, `k2`, `k3`). [B, T]."""
+    check_kl_estimator(estimator)
+    return {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}[estimator](logp, ref_logp)
+
+
+# ----------------------------------------------------------------------------- policy losses
+
+
+def _weighted(per_token: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    return per_token if weights is None else per_token * weights.detach()
+
+
 def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                   mask: torch.Tensor, *, clip_low: float = 0.2, clip_high: float = 0.2,
-                  aggregation: Aggregation = "token-mean") -> tuple[torch.Tensor, Metrics]:
-    """PPO clipped surrogate: -min(r A, clip(r, 1-lo, 1+hi) A), r = exp(logp - old_logp).
+                  dual_clip: float | None = 3.0, weights: torch.Tensor | None = None,
+                  aggregation: Aggregation = "token-mean", max_tokens: int | None = None,
+                  norm: Normaliser | None = None) -> tuple[torch.Tensor, Metrics]:
+    """PPO clipped surrogate with dual clip (verl `vanilla`), r = exp(clamp(logp - old, +-20)):
 
+        l = max(-A r, -A clip(r, 1 - lo, 1 + hi));  A < 0: l = min(l, -A c)   (c = `dual_clip`)
+
+    times the detached off-policy `weights` ([B, T] or [B, 1]) when given, then aggregated.
     logp, old_logp, mask: [B, T]; advantages: [B, T] or [B, 1] (broadcast over tokens).
     """
-    ratio = torch.exp(logp - old_logp)
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
-    per_token = -torch.minimum(unclipped, clipped)
-    loss = aggregate(per_token, mask, aggregation)
-    clip_frac = masked_mean((clipped < unclipped).float(), mask)
-    return loss, {"pg_loss": loss.item(), "clip_frac": clip_frac.item(),
-                  "ratio_mean": masked_mean(ratio.detach(), mask).item()}
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip={dual_clip} must be > 1 (or None to disable)")
+    log_ratio = torch.clamp(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # [B, T]
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    per_token = torch.maximum(unclipped, clipped)
+    metrics: Metrics = {"clip_frac": masked_mean((clipped > unclipped).float(), mask).item()}
+    if dual_clip is not None:
+        bound = -advantages * dual_clip
+        negative = (advantages < 0).expand_as(per_token)
+        metrics["dual_clip_frac"] = masked_mean(((per_token > bound) & negative).float(),
+                                                mask).item()
+        per_token = torch.where(negative, torch.minimum(per_token, bound), per_token)
+    loss = aggregate(_weighted(per_token, weights), mask, aggregation, max_tokens=max_tokens,
+                     norm=norm)
+    low, high = _masked_extremes(ratio, mask)
+    metrics.update(pg_loss=loss.item(), ratio_mean=masked_mean(ratio.detach(), mask).item(),
+                   ratio_min=low, ratio_max=high,
+                   approx_kl=masked_mean(-log_ratio.detach(), mask).item())
+    return loss, metrics
 
 
 def gspo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-              mask: torch.Tensor, *, clip_low: float = 3e-4,
-              clip_high: float = 4e-4) -> tuple[torch.Tensor, Metrics]:
-    """GSPO: one length-normalised importance ratio per sequence, clipped at sequence level.
+              mask: torch.Tensor, *, clip_low: float = 3e-4, clip_high: float = 4e-4,
+              weights: torch.Tensor | None = None,
+              aggregation: Aggregation = "seq-mean-token-mean", max_tokens: int | None = None,
+              norm: Normaliser | None = None) -> tuple[torch.Tensor, Metrics]:
+    """GSPO: one length-normalised ratio per sequence, s_i = exp(mean_t(logp - old)), clipped.
 
-    s_i = exp(mean_t(logp - old_logp)); logp, old_logp, mask: [B, T]; advantages: [B].
+    Written per token as GSPO-token (verl `gspo`): s_it = sg(s_i) * pi_t / sg(pi_t) has the value
+    s_i and the gradient of s_i under seq-mean-token-mean, and fully masked rows drop out.
+    logp, old_logp, mask: [B, T]; advantages: [B].
     """
-    log_ratio = masked_mean(logp - old_logp, mask, dim=-1)  # [B]
-    ratio = torch.exp(log_ratio)
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
-    loss = -torch.minimum(unclipped, clipped).mean()
-    clip_frac = (clipped < unclipped).float().mean()
-    return loss, {"pg_loss": loss.item(), "clip_frac": clip_frac.item(),
-                  "ratio_mean": ratio.detach().mean().item()}
+    seq_log_ratio = masked_mean(logp - old_logp, mask, dim=-1)  # [B]
+    log_ratio = logp - logp.detach() + seq_log_ratio.detach().unsqueeze(-1)  # [B, T]
+    ratio = torch.exp(torch.clamp(log_ratio, max=GSPO_LOG_RATIO_MAX))
+    adv = advantages.unsqueeze(-1)  # [B, 1]
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    per_token = torch.maximum(unclipped, clipped)
+    loss = aggregate(_weighted(per_token, weights), mask, aggregation, max_tokens=max_tokens,
+                     norm=norm)
+    rows = (mask.sum(-1) > 0).float()  # [B]
+    seq_ratio = torch.exp(seq_log_ratio.detach())
+    seq_clipped = ((clipped > unclipped) & (mask > 0)).any(-1).float()  # [B]
+    return loss, {"pg_loss": loss.item(), "clip_frac": masked_mean(seq_clipped, rows).item(),
+                  "ratio_mean": masked_mean(seq_ratio, rows).item()}
 
 
-def policy_gradient_loss(logp: torch.Tensor, advantages: torch.Tensor,
-                         mask: torch.Tensor) -> tuple[torch.Tensor, Metrics]:
-    """Vanilla REINFORCE: -A * log pi, token mean. logp, mask: [B, T]; advantages [B, T] or [B, 1]."""
-    loss = masked_mean(-advantages * logp, mask)
+def policy_gradient_loss(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+                         weights: torch.Tensor | None = None,
+                         aggregation: Aggregation = "token-mean", max_tokens: int | None = None,
+                         norm: Normaliser | None = None) -> tuple[torch.Tensor, Metrics]:
+    """Vanilla REINFORCE: -A * log pi, aggregated. logp, mask: [B, T]; advantages [B, T] or [B, 1]."""
+    loss = aggregate(_weighted(-advantages * logp, weights), mask, aggregation,
+                     max_tokens=max_tokens, norm=norm)
     return loss, {"pg_loss": loss.item()}
 
 
+def reverse_kl_distill_loss(logp: torch.Tensor, teacher_logp: torch.Tensor, mask: torch.Tensor, *,
+                            aggregation: Aggregation = "token-mean", max_tokens: int | None = None,
+                            norm: Normaliser | None = None) -> tuple[torch.Tensor, Metrics]:
+    """On-policy distillation: per-token reverse KL(student || teacher) on the student's own samples.
+
+    Score-function form: gradient of E_s[log s - log t] is E_s[(log s - log t) grad log s], so the
+    per-token loss is sg(log s - log t) * log s, aggregated. logp, teacher_logp, mask: [B, T].
+    """
+    reverse_kl = (logp - teacher_logp).detach()  # [B, T]
+    loss = aggregate(reverse_kl * logp, mask, aggregation, max_tokens=max_tokens, norm=norm)
+    return loss, {"reverse_kl": masked_mean(reverse_kl, mask).item(), "distill_loss": loss.item()}
+
+
+# ----------------------------------------------------------------------------- other losses
+
+
 def value_loss(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
-               old_values: torch.Tensor | None = None,
-               clip: float | None = None) -> tuple[torch.Tensor, Metrics]:
-    """0.5 * (V - R)^2 over masked tokens, optionally PPO-clipped around `old_values`. [B, T]."""
+               old_values: torch.Tensor | None = None, clip: float | None = None,
+               norm: Normaliser | None = None) -> tuple[torch.Tensor, Metrics]:
+    """0.5 * (V - R)^2, token mean, optionally PPO-clipped around `old_values`. [B, T]."""
     err = (values - returns) ** 2
     if old_values is not None and clip is not None:
         clipped_v = old_values + torch.clamp(values - old_values, -clip, clip)
         err = torch.maximum(err, (clipped_v - returns) ** 2)
-    loss = 0.5 * masked_mean(err, mask)
+    loss = 0.5 * aggregate(err, mask, "token-mean", norm=norm)
     return loss, {"value_loss": loss.item(), "value_mean": masked_mean(values.detach(), mask).item()}
 
 
@@ -218,30 +403,28 @@ def mse_loss(pred: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, Me
     return loss, {"mse": loss.item()}
 
 
-def nll_loss(logp: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, Metrics]:
-    """Supervised fine-tuning: mean negative log-likelihood of masked tokens. [B, T]."""
-    loss = -masked_mean(logp, mask)
-    return loss, {"nll": loss.item(), "ppl": float(torch.exp(loss.detach()).item())}
+def nll_loss(logp: torch.Tensor, mask: torch.Tensor, *, aggregation: Aggregation = "token-mean",
+             max_tokens: int | None = None,
+             norm: Normaliser | None = None) -> tuple[torch.Tensor, Metrics]:
+    """Supervised fine-tuning: negative log-likelihood of masked tokens, aggregated. [B, T]."""
+    loss = aggregate(-logp, mask, aggregation, max_tokens=max_tokens, norm=norm)
+    nll = -masked_mean(logp.detach(), mask)
+    return loss, {"nll": nll.item(), "ppl": float(torch.exp(nll).item())}
 
 
 def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor,
              ref_chosen: torch.Tensor, ref_rejected: torch.Tensor, *,
-             beta: float = 0.1, label_smoothing: float = 0.0) -> tuple[torch.Tensor, Metrics]:
-    """Sigmoid DPO: -log sigma(beta * ((pi_c - ref_c) - (pi_r - ref_r))). Inputs: sequence logps [P]."""
+             beta: float = 0.1, label_smoothing: float = 0.0,
+             norm: Normaliser | None = None) -> tuple[torch.Tensor, Metrics]:
+    """Sigmoid DPO: -log sigma(beta * ((pi_c - ref_c) - (pi_r - ref_r))), mean over the pairs of
+    the global batch (with `norm`: pair counts summed over its ranks). Inputs: sequence logps [P]."""
     margin = beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected))  # [P]
     losses = -(1 - label_smoothing) * F.logsigmoid(margin) - label_smoothing * F.logsigmoid(-margin)
-    loss = losses.mean()
+    if norm is None:
+        loss = losses.mean()
+    else:
+        pairs = norm.sum(torch.tensor([float(losses.numel())], dtype=torch.float64,
+                                      device=losses.device))
+        loss = _divide(losses.sum(), pairs[0]) * norm.dp_size
     return loss, {"dpo_loss": loss.item(), "reward_margin": margin.detach().mean().item(),
                   "reward_accuracy": (margin > 0).float().mean().item()}
-
-
-def reverse_kl_distill_loss(logp: torch.Tensor, teacher_logp: torch.Tensor,
-                            mask: torch.Tensor) -> tuple[torch.Tensor, Metrics]:
-    """On-policy distillation: per-token reverse KL(student || teacher) on the student's own samples.
-
-    Score-function form: gradient of E_s[log s - log t] is E_s[(log s - log t) grad log s], so the
-    loss is mean(sg(log s - log t) * log s). logp, teacher_logp, mask: [B, T].
-    """
-    reverse_kl = (logp - teacher_logp).detach()  # [B, T]
-    loss = masked_mean(reverse_kl * logp, mask)
-    return loss, {"reverse_kl": masked_mean(reverse_kl, mask).item(), "distill_loss": loss.item()}

@@ -8,15 +8,20 @@ import torch
 
 from trainer.batch import TensorBatch
 from trainer.errors import RecipeError
-from trainer.losses import token_logprobs
+from trainer.losses import Aggregation, aggregate, check_aggregation, token_logprobs
+from trainer.offpolicy import OffPolicyMode, check_off_policy, importance_weights, mismatch_metrics
 from trainer.protocols import ModelOutput
 
-__all__ = ["TokenLogprobs", "behaviour_logprobs", "terminal_rewards"]
+__all__ = ["Aggregated", "PolicyGradient", "TokenLogprobs", "behaviour_logprobs", "terminal_rewards"]
 
 
 @dataclass(kw_only=True, slots=True)
 class TokenLogprobs:
-    """Logprobs of the target tokens; no loss. Frozen roles (reference, teacher) use it as is."""
+    """Logprobs of the target tokens; no loss. Frozen roles (reference, teacher) use it as is.
+
+    Each row is scored at its sampling temperature: log_softmax(logits / T_i), the distribution
+    its recorded logprobs come from.
+    """
 
     def prepare_batch(self, batch: TensorBatch) -> TensorBatch:
         return batch
@@ -25,21 +30,27 @@ class TokenLogprobs:
                              batch: TensorBatch) -> dict[str, torch.Tensor]:
         if output.logits is None:
             raise RecipeError(f"{type(self).__name__} needs logits: give its slot an `lm` head")
-        return {"logprobs": token_logprobs(output.logits[:, :-1], batch.targets)}  # [B, T]
+        logp = token_logprobs(output.logits[:, :-1], batch.targets, batch.temperatures)
+        return {"logprobs": logp}  # [B, T]
 
     def compute_loss(self, outputs: dict[str, torch.Tensor],
                      batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
         raise RecipeError(f"{type(self).__name__} has no loss: its role must use a frozen slot")
 
 
-def behaviour_logprobs(logp: torch.Tensor, batch: TensorBatch) -> torch.Tensor:
-    """Sampling logprobs [B, T] for importance ratios.
+def behaviour_logprobs(logp: torch.Tensor, batch: TensorBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sampling logprobs [B, T], recorded [B] bool) for importance ratios.
 
-    Rows whose recorded logprobs are all 0 on the mask carry none (e.g. replayed SFT data): they
-    use the current policy's detached logprobs, i.e. ratio 1 (a purely on-policy update).
+    Rows without recorded logprobs (e.g. replayed SFT data; `batch.logprobs_recorded`) use the
+    current policy's detached logprobs: ratio 1, a purely on-policy update. Recorded logprobs are
+    used as they are, even when they are all 0.
     """
-    recorded = (batch.old_logprobs * batch.loss_mask).abs().sum(-1, keepdim=True) > 0  # [B, 1]
-    return torch.where(recorded, batch.old_logprobs, logp.detach())
+    recorded = batch.logprobs_recorded
+    if recorded is None:
+        recorded = torch.ones(logp.shape[0], dtype=torch.bool, device=logp.device)
+    recorded = recorded.to(logp.device)
+    old = torch.where(recorded.unsqueeze(-1), batch.old_logprobs.to(logp.dtype), logp.detach())
+    return old, recorded
 
 
 def terminal_rewards(batch: TensorBatch) -> torch.Tensor:
@@ -51,3 +62,67 @@ def terminal_rewards(batch: TensorBatch) -> torch.Tensor:
     rows = torch.nonzero(last >= 0).squeeze(-1)
     out[rows, last[rows]] = batch.rewards[rows].to(out.dtype)
     return out
+
+
+@dataclass(kw_only=True, slots=True)
+class Aggregated(TokenLogprobs):
+    """A per-token loss reduced by one validated aggregation mode (losses.aggregate)."""
+
+    aggregation: Aggregation = "token-mean"
+    """`token-mean`, `seq-mean-token-mean`, `seq-mean-token-sum` or `seq-mean-token-sum-norm`;
+    a KL term (if any) is aggregated the same way."""
+    max_tokens: int | None = None
+    """Constant length L of `seq-mean-token-sum-norm`: the completion budget (required there)."""
+
+    def __post_init__(self) -> None:
+        try:
+            self.validate()
+        except ValueError as exc:
+            raise RecipeError(f"{type(self).__name__}: {exc}") from exc
+
+    def validate(self) -> None:
+        """Raise ValueError naming the bad option (subclasses extend it)."""
+        check_aggregation(self.aggregation, self.max_tokens)
+
+    def reduce(self, per_token: torch.Tensor, batch: TensorBatch) -> torch.Tensor:
+        """Aggregate a [B, T] per-token term the way this role's loss is aggregated."""
+        return aggregate(per_token, batch.loss_mask, self.aggregation, max_tokens=self.max_tokens,
+                         norm=batch.normaliser)
+
+
+@dataclass(kw_only=True, slots=True)
+class PolicyGradient(Aggregated):
+    """Options every policy-gradient specialization shares, validated at construction."""
+
+    off_policy: OffPolicyMode = "none"
+    """Importance-sampling correction: `none` (PPO clips around the behaviour logprobs),
+    `token-truncate`, `token-mask`, `sequence-truncate` or `sequence-mask` (trainer/offpolicy.py)."""
+    off_policy_cap: float = 2.0
+    """Largest importance weight kept (truncated above it, or masked in the mask modes)."""
+    off_policy_floor: float = 0.0
+    """Mask modes also drop weights below this (0: none, as TRL)."""
+    dual_clip: float | None = 3.0
+    """Dual-clip constant c > 1 bounding the loss of negative advantages (None: off)."""
+
+    def validate(self) -> None:
+        Aggregated.validate(self)
+        check_off_policy(self.off_policy, self.off_policy_cap, self.off_policy_floor)
+        if self.dual_clip is not None and not self.dual_clip > 1.0:
+            raise ValueError(f"dual_clip={self.dual_clip} must be > 1 (None disables it)")
+
+    def anchor(self, logp: torch.Tensor, batch: TensorBatch
+               ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
+        """(PPO anchor [B, T], detached importance weights or None, off-policy metrics).
+
+        `none`: the anchor is the behaviour logprobs. Otherwise it is the trainer's own detached
+        logprobs, and the weights correct from the behaviour policy to it.
+        """
+        behaviour, recorded = behaviour_logprobs(logp, batch)
+        mask = batch.loss_mask * recorded.unsqueeze(-1).to(batch.loss_mask.dtype)  # [B, T]
+        metrics = mismatch_metrics(logp, behaviour, mask)
+        if self.off_policy == "none":
+            return behaviour, None, metrics
+        weights, is_metrics = importance_weights(
+            logp.detach(), behaviour, mask, mode=self.off_policy, cap=self.off_policy_cap,
+            floor=self.off_policy_floor)
+        return logp.detach(), weights, metrics | is_metrics

@@ -15,16 +15,19 @@ from schemas.records import TrainingBatch, logprobs, loss_mask, token_ids
 from trainer.config import CheckpointConfig, ExportConfig, SourceConfig, TrainerConfig
 from trainer.models import ModelConfig
 
-__all__ = ["run_jobs", "run_steps", "synthetic_batch", "synthetic_batches", "tiny_trainer_config"]
+__all__ = ["run_gradients", "run_jobs", "run_steps", "synthetic_batch", "synthetic_batches",
+           "tiny_trainer_config"]
 
 
 def synthetic_batch(index: int, *, num_groups: int = 2, group_size: int = 2, prompt_length: int = 4,
                     response_length: int = 6, vocab_size: int = 64, seed: int = 0,
-                    ragged: bool = True) -> TrainingBatch:
+                    ragged: bool = True, recorded_logprobs: bool = False,
+                    temperature: float = 1.0) -> TrainingBatch:
     """One packed batch: `num_groups` prompts x `group_size` samples, rewards in [0, 1].
 
-    With `ragged`, response lengths vary per sequence (padding is exercised). Logprobs are 0
-    (no recorded sampling logprobs: on-policy updates).
+    With `ragged`, response lengths vary per sequence (padding is exercised). Without
+    `recorded_logprobs` no sampling logprobs are recorded (on-policy updates); with it, random
+    ones in [-4, -0.05] stand for a behaviour policy other than the trainer's.
     """
     rng = np.random.default_rng(seed * 100_003 + index)
     ids, masks, offsets, lengths, prompts, groups, traj = [], [], [], [], [], [], []
@@ -43,6 +46,9 @@ def synthetic_batch(index: int, *, num_groups: int = 2, group_size: int = 2, pro
             groups.append(f"b{index}-g{g}")
             traj.append(f"b{index}-g{g}-s{s}")
     flat = np.concatenate(ids)
+    flat_mask = np.concatenate(masks)
+    sampled = rng.uniform(-4.0, -0.05, len(flat)) * flat_mask if recorded_logprobs \
+        else np.zeros(len(flat))
     rewards = rng.random(len(traj)).astype(np.float32)
     batch_id = hashlib.sha256("|".join(traj).encode() + str(seed).encode()).hexdigest()[:24]
     n = len(traj)
@@ -51,8 +57,9 @@ def synthetic_batch(index: int, *, num_groups: int = 2, group_size: int = 2, pro
         task_types=["synthetic"] * n, policy_versions=np.zeros(n, dtype=np.int32),
         offsets=np.asarray(offsets, dtype=np.int32), lengths=np.asarray(lengths, dtype=np.int32),
         prompt_lengths=np.asarray(prompts, dtype=np.int32), token_ids=token_ids(flat),
-        loss_mask=loss_mask(np.concatenate(masks)), logprobs=logprobs(np.zeros(len(flat))),
-        rewards=rewards,
+        loss_mask=loss_mask(flat_mask), logprobs=logprobs(sampled), rewards=rewards,
+        temperatures=np.full(n, temperature, dtype=np.float32),
+        logprobs_recorded=np.full(n, int(recorded_logprobs), dtype=np.uint8),
     )
 
 
@@ -99,8 +106,40 @@ def run_steps(config: TrainerConfig, batches: list[TrainingBatch], steps: int,
         trainer.close()
 
 
-def run_jobs(jobs: list[tuple[TrainerConfig, list[TrainingBatch], int, str]]) -> None:
-    """`run_steps` for each job in one process group (pays process start-up once)."""
+def run_gradients(config: TrainerConfig, batch: TrainingBatch, out_path: str) -> None:
+    """One forward/backward (no optimizer step) and write rank 0's loss and the full gradient of
+    every trainable parameter (`torch.save`): {"loss": float, "grads": {slot.param: tensor}}."""
+    import torch
+
+    from trainer.engine import StacxTrainer
+    from trainer.publish import InMemoryWeightPublisher
+    from trainer.sources import InMemoryBatchSource
+
+    trainer = StacxTrainer(config, source=InMemoryBatchSource([]),
+                           publisher=InMemoryWeightPublisher())
+    try:
+        loss, metrics = trainer.forward_backward(batch)
+        grads = {}
+        for name, worker in trainer.models.items():
+            if worker.module is None or not worker.trainable:
+                continue
+            for pname, param in worker.module.named_parameters():
+                if param.grad is not None:
+                    grad = param.grad
+                    full = grad.full_tensor() if hasattr(grad, "full_tensor") else grad
+                    grads[f"{name}.{pname}"] = full.detach().cpu().clone()
+        if trainer.backend.rank == 0:
+            torch.save({"loss": loss, "metrics": metrics, "grads": grads}, out_path)
+    finally:
+        trainer.close()
+
+
+Job = tuple[TrainerConfig, list[TrainingBatch], int, str]
+
+
+def run_jobs(jobs: list[Job]) -> None:
+    """`run_steps` for each job in one process group (pays process start-up once); a job with
+    0 steps runs `run_gradients` on its first batch instead."""
     import os
 
     import torch.distributed as dist
@@ -109,7 +148,10 @@ def run_jobs(jobs: list[tuple[TrainerConfig, list[TrainingBatch], int, str]]) ->
         dist.init_process_group("gloo")
     try:
         for config, batches, steps, out_path in jobs:
-            run_steps(config, batches, steps, out_path)
+            if steps == 0:
+                run_gradients(config, batches[0], out_path)
+            else:
+                run_steps(config, batches, steps, out_path)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -96,7 +96,7 @@ class RoleWorker:
         try:
             spec: Any = self.role.specialization
             self.role.specialization = dataclasses.replace(spec, **options)
-        except TypeError as exc:
+        except (TypeError, RecipeError) as exc:
             raise RecipeError(f"role_options.{self.role.name}: {exc}") from exc
 
     def run(self, batch: TensorBatch) -> tuple[dict[str, torch.Tensor], torch.Tensor | None,

@@ -104,12 +104,18 @@ def pack_batch(
         loss_mask=np.concatenate(masks).astype(np.uint8),  # [T]
         logprobs=np.concatenate([_logprobs(r.trajectory) for r in rows]).astype(np.float32),
         rewards=np.array([r.reward for r in rows], dtype=np.float32),  # [S]
+        temperatures=np.array([r.trajectory.temperature for r in rows], dtype=np.float32),  # [S]
+        logprobs_recorded=np.array([_has_logprobs(r.trajectory) for r in rows], dtype=np.uint8),
         metadata=_metadata(groups, rows),
     )
 
 
+def _has_logprobs(trajectory: Trajectory) -> bool:
+    return len(trajectory.logprobs) == len(trajectory.token_ids)
+
+
 def _logprobs(trajectory: Trajectory) -> np.ndarray:
-    if len(trajectory.logprobs) == len(trajectory.token_ids):
+    if _has_logprobs(trajectory):
         return trajectory.logprobs
     return np.zeros(len(trajectory.token_ids), dtype=np.float32)
 

@@ -49,8 +49,13 @@ class Backend:
     def broadcast_object(self, obj: Any, src: int) -> Any:
         return obj
 
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+    def all_reduce_sum(self, tensor: torch.Tensor, ranks: list[int] | None = None) -> torch.Tensor:
+        """`tensor` summed over `ranks` (None: every rank); only those ranks call it."""
         return tensor
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order (collective over all ranks)."""
+        return [obj]
 
     def full_state_dict(self, module: nn.Module) -> dict[str, torch.Tensor]:
         """Unsharded CPU copy of a module's weights (collective over the module's ranks)."""

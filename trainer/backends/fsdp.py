@@ -74,10 +74,17 @@ class FSDP2Backend(Backend):
         dist.broadcast_object_list(box, src=src)
         return box[0]
 
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+    def all_reduce_sum(self, tensor: torch.Tensor, ranks: list[int] | None = None) -> torch.Tensor:
         out = tensor.to(self.device if self.use_cuda else "cpu").clone()
-        dist.all_reduce(out)
-        return out.cpu()
+        group = None if ranks is None or len(ranks) == self.world_size \
+            else self.mesh(ranks).get_group()
+        dist.all_reduce(out, group=group)
+        return out.to(tensor.device)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
 
     def full_state_dict(self, module: nn.Module) -> dict[str, torch.Tensor]:
         from torch.distributed.checkpoint.state_dict import (

@@ -21,6 +21,9 @@ def preference_pairs(batch: TensorBatch) -> tuple[torch.Tensor, torch.Tensor]:
             order = rows[torch.argsort(batch.rewards[rows], descending=True, stable=True)]
             chosen.append(order[0])
             rejected.append(order[-1])
+    if not chosen:  # only groups of one here: no pairs
+        none = torch.zeros(0, dtype=torch.long, device=batch.rewards.device)
+        return none, none
     return torch.stack(chosen), torch.stack(rejected)
 
 
@@ -37,7 +40,8 @@ class DPO(TokenLogprobs):
         policy = sequence_logprobs(outputs["logprobs"], batch.loss_mask)  # [B]
         ref = sequence_logprobs(batch.extras["ref_logprobs"], batch.loss_mask)  # [B]
         return dpo_loss(policy[chosen], policy[rejected], ref[chosen], ref[rejected],
-                        beta=self.beta, label_smoothing=self.label_smoothing)
+                        beta=self.beta, label_smoothing=self.label_smoothing,
+                        norm=batch.normaliser)
 
 
 @recipe("dpo")

@@ -7,15 +7,16 @@ from dataclasses import dataclass
 import torch
 
 from trainer.batch import TensorBatch
-from trainer.losses import group_advantages, gspo_loss
+from trainer.losses import Aggregation, group_advantages, gspo_loss
 from trainer.recipe import ModelSlot, Role, TrainingConfig, recipe
-from trainer.specialization import TokenLogprobs, behaviour_logprobs
+from trainer.specialization import PolicyGradient
 
 
 @dataclass(kw_only=True, slots=True)
-class GSPO(TokenLogprobs):
+class GSPO(PolicyGradient):
     """Length-normalised sequence ratio, clipped in a narrow band (GSPO paper defaults)."""
 
+    aggregation: Aggregation = "seq-mean-token-mean"
     clip_low: float = 3e-4
     clip_high: float = 4e-4
 
@@ -28,8 +29,12 @@ class GSPO(TokenLogprobs):
     def compute_loss(self, outputs: dict[str, torch.Tensor],
                      batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
         logp = outputs["logprobs"]  # [B, T]
-        return gspo_loss(logp, behaviour_logprobs(logp, batch), batch.extras["advantages"],
-                         batch.loss_mask, clip_low=self.clip_low, clip_high=self.clip_high)
+        old, weights, metrics = self.anchor(logp, batch)
+        loss, pg_metrics = gspo_loss(
+            logp, old, batch.extras["advantages"].to(logp.dtype), batch.loss_mask,
+            clip_low=self.clip_low, clip_high=self.clip_high, weights=weights,
+            aggregation=self.aggregation, max_tokens=self.max_tokens, norm=batch.normaliser)
+        return loss, metrics | pg_metrics
 
 
 @recipe("gspo")

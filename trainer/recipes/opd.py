@@ -9,17 +9,18 @@ import torch
 from trainer.batch import TensorBatch
 from trainer.losses import reverse_kl_distill_loss
 from trainer.recipe import DataSync, ModelSlot, Role, TrainingConfig, recipe
-from trainer.specialization import TokenLogprobs
+from trainer.specialization import Aggregated, TokenLogprobs
 
 
 @dataclass(kw_only=True, slots=True)
-class OnPolicyDistill(TokenLogprobs):
+class OnPolicyDistill(Aggregated):
     """Per-token reverse KL(student || teacher), score-function gradient."""
 
     def compute_loss(self, outputs: dict[str, torch.Tensor],
                      batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
         return reverse_kl_distill_loss(outputs["logprobs"], batch.extras["teacher_logprobs"],
-                                       batch.loss_mask)  # [B, T]
+                                       batch.loss_mask, aggregation=self.aggregation,
+                                       max_tokens=self.max_tokens, norm=batch.normaliser)
 
 
 @recipe("opd")

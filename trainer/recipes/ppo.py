@@ -11,7 +11,7 @@ from trainer.errors import RecipeError
 from trainer.losses import gae, masked_whiten, ppo_clip_loss, value_loss
 from trainer.protocols import ModelOutput
 from trainer.recipe import DataSync, ModelSlot, Role, TrainingConfig, recipe
-from trainer.specialization import TokenLogprobs, behaviour_logprobs, terminal_rewards
+from trainer.specialization import PolicyGradient, TokenLogprobs, terminal_rewards
 
 
 @dataclass(kw_only=True, slots=True)
@@ -32,12 +32,13 @@ class Critic(TokenLogprobs):
         values, mask = outputs["values"], batch.loss_mask  # [B, T]
         _, returns = gae(terminal_rewards(batch), values.detach(), mask, gamma=self.gamma,
                          lam=self.lam)
-        return value_loss(values, returns, mask)
+        return value_loss(values, returns, mask, norm=batch.normaliser)
 
 
 @dataclass(kw_only=True, slots=True)
-class PPO(TokenLogprobs):
-    """Clipped surrogate on whitened GAE advantages from the critic's synced `values`."""
+class PPO(PolicyGradient):
+    """Clipped surrogate on GAE advantages from the critic's synced `values`, whitened over the
+    global batch."""
 
     clip: float = 0.2
     gamma: float = 1.0
@@ -46,10 +47,15 @@ class PPO(TokenLogprobs):
     def compute_loss(self, outputs: dict[str, torch.Tensor],
                      batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
         logp, mask = outputs["logprobs"], batch.loss_mask  # [B, T]
-        adv, _ = gae(terminal_rewards(batch), batch.extras["values"], mask, gamma=self.gamma,
-                     lam=self.lam)
-        return ppo_clip_loss(logp, behaviour_logprobs(logp, batch), masked_whiten(adv, mask),
-                             mask, clip_low=self.clip, clip_high=self.clip)
+        adv, _ = gae(terminal_rewards(batch), batch.extras["values"].to(logp.dtype), mask,
+                     gamma=self.gamma, lam=self.lam)
+        adv = masked_whiten(adv, mask, norm=batch.normaliser)  # [B, T]
+        old, weights, metrics = self.anchor(logp, batch)
+        loss, pg_metrics = ppo_clip_loss(
+            logp, old, adv, mask, clip_low=self.clip, clip_high=self.clip,
+            dual_clip=self.dual_clip, weights=weights, aggregation=self.aggregation,
+            max_tokens=self.max_tokens, norm=batch.normaliser)
+        return loss, metrics | pg_metrics
 
 
 @recipe("ppo")

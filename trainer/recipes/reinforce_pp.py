@@ -7,28 +7,46 @@ from dataclasses import dataclass
 import torch
 
 from trainer.batch import TensorBatch
-from trainer.losses import kl_k1, masked_whiten, ppo_clip_loss, returns_to_go
+from trainer.losses import (
+    KLEstimator,
+    check_kl_estimator,
+    kl_estimate,
+    masked_whiten,
+    ppo_clip_loss,
+    returns_to_go,
+)
 from trainer.recipe import DataSync, ModelSlot, Role, TrainingConfig, recipe
-from trainer.specialization import TokenLogprobs, behaviour_logprobs, terminal_rewards
+from trainer.specialization import PolicyGradient, TokenLogprobs, terminal_rewards
 
 
 @dataclass(kw_only=True, slots=True)
-class ReinforcePP(TokenLogprobs):
-    """r_t = -beta * k1(t) (+ reward on the last token); A = whiten(returns-to-go) over the batch."""
+class ReinforcePP(PolicyGradient):
+    """r_t = -beta * KL(t) (+ reward on the last token); A = whiten(returns-to-go) over the
+    global batch; PPO clip."""
 
     kl_beta: float = 0.01
+    kl_estimator: KLEstimator = "k1"
+    """Estimator of the per-token KL in the reward (`k1`, `k2`, `k3`)."""
     gamma: float = 1.0
     clip: float = 0.2
+
+    def validate(self) -> None:
+        PolicyGradient.validate(self)
+        check_kl_estimator(self.kl_estimator)
 
     def compute_loss(self, outputs: dict[str, torch.Tensor],
                      batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
         logp, mask = outputs["logprobs"], batch.loss_mask  # [B, T]
-        old = behaviour_logprobs(logp, batch)
-        kl = kl_k1(old, batch.extras["ref_logprobs"]) * mask  # [B, T]
-        token_rewards = terminal_rewards(batch) - self.kl_beta * kl
-        adv = masked_whiten(returns_to_go(token_rewards, mask, self.gamma), mask)  # [B, T]
-        loss, metrics = ppo_clip_loss(logp, old, adv, mask, clip_low=self.clip,
-                                      clip_high=self.clip)
+        old, weights, metrics = self.anchor(logp, batch)
+        kl = kl_estimate(old, batch.extras["ref_logprobs"], self.kl_estimator) * mask  # [B, T]
+        token_rewards = terminal_rewards(batch).to(logp.dtype) - self.kl_beta * kl
+        adv = masked_whiten(returns_to_go(token_rewards, mask, self.gamma), mask,
+                            norm=batch.normaliser)  # [B, T]
+        loss, pg_metrics = ppo_clip_loss(
+            logp, old, adv, mask, clip_low=self.clip, clip_high=self.clip,
+            dual_clip=self.dual_clip, weights=weights, aggregation=self.aggregation,
+            max_tokens=self.max_tokens, norm=batch.normaliser)
+        metrics |= pg_metrics
         metrics["kl"] = (kl.sum() / mask.sum().clamp(min=1.0)).item()
         return loss, metrics
 

@@ -9,11 +9,11 @@ import torch
 from trainer.batch import TensorBatch
 from trainer.losses import ppo_clip_loss, rloo_advantages
 from trainer.recipe import ModelSlot, Role, TrainingConfig, recipe
-from trainer.specialization import TokenLogprobs, behaviour_logprobs
+from trainer.specialization import PolicyGradient
 
 
 @dataclass(kw_only=True, slots=True)
-class RLOO(TokenLogprobs):
+class RLOO(PolicyGradient):
     """Advantage r_i - mean(r_j, j != i in the group); clipped ratio for off-policy safety."""
 
     clip: float = 0.2
@@ -24,9 +24,13 @@ class RLOO(TokenLogprobs):
     def compute_loss(self, outputs: dict[str, torch.Tensor],
                      batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
         logp = outputs["logprobs"]  # [B, T]
-        adv = batch.extras["advantages"].unsqueeze(-1)  # [B, 1]
-        return ppo_clip_loss(logp, behaviour_logprobs(logp, batch), adv, batch.loss_mask,
-                             clip_low=self.clip, clip_high=self.clip)
+        adv = batch.extras["advantages"].to(logp.dtype).unsqueeze(-1)  # [B, 1]
+        old, weights, metrics = self.anchor(logp, batch)
+        loss, pg_metrics = ppo_clip_loss(
+            logp, old, adv, batch.loss_mask, clip_low=self.clip, clip_high=self.clip,
+            dual_clip=self.dual_clip, weights=weights, aggregation=self.aggregation,
+            max_tokens=self.max_tokens, norm=batch.normaliser)
+        return loss, metrics | pg_metrics
 
 
 @recipe("rloo")

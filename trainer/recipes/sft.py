@@ -9,16 +9,17 @@ import torch
 from trainer.batch import TensorBatch
 from trainer.losses import nll_loss
 from trainer.recipe import ModelSlot, Role, TrainingConfig, recipe
-from trainer.specialization import TokenLogprobs
+from trainer.specialization import Aggregated
 
 
 @dataclass(kw_only=True, slots=True)
-class SFT(TokenLogprobs):
-    """Negative log-likelihood of the loss-masked tokens."""
+class SFT(Aggregated):
+    """Negative log-likelihood of the loss-masked tokens (token mean over the global batch)."""
 
     def compute_loss(self, outputs: dict[str, torch.Tensor],
                      batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        return nll_loss(outputs["logprobs"], batch.loss_mask)  # [B, T]
+        return nll_loss(outputs["logprobs"], batch.loss_mask, aggregation=self.aggregation,
+                        max_tokens=self.max_tokens, norm=batch.normaliser)  # [B, T]
 
 
 @recipe("sft")

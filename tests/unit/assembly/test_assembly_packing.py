@@ -71,3 +71,14 @@ def test_missing_logprobs_are_zero_filled() -> None:
     traj.logprobs = np.zeros(0, dtype=np.float32)
     batch = pack_batch([PackedGroup(group_id="g", trajectories=[traj])], model_name="m")
     assert batch.logprobs.tolist() == [0.0] * 5
+    assert batch.logprobs_recorded is not None and batch.logprobs_recorded.tolist() == [0]
+
+
+def test_temperatures_and_recorded_flags_travel_per_sequence() -> None:
+    hot, plain = make_trajectory("g", 0), make_trajectory("g", 1)
+    hot.temperature = 0.7
+    hot.logprobs = np.zeros_like(hot.logprobs)  # genuinely recorded, all 0: still recorded
+    batch = pack_batch([PackedGroup(group_id="g", trajectories=[hot, plain])], model_name="m")
+    assert batch.temperatures is not None and batch.logprobs_recorded is not None
+    assert batch.temperatures.tolist() == [np.float32(0.7), 1.0]
+    assert batch.logprobs_recorded.tolist() == [1, 1]

@@ -169,3 +169,29 @@ def test_current_reader_resolves_an_older_trajectory_writer_through_a_resolver()
     reader = Codec(resolver={older.fingerprint: older}.get)
     back = reader.decode(data, Trajectory)
     assert back.trajectory_id == "t" and back.prompt_length == 0 and back.error is None
+
+
+def _without(name: str, fields: set[str]) -> SchemaInfo:
+    current = next(i for i in builtin_schemas() if i.name == name)
+    older = copy.deepcopy(current.schema)
+    older["fields"] = [f for f in older["fields"] if f["name"] not in fields]
+    return load_schema(older)
+
+
+def test_sampling_fields_evolve_both_ways() -> None:
+    """`Trajectory.temperature` and `TrainingBatch.temperatures` / `logprobs_recorded` were added
+    with defaults: events of older writers read as T = 1 and "unknown", and older readers skip them."""
+    new_fields = {"Trajectory": {"temperature"},
+                  "TrainingBatch": {"temperatures", "logprobs_recorded"}}
+    for name, fields in new_fields.items():
+        current = next(i for i in builtin_schemas() if i.name == f"stacx.{name}")
+        older = _without(f"stacx.{name}", fields)
+        assert compatibility_problems(current.schema, [older.schema], Compatibility.FULL) == [], name
+    older = _without("stacx.Trajectory", new_fields["Trajectory"])
+    record = Trajectory(trajectory_id="t", group_id="g", sample_index=0, task_id="k",
+                        task_type="x", model_name="m", policy_version=1)
+    back = Codec(resolver={older.fingerprint: older}.get).decode(
+        Codec(schemas=[older]).encode(record), Trajectory)
+    assert back.temperature == 1.0
+    record.temperature = 0.7
+    assert Codec().decode(Codec().encode(record), Trajectory).temperature == 0.7

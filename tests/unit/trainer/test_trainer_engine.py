@@ -131,3 +131,12 @@ def test_precomputed_advantages_are_used() -> None:
     config = tiny_trainer_config("grpo", role_options={"policy": {"kl_beta": 0.0}})
     result = StacxTrainer(config, source=InMemoryBatchSource([batch])).run(1)[0]
     assert result.loss == 0.0
+
+
+def test_metrics_of_ranks_merge_by_their_kind() -> None:
+    from trainer.engine import merge_metrics
+
+    merged = merge_metrics([{"p/ratio_max": 1.5, "p/ratio_min": 0.9, "p/clip_frac": 0.2},
+                            {"p/ratio_max": 1.1, "p/ratio_min": 0.7, "p/clip_frac": 0.4},
+                            {}])
+    assert merged == pytest.approx({"p/ratio_max": 1.5, "p/ratio_min": 0.7, "p/clip_frac": 0.3})

@@ -9,9 +9,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from schemas.records import TrainingBatch
 from trainer import BackendConfig
 from trainer.distributed import place_groups, spawn
-from trainer.testing import run_jobs, run_steps, synthetic_batches, tiny_trainer_config
+from trainer.losses import AGGREGATIONS
+from trainer.testing import (
+    run_gradients,
+    run_jobs,
+    run_steps,
+    synthetic_batch,
+    synthetic_batches,
+    tiny_trainer_config,
+)
 
 
 def test_group_placement() -> None:
@@ -44,3 +53,42 @@ def test_fsdp2_step_equals_single_process_step(tmp_path: Path) -> None:
         assert a.keys() == b.keys()
         for key in a:
             assert torch.allclose(a[key], b[key], atol=2e-6), f"{recipe}: {key}"
+
+
+def _uneven_batch() -> TrainingBatch:
+    """3 prompt groups of ragged samples on 2 ranks: rank 0 computes groups 0 and 2, rank 1 group
+    1, so the shards differ in sequences and tokens; one row is fully masked (a failed sample)
+    and the behaviour logprobs differ from the policy (ratios away from 1)."""
+    batch = synthetic_batch(0, num_groups=3, group_size=2, response_length=9,
+                            recorded_logprobs=True)
+    start, length = int(batch.offsets[5]), int(batch.lengths[5])
+    batch.loss_mask[start:start + length] = 0
+    return batch
+
+
+def test_fsdp2_loss_and_gradients_equal_one_process_for_every_aggregation(tmp_path: Path) -> None:
+    """Global normalisation: each rank divides by the all-reduced token / sequence counts (and
+    PPO / REINFORCE++ whiten with all-reduced statistics), so 2 ranks give the one-process loss
+    and gradients on the same global batch, in every aggregation mode."""
+    batch = _uneven_batch()
+    options = [("grpo", {"aggregation": how, "max_tokens": 16, "kl_beta": 0.1})
+               for how in AGGREGATIONS]
+    options += [("reinforce_pp", {"aggregation": "seq-mean-token-sum"}),
+                ("ppo", {"aggregation": "token-mean", "off_policy": "token-truncate"}),
+                ("dpo", {})]  # 2 pairs on rank 0, 1 on rank 1
+    backend = BackendConfig(kind="fsdp2", world_size=2, device="cpu")
+    jobs = []
+    for i, (recipe, opts) in enumerate(options):
+        single = tiny_trainer_config(recipe, role_options={"policy": opts})
+        run_gradients(single, batch, str(tmp_path / f"single{i}.pt"))
+        sharded = tiny_trainer_config(recipe, role_options={"policy": opts}, backend=backend)
+        jobs.append((sharded, [batch], 0, str(tmp_path / f"fsdp{i}.pt")))
+    spawn(run_jobs, 2, jobs)
+    for i, (recipe, opts) in enumerate(options):
+        one, two = (torch.load(tmp_path / f"{kind}{i}.pt") for kind in ("single", "fsdp"))
+        what = f"{recipe} {opts}"
+        assert two["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-7), what
+        assert one["grads"].keys() == two["grads"].keys() and one["grads"], what
+        for key, grad in one["grads"].items():
+            torch.testing.assert_close(two["grads"][key], grad, rtol=1e-4, atol=1e-7,
+                                       msg=lambda m, k=key, w=what: f"{w} {k}: {m}")

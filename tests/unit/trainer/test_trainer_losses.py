@@ -94,7 +94,8 @@ def test_returns_to_go_and_whiten() -> None:
     rtg = losses.returns_to_go(T([[1.0, 0.0, 2.0]]), torch.ones(1, 3), gamma=0.5)
     assert rtg[0].tolist() == pytest.approx([1.5, 1.0, 2.0])
     white = losses.masked_whiten(T([[1.0, 3.0, 100.0]]), T([[1.0, 1.0, 0.0]]))
-    assert white[0].tolist() == pytest.approx([-1.0, 1.0, 0.0], abs=1e-4)
+    # mean 2, unbiased variance ((1 - 2)^2 + (3 - 2)^2) / (2 - 1) = 2 (verl)
+    assert white[0].tolist() == pytest.approx([-1 / math.sqrt(2), 1 / math.sqrt(2), 0.0], abs=1e-4)
 
 
 def test_reverse_kl_distill_gradient_is_the_score_function() -> None:
@@ -112,5 +113,96 @@ def test_aggregations_differ_as_documented() -> None:
     mask = T([[1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
     assert losses.aggregate(per_token, mask, "token-mean").item() == pytest.approx(7 / 5)
     assert losses.aggregate(per_token, mask, "seq-mean-token-mean").item() == pytest.approx(2.0)
-    assert losses.aggregate(per_token, mask, "seq-mean-token-sum-norm").item() == \
-        pytest.approx((4 / 4 + 3 / 4) / 2)
+    assert losses.aggregate(per_token, mask, "seq-mean-token-sum").item() == pytest.approx(3.5)
+    assert losses.aggregate(per_token, mask, "seq-mean-token-sum-norm",
+                            max_tokens=8).item() == pytest.approx((4 / 8 + 3 / 8) / 2)
+
+
+def test_constant_length_ignores_padding() -> None:
+    """Dr. GRPO divides by the completion budget, not by the padded width of the batch."""
+    per_token = T([[0.0, 2.0, 2.0], [0.0, 1.0, 0.0]])
+    mask = T([[0.0, 1.0, 1.0], [0.0, 1.0, 0.0]])
+    padded = torch.cat([torch.zeros(2, 3), per_token, torch.zeros(2, 5)], dim=1)
+    padded_mask = torch.cat([torch.zeros(2, 3), mask, torch.zeros(2, 5)], dim=1)
+    for how in losses.AGGREGATIONS:
+        a = losses.aggregate(per_token, mask, how, max_tokens=16)  # type: ignore[arg-type]
+        b = losses.aggregate(padded, padded_mask, how, max_tokens=16)  # type: ignore[arg-type]
+        assert a.item() == pytest.approx(b.item()), how
+    assert losses.aggregate(per_token, mask, "seq-mean-token-sum-norm",
+                            max_tokens=16).item() == pytest.approx((4 / 16 + 1 / 16) / 2)
+
+
+def test_fully_masked_rows_are_not_counted() -> None:
+    per_token, mask = T([[2.0, 4.0], [9.0, 9.0]]), T([[1.0, 1.0], [0.0, 0.0]])
+    assert losses.aggregate(per_token, mask, "seq-mean-token-mean").item() == pytest.approx(3.0)
+    assert losses.aggregate(per_token, mask, "seq-mean-token-sum").item() == pytest.approx(6.0)
+
+
+def test_unknown_aggregation_and_missing_budget_are_rejected() -> None:
+    with pytest.raises(ValueError, match=r"aggregation='bogus' is unknown; use one of"):
+        losses.aggregate(torch.ones(1, 2), torch.ones(1, 2), "bogus")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="needs max_tokens >= 1"):
+        losses.aggregate(torch.ones(1, 2), torch.ones(1, 2), "seq-mean-token-sum-norm")
+
+
+def test_global_normaliser_splits_the_batch_exactly() -> None:
+    """Two shards with their own rows but global counts (x dp_size, FSDP averages) sum to the
+    whole-batch loss in every mode."""
+    torch.manual_seed(0)
+    per_token = torch.randn(5, 6, dtype=torch.float64)
+    mask = (torch.rand(5, 6) > 0.4).double()
+    mask[2] = 0.0
+    whole = losses.Normaliser.of(mask)
+    shards = [torch.tensor([0, 3]), torch.tensor([1, 2, 4])]
+    for how in losses.AGGREGATIONS:
+        full = losses.aggregate(per_token, mask, how, max_tokens=10)  # type: ignore[arg-type]
+        norm = losses.Normaliser(num_tokens=whole.num_tokens, num_sequences=whole.num_sequences,
+                                 dp_size=2)
+        parts = [losses.aggregate(per_token[r], mask[r], how, max_tokens=10,  # type: ignore[arg-type]
+                                  norm=norm) for r in shards]
+        assert (sum(parts) / 2).item() == pytest.approx(full.item(), abs=1e-12), how
+
+
+def test_ppo_clamps_the_log_ratio_and_dual_clips() -> None:
+    """log-ratio +100 with A < 0: the ratio is capped at e^20 and the dual clip bounds the loss
+    at -A * c = 3 (verl); without the dual clip the loss is A * e^20, not A * e^100."""
+    logp, old, mask = T([[100.0]]), T([[0.0]]), T([[1.0]])
+    loss, metrics = losses.ppo_clip_loss(logp, old, T([[-1.0]]), mask)
+    assert loss.item() == pytest.approx(3.0)
+    assert metrics["dual_clip_frac"] == 1.0
+    loss, _ = losses.ppo_clip_loss(logp, old, T([[-1.0]]), mask, dual_clip=None)
+    assert loss.item() == pytest.approx(math.exp(20.0), rel=1e-5)
+    with pytest.raises(ValueError, match="dual_clip=1.0 must be > 1"):
+        losses.ppo_clip_loss(logp, old, T([[-1.0]]), mask, dual_clip=1.0)
+
+
+def test_gspo_fully_masked_row_adds_nothing() -> None:
+    logp, old = T([[0.1, 0.3], [0.0, 0.0]]), torch.zeros(2, 2)
+    mask = T([[1.0, 1.0], [0.0, 0.0]])
+    loss, metrics = losses.gspo_loss(logp, old, T([1.0, 5.0]), mask)
+    assert loss.item() == pytest.approx(-(1 + 4e-4), abs=1e-6)  # the masked row's -A is gone
+    assert metrics["pg_loss"] == pytest.approx(loss.item())
+
+
+def test_k2_and_dispatch() -> None:
+    logp, ref = T([math.log(0.5)]), T([math.log(0.25)])
+    assert losses.kl_estimate(logp, ref, "k2").item() == pytest.approx(0.5 * math.log(2) ** 2)
+    with pytest.raises(ValueError, match="kl_estimator='k9' is unknown"):
+        losses.kl_estimate(logp, ref, "k9")  # type: ignore[arg-type]
+
+
+def test_returns_carry_across_observation_tokens() -> None:
+    """A multi-turn row: the final reward reaches the first turn past the masked observation."""
+    rtg = losses.returns_to_go(T([[0.0, 0.0, 9.0, 1.0]]), T([[1.0, 0.0, 0.0, 1.0]]))
+    assert rtg[0].tolist() == pytest.approx([1.0, 0.0, 0.0, 1.0])
+
+
+def test_temperature_scales_logits_per_row() -> None:
+    logits = torch.randn(2, 3, 5, dtype=torch.float64)
+    targets = torch.randint(0, 5, (2, 3))
+    temps = T([0.5, 2.0]).double()
+    got = losses.token_logprobs(logits, targets, temps)
+    for i, t in enumerate(temps.tolist()):
+        want = torch.log_softmax(logits[i] / t, -1).gather(-1, targets[i].unsqueeze(-1)).squeeze(-1)
+        assert torch.allclose(got[i], want, atol=1e-12)
+    assert got.dtype == torch.float64
