@@ -17,6 +17,7 @@ import logging
 import pkgutil
 import signal
 import sys
+from typing import Any
 
 from infra import commands
 
@@ -38,10 +39,15 @@ def build_parser() -> argparse.ArgumentParser:
 _received: list[signal.Signals] = []
 
 
-def _on_sigterm(signum: int, _frame: object) -> None:
-    if not _received:
-        _received.append(signal.Signals(signum))
-        signal.raise_signal(signal.SIGINT)  # whatever handles Ctrl-C here (asyncio, uvicorn, ...)
+def _on_sigterm(signum: int, frame: Any) -> None:
+    if _received:
+        return
+    _received.append(signal.Signals(signum))
+    on_sigint = signal.getsignal(signal.SIGINT)
+    if callable(on_sigint):  # whatever handles Ctrl-C here (asyncio, uvicorn, ...)
+        on_sigint(signal.SIGINT, frame)
+    else:  # SIGINT ignored (a background job of a script): stop as Ctrl-C would have
+        raise KeyboardInterrupt
 
 
 def _stopping_signal() -> signal.Signals:

@@ -145,11 +145,11 @@ async def _run_checks(
         print(json.dumps(check.as_json()) if as_json else _describe(check), flush=True)
         return check
 
-    async with manager:
-        try:
+    try:
+        async with manager:  # stops every session, also when the check is interrupted
             return list(await asyncio.gather(*(one(d) for d in directories)))
-        finally:
-            await manager.backend.close()
+    finally:
+        await manager.backend.close()
 
 
 def _describe(check: Any) -> str:

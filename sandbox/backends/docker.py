@@ -127,7 +127,7 @@ class DockerBackend:
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self, spec: SandboxSpec) -> SandboxHandle:
         what = f"create and start a container from {spec.image}"
-        container_id = await self.lifecycle.run(what, self._start, spec)
+        container_id = await self.lifecycle.run(what, self._start, spec, undo=self._remove)
         return SandboxHandle(
             session_id=spec.session_id,
             ref=container_id,

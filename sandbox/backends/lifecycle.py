@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from sandbox.errors import EngineWedged
 
@@ -67,26 +67,36 @@ class LifecycleGuard:
         with self._lock:
             return len(self._inflight)
 
-    async def run(self, what: str, fn: Callable[..., T], *args: Any) -> T:
-        """`fn(*args)` on the lifecycle pool; EngineWedged when the engine stops answering."""
-        await self._check()
-        future = asyncio.get_running_loop().run_in_executor(self._pool, self._tracked, what, fn, *args)
-        poll_s = max(0.05, min(1.0, self.stuck_after_s / 4))
-        while True:
-            done, _ = await asyncio.wait({future}, timeout=poll_s)
-            if done:
-                return future.result()
-            stuck = self._oldest_stuck()
-            if stuck is not None:
-                future.add_done_callback(_discard_result)
-                raise EngineWedged(self._mark_wedged(*stuck))
+    async def run(
+        self, what: str, fn: Callable[..., T], *args: Any, undo: Callable[[T], object] | None = None
+    ) -> T:
+        """`fn(*args)` on the lifecycle pool; EngineWedged when the engine stops answering.
 
-    def _tracked(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+        A thread cannot be cancelled: when the caller gives up (cancelled, or the engine wedged)
+        while `fn` runs, `undo(result)` runs as soon as `fn` returns, so nothing it made leaks."""
+        await self._check()
+        call = _Call(undo)
+        future = asyncio.get_running_loop().run_in_executor(self._pool, self._tracked, what, call, fn, *args)
+        poll_s = max(0.05, min(1.0, self.stuck_after_s / 4))
+        try:
+            while True:
+                done, _ = await asyncio.wait({future}, timeout=poll_s)
+                if done:
+                    return future.result()
+                stuck = self._oldest_stuck()
+                if stuck is not None:
+                    raise EngineWedged(self._mark_wedged(*stuck))
+        except BaseException:
+            future.add_done_callback(_discard_result)
+            call.abandon()
+            raise
+
+    def _tracked(self, what: str, call: _Call[T], fn: Callable[..., T], *args: Any) -> T:
         key = next(self._ids)
         with self._lock:
             self._inflight[key] = (what, time.monotonic())
         try:
-            return fn(*args)
+            return call.deliver(fn(*args))
         finally:
             with self._lock:
                 del self._inflight[key]
@@ -131,6 +141,41 @@ class LifecycleGuard:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._probe_pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _Call(Generic[T]):
+    """One lifecycle call's hand-over: its result reaches the caller, or `undo` if the caller left."""
+
+    def __init__(self, undo: Callable[[T], object] | None) -> None:
+        self._undo = undo
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self._result: tuple[T] | None = None
+
+    def deliver(self, result: T) -> T:
+        """In the worker thread, when the call returned."""
+        with self._lock:
+            self._result = (result,)
+            abandoned = self._abandoned
+        if abandoned:
+            self._run_undo(result)
+        return result
+
+    def abandon(self) -> None:
+        """In the caller, when it stops waiting."""
+        with self._lock:
+            self._abandoned = True
+            result = self._result
+        if result is not None:  # it returned, but the caller left before taking the result
+            threading.Thread(target=self._run_undo, args=result, name="engine-undo").start()
+
+    def _run_undo(self, result: T) -> None:
+        if self._undo is None:
+            return
+        try:
+            self._undo(result)
+        except Exception:
+            log.exception("undoing an abandoned lifecycle call failed; the reaper will retry")
 
 
 def _discard_result(future: asyncio.Future[Any]) -> None:

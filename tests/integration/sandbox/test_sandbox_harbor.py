@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from harbor_cookbook import MULTI_CONTAINER, SINGLE_CONTAINER, cookbook
@@ -22,6 +25,8 @@ from sandbox.images import TaskImageBuilder
 from sandbox.models import SessionSpec
 from sandbox.sessions import SessionManager
 from sandbox.tasks import load_task
+
+STACX = str(Path(sys.executable).with_name("stacx"))
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "tasks"
 _CAP_BITS = {
@@ -141,3 +146,38 @@ async def test_missing_docker_image_falls_back_to_the_dockerfile(
     assert check.passed, check
     assert check.image is not None and check.image.startswith("stacx-task/")
     assert any("not local: built environment/Dockerfile" in w for w in check.warnings)
+
+
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_sigterm_during_tasks_check_leaves_no_container(
+    sigint: str, harbor_images: None, docker_client: Any
+) -> None:
+    """SIGTERM mid-check stops it like Ctrl-C: the sandbox is removed, one line, status 143; also
+    when SIGINT is ignored (a background job of a non-interactive shell)."""
+    import signal
+    import time
+
+    from sandbox.backends.docker import LABEL_OWNER
+
+    def ignore_sigint() -> None:
+        if sigint == "ignored":
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    proc = subprocess.Popen(
+        [STACX, "tasks", "check", str(cookbook() / "simple-task")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=ignore_sigint,
+    )
+    owner = {"label": f"{LABEL_OWNER}=stacx-tasks-check-{proc.pid}"}
+    deadline = time.monotonic() + 300
+    while not docker_client.containers.list(all=True, filters=owner):
+        assert proc.poll() is None and time.monotonic() < deadline, "the check never started a sandbox"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, output
+    assert "stacx tasks: stopped by SIGTERM" in output and "Traceback" not in output
+    assert "tasks passed" not in output  # it stopped, it did not run to the end
+    assert docker_client.containers.list(all=True, filters=owner) == []

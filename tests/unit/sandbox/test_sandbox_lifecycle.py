@@ -124,3 +124,30 @@ async def test_client_raises_engine_wedged_and_reads_a_degraded_health(
             await client.create_session(image="stacx/sandbox:bookworm")
         health = await client.health()
     assert health.status == "degraded" and health.problem
+
+
+@pytest.mark.parametrize("when", ["while running", "after it returned"])
+async def test_a_call_the_caller_abandons_is_undone(when: str) -> None:
+    guard = _guard(_Probe(), stuck_after_s=30)
+    release, returned, undone = threading.Event(), threading.Event(), []
+
+    def create() -> str:
+        release.wait()
+        returned.set()
+        return "container-1"
+
+    task = asyncio.create_task(guard.run("create", create, undo=undone.append))
+    await asyncio.sleep(0.05)
+    if when == "after it returned":
+        release.set()
+        returned.wait(5)
+    task.cancel()  # e.g. SIGTERM: asyncio.run cancels every task on the way out
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    release.set()
+    for _ in range(100):
+        if undone:
+            break
+        await asyncio.sleep(0.02)
+    guard.close()
+    assert undone == ["container-1"]  # the container the caller never got is removed
