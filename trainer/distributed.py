@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +14,9 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["free_port", "init_process_group", "place_groups", "spawn"]
+
+_PR_SET_PDEATHSIG = 1
+"""prctl option: the signal a process gets when its parent dies (linux/prctl.h)."""
 
 
 def free_port() -> int:
@@ -23,20 +28,55 @@ def free_port() -> int:
 
 def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, args: tuple,
            log_level: int) -> None:
+    _die_with_parent()
     logging.basicConfig(level=log_level,
                         format=f"%(asctime)s %(levelname)s rank{rank} %(name)s: %(message)s")
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                        "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)})
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    fn(*args)
+    try:
+        fn(*args)
+    except KeyboardInterrupt:  # Ctrl-C reaches every rank of the terminal's process group
+        raise SystemExit(128 + signal.SIGINT) from None
+
+
+def _die_with_parent() -> None:
+    """A rank never outlives the launcher (killed with -9 too): the kernel sends it SIGKILL."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 def spawn(fn: Callable[..., Any], world_size: int, *args: Any) -> None:
-    """Run `fn(*args)` in `world_size` fresh processes forming one process group (env://)."""
+    """Run `fn(*args)` in `world_size` fresh processes forming one process group (env://).
+    If the launcher is interrupted (Ctrl-C, SIGTERM), the ranks are stopped before it returns."""
     import torch.multiprocessing as mp
 
     level = logging.getLogger().getEffectiveLevel()
-    mp.spawn(_entry, args=(fn, world_size, free_port(), args, level), nprocs=world_size, join=True)
+    context = mp.start_processes(_entry, args=(fn, world_size, free_port(), args, level),
+                                 nprocs=world_size, join=False, start_method="spawn")
+    try:
+        while not context.join(timeout=1.0):
+            pass
+    except BaseException:
+        _stop_ranks(context.processes)
+        raise
+
+
+def _stop_ranks(processes: list[Any], grace_s: float = 10.0) -> None:
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(grace_s)
+        if process.is_alive():
+            process.kill()
+            process.join(5)
 
 
 def init_process_group(use_cuda: bool) -> tuple[int, int]:
