@@ -21,6 +21,7 @@ from rollout.inference.errors import InvalidRequestError
 from rollout.inference.sampling import SAMPLING_EPS, SamplingParams
 
 __all__ = [
+    "NullMeansDefault",
     "GenerateRequest",
     "AbortRequest",
     "NativeItem",
@@ -132,16 +133,19 @@ def warn_unknown(extra: dict[str, Any] | None, known: frozenset[str], route: str
         log.warning("%s: ignoring unknown fields %s", route, unknown)
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+class NullMeansDefault(BaseModel):
+    """A request body where an explicit null means "use the default" (SGLang and OpenAI alike)."""
 
     @model_validator(mode="before")
     @classmethod
     def _none_means_default(cls, data: Any) -> Any:
-        """SGLang treats an explicit null as "use the default"."""
         if isinstance(data, dict):
             return {k: v for k, v in data.items() if v is not None}
         return data
+
+
+class _Body(NullMeansDefault):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class SamplingParamsBody(_Body):

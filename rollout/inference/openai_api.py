@@ -13,22 +13,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rollout.inference.api import MAX_N, as_list, parse_logit_bias, warn_unknown
+from rollout.inference.api import MAX_N, NullMeansDefault, as_list, parse_logit_bias, warn_unknown
 from rollout.inference.errors import InvalidRequestError
 from rollout.inference.sampling import SAMPLING_EPS, SamplingParams
 
 __all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "StreamOptions"]
 
 
-class _Body(BaseModel):
+class _Body(NullMeansDefault):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _none_means_default(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            return {k: v for k, v in data.items() if v is not None}
-        return data
 
     def warn_unknown(self, route: str) -> None:
         warn_unknown(self.model_extra, frozenset(), route)
