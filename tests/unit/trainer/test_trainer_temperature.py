@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from consumers.assembly import PackedGroup, pack_batch
-from rollout.inference.sampling import sample_tokens
+from rollout.inference.sampling import RowSampling, SamplingParams, sample_tokens
 from schemas.records import TrainingBatch, Trajectory, logprobs, loss_mask, token_ids
 from trainer import InMemoryBatchSource, ModelConfig, StacxTrainer, to_tensor_batch
 from trainer.protocols import ModelOutput
@@ -27,13 +27,14 @@ TEMPERATURE = 0.7
 def _sample(model: torch.nn.Module, prompt: list[int], num_new: int,
             generator: torch.Generator) -> tuple[list[int], list[float]]:
     ids, lps = list(prompt), [0.0] * len(prompt)
-    one = torch.ones(1)
+    params = [SamplingParams(temperature=TEMPERATURE, max_new_tokens=num_new)]
     for _ in range(num_new):
         logits = model(input_ids=torch.tensor([ids])).logits[:, -1]  # [1, V]
-        token, logprob = sample_tokens(logits, one * TEMPERATURE, torch.tensor([-1]), one,
-                                       generator)
-        ids.append(int(token.item()))
-        lps.append(float(logprob.item()))
+        rows = RowSampling.build(params, [ids[len(prompt):]], [frozenset()], [None], logits.shape[-1],
+                                 torch.device("cpu"))
+        result = sample_tokens(logits, rows, generator)
+        ids.append(int(result.tokens.item()))
+        lps.append(float(result.logprobs.item()))
     return ids, lps
 
 
