@@ -139,6 +139,7 @@ class RolloutManager:
         self.source = source
         self.publisher = publisher
         self.versions = versions
+        self.sandbox = sandbox
         self.pool = ResourcePool(Resources.from_mapping(config.pool, where="pool"))
         self.scheduler = TaskScheduler(config.scheduler)
         self.evaluators = {
@@ -239,7 +240,12 @@ class RolloutManager:
             "pool_in_use": self.pool.in_use.as_dict(),
             "pool_capacity": self.pool.capacity.as_dict(),
             "pool_reserve": self.pool.reserve.as_dict(),
+            **self._gateway_load(),
         }
+
+    def _gateway_load(self) -> dict[str, Any]:
+        load = getattr(self.sandbox, "load", None)
+        return {"gateways": load()} if callable(load) else {}
 
     # -- dispatch ------------------------------------------------------------------------------
     #

@@ -41,7 +41,9 @@ class _Environments:
         self.opened: list[str] = []
         self._ids = itertools.count()
 
-    async def open(self, task: TaskSample, *, cpus: float, memory_mb: int, **_: object) -> FakeSession:
+    async def open(
+        self, task: TaskSample, *, cpus: float, memory_mb: int, lifetime_s: float | None = None
+    ) -> FakeSession:
         self.opened.append(task.task_id)
         session = _GatedSession(session_id=f"s{next(self._ids)}", handler=python_eval_handler)
         if task.task_type in self.gated:
@@ -103,8 +105,10 @@ class _OneByOne(_Environments):
         super().__init__()
         self.gates: dict[str, asyncio.Event] = {}
 
-    async def open(self, task: TaskSample, *, cpus: float, memory_mb: int, **_: object) -> FakeSession:
-        session = await super().open(task, cpus=cpus, memory_mb=memory_mb)
+    async def open(
+        self, task: TaskSample, *, cpus: float, memory_mb: int, lifetime_s: float | None = None
+    ) -> FakeSession:
+        session = await super().open(task, cpus=cpus, memory_mb=memory_mb, lifetime_s=lifetime_s)
         if task.task_type == "small":
             session.gate = self.gates[task.task_id] = asyncio.Event()  # type: ignore[attr-defined]
         return session
