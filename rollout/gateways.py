@@ -48,11 +48,18 @@ Sleep = Callable[[float], Awaitable[None]]
 
 def _gateway_failure(exc: BaseException) -> bool:
     """True for errors that say the gateway (not the request) is the problem: unreachable,
-    5xx answers, a wedged engine, no capacity. Duck-typed on `sandbox.errors` attributes."""
+    5xx answers, a wedged engine. Duck-typed on `sandbox.errors` attributes."""
+    if _gateway_full(exc):
+        return False
     if getattr(exc, "retriable", False):
         return True
     status = getattr(exc, "status", 0)
     return isinstance(status, int) and status >= 500 and status != 501
+
+
+def _gateway_full(exc: BaseException) -> bool:
+    """The gateway is healthy but runs as many sessions as it may (another worker's, too)."""
+    return type(exc).__name__ == "CapacityExceeded"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -237,6 +244,9 @@ class GatewayEnvironments:
             try:
                 info = await gateway.client.create_session(**spec)
             except Exception as exc:
+                if _gateway_full(exc):  # healthy, just full: try the next one
+                    errors.append(f"{gateway.url}: full ({exc})")
+                    continue
                 if not _gateway_failure(exc):
                     raise EnvironmentStepError(
                         f"create session for {task.task_id} on {gateway.url}: {type(exc).__name__}: {exc}"

@@ -111,6 +111,13 @@ async def test_killing_one_of_two_gateways_mid_run() -> None:
     if sys.platform != "linux":
         pytest.skip("the process backend needs Linux namespaces (bubblewrap)")
     owners = [f"it-two-gw-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    try:
+        await _two_gateways(owners)
+    finally:
+        _reap(owners[0])  # what the killed gateway left behind
+
+
+async def _two_gateways(owners: list[str]) -> None:
     num_tasks = 40
     with _gateway(owners[0]) as (url_a, process_a), _gateway(owners[1]) as (url_b, _):
         watched = _Watched(_client(url_a))
@@ -155,7 +162,6 @@ async def test_killing_one_of_two_gateways_mid_run() -> None:
     assert final[url_b]["up"] is True and final[url_b]["active"] == 0 and final[url_b]["failures"] == 0
     assert final[url_a]["opened"] + final[url_b]["opened"] == num_tasks
     assert all(int(t.metadata["num_tool_calls"]) == STEPS for t in completed)
-    _reap(owners[0])
 
 
 async def _leftovers(url: str) -> int:
