@@ -140,7 +140,7 @@ def collect(
     reports = []
     for topic in topics:
         report = GcReport(topic=topic)
-        blobs = store.list(topic)
+        blobs = store.list_blobs(topic)
         if blobs:
             try:
                 in_use = referenced(topic)

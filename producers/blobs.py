@@ -81,7 +81,7 @@ class FsspecBlobStore:
         """Copy the blob at `url` (checked against `sha256`) under `prefix`: (url, sha256)."""
         return self.put(self.get(url, sha256=sha256), prefix=prefix)
 
-    def list(self, prefix: str) -> list[BlobInfo]:
+    def list_blobs(self, prefix: str) -> list[BlobInfo]:
         """Every blob under `prefix` (none when the folder does not exist)."""
         folder = self._folder(prefix)
         try:
@@ -133,8 +133,8 @@ class FsspecBlobStore:
 
 def _info(fs: Any, entry: dict[str, Any]) -> BlobInfo:
     name = str(entry["name"])
-    modified = entry.get("mtime") or entry.get("LastModified") or entry.get("last_modified")
-    if hasattr(modified, "timestamp"):
+    modified: Any = entry.get("mtime") or entry.get("LastModified") or entry.get("last_modified")
+    if modified is not None and hasattr(modified, "timestamp"):  # object stores give a datetime
         modified = modified.timestamp()
     return BlobInfo(
         url=fs.unstrip_protocol(name),

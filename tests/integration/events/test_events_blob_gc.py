@@ -26,11 +26,11 @@ def test_gc_keeps_referenced_blobs_and_removes_orphans(
         for i in range(3):
             producer.publish(topic, trajectory(i, token_ids=list(range(200)))).result(timeout=30)
     store = FsspecBlobStore(str(tmp_path))
-    referenced = {b.url for b in store.list(topic)}
+    referenced = {b.url for b in store.list_blobs(topic)}
     assert len(referenced) == 3
     orphan, _ = store.put(b"a record whose publish failed", prefix=topic)
     then = time.time() - 7200
-    for blob in store.list(topic):
+    for blob in store.list_blobs(topic):
         os.utime(blob.url.removeprefix("file://"), (then, then))
     with pytest.raises(SystemExit) as exit_info:
         main(
@@ -38,5 +38,5 @@ def test_gc_keeps_referenced_blobs_and_removes_orphans(
         )
     out = capsys.readouterr().out
     assert exit_info.value.code == 0, out
-    assert {b.url for b in store.list(topic)} == referenced
+    assert {b.url for b in store.list_blobs(topic)} == referenced
     assert "deleted 1 orphan blobs" in out and "kept 3 in use" in out

@@ -31,7 +31,7 @@ def test_orphans_older_than_the_grace_period_are_deleted(tmp_path: Path) -> None
     in_use = {used.rsplit("/", 1)[-1].removesuffix(".avro")}
     (report,) = collect(store, ["stacx.trajectories"], referenced=lambda topic: in_use, grace_s=DAY)
     assert report.deleted == [old] and report.kept == 1 and report.young == 1
-    assert {b.url for b in store.list("stacx.trajectories")} == {used, young}
+    assert {b.url for b in store.list_blobs("stacx.trajectories")} == {used, young}
 
 
 def test_dry_run_and_unreadable_topics_delete_nothing(tmp_path: Path) -> None:
@@ -39,13 +39,13 @@ def test_dry_run_and_unreadable_topics_delete_nothing(tmp_path: Path) -> None:
     old, _ = store.put(b"orphan", prefix="t")
     _age(store, old, 2 * DAY)
     (dry,) = collect(store, ["t"], referenced=lambda topic: set(), grace_s=DAY, dry_run=True)
-    assert dry.deleted == [old] and len(store.list("t")) == 1
+    assert dry.deleted == [old] and len(store.list_blobs("t")) == 1
 
     def unreadable(topic: str) -> set[str]:
         raise TopicUnreadable("t[0]@3: unknown writer schema")
 
     (skipped,) = collect(store, ["t"], referenced=unreadable, grace_s=DAY)
-    assert skipped.skipped and skipped.deleted == [] and len(store.list("t")) == 1
+    assert skipped.skipped and skipped.deleted == [] and len(store.list_blobs("t")) == 1
 
 
 def test_claim_checks_are_found_also_inside_dead_letters() -> None:
