@@ -332,9 +332,9 @@ class RolloutManager:
         blocked: list[_Waiting] = []
         for waiting in list(self._window):
             while self._slots_free and waiting.remaining and self._try_start(waiting):
+                self.num_bypassed += bool(blocked)
                 for earlier in blocked:
                     earlier.bypassed += 1
-                    self.num_bypassed += 1
             if not waiting.remaining:
                 self._window.remove(waiting)
                 continue
