@@ -10,9 +10,14 @@ Two parts, one run:
    generate + exec calls made directly by a plain loop at the same concurrency.
    engine_overhead_us_per_step = (a - b) / steps.  Limit: 1000 us.
 2. docker: E episodes at up to C concurrent, each in its own real Docker sandbox created through
-   the sandbox gateway (in-process over the Docker backend, or --gateway-url), each step running
+   the sandbox gateway (`stacx gateway` in its own process, or --gateway-url), each step running
    `python3 -` in the sandbox. Reports max_concurrent_episodes (target 256), episodes_per_s,
-   exec p50 and leaked containers.
+   exec p50 and leaked containers. `--backend process` runs the same through bubblewrap.
+3. two gateways: the same episodes through one gateway, then through two (own processes on
+   127.0.0.1, `--gw-backend`, process by default), each gateway taking at most `--gw-sessions`
+   sessions (one host's capacity) and each step an environment step of `--gw-step-s` seconds.
+   The engine's pool holds as many sandboxes as the gateways take. Reports episodes_per_s for
+   one and two gateways and their ratio, `two_gateway_speedup`.
 
 The last line printed is the figure object.
 """
@@ -50,8 +55,10 @@ CODE = "print(6*7)"
 class FastPolicy:
     """Instant scripted policy: K tool calls then the answer, chosen from the context length."""
 
-    def __init__(self, tokenizer: HFTokenizer, prompt_len: int, steps: int, obs_len: int) -> None:
-        self.call_ids = tokenizer.encode(f"<tool_call>{CODE}</tool_call>")
+    def __init__(
+        self, tokenizer: HFTokenizer, prompt_len: int, steps: int, obs_len: int, code: str = CODE
+    ) -> None:
+        self.call_ids = tokenizer.encode(f"<tool_call>{code}</tool_call>")
         self.answer_ids = tokenizer.encode("<answer>42</answer><|im_end|>")
         self.prompt_len, self.steps, self.stride = prompt_len, steps, len(self.call_ids) + obs_len
         self.version = 0
@@ -84,7 +91,9 @@ class InstantSession:
 
 
 class InstantEnvironments:
-    async def open(self, task: TaskSample, *, cpus: float, memory_mb: int) -> InstantSession:
+    async def open(
+        self, task: TaskSample, *, cpus: float, memory_mb: int, lifetime_s: float | None = None
+    ) -> InstantSession:
         return InstantSession()
 
 
@@ -95,7 +104,7 @@ def _tasks(num: int) -> list[TaskSample]:
     ]
 
 
-def _policy(tokenizer: HFTokenizer, steps: int) -> FastPolicy:
+def _policy(tokenizer: HFTokenizer, steps: int, code: str = CODE) -> FastPolicy:
     chat = ChatFormat(tokenizer)
     evaluator = Evaluator.Config(scaffold="retool")
     from rollout.scaffolds import build_scaffold
@@ -108,7 +117,7 @@ def _policy(tokenizer: HFTokenizer, steps: int) -> FastPolicy:
             ExecResult(exit_code=0, stdout="42\n"),
         ).text
     )
-    return FastPolicy(tokenizer, len(prompt), steps, len(obs))
+    return FastPolicy(tokenizer, len(prompt), steps, len(obs), code)
 
 
 def _manager(
@@ -212,8 +221,10 @@ class TimedEnvironments:
         self.inner = inner
         self.exec_s: list[float] = []
 
-    async def open(self, task: TaskSample, *, cpus: float, memory_mb: int) -> Any:
-        session = await self.inner.open(task, cpus=cpus, memory_mb=memory_mb)
+    async def open(
+        self, task: TaskSample, *, cpus: float, memory_mb: int, lifetime_s: float | None = None
+    ) -> Any:
+        session = await self.inner.open(task, cpus=cpus, memory_mb=memory_mb, lifetime_s=lifetime_s)
         original = session.exec
 
         async def timed(command: str, **kwargs: Any) -> ExecResult:
@@ -267,7 +278,7 @@ def _leaked(owner: str) -> int:
 
 
 @contextlib.contextmanager
-def _gateway_process(owner: str, image: str, max_sessions: int) -> Iterator[str]:
+def _gateway_process(owner: str, image: str, max_sessions: int, backend: str = "docker") -> Iterator[str]:
     """`stacx gateway` in its own process (as deployed: no GIL shared with the engine)."""
     import signal
     import socket
@@ -292,6 +303,8 @@ def _gateway_process(owner: str, image: str, max_sessions: int) -> Iterator[str]
         image,
         "--max-sessions",
         str(max_sessions),
+        "--backend",
+        backend,
     ]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
@@ -325,10 +338,67 @@ def _docker_part(tokenizer: HFTokenizer, args: argparse.Namespace) -> dict:
             docker(tokenizer, args.gateway_url, token, args.episodes, args.steps, args.concurrency)
         )
     owner = f"bench-rollout-{uuid.uuid4().hex[:8]}"
-    with _gateway_process(owner, args.image, max(args.concurrency * 2, 64)) as url:
+    sessions = max(args.concurrency * 2, 64)
+    with _gateway_process(owner, args.image, sessions, args.backend) as url:
         result = asyncio.run(docker(tokenizer, url, "bench", args.episodes, args.steps, args.concurrency))
-    result["leaked_containers"] = _leaked(owner)
+    if args.backend == "docker":
+        result["leaked_containers"] = _leaked(owner)
+    else:
+        result["docker_backend"] = args.backend
     return result
+
+
+async def _through_gateways(tokenizer: HFTokenizer, urls: list[str], args: argparse.Namespace) -> dict:
+    """The episodes through `urls`, each gateway taking at most `gw_sessions` of them at once."""
+    from rollout.gateways import GatewayEnvironments
+    from sandbox.client import SandboxClient
+
+    code = f"import time; time.sleep({args.gw_step_s}); print(6*7)"
+    policy = _policy(tokenizer, args.steps, code)
+    capacity = args.gw_sessions * len(urls)
+    clients = [
+        SandboxClient(
+            SandboxClient.Config(base_url=u, token="bench", max_connections=capacity + 16, timeout_s=600)
+        )
+        for u in urls
+    ]
+    options = GatewayEnvironments.Config(max_sessions_per_gateway=args.gw_sessions)
+    envs = GatewayEnvironments(clients, options)
+    manager = _manager(tokenizer, policy, envs, args.gw_episodes, capacity)
+    started = time.perf_counter()
+    summary = await manager.run()
+    wall = time.perf_counter() - started
+    for client in clients:
+        await client.aclose()
+    return {
+        "episodes_per_s": summary.num_episodes / wall,
+        "not_completed": {k: v for k, v in summary.by_status.items() if k != "COMPLETED"},
+        "load": {url: load["opened"] for url, load in envs.load().items()},
+    }
+
+
+def _two_gateway_part(tokenizer: HFTokenizer, args: argparse.Namespace) -> dict:
+    owners = [f"bench-two-gw-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    runs: dict[int, dict] = {}
+    with contextlib.ExitStack() as stack:
+        urls = [
+            stack.enter_context(_gateway_process(o, args.image, args.gw_sessions, args.gw_backend))
+            for o in owners
+        ]
+        for count in (1, 2):
+            runs[count] = asyncio.run(_through_gateways(tokenizer, urls[:count], args))
+    one, two = runs[1]["episodes_per_s"], runs[2]["episodes_per_s"]
+    return {
+        "gw_backend": args.gw_backend,
+        "gw_episodes": args.gw_episodes,
+        "gw_sessions_per_gateway": args.gw_sessions,
+        "gw_step_s": args.gw_step_s,
+        "one_gateway_episodes_per_s": round(one, 2),
+        "two_gateway_episodes_per_s": round(two, 2),
+        "two_gateway_speedup": round(two / one, 2),
+        "two_gateway_sessions_by_gateway": list(runs[2]["load"].values()),
+        "two_gateway_not_completed": runs[1]["not_completed"] | runs[2]["not_completed"],
+    }
 
 
 def main() -> None:
@@ -340,7 +410,13 @@ def main() -> None:
     parser.add_argument("--overhead-episodes", type=int, default=512)
     parser.add_argument("--image", default="stacx/sandbox:bookworm")
     parser.add_argument("--gateway-url", default=None, help="use a running gateway instead")
-    parser.add_argument("--skip-docker", action="store_true", help="overhead part only")
+    parser.add_argument("--skip-docker", action="store_true", help="skip the concurrency part")
+    parser.add_argument("--backend", choices=("docker", "process"), default="docker", help="concurrency part")
+    parser.add_argument("--skip-two-gateways", action="store_true", help="skip the two-gateway part")
+    parser.add_argument("--gw-backend", choices=("docker", "process"), default="process")
+    parser.add_argument("--gw-episodes", type=int, default=96, help="episodes per two-gateway run")
+    parser.add_argument("--gw-sessions", type=int, default=16, help="sessions one gateway takes")
+    parser.add_argument("--gw-step-s", type=float, default=2.0, help="seconds of one environment step")
     args = parser.parse_args()
 
     from rollout.models import make_tokenizer
@@ -351,6 +427,8 @@ def main() -> None:
         print(json.dumps(figures), file=sys.stderr)
     if not args.skip_docker:
         figures |= _docker_part(tokenizer, args)
+    if not args.skip_two_gateways:
+        figures |= _two_gateway_part(tokenizer, args)
     figures |= {
         "limit_us_per_step": LIMIT_US_PER_STEP,
         "target_concurrent_episodes": TARGET_CONCURRENT,

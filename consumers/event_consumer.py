@@ -12,6 +12,7 @@ from typing import Any
 
 from opentelemetry.context import Context
 
+from consumers.dead_letters import keep_original
 from consumers.errors import ConsumerClosedError, ConsumerError
 from producers import BlobStoreError, Delivery, EventProducer, FsspecBlobStore, context_from_headers
 from producers.event_producer import registry_client
@@ -307,14 +308,15 @@ class EventConsumer:
             return
         known = isinstance(exc, (SchemaError, BlobStoreError))
         log.warning("event %s -> DLQ %s: %s", where, self.config.dlq_topic, reason if known else exc)
+        value, note = keep_original(msg.value(), dlq_topic=self.config.dlq_topic)
         letter = DeadLetter(
             source_topic=msg.topic(),
             source_partition=msg.partition(),
             source_offset=msg.offset(),
-            reason=reason,
+            reason=reason + note,
             error_type=type(exc).__name__,
             key=msg.key(),
-            value=msg.value(),
+            value=value,
             headers={k: v.decode("utf-8", "replace") for k, v in (msg.headers() or []) if v is not None},
         )
         self._dlq_sent.append(self._dlq_producer().publish(self.config.dlq_topic, letter, key=msg.key()))

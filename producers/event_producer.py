@@ -7,12 +7,13 @@ import functools
 import logging
 import os
 import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from producers.blobs import FsspecBlobStore, default_blob_url
+from producers.blobs import DEFAULT_BLOB_ENV, FsspecBlobStore, default_blob_url, is_local_url
 from producers.errors import DeliveryError, ProducerClosedError
 from producers.tracing import trace_headers
 from schemas import topics
@@ -31,6 +32,8 @@ _BROKER_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
 """Kafka's default max.message.bytes, for topics whose config cannot be read."""
 _HEADROOM_BYTES = 4096
 """Room left under a topic's max.message.bytes for the batch framing, key and headers."""
+_GUESS_TTL_S = 60.0
+"""How long a limit guessed for a topic that does not exist yet is used before asking again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +126,9 @@ class EventProducer:
         self._producer = Producer(self._librdkafka_config(config))
         self._blobs: FsspecBlobStore | None = None
         self._limits: dict[str, int] = {}
+        self._guessed: dict[str, float] = {}
+        """Topics whose limit is a guess (the topic did not exist): when to ask again."""
+        self._clock = time.monotonic
         self._admin: Any = None
         self._closed = threading.Event()
         self._poller = threading.Thread(target=self._poll_loop, name="stacx-producer-poll", daemon=True)
@@ -138,7 +144,9 @@ class EventProducer:
             raise ProducerClosedError("publish() on a closed EventProducer")
         value = self.codec.encode(record)
         rid = record_id(record)
-        limit = self._limits.get(topic) or self._limit_for(topic)
+        limit = self._limits.get(topic)
+        if limit is None or (topic in self._guessed and self._clock() >= self._guessed[topic]):
+            limit = self._limit_for(topic)
         if len(value) > limit:
             value = self._claim_check(topic, record, rid, value)
         return self._send(topic, value, record_key(record) if key is None else key, headers, rid)
@@ -228,23 +236,50 @@ class EventProducer:
         return limit
 
     def _topic_max_bytes(self, topic: str) -> int:
-        from confluent_kafka.admin import AdminClient, ConfigResource
+        """The topic's max.message.bytes; for a topic that does not exist yet, what the broker
+        will give it when it is auto-created (its message.max.bytes), asked again later."""
+        resource = self._config_resource("topic", topic)
+        try:
+            entries = self._admin_client().describe_configs([resource])[resource].result(timeout=10)
+            self._guessed.pop(topic, None)
+            return int(entries["max.message.bytes"].value)
+        except Exception as exc:  # topic not created yet (auto-create) or broker slow
+            limit = self._broker_max_bytes()
+            log.info("max.message.bytes of %s unknown (%s); using the broker's %d for now", topic, exc, limit)
+            self._guessed[topic] = self._clock() + _GUESS_TTL_S
+            return limit
 
+    def _broker_max_bytes(self) -> int:
+        """The broker's message.max.bytes (the limit of topics it creates), else Kafka's default."""
+        try:
+            admin = self._admin_client()
+            broker = next(iter(admin.list_topics(timeout=10).brokers))
+            resource = self._config_resource("broker", str(broker))
+            entries = admin.describe_configs([resource])[resource].result(timeout=10)
+            return int(entries["message.max.bytes"].value)
+        except Exception as exc:
+            log.info("broker message.max.bytes unknown (%s); assuming Kafka's default", exc)
+            return _BROKER_DEFAULT_MAX_MESSAGE_BYTES
+
+    def _admin_client(self) -> Any:
         if self._admin is None:
+            from confluent_kafka.admin import AdminClient
+
             self._admin = AdminClient(
                 {"bootstrap.servers": self.config.bootstrap_servers, **_connection_options(self.config.kafka)}
             )
-        resource = ConfigResource("topic", topic)
-        try:
-            entries = self._admin.describe_configs([resource])[resource].result(timeout=10)
-            return int(entries["max.message.bytes"].value)
-        except Exception as exc:  # topic not created yet (auto-create) or broker slow
-            log.info("max.message.bytes of %s unknown (%s); assuming the broker default", topic, exc)
-            return _BROKER_DEFAULT_MAX_MESSAGE_BYTES
+        return self._admin
+
+    @staticmethod
+    def _config_resource(kind: str, name: str) -> Any:
+        from confluent_kafka.admin import ConfigResource
+
+        return ConfigResource(kind, name)
 
     def _claim_check(self, topic: str, record: object, rid: str, value: bytes) -> bytes:
         if self._blobs is None:
             self._blobs = FsspecBlobStore(self.config.blob_store_url)
+            self._warn_if_local(self._blobs.root_url)
         url, digest = self._blobs.put(value, prefix=topic)
         log.debug("record %s (%d bytes) to %s stored by claim check at %s", rid, len(value), topic, url)
         claim = ClaimCheck(
@@ -255,6 +290,17 @@ class EventProducer:
             record_id=rid,
         )
         return self.codec.encode(claim)
+
+    def _warn_if_local(self, url: str) -> None:
+        hosts = [h.rsplit(":", 1)[0] for h in self.config.bootstrap_servers.split(",")]
+        if is_local_url(url) and any(h not in ("127.0.0.1", "localhost", "::1", "[::1]") for h in hosts):
+            log.warning(
+                "claim-check blobs go to %s, a folder only this machine can read, while Kafka is at %s: "
+                "set %s (e.g. s3://bucket/stacx-blobs) on every machine",
+                url,
+                self.config.bootstrap_servers,
+                DEFAULT_BLOB_ENV,
+            )
 
     def _build_codec(self, config: Config) -> Codec:
         if config.schema_registry_url:

@@ -37,7 +37,7 @@ __all__ = [
 
 _HOMES = {
     "Evaluator": "rollout.evaluator",
-    "GatewayEnvironments": "rollout.adapters",
+    "GatewayEnvironments": "rollout.gateways",
     "HFTokenizer": "rollout.tokens",
     "InferenceAdapter": "rollout.adapters",
     "JsonlTaskSource": "rollout.data",

@@ -1,4 +1,4 @@
-"""Real implementations of the rollout seams: sandbox gateway, inference client, Kafka.
+"""Real implementations of the rollout seams: sandbox gateways, inference client, Kafka.
 
 Third-party imports happen inside the constructors, so importing this module is cheap.
 """
@@ -12,10 +12,11 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from rollout.errors import EnvironmentStepError, InferenceCallError, RewardError
-from rollout.protocols import ExecResult, Generation, SamplingParams
+from rollout.errors import InferenceCallError
+from rollout.gateways import GatewayEnvironments, GatewaySession
+from rollout.protocols import Generation, SamplingParams
 from schemas import topics
-from schemas.records import TaskSample, Trajectory, WeightVersion
+from schemas.records import Trajectory, WeightVersion
 
 __all__ = [
     "GatewayEnvironments",
@@ -26,77 +27,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-DEFAULT_IMAGE = "stacx/sandbox:bookworm"
-
-
-class GatewaySession:
-    """One gateway session seen through the `EnvironmentSession` protocol."""
-
-    def __init__(self, client: Any, session_id: str, task: TaskSample) -> None:
-        self.client = client
-        self.session_id = session_id
-        self.task = task
-
-    async def exec(
-        self, command: str, *, stdin: str | None = None, timeout_s: float | None = None
-    ) -> ExecResult:
-        try:
-            result = await self.client.exec(
-                self.session_id, command, stdin=stdin, timeout_s=timeout_s or 60.0
-            )
-        except Exception as exc:
-            raise EnvironmentStepError(f"exec in {self.session_id}: {type(exc).__name__}: {exc}") from exc
-        return ExecResult(
-            exit_code=result.exit_code,
-            stdout=result.stdout,
-            stderr=result.stderr,
-            truncated=result.truncated,
-            timed_out=result.timed_out,
-            duration_ms=int(result.duration_s * 1000),
-        )
-
-    async def verify(self) -> dict[str, float]:
-        if not self.task.task_dir:
-            raise RewardError(
-                f"task {self.task.task_id} has no task_dir: the verifier needs a "
-                "Harbor task (or configure a reward function)"
-            )
-        try:
-            result = await self.client.verify_remote(self.session_id)
-        except Exception as exc:
-            raise RewardError(f"verifier of {self.task.task_id}: {type(exc).__name__}: {exc}") from exc
-        rewards = {k: float(v) for k, v in result.rewards.items()}
-        rewards["reward"] = float(result.reward)
-        return rewards
-
-    async def close(self) -> None:
-        await self.client.close_session(self.session_id)
-
-
-class GatewayEnvironments:
-    """Opens one gateway session per episode: from the task directory, else from an image."""
-
-    def __init__(
-        self, client: Any, *, default_image: str = DEFAULT_IMAGE, lifetime_s: float = 3600.0
-    ) -> None:
-        self.client = client
-        self.default_image = default_image
-        self.lifetime_s = lifetime_s
-
-    async def open(self, task: TaskSample, *, cpus: float, memory_mb: int) -> GatewaySession:
-        spec: dict[str, Any] = {"cpus": cpus, "memory_mb": memory_mb, "lifetime_s": self.lifetime_s}
-        if task.task_dir:
-            spec["task_dir"] = task.task_dir
-        else:
-            spec["image"] = task.image or self.default_image
-        try:
-            info = await self.client.create_session(**spec)
-        except Exception as exc:
-            raise EnvironmentStepError(
-                f"create session for {task.task_id}: {type(exc).__name__}: {exc}"
-            ) from exc
-        return GatewaySession(self.client, info.id, task)
 
 
 class InferenceAdapter:

@@ -64,16 +64,41 @@ class InferenceConfig:
     """HF tokenizer directory (usually the model directory)."""
 
 
+DEFAULT_GATEWAY_URL = "http://127.0.0.1:8700"
+
+
 @dataclass(kw_only=True, slots=True)
 class SandboxConfig:
-    """The sandbox gateway."""
+    """The sandbox gateways (one per Docker host)."""
 
-    url: str = "http://127.0.0.1:8700"
-    """Gateway base URL."""
+    url: str | None = None
+    """Base URL of the only gateway (default http://127.0.0.1:8700); or use `urls`."""
+    urls: list[str] = field(default_factory=list)
+    """Base URLs of several gateways: each episode goes to the least-loaded one that is up."""
     token_env: str = "STACX_SANDBOX_TOKEN"
-    """Environment variable holding the gateway's bearer token."""
+    """Environment variable holding the gateways' bearer token."""
     image: str = "stacx/sandbox:bookworm"
     """Image of sessions for tasks without task_dir or image."""
+    idle_timeout_s: float = 300.0
+    """A gateway closes a session after this long without a request; the engine renews live
+    episodes' sessions every third of it, so only a crashed worker's sandboxes expire."""
+    max_sessions_per_gateway: int | None = None
+    """Sessions one gateway gets from this worker at most (None: as many as it accepts)."""
+    down_for_s: float = 30.0
+    """A gateway that failed is left alone this long, then probed and used again."""
+
+    def __post_init__(self) -> None:
+        if self.url and self.urls:
+            raise ConfigError("sandbox: set `url` (one gateway) or `urls` (several), not both")
+        bad = [u for u in self.gateway_urls() if not u.startswith(("http://", "https://"))]
+        if bad:
+            raise ConfigError(f"sandbox.urls: {bad} must start with http:// or https://")
+        if len(set(self.gateway_urls())) != len(self.gateway_urls()):
+            raise ConfigError(f"sandbox.urls lists a gateway twice: {self.urls}")
+
+    def gateway_urls(self) -> list[str]:
+        """Every gateway to use, in the order given."""
+        return list(self.urls) or [self.url or DEFAULT_GATEWAY_URL]
 
     def token(self) -> str | None:
         return os.environ.get(self.token_env)

@@ -55,6 +55,10 @@ __all__ = ["EpisodeStats", "Evaluator"]
 
 VERIFIER = "verifier"
 _PROMPT_CACHE_SIZE = 1024
+MAX_EPISODE_S = 12 * 3600.0
+"""Longest episode (and sandbox lifetime) the engine supports."""
+_SANDBOX_SLACK_S = 120.0
+"""Sandbox lifetime beyond the episode budget: creating it and closing it take time too."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -112,7 +116,8 @@ class Evaluator:
         top_k: int = -1
         """Top-k (-1 = off)."""
         episode_timeout_s: float = 600.0
-        """Wall-clock limit of one episode (status TIMED_OUT)."""
+        """Wall-clock limit of one episode (status TIMED_OUT), at most 12 h; its sandbox lives
+        as long (and is renewed while the episode runs)."""
         step_timeout_s: float = 30.0
         """Limit of one command in the sandbox."""
         episode: dict[str, float] = field(default_factory=lambda: {"sandboxes": 1, "memory_mb": 512})
@@ -129,6 +134,10 @@ class Evaluator:
             for name in ("episode_timeout_s", "step_timeout_s"):
                 if getattr(self, name) <= 0:
                     raise ConfigError(f"evaluator.{name} = {getattr(self, name)}; use > 0")
+            if self.episode_timeout_s > MAX_EPISODE_S:
+                raise ConfigError(
+                    f"evaluator.episode_timeout_s = {self.episode_timeout_s}; use <= {MAX_EPISODE_S:g} (12 h)"
+                )
 
     def __init__(
         self,
@@ -363,6 +372,7 @@ class Evaluator:
                 episode.group.task,
                 cpus=max(self.demand.step.cpu, self.demand.episode.cpu, 0.1),
                 memory_mb=self.demand.episode.memory_mb or 512,
+                lifetime_s=min(self.config.episode_timeout_s + _SANDBOX_SLACK_S, MAX_EPISODE_S),
             )
         except EpisodeError:
             raise

@@ -173,9 +173,14 @@ class FakeEnvironments:
         self.fail_open = fail_open
         self.delay_s = delay_s
         self.sessions: list[FakeSession] = []
+        self.lifetimes: list[float | None] = []
+        """`lifetime_s` of every open() call."""
         self._ids = itertools.count()
 
-    async def open(self, task: TaskSample, *, cpus: float, memory_mb: int) -> FakeSession:
+    async def open(
+        self, task: TaskSample, *, cpus: float, memory_mb: int, lifetime_s: float | None = None
+    ) -> FakeSession:
+        self.lifetimes.append(lifetime_s)
         if self.fail_open:
             raise RuntimeError("no capacity")
         session = FakeSession(

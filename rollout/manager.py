@@ -5,6 +5,7 @@ resource pool, publish trajectories, follow the policy version with bounded stal
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -51,6 +52,22 @@ class RolloutSummary:
         return {t: self.reward_sum_by_type[t] / n for t, n in self.episodes_by_type.items() if n}
 
 
+@dataclass(slots=True, eq=False)
+class _Waiting:
+    """A group taken from the scheduler whose samples have not all started."""
+
+    group: TaskGroup
+    evaluator: Evaluator | None
+    started: int = 0
+    """Samples started so far (the next one has this index)."""
+    bypassed: int = 0
+    """Samples of later groups that started while this one did not fit."""
+
+    @property
+    def remaining(self) -> int:
+        return self.group.num_samples - self.started
+
+
 class RolloutManager:
     """Runs many evaluators at once; see `run()` and `stop()`."""
 
@@ -86,6 +103,13 @@ class RolloutManager:
         """Keep every reward per task id in the summary (evaluation runs)."""
         publish_failed: bool = True
         """Publish FAILED/TIMED_OUT trajectories too (the assembler excludes them from training)."""
+        admission_window: int = 16
+        """Groups taken from the scheduler and waiting for their resources at once: an episode
+        that does not fit yet (a scarce GPU) lets later ones that fit start (no head-of-line
+        blocking)."""
+        max_bypass: int = 32
+        """How many later episodes may start ahead of a waiting group; then dispatch holds
+        everything behind it until it fits (big requests are not starved either)."""
 
         def __post_init__(self) -> None:
             if self.max_concurrent_episodes < 1:
@@ -94,6 +118,11 @@ class RolloutManager:
                 raise ConfigError(f"max_staleness = {self.max_staleness}; use >= 0")
             if not self.evaluators:
                 raise ConfigError("evaluators is empty; configure at least `default`")
+            if self.admission_window < 1 or self.max_bypass < 0:
+                raise ConfigError(
+                    f"admission_window = {self.admission_window}, max_bypass = {self.max_bypass}; "
+                    "use admission_window >= 1 and max_bypass >= 0"
+                )
 
     def __init__(
         self,
@@ -110,6 +139,7 @@ class RolloutManager:
         self.source = source
         self.publisher = publisher
         self.versions = versions
+        self.sandbox = sandbox
         self.pool = ResourcePool(Resources.from_mapping(config.pool, where="pool"))
         self.scheduler = TaskScheduler(config.scheduler)
         self.evaluators = {
@@ -124,22 +154,31 @@ class RolloutManager:
             )
             for name, cfg in config.evaluators.items()
         }
-        check_feasible(self.pool.capacity, [e.demand for e in self.evaluators.values()])
+        self.feasibility = check_feasible(self.pool.capacity, [e.demand for e in self.evaluators.values()])
+        self.pool.reserve = self.feasibility.reserve
+        for cycle in self.feasibility.cycles:
+            log.info("%s: keeping %s free of episodes for model calls", cycle, self.pool.reserve)
         self.summary = RolloutSummary()
-        self._slots = asyncio.Semaphore(config.max_concurrent_episodes)
+        self._slots_free = config.max_concurrent_episodes
         self._tasks: set[asyncio.Task[None]] = set()
         self._num_running = 0
         self._remaining: dict[str, int] = {}
+        self._window: list[_Waiting] = []
+        """Groups taken from the scheduler whose samples have not all started, in pop order."""
         self._source_done = False
-        self._ready = asyncio.Event()
-        """Set by the puller when a group is pending or the source is done."""
+        self._wakeup = asyncio.Event()
+        """Set when dispatch may make progress: a group pending, resources released, a stop."""
         self._space = asyncio.Event()
         """Set by the dispatcher when it took a group (room for the puller)."""
         self._stopping: str | None = None
+        self._stalled = False
         self._first_version: int | None = None
         self._groups_admitted = 0
         self.num_stalls = 0
+        self.num_bypassed = 0
+        """Episodes that started ahead of an earlier one that did not fit yet."""
         self._started_at = time.monotonic()
+        self.pool.subscribe(self._on_release)
 
     # -- public API ----------------------------------------------------------------------------
 
@@ -173,7 +212,7 @@ class RolloutManager:
             raise ConfigError(f"stop mode {mode!r}; use drain or cancel")
         if self._stopping != "cancel":
             self._stopping = mode
-        self._ready.set()
+        self._wakeup.set()
         if mode == "cancel":
             for task in list(self._tasks):
                 task.cancel()
@@ -196,23 +235,34 @@ class RolloutManager:
             "by_status": dict(self.summary.by_status),
             "mean_reward_by_type": self.summary.mean_reward_by_type(),
             "staleness_stalls": self.num_stalls,
+            "waiting_groups": len(self._window),
+            "bypassed": self.num_bypassed,
             "pool_in_use": self.pool.in_use.as_dict(),
             "pool_capacity": self.pool.capacity.as_dict(),
+            "pool_reserve": self.pool.reserve.as_dict(),
+            **self._gateway_load(),
         }
 
+    def _gateway_load(self) -> dict[str, Any]:
+        load = getattr(self.sandbox, "load", None)
+        return {"gateways": load()} if callable(load) else {}
+
     # -- dispatch ------------------------------------------------------------------------------
+    #
+    # One dispatcher coroutine, woken by `_wakeup`. Each round it starts every waiting sample
+    # that fits (slots and a local pool, never waiting), and takes the scheduler's next group
+    # while slots are free and something could fit. A group that does not fit stays in the
+    # window while later ones start, until `max_bypass` of them went ahead of it.
 
     async def _dispatch_loop(self, num_groups: int | None) -> None:
         puller = asyncio.create_task(self._pull(num_groups))
         try:
-            while self._stopping is None and (num_groups is None or self._groups_admitted < num_groups):
-                group = await self._next_group()
-                if group is None:
+            while True:
+                self._wakeup.clear()
+                self._dispatch_round(num_groups)
+                if self._dispatch_done(num_groups):
                     break
-                await self._wait_for_staleness()
-                if self._stopping is not None:
-                    break
-                await self._admit_group(group)
+                await self._wait_for_wakeup()
         finally:
             puller.cancel()
             await asyncio.gather(puller, return_exceptions=True)
@@ -231,29 +281,85 @@ class RolloutManager:
                 break
             self.scheduler.push(group)
             pulled += 1
-            self._ready.set()
+            self._wakeup.set()
         self._source_done = True
-        self._ready.set()
+        self._wakeup.set()
 
-    async def _next_group(self) -> TaskGroup | None:
-        """The strategy's next group; waits for the puller; None when the source is done."""
-        while not len(self.scheduler):
-            if self._source_done or self._stopping is not None:
-                return None
-            self._ready.clear()
-            await self._ready.wait()
-        group = self.scheduler.pop()
-        self._space.set()
-        return group
+    def _dispatch_done(self, num_groups: int | None) -> bool:
+        if self._window:
+            return False
+        if self._stopping is not None:
+            return True
+        if num_groups is not None and self._groups_admitted >= num_groups:
+            return True
+        return self._source_done and not len(self.scheduler)
 
-    async def _admit_group(self, group: TaskGroup) -> None:
-        self._groups_admitted += 1
-        self.summary.num_groups += 1
-        self._remaining[group.group_id] = group.num_samples
-        for index in range(group.num_samples):
-            if self._stopping == "cancel":
+    async def _wait_for_wakeup(self) -> None:
+        if not self._stalled:
+            await self._wakeup.wait()
+            return
+        with contextlib.suppress(TimeoutError):  # re-read the policy version now and then
+            await asyncio.wait_for(self._wakeup.wait(), self.config.staleness_poll_s)
+
+    def _on_release(self) -> None:
+        if self._window:
+            self._wakeup.set()
+
+    def _dispatch_round(self, num_groups: int | None) -> None:
+        self._drop_unstarted()
+        while self._slots_free:
+            capped = self._start_fitting()
+            if capped or not self._slots_free or not self._may_take(num_groups):
                 return
-            await self._admit(group, index)
+            group = self.scheduler.pop()
+            assert group is not None
+            self._space.set()
+            self._take(group)
+
+    def _drop_unstarted(self) -> None:
+        """On stop: cancel drops every waiting sample; drain those of groups not yet started."""
+        if self._stopping is None:
+            return
+        kept = [w for w in self._window if self._stopping == "drain" and w.started]
+        for waiting in self._window:
+            if waiting not in kept:
+                self._remaining.pop(waiting.group.group_id, None)
+        self._window = kept
+
+    def _start_fitting(self) -> bool:
+        """Start every waiting sample that fits, in window order; True when a group that does
+        not fit was bypassed `max_bypass` times (nothing behind it may start)."""
+        blocked: list[_Waiting] = []
+        for waiting in list(self._window):
+            while self._slots_free and waiting.remaining and self._try_start(waiting):
+                self.num_bypassed += bool(blocked)
+                for earlier in blocked:
+                    earlier.bypassed += 1
+            if not waiting.remaining:
+                self._window.remove(waiting)
+                continue
+            blocked.append(waiting)
+            if not self._slots_free or waiting.bypassed >= self.config.max_bypass:
+                break
+        return any(w.bypassed >= self.config.max_bypass for w in blocked)
+
+    def _may_take(self, num_groups: int | None) -> bool:
+        """Whether to take another group from the scheduler now."""
+        if self._stopping is not None or not len(self.scheduler):
+            return False
+        if num_groups is not None and self._groups_admitted >= num_groups:
+            return False
+        if len(self._window) >= self.config.admission_window or self._is_stalled():
+            return False
+        # behind a group that does not fit, only take more if some evaluator could start now
+        return not self._window or any(
+            self.pool.fits(e.demand.local_pool, hold=True) for e in self.evaluators.values()
+        )
+
+    def _take(self, group: TaskGroup) -> None:
+        self._groups_admitted += 1
+        self._remaining[group.group_id] = group.num_samples
+        self._window.append(_Waiting(group=group, evaluator=self._evaluator_for(group)))
 
     def _stale(self) -> bool:
         """True when data admitted now would trail the trainer by more than max_staleness."""
@@ -266,38 +372,42 @@ class RolloutManager:
         steps = version - self._first_version
         return self._groups_admitted >= (steps + self.config.max_staleness + 1) * per_version
 
-    async def _wait_for_staleness(self) -> None:
-        if self._stale():
+    def _is_stalled(self) -> bool:
+        stale = self._stale()
+        if stale and not self._stalled:
             self.num_stalls += 1
             log.info(
                 "staleness bound reached at version %d: waiting for a new policy",
                 self.policy_version(),
             )
-        while self._stale() and self._stopping is None:
-            await asyncio.sleep(self.config.staleness_poll_s)
+        self._stalled = stale
+        return stale
 
-    async def _admit(self, group: TaskGroup, index: int) -> None:
-        evaluator = self._evaluator_for(group)
-        await self._slots.acquire()
+    def _try_start(self, waiting: _Waiting) -> bool:
+        """Start the next sample of `waiting` if its local pool can be drawn now."""
+        group, index, evaluator = waiting.group, waiting.started, waiting.evaluator
         local: LocalPool | None = None
-        try:
-            if evaluator is not None:
-                local = LocalPool(self.pool, evaluator.demand.local_pool, name=f"{group.group_id}/{index}")
-                await local.open()
-        except BaseException:
-            self._slots.release()
-            raise
+        if evaluator is not None:
+            local = LocalPool(self.pool, evaluator.demand.local_pool, name=f"{group.group_id}/{index}")
+            if not local.try_open():
+                return False
+        if not waiting.started:
+            self.summary.num_groups += 1
+        waiting.started += 1
+        self._slots_free -= 1
         task = asyncio.create_task(self._episode(evaluator, group, index, local))
         self._tasks.add(task)
         self._num_running += local is not None  # running until its local pool is closed
         self.summary.max_concurrent_episodes = max(self.summary.max_concurrent_episodes, self._num_running)
         # cleanup in a done callback: it runs even for a task cancelled before it started
         task.add_done_callback(lambda done: self._finished(done, local))
+        return True
 
     def _finished(self, task: asyncio.Task[None], local: LocalPool | None) -> None:
         self._tasks.discard(task)
         self._close_local(local)
-        self._slots.release()
+        self._slots_free += 1
+        self._wakeup.set()
         if not task.cancelled() and task.exception() is not None:
             log.error("episode task failed: %r", task.exception())
 

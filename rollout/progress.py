@@ -21,8 +21,17 @@ def metrics_line(metrics: dict[str, Any]) -> str:
     return (
         f"v{metrics['policy_version']} in_flight={metrics['in_flight']} "
         f"done={metrics['episodes_done']} ({metrics['episodes_per_s']:.1f}/s) {statuses} "
-        f"stalls={metrics['staleness_stalls']}"
+        f"stalls={metrics['staleness_stalls']}{_gateways_text(metrics, ' ')}"
     )
+
+
+def _gateways_text(metrics: dict[str, Any], prefix: str) -> str:
+    """Per-gateway sessions, `down` for a gateway that failed: ` gateways=a:12,b:down`."""
+    gateways = metrics.get("gateways") or {}
+    if len(gateways) < 2 and not any(not g["up"] for g in gateways.values()):
+        return ""
+    parts = [f"{url}:{g['active'] if g['up'] else 'down'}" for url, g in gateways.items()]
+    return f"{prefix}gateways=" + ",".join(parts)
 
 
 def _render(metrics: dict[str, Any]) -> Any:
@@ -41,6 +50,11 @@ def _render(metrics: dict[str, Any]) -> Any:
     used, cap = metrics["pool_in_use"], metrics["pool_capacity"]
     table.add_row("pool", ", ".join(f"{k} {used[k]:g}/{cap[k]:g}" for k in cap if cap[k]))
     table.add_row("staleness stalls", str(metrics["staleness_stalls"]))
+    for url, gateway in (metrics.get("gateways") or {}).items():
+        state = (
+            f"{gateway['active']} open, {gateway['opened']} opened" if gateway["up"] else gateway["problem"]
+        )
+        table.add_row(f"gateway {url}", str(state))
     return table
 
 

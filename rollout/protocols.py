@@ -118,7 +118,11 @@ class EnvironmentSession(Protocol):
 class EnvironmentFactory(Protocol):
     """Creates sandbox sessions (the gateway client)."""
 
-    async def open(self, task: TaskSample, *, cpus: float, memory_mb: int) -> EnvironmentSession: ...
+    async def open(
+        self, task: TaskSample, *, cpus: float, memory_mb: int, lifetime_s: float | None = None
+    ) -> EnvironmentSession:
+        """A session for `task` with these limits, kept for `lifetime_s` (the episode's budget)."""
+        ...
 
 
 @dataclass(kw_only=True, slots=True)

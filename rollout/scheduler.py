@@ -3,8 +3,12 @@
 Strategies (selected by `scheduler.strategy` in the config, never by evaluator code):
 - `fifo`: arrival order across all types.
 - `priority`: highest `TaskSample.priority` first, arrival order among equals.
-- `fair_share`: weighted fair queuing over task types (stride scheduling on dispatched samples).
-- `task_aware`: per batch of `batch_size` groups, interleave types toward target mixture ratios.
+- `fair_share`: start-time fair queuing over task types, weighted, counted in samples. A type
+  that arrives (or comes back) starts at the current virtual time, so it gets its share at once
+  but no credit for the time it was absent: a newcomer never monopolises dispatch.
+- `task_aware`: a smooth weighted round robin toward target mixture ratios whose remainder
+  carries across batches (0.7/0.3 stays 0.7/0.3, and a 5% type is scheduled once in 20); a
+  type without pending work leaves its turns to the others and owes or is owed nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +41,10 @@ class SchedulingStrategy(Protocol):
 
     def select(self, queues: Queues) -> TaskGroup: ...
 
+    def arrived(self, group: TaskGroup, queues: Queues) -> None:
+        """Bookkeeping after `group` was queued (it is already the last of its type's queue)."""
+        ...
+
     def dispatched(self, group: TaskGroup) -> None:
         """Bookkeeping after `group` left the scheduler."""
         ...
@@ -47,6 +55,9 @@ class FifoStrategy:
 
     def select(self, queues: Queues) -> TaskGroup:
         return min((q[0] for q in queues.values() if q), key=lambda g: g.seq)
+
+    def arrived(self, group: TaskGroup, queues: Queues) -> None:
+        return None
 
     def dispatched(self, group: TaskGroup) -> None:
         return None
@@ -59,12 +70,23 @@ class PriorityStrategy:
         candidates = (g for q in queues.values() for g in q)
         return min(candidates, key=lambda g: (-g.task.priority, g.seq))
 
+    def arrived(self, group: TaskGroup, queues: Queues) -> None:
+        return None
+
     def dispatched(self, group: TaskGroup) -> None:
         return None
 
 
 class FairShareStrategy:
-    """Each type gets dispatched samples in proportion to its weight (default weight 1)."""
+    """Each backlogged type gets dispatched samples in proportion to its weight (default 1).
+
+    Start-time fair queuing: a group's start tag is the larger of the virtual time when it
+    arrived and the finish tag of its type's previous group; its finish tag adds
+    `num_samples / weight`. The group with the smallest finish tag goes first; the virtual time
+    is the start tag of the last dispatched group. Lifetime counts would let a newcomer take
+    every dispatch until it caught up with the others' history; tags from the virtual time give
+    it its share from the moment it arrives.
+    """
 
     name = "fair_share"
 
@@ -73,27 +95,38 @@ class FairShareStrategy:
         for task_type, weight in self.weights.items():
             if weight <= 0:
                 raise ConfigError(f"scheduler.weights.{task_type} = {weight}; use a weight > 0")
-        self.served: dict[str, int] = {}
+        self.virtual_time = 0.0
+        self._last_finish: dict[str, float] = {}
+        self._tags: dict[int, tuple[float, float]] = {}
+        """Group seq -> (start tag, finish tag)."""
 
-    def _finish_tag(self, group: TaskGroup) -> float:
+    def arrived(self, group: TaskGroup, queues: Queues) -> None:
         task_type = group.task.task_type
-        served = self.served.get(task_type, 0) + group.num_samples
-        return served / self.weights.get(task_type, 1.0)
+        start = max(self.virtual_time, self._last_finish.get(task_type, 0.0))
+        finish = start + group.num_samples / self.weights.get(task_type, 1.0)
+        self._last_finish[task_type] = finish
+        self._tags[group.seq] = (start, finish)
 
     def select(self, queues: Queues) -> TaskGroup:
         heads = [q[0] for q in queues.values() if q]
-        return min(heads, key=lambda g: (self._finish_tag(g), g.seq))
+        return min(heads, key=lambda g: (self._tags[g.seq][1], g.seq))
 
     def dispatched(self, group: TaskGroup) -> None:
-        task_type = group.task.task_type
-        self.served[task_type] = self.served.get(task_type, 0) + group.num_samples
+        start, _ = self._tags.pop(group.seq)
+        self.virtual_time = max(self.virtual_time, start)
 
 
 class TaskAwareStrategy:
-    """Within each batch of `batch_size` groups, pick the type furthest below its target share.
+    """Interleave types toward target mixture ratios, carrying the remainder across batches.
 
-    A type whose queue is empty cannot take its share; the others fill the batch (the surplus),
-    and the next batch starts from zero again. Types without a ratio go last.
+    Smooth weighted round robin: before each pick every type with pending work earns its ratio
+    (renormalised over the types with work) in credit; the one with the most credit goes (ties:
+    earlier arrival) and pays one. Credit is never reset, so the fractional remainder carries
+    from batch to batch and the long-run mixture is exactly the ratios (0.7/0.3 stays 0.7/0.3; a
+    5% type goes once every 20 picks). A type without pending work earns nothing and the
+    others share its turn (the surplus) without running into debt, so when it comes back it
+    gets its ratio from then on: no catch-up burst and no monopoly. Types without a ratio go
+    last.
     """
 
     name = "task_aware"
@@ -108,22 +141,30 @@ class TaskAwareStrategy:
             raise ConfigError(f"scheduler.ratios {dict(ratios)} must be >= 0 and sum to > 0")
         self.ratios = {t: r / total for t, r in ratios.items()}
         self.batch_size = batch_size
-        self.in_batch: dict[str, int] = {}
+        self.credit: dict[str, float] = dict.fromkeys(self.ratios, 0.0)
+        self._earned = False
 
-    def _deficit(self, group: TaskGroup) -> float:
-        task_type = group.task.task_type
-        position = sum(self.in_batch.values()) + 1
-        return self.ratios.get(task_type, 0.0) * position - self.in_batch.get(task_type, 0)
+    def arrived(self, group: TaskGroup, queues: Queues) -> None:
+        return None
 
     def select(self, queues: Queues) -> TaskGroup:
+        if not self._earned:  # once per pick, however often select is asked
+            self._earn(queues)
         heads = [q[0] for q in queues.values() if q]
-        return min(heads, key=lambda g: (-self._deficit(g), g.seq))
+        return min(heads, key=lambda g: (-self.credit.get(g.task.task_type, float("-inf")), g.seq))
+
+    def _earn(self, queues: Queues) -> None:
+        present = [t for t in self.ratios if queues.get(t)]
+        total = sum(self.ratios[t] for t in present)
+        for task_type in present if total > 0 else ():
+            self.credit[task_type] += self.ratios[task_type] / total
+        self._earned = True
 
     def dispatched(self, group: TaskGroup) -> None:
         task_type = group.task.task_type
-        self.in_batch[task_type] = self.in_batch.get(task_type, 0) + 1
-        if sum(self.in_batch.values()) >= self.batch_size:
-            self.in_batch.clear()
+        if task_type in self.credit:
+            self.credit[task_type] -= 1.0
+        self._earned = False
 
 
 def build_strategy(config: TaskScheduler.Config) -> SchedulingStrategy:
@@ -153,7 +194,8 @@ class TaskScheduler:
         ratios: dict[str, float] = field(default_factory=dict)
         """task_aware: target mixture ratio per task type."""
         batch_size: int = 8
-        """task_aware: groups per mixture batch."""
+        """task_aware: accepted from older configs; the ratios now hold across batches, so it no
+        longer changes the order."""
         lookahead: int = 64
         """Groups kept pending so the strategy has a choice."""
 
@@ -169,6 +211,7 @@ class TaskScheduler:
         self._seq += 1
         self.queues.setdefault(group.task.task_type, deque()).append(group)
         self.num_pending += 1
+        self.strategy.arrived(group, self.queues)
 
     def pop(self) -> TaskGroup | None:
         if not self.num_pending:

@@ -13,16 +13,12 @@ import signal
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from rollout.adapters import (
-    GatewayEnvironments,
-    InferenceAdapter,
-    KafkaTrajectoryPublisher,
-    WeightsFollower,
-)
+from rollout.adapters import InferenceAdapter, KafkaTrajectoryPublisher, WeightsFollower
 from rollout.config import RolloutConfig
 from rollout.data import JsonlTaskSource, KafkaTaskSource, ListTaskSource
 from rollout.errors import ConfigError
 from rollout.fakes import MemoryPublisher, StaticVersion
+from rollout.gateways import GatewayEnvironments
 from rollout.manager import RolloutManager, RolloutSummary
 from rollout.progress import live_progress, metrics_line
 from rollout.protocols import (
@@ -71,6 +67,28 @@ def build_inference(config: RolloutConfig) -> tuple[InferenceClient, Any]:
     return InferenceAdapter(client), client
 
 
+def build_environments(config: RolloutConfig, closers: list[Any]) -> GatewayEnvironments:
+    """One gateway client per `sandbox.urls` entry behind one `GatewayEnvironments`."""
+    from sandbox.client import SandboxClient
+
+    assert config.sandbox is not None
+    sandbox = config.sandbox
+    clients = []
+    for url in sandbox.gateway_urls():
+        client = SandboxClient(SandboxClient.Config(base_url=url, token=sandbox.token()))
+        closers.append(client)
+        clients.append(client)
+    options = GatewayEnvironments.Config(
+        default_image=sandbox.image,
+        idle_timeout_s=sandbox.idle_timeout_s,
+        max_sessions_per_gateway=sandbox.max_sessions_per_gateway,
+        down_for_s=sandbox.down_for_s,
+    )
+    environments = GatewayEnvironments(clients, options)
+    closers.append(environments)
+    return environments
+
+
 def build_tokenizer(config: RolloutConfig) -> Tokenizer:
     if not config.inference.tokenizer:
         raise ConfigError("inference.tokenizer is not set; point it at the model directory")
@@ -95,13 +113,7 @@ async def open_manager(
             inference, raw = build_inference(config)
             closers.append(raw)
         if sandbox is None and config.sandbox is not None:
-            from sandbox.client import SandboxClient
-
-            client = SandboxClient(
-                SandboxClient.Config(base_url=config.sandbox.url, token=config.sandbox.token())
-            )
-            closers.append(client)
-            sandbox = GatewayEnvironments(client, default_image=config.sandbox.image)
+            sandbox = build_environments(config, closers)
         if publisher is None:
             publisher = (
                 KafkaTrajectoryPublisher(

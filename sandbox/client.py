@@ -175,6 +175,11 @@ class SandboxClient:
         response = await self._request("GET", "/v1/sessions", retry=True)
         return [SessionInfo.model_validate(s) for s in response.json()]
 
+    async def touch_session(self, session_id: str) -> SessionInfo:
+        """Restart the session's idle timeout (keep a quiet long-lived session alive)."""
+        response = await self._request("POST", f"/v1/sessions/{session_id}/touch", retry=True)
+        return SessionInfo.model_validate(response.json())
+
     async def close_session(self, session_id: str, *, missing_ok: bool = True) -> None:
         """Close a session (already closed or expired is fine unless `missing_ok=False`)."""
         try:

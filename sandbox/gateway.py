@@ -7,6 +7,7 @@ Routes (all under bearer auth except /healthz):
     GET    /v1/sessions                        -> [SessionInfo]
     GET    /v1/sessions/{id}                   -> SessionInfo
     DELETE /v1/sessions/{id}                   -> 204
+    POST   /v1/sessions/{id}/touch             -> SessionInfo (restarts the idle timeout)
     POST   /v1/sessions/{id}/exec ExecRequest  -> ExecResult
     PUT    /v1/sessions/{id}/files?path=P      raw bytes -> FileWritten
     GET    /v1/sessions/{id}/files?path=P      -> raw bytes
@@ -141,6 +142,10 @@ def create_app(manager: SessionManager, *, token: str | None, manage_lifecycle: 
     async def delete_session(session_id: str) -> Response:
         await manager.close(session_id)
         return Response(status_code=204)
+
+    @app.post("/v1/sessions/{session_id}/touch", dependencies=auth, response_model=SessionInfo)
+    async def touch_session(session_id: str) -> SessionInfo:
+        return manager.touch(session_id)
 
     @app.post("/v1/sessions/{session_id}/exec", dependencies=auth, response_model=ExecResult)
     async def exec_command(session_id: str, request: ExecRequest) -> ExecResult:

@@ -266,6 +266,13 @@ class SessionManager:
         """Pre-started sandboxes ready in the warm pool."""
         return len(self._pool)
 
+    def touch(self, session_id: str) -> SessionInfo:
+        """Count as a request now: restarts the idle timeout (clients renew long-lived sessions
+        that go quiet, e.g. while the model thinks); the hard lifetime is unchanged."""
+        session = self._session(session_id)
+        session.info.last_used_at = time.time()
+        return session.info
+
     def task(self, session_id: str) -> HarborTask | None:
         """The Harbor task the session was created for, if any."""
         return self._session(session_id).task

@@ -28,7 +28,7 @@ import faust
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from consumers.assembly.batching import BatchBuilder
+from consumers.assembly.batching import BatchBuilder, RejectedGroup
 from consumers.assembly.claims import BatchEncoder, decode_trajectory
 from consumers.assembly.envelope import encode_group
 from consumers.assembly.errors import AssemblyConfigError, AssemblyError
@@ -37,6 +37,7 @@ from consumers.assembly.grouping import GroupAssembler
 from consumers.assembly.mixture import MixturePlanner
 from consumers.assembly.protocols import Forwarder, Output
 from consumers.assembly.stats import AssemblyStats
+from consumers.dead_letters import keep_original
 from schemas import topics
 from schemas.codec import decode, encode
 from schemas.records import DeadLetter, WeightVersion, now_ms
@@ -173,7 +174,7 @@ class AssemblerApp:
             cfg.grouping, sample_filter=self.sample_filter, groups=self.groups_table,
             payloads=self.payloads_table, stats=self.stats,
         )
-        self.encoder = BatchEncoder(cfg.output)
+        self.encoder = BatchEncoder(cfg.output, topic=cfg.batches_topic)
         self.builder = BatchBuilder(
             cfg.batching, planner=MixturePlanner(cfg.mixture), sample_filter=self.sample_filter,
             pool=self.pool_table, index=self.index_table, packed=self.packed_table,
@@ -209,11 +210,39 @@ class AssemblerApp:
 
     async def _batch_stream(self, stream: faust.StreamT) -> AsyncIterator[list[Output]]:
         async for event in stream.events():
-            batches = self.builder.on_group(event.value, now_ms=self.clock())
-            yield [
-                Output(self.config.batches_topic, b.batch_id.encode(), self.encoder.encode(b))
-                for b in batches
-            ]
+            yield self.on_ready_group(event.value)
+
+    def on_ready_group(self, payload: bytes) -> list[Output]:
+        """Stage 2 for one closed group: the batches it completes, dead letters of rejected ones."""
+        batches = self.builder.on_group(payload, now_ms=self.clock())
+        letters = [o for r in self.builder.take_rejected() for o in self._rejected_output(r)]
+        return letters + [
+            Output(self.config.batches_topic, b.batch_id.encode(), self.encoder.encode(b))
+            for b in batches
+        ]
+
+    def _rejected_output(self, rejected: RejectedGroup) -> list[Output]:
+        """One dead letter per sample of a group that could not be packed, with its full record."""
+        group = rejected.group
+        log.error("group %s could not be packed, dead-lettering its samples: %s",
+                  group.group_id, rejected.error)
+        outputs = []
+        for payload in group.payloads:
+            value, note = keep_original(
+                payload, dlq_topic=self.config.dlq_topic, store_url=self.config.output.blob_store_url
+            )
+            letter = DeadLetter(
+                source_topic=self.config.trajectories_topic,
+                source_partition=0,
+                source_offset=-1,  # unknown here: the group was pooled from the groups topic
+                reason=f"group {group.group_id} could not be packed: {rejected.error}"[:1000] + note,
+                error_type=type(rejected.error).__name__,
+                key=group.group_id.encode(),
+                value=value,
+            )
+            self.stats.undecodable += 1
+            outputs.append(Output(self.config.dlq_topic, letter.key, encode(letter)))
+        return outputs
 
     async def _weights_stream(self, stream: faust.StreamT) -> AsyncIterator[list[Output]]:
         async for event in stream.events():
@@ -260,14 +289,17 @@ class AssemblerApp:
 
     def _dead_letter(self, message: Any, exc: BaseException) -> Output:
         self.stats.undecodable += 1
+        value, note = keep_original(
+            message.value, dlq_topic=self.config.dlq_topic, store_url=self.config.output.blob_store_url
+        )
         letter = DeadLetter(
             source_topic=str(message.topic),
             source_partition=int(message.partition or 0),
             source_offset=int(message.offset or 0),
-            reason=str(exc)[:1000],
+            reason=str(exc)[:1000] + note,
             error_type=type(exc).__name__,
             key=message.key,
-            value=message.value,
+            value=value,
         )
         log.warning("dead-lettered %s[%s]@%s: %s", letter.source_topic,
                     letter.source_partition, letter.source_offset, letter.reason)

@@ -21,10 +21,19 @@ from consumers.assembly.protocols import StateTable
 from consumers.assembly.stats import AssemblyStats
 from schemas.records import TrainingBatch
 
-__all__ = ["BatchBuilder"]
+__all__ = ["BatchBuilder", "RejectedGroup"]
 
 IndexEntry = list[Any]
 """[group id, task type, num sequences, min policy version]"""
+
+
+@dataclass(frozen=True, slots=True)
+class RejectedGroup:
+    """A pooled group that could not be packed (a claim-check blob vanished, a corrupt payload):
+    taken out of the pool so the agent goes on; the app dead-letters its samples."""
+
+    group: ReadyGroup
+    error: Exception
 
 
 class BatchBuilder:
@@ -59,6 +68,12 @@ class BatchBuilder:
         self._index = index
         self._packed = packed
         self._stats = stats
+        self._rejected: list[RejectedGroup] = []
+
+    def take_rejected(self) -> list[RejectedGroup]:
+        """Groups rejected since the last call (to dead-letter them)."""
+        rejected, self._rejected = self._rejected, []
+        return rejected
 
     def on_group(self, payload: bytes, *, now_ms: int) -> list[TrainingBatch]:
         """Pool one encoded `ReadyGroup`; returns the batches that became ready."""
@@ -84,26 +99,56 @@ class BatchBuilder:
             chosen = self._planner.select(entries)
             if chosen is None:
                 break
-            batches.append(self._emit(model_name, chosen, now_ms=now_ms))
+            batch = self._emit(model_name, chosen, now_ms=now_ms)
+            if batch is not None:  # None: a group was rejected; plan again without it
+                batches.append(batch)
         if batches:
             self._forget_packed(now_ms)
         return batches
 
-    def _emit(self, model_name: str, chosen: list[PoolEntry], *, now_ms: int) -> TrainingBatch:
-        groups = [decode_group(self._pool[e.key]) for e in chosen]
+    def _emit(self, model_name: str, chosen: list[PoolEntry], *, now_ms: int) -> TrainingBatch | None:
+        packed: list[PackedGroup] = []
+        rejected: list[str] = []
+        for entry in chosen:
+            try:
+                packed.append(_decoded(decode_group(self._pool[entry.key])))
+            except Exception as exc:  # a vanished blob must not stop the agent: reject the group
+                self._reject(entry.key, exc)
+                rejected.append(entry.key)
+        if rejected:
+            self._remove(model_name, set(rejected), now_ms)
+            return None
         batch = pack_batch(
-            [_decoded(g) for g in groups],
+            packed,
             model_name=model_name,
             mask_flagged=self._filter.config.failure_policy is FailurePolicy.MASK,
         )
-        keys = {e.key for e in chosen}
+        self._remove(model_name, {e.key for e in chosen}, now_ms)
+        self._stats.batches += 1
+        self._stats.sequences += batch.num_sequences
+        return batch
+
+    def _remove(self, model_name: str, keys: set[str], now_ms: int) -> None:
+        """Take `keys` out of the pool; remembered as packed, so a redelivery is ignored."""
         for key in keys:
             del self._pool[key]
             self._packed[key] = now_ms
         self._index[model_name] = [e for e in self._index[model_name] if e[0] not in keys]
-        self._stats.batches += 1
-        self._stats.sequences += batch.num_sequences
-        return batch
+
+    def _reject(self, key: str, exc: Exception) -> None:
+        try:
+            group = decode_group(self._pool[key])
+        except Exception:  # the envelope itself is corrupt: keep its bytes as the only payload
+            group = ReadyGroup(
+                group_id=key,
+                model_name="",
+                task_type="",
+                group_size=0,
+                min_policy_version=0,
+                payloads=[self._pool[key]],
+            )
+        self._rejected.append(RejectedGroup(group=group, error=exc))
+        self._stats.groups_rejected += 1
 
     def _evict_stale(self, model_name: str) -> None:
         entries = self._index.get(model_name, [])

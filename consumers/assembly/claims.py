@@ -46,8 +46,10 @@ class BatchEncoder:
                     f"got {self.claim_check_threshold_bytes}"
                 )
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, topic: str = topics.BATCHES) -> None:
         self.config = config
+        self.topic = topic
+        """The batches topic: blobs go under its prefix, so `stacx topics gc` can match them."""
         self._blobs: FsspecBlobStore | None = None
 
     def encode(self, batch: TrainingBatch) -> bytes:
@@ -56,7 +58,7 @@ class BatchEncoder:
             return value
         if self._blobs is None:
             self._blobs = FsspecBlobStore(self.config.blob_store_url)
-        url, digest = self._blobs.put(value, prefix="batches")
+        url, digest = self._blobs.put(value, prefix=self.topic)
         claim = ClaimCheck(
             uri=url,
             size_bytes=len(value),

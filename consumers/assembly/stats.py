@@ -33,6 +33,8 @@ class AssemblyStats:
     """Closed groups not forwarded (partial policy `drop`, too few samples, or stale)."""
     groups_padded: int = 0
     """Partial groups forwarded with padding."""
+    groups_rejected: int = 0
+    """Pooled groups that could not be packed (e.g. a claim-check blob vanished): dead-lettered."""
     groups_redelivered: int = 0
     """Groups seen again by the packing stage (at-least-once redelivery) and ignored."""
     batches: int = 0

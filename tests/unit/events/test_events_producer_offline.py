@@ -64,3 +64,56 @@ def test_close_fails_the_futures_of_undelivered_records() -> None:
     producer.close(timeout_s=0.5)
     error = future.exception(timeout=10)
     assert isinstance(error, DeliveryError) and error.record_id == "traj-4"
+
+
+class _Entry:
+    def __init__(self, value: int) -> None:
+        self.value = str(value)
+
+
+class _Done:
+    def __init__(self, value: object = None, error: Exception | None = None) -> None:
+        self.value, self.error = value, error
+
+    def result(self, timeout: float | None = None) -> object:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class _Admin:
+    """Answers like a broker whose topic `missing` does not exist yet (message.max.bytes 64 MiB)."""
+
+    def __init__(self) -> None:
+        self.topics: dict[str, int] = {}
+        self.asked: list[str] = []
+
+    def describe_configs(self, resources: list[object]) -> dict[object, _Done]:
+        (resource,) = resources
+        name = str(resource.name)  # type: ignore[attr-defined]
+        self.asked.append(name)
+        if "BROKER" in str(resource.restype).upper():  # type: ignore[attr-defined]
+            return {resource: _Done({"message.max.bytes": _Entry(64 << 20)})}
+        if name not in self.topics:
+            return {resource: _Done(error=RuntimeError("UNKNOWN_TOPIC_OR_PART"))}
+        return {resource: _Done({"max.message.bytes": _Entry(self.topics[name])})}
+
+    def list_topics(self, timeout: float) -> object:
+        return type("Meta", (), {"brokers": {1: object()}})()
+
+
+def test_limit_of_a_topic_not_created_yet_is_the_brokers_and_asked_again_later() -> None:
+    producer = offline_producer(claim_check_threshold_bytes=None, max_message_bytes=32 << 20)
+    admin = producer._admin = _Admin()
+    now = [0.0]
+    producer._clock = lambda: now[0]
+    try:
+        # the old producer assumed 1 MB here and claim-checked every record above it
+        assert producer._limit_for("missing") == (32 << 20) - 4096
+        admin.topics["missing"] = 2 << 20  # created with its own limit
+        now[0] = 61.0
+        assert "missing" in producer._guessed and now[0] >= producer._guessed["missing"]
+        assert producer._limit_for("missing") == (2 << 20) - 4096
+        assert "missing" not in producer._guessed  # known now: cached for good
+    finally:
+        producer.close(timeout_s=1)

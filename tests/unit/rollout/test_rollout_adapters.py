@@ -83,7 +83,9 @@ async def test_gateway_environments_run_exec_and_close_sessions() -> None:
     backend = FakeBackend(handler)
     with serve_gateway(backend, token="t") as url:
         async with SandboxClient(SandboxClient.Config(base_url=url, token="t")) as client:
-            envs = GatewayEnvironments(client, default_image="stacx/sandbox:bookworm")
+            envs = GatewayEnvironments(
+                client, GatewayEnvironments.Config(default_image="stacx/sandbox:bookworm")
+            )
             task = TaskSample(task_id="t", task_type="m", prompt="p")
             session = await envs.open(task, cpus=0.5, memory_mb=256)
             result = await session.exec("python3 -", stdin="print(1)\n", timeout_s=5)

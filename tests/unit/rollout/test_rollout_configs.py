@@ -75,3 +75,35 @@ def test_tasks_jsonl_errors_name_file_and_line(tmp_path: Path) -> None:
     path.write_text('{"task_id": "a", "task_type": "m", "prompt": "p"}\n{"task_id": "b"}\n')
     with pytest.raises(ConfigError, match=r"tasks.jsonl:2: missing required field"):
         load_tasks_jsonl(path)
+
+
+async def test_sandbox_takes_a_list_of_gateways() -> None:
+    from rollout.service import build_environments
+
+    config = parse_config(
+        {
+            "data": {"path": "tasks.jsonl"},
+            "sandbox": {"urls": ["http://10.0.0.1:8700", "http://10.0.0.2:8700"], "idle_timeout_s": 120},
+        }
+    )
+    assert config.sandbox is not None
+    closers: list[object] = []
+    environments = build_environments(config, closers)
+    assert list(environments.load()) == ["http://10.0.0.1:8700", "http://10.0.0.2:8700"]
+    assert environments.config.idle_timeout_s == 120
+    for closer in closers:
+        await closer.aclose()  # type: ignore[attr-defined]
+    assert parse_config({"data": {"path": "t"}}).sandbox.gateway_urls() == ["http://127.0.0.1:8700"]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("sandbox", "message"),
+    [
+        ({"url": "http://a:1", "urls": ["http://b:1"]}, "not both"),
+        ({"urls": ["a:1"]}, "must start with http"),
+        ({"urls": ["http://a:1", "http://a:1"]}, "twice"),
+    ],
+)
+def test_bad_gateway_lists_are_refused(sandbox: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"data": {"path": "t"}, "sandbox": sandbox})

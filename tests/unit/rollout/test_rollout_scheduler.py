@@ -83,3 +83,114 @@ def test_unknown_strategy_is_refused_with_the_choices() -> None:
 def test_task_aware_needs_ratios() -> None:
     with pytest.raises(ConfigError, match="ratios"):
         TaskScheduler(TaskScheduler.Config(strategy="task_aware"))
+
+
+# -- fair share and task-aware under skewed and bursty arrivals ---------------------------------
+
+
+def _pop(scheduler: TaskScheduler, count: int) -> list[str]:
+    order = []
+    for _ in range(count):
+        group = scheduler.pop()
+        assert group is not None
+        order.append(group.task.task_type)
+    return order
+
+
+def _feed(scheduler: TaskScheduler, task_type: str, count: int, n: int = 1) -> None:
+    for i in range(count):
+        scheduler.push(_group(f"{task_type}{scheduler._seq}-{i}", task_type, n=n))
+
+
+def _longest_run(order: list[str], task_type: str) -> int:
+    longest = current = 0
+    for item in order:
+        current = current + 1 if item == task_type else 0
+        longest = max(longest, current)
+    return longest
+
+
+def test_fair_share_newcomer_gets_its_share_not_a_monopoly() -> None:
+    scheduler = TaskScheduler(TaskScheduler.Config(strategy="fair_share"))
+    _feed(scheduler, "a", 100)
+    assert _pop(scheduler, 100) == ["a"] * 100
+    for _ in range(100):  # b arrives while a is still busy
+        _feed(scheduler, "a", 1)
+        _feed(scheduler, "b", 1)
+    order = _pop(scheduler, 100)
+    # lifetime counts gave b the next 100 pops (a served 100 before b existed)
+    assert order.count("b") == 50 and _longest_run(order, "b") == 1
+
+
+def test_fair_share_skewed_backlog_follows_weights() -> None:
+    config = TaskScheduler.Config(strategy="fair_share", weights={"a": 3, "b": 1})
+    scheduler = TaskScheduler(config)
+    _feed(scheduler, "a", 300)
+    _feed(scheduler, "b", 100)
+    order = _pop(scheduler, 80)
+    assert order.count("a") == 60 and order.count("b") == 20
+
+
+def test_fair_share_bursts_interleave_instead_of_taking_over() -> None:
+    scheduler = TaskScheduler(TaskScheduler.Config(strategy="fair_share", lookahead=10_000))
+    _feed(scheduler, "a", 1000)
+    order: list[str] = []
+    for _ in range(10):  # b comes in bursts of 5 after a long absence each time
+        order += _pop(scheduler, 20)
+        _feed(scheduler, "b", 5)
+    order += _pop(scheduler, 20)
+    assert order.count("b") == 50  # every burst is served within the next 20 pops ...
+    assert _longest_run(order, "b") == 1  # ... at its share (1:1), never as a monopoly
+    assert _longest_run(order[20:], "a") <= 11
+
+
+def test_fair_share_counts_samples_under_skew() -> None:
+    scheduler = TaskScheduler(TaskScheduler.Config(strategy="fair_share"))
+    _feed(scheduler, "big", 50, n=4)
+    _feed(scheduler, "small", 200, n=1)
+    order = _pop(scheduler, 100)
+    samples_big, samples_small = 4 * order.count("big"), order.count("small")
+    assert abs(samples_big - samples_small) <= 4
+
+
+def test_task_aware_holds_ratios_across_batches() -> None:
+    config = TaskScheduler.Config(strategy="task_aware", ratios={"a": 0.7, "b": 0.3}, batch_size=4)
+    scheduler = TaskScheduler(config)
+    _feed(scheduler, "a", 200)
+    _feed(scheduler, "b", 200)
+    order = _pop(scheduler, 100)
+    # per-batch counts rounded every batch of 4 to 3:1, i.e. 75/25
+    assert order.count("a") == 70 and order.count("b") == 30
+
+
+def test_task_aware_schedules_a_small_ratio_below_one_per_batch() -> None:
+    config = TaskScheduler.Config(strategy="task_aware", ratios={"a": 0.95, "b": 0.05}, batch_size=8)
+    scheduler = TaskScheduler(config)
+    _feed(scheduler, "a", 300)
+    _feed(scheduler, "b", 300)
+    order = _pop(scheduler, 200)
+    assert order.count("b") == 10  # 5%; the per-batch rounding never scheduled b at all
+    positions = [i for i, t in enumerate(order) if t == "b"]
+    assert all(later - earlier == 20 for earlier, later in zip(positions, positions[1:], strict=False))
+
+
+def test_task_aware_after_a_gap_the_returning_type_gets_its_ratio_no_burst() -> None:
+    config = TaskScheduler.Config(strategy="task_aware", ratios={"a": 0.7, "b": 0.3}, batch_size=8)
+    scheduler = TaskScheduler(config)
+    _feed(scheduler, "a", 1000)
+    assert _pop(scheduler, 50) == ["a"] * 50  # b has no work: a fills the surplus
+    _feed(scheduler, "b", 500)
+    after = _pop(scheduler, 100)
+    assert after.count("b") == 30 and _longest_run(after, "b") == 1
+    assert _longest_run(after, "a") <= 3
+
+
+def test_task_aware_bursty_type_is_served_at_its_ratio_while_present() -> None:
+    config = TaskScheduler.Config(strategy="task_aware", ratios={"a": 0.5, "b": 0.5}, batch_size=8)
+    scheduler = TaskScheduler(config)
+    _feed(scheduler, "a", 1000)
+    order: list[str] = []
+    for _ in range(10):
+        _feed(scheduler, "b", 4)  # a burst of 4, then nothing for a while
+        order += _pop(scheduler, 16)
+    assert order.count("b") == 40 and _longest_run(order, "b") == 1
