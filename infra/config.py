@@ -94,13 +94,16 @@ def section(tree: Mapping[str, Any], name: str, cls: type[T], source: str = "con
 
 
 def build(cls: type[T], data: Mapping[str, Any], where: str) -> T:
-    """Validate `data` into the dataclass `cls`; every problem is one line starting with `where`."""
+    """Validate `data` into the dataclass `cls`; every problem is one line starting with `where`
+    (`file: section` gives `file: section.field: ...`; a bare `file` gives `file: field: ...`)."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}: expected a mapping of fields, got {type(data).__name__}")
     try:
         value: T = _root(cls).model_validate({"value": dict(data)}).value
     except pydantic.ValidationError as exc:
-        raise ConfigError([_line(cls, {**err, "loc": err["loc"][1:]}, where) for err in exc.errors()]) from exc
+        raise ConfigError(
+            [_line(cls, {**err, "loc": err["loc"][1:]}, where) for err in exc.errors()]
+        ) from exc
     except (TypeError, ValueError) as exc:  # a library config's own check (__post_init__)
         raise ConfigError(f"{where}: {exc}") from exc
     except Exception as exc:
@@ -122,7 +125,8 @@ def _root(cls: type[Any]) -> type[pydantic.BaseModel]:
 def _line(cls: type[Any], err: Any, where: str) -> str:
     loc = [str(part) for part in err["loc"]]
     field = ".".join(loc)
-    prefix = f"{where}.{field}" if field else where
+    joint = "." if ": " in where else ": "  # `file: section` + `.field`; `file` + `: field`
+    prefix = f"{where}{joint}{field}" if field else where
     kind = err["type"]
     if kind == "unexpected_keyword_argument":
         valid = _fields_at(cls, loc[:-1])

@@ -83,7 +83,8 @@ class RunLayout:
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now if now is not None else time.time()))
         run_id = f"{cfg.name}-{stamp}"
         sections = {"rollout": spec.rollout, "assembler": spec.assembler, "trainer": spec.trainer}
-        chosen = {kind: wire_value(sections, f"{kind}_topic") for kind in ("trajectories", "batches", "weights")}
+        kinds = ("trajectories", "batches", "weights")
+        chosen = {kind: wire_value(sections, f"{kind}_topic") for kind in kinds}
         return cls(
             name=cfg.name,
             run_id=run_id,

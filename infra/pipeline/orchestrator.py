@@ -243,13 +243,19 @@ class Pipeline:
         s = self.cfg.services
         self.metrics.stage = "starting the sandbox gateway and the inference server"
         self._start(
-            ServiceSpec(name="gateway", ready_url=f"{self.gateway_url}/healthz",
-                        args=gateway_args(self.spec, self.layout)),
+            ServiceSpec(
+                name="gateway",
+                ready_url=f"{self.gateway_url}/healthz",
+                args=gateway_args(self.spec, self.layout),
+            ),
             wait=False,
         )
         self._start(
-            ServiceSpec(name="inference", ready_url=f"{self.inference_url}/health",
-                        args=inference_args(self.spec, sft_dir)),
+            ServiceSpec(
+                name="inference",
+                ready_url=f"{self.inference_url}/health",
+                args=inference_args(self.spec, sft_dir),
+            ),
             wait=False,
         )
         for name in ("gateway", "inference"):
@@ -333,9 +339,15 @@ class Pipeline:
         stalled_s = watch.observe(progress, time.monotonic())
         if stalled_s < watch.timeout_s:
             return
-        raise StallError(diagnose(
-            progress, stalled_s=stalled_s, trajectories_per_batch=self._trajectories_per_batch(),
-            gateway_problem=self._gateway_problem(), logs_dir=self.layout.logs_dir))
+        raise StallError(
+            diagnose(
+                progress,
+                stalled_s=stalled_s,
+                trajectories_per_batch=self._trajectories_per_batch(),
+                gateway_problem=self._gateway_problem(),
+                logs_dir=self.layout.logs_dir,
+            )
+        )
 
     def _trajectories_per_batch(self) -> int:
         grouping = self.spec.assembler.get("grouping") or {}

@@ -10,13 +10,19 @@ will get. Every problem is one line; all of them are reported at once.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from infra.checks import (
+    harbor_problems,
+    jsonl_problems,
+    model_problem,
+    rollout_config_problem,
+    tokenizer_problem,
+)
 from infra.config import ConfigError, build, resolve_path
 from infra.pipeline.config import PipelineSpec
 from infra.pipeline.errors import PipelineConfigError
@@ -79,17 +85,38 @@ def planned_model_dir(spec: PipelineSpec, layout: RunLayout) -> Path:
 def gateway_args(spec: PipelineSpec, layout: RunLayout) -> list[str]:
     s = spec.pipeline.services
     return [
-        "gateway", "--host", s.host, "--port", str(s.gateway_port), "--backend", s.gateway_backend,
-        "--warm-pool", str(s.gateway_warm_pool), "--owner", f"stacx-{layout.run_id}",
+        "gateway",
+        "--host",
+        s.host,
+        "--port",
+        str(s.gateway_port),
+        "--backend",
+        s.gateway_backend,
+        "--warm-pool",
+        str(s.gateway_warm_pool),
+        "--owner",
+        f"stacx-{layout.run_id}",
     ]
 
 
 def inference_args(spec: PipelineSpec, model_dir: Path) -> list[str]:
     s = spec.pipeline.services
     return [
-        "serve", "--model", str(model_dir), "--host", s.host, "--port", str(s.inference_port),
-        "--device", "cpu", "--weight-version", "0", "--threads", str(s.inference_threads),
-        "--max-batch-size", str(s.inference_max_batch_size),
+        "serve",
+        "--model",
+        str(model_dir),
+        "--host",
+        s.host,
+        "--port",
+        str(s.inference_port),
+        "--device",
+        "cpu",
+        "--weight-version",
+        "0",
+        "--threads",
+        str(s.inference_threads),
+        "--max-batch-size",
+        str(s.inference_max_batch_size),
     ]
 
 
@@ -122,9 +149,16 @@ def explain(spec: PipelineSpec, layout: RunLayout) -> str:
         for name, config in built.items()
     }
     doc = {
-        "run": {"run_id": layout.run_id, "dir": str(layout.root), "model_dir": str(p.model_dir),
-                "topics": {"trajectories": layout.topics.trajectories,
-                           "batches": layout.topics.batches, "weights": layout.topics.weights}},
+        "run": {
+            "run_id": layout.run_id,
+            "dir": str(layout.root),
+            "model_dir": str(p.model_dir),
+            "topics": {
+                "trajectories": layout.topics.trajectories,
+                "batches": layout.topics.batches,
+                "weights": layout.topics.weights,
+            },
+        },
         "pipeline": spec.pipeline.model_dump(mode="json", exclude_none=True),
         "services": {
             "gateway": "stacx " + " ".join(p.gateway),
@@ -146,10 +180,16 @@ def _owned(spec: PipelineSpec, layout: RunLayout) -> list[tuple[tuple[str, ...],
     model = "the model comes from pipeline.model (path or tiny); set it there"
     return [
         *((("rollout", "data", key), None, tasks) for key in ("path", "task_dirs", "topic")),
-        (("rollout", "inference", "url"), inference_url,
-         "the pipeline starts the inference server there; change pipeline.services.host/inference_port"),
-        (("rollout", "sandbox", "url"), gateway_url,
-         "the pipeline starts the sandbox gateway there; change pipeline.services.host/gateway_port"),
+        (
+            ("rollout", "inference", "url"),
+            inference_url,
+            "the pipeline starts the inference server there; change pipeline.services.host/inference_port",
+        ),
+        (
+            ("rollout", "sandbox", "url"),
+            gateway_url,
+            "the pipeline starts the sandbox gateway there; change pipeline.services.host/gateway_port",
+        ),
         (("rollout", "kafka", "publish"), True, "the trainer learns from the published trajectories"),
         (("rollout", "kafka", "follow_weights"), True, "rollouts must follow the trained policy"),
         (("trainer", "models", "policy", "path"), None, model),
@@ -240,32 +280,6 @@ def _rollout_problems(spec: PipelineSpec, config: Any) -> list[str]:
     return [f"{spec.source}: rollout: {problem}"] if problem else []
 
 
-_PROBE_TASK = {"task_id": "check", "task_type": "check", "prompt": "check"}
-"""Stands in for the real tasks while the manager is built (never run)."""
-
-
-def rollout_config_problem(config: Any) -> str | None:
-    """None when `config`'s evaluators, scheduler and pool resolve; else the problem."""
-    from rollout.data import ListTaskSource, task_from_dict
-    from rollout.errors import RolloutError
-    from rollout.fakes import FakeEnvironments, FakeTokenizer, MemoryPublisher, ScriptedInference
-    from rollout.manager import RolloutManager
-
-    tokenizer = FakeTokenizer()
-    try:
-        RolloutManager(
-            config.manager,
-            source=ListTaskSource([task_from_dict(_PROBE_TASK, where="check")]),
-            tokenizer=tokenizer,
-            inference=ScriptedInference(tokenizer, lambda *_: ""),
-            publisher=MemoryPublisher(),
-            sandbox=FakeEnvironments() if config.sandbox is not None else None,
-        )
-    except RolloutError as exc:
-        return str(exc)
-    return None
-
-
 def _grouping_problems(spec: PipelineSpec, rollout: Any, assembler: Any) -> list[str]:
     n, group = rollout.data.samples_per_task, assembler.grouping.group_size
     if n == group:
@@ -274,31 +288,6 @@ def _grouping_problems(spec: PipelineSpec, rollout: Any, assembler: Any) -> list
         f"{spec.source}: assembler.grouping.group_size={group} but rollout.data.samples_per_task={n}: "
         "a group is the samples of one task; set both to the same number"
     ]
-
-
-def model_problem(path: Path, what: str) -> str | None:
-    """None when `path` is a Hugging Face model directory with a tokenizer that loads."""
-    if not path.is_dir():
-        return f"{what}={path}: no such directory (`stacx models tiny --out DIR` makes a small model)"
-    config = path / "config.json"
-    try:
-        json.loads(config.read_text())
-    except FileNotFoundError:
-        return f"{what}={path}: no config.json; point it at a Hugging Face model directory"
-    except (OSError, ValueError) as exc:
-        return f"{what}={path}: config.json does not load ({exc})"
-    return tokenizer_problem(path, what)
-
-
-def tokenizer_problem(path: Path, what: str) -> str | None:
-    from rollout.tokens import HFTokenizer
-
-    try:
-        HFTokenizer(str(path))
-    except Exception as exc:  # transformers raises OSError, ValueError, ... for a bad directory
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return f"{what}={path}: the tokenizer does not load ({first})"
-    return None
 
 
 def _model_problems(spec: PipelineSpec) -> list[str]:
@@ -310,7 +299,9 @@ def _model_problems(spec: PipelineSpec) -> list[str]:
             lines.append(f"{spec.source}: {problem}")
     tokenizer = get_path(spec.rollout, ("inference", "tokenizer"))
     if tokenizer:
-        problem = tokenizer_problem(resolve_path(str(tokenizer), spec.base_dir), "rollout.inference.tokenizer")
+        problem = tokenizer_problem(
+            resolve_path(str(tokenizer), spec.base_dir), "rollout.inference.tokenizer"
+        )
         if problem:
             lines.append(f"{spec.source}: {problem}")
     return lines
@@ -329,49 +320,3 @@ def _task_problems(spec: PipelineSpec, layout: RunLayout) -> list[str]:
         check = jsonl_problems if path.is_file() else harbor_problems
         lines += check(path, "pipeline.tasks.heldout")
     return [f"{spec.source}: {line}" for line in lines]
-
-
-def harbor_problems(root: Path, what: str) -> list[str]:
-    """One line per task under `root` that does not load or cannot run here; none found is one."""
-    from sandbox.errors import SandboxError
-    from sandbox.tasks import find_task_dirs, load_task
-
-    try:
-        directories = find_task_dirs(root)
-    except SandboxError as exc:
-        return [f"{what}={root}: {exc}"]
-    if not directories:
-        return [f"{what}={root}: no Harbor task (a folder with task.toml) under it"]
-    lines = []
-    for directory in directories:
-        try:
-            task = load_task(directory)
-        except SandboxError as exc:
-            lines.append(f"{what}: {directory}: {str(exc).splitlines()[0]}")
-            continue
-        if task.unsupported:
-            lines.append(f"{what}: {directory}: {task.unsupported}")
-    return lines
-
-
-def jsonl_problems(path: Path, what: str) -> list[str]:
-    """One line per bad row of a tasks.jsonl (at most 5); an empty or missing file is one."""
-    from rollout.data import task_from_dict
-    from rollout.errors import ConfigError as RolloutConfigError
-
-    if not path.is_file():
-        return [f"{what}={path}: no such file"]
-    lines, rows = [], 0
-    for number, text in enumerate(path.read_text().splitlines(), start=1):
-        if not text.strip():
-            continue
-        rows += 1
-        try:
-            task_from_dict(json.loads(text), where=f"{path}:{number}")
-        except (ValueError, RolloutConfigError) as exc:
-            lines.append(f"{what}: {path}:{number}: {str(exc).splitlines()[0]}")
-        if len(lines) >= 5:
-            break
-    if rows == 0:
-        lines.append(f"{what}={path}: the file has no tasks")
-    return lines

@@ -25,23 +25,32 @@ class Wire:
 WIRES: dict[str, Wire] = {
     wire.name: wire
     for wire in (
-        Wire("bootstrap_servers", (
-            ("bootstrap_servers",),
-            ("rollout", "kafka", "bootstrap_servers"),
-            ("assembler", "bootstrap_servers"),
-            ("trainer", "source", "bootstrap_servers"),
-            ("trainer", "export", "bootstrap_servers"),
-        )),
-        Wire("trajectories_topic", (
-            ("rollout", "kafka", "trajectories_topic"),
-            ("assembler", "trajectories_topic"),
-        )),
+        Wire(
+            "bootstrap_servers",
+            (
+                ("bootstrap_servers",),
+                ("rollout", "kafka", "bootstrap_servers"),
+                ("assembler", "bootstrap_servers"),
+                ("trainer", "source", "bootstrap_servers"),
+                ("trainer", "export", "bootstrap_servers"),
+            ),
+        ),
+        Wire(
+            "trajectories_topic",
+            (
+                ("rollout", "kafka", "trajectories_topic"),
+                ("assembler", "trajectories_topic"),
+            ),
+        ),
         Wire("batches_topic", (("assembler", "batches_topic"), ("trainer", "source", "topic"))),
-        Wire("weights_topic", (
-            ("rollout", "kafka", "weights_topic"),
-            ("assembler", "weights_topic"),
-            ("trainer", "export", "topic"),
-        )),
+        Wire(
+            "weights_topic",
+            (
+                ("rollout", "kafka", "weights_topic"),
+                ("assembler", "weights_topic"),
+                ("trainer", "export", "topic"),
+            ),
+        ),
         Wire("model_name", (("rollout", "manager", "model_name"), ("trainer", "export", "model_name"))),
     )
 }
