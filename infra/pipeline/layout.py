@@ -161,6 +161,13 @@ def task_data(spec: PipelineSpec, layout: RunLayout) -> dict[str, Any]:
     return {"path": str(layout.train_tasks.resolve())}
 
 
+def _group_size(spec: PipelineSpec, key: str) -> dict[str, Any]:
+    """The GRPO group size where the user set it in one of its places (rollout or assembler)."""
+    sections = {"rollout": spec.rollout, "assembler": spec.assembler, "trainer": spec.trainer}
+    n = wire_value(sections, "group_size")
+    return {} if n is None else {key: n}
+
+
 def rollout_section(
     spec: PipelineSpec, layout: RunLayout, *, model_dir: Path, inference_url: str, gateway_url: str
 ) -> dict[str, Any]:
@@ -168,7 +175,7 @@ def rollout_section(
     return _fill(
         spec.rollout,
         {
-            "data": task_data(spec, layout),
+            "data": {**task_data(spec, layout), **_group_size(spec, "samples_per_task")},
             "inference": {"url": inference_url, "tokenizer": str(model_dir.resolve())},
             "sandbox": {"url": gateway_url},
             "kafka": {
@@ -195,6 +202,7 @@ def assembler_section(spec: PipelineSpec, layout: RunLayout) -> dict[str, Any]:
             "batches_topic": layout.topics.batches,
             "weights_topic": layout.topics.weights,
             "datadir": str((layout.root / "assembler").resolve()),
+            "grouping": _group_size(spec, "group_size"),
         },
     )
     return {"assembler": section}
