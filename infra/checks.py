@@ -88,7 +88,8 @@ def harbor_problems(root: Path, what: str) -> list[str]:
         try:
             task = load_task(directory)
         except SandboxError as exc:
-            lines.append(f"{what}: {directory}: {str(exc).splitlines()[0]}")
+            message = str(exc).splitlines()[0]
+            lines.append(f"{what}: {message if str(directory) in message else f'{directory}: {message}'}")
             continue
         if task.unsupported:
             lines.append(f"{what}: {directory}: {task.unsupported}")

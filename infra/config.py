@@ -99,7 +99,8 @@ def build(cls: type[T], data: Mapping[str, Any], where: str) -> T:
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}: expected a mapping of fields, got {type(data).__name__}")
     try:
-        value: T = _root(cls).model_validate({"value": dict(data)}).value
+        root: Any = cls  # a class is hashable: the model of each config class is built once
+        value: T = getattr(_root(root).model_validate({"value": dict(data)}), "value")
     except pydantic.ValidationError as exc:
         raise ConfigError(
             [_line(cls, {**err, "loc": err["loc"][1:]}, where) for err in exc.errors()]
@@ -114,7 +115,7 @@ def build(cls: type[T], data: Mapping[str, Any], where: str) -> T:
 
 
 @functools.cache
-def _root(cls: type[Any]) -> type[pydantic.BaseModel]:
+def _root(cls: Any) -> type[pydantic.BaseModel]:
     """A model with one field of type `cls`: its `extra="forbid"` reaches every nested dataclass
     (a bare TypeAdapter of a stdlib dataclass ignores unknown fields)."""
     return pydantic.create_model(  # type: ignore[call-overload,no-any-return]

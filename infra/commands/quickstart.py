@@ -46,7 +46,9 @@ def register(subparsers: Any) -> None:
     _common(run)
     run.set_defaults(func=_run)
 
-    init = subparsers.add_parser("init", help="write a commented starter pipeline config (own model, own tasks)")
+    init = subparsers.add_parser(
+        "init", help="write a commented starter pipeline config (own model, own tasks)"
+    )
     init.add_argument("path", nargs="?", type=Path, default=Path("stacx.yaml"), help="file to write")
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
     init.set_defaults(func=_init)
@@ -112,7 +114,13 @@ def _say_errors(command: str, exc: BaseException) -> None:
 
 
 def _execute(config_path: Path, args: argparse.Namespace) -> int:
-    from infra.pipeline import MissingComponentError, PipelineConfigError, PipelineError, load_spec, run_pipeline
+    from infra.pipeline import (
+        MissingComponentError,
+        PipelineConfigError,
+        PipelineError,
+        load_spec,
+        run_pipeline,
+    )
     from infra.pipeline.layout import RunLayout
     from infra.pipeline.resolve import check_resolved, explain
 

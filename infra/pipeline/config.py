@@ -55,9 +55,9 @@ class _Schema(BaseModel):
 class ArithmeticTasksConfig(_Schema):
     """The quickstart's arithmetic task set (examples/quickstart/arithmetic.py)."""
 
-    num_train: int = Field(4096, ge=1)
+    num_train: int = Field(default=4096, ge=1)
     """Distinct training problems (the rollout service cycles through them)."""
-    num_heldout: int = Field(128, ge=1)
+    num_heldout: int = Field(default=128, ge=1)
     """Held-out problems for the success rate (never trained on)."""
     seed: int = 0
     """Problem generator seed."""
@@ -95,12 +95,12 @@ class TasksConfig(_Schema):
 class DemonstrationsConfig(_Schema):
     """Synthetic SFT demonstrations (arithmetic tasks only)."""
 
-    tool_fraction: float = Field(0.3, ge=0.0, le=1.0)
+    tool_fraction: float = Field(default=0.3, ge=0.0, le=1.0)
     """Share of demonstrations that call the Python tool (always correct): the mixture the
     warm-started policy ends up imitating, hence its initial tool-use rate."""
-    mental_accuracy: float = Field(0.5, ge=0.0, le=1.0)
+    mental_accuracy: float = Field(default=0.5, ge=0.0, le=1.0)
     """How often a direct ("mental") answer in a demonstration is right."""
-    skill_tool_fraction: float = Field(0.9, ge=0.0, le=1.0)
+    skill_tool_fraction: float = Field(default=0.9, ge=0.0, le=1.0)
     """Tool share during the first `sft.skill_steps` steps, where the tiny model learns the
     skill itself (copying the expression into the call and the tool output into the answer)."""
 
@@ -108,15 +108,15 @@ class DemonstrationsConfig(_Schema):
 class TinyModelSpec(_Schema):
     """Shape of the tiny Qwen2 made by `rollout.models.make_tiny_model` (`stacx models tiny`)."""
 
-    hidden_size: int = Field(64, ge=1)
+    hidden_size: int = Field(default=64, ge=1)
     """Residual width."""
-    intermediate_size: int = Field(256, ge=1)
+    intermediate_size: int = Field(default=256, ge=1)
     """MLP width."""
-    num_hidden_layers: int = Field(2, ge=1)
+    num_hidden_layers: int = Field(default=2, ge=1)
     """Transformer blocks."""
-    num_attention_heads: int = Field(4, ge=1)
+    num_attention_heads: int = Field(default=4, ge=1)
     """Query heads."""
-    num_key_value_heads: int = Field(2, ge=1)
+    num_key_value_heads: int = Field(default=2, ge=1)
     """Key/value heads."""
     seed: int = 0
     """Initialisation seed."""
@@ -141,18 +141,18 @@ class ModelSource(_Schema):
 class SFTConfig(_Schema):
     """Warm start with the trainer's `sft` recipe (single process, in-memory batches)."""
 
-    steps: int = Field(450, ge=0)
+    steps: int = Field(default=450, ge=0)
     """Optimizer steps in total."""
-    skill_steps: int = Field(400, ge=0)
+    skill_steps: int = Field(default=400, ge=0)
     """The first steps, on `demonstrations.skill_tool_fraction`; the rest use `tool_fraction`."""
-    batch_size: int = Field(64, ge=1)
+    batch_size: int = Field(default=64, ge=1)
     """Demonstrations per step."""
-    lr: float = Field(3e-3, gt=0)
+    lr: float = Field(default=3e-3, gt=0)
     """Learning rate of the skill steps (AdamW, linear warmup, then constant)."""
-    mixture_lr: float = Field(1e-3, gt=0)
+    mixture_lr: float = Field(default=1e-3, gt=0)
     """Learning rate of the final mixture steps (lower: resets the tool-use habit without
     unlearning the copy skill; at 3e-3 the forced-tool success fell from 0.97 to 0.73)."""
-    warmup_steps: int = Field(20, ge=0)
+    warmup_steps: int = Field(default=20, ge=0)
     """Warmup steps."""
     seed: int = 1
     """Demonstration sampling seed."""
@@ -163,32 +163,32 @@ class ServicesConfig(_Schema):
 
     host: str = "127.0.0.1"
     """Interface every service binds to."""
-    gateway_port: int = Field(8710, ge=1, le=65535)
+    gateway_port: int = Field(default=8710, ge=1, le=65535)
     """Sandbox gateway port (not the default 8700, so a gateway started by hand can stay)."""
-    gateway_backend: str = Field("docker", pattern="^(docker|process)$")
+    gateway_backend: str = Field(default="docker", pattern="^(docker|process)$")
     """`docker` or `process`."""
-    gateway_warm_pool: int = Field(0, ge=0)
+    gateway_warm_pool: int = Field(default=0, ge=0)
     """Pre-started sandboxes."""
-    inference_port: int = Field(30010, ge=1, le=65535)
+    inference_port: int = Field(default=30010, ge=1, le=65535)
     """Built-in inference server port."""
-    inference_threads: int = Field(1, ge=1)
+    inference_threads: int = Field(default=1, ge=1)
     """torch threads of the inference server."""
-    inference_max_batch_size: int = Field(64, ge=1)
+    inference_max_batch_size: int = Field(default=64, ge=1)
     """Rows per decoding step of the inference server."""
-    startup_timeout_s: float = Field(180.0, gt=0)
+    startup_timeout_s: float = Field(default=180.0, gt=0)
     """How long a service may take to become ready."""
 
 
 class EvaluationConfig(_Schema):
     """Held-out evaluation through the real rollout path (server + sandbox), not published."""
 
-    every_versions: int = Field(4, ge=0)
+    every_versions: int = Field(default=4, ge=0)
     """Evaluate after every this many policy versions (0: only before and after)."""
-    num_problems: int = Field(64, ge=1)
+    num_problems: int = Field(default=64, ge=1)
     """Held-out tasks in a periodic evaluation (the first ones of the held-out set)."""
-    samples_per_problem: int = Field(1, ge=1)
+    samples_per_problem: int = Field(default=1, ge=1)
     """Samples per task (temperature as in the rollout config)."""
-    final_samples_per_problem: int = Field(1, ge=0)
+    final_samples_per_problem: int = Field(default=1, ge=0)
     """Samples per held-out task before and after training (all of them; 0: no evaluation)."""
 
 
@@ -199,13 +199,13 @@ class PipelineConfig(_Schema):
     """Run name: the results go to `<runs_dir>/<name>/`."""
     runs_dir: str = "runs"
     """Where runs are written (relative: to the working directory)."""
-    steps: int = Field(20, ge=1)
+    steps: int = Field(default=20, ge=1)
     """GRPO policy versions to train (the trainer's max_steps)."""
     fresh_topics: bool = True
     """Per-run topic names (`stacx.trajectories.<run_id>`, ...); false: the standard topics."""
-    timeout_s: float = Field(1800.0, gt=0)
+    timeout_s: float = Field(default=1800.0, gt=0)
     """Give up (and say where it stalled) after this long."""
-    stall_timeout_s: float = Field(300.0, gt=0)
+    stall_timeout_s: float = Field(default=300.0, gt=0)
     """Stop with a diagnosis when no trajectory, batch or policy version appears for this long."""
     live: bool = True
     """Show the live rich view (off when stdout is not a terminal)."""
@@ -215,11 +215,11 @@ class PipelineConfig(_Schema):
     """Training (and evaluation) tasks."""
     sft: SFTConfig | None = None
     """SFT warm start on generated demonstrations (arithmetic tasks only; absent: none)."""
-    demonstrations: DemonstrationsConfig = Field(default_factory=DemonstrationsConfig)
+    demonstrations: DemonstrationsConfig = Field(default_factory=lambda: DemonstrationsConfig())
     """SFT demonstrations."""
-    services: ServicesConfig = Field(default_factory=ServicesConfig)
+    services: ServicesConfig = Field(default_factory=lambda: ServicesConfig())
     """Service ports and sizes."""
-    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    evaluation: EvaluationConfig = Field(default_factory=lambda: EvaluationConfig())
     """Held-out evaluation."""
 
     @pydantic.field_validator("name")

@@ -51,6 +51,7 @@ rollout:                           # `stacx rollout` config: data source, URLs a
 
 assembler:                         # `stacx assemble` config: topics come from the run
   grouping: {group_size: 4, group_timeout_s: 300.0}   # = rollout.data.samples_per_task
+  filtering: {ok_statuses: [COMPLETED, TRUNCATED]}    # out of turns or tokens: trained on, reward 0
   mixture: {batch_size: 4, batch_unit: groups}
 
 trainer:                           # `stacx train` config: model, topics and directories come from the run

@@ -52,7 +52,9 @@ WIRES: dict[str, Wire] = {
             ),
         ),
         Wire("model_name", (("rollout", "manager", "model_name"), ("trainer", "export", "model_name"))),
-        Wire("group_size", (("rollout", "data", "samples_per_task"), ("assembler", "grouping", "group_size"))),
+        Wire(
+            "group_size", (("rollout", "data", "samples_per_task"), ("assembler", "grouping", "group_size"))
+        ),
     )
 }
 

@@ -38,13 +38,21 @@ COMMANDS: dict[str, tuple[list[str], str, str]] = {
         "assembler: {grouping: {group_sise: 4}}\n",
         "assembler: {partitions: many}\n",
     ),
-    "infra up": (["infra", "up", "--config", "FILE"], "bootstrap_server: k:9092\n", "bootstrap_servers: [1, 2]\n"),
+    "infra up": (
+        ["infra", "up", "--config", "FILE"],
+        "bootstrap_server: k:9092\n",
+        "bootstrap_servers: [1, 2]\n",
+    ),
     "infra status": (
         ["infra", "status", "--config", "FILE"],
         "bootstrap_server: k:9092\n",
         "bootstrap_servers: {host: k}\n",
     ),
-    "infra smoke": (["infra", "smoke", "--config", "FILE"], "bootstrap_server: k:9092\n", "bootstrap_servers: [k]\n"),
+    "infra smoke": (
+        ["infra", "smoke", "--config", "FILE"],
+        "bootstrap_server: k:9092\n",
+        "bootstrap_servers: [k]\n",
+    ),
 }
 CASES = ("missing file", "bad YAML", "unknown field", "wrong type")
 EXPECTED = {
@@ -68,9 +76,14 @@ def _nothing_starts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     def started(*args: object, **kwargs: object) -> None:
         raise Started("the command started something before rejecting its config")
 
-    for target, name in ((stack, "up"), (stack, "status"), (smoke, "kafka_round_trip"),
-                         (infra_command.stack, "up"), (infra_command.stack, "status"),
-                         (infra_command.smoke, "kafka_round_trip")):
+    for target, name in (
+        (stack, "up"),
+        (stack, "status"),
+        (smoke, "kafka_round_trip"),
+        (infra_command.stack, "up"),
+        (infra_command.stack, "status"),
+        (infra_command.smoke, "kafka_round_trip"),
+    ):
         monkeypatch.setattr(target, name, started)
     monkeypatch.setattr("infra.pipeline.orchestrator.Pipeline._prepare_run_dir", started)
     monkeypatch.setattr("trainer.StacxTrainer.launch", started)
@@ -84,7 +97,12 @@ def _nothing_starts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def _write(tmp_path: Path, command: str, case: str) -> Path:
     _, unknown, wrong = COMMANDS[command]
     path = tmp_path / "config.yaml"
-    text = {"missing file": None, "bad YAML": "a: 1\nb: [1, 2\n", "unknown field": unknown, "wrong type": wrong}[case]
+    text = {
+        "missing file": None,
+        "bad YAML": "a: 1\nb: [1, 2\n",
+        "unknown field": unknown,
+        "wrong type": wrong,
+    }[case]
     if text is not None:
         path.write_text(text)
     return path
@@ -160,11 +178,15 @@ def test_train_names_a_missing_model_directory(tmp_path: Path, capsys: pytest.Ca
     path.write_text(f"models: {{policy: {{path: {tmp_path / 'none'}}}}}\n")
     code, lines = _stacx(["train", str(path)], capsys)
     assert code == 2
-    assert lines == [f"stacx train: {path}: models.policy.path={tmp_path / 'none'}: no such directory "
-                     "(`stacx models tiny --out DIR` makes a small model)"]
+    assert lines == [
+        f"stacx train: {path}: models.policy.path={tmp_path / 'none'}: no such directory "
+        "(`stacx models tiny --out DIR` makes a small model)"
+    ]
 
 
-def test_rollout_names_a_bad_scaffold_and_tokenizer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_rollout_names_a_bad_scaffold_and_tokenizer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "tasks.jsonl").write_text('{"task_id": "a", "task_type": "t", "prompt": "p"}\n')
     path = tmp_path / "rollout.yaml"
     path.write_text(

@@ -56,7 +56,11 @@ def test_quickstart_yaml_parses_and_every_service_section_builds() -> None:
     model = REPO / "runs" / "does-not-matter"
     rollout = parse_config(
         rollout_section(
-            spec, layout, model_dir=model, inference_url="http://127.0.0.1:1", gateway_url="http://127.0.0.1:2"
+            spec,
+            layout,
+            model_dir=model,
+            inference_url="http://127.0.0.1:1",
+            gateway_url="http://127.0.0.1:2",
         )
     )
     assert rollout.kafka.trajectories_topic == layout.topics.trajectories
@@ -193,9 +197,7 @@ def test_a_topic_or_model_name_set_once_holds_for_every_service() -> None:
 
 
 def test_disagreeing_wires_name_both_places() -> None:
-    (line,) = _errors(
-        _tree(rollout={"kafka": {"weights_topic": "a"}}, trainer={"export": {"topic": "b"}})
-    )
+    (line,) = _errors(_tree(rollout={"kafka": {"weights_topic": "a"}}, trainer={"export": {"topic": "b"}}))
     assert "rollout.kafka.weights_topic='a', trainer.export.topic='b'" in line
     assert "must agree on one weights_topic" in line
 
@@ -210,7 +212,9 @@ def test_values_the_pipeline_owns_are_rejected_not_overwritten() -> None:
     assert len(lines) == 4
     assert any("rollout.data.path='other.jsonl': the tasks come from pipeline.tasks" in x for x in lines)
     assert any("rollout.inference.url='http://elsewhere:1': the pipeline starts" in x for x in lines)
-    assert any("trainer.models.policy.path='/my/model': the model comes from pipeline.model" in x for x in lines)
+    assert any(
+        "trainer.models.policy.path='/my/model': the model comes from pipeline.model" in x for x in lines
+    )
     assert any("trainer.max_steps=3: set pipeline.steps instead" in x for x in lines)
     same = parse_spec(_tree(rollout={"inference": {"url": "http://127.0.0.1:30010"}}))  # equal: fine
     assert same.rollout["inference"]["url"] == "http://127.0.0.1:30010"
@@ -231,7 +235,10 @@ def test_recipe_scaffold_reward_and_strategy_are_resolved_up_front() -> None:
     ]
     evaluator = {"scaffold": "termnal"}
     (line,) = _check_lines(_tree(rollout={"manager": {"evaluators": {"default": evaluator}}}))
-    assert line == "f.yaml: rollout: scaffold 'termnal' is unknown; use one of ['retool', 'single_turn', 'terminal']"
+    assert (
+        line
+        == "f.yaml: rollout: scaffold 'termnal' is unknown; use one of ['retool', 'single_turn', 'terminal']"
+    )
     evaluator = {"scaffold": "retool", "reward": "exact"}
     (line,) = _check_lines(_tree(rollout={"manager": {"evaluators": {"default": evaluator}}}))
     assert line.startswith("f.yaml: rollout: reward 'exact' is unknown; use `verifier` or one of")
@@ -246,7 +253,9 @@ def test_the_group_size_set_in_one_place_holds_in_both() -> None:
     spec = parse_spec(_tree(rollout={"data": {"samples_per_task": 3}}))
     services = plan(spec, RunLayout.create(spec, now=0.0), model_dir=Path("m"))
     assert services.assembler["assembler"]["grouping"]["group_size"] == 3
-    (line,) = _errors(_tree(rollout={"data": {"samples_per_task": 4}}, assembler={"grouping": {"group_size": 8}}))
+    (line,) = _errors(
+        _tree(rollout={"data": {"samples_per_task": 4}}, assembler={"grouping": {"group_size": 8}})
+    )
     assert "rollout.data.samples_per_task=4, assembler.grouping.group_size=8" in line
     (line,) = _check_lines(_tree(rollout=None))  # neither set: the defaults (1 and 8) disagree
     assert "assembler.grouping.group_size=8 but rollout.data.samples_per_task=1" in line
@@ -268,7 +277,8 @@ def test_model_and_task_paths_are_resolved_up_front(tmp_path: Path) -> None:
     tree = _tree(pipeline={"model": {"path": "model"}, "tasks": {"harbor": "tasks"}})
     lines = _check_lines(tree, base_dir=tmp_path)
     assert len(lines) == 2
-    assert lines[0] == f"f.yaml: pipeline.model.path={tmp_path / 'model'}: no config.json; point it at a Hugging Face model directory"
+    no_config = "no config.json; point it at a Hugging Face model directory"
+    assert lines[0] == f"f.yaml: pipeline.model.path={tmp_path / 'model'}: {no_config}"
     assert lines[1].startswith(f"f.yaml: pipeline.tasks.harbor: {tasks / 'sort-files'}:")
     assert "instruction.md" in lines[1]
 
