@@ -53,7 +53,7 @@ def _load(path: str, args: argparse.Namespace) -> Any:
         config = load_rollout_config(path)
     except ConfigError as exc:
         for line in exc.lines:
-            print(f"stacx {args.command}: {line}", file=sys.stderr)
+            print(f"stacx {getattr(args, 'command', 'rollout')}: {line}", file=sys.stderr)
         return None
     config.progress = config.progress and not args.no_progress and sys.stdout.isatty()
     return config

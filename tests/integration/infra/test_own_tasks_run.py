@@ -115,8 +115,9 @@ def test_stacx_run_trains_my_model_on_my_harbor_tasks(
     rollout = yaml.safe_load((root / "config" / "rollout.yaml").read_text())
     assert rollout["data"]["task_dirs"] == str(tasks) and rollout["inference"]["tokenizer"] == str(model)
     heldout = [json.loads(line) for line in (root / "tasks" / "heldout.jsonl").read_text().splitlines()]
-    assert sorted(row["task_id"] for row in heldout) == ["stacx/sort-files", "stacx/write-file"]
+    assert sorted(row["task_id"] for row in heldout) == ["stacx-sort-files", "stacx-write-file"]
     assert (model / "config.json").read_text() == config_json  # never written to
     assert json.loads(config_json)["hidden_size"] == 48
+    print(json.dumps({k: report[k] for k in ("wall_s", "timings_s", "num_trajectories", "num_batches")}))
     exported = sorted((root / "weights" / "policy").glob("v*"))
     assert exported and (exported[-1] / "model.safetensors").is_file()
