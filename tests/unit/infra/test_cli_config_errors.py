@@ -218,3 +218,56 @@ def test_init_writes_a_starter_that_parses_and_never_overwrites(
     code, lines = _stacx(["init", str(path)], capsys)
     assert (code, lines) == (2, [f"stacx init: {path} exists; pass --force to overwrite it"])
     assert path.read_text() == "mine\n"
+
+
+def test_assemble_refuses_a_dead_letter_topic_that_does_not_exist(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[list[str]] = []
+
+    def missing(bootstrap: str, names: list[str], *, timeout_s: float = 10.0) -> list[str]:
+        asked.append(names)
+        return [n for n in names if n != "stacx.dlq"]
+
+    monkeypatch.setattr("infra.services.topics.missing_topics", missing)
+    path = tmp_path / "asm.yaml"
+    path.write_text("bootstrap_servers: k:9092\nassembler: {dlq_topic: stacx.dql}\n")
+    code, lines = _stacx(["assemble", "--config", str(path)], capsys)
+    assert asked == [["stacx.dql"]]
+    assert (code, lines) == (
+        2,
+        [
+            "stacx assemble: assembler.dlq_topic='stacx.dql': no such topic on k:9092; check the name, "
+            "or create it (`stacx infra up` creates stacx.dlq)"
+        ],
+    )
+
+
+def test_run_preflight_names_a_missing_dead_letter_or_tasks_topic(monkeypatch: pytest.MonkeyPatch) -> None:
+    from infra.pipeline import MissingComponentError, parse_spec, preflight
+
+    monkeypatch.setattr(preflight, "missing_modules", lambda: [])
+    monkeypatch.setattr(preflight, "missing_commands", lambda: [])
+    monkeypatch.setattr(preflight, "_kafka_problem", lambda bootstrap: None)
+    monkeypatch.setattr(preflight, "_ports_problems", lambda spec: [])
+    monkeypatch.setattr("infra.services.topics.missing_topics", lambda b, names, **kw: names)
+    spec = parse_spec(
+        {
+            "bootstrap_servers": "k:9092",
+            "pipeline": {
+                "model": {"tiny": {}},
+                "tasks": {"topic": "my.tasks"},
+                "services": {"gateway_backend": "process"},
+            },
+            "rollout": {"data": {"samples_per_task": 8}},
+            "assembler": {"dlq_topic": "stacx.dql"},
+        }
+    )
+    with pytest.raises(MissingComponentError) as info:
+        preflight.check_all(spec)
+    assert info.value.missing == [
+        "the topic my.tasks (pipeline.tasks.topic) on k:9092: check the name, or create it "
+        "(`stacx infra up` creates the standard topics)",
+        "the topic stacx.dql (assembler.dlq_topic) on k:9092: check the name, or create it "
+        "(`stacx infra up` creates the standard topics)",
+    ]
