@@ -99,8 +99,8 @@ def build(cls: type[T], data: Mapping[str, Any], where: str) -> T:
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}: expected a mapping of fields, got {type(data).__name__}")
     try:
-        root: Any = cls  # a class is hashable: the model of each config class is built once
-        value: T = getattr(_root(root).model_validate({"value": dict(data)}), "value")
+        root: Any = _root(cls)  # type: ignore[arg-type]  # a class is hashable: built once per class
+        value: T = root.model_validate({"value": dict(data)}).value
     except pydantic.ValidationError as exc:
         raise ConfigError(
             [_line(cls, {**err, "loc": err["loc"][1:]}, where) for err in exc.errors()]
