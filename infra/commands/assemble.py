@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import logging
+import sys
 from typing import Any
 
 _OVERRIDES = {
@@ -75,14 +75,32 @@ def _nested_override(data: dict[str, Any], section: str, **values: Any) -> None:
         data[section] = {**dict(data.get(section) or {}), **given}
 
 
+def _dlq_problem(config: Any) -> str | None:
+    """A mistyped `dlq_topic` would be auto-created (with the broker's default retention): the
+    dead-letter topic must exist (`stacx infra up` creates stacx.dlq)."""
+    from infra.services.topics import missing_topics
+
+    missing = missing_topics(config.bootstrap_servers, [config.dlq_topic], timeout_s=10.0)
+    if not missing:  # there, or the cluster did not answer (the worker reports that itself)
+        return None
+    return (
+        f"assembler.dlq_topic={config.dlq_topic!r}: no such topic on {config.bootstrap_servers}; "
+        "check the name, or create it (`stacx infra up` creates stacx.dlq)"
+    )
+
+
 def _assemble(args: argparse.Namespace) -> int:
     from consumers.assembly import AssemblerApp, AssemblyError
     from infra.config import ConfigError
 
     try:
         config = build_config(args)
+        problem = _dlq_problem(config)
+        if problem:
+            raise ConfigError(problem)
         assembler = AssemblerApp(config)
     except (ConfigError, AssemblyError) as exc:
-        logging.getLogger("stacx.assemble").error("%s", exc)
+        for line in str(exc).splitlines():
+            print(f"stacx assemble: {line}", file=sys.stderr)
         return 2
     return assembler.run(loglevel=args.loglevel)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from infra.config import ConfigError, load_yaml
+from infra.config import ConfigError, build, load_yaml
 from infra.services import smoke, stack
 from infra.services.errors import InfraError
 
@@ -39,7 +42,11 @@ def _guarded(fn):  # type: ignore[no-untyped-def]
     def run(args: argparse.Namespace) -> int:
         try:
             return fn(args)
-        except (InfraError, ConfigError) as exc:
+        except ConfigError as exc:
+            for line in exc.lines:
+                print(f"stacx infra: {line}", file=sys.stderr, flush=True)
+            return 2
+        except InfraError as exc:
             print(f"[stacx infra] error: {exc}", flush=True)
             return 1
 
@@ -79,10 +86,22 @@ def _smoke(args: argparse.Namespace) -> int:
     return 0
 
 
+@dataclass(kw_only=True, slots=True)
+class _StackFile:
+    """What `--config` may hold: `bootstrap_servers`, next to the sections of other commands."""
+
+    bootstrap_servers: str | None = None
+    """Kafka bootstrap servers (host:port[,host:port]) of an existing cluster."""
+    pipeline: dict[str, Any] | None = None
+    rollout: dict[str, Any] | None = None
+    assembler: dict[str, Any] | None = None
+    trainer: dict[str, Any] | None = None
+
+
 def _stack_config(args: argparse.Namespace) -> stack.StackConfig:
     config = stack.StackConfig()
     if getattr(args, "config", None) is not None:
-        tree = load_yaml(args.config)
-        if tree.get("bootstrap_servers"):
-            config.bootstrap_servers = str(tree["bootstrap_servers"])
+        stack_file = build(_StackFile, load_yaml(args.config), where=str(args.config))
+        if stack_file.bootstrap_servers:
+            config.bootstrap_servers = stack_file.bootstrap_servers
     return config

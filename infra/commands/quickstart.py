@@ -1,8 +1,11 @@
-"""`stacx quickstart [--name NAME] [--steps N]` and `stacx run CONFIG.yaml`.
+"""`stacx quickstart [--name NAME] [--steps N]`, `stacx run CONFIG.yaml [--explain]` and
+`stacx init [PATH]`.
 
-Both run the whole loop (tiny model -> SFT -> GRPO through Kafka, Faust, Docker sandboxes,
-FSDP2 training and weight hot-swaps) and write `runs/<name>/report.json` plus a reward-curve PNG.
-Services must be up first: `stacx infra up` (Kafka, Docker, sandbox image).
+`run` trains the model of the config on its tasks through the whole loop (GRPO through Kafka,
+Faust, Docker sandboxes, FSDP2 training and weight hot-swaps) and writes `runs/<name>/report.json`
+plus a reward-curve PNG; `quickstart` is `run examples/quickstart.yaml`. The config is validated
+whole before anything starts: each problem is one line, exit status 2. `--explain` prints the
+resolved config of every service and starts nothing. Services must be up first: `stacx infra up`.
 """
 
 from __future__ import annotations
@@ -37,8 +40,18 @@ def register(subparsers: Any) -> None:
     run.add_argument("config", type=Path, help="pipeline YAML")
     run.add_argument("--name", help="override pipeline.name")
     run.add_argument("--steps", type=int, help="override pipeline.steps")
+    run.add_argument(
+        "--explain", action="store_true", help="print the resolved config of every service; start nothing"
+    )
     _common(run)
     run.set_defaults(func=_run)
+
+    init = subparsers.add_parser(
+        "init", help="write a commented starter pipeline config (own model, own tasks)"
+    )
+    init.add_argument("path", nargs="?", type=Path, default=Path("stacx.yaml"), help="file to write")
+    init.add_argument("--force", action="store_true", help="overwrite an existing file")
+    init.set_defaults(func=_init)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -55,29 +68,79 @@ def _run(args: argparse.Namespace) -> int:
     return _execute(args.config, args)
 
 
-def _apply(spec: Any, args: argparse.Namespace) -> None:
-    from infra.pipeline.config import PipelineConfig
+def _init(args: argparse.Namespace) -> int:
+    from infra.pipeline.starter import STARTER_CONFIG
 
-    cfg = spec.pipeline
+    path: Path = args.path
+    if path.exists() and not args.force:
+        print(f"stacx init: {path} exists; pass --force to overwrite it", file=sys.stderr)
+        return 2
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(STARTER_CONFIG)
+    except OSError as exc:
+        print(f"stacx init: cannot write {path} ({exc})", file=sys.stderr)
+        return 2
+    print(f"wrote {path}: set pipeline.model and pipeline.tasks, then `stacx run {path} --explain`")
+    return 0
+
+
+def _apply(spec: Any, args: argparse.Namespace) -> None:
+    """Command-line overrides of the `pipeline` section, validated like the file's values."""
+    import pydantic
+
+    from infra.pipeline import PipelineConfigError
+
     overrides = {"name": args.name, "steps": args.steps, "runs_dir": args.runs_dir, "timeout_s": args.timeout}
-    for key, value in overrides.items():
-        if value is not None:
-            setattr(cfg, key, value)
     if args.no_live:
-        cfg.live = False
-    PipelineConfig.__post_init__(cfg)  # re-validate the overridden values
+        overrides["live"] = False
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        try:
+            setattr(spec.pipeline, key, value)
+        except pydantic.ValidationError as exc:
+            problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
+            raise PipelineConfigError(f"pipeline.{key}={value!r} (command line): {problem}") from exc
+    if args.steps is not None:  # the trainer's max_steps follows pipeline.steps
+        from infra.pipeline.resolve import check_sections
+
+        check_sections(spec)
+
+
+def _say_errors(command: str, exc: BaseException) -> None:
+    for line in str(exc).splitlines():
+        print(f"stacx {command}: {line}", file=sys.stderr)
 
 
 def _execute(config_path: Path, args: argparse.Namespace) -> int:
-    from infra.pipeline import PipelineError, load_spec, run_pipeline
+    from infra.pipeline import (
+        MissingComponentError,
+        PipelineConfigError,
+        PipelineError,
+        load_spec,
+        run_pipeline,
+    )
+    from infra.pipeline.layout import RunLayout
+    from infra.pipeline.resolve import check_resolved, explain
 
     try:
         spec = load_spec(config_path)
         _apply(spec, args)
+        if getattr(args, "explain", False):
+            check_resolved(spec)
+            print(explain(spec, RunLayout.create(spec)), end="")
+            return 0
         report = run_pipeline(spec)
+    except PipelineConfigError as exc:
+        _say_errors(args.command, exc)
+        return 2
+    except MissingComponentError as exc:
+        print(f"stacx {args.command}: {exc}", file=sys.stderr)
+        return 2
     except PipelineError as exc:
-        print(f"stacx: {exc}", file=sys.stderr)
-        return 2 if exc.__class__.__name__ in ("MissingComponentError", "PipelineConfigError") else 1
+        print(f"stacx {args.command}: {exc}", file=sys.stderr)
+        return 1
     except Exception as exc:  # a bug in a service library: full traceback, then where to look
         log.error("pipeline failed: %s: %s", type(exc).__name__, exc, exc_info=True)
         print(

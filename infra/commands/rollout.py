@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 
@@ -26,14 +27,33 @@ def register(subparsers: Any) -> None:
     evaluate.set_defaults(func=_eval)
 
 
+def load_rollout_config(path: str) -> Any:
+    """RolloutConfig from a YAML file, validated, with everything it points at resolved
+    (evaluators, tokenizer, tasks); `ConfigError` lists every problem, one line each."""
+    from infra.checks import rollout_problems
+    from infra.config import ConfigError, build, load_yaml, resolve_path
+    from rollout.config import RolloutConfig
+
+    tree = load_yaml(path)
+    config = build(RolloutConfig, tree, where=path)
+    for name in ("path", "task_dirs"):  # relative data paths: as `rollout.config.load_config`
+        value = getattr(config.data, name)
+        if value:
+            setattr(config.data, name, str(resolve_path(value, Path(path).resolve().parent)))
+    lines = rollout_problems(config, path)
+    if lines:
+        raise ConfigError(lines)
+    return config
+
+
 def _load(path: str, args: argparse.Namespace) -> Any:
-    from rollout.config import load_config
-    from rollout.errors import ConfigError
+    from infra.config import ConfigError
 
     try:
-        config = load_config(path)
+        config = load_rollout_config(path)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        for line in exc.lines:
+            print(f"stacx {getattr(args, 'command', 'rollout')}: {line}", file=sys.stderr)
         return None
     config.progress = config.progress and not args.no_progress and sys.stdout.isatty()
     return config
@@ -47,7 +67,8 @@ def _rollout(args: argparse.Namespace) -> int:
         return 2
     if args.num_groups is not None:
         config.num_groups = args.num_groups
-    summary = asyncio.run(run_rollout(config))
+    tasks = _harbor_tasks(config.data.task_dirs) if config.data.task_dirs else None
+    summary = asyncio.run(run_rollout(config, tasks=tasks))
     print(json.dumps(_report(summary)))
     return 0 if summary.num_publish_errors == 0 else 1
 

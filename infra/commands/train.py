@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -51,13 +53,45 @@ def _apply_overrides(config: Any, args: argparse.Namespace) -> None:
         config.source.replay_from_timestamp_ms = args.replay_from_timestamp_ms
 
 
+def load_trainer_config(path: str) -> Any:
+    """TrainerConfig from a YAML file (the whole file, or its `trainer:` section), validated with
+    the model path and recipe resolved; `ConfigError` lists every problem, one line each."""
+    from infra.checks import model_problem
+    from infra.config import ConfigError, build, load_yaml
+    from trainer import TrainerConfig, TrainerError, get_recipe
+
+    tree = load_yaml(path)
+    where = path
+    if isinstance(tree.get("trainer"), dict):  # a shared stack file: use its `trainer` section
+        tree, where = tree["trainer"], f"{path}: trainer"
+    config = build(TrainerConfig, tree, where=where)
+    lines = []
+    for role, model in sorted(config.models.items()):
+        problem = model.path and model_problem(Path(model.path), f"models.{role}.path")
+        if problem:
+            lines.append(f"{where}: {problem}")
+    try:
+        get_recipe(config.recipe)  # before spawning ranks
+    except TrainerError as exc:
+        lines.append(f"{where}: recipe: {exc}")
+    if lines:
+        raise ConfigError(lines)
+    return config
+
+
 def _train(args: argparse.Namespace) -> int:
-    from trainer import StacxTrainer, TrainerError, get_recipe, load_config
+    from infra.config import ConfigError
+    from trainer import StacxTrainer, TrainerError, get_recipe
 
     try:
-        config = load_config(args.config)
+        config = load_trainer_config(args.config)
         _apply_overrides(config, args)
-        get_recipe(config.recipe)  # fail fast on an unknown recipe, before spawning ranks
+        get_recipe(config.recipe)  # a --recipe override, before spawning ranks
+    except (ConfigError, TrainerError) as exc:
+        for line in str(exc).splitlines():
+            print(f"stacx train: {line}", file=sys.stderr)
+        return 2
+    try:
         StacxTrainer.launch(config)
     except TrainerError as exc:
         log.error("%s", exc)

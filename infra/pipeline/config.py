@@ -1,25 +1,37 @@
 """The pipeline config: one YAML file (e.g. `examples/quickstart.yaml`) for the whole loop.
 
-The `pipeline` section is the orchestrator's own (`PipelineConfig`). The `rollout`, `assembler`
-and `trainer` sections are handed, completed with the run's paths, URLs and topic names, to each
-service's own config loader, so every service still runs alone from the files the run writes
-under `runs/<name>/config/`.
+One pydantic schema covers the whole file. The `pipeline` section is the orchestrator's own
+(`PipelineConfig`): the model (a Hugging Face directory, or the tiny factory), the tasks (a Harbor
+folder, a JSONL file, a Kafka topic, or the quickstart's arithmetic generator), the run, the
+services. The `rollout`, `assembler` and `trainer` sections are each service's own config; the run
+fills in only what the user left empty (paths, URLs, topic names), and `load_spec` validates every
+section completed that way against the service's own schema, so a mistake anywhere is reported at
+load, one line per problem, before anything starts.
 """
 
 from __future__ import annotations
 
+import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.config import ConfigError, bootstrap_servers, load_yaml, section
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra.config import ConfigError, load_yaml
 from infra.pipeline.errors import PipelineConfigError
+from infra.pipeline.wires import wire_value
+from schemas.topics import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP
 
 __all__ = [
+    "ArithmeticTasksConfig",
     "DemonstrationsConfig",
     "EvaluationConfig",
+    "ModelSource",
     "PipelineConfig",
+    "PipelineFile",
     "PipelineSpec",
     "SFTConfig",
     "ServicesConfig",
@@ -30,201 +42,310 @@ __all__ = [
 ]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+SERVICE_SECTIONS = ("rollout", "assembler", "trainer")
+"""Sections handed (completed) to each service's own config loader."""
 
 
-@dataclass(kw_only=True, slots=True)
-class TasksConfig:
-    """The arithmetic task set (examples/quickstart/arithmetic.py)."""
+class _Schema(BaseModel):
+    """Unknown fields are errors; assignments (command-line overrides) are validated too."""
 
-    num_train: int = 4096
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ArithmeticTasksConfig(_Schema):
+    """The quickstart's arithmetic task set (examples/quickstart/arithmetic.py)."""
+
+    num_train: int = Field(default=4096, ge=1)
     """Distinct training problems (the rollout service cycles through them)."""
-    num_heldout: int = 128
+    num_heldout: int = Field(default=128, ge=1)
     """Held-out problems for the success rate (never trained on)."""
     seed: int = 0
     """Problem generator seed."""
 
 
-@dataclass(kw_only=True, slots=True)
-class DemonstrationsConfig:
-    """Synthetic SFT demonstrations."""
+class TasksConfig(_Schema):
+    """Where the training tasks come from: set exactly one of `arithmetic`, `harbor`, `jsonl`, `topic`."""
 
-    tool_fraction: float = 0.3
+    arithmetic: ArithmeticTasksConfig | None = None
+    """The quickstart's generated arithmetic problems (with SFT demonstrations)."""
+    harbor: str | None = None
+    """A folder of Harbor-format tasks (task.toml, instruction.md, environment/, tests/)."""
+    jsonl: str | None = None
+    """A tasks.jsonl of TaskSample rows (`stacx tasks import` writes one from Harbor tasks)."""
+    topic: str | None = None
+    """A Kafka topic of TaskSample events (e.g. stacx.tasks), shared by rollout workers."""
+    heldout: str | None = None
+    """Evaluation set before/after training: a Harbor folder or a JSONL file. Default: the training
+    tasks themselves (harbor, jsonl), the generated held-out problems (arithmetic), none (topic)."""
+
+    @pydantic.model_validator(mode="after")
+    def _exactly_one(self) -> TasksConfig:
+        chosen = [n for n in ("arithmetic", "harbor", "jsonl", "topic") if getattr(self, n) is not None]
+        if len(chosen) != 1:
+            raise ValueError(
+                f"set exactly one of arithmetic, harbor, jsonl, topic (got {', '.join(chosen) or 'none'})"
+            )
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(n for n in ("arithmetic", "harbor", "jsonl", "topic") if getattr(self, n) is not None)
+
+
+class DemonstrationsConfig(_Schema):
+    """Synthetic SFT demonstrations (arithmetic tasks only)."""
+
+    tool_fraction: float = Field(default=0.3, ge=0.0, le=1.0)
     """Share of demonstrations that call the Python tool (always correct): the mixture the
     warm-started policy ends up imitating, hence its initial tool-use rate."""
-    mental_accuracy: float = 0.5
+    mental_accuracy: float = Field(default=0.5, ge=0.0, le=1.0)
     """How often a direct ("mental") answer in a demonstration is right."""
-    skill_tool_fraction: float = 0.9
+    skill_tool_fraction: float = Field(default=0.9, ge=0.0, le=1.0)
     """Tool share during the first `sft.skill_steps` steps, where the tiny model learns the
     skill itself (copying the expression into the call and the tool output into the answer)."""
 
 
-@dataclass(kw_only=True, slots=True)
-class TinyModelSpec:
-    """Shape of the tiny Qwen2 made by `rollout.models.make_tiny_model`."""
+class TinyModelSpec(_Schema):
+    """Shape of the tiny Qwen2 made by `rollout.models.make_tiny_model` (`stacx models tiny`)."""
 
-    hidden_size: int = 64
+    hidden_size: int = Field(default=64, ge=1)
     """Residual width."""
-    intermediate_size: int = 256
+    intermediate_size: int = Field(default=256, ge=1)
     """MLP width."""
-    num_hidden_layers: int = 2
+    num_hidden_layers: int = Field(default=2, ge=1)
     """Transformer blocks."""
-    num_attention_heads: int = 4
+    num_attention_heads: int = Field(default=4, ge=1)
     """Query heads."""
-    num_key_value_heads: int = 2
+    num_key_value_heads: int = Field(default=2, ge=1)
     """Key/value heads."""
     seed: int = 0
     """Initialisation seed."""
 
 
-@dataclass(kw_only=True, slots=True)
-class SFTConfig:
+class ModelSource(_Schema):
+    """The policy to start from: set exactly one of `path` and `tiny`."""
+
+    path: str | None = None
+    """A local Hugging Face causal-LM directory (config.json, weights, tokenizer) that
+    transformers loads; used as is, never written to."""
+    tiny: TinyModelSpec | None = None
+    """Make a tiny random Qwen2 with this shape in the run directory."""
+
+    @pydantic.model_validator(mode="after")
+    def _exactly_one(self) -> ModelSource:
+        if (self.path is None) == (self.tiny is None):
+            raise ValueError("set exactly one of path (a Hugging Face model directory) or tiny (a shape)")
+        return self
+
+
+class SFTConfig(_Schema):
     """Warm start with the trainer's `sft` recipe (single process, in-memory batches)."""
 
-    steps: int = 450
+    steps: int = Field(default=450, ge=0)
     """Optimizer steps in total."""
-    skill_steps: int = 400
+    skill_steps: int = Field(default=400, ge=0)
     """The first steps, on `demonstrations.skill_tool_fraction`; the rest use `tool_fraction`."""
-    batch_size: int = 64
+    batch_size: int = Field(default=64, ge=1)
     """Demonstrations per step."""
-    lr: float = 3e-3
+    lr: float = Field(default=3e-3, gt=0)
     """Learning rate of the skill steps (AdamW, linear warmup, then constant)."""
-    mixture_lr: float = 1e-3
+    mixture_lr: float = Field(default=1e-3, gt=0)
     """Learning rate of the final mixture steps (lower: resets the tool-use habit without
     unlearning the copy skill; at 3e-3 the forced-tool success fell from 0.97 to 0.73)."""
-    warmup_steps: int = 20
+    warmup_steps: int = Field(default=20, ge=0)
     """Warmup steps."""
     seed: int = 1
     """Demonstration sampling seed."""
 
 
-@dataclass(kw_only=True, slots=True)
-class ServicesConfig:
+class ServicesConfig(_Schema):
     """Ports and sizes of the services the pipeline starts."""
 
     host: str = "127.0.0.1"
     """Interface every service binds to."""
-    gateway_port: int = 8710
+    gateway_port: int = Field(default=8710, ge=1, le=65535)
     """Sandbox gateway port (not the default 8700, so a gateway started by hand can stay)."""
-    gateway_backend: str = "docker"
+    gateway_backend: str = Field(default="docker", pattern="^(docker|process)$")
     """`docker` or `process`."""
-    gateway_warm_pool: int = 0
+    gateway_warm_pool: int = Field(default=0, ge=0)
     """Pre-started sandboxes."""
-    inference_port: int = 30010
+    inference_port: int = Field(default=30010, ge=1, le=65535)
     """Built-in inference server port."""
-    inference_threads: int = 1
+    inference_threads: int = Field(default=1, ge=1)
     """torch threads of the inference server."""
-    inference_max_batch_size: int = 64
+    inference_max_batch_size: int = Field(default=64, ge=1)
     """Rows per decoding step of the inference server."""
-    startup_timeout_s: float = 180.0
+    startup_timeout_s: float = Field(default=180.0, gt=0)
     """How long a service may take to become ready."""
 
 
-@dataclass(kw_only=True, slots=True)
-class EvaluationConfig:
+class EvaluationConfig(_Schema):
     """Held-out evaluation through the real rollout path (server + sandbox), not published."""
 
-    every_versions: int = 4
+    every_versions: int = Field(default=4, ge=0)
     """Evaluate after every this many policy versions (0: only before and after)."""
-    num_problems: int = 64
-    """Held-out problems in a periodic evaluation (the first ones of the held-out set)."""
-    samples_per_problem: int = 1
-    """Samples per problem (temperature as in the rollout config)."""
-    final_samples_per_problem: int = 1
-    """Samples per held-out problem before and after training (all `num_heldout` problems)."""
+    num_problems: int = Field(default=64, ge=1)
+    """Held-out tasks in a periodic evaluation (the first ones of the held-out set)."""
+    samples_per_problem: int = Field(default=1, ge=1)
+    """Samples per task (temperature as in the rollout config)."""
+    final_samples_per_problem: int = Field(default=1, ge=0)
+    """Samples per held-out task before and after training (all of them; 0: no evaluation)."""
 
 
-@dataclass(kw_only=True, slots=True)
-class PipelineConfig:
+class PipelineConfig(_Schema):
     """The orchestrator's own settings (`pipeline:` section)."""
 
     name: str = "quickstart"
     """Run name: the results go to `<runs_dir>/<name>/`."""
     runs_dir: str = "runs"
-    """Where runs are written."""
-    steps: int = 20
+    """Where runs are written (relative: to the working directory)."""
+    steps: int = Field(default=20, ge=1)
     """GRPO policy versions to train (the trainer's max_steps)."""
     fresh_topics: bool = True
     """Per-run topic names (`stacx.trajectories.<run_id>`, ...); false: the standard topics."""
-    timeout_s: float = 1800.0
+    timeout_s: float = Field(default=1800.0, gt=0)
     """Give up (and say where it stalled) after this long."""
-    stall_timeout_s: float = 300.0
+    stall_timeout_s: float = Field(default=300.0, gt=0)
     """Stop with a diagnosis when no trajectory, batch or policy version appears for this long."""
     live: bool = True
     """Show the live rich view (off when stdout is not a terminal)."""
-    tasks: TasksConfig = field(default_factory=TasksConfig)
-    """Task set."""
-    demonstrations: DemonstrationsConfig = field(default_factory=DemonstrationsConfig)
+    model: ModelSource
+    """The policy to start from."""
+    tasks: TasksConfig
+    """Training (and evaluation) tasks."""
+    sft: SFTConfig | None = None
+    """SFT warm start on generated demonstrations (arithmetic tasks only; absent: none)."""
+    demonstrations: DemonstrationsConfig = Field(default_factory=lambda: DemonstrationsConfig())
     """SFT demonstrations."""
-    model: TinyModelSpec = field(default_factory=TinyModelSpec)
-    """Tiny model shape."""
-    sft: SFTConfig = field(default_factory=SFTConfig)
-    """SFT warm start."""
-    services: ServicesConfig = field(default_factory=ServicesConfig)
+    services: ServicesConfig = Field(default_factory=lambda: ServicesConfig())
     """Service ports and sizes."""
-    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    evaluation: EvaluationConfig = Field(default_factory=lambda: EvaluationConfig())
     """Held-out evaluation."""
 
-    def __post_init__(self) -> None:
-        if not _NAME.match(self.name):
-            raise PipelineConfigError(
-                f"pipeline.name={self.name!r}: use letters, digits, '.', '_' or '-' (max 64)"
+    @pydantic.field_validator("name")
+    @classmethod
+    def _valid_name(cls, name: str) -> str:
+        if not _NAME.match(name):
+            raise ValueError(f"{name!r}: use letters, digits, '.', '_' or '-' (max 64)")
+        return name
+
+    @pydantic.model_validator(mode="after")
+    def _sft_needs_demonstrations(self) -> PipelineConfig:
+        if self.sft is not None and self.tasks.arithmetic is None:
+            raise ValueError(
+                "sft: the SFT warm start trains on generated arithmetic demonstrations; remove "
+                "`pipeline.sft` for harbor, jsonl or topic tasks (start from a model that already "
+                "follows the scaffold's format)"
             )
-        if self.steps < 1:
-            raise PipelineConfigError(f"pipeline.steps={self.steps}: must be >= 1")
-        if not self.stall_timeout_s > 0:
-            raise PipelineConfigError(
-                f"pipeline.stall_timeout_s={self.stall_timeout_s}: must be > 0 seconds (default 300)"
-            )
+        return self
+
+
+class PipelineFile(_Schema):
+    """The whole pipeline YAML. Service sections are checked against the services' own schemas
+    once the run's values are filled in (see `infra.pipeline.resolve`)."""
+
+    bootstrap_servers: str | None = None
+    """Kafka bootstrap servers of every service (default: $STACX_KAFKA, else 127.0.0.1:9092)."""
+    pipeline: PipelineConfig
+    """The orchestrator."""
+    rollout: dict[str, Any] = Field(default_factory=dict)
+    """`stacx rollout` config (rollout.config.RolloutConfig)."""
+    assembler: dict[str, Any] = Field(default_factory=dict)
+    """`stacx assemble` config (consumers.assembly.AssemblerApp.Config)."""
+    trainer: dict[str, Any] = Field(default_factory=dict)
+    """`stacx train` config (trainer.TrainerConfig)."""
 
 
 @dataclass(kw_only=True, slots=True)
 class PipelineSpec:
-    """A whole pipeline file: the orchestrator's config plus each service's raw section."""
+    """A whole pipeline file: the orchestrator's config plus each service's section as written."""
 
     source: str
     """Where it was read from (for messages)."""
+    base_dir: Path
+    """Directory that relative paths in the file are resolved against (after the working dir)."""
     bootstrap_servers: str
     """Kafka bootstrap servers for every service."""
     pipeline: PipelineConfig
     """Orchestrator settings."""
     rollout: dict[str, Any]
-    """`rollout.config.RolloutConfig` section (data, urls and topics are filled in per run)."""
+    """`rollout.config.RolloutConfig` section as the user wrote it."""
     assembler: dict[str, Any]
-    """`consumers.assembly.AssemblerApp.Config` section (topics filled in per run)."""
+    """`consumers.assembly.AssemblerApp.Config` section as the user wrote it."""
     trainer: dict[str, Any]
-    """`trainer.TrainerConfig` section (models, topics, export dir filled in per run)."""
+    """`trainer.TrainerConfig` section as the user wrote it."""
 
 
-def parse_spec(tree: dict[str, Any], *, source: str = "config") -> PipelineSpec:
-    """A `PipelineSpec` from an already-loaded YAML tree."""
-    allowed = {"bootstrap_servers", "pipeline", "rollout", "assembler", "trainer"}
-    unknown = sorted(set(tree) - allowed)
-    if unknown:
-        raise PipelineConfigError(f"{source}: unknown section(s) {unknown}; valid: {sorted(allowed)}")
+def schema_errors(exc: pydantic.ValidationError, source: str) -> list[str]:
+    """One line per pydantic error: `file: section.field: what is expected, got what`."""
+    lines = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"])
+        kind, message = err["type"], str(err["msg"])
+        if kind == "extra_forbidden":
+            lines.append(f"{source}: {field}: unknown field{_valid_hint(err['loc'])}")
+        elif kind == "missing":
+            lines.append(f"{source}: {field}: required field is missing")
+        elif kind == "value_error":
+            lines.append(f"{source}: {field}: {message.removeprefix('Value error, ')}")
+        else:
+            message = message.replace("Input should be", "expected").split(", unable to parse")[0]
+            got = repr(err.get("input"))
+            lines.append(f"{source}: {field}: {message}, got {got if len(got) <= 60 else got[:57] + '...'}")
+    return lines
+
+
+def _valid_hint(loc: tuple[Any, ...]) -> str:
+    model: Any = PipelineFile
+    for part in loc[:-1]:
+        info = getattr(model, "model_fields", {}).get(part)
+        if info is None:
+            return ""
+        model = _model_of(info.annotation)
+    fields = getattr(model, "model_fields", None)
+    return f"; valid fields: {', '.join(sorted(fields))}" if fields else ""
+
+
+def _model_of(annotation: Any) -> Any:
+    import typing
+
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
+def parse_spec(
+    tree: dict[str, Any], *, source: str = "config", base_dir: Path | None = None, check: bool = True
+) -> PipelineSpec:
+    """A `PipelineSpec` from an already-loaded YAML tree; with `check`, every service section is
+    validated (completed with the run's values) too. All problems are raised at once."""
     try:
-        return PipelineSpec(
-            source=source,
-            bootstrap_servers=bootstrap_servers(tree),
-            pipeline=section(tree, "pipeline", PipelineConfig, source=source),
-            rollout=_raw_section(tree, "rollout", source),
-            assembler=_raw_section(tree, "assembler", source),
-            trainer=_raw_section(tree, "trainer", source),
-        )
-    except ConfigError as exc:
-        raise PipelineConfigError(str(exc)) from exc
+        parsed = PipelineFile.model_validate(tree)
+    except pydantic.ValidationError as exc:
+        raise PipelineConfigError("\n".join(schema_errors(exc, source))) from exc
+    sections = {"rollout": parsed.rollout, "assembler": parsed.assembler, "trainer": parsed.trainer}
+    bootstrap = parsed.bootstrap_servers or wire_value(sections, "bootstrap_servers")
+    spec = PipelineSpec(
+        source=source,
+        base_dir=base_dir or Path.cwd(),
+        bootstrap_servers=str(bootstrap or os.environ.get(BOOTSTRAP_ENV) or DEFAULT_BOOTSTRAP),
+        pipeline=parsed.pipeline,
+        rollout=dict(parsed.rollout),
+        assembler=dict(parsed.assembler),
+        trainer=dict(parsed.trainer),
+    )
+    if check:
+        from infra.pipeline.resolve import check_sections
+
+        check_sections(spec)
+    return spec
 
 
-def _raw_section(tree: dict[str, Any], name: str, source: str) -> dict[str, Any]:
-    value = tree.get(name) or {}
-    if not isinstance(value, dict):
-        raise PipelineConfigError(f"{source}: section `{name}` must be a mapping")
-    return dict(value)
-
-
-def load_spec(path: str | Path) -> PipelineSpec:
-    """Read a pipeline YAML file."""
+def load_spec(path: str | Path, *, check: bool = True) -> PipelineSpec:
+    """Read and validate a pipeline YAML file."""
     try:
         tree = load_yaml(path)
     except ConfigError as exc:
         raise PipelineConfigError(str(exc)) from exc
-    return parse_spec(tree, source=str(path))
+    return parse_spec(tree, source=str(path), base_dir=Path(path).resolve().parent, check=check)

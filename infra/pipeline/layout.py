@@ -1,5 +1,8 @@
 """Where a run writes (`runs/<name>/...`), which topics it uses, and the config file of every
-service, filled in from the pipeline spec. Pure functions: unit-tested without services."""
+service, filled in from the pipeline spec. Pure functions: unit-tested without services.
+
+The run's values fill only what the user left empty: a value set in the YAML is kept (and
+`infra.pipeline.resolve` rejects one that would break the loop, naming it)."""
 
 from __future__ import annotations
 
@@ -9,7 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from infra.config import resolve_path
 from infra.pipeline.config import PipelineSpec
+from infra.pipeline.wires import wire_value
 from schemas import topics
 
 __all__ = [
@@ -30,9 +35,15 @@ class RunTopics:
     weights: str
 
     @classmethod
-    def for_run(cls, run_id: str, *, fresh: bool) -> RunTopics:
+    def for_run(cls, run_id: str, *, fresh: bool, chosen: dict[str, str | None] | None = None) -> RunTopics:
         """`stacx.<kind>.<run_id>` when fresh (nothing left over from other runs), else the
-        standard topics of schemas/topics.py."""
+        standard topics of schemas/topics.py; a topic the user `chosen` wins over both."""
+        derived = cls._derived(run_id, fresh=fresh)
+        picked = {k: v for k, v in (chosen or {}).items() if v}
+        return cls(**{**{k: getattr(derived, k) for k in ("trajectories", "batches", "weights")}, **picked})
+
+    @classmethod
+    def _derived(cls, run_id: str, *, fresh: bool) -> RunTopics:
         if not fresh:
             return cls(trajectories=topics.TRAJECTORIES, batches=topics.BATCHES, weights=topics.WEIGHTS)
         return cls(
@@ -42,12 +53,8 @@ class RunTopics:
         )
 
     def specs(self) -> tuple[topics.TopicSpec, ...]:
-        """The standard topics' specs (partitions, configs) under this run's names.
-
-        The broker stores them gzip-compressed whatever the producer used: the Faust assembler
-        (aiokafka) decodes gzip with the standard library, but lz4 (EventProducer's default)
-        only with the optional `cramjam` package, which is not installed.
-        """
+        """The standard topics' specs (partitions, configs) under this run's names, stored
+        gzip-compressed by the broker whatever the producer used."""
         base = {t.name: t for t in topics.TOPICS}
         return tuple(
             topics.TopicSpec(name, base[std].partitions, {**base[std].config, "compression.type": "gzip"})
@@ -75,12 +82,15 @@ class RunLayout:
         cfg = spec.pipeline
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now if now is not None else time.time()))
         run_id = f"{cfg.name}-{stamp}"
+        sections = {"rollout": spec.rollout, "assembler": spec.assembler, "trainer": spec.trainer}
+        kinds = ("trajectories", "batches", "weights")
+        chosen = {kind: wire_value(sections, f"{kind}_topic") for kind in kinds}
         return cls(
             name=cfg.name,
             run_id=run_id,
             root=Path(cfg.runs_dir) / cfg.name,
-            topics=RunTopics.for_run(run_id, fresh=cfg.fresh_topics),
-            model_name="policy" if cfg.fresh_topics else run_id,
+            topics=RunTopics.for_run(run_id, fresh=cfg.fresh_topics, chosen=chosen),
+            model_name=wire_value(sections, "model_name") or ("policy" if cfg.fresh_topics else run_id),
         )
 
     @property
@@ -124,6 +134,11 @@ class RunLayout:
         return self.root / "reward_curve.png"
 
 
+def _fill(user: dict[str, Any], derived: dict[str, Any]) -> dict[str, Any]:
+    """`user` with `derived` values where the user left them empty (user values win)."""
+    return _merge(derived, user)
+
+
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(base)
     for key, value in override.items():
@@ -134,14 +149,33 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def task_data(spec: PipelineSpec, layout: RunLayout) -> dict[str, Any]:
+    """`rollout.data`'s task source for `pipeline.tasks` (generated arithmetic: the run's file)."""
+    tasks = spec.pipeline.tasks
+    if tasks.harbor is not None:
+        return {"task_dirs": str(resolve_path(tasks.harbor, spec.base_dir))}
+    if tasks.jsonl is not None:
+        return {"path": str(resolve_path(tasks.jsonl, spec.base_dir))}
+    if tasks.topic is not None:
+        return {"topic": tasks.topic}
+    return {"path": str(layout.train_tasks.resolve())}
+
+
+def _group_size(spec: PipelineSpec, key: str) -> dict[str, Any]:
+    """The GRPO group size where the user set it in one of its places (rollout or assembler)."""
+    sections = {"rollout": spec.rollout, "assembler": spec.assembler, "trainer": spec.trainer}
+    n = wire_value(sections, "group_size")
+    return {} if n is None else {key: n}
+
+
 def rollout_section(
     spec: PipelineSpec, layout: RunLayout, *, model_dir: Path, inference_url: str, gateway_url: str
 ) -> dict[str, Any]:
     """`stacx rollout` config: the spec's `rollout` section plus this run's data and endpoints."""
-    return _merge(
+    return _fill(
         spec.rollout,
         {
-            "data": {"path": str(layout.train_tasks.resolve())},
+            "data": {**task_data(spec, layout), **_group_size(spec, "samples_per_task")},
             "inference": {"url": inference_url, "tokenizer": str(model_dir.resolve())},
             "sandbox": {"url": gateway_url},
             "kafka": {
@@ -159,7 +193,7 @@ def rollout_section(
 
 def assembler_section(spec: PipelineSpec, layout: RunLayout) -> dict[str, Any]:
     """`stacx assemble --config` file contents (an `assembler:` section)."""
-    section = _merge(
+    section = _fill(
         spec.assembler,
         {
             "app_id": f"stacx-assembler-{layout.run_id}",
@@ -168,6 +202,7 @@ def assembler_section(spec: PipelineSpec, layout: RunLayout) -> dict[str, Any]:
             "batches_topic": layout.topics.batches,
             "weights_topic": layout.topics.weights,
             "datadir": str((layout.root / "assembler").resolve()),
+            "grouping": _group_size(spec, "group_size"),
         },
     )
     return {"assembler": section}
@@ -175,7 +210,7 @@ def assembler_section(spec: PipelineSpec, layout: RunLayout) -> dict[str, Any]:
 
 def trainer_section(spec: PipelineSpec, layout: RunLayout, *, model_dir: Path) -> dict[str, Any]:
     """`stacx train` config (TrainerConfig) for the GRPO loop of this run."""
-    return _merge(
+    return _fill(
         spec.trainer,
         {
             "models": {"policy": {"path": str(model_dir.resolve())}},

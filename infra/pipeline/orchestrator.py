@@ -1,6 +1,7 @@
-"""The quickstart pipeline, end to end on one machine.
+"""The pipeline, end to end on one machine (`stacx run CONFIG`; the quickstart is one config).
 
-    tiny model -> SFT warm start (sft recipe, in process) -> held-out eval (before)
+    model (a Hugging Face directory, or a tiny one made here) -> tasks (Harbor folder, JSONL,
+    topic, or generated arithmetic) -> [SFT warm start (sft recipe, in process)] -> held-out eval (before)
     -> services: sandbox gateway, inference server (+ weight subscriber), Faust assembler,
        trainer (FSDP2, 2 CPU ranks), rollout service  -- all through the run's Kafka topics
     -> GRPO until the trainer has published `steps` policy versions (live view, periodic evals)
@@ -34,18 +35,14 @@ from infra.pipeline import preflight
 from infra.pipeline.config import PipelineSpec
 from infra.pipeline.errors import PipelineError, ServiceError, StallError
 from infra.pipeline.evaluation import EvalResult, run_evaluation
-from infra.pipeline.layout import (
-    RunLayout,
-    assembler_section,
-    rollout_section,
-    trainer_section,
-)
+from infra.pipeline.layout import RunLayout, rollout_section
 from infra.pipeline.monitor import EvalPoint, RunMetrics, TopicMonitor
 from infra.pipeline.report import plot_curve, write_report
+from infra.pipeline.resolve import base_model_dir, gateway_args, inference_args, plan
 from infra.pipeline.services import ServiceProcess, ServiceSpec
 from infra.pipeline.sft import DemonstrationEncoder, demonstration_batches, run_sft
 from infra.pipeline.stall import Progress, StallWatch, diagnose
-from infra.pipeline.tasks import load_task_module, task_rows, write_tasks
+from infra.pipeline.tasks import heldout_rows, load_task_module, task_rows, write_tasks
 from infra.pipeline.view import render, status_line
 
 __all__ = ["Pipeline", "run_pipeline"]
@@ -64,7 +61,7 @@ class Pipeline:
         self.layout = layout or RunLayout.create(spec)
         self.metrics = RunMetrics()
         self.services: dict[str, ServiceProcess] = {}
-        self.task = load_task_module()
+        self.task = load_task_module() if self.cfg.tasks.arithmetic is not None else None
         self.heldout_rows: list[dict[str, Any]] = []
         self.timings: dict[str, float] = {}
         self.evals: dict[str, EvalResult] = {}
@@ -74,7 +71,7 @@ class Pipeline:
         self._subscriber: Any = None
         self._eval_pool = concurrent.futures.ThreadPoolExecutor(1, "stacx-eval")
         self._pending_eval: concurrent.futures.Future[EvalResult] | None = None
-        self._sft_dir = self.layout.base_model
+        self._sft_dir = base_model_dir(spec, self.layout)
 
     # ----------------------------------------------------------------------------- urls
 
@@ -112,20 +109,25 @@ class Pipeline:
             self._shutdown()
             report = self._report(time.monotonic() - started, error)
             write_report(self.layout.report_path, report)
-            plot_curve(self.layout.curve_path, self.metrics, title=f"STACX quickstart {self.layout.run_id}")
+            plot_curve(self.layout.curve_path, self.metrics, title=f"STACX {self.layout.run_id}")
         return report
 
     def _stages(self, refresh: Any) -> None:
         self._timed("setup_s", self._setup)
         sft_dir = self._timed("sft_s", self._sft)
         self._timed("services_s", self._start_serving, sft_dir)
-        before = self._timed("eval_before_s", self._evaluate, "before", True)
-        self.evals["before"] = before
+        if self._evaluates():
+            self.evals["before"] = self._timed("eval_before_s", self._evaluate, "before", True)
         self._timed("grpo_s", self._grpo, sft_dir, refresh)
         self._stop_service("rollout")
         self._await_swap(self.metrics.policy_version)
-        self.evals["after"] = self._timed("eval_after_s", self._evaluate, "after", True)
+        if self._evaluates():
+            self.evals["after"] = self._timed("eval_after_s", self._evaluate, "after", True)
         refresh()
+
+    def _evaluates(self) -> bool:
+        """Before/after evaluation needs held-out tasks (none for a topic without `heldout`)."""
+        return bool(self.heldout_rows) and self.cfg.evaluation.final_samples_per_problem > 0
 
     def _timed(self, name: str, fn: Any, *args: Any) -> Any:
         t0 = time.monotonic()
@@ -152,21 +154,34 @@ class Pipeline:
 
     def _setup(self) -> None:
         from infra.services.topics import ensure_topics
-        from rollout.models import make_tiny_model
 
         self.metrics.stage = "creating topics, model and tasks"
         ensure_topics(self.spec.bootstrap_servers, self.layout.topics.specs())
-        make_tiny_model(self.layout.base_model, **asdict(self.cfg.model))
-        tasks = self.cfg.tasks
+        model = self.cfg.model
+        if model.tiny is not None:
+            from rollout.models import make_tiny_model
+
+            make_tiny_model(self.layout.base_model, **model.tiny.model_dump())
+        if self.task is not None:
+            self._generate_tasks()
+        else:
+            self.heldout_rows = heldout_rows(self.spec)
+        if self.heldout_rows:
+            write_tasks(self.layout.heldout_tasks, self.heldout_rows)
+
+    def _generate_tasks(self) -> None:
+        """The arithmetic task set: held-out problems first, training problems excluding them."""
+        assert self.task is not None and self.cfg.tasks.arithmetic is not None
+        tasks = self.cfg.tasks.arithmetic
         heldout = self.task.make_problems(tasks.num_heldout, seed=10_000 + tasks.seed)
         exclude = frozenset(p.expression for p in heldout)
         train = self.task.make_problems(tasks.num_train, seed=tasks.seed, exclude=exclude)
         self.heldout_rows = task_rows(heldout, prefix="heldout", task_type=self.task.TASK_TYPE)
-        write_tasks(self.layout.heldout_tasks, self.heldout_rows)
         write_tasks(self.layout.train_tasks, task_rows(train, prefix="train", task_type=self.task.TASK_TYPE))
         self._exclude = exclude
 
     def _system_prompt(self) -> str:
+        assert self.task is not None
         evaluators = (self.spec.rollout.get("manager") or {}).get("evaluators") or {}
         options = evaluators.get(self.task.TASK_TYPE) or evaluators.get("default") or {}
         scaffold_options = options.get("scaffold_options") or {}
@@ -177,17 +192,19 @@ class Pipeline:
         return RETOOL_SYSTEM
 
     def _sft(self) -> Path:
+        if self.cfg.sft is None or self.task is None:
+            return self._sft_dir  # no warm start: the services start from the model as given
         from rollout.tokens import HFTokenizer
 
         self.metrics.stage = f"SFT warm start ({self.cfg.sft.steps} steps)"
-        tokenizer = HFTokenizer(str(self.layout.base_model))
+        sft = self.cfg.sft
+        tokenizer = HFTokenizer(str(self._sft_dir))
         encoder = DemonstrationEncoder(tokenizer=tokenizer, system_prompt=self._system_prompt())
         end = tokenizer.inner.eos_token or ""
         batches = demonstration_batches(
-            self.task, encoder, self.cfg.sft, self.cfg.demonstrations, exclude=self._exclude, end_token=end
+            self.task, encoder, sft, self.cfg.demonstrations, exclude=self._exclude, end_token=end
         )
 
-        sft = self.cfg.sft
         skill, mixture = batches[: sft.skill_steps], batches[sft.skill_steps :]
 
         def progress(offset: int) -> Any:
@@ -197,7 +214,7 @@ class Pipeline:
 
             return on_step
 
-        model = self.layout.base_model
+        model = self._sft_dir
         if skill:  # the skill: tool-heavy demonstrations at the full learning rate
             model = run_sft(
                 model,
@@ -229,19 +246,7 @@ class Pipeline:
             ServiceSpec(
                 name="gateway",
                 ready_url=f"{self.gateway_url}/healthz",
-                args=[
-                    "gateway",
-                    "--host",
-                    s.host,
-                    "--port",
-                    str(s.gateway_port),
-                    "--backend",
-                    s.gateway_backend,
-                    "--warm-pool",
-                    str(s.gateway_warm_pool),
-                    "--owner",
-                    f"stacx-{self.layout.run_id}",
-                ],
+                args=gateway_args(self.spec, self.layout),
             ),
             wait=False,
         )
@@ -249,23 +254,7 @@ class Pipeline:
             ServiceSpec(
                 name="inference",
                 ready_url=f"{self.inference_url}/health",
-                args=[
-                    "serve",
-                    "--model",
-                    str(sft_dir),
-                    "--host",
-                    s.host,
-                    "--port",
-                    str(s.inference_port),
-                    "--device",
-                    "cpu",
-                    "--weight-version",
-                    "0",
-                    "--threads",
-                    str(s.inference_threads),
-                    "--max-batch-size",
-                    str(s.inference_max_batch_size),
-                ],
+                args=inference_args(self.spec, sft_dir),
             ),
             wait=False,
         )
@@ -312,22 +301,10 @@ class Pipeline:
 
     def _start_training_services(self, sft_dir: Path) -> None:
         cfg_dir = self.layout.config_dir
-        rollout_file = self._write_yaml(
-            cfg_dir / "rollout.yaml",
-            rollout_section(
-                self.spec,
-                self.layout,
-                model_dir=sft_dir,
-                inference_url=self.inference_url,
-                gateway_url=self.gateway_url,
-            ),
-        )
-        assembler_file = self._write_yaml(
-            cfg_dir / "assembler.yaml", assembler_section(self.spec, self.layout)
-        )
-        trainer_file = self._write_yaml(
-            cfg_dir / "trainer.yaml", trainer_section(self.spec, self.layout, model_dir=sft_dir)
-        )
+        services = plan(self.spec, self.layout, model_dir=sft_dir)
+        rollout_file = self._write_yaml(cfg_dir / "rollout.yaml", services.rollout)
+        assembler_file = self._write_yaml(cfg_dir / "assembler.yaml", services.assembler)
+        trainer_file = self._write_yaml(cfg_dir / "trainer.yaml", services.trainer)
         self._start(ServiceSpec(name="assembler", args=["assemble", "--config", str(assembler_file)]))
         self._start(ServiceSpec(name="trainer", args=["train", str(trainer_file)]))
         self._start(ServiceSpec(name="rollout", args=["rollout", str(rollout_file), "--no-progress"]))
@@ -335,6 +312,7 @@ class Pipeline:
     def _follow(self, refresh: Any) -> None:
         """Until the trainer has published the last version: refresh, evaluate, watch services."""
         deadline = time.monotonic() + self.cfg.timeout_s
+        watch = StallWatch(timeout_s=self.cfg.stall_timeout_s)
         last_eval_version = 0
         while self.metrics.policy_version < self.cfg.steps:
             if time.monotonic() > deadline:
@@ -345,6 +323,7 @@ class Pipeline:
                 )
             for name in ("gateway", "inference", "assembler", "trainer", "rollout"):
                 self._check_service(name)
+            self._check_progress(watch)
             last_eval_version = self._maybe_evaluate(last_eval_version)
             self._poll_server_version()
             refresh()
@@ -360,9 +339,15 @@ class Pipeline:
         stalled_s = watch.observe(progress, time.monotonic())
         if stalled_s < watch.timeout_s:
             return
-        raise StallError(diagnose(
-            progress, stalled_s=stalled_s, trajectories_per_batch=self._trajectories_per_batch(),
-            gateway_problem=self._gateway_problem(), logs_dir=self.layout.logs_dir))
+        raise StallError(
+            diagnose(
+                progress,
+                stalled_s=stalled_s,
+                trajectories_per_batch=self._trajectories_per_batch(),
+                gateway_problem=self._gateway_problem(),
+                logs_dir=self.layout.logs_dir,
+            )
+        )
 
     def _trajectories_per_batch(self) -> int:
         grouping = self.spec.assembler.get("grouping") or {}
@@ -449,7 +434,7 @@ class Pipeline:
         )
 
     def _maybe_evaluate(self, last_version: int) -> int:
-        every = self.cfg.evaluation.every_versions
+        every = self.cfg.evaluation.every_versions if self.heldout_rows else 0
         self._collect_eval(block=False)
         version = self._server_version_int()
         if every and self._pending_eval is None and version - last_version >= every:
@@ -562,7 +547,7 @@ class Pipeline:
 
     @contextlib.contextmanager
     def _live(self) -> Iterator[Any]:
-        title = f"STACX quickstart · {self.layout.run_id}"
+        title = f"STACX · {self.layout.run_id}"
         if self.cfg.live and sys.stdout.isatty():
             from rich.live import Live
 

@@ -1,6 +1,9 @@
-"""Before starting anything: is every service, command and module the pipeline needs here?
+"""Before starting anything: is the config sound, and is every service, command and module the
+pipeline needs here?
 
-All problems are collected and reported at once, each naming what is missing and how to get it.
+Config problems (`infra.pipeline.resolve.check_resolved`) come first and stop the run with
+`PipelineConfigError`; then every missing component is collected and reported at once, each
+naming what is missing and how to get it.
 """
 
 from __future__ import annotations
@@ -107,12 +110,34 @@ def _ports_problems(spec: PipelineSpec) -> list[str]:
     return problems
 
 
+def _topic_problems(spec: PipelineSpec) -> list[str]:
+    """Topics the run reads but does not create: a mistyped name would be auto-created empty."""
+    from infra.services.topics import missing_topics
+    from schemas.topics import DLQ
+
+    wanted = {str(spec.assembler.get("dlq_topic") or DLQ): "assembler.dlq_topic"}
+    if spec.pipeline.tasks.topic:
+        wanted[spec.pipeline.tasks.topic] = "pipeline.tasks.topic"
+    missing = missing_topics(spec.bootstrap_servers, sorted(wanted)) or []
+    return [
+        f"the topic {name} ({wanted[name]}) on {spec.bootstrap_servers}: check the name, or create "
+        "it (`stacx infra up` creates the standard topics)"
+        for name in missing
+    ]
+
+
 def check_all(spec: PipelineSpec) -> None:
-    """Raise MissingComponentError naming everything that is missing."""
+    """Raise PipelineConfigError for a config problem, else MissingComponentError naming
+    everything that is missing."""
+    from infra.pipeline.resolve import check_resolved
+
+    check_resolved(spec)
     missing = missing_modules() + missing_commands()
     kafka = _kafka_problem(spec.bootstrap_servers)
     if kafka:
         missing.append(kafka)
+    else:
+        missing += _topic_problems(spec)
     if spec.pipeline.services.gateway_backend == "docker":
         image = str((spec.rollout.get("sandbox") or {}).get("image", "stacx/sandbox:bookworm"))
         docker_problem = _docker_problem(image)

@@ -1,4 +1,5 @@
-"""The quickstart's task plugin (examples/quickstart/arithmetic.py) and the task files of a run.
+"""The task files of a run: the quickstart's arithmetic plugin (examples/quickstart/arithmetic.py),
+and the held-out rows of a Harbor folder or a tasks.jsonl.
 
 `examples/` is not an installed package, so the plugin is loaded from its file next to this
 checkout; a clear error says where it was looked for.
@@ -6,6 +7,7 @@ checkout; a clear error says where it was looked for.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -13,9 +15,20 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from infra.config import resolve_path
+from infra.pipeline.config import PipelineSpec
 from infra.pipeline.errors import MissingComponentError
 
-__all__ = ["REPO_ROOT", "TASK_MODULE", "load_task_module", "task_rows", "write_tasks"]
+__all__ = [
+    "REPO_ROOT",
+    "TASK_MODULE",
+    "harbor_rows",
+    "heldout_rows",
+    "jsonl_rows",
+    "load_task_module",
+    "task_rows",
+    "write_tasks",
+]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 """The checkout this module lives in (`infra/pipeline/` is two levels down)."""
@@ -61,3 +74,27 @@ def write_tasks(path: Path, rows: list[dict[str, Any]]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+def harbor_rows(root: Path) -> list[dict[str, Any]]:
+    """TaskSample rows of every Harbor task under `root` (what `stacx tasks import` writes)."""
+    from sandbox.tasks import discover_tasks, to_task_sample
+
+    return [dataclasses.asdict(to_task_sample(task)) for task in discover_tasks(root)]
+
+
+def jsonl_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a tasks.jsonl."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return jsonl_rows(path) if path.is_file() else harbor_rows(path)
+
+
+def heldout_rows(spec: PipelineSpec) -> list[dict[str, Any]]:
+    """Evaluation rows for harbor, jsonl and topic tasks: `tasks.heldout` when set, else the
+    training tasks themselves (a topic has none)."""
+    tasks = spec.pipeline.tasks
+    chosen = tasks.heldout or tasks.harbor or tasks.jsonl
+    return _rows(resolve_path(chosen, spec.base_dir)) if chosen else []

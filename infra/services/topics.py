@@ -36,3 +36,13 @@ def _align(admin: AdminClient, spec: TopicSpec) -> str:
     except KafkaException as exc:
         raise InfraError(f"cannot update the configs of topic {spec.name}: {exc}") from exc
     return f"topic {spec.name}: exists"
+
+
+def missing_topics(bootstrap: str, names: list[str], *, timeout_s: float = 10.0) -> list[str] | None:
+    """The `names` the cluster does not have (None: the cluster did not answer)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        existing = set(admin.list_topics(timeout=timeout_s).topics)
+    except KafkaException:
+        return None
+    return [name for name in names if name not in existing]

@@ -32,7 +32,7 @@ def _small(spec: Any, runs_dir: Path) -> Any:
     cfg.name, cfg.runs_dir, cfg.steps, cfg.live = f"e2e-{uuid.uuid4().hex[:6]}", str(runs_dir), \
         STEPS, False
     cfg.timeout_s = 540.0
-    cfg.tasks.num_train, cfg.tasks.num_heldout = 64, 8
+    cfg.tasks.arithmetic.num_train, cfg.tasks.arithmetic.num_heldout = 64, 8
     cfg.sft.steps, cfg.sft.batch_size = 10, 16
     cfg.evaluation.every_versions, cfg.evaluation.final_samples_per_problem = 0, 1
     cfg.services.gateway_port, cfg.services.inference_port = _free_port(), _free_port()

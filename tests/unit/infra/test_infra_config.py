@@ -36,7 +36,9 @@ def test_unknown_field_names_file_field_and_valid_fields() -> None:
 
 
 def test_wrong_type_names_the_field() -> None:
-    with pytest.raises(ConfigError, match=r"f.yaml: demo.inner.depth must be int"):
+    with pytest.raises(
+        ConfigError, match=r"^f.yaml: demo.inner.depth: expected a valid integer, got 'deep'$"
+    ):
         section({"demo": {"inner": {"depth": "deep"}}}, "demo", DemoConfig, source="f.yaml")
 
 
@@ -55,3 +57,41 @@ def test_bootstrap_from_config_then_env(monkeypatch) -> None:  # type: ignore[no
     monkeypatch.setenv("STACX_KAFKA", "10.0.0.1:9092")
     assert bootstrap_servers({"bootstrap_servers": "k:1"}) == "k:1"
     assert bootstrap_servers({}) == "10.0.0.1:9092"
+
+
+def test_every_problem_is_one_line() -> None:
+    with pytest.raises(ConfigError) as info:
+        section({"demo": {"rate": "fast", "nmae": 1}}, "demo", DemoConfig, source="f.yaml")
+    assert info.value.lines == [
+        "f.yaml: demo.rate: expected a valid number, got 'fast'",
+        "f.yaml: demo.nmae: unknown field; valid fields: inner, limit, name, rate, tags",
+    ]
+
+
+def test_a_bare_file_names_the_field_after_a_colon() -> None:
+    from infra.config import build
+
+    with pytest.raises(ConfigError, match=r"^f.yaml: inner.depth: expected a valid integer"):
+        build(DemoConfig, {"inner": {"depth": "x"}}, where="f.yaml")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("", "is empty; `stacx init` writes"), ("[1]\n", "must be a mapping of sections, got list")],
+)
+def test_empty_and_non_mapping_files_are_rejected(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_yaml(path)
+
+
+def test_an_empty_file_is_allowed_where_asked(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("")
+    assert load_yaml(path, allow_empty=True) == {}
+
+
+def test_a_directory_is_not_a_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is a directory; pass a YAML config file"):
+        load_yaml(tmp_path)

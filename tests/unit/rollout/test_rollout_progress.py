@@ -56,4 +56,4 @@ def test_cli_reports_a_bad_config_without_a_traceback(tmp_path, capsys) -> None:
     path.write_text("data: {path: x.jsonl}\nmanager: {max_concurrent: 3}\n")
     args = argparse.Namespace(config=str(path), num_groups=None, no_progress=True)
     assert rollout_command._rollout(args) == 2
-    assert "unknown key(s) ['max_concurrent']" in capsys.readouterr().err
+    assert "bad.yaml: manager.max_concurrent: unknown field; valid fields:" in capsys.readouterr().err

@@ -55,9 +55,11 @@ def test_stacx_recipes_lists_every_recipe(capsys: pytest.CaptureFixture[str]) ->
     assert {"sft", "grpo", "ppo", "dpo", "opd", "gspo", "dr_grpo"} <= set(listed)
 
 
-def test_stacx_train_reports_an_unknown_recipe(tmp_path: Path) -> None:
+def test_stacx_train_reports_an_unknown_recipe(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("recipe: nope\nmodels: {policy: {tiny: {}}}\n")
     with pytest.raises(SystemExit) as exit_info:
         main(["train", str(path)])
-    assert exit_info.value.code == 1
+    assert exit_info.value.code == 2  # a config error: one line, nothing started
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"stacx train: {path}: recipe: unknown recipe 'nope'")

@@ -1,0 +1,140 @@
+"""Checks of what a config points at, shared by `stacx run`, `stacx rollout`, `stacx eval` and
+`stacx train`: a model directory and its tokenizer, Harbor task folders, tasks.jsonl files, and the
+rollout manager's scaffolds, rewards, strategy and budget. Each problem is one line; nothing starts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "harbor_problems",
+    "jsonl_problems",
+    "model_problem",
+    "rollout_config_problem",
+    "rollout_problems",
+    "tokenizer_problem",
+]
+
+
+def model_problem(path: Path, what: str) -> str | None:
+    """None when `path` is a Hugging Face model directory with a tokenizer that loads."""
+    if not path.is_dir():
+        return f"{what}={path}: no such directory (`stacx models tiny --out DIR` makes a small model)"
+    config = path / "config.json"
+    try:
+        json.loads(config.read_text())
+    except FileNotFoundError:
+        return f"{what}={path}: no config.json; point it at a Hugging Face model directory"
+    except (OSError, ValueError) as exc:
+        return f"{what}={path}: config.json does not load ({exc})"
+    return tokenizer_problem(path, what)
+
+
+def tokenizer_problem(path: Path, what: str) -> str | None:
+    from rollout.tokens import HFTokenizer
+
+    if not path.is_dir():
+        return f"{what}={path}: no such directory; point it at the model directory"
+    try:
+        HFTokenizer(str(path))
+    except Exception as exc:  # transformers raises OSError, ValueError, ... for a bad directory
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"{what}={path}: the tokenizer does not load ({first})"
+    return None
+
+
+_PROBE_TASK = {"task_id": "check", "task_type": "check", "prompt": "check"}
+"""Stands in for the real tasks while the manager is built (never run)."""
+
+
+def rollout_config_problem(config: Any) -> str | None:
+    """None when `config`'s evaluators, scheduler and pool resolve; else the problem."""
+    from rollout.data import ListTaskSource, task_from_dict
+    from rollout.errors import RolloutError
+    from rollout.fakes import FakeEnvironments, FakeTokenizer, MemoryPublisher, ScriptedInference
+    from rollout.manager import RolloutManager
+
+    tokenizer = FakeTokenizer()
+    try:
+        RolloutManager(
+            config.manager,
+            source=ListTaskSource([task_from_dict(_PROBE_TASK, where="check")]),
+            tokenizer=tokenizer,
+            inference=ScriptedInference(tokenizer, lambda *_: ""),
+            publisher=MemoryPublisher(),
+            sandbox=FakeEnvironments() if config.sandbox is not None else None,
+        )
+    except RolloutError as exc:
+        return str(exc)
+    return None
+
+
+def harbor_problems(root: Path, what: str) -> list[str]:
+    """One line per task under `root` that does not load or cannot run here; none found is one."""
+    from sandbox.errors import SandboxError
+    from sandbox.tasks import find_task_dirs, load_task
+
+    try:
+        directories = find_task_dirs(root)
+    except SandboxError as exc:
+        return [f"{what}={root}: {exc}"]
+    if not directories:
+        return [f"{what}={root}: no Harbor task (a folder with task.toml) under it"]
+    lines = []
+    for directory in directories:
+        try:
+            task = load_task(directory)
+        except SandboxError as exc:
+            message = str(exc).splitlines()[0]
+            lines.append(f"{what}: {message if str(directory) in message else f'{directory}: {message}'}")
+            continue
+        if task.unsupported:
+            lines.append(f"{what}: {directory}: {task.unsupported}")
+    return lines
+
+
+def jsonl_problems(path: Path, what: str) -> list[str]:
+    """One line per bad row of a tasks.jsonl (at most 5); an empty or missing file is one."""
+    from rollout.data import task_from_dict
+    from rollout.errors import ConfigError as RolloutConfigError
+
+    if not path.is_file():
+        return [f"{what}={path}: no such file"]
+    lines, rows = [], 0
+    for number, text in enumerate(path.read_text().splitlines(), start=1):
+        if not text.strip():
+            continue
+        rows += 1
+        try:
+            task_from_dict(json.loads(text), where=f"{path}:{number}")
+        except (ValueError, RolloutConfigError) as exc:
+            lines.append(f"{what}: {path}:{number}: {str(exc).splitlines()[0]}")
+        if len(lines) >= 5:
+            break
+    if rows == 0:
+        lines.append(f"{what}={path}: the file has no tasks")
+    return lines
+
+
+def rollout_problems(config: Any, where: str) -> list[str]:
+    """Everything a `RolloutConfig` points at: evaluators, tokenizer, task file or folder."""
+    lines = []
+    problem = rollout_config_problem(config)
+    if problem:
+        lines.append(f"{where}: manager: {problem}")
+    if not config.inference.tokenizer:
+        lines.append(f"{where}: inference.tokenizer: required; point it at the model directory")
+    else:
+        problem = tokenizer_problem(Path(config.inference.tokenizer), "inference.tokenizer")
+        if problem:
+            lines.append(f"{where}: {problem}")
+    if config.data.path:
+        lines += [f"{where}: {line}" for line in jsonl_problems(Path(config.data.path), "data.path")]
+    if config.data.task_dirs:
+        lines += [
+            f"{where}: {line}" for line in harbor_problems(Path(config.data.task_dirs), "data.task_dirs")
+        ]
+    return lines

@@ -1,0 +1,322 @@
+"""Everything a run will start, resolved and checked before anything starts.
+
+`check_sections` (at load): every service section, completed with the run's values, is validated
+against the service's own schema; wires agree; nothing the user set contradicts what the pipeline
+owns (its service URLs, its task source, its model). `check_resolved` (before the run dir, SFT or
+any service): the recipe, the scaffolds, rewards and scheduling strategy, the resource budget, the
+model directory and its tokenizer, the task folder or file. `explain` prints what each service
+will get. Every problem is one line; all of them are reported at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from infra.checks import (
+    harbor_problems,
+    jsonl_problems,
+    model_problem,
+    rollout_config_problem,
+    tokenizer_problem,
+)
+from infra.config import ConfigError, build, resolve_path
+from infra.pipeline.config import PipelineSpec
+from infra.pipeline.errors import PipelineConfigError
+from infra.pipeline.layout import (
+    RunLayout,
+    assembler_section,
+    rollout_section,
+    task_data,
+    trainer_section,
+)
+from infra.pipeline.wires import get_path, wire_conflicts
+
+__all__ = [
+    "ServicePlan",
+    "check_resolved",
+    "check_sections",
+    "explain",
+    "gateway_args",
+    "inference_args",
+    "plan",
+    "planned_model_dir",
+]
+
+
+@dataclass(kw_only=True, slots=True)
+class ServicePlan:
+    """What every service of a run gets: command lines and config sections."""
+
+    model_dir: Path
+    """The policy the services start from (after SFT, when there is one)."""
+    gateway: list[str]
+    inference: list[str]
+    rollout: dict[str, Any]
+    assembler: dict[str, Any]
+    trainer: dict[str, Any]
+
+
+def urls(spec: PipelineSpec) -> tuple[str, str]:
+    """(inference URL, gateway URL) of the services the pipeline starts."""
+    s = spec.pipeline.services
+    return f"http://{s.host}:{s.inference_port}", f"http://{s.host}:{s.gateway_port}"
+
+
+def base_model_dir(spec: PipelineSpec, layout: RunLayout) -> Path:
+    """The model before SFT: the user's directory, or where the tiny model is made."""
+    model = spec.pipeline.model
+    return resolve_path(model.path, spec.base_dir) if model.path is not None else layout.base_model
+
+
+def planned_model_dir(spec: PipelineSpec, layout: RunLayout) -> Path:
+    """The model the services start from: the SFT export when there is an SFT stage."""
+    sft = spec.pipeline.sft
+    if sft is None or sft.steps == 0:
+        return base_model_dir(spec, layout)
+    skill = min(sft.skill_steps, sft.steps)
+    mixture = sft.steps - skill
+    return layout.sft_root / ("sft" if mixture else "sft-skill") / f"v{mixture or skill}"
+
+
+def gateway_args(spec: PipelineSpec, layout: RunLayout) -> list[str]:
+    s = spec.pipeline.services
+    return [
+        "gateway",
+        "--host",
+        s.host,
+        "--port",
+        str(s.gateway_port),
+        "--backend",
+        s.gateway_backend,
+        "--warm-pool",
+        str(s.gateway_warm_pool),
+        "--owner",
+        f"stacx-{layout.run_id}",
+    ]
+
+
+def inference_args(spec: PipelineSpec, model_dir: Path) -> list[str]:
+    s = spec.pipeline.services
+    return [
+        "serve",
+        "--model",
+        str(model_dir),
+        "--host",
+        s.host,
+        "--port",
+        str(s.inference_port),
+        "--device",
+        "cpu",
+        "--weight-version",
+        "0",
+        "--threads",
+        str(s.inference_threads),
+        "--max-batch-size",
+        str(s.inference_max_batch_size),
+    ]
+
+
+def plan(spec: PipelineSpec, layout: RunLayout, *, model_dir: Path | None = None) -> ServicePlan:
+    """Every service's command line and config section for this run."""
+    model_dir = model_dir or planned_model_dir(spec, layout)
+    inference_url, gateway_url = urls(spec)
+    return ServicePlan(
+        model_dir=model_dir,
+        gateway=gateway_args(spec, layout),
+        inference=inference_args(spec, model_dir),
+        rollout=rollout_section(
+            spec, layout, model_dir=model_dir, inference_url=inference_url, gateway_url=gateway_url
+        ),
+        assembler=assembler_section(spec, layout),
+        trainer=trainer_section(spec, layout, model_dir=model_dir),
+    )
+
+
+def explain(spec: PipelineSpec, layout: RunLayout) -> str:
+    """The resolved config of every service, defaults included, as YAML (`stacx run --explain`)."""
+    import pydantic
+
+    p = plan(spec, layout)
+    built, lines = _built_sections(spec, layout)
+    if lines:
+        raise PipelineConfigError("\n".join(lines))
+    resolved = {
+        name: pydantic.TypeAdapter(type(config)).dump_python(config, mode="json")
+        for name, config in built.items()
+    }
+    doc = {
+        "run": {
+            "run_id": layout.run_id,
+            "dir": str(layout.root),
+            "model_dir": str(p.model_dir),
+            "topics": {
+                "trajectories": layout.topics.trajectories,
+                "batches": layout.topics.batches,
+                "weights": layout.topics.weights,
+            },
+        },
+        "pipeline": spec.pipeline.model_dump(mode="json", exclude_none=True),
+        "services": {
+            "gateway": "stacx " + " ".join(p.gateway),
+            "inference": "stacx " + " ".join(p.inference),
+            **resolved,
+        },
+    }
+    return yaml.safe_dump(doc, sort_keys=False, width=110)
+
+
+# ------------------------------------------------------------------------------------ at load
+
+
+def _owned(spec: PipelineSpec, layout: RunLayout) -> list[tuple[tuple[str, ...], Any, str]]:
+    """(place, the run's value, how to change it) of values the pipeline owns: None means the
+    user may not set it at all."""
+    inference_url, gateway_url = urls(spec)
+    tasks = "the tasks come from pipeline.tasks (harbor, jsonl, topic or arithmetic); set them there"
+    model = "the model comes from pipeline.model (path or tiny); set it there"
+    return [
+        *((("rollout", "data", key), None, tasks) for key in ("path", "task_dirs", "topic")),
+        (
+            ("rollout", "inference", "url"),
+            inference_url,
+            "the pipeline starts the inference server there; change pipeline.services.host/inference_port",
+        ),
+        (
+            ("rollout", "sandbox", "url"),
+            gateway_url,
+            "the pipeline starts the sandbox gateway there; change pipeline.services.host/gateway_port",
+        ),
+        (("rollout", "kafka", "publish"), True, "the trainer learns from the published trajectories"),
+        (("rollout", "kafka", "follow_weights"), True, "rollouts must follow the trained policy"),
+        (("trainer", "models", "policy", "path"), None, model),
+        (("trainer", "models", "policy", "tiny"), None, model),
+        (("trainer", "max_steps"), spec.pipeline.steps, "set pipeline.steps instead"),
+        (("trainer", "source", "kind"), "kafka", "the trainer reads the run's batches topic"),
+        (("trainer", "export", "publish"), True, "the inference server follows the published versions"),
+    ]
+
+
+def _sections(spec: PipelineSpec) -> dict[str, Any]:
+    return {"rollout": spec.rollout, "assembler": spec.assembler, "trainer": spec.trainer}
+
+
+def owned_conflicts(spec: PipelineSpec, layout: RunLayout) -> list[str]:
+    lines = []
+    sections = _sections(spec)
+    for place, expected, how in _owned(spec, layout):
+        value = get_path(sections, place)
+        if value is not None and value != expected:
+            lines.append(f"{spec.source}: {'.'.join(place)}={value!r}: {how}")
+    return lines
+
+
+def _built_sections(spec: PipelineSpec, layout: RunLayout) -> tuple[dict[str, Any], list[str]]:
+    from consumers.assembly import AssemblerApp
+    from rollout.config import RolloutConfig
+    from trainer.config import TrainerConfig
+
+    p = plan(spec, layout)
+    built: dict[str, Any] = {}
+    lines: list[str] = []
+    for name, cls, data in (
+        ("rollout", RolloutConfig, p.rollout),
+        ("assembler", AssemblerApp.Config, p.assembler["assembler"]),
+        ("trainer", TrainerConfig, p.trainer),
+    ):
+        try:
+            built[name] = build(cls, data, where=f"{spec.source}: {name}")
+        except ConfigError as exc:
+            lines += exc.lines
+    return built, lines
+
+
+def check_sections(spec: PipelineSpec) -> None:
+    """Raise PipelineConfigError listing every problem of the service sections."""
+    layout = RunLayout.create(spec, now=0.0)
+    lines = wire_conflicts({"bootstrap_servers": spec.bootstrap_servers, **_sections(spec)}, spec.source)
+    lines += owned_conflicts(spec, layout)
+    if not lines:
+        _, lines = _built_sections(spec, layout)
+    if lines:
+        raise PipelineConfigError("\n".join(lines))
+
+
+# ------------------------------------------------------------------------------ before starting
+
+
+def check_resolved(spec: PipelineSpec) -> None:
+    """Resolve recipes, scaffolds, rewards, strategies, budgets, model and task paths; raise
+    PipelineConfigError listing every problem. Reads files, starts nothing."""
+    layout = RunLayout.create(spec, now=0.0)
+    built, lines = _built_sections(spec, layout)
+    if not lines:
+        lines += _recipe_problems(spec, built["trainer"])
+        lines += _rollout_problems(spec, built["rollout"])
+        lines += _grouping_problems(spec, built["rollout"], built["assembler"])
+    lines += _model_problems(spec)
+    lines += _task_problems(spec, layout)
+    if lines:
+        raise PipelineConfigError("\n".join(lines))
+
+
+def _recipe_problems(spec: PipelineSpec, config: Any) -> list[str]:
+    from trainer import TrainerError, get_recipe
+
+    try:
+        get_recipe(config.recipe)
+    except TrainerError as exc:
+        return [f"{spec.source}: trainer.recipe: {exc}"]
+    return []
+
+
+def _rollout_problems(spec: PipelineSpec, config: Any) -> list[str]:
+    """Build the rollout manager as the service will, on fakes: scaffolds, rewards, strategy and
+    the resource budget are resolved exactly as at start."""
+    problem = rollout_config_problem(config)
+    return [f"{spec.source}: rollout: {problem}"] if problem else []
+
+
+def _grouping_problems(spec: PipelineSpec, rollout: Any, assembler: Any) -> list[str]:
+    n, group = rollout.data.samples_per_task, assembler.grouping.group_size
+    if n == group:
+        return []
+    return [
+        f"{spec.source}: assembler.grouping.group_size={group} but rollout.data.samples_per_task={n}: "
+        "a group is the samples of one task; set both to the same number"
+    ]
+
+
+def _model_problems(spec: PipelineSpec) -> list[str]:
+    lines = []
+    model = spec.pipeline.model
+    if model.path is not None:
+        problem = model_problem(resolve_path(model.path, spec.base_dir), "pipeline.model.path")
+        if problem:
+            lines.append(f"{spec.source}: {problem}")
+    tokenizer = get_path(spec.rollout, ("inference", "tokenizer"))
+    if tokenizer:
+        problem = tokenizer_problem(
+            resolve_path(str(tokenizer), spec.base_dir), "rollout.inference.tokenizer"
+        )
+        if problem:
+            lines.append(f"{spec.source}: {problem}")
+    return lines
+
+
+def _task_problems(spec: PipelineSpec, layout: RunLayout) -> list[str]:
+    tasks = spec.pipeline.tasks
+    lines = []
+    data = task_data(spec, layout)
+    if tasks.harbor is not None:
+        lines += harbor_problems(Path(data["task_dirs"]), "pipeline.tasks.harbor")
+    elif tasks.jsonl is not None:
+        lines += jsonl_problems(Path(data["path"]), "pipeline.tasks.jsonl")
+    if tasks.heldout is not None:
+        path = resolve_path(tasks.heldout, spec.base_dir)
+        check = jsonl_problems if path.is_file() else harbor_problems
+        lines += check(path, "pipeline.tasks.heldout")
+    return [f"{spec.source}: {line}" for line in lines]
