@@ -48,7 +48,8 @@ def plot_curve(path: Path, metrics: RunMetrics, *, title: str, min_episodes: int
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.set_title(title)
-    ax.legend(loc="lower right")
+    if ax.get_legend_handles_labels()[0]:  # a run stopped before any point has nothing to label
+        ax.legend(loc="lower right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
