@@ -280,55 +280,11 @@ def _leaked(owner: str) -> int:
 @contextlib.contextmanager
 def _gateway_process(owner: str, image: str, max_sessions: int, backend: str = "docker") -> Iterator[str]:
     """`stacx gateway` in its own process (as deployed: no GIL shared with the engine)."""
-    import signal
-    import socket
-    import subprocess
+    from sandbox.testing import gateway_process
 
-    import httpx
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    stacx = Path(sys.executable).with_name("stacx")
-    command = [
-        str(stacx),
-        "gateway",
-        "--port",
-        str(port),
-        "--token",
-        "bench",
-        "--owner",
-        owner,
-        "--image",
-        image,
-        "--max-sessions",
-        str(max_sessions),
-        "--backend",
-        backend,
-    ]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"gateway exited: {process.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("gateway did not become healthy in 120 s")
-            time.sleep(0.2)
+    args = ("--owner", owner, "--image", image, "--max-sessions", str(max_sessions), "--backend", backend)
+    with gateway_process(*args, token="bench") as (url, _):
         yield url
-    finally:
-        process.send_signal(signal.SIGTERM)  # the gateway closes its sessions on shutdown
-        try:
-            process.wait(timeout=300)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def _docker_part(tokenizer: HFTokenizer, args: argparse.Namespace) -> dict:

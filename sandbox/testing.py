@@ -9,12 +9,16 @@ every session on exit, so tests cannot leak sandboxes past the `with` block.
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from sandbox.backends.fake import FakeBackend
@@ -23,7 +27,7 @@ from sandbox.gateway import KEEP_ALIVE_S, create_app
 from sandbox.protocols import SandboxBackend, SandboxHandle, SandboxSpec
 from sandbox.sessions import SessionManager
 
-__all__ = ["FakeBackend", "WedgingBackend", "serve_app", "serve_gateway"]
+__all__ = ["FakeBackend", "WedgingBackend", "gateway_process", "serve_app", "serve_gateway"]
 
 
 @contextmanager
@@ -102,3 +106,45 @@ class WedgingBackend(FakeBackend):
         self.release.set()
         self.guard.close()
         await super().close()
+
+
+@contextmanager
+def gateway_process(
+    *args: str, token: str, start_timeout_s: float = 120.0, stop_timeout_s: float = 300.0
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`stacx gateway ARGS` in its own process on a free 127.0.0.1 port, as deployed; yields
+    (url, process) once /healthz answers; SIGTERM on exit (the gateway closes its sessions)."""
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    stacx = Path(sys.executable).with_name("stacx")
+    command = [str(stacx), "gateway", "--port", str(port), "--token", token, *args]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while not _healthy(httpx, url):
+            if process.poll() is not None:
+                stderr = process.stderr.read().decode() if process.stderr else ""
+                raise RuntimeError(f"gateway exited: {stderr[-2000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"gateway did not become healthy in {start_timeout_s:.0f} s")
+            time.sleep(0.1)
+        yield url, process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _healthy(httpx: Any, url: str) -> bool:
+    try:
+        return bool(httpx.get(f"{url}/healthz", timeout=2).status_code == 200)
+    except httpx.HTTPError:
+        return False

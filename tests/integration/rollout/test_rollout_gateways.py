@@ -5,17 +5,13 @@ episode goes to the survivor, and the per-gateway load says which one died."""
 from __future__ import annotations
 
 import asyncio
-import signal
-import socket
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
-import httpx
 import pytest
 
 from rollout.data import ListTaskSource
@@ -24,43 +20,16 @@ from rollout.fakes import FakeTokenizer, MemoryPublisher, ScriptedInference
 from rollout.gateways import GatewayEnvironments
 from rollout.manager import RolloutManager
 from sandbox.client import SandboxClient
+from sandbox.testing import gateway_process
 from schemas.records import TaskSample, TrajectoryStatus
 
 TOKEN = "two-gateways"
 STEPS = 3
 
 
-@contextmanager
-def _gateway(owner: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    stacx = Path(sys.executable).with_name("stacx")
-    command = [str(stacx), "gateway", "--backend", "process", "--port", str(port), "--token", TOKEN]
-    command += ["--owner", owner, "--max-sessions", "64"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"gateway exited: {process.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "gateway did not become healthy in 60 s"
-            time.sleep(0.1)
-        yield url, process
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+def _gateway(owner: str) -> AbstractContextManager[tuple[str, subprocess.Popen[bytes]]]:
+    args = ("--backend", "process", "--owner", owner, "--max-sessions", "64")
+    return gateway_process(*args, token=TOKEN, start_timeout_s=60, stop_timeout_s=60)
 
 
 def _policy(context: str, call: int) -> str:
