@@ -19,6 +19,7 @@ from consumers.assembly.mixture import MixturePlanner, PoolEntry
 from consumers.assembly.packing import PackedGroup, pack_batch
 from consumers.assembly.protocols import StateTable
 from consumers.assembly.stats import AssemblyStats
+from schemas.codec import Codec
 from schemas.records import TrainingBatch
 
 __all__ = ["BatchBuilder"]
@@ -51,8 +52,10 @@ class BatchBuilder:
         index: StateTable[list[IndexEntry]],
         packed: StateTable[int],
         stats: AssemblyStats,
+        codec: Codec | None = None,
     ) -> None:
         self.config = config
+        self._codec = codec
         self._planner = planner
         self._filter = sample_filter
         self._pool = pool
@@ -92,7 +95,7 @@ class BatchBuilder:
     def _emit(self, model_name: str, chosen: list[PoolEntry], *, now_ms: int) -> TrainingBatch:
         groups = [decode_group(self._pool[e.key]) for e in chosen]
         batch = pack_batch(
-            [_decoded(g) for g in groups],
+            [_decoded(g, self._codec) for g in groups],
             model_name=model_name,
             mask_flagged=self._filter.config.failure_policy is FailurePolicy.MASK,
         )
@@ -122,10 +125,10 @@ class BatchBuilder:
             del self._packed[key]
 
 
-def _decoded(group: ReadyGroup) -> PackedGroup:
+def _decoded(group: ReadyGroup, codec: Codec | None) -> PackedGroup:
     return PackedGroup(
         group_id=group.group_id,
-        trajectories=[decode_trajectory(p) for p in group.payloads],
+        trajectories=[decode_trajectory(p, codec) for p in group.payloads],
         group_size=group.group_size,
         pad_to=group.pad_to,
         flagged_ids=frozenset(group.flagged_ids),

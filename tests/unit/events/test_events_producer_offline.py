@@ -9,6 +9,7 @@ import pytest
 from events_strategies import trajectory
 
 from producers import DeliveryError, EventProducer, ProducerClosedError
+from schemas.errors import RecordValidationError
 
 DEAD_BROKER = "127.0.0.1:1"
 
@@ -64,3 +65,11 @@ def test_close_fails_the_futures_of_undelivered_records() -> None:
     producer.close(timeout_s=0.5)
     error = future.exception(timeout=10)
     assert isinstance(error, DeliveryError) and error.record_id == "traj-4"
+
+
+def test_a_nan_reward_is_refused_with_the_field_named() -> None:
+    producer = offline_producer()
+    with pytest.raises(RecordValidationError, match=r"reward must be finite, got \[0\]=nan"):
+        producer.publish("test.offline", trajectory(1, reward=float("nan")))
+    assert producer.flush(timeout_s=1) == 0  # nothing was queued
+    producer.close(timeout_s=1)
