@@ -175,8 +175,7 @@ def _check_maxima(limits: SessionLimits, defaults: Reservation, default_idle_s: 
     for name, value, bound_name, bound in pairs:
         if value > bound:
             raise GatewayConfigError(
-                f"{name}={_num(value)} is above {bound_name}={_num(bound)}; lower it or raise "
-                f"{bound_name}"
+                f"{name}={_num(value)} is above {bound_name}={_num(bound)}; lower it or raise {bound_name}"
             )
 
 

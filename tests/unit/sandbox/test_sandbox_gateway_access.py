@@ -42,14 +42,20 @@ async def test_a_session_is_reachable_only_with_its_token_or_the_admin_token(
     gateway: tuple[FakeBackend, httpx.ASGITransport],
 ) -> None:
     _backend, transport = gateway
-    async with _client(transport, ALICE) as alice, _client(transport, BOB) as bob, \
-            _client(transport, ADMIN) as admin:
+    async with (
+        _client(transport, ALICE) as alice,
+        _client(transport, BOB) as bob,
+        _client(transport, ADMIN) as admin,
+    ):
         mine = await alice.create_session()
         theirs = await bob.create_session()
         assert (await alice.exec(mine.id, "echo")).ok
-        for attempt in (bob.get_session(mine.id), bob.exec(mine.id, "echo"),
-                        bob.download(mine.id, "/etc/passwd"),
-                        bob.close_session(mine.id, missing_ok=False)):
+        for attempt in (
+            bob.get_session(mine.id),
+            bob.exec(mine.id, "echo"),
+            bob.download(mine.id, "/etc/passwd"),
+            bob.close_session(mine.id, missing_ok=False),
+        ):
             with pytest.raises(SessionNotFound, match="for this token"):
                 await attempt
         assert (await alice.get_session(mine.id)).id == mine.id  # Bob's close did nothing
@@ -81,11 +87,14 @@ async def test_a_chunked_upload_is_cut_off_at_the_limit_while_streaming(
             yield b"x" * (256 << 10)
 
     headers = {"Authorization": f"Bearer {ALICE}"}
-    async with _client(transport, ALICE) as alice, \
-            httpx.AsyncClient(transport=transport, base_url="http://gw") as raw:
+    async with (
+        _client(transport, ALICE) as alice,
+        httpx.AsyncClient(transport=transport, base_url="http://gw") as raw,
+    ):
         info = await alice.create_session()
-        answer = await raw.put(f"/v1/sessions/{info.id}/files", params={"path": "big.bin"},
-                               content=chunks(), headers=headers)
+        answer = await raw.put(
+            f"/v1/sessions/{info.id}/files", params={"path": "big.bin"}, content=chunks(), headers=headers
+        )
     assert answer.status_code == 413 and answer.json()["error"]["type"] == "RequestTooLarge"
     assert sent <= MAX_FILE // (256 << 10) + 1  # stopped reading past 1 MiB of 75 MiB
     assert "/workspace/big.bin" not in backend.sandboxes[f"fake-{info.id}"].files
@@ -115,9 +124,9 @@ def test_a_declared_oversized_body_is_refused_before_it_is_read(served: str) -> 
     headers = {"Authorization": f"Bearer {ALICE}"}
     with httpx.Client(base_url=served, headers=headers, timeout=30) as raw:
         info = raw.post("/v1/sessions", json={}).json()
-        answer = raw.put(f"/v1/sessions/{info['id']}/files", params={"path": "f"},
-                         content=b"z" * (MAX_FILE + 1))
+        answer = raw.put(
+            f"/v1/sessions/{info['id']}/files", params={"path": "f"}, content=b"z" * (MAX_FILE + 1)
+        )
         assert answer.status_code == 413
-        answer = raw.put(f"/v1/sessions/{info['id']}/files", params={"path": "f"},
-                         content=b"z" * 1000)
+        answer = raw.put(f"/v1/sessions/{info['id']}/files", params={"path": "f"}, content=b"z" * 1000)
         assert answer.status_code == 200 and answer.json()["size"] == 1000
