@@ -81,7 +81,7 @@ class KafkaBatchSource:
                     bootstrap_servers=config.bootstrap_servers, group_id=config.group_id,
                     topics=[config.topic], client_id=client_id, dlq_topic=config.dlq_topic,
                     session_timeout_ms=config.session_timeout_ms),
-                validator=validate_batch, expected=TrainingBatch)
+                validator=_validate_event, expected=TrainingBatch)
         except Exception as exc:
             raise SourceError(f"cannot consume {config.topic} at "
                               f"{config.bootstrap_servers}: {exc}") from exc
@@ -160,6 +160,12 @@ class KafkaBatchSource:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+def _validate_event(record: object) -> None:
+    """The trainer's own checks (`validate_batch`), run by the consumer on every batch event."""
+    if isinstance(record, TrainingBatch):
+        validate_batch(record)
 
 
 def build_source(config: SourceConfig) -> KafkaBatchSource:

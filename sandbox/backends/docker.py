@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from sandbox.backends._common import (
@@ -57,6 +58,8 @@ _KEEPALIVE = "trap 'exit 0' TERM; while :; do sleep 86400 & wait $!; done"
 HARBOR_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "NET_BIND_SERVICE")
 """Capabilities Harbor sandboxes keep (root in the container): what apt/dpkg and pip need to own,
 chmod and switch users, and binding low ports on the sandbox's own loopback. All others dropped."""
+_PF_EXITING = 0x4
+"""Flag (/proc/PID/stat field 9) of a process that is exiting."""
 _ENTRYPOINT_WAIT_S = 1.0
 """How long a started sandbox whose image has an ENTRYPOINT is watched for an early exit."""
 
@@ -109,10 +112,11 @@ class DockerBackend:
         except docker.errors.DockerException as exc:
             raise BackendError(f"no Docker engine answers ({exc}); start dockerd") from exc
         self._ncpu = float(info.get("NCPU", 1))
+        self._local = _engine_is_local(self.config.base_url)
         self.capacity = HostCapacity(
             cpus=self._ncpu,
             memory_mb=int(info.get("MemTotal", 0)) // (1 << 20),
-            pid_max=local_pid_max() if _engine_is_local(self.config.base_url) else None,
+            pid_max=local_pid_max() if self._local else None,
         )
         """The engine's host (its pid_max is read only when the engine runs on this machine)."""
         self._pool = ThreadPoolExecutor(self.config.max_threads, thread_name_prefix="docker")
@@ -320,17 +324,29 @@ class DockerBackend:
             state = self._client.api.inspect_container(container_id).get("State") or {}
         except docker.errors.NotFound as exc:
             raise SandboxStopped(f"container {container_id[:12]} is gone (removed)") from exc
-        if state.get("Running"):
+        if state.get("Running") and self._init_alive(state.get("Pid")):
             return
-        why = (
-            "killed by the out-of-memory killer (memory_mb counts the files written to its tmpfs "
-            "mounts such as /tmp)"
-            if state.get("OOMKilled")
-            else f"its main process exited with {state.get('ExitCode')} {state.get('Error') or ''}".strip()
-        )
+        if state.get("OOMKilled"):
+            why = "killed by the out-of-memory killer (memory_mb counts the files in its tmpfs mounts)"
+        elif state.get("Running"):  # the engine records the exit a moment after the processes died
+            why = "its main process was killed"
+        else:
+            why = f"its main process exited with {state.get('ExitCode')} {state.get('Error') or ''}".strip()
         raise SandboxStopped(
             f"the sandbox's container {container_id[:12]} died: {why}; close the session and start a new one"
         )
+
+    def _init_alive(self, pid: int | None) -> bool:
+        """Whether the container's PID 1 still lives, seen from the host when the engine is local
+        (it marks a killed container exited only a moment after its processes are gone)."""
+        if not pid or not self._local:
+            return True
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            return False
+        exiting = int(fields[6]) & _PF_EXITING  # a dying init first kills the rest of its namespace
+        return fields[0] not in ("Z", "X") and not exiting
 
     async def _new_oom_kill(self, handle: SandboxHandle) -> bool:
         argv = ["bash", "-c", OOM_EVENTS_SCRIPT]
