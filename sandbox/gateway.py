@@ -126,8 +126,10 @@ def _reach(manager: SessionManager, principal: Principal, session_id: str) -> st
 
 
 class _BodyLimit:
-    """ASGI middleware: ends a request with 413 once its body passes the route's limit, counting
-    while it streams (a chunked upload without Content-Length included)."""
+    """ASGI middleware: a request whose body passes the route's limit gets 413, counted while it
+    streams (a chunked upload without Content-Length included). Nothing past the limit is kept:
+    the rest is read and discarded (up to `DRAIN_LIMIT_BYTES`), so the client, still sending,
+    reads the 413 instead of a connection reset."""
 
     def __init__(self, app: Any, *, limit_for: Callable[[str, str], int]) -> None:
         self.app = app
@@ -141,6 +143,7 @@ class _BodyLimit:
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length", b"").decode() or "0"
         if declared.isdigit() and int(declared) > limit:
+            await _drain(receive, more_body=True)
             await _send_too_large(send, limit)
             return
         state = {"received": 0, "over": False, "started": False}
@@ -151,6 +154,7 @@ class _BodyLimit:
                 state["received"] += len(message.get("body", b""))
                 if state["received"] > limit:
                     state["over"] = True
+                    await _drain(receive, more_body=message.get("more_body", False))
                     raise RequestTooLarge(f"request body larger than {limit} bytes")
             return message
 
@@ -168,6 +172,21 @@ class _BodyLimit:
         except RequestTooLarge:
             if not state["started"]:
                 await _send_too_large(send, limit)
+
+
+DRAIN_LIMIT_BYTES = 1 << 30
+"""Most of a refused body read (and discarded) before the connection is just closed."""
+
+
+async def _drain(receive: Any, *, more_body: bool) -> None:
+    """Read and drop the rest of a refused body, keeping nothing."""
+    drained = 0
+    while more_body and drained < DRAIN_LIMIT_BYTES:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        drained += len(message.get("body", b""))
+        more_body = message.get("more_body", False)
 
 
 async def _send_too_large(send: Any, limit: int) -> None:
