@@ -41,7 +41,7 @@ def app_ids(kafka_bootstrap: str) -> Iterator[list[str]]:
     yield ids
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     doomed = [t for t in admin.list_topics(timeout=10).topics if t.startswith(tuple(ids))]
-    for future in (admin.delete_topics(doomed).values() if doomed else []):
+    for future in admin.delete_topics(doomed).values() if doomed else []:
         try:
             future.result(timeout=30)
         except Exception:
@@ -85,7 +85,10 @@ def _committed(bootstrap: str, group: str, topic: str) -> int:
 
 
 def test_nan_reward_and_nan_batch_are_dead_lettered_and_training_continues(
-    kafka_bootstrap: str, fresh_topic: Callable[..., str], fresh_group: str, tmp_path: Path,
+    kafka_bootstrap: str,
+    fresh_topic: Callable[..., str],
+    fresh_group: str,
+    tmp_path: Path,
     app_ids: list[str],
 ) -> None:
     names = {
@@ -97,33 +100,38 @@ def test_nan_reward_and_nan_batch_are_dead_lettered_and_training_continues(
     }
     app_ids.append(f"test-bad-{uuid.uuid4().hex[:10]}")
     config = {
-        "app_id": app_ids[-1], "bootstrap_servers": kafka_bootstrap,
-        "datadir": str(tmp_path / "data"), "tick_interval_s": 0.5,
+        "app_id": app_ids[-1],
+        "bootstrap_servers": kafka_bootstrap,
+        "datadir": str(tmp_path / "data"),
+        "tick_interval_s": 0.5,
         "grouping": {"group_size": 2, "group_timeout_s": 60.0},
         "mixture": {"batch_size": 1, "batch_unit": "groups"},
         **names,
     }
     trajectories, batches, dlq = names["trajectories_topic"], names["batches_topic"], names["dlq_topic"]
-    producer = EventProducer(EventProducer.Config(bootstrap_servers=kafka_bootstrap,
-                                                  schemas_topic=names["schemas_topic"]))
-    catalogue = SchemaCatalogue(SchemaCatalogue.Config(bootstrap_servers=kafka_bootstrap,
-                                                       topic=names["schemas_topic"]))
+    producer = EventProducer(
+        EventProducer.Config(bootstrap_servers=kafka_bootstrap, schemas_topic=names["schemas_topic"])
+    )
+    catalogue = SchemaCatalogue(
+        SchemaCatalogue.Config(bootstrap_servers=kafka_bootstrap, topic=names["schemas_topic"])
+    )
     with producer, AssemblerProcess(config, tmp_path) as worker:
         for traj in (_sample("g0", 0), _sample("g0", 1)):
             producer.publish(trajectories, traj, headers={"origin": "rollout"})
         nan_traj = _sample("g-bad", 0, reward=float("nan"))
         with pytest.raises(RecordValidationError, match="reward must be finite"):
             producer.publish(trajectories, nan_traj)  # stopped where it is made...
-        producer.publish_bytes(trajectories, producer.codec.encode(nan_traj), key=b"g-bad",
-                               headers={"origin": "nan-writer"})  # ...unless a writer skips it
+        producer.publish_bytes(
+            trajectories, producer.codec.encode(nan_traj), key=b"g-bad", headers={"origin": "nan-writer"}
+        )  # ...unless a writer skips it
         producer.flush(30)
         (first,) = consume_records(kafka_bootstrap, batches, 1)
         bad_batch = _nan_batch(first[1])
-        producer.publish_bytes(batches, producer.codec.encode(bad_batch), key=b"nan-batch",
-                               headers={"origin": "old-assembler"})
+        producer.publish_bytes(
+            batches, producer.codec.encode(bad_batch), key=b"nan-batch", headers={"origin": "old-assembler"}
+        )
         producer.publish(trajectories, _sample("g2", 0))
-        producer.publish_bytes(trajectories, _newer_schema_event(_sample("g2", 1), catalogue),
-                               key=b"g2")
+        producer.publish_bytes(trajectories, _newer_schema_event(_sample("g2", 1), catalogue), key=b"g2")
         for traj in (_sample("g3", 0), _sample("g3", 1)):
             producer.publish(trajectories, traj, key=TICK_KEY)
         producer.flush(30)
@@ -134,9 +142,19 @@ def test_nan_reward_and_nan_batch_are_dead_lettered_and_training_continues(
     order = [value.batch_id for _key, value, _ts in records]
     assert len(order) == 4 and order[1] == "nan-batch"  # B0, the bad batch, then B2 and B3
 
-    config_t = tiny_trainer_config("grpo", tmp_path / "trainer", source=SourceConfig(
-        kind="kafka", bootstrap_servers=kafka_bootstrap, topic=batches, group_id=fresh_group,
-        dlq_topic=dlq, poll_timeout_s=0.5, idle_timeout_s=6.0))
+    config_t = tiny_trainer_config(
+        "grpo",
+        tmp_path / "trainer",
+        source=SourceConfig(
+            kind="kafka",
+            bootstrap_servers=kafka_bootstrap,
+            topic=batches,
+            group_id=fresh_group,
+            dlq_topic=dlq,
+            poll_timeout_s=0.5,
+            idle_timeout_s=6.0,
+        ),
+    )
     with StacxTrainer(config_t) as trainer:
         results = trainer.run()
         assert trainer.source is not None and trainer.source.num_dead_letters == 1  # type: ignore[attr-defined]
