@@ -32,12 +32,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sandbox.backends import DockerBackend  # noqa: E402
 from sandbox.backends.docker import LABEL_OWNER, LABEL_SESSION  # noqa: E402
 from sandbox.client import SandboxClient  # noqa: E402
+from sandbox.limits import SessionLimits  # noqa: E402
 from sandbox.models import ExecRequest, SessionSpec  # noqa: E402
 from sandbox.protocols import SandboxSpec  # noqa: E402
 from sandbox.sessions import SessionManager  # noqa: E402
 from sandbox.testing import serve_gateway  # noqa: E402
 
 COMMAND = "echo step"
+BENCH_PIDS = 64
+"""Pids limit per session: 256 sessions x 64 stay within a pid_max of 32768's budget."""
 TARGET_SESSIONS, TARGET_RATIO = 256, 1.25
 
 
@@ -69,7 +72,8 @@ async def _start(
 ) -> tuple[list[str], list[float]]:
     async def one() -> tuple[str, float]:
         started = time.monotonic()
-        info = await client.create_session(SessionSpec(image=image, memory_mb=memory_mb, cpus=0.5))
+        spec = SessionSpec(image=image, memory_mb=memory_mb, cpus=0.5, pids=BENCH_PIDS)
+        info = await client.create_session(spec)
         return info.id, time.monotonic() - started
 
     results = await asyncio.gather(*(one() for _ in range(count)))
@@ -196,7 +200,13 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     docker_client = docker.from_env()
     levels = sorted(int(n) for n in args.sessions.split(","))
     owner = f"bench-{uuid.uuid4().hex[:8]}"
-    config = SessionManager.Config(owner=owner, default_image=args.image, max_sessions=max(levels))
+    backend = DockerBackend(DockerBackend.Config(lifecycle_concurrency=args.lifecycle_concurrency))
+    # the sessions' memory limits may add up past the host's memory: they idle in `sleep`
+    held_mb = max(levels) * args.memory_mb
+    limits = SessionLimits.Config(memory_overcommit=max(1.0, held_mb / backend.capacity.memory_mb))
+    config = SessionManager.Config(
+        owner=owner, default_image=args.image, max_sessions=max(levels), limits=limits
+    )
     runs: list[dict[str, Any]] = []
     sweep = []
     for level in (int(n) for n in args.sweep.split(",") if n):
@@ -204,7 +214,6 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         if not args.json:
             print(json.dumps(sweep[-1]), file=sys.stderr)
     error = None
-    backend = DockerBackend(DockerBackend.Config(lifecycle_concurrency=args.lifecycle_concurrency))
     with serve_gateway(backend, token="bench", config=config) as url:
         client_config = SandboxClient.Config(base_url=url, token="bench", timeout_s=600)
         async with SandboxClient(client_config) as client:

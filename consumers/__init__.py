@@ -1,7 +1,7 @@
 """STACX consumers: typed Kafka consumption, dead letters, replay, deduplication."""
 
 from consumers.dedup import Deduplicator
-from consumers.errors import ConsumerClosedError, ConsumerError
+from consumers.errors import ConsumerClosedError, ConsumerError, UnexpectedRecordError
 from consumers.event_consumer import ConsumedEvent, EventConsumer, Validator
 from consumers.memory import InMemoryConsumer
 from consumers.protocols import EventSource
@@ -14,5 +14,6 @@ __all__ = [
     "EventConsumer",
     "EventSource",
     "InMemoryConsumer",
+    "UnexpectedRecordError",
     "Validator",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ConsumerClosedError", "ConsumerError"]
+__all__ = ["ConsumerClosedError", "ConsumerError", "UnexpectedRecordError"]
 
 
 class ConsumerError(Exception):
@@ -17,3 +17,8 @@ class ConsumerError(Exception):
 
 class ConsumerClosedError(ConsumerError):
     """An operation on a closed EventConsumer."""
+
+
+class UnexpectedRecordError(ConsumerError):
+    """A valid event of a record type this consumer does not read (e.g. a `TaskSample` on the
+    batches topic); it is dead-lettered like an undecodable one."""

@@ -13,7 +13,7 @@ from typing import Any
 from opentelemetry.context import Context
 
 from consumers.dead_letters import keep_original
-from consumers.errors import ConsumerClosedError, ConsumerError
+from consumers.errors import ConsumerClosedError, ConsumerError, UnexpectedRecordError
 from producers import BlobStoreError, Delivery, EventProducer, FsspecBlobStore, context_from_headers
 from producers.event_producer import registry_client
 from schemas import topics as topic_names
@@ -105,11 +105,20 @@ class EventConsumer:
                     "use earliest or latest"
                 )
 
-    def __init__(self, config: Config, *, validator: Validator | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        validator: Validator | None = None,
+        expected: type | tuple[type, ...] | None = None,
+    ) -> None:
+        """`validator` rejects records (raise anything) and `expected` names the record types
+        this consumer reads; events failing either go to the DLQ like undecodable ones."""
         from confluent_kafka import Consumer
 
         self.config = config
         self._validator = validator
+        self._expected = expected
         self._catalogue = SchemaCatalogue(
             SchemaCatalogue.Config(
                 bootstrap_servers=config.bootstrap_servers, topic=config.schemas_topic, create_topic=False
@@ -293,33 +302,62 @@ class EventConsumer:
         record = self.codec.decode(value)
         if isinstance(record, ClaimCheck) and self.config.resolve_claim_checks:
             record = self.codec.decode(FsspecBlobStore.get(record.uri, sha256=record.sha256))
+        if self._expected is not None and not isinstance(record, self._expected):
+            raise UnexpectedRecordError(
+                f"a {type(record).__name__} event where this consumer reads only "
+                f"{_type_names(self._expected)}: it was published to the wrong topic"
+            )
         if self.config.validate:
             validate_record(record)
         if self._validator is not None:
             self._validator(record)
         return record
 
+    def dead_letter(self, event: ConsumedEvent, exc: Exception) -> None:
+        """Set aside an event already handed out that its reader cannot use (the trainer's last
+        check of a batch): a `DeadLetter` with the reason, the original key and headers, and the
+        record re-encoded. Counted in `num_dead_letters`; commit past it as usual."""
+        key = event.key.encode() if event.key is not None else None
+        letter = DeadLetter(
+            source_topic=event.topic,
+            source_partition=event.partition,
+            source_offset=event.offset,
+            reason=f"{type(exc).__name__}: {exc}",
+            error_type=type(exc).__name__,
+            key=key,
+            value=self.codec.encode(event.value),
+            headers=_text_headers(event.headers.items()),
+        )
+        self._send_dead_letter(letter, exc)
+
     def _dead_letter(self, msg: Any, exc: Exception) -> None:
-        self.num_dead_letters += 1
-        reason = f"{type(exc).__name__}: {exc}"
-        where = f"{msg.topic()}/{msg.partition()}@{msg.offset()}"
-        if self.config.dlq_topic is None:
-            log.error("dropping undecodable event %s (no DLQ configured): %s", where, reason)
-            return
-        known = isinstance(exc, (SchemaError, BlobStoreError))
-        log.warning("event %s -> DLQ %s: %s", where, self.config.dlq_topic, reason if known else exc)
-        value, note = keep_original(msg.value(), dlq_topic=self.config.dlq_topic)
+        value, note = msg.value(), ""
+        if self.config.dlq_topic is not None:  # a claim check's blob is copied beside the DLQ
+            value, note = keep_original(msg.value(), dlq_topic=self.config.dlq_topic)
         letter = DeadLetter(
             source_topic=msg.topic(),
             source_partition=msg.partition(),
             source_offset=msg.offset(),
-            reason=reason + note,
+            reason=f"{type(exc).__name__}: {exc}{note}",
             error_type=type(exc).__name__,
             key=msg.key(),
             value=value,
-            headers={k: v.decode("utf-8", "replace") for k, v in (msg.headers() or []) if v is not None},
+            headers=_text_headers(msg.headers() or []),
         )
-        self._dlq_sent.append(self._dlq_producer().publish(self.config.dlq_topic, letter, key=msg.key()))
+        self._send_dead_letter(letter, exc)
+
+    def _send_dead_letter(self, letter: DeadLetter, exc: Exception) -> None:
+        self.num_dead_letters += 1
+        where = f"{letter.source_topic}/{letter.source_partition}@{letter.source_offset}"
+        if self.config.dlq_topic is None:
+            log.error("dropping event %s (no DLQ configured): %s", where, letter.reason)
+            return
+        known = isinstance(exc, (SchemaError, BlobStoreError, ConsumerError))
+        log.warning("event %s -> DLQ %s: %s", where, self.config.dlq_topic,
+                    letter.reason if known else exc)
+        self._dlq_sent.append(
+            self._dlq_producer().publish(self.config.dlq_topic, letter, key=letter.key)
+        )
 
     def _dlq_producer(self) -> EventProducer:
         if self._dlq is None:
@@ -382,3 +420,12 @@ class EventConsumer:
             "isolation.level": "read_committed",
             **config.kafka,
         }
+
+
+def _text_headers(headers: Iterable[tuple[str, bytes | None]]) -> dict[str, str]:
+    return {k: v.decode("utf-8", "replace") for k, v in headers if v is not None}
+
+
+def _type_names(expected: type | tuple[type, ...]) -> str:
+    types = expected if isinstance(expected, tuple) else (expected,)
+    return " or ".join(t.__name__ for t in types)

@@ -21,6 +21,7 @@ from schemas.catalogue import SchemaCatalogue
 from schemas.claimcheck import ClaimCheck
 from schemas.codec import Codec
 from schemas.identity import record_id, record_key
+from schemas.validation import validate as validate_record
 
 __all__ = ["Delivery", "EventProducer", "registry_client"]
 
@@ -100,6 +101,9 @@ class EventProducer:
         """Schema catalogue topic."""
         trace_context: bool = True
         """Inject the current W3C trace context into each event's headers."""
+        validate: bool = True
+        """Refuse records that break their type's invariants (`schemas.validation`: equal array
+        lengths, finite rewards and logprobs...) with `RecordValidationError` naming the field."""
         poll_interval_s: float = 0.1
         """Poll period of the background thread that serves delivery reports."""
         kafka: dict[str, Any] = field(default_factory=dict)
@@ -139,9 +143,14 @@ class EventProducer:
     def publish(
         self, topic: str, record: object, *, key: str | bytes | None = None, headers: Headers = None
     ) -> Future[Delivery]:
-        """Encode and enqueue `record`; the future resolves once the broker acknowledged it."""
+        """Encode and enqueue `record`; the future resolves once the broker acknowledged it.
+
+        Raises `RecordValidationError` (nothing is sent) when `record` breaks an invariant of its
+        type, e.g. a NaN reward: bad data is stopped where it is made."""
         if self._closed.is_set():
             raise ProducerClosedError("publish() on a closed EventProducer")
+        if self.config.validate:
+            validate_record(record)
         value = self.codec.encode(record)
         rid = record_id(record)
         limit = self._limits.get(topic)

@@ -16,6 +16,7 @@ from producers.event_producer import Delivery
 from schemas.codec import Codec, default_codec
 from schemas.identity import record_id, record_key
 from schemas.records import now_ms
+from schemas.validation import validate
 
 __all__ = ["InMemoryPublisher", "StoredEvent"]
 
@@ -35,8 +36,10 @@ class StoredEvent:
 class InMemoryPublisher:
     """A Publisher keeping encoded events in memory, one partition per topic."""
 
-    def __init__(self, codec: Codec | None = None) -> None:
+    def __init__(self, codec: Codec | None = None, *, validate_records: bool = True) -> None:
         self.codec = codec or default_codec()
+        self.validate_records = validate_records
+        """Refuse invalid records as EventProducer does (`EventProducer.Config.validate`)."""
         self.topics: dict[str, list[StoredEvent]] = {}
         self._closed = False
         self._lock = threading.Lock()
@@ -50,6 +53,8 @@ class InMemoryPublisher:
         headers: Mapping[str, str | bytes] | None = None,
     ) -> Future[Delivery]:
         """Encode and store `record`; the returned future is already resolved."""
+        if self.validate_records:
+            validate(record)
         value = self.codec.encode(record)
         return self.publish_bytes(
             topic,

@@ -13,13 +13,16 @@ __all__ = [
     "BaseImageMissing",
     "CapacityExceeded",
     "EngineWedged",
+    "GatewayConfigError",
     "HealthcheckFailed",
     "ImageBuildError",
     "InvalidSpec",
+    "LimitExceeded",
     "PathRejected",
     "RewardFileEmpty",
     "RewardFileMalformed",
     "RewardFileMissing",
+    "RequestTooLarge",
     "RewardError",
     "SandboxError",
     "SandboxFileNotFound",
@@ -49,6 +52,24 @@ class InvalidSpec(SandboxError):
     """A request field is out of range or inconsistent; the message names the field."""
 
     status = 422
+
+
+class LimitExceeded(SandboxError):
+    """A session asks for more than the gateway's operator allows one session (cpus, memory,
+    pids, idle timeout); the message names the field and the maximum."""
+
+    status = 400
+
+
+class RequestTooLarge(SandboxError):
+    """A request body is larger than the gateway accepts for that route."""
+
+    status = 413
+
+
+class GatewayConfigError(SandboxError):
+    """The gateway's limits do not fit each other or the host (pid_max, memory, cores); raised at
+    construction, the message names the field and the fix."""
 
 
 class PathRejected(SandboxError):
@@ -155,6 +176,9 @@ _ALL: dict[str, type[SandboxError]] = {
         SandboxError,
         AuthError,
         InvalidSpec,
+        LimitExceeded,
+        RequestTooLarge,
+        GatewayConfigError,
         PathRejected,
         SessionNotFound,
         SessionExpired,

@@ -1,5 +1,10 @@
 """The sandbox gateway: FastAPI over a `SessionManager`, with bearer-token auth on by default.
 
+Auth: the operator's (admin) token reaches every session; each client token reaches only the
+sessions it created (another client's session answers 404). Request bodies are counted while they
+stream in: past `max_file_bytes` (file and archive uploads) or `max_request_bytes` (everything
+else) the request ends with 413 before the rest is read. No /docs, /redoc or /openapi.json.
+
 Routes (all under bearer auth except /healthz):
     GET    /healthz                            -> Health (503 when the backend is degraded)
     GET    /metrics                            -> Prometheus text
@@ -19,19 +24,21 @@ Errors: `{"error": {"type": <SandboxError subclass>, "message": ...}}` with the 
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 import os
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import Depends, FastAPI, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel
 
-from sandbox.errors import AuthError, InvalidSpec, SandboxError
+from sandbox.errors import AuthError, RequestTooLarge, SandboxError, SessionNotFound
 from sandbox.models import (
     ExecRequest,
     ExecResult,
@@ -44,9 +51,21 @@ from sandbox.models import (
 from sandbox.protocols import SandboxBackend
 from sandbox.sessions import SessionManager
 
-__all__ = ["KEEP_ALIVE_S", "TOKEN_ENV", "Gateway", "create_app"]
+__all__ = [
+    "CLIENT_TOKENS_ENV",
+    "DEFAULT_MAX_REQUEST_BYTES",
+    "KEEP_ALIVE_S",
+    "TOKEN_ENV",
+    "Gateway",
+    "Principal",
+    "create_app",
+]
 
 TOKEN_ENV = "STACX_SANDBOX_TOKEN"
+CLIENT_TOKENS_ENV = "STACX_SANDBOX_CLIENT_TOKENS"
+"""Comma-separated client tokens, added to `Gateway.Config.client_tokens`."""
+DEFAULT_MAX_REQUEST_BYTES = 16 << 20
+"""Largest body of a JSON request (an exec's command, stdin and env)."""
 KEEP_ALIVE_S = 75
 """Server keep-alive timeout, well above the client's keep-alive expiry (see SandboxClient)."""
 VERSION = "1"
@@ -63,17 +82,131 @@ def _error_response(exc: SandboxError) -> JSONResponse:
     return JSONResponse(body, status_code=exc.status, headers=headers)
 
 
-def _auth_dependency(token: str | None) -> Callable[[Request], Awaitable[None]]:
-    expected = f"Bearer {token}".encode() if token else None
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who sent a request: the admin (the operator's token, or auth off) or one client."""
 
-    async def check(request: Request) -> None:
-        if expected is None:
-            return
+    admin: bool
+    client: str | None = None
+    """Digest of the client's token (never the token itself); None for the admin."""
+
+
+ADMIN = Principal(admin=True)
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()[:24]
+
+
+def _auth_dependency(
+    token: str | None, client_tokens: Iterable[str]
+) -> Callable[[Request], Awaitable[Principal]]:
+    admin = f"Bearer {token}".encode() if token else None
+    clients = [(f"Bearer {t}".encode(), Principal(admin=False, client=_digest(t))) for t in client_tokens]
+
+    async def check(request: Request) -> Principal:
+        if admin is None:
+            return ADMIN
         given = request.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
-            raise AuthError("missing or wrong bearer token (Authorization: Bearer <token>)")
+        if hmac.compare_digest(given, admin):
+            return ADMIN
+        found = [p for expected, p in clients if hmac.compare_digest(given, expected)]
+        if found:
+            return found[0]
+        raise AuthError("missing or wrong bearer token (Authorization: Bearer <token>)")
 
     return check
+
+
+def _reach(manager: SessionManager, principal: Principal, session_id: str) -> str:
+    """`session_id` if `principal` may use it; another client's session is 'not found'."""
+    owner = manager.client_of(session_id)
+    if not principal.admin and owner != principal.client:
+        raise SessionNotFound(f"no session {session_id} for this token")
+    return session_id
+
+
+class _BodyLimit:
+    """ASGI middleware: a request whose body passes the route's limit gets 413, counted while it
+    streams (a chunked upload without Content-Length included). Nothing past the limit is kept:
+    the rest is read and discarded (up to `DRAIN_LIMIT_BYTES`), so the client, still sending,
+    reads the 413 instead of a connection reset."""
+
+    def __init__(self, app: Any, *, limit_for: Callable[[str, str], int]) -> None:
+        self.app = app
+        self.limit_for = limit_for
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit_for(scope["method"], scope["path"])
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length", b"").decode() or "0"
+        if declared.isdigit() and int(declared) > limit:
+            await _drain(receive, more_body=True)
+            await _send_too_large(send, limit)
+            return
+        state = {"received": 0, "over": False, "started": False}
+
+        async def counted_receive() -> Any:
+            message = await receive()
+            if message["type"] == "http.request":
+                state["received"] += len(message.get("body", b""))
+                if state["received"] > limit:
+                    state["over"] = True
+                    await _drain(receive, more_body=message.get("more_body", False))
+                    raise RequestTooLarge(f"request body larger than {limit} bytes")
+            return message
+
+        async def guarded_send(message: Any) -> None:
+            if state["over"]:  # whatever the app answers to the aborted read, the client gets 413
+                if not state["started"]:
+                    state["started"] = True
+                    await _send_too_large(send, limit)
+                return
+            state["started"] = state["started"] or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted_receive, guarded_send)
+        except RequestTooLarge:
+            if not state["started"]:
+                await _send_too_large(send, limit)
+
+
+DRAIN_LIMIT_BYTES = 1 << 30
+"""Most of a refused body read (and discarded) before the connection is just closed."""
+
+
+async def _drain(receive: Any, *, more_body: bool) -> None:
+    """Read and drop the rest of a refused body, keeping nothing."""
+    drained = 0
+    while more_body and drained < DRAIN_LIMIT_BYTES:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        drained += len(message.get("body", b""))
+        more_body = message.get("more_body", False)
+
+
+async def _send_too_large(send: Any, limit: int) -> None:
+    exc = RequestTooLarge(
+        f"request body is larger than this route accepts ({limit} bytes); send less, or split it"
+    )
+    response = _error_response(exc)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": response.status_code,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(response.body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": bytes(response.body)})
 
 
 def _metrics_text(manager: SessionManager) -> str:
@@ -86,9 +219,17 @@ def _metrics_text(manager: SessionManager) -> str:
     return "\n".join(lines) + "\n"
 
 
-def create_app(manager: SessionManager, *, token: str | None, manage_lifecycle: bool = True) -> FastAPI:
-    """The gateway app. `token=None` disables auth (tests only); the lifespan starts and stops
-    `manager` unless `manage_lifecycle` is False."""
+def create_app(
+    manager: SessionManager,
+    *,
+    token: str | None,
+    client_tokens: Iterable[str] = (),
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    manage_lifecycle: bool = True,
+) -> FastAPI:
+    """The gateway app. `token` is the admin token (None disables auth: tests only);
+    `client_tokens` each reach only their own sessions; the lifespan starts and stops `manager`
+    unless `manage_lifecycle` is False."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -101,13 +242,27 @@ def create_app(manager: SessionManager, *, token: str | None, manage_lifecycle: 
                 await manager.stop()
                 await manager.backend.close()
 
-    app = FastAPI(title="STACX sandbox gateway", version=VERSION, lifespan=lifespan)
+    app = FastAPI(
+        title="STACX sandbox gateway",
+        version=VERSION,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+
+    def limit_for(method: str, path: str) -> int:
+        upload = method == "PUT" and path.endswith(("/files", "/archive"))
+        return manager.config.max_file_bytes if upload else max_request_bytes
+
+    app.add_middleware(_BodyLimit, limit_for=limit_for)
 
     @app.exception_handler(SandboxError)
     async def sandbox_error(_request: Request, exc: SandboxError) -> JSONResponse:
         return _error_response(exc)
 
-    auth = [Depends(_auth_dependency(token))]
+    caller_of = Depends(_auth_dependency(token, client_tokens))
+    auth = [caller_of]
 
     @app.get("/healthz", response_model=Health, responses={503: {"model": Health}})
     async def health(response: Response) -> Health:
@@ -126,31 +281,36 @@ def create_app(manager: SessionManager, *, token: str | None, manage_lifecycle: 
     async def metrics() -> str:
         return _metrics_text(manager)
 
-    @app.post("/v1/sessions", dependencies=auth, status_code=201, response_model=SessionInfo)
-    async def create_session(spec: SessionSpec) -> SessionInfo:
-        return await manager.create(spec)
+    @app.post("/v1/sessions", status_code=201, response_model=SessionInfo)
+    async def create_session(spec: SessionSpec, caller: Principal = caller_of) -> SessionInfo:
+        return await manager.create(spec, client=caller.client)
 
-    @app.get("/v1/sessions", dependencies=auth, response_model=list[SessionInfo])
-    async def list_sessions() -> list[SessionInfo]:
-        return manager.list()
+    @app.get("/v1/sessions", response_model=list[SessionInfo])
+    async def list_sessions(caller: Principal = caller_of) -> list[SessionInfo]:
+        sessions = manager.list()
+        if caller.admin:
+            return sessions
+        return [s for s in sessions if manager.client_of(s.id) == caller.client]
 
-    @app.get("/v1/sessions/{session_id}", dependencies=auth, response_model=SessionInfo)
-    async def get_session(session_id: str) -> SessionInfo:
-        return manager.get(session_id)
+    @app.get("/v1/sessions/{session_id}", response_model=SessionInfo)
+    async def get_session(session_id: str, caller: Principal = caller_of) -> SessionInfo:
+        return manager.get(_reach(manager, caller, session_id))
 
-    @app.delete("/v1/sessions/{session_id}", dependencies=auth, status_code=204)
-    async def delete_session(session_id: str) -> Response:
-        await manager.close(session_id)
+    @app.delete("/v1/sessions/{session_id}", status_code=204)
+    async def delete_session(session_id: str, caller: Principal = caller_of) -> Response:
+        await manager.close(_reach(manager, caller, session_id))
         return Response(status_code=204)
 
-    @app.post("/v1/sessions/{session_id}/touch", dependencies=auth, response_model=SessionInfo)
-    async def touch_session(session_id: str) -> SessionInfo:
-        return manager.touch(session_id)
+    @app.post("/v1/sessions/{session_id}/touch", response_model=SessionInfo)
+    async def touch_session(session_id: str, caller: Principal = caller_of) -> SessionInfo:
+        return manager.touch(_reach(manager, caller, session_id))
 
-    @app.post("/v1/sessions/{session_id}/exec", dependencies=auth, response_model=ExecResult)
-    async def exec_command(session_id: str, request: ExecRequest) -> ExecResult:
+    @app.post("/v1/sessions/{session_id}/exec", response_model=ExecResult)
+    async def exec_command(
+        session_id: str, request: ExecRequest, caller: Principal = caller_of
+    ) -> ExecResult:
         return await manager.exec(
-            session_id,
+            _reach(manager, caller, session_id),
             request.command,
             timeout_s=request.timeout_s,
             stdin=request.stdin,
@@ -159,40 +319,46 @@ def create_app(manager: SessionManager, *, token: str | None, manage_lifecycle: 
             max_output_bytes=request.max_output_bytes,
         )
 
-    @app.put("/v1/sessions/{session_id}/files", dependencies=auth, response_model=FileWritten)
+    @app.put("/v1/sessions/{session_id}/files", response_model=FileWritten)
     async def upload_file(
-        session_id: str, request: Request, path: str = Query(...), mode: int = Query(0o644)
+        session_id: str,
+        request: Request,
+        caller: Principal = caller_of,
+        path: str = Query(...),
+        mode: int = Query(0o644),
     ) -> FileWritten:
-        return await manager.upload(session_id, path, await _body(request, manager), mode=mode)
+        session_id = _reach(manager, caller, session_id)
+        return await manager.upload(session_id, path, await request.body(), mode=mode)
 
-    @app.get("/v1/sessions/{session_id}/files", dependencies=auth)
-    async def download_file(session_id: str, path: str = Query(...)) -> Response:
-        data = await manager.download(session_id, path)
+    @app.get("/v1/sessions/{session_id}/files")
+    async def download_file(
+        session_id: str, caller: Principal = caller_of, path: str = Query(...)
+    ) -> Response:
+        data = await manager.download(_reach(manager, caller, session_id), path)
         return Response(data, media_type="application/octet-stream")
 
-    @app.put("/v1/sessions/{session_id}/archive", dependencies=auth, status_code=204)
-    async def upload_archive(session_id: str, request: Request, path: str = Query(...)) -> Response:
-        await manager.upload_archive(session_id, path, await _body(request, manager))
+    @app.put("/v1/sessions/{session_id}/archive", status_code=204)
+    async def upload_archive(
+        session_id: str, request: Request, caller: Principal = caller_of, path: str = Query(...)
+    ) -> Response:
+        session_id = _reach(manager, caller, session_id)
+        await manager.upload_archive(session_id, path, await request.body())
         return Response(status_code=204)
 
-    @app.get("/v1/sessions/{session_id}/archive", dependencies=auth)
-    async def download_archive(session_id: str, path: str = Query(...)) -> Response:
-        data = await manager.download_archive(session_id, path)
+    @app.get("/v1/sessions/{session_id}/archive")
+    async def download_archive(
+        session_id: str, caller: Principal = caller_of, path: str = Query(...)
+    ) -> Response:
+        data = await manager.download_archive(_reach(manager, caller, session_id), path)
         return Response(data, media_type="application/x-tar")
 
-    @app.post("/v1/sessions/{session_id}/verify", dependencies=auth, response_model=VerifyResult)
-    async def verify_session(session_id: str, request: _VerifyRequest) -> VerifyResult:
-        return await manager.verify(session_id, request.task_dir)
+    @app.post("/v1/sessions/{session_id}/verify", response_model=VerifyResult)
+    async def verify_session(
+        session_id: str, request: _VerifyRequest, caller: Principal = caller_of
+    ) -> VerifyResult:
+        return await manager.verify(_reach(manager, caller, session_id), request.task_dir)
 
     return app
-
-
-async def _body(request: Request, manager: SessionManager) -> bytes:
-    limit = manager.config.max_file_bytes
-    declared = int(request.headers.get("content-length") or 0)
-    if declared > limit:
-        raise InvalidSpec(f"upload of {declared} bytes exceeds the gateway's limit of {limit}")
-    return await request.body()
 
 
 class Gateway:
@@ -204,7 +370,13 @@ class Gateway:
         """Address to listen on."""
         port: int = 8700
         token: str | None = None
-        """Bearer token clients must send (None: STACX_SANDBOX_TOKEN, else a generated one)."""
+        """Admin bearer token, reaching every session (None: STACX_SANDBOX_TOKEN, else a
+        generated one)."""
+        client_tokens: tuple[str, ...] = ()
+        """Client bearer tokens (plus those in STACX_SANDBOX_CLIENT_TOKENS): each reaches only
+        the sessions created with it."""
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+        """Largest JSON request body; uploads are bounded by `sessions.max_file_bytes`."""
         auth: bool = True
         """Require the token; turning it off is for tests on a private loopback only."""
         backend: str = "docker"
@@ -224,7 +396,13 @@ class Gateway:
 
             images = TaskImageBuilder()
         self.manager = SessionManager(config.sessions, self.backend, images=images)
-        self.app = create_app(self.manager, token=self.token if config.auth else None)
+        from_env = [t for t in os.environ.get(CLIENT_TOKENS_ENV, "").split(",") if t.strip()]
+        self.app = create_app(
+            self.manager,
+            token=self.token if config.auth else None,
+            client_tokens=[*config.client_tokens, *(t.strip() for t in from_env)],
+            max_request_bytes=config.max_request_bytes,
+        )
 
     def run(self) -> None:
         """Serve until interrupted; every session is closed on the way out."""

@@ -7,7 +7,19 @@ from typing import Protocol, runtime_checkable
 
 from sandbox.models import ExecRequest, ExecResult
 
-__all__ = ["SandboxBackend", "SandboxHandle", "SandboxOps", "SandboxSpec"]
+__all__ = ["HostCapacity", "SandboxBackend", "SandboxHandle", "SandboxOps", "SandboxSpec"]
+
+
+@dataclass(frozen=True, slots=True)
+class HostCapacity:
+    """What the machine running the sandboxes has: the gateway's budget must fit in it."""
+
+    cpus: float
+    """Cores."""
+    memory_mb: int
+    """Physical memory."""
+    pid_max: int | None
+    """`/proc/sys/kernel/pid_max` (None: unknown, e.g. a remote Docker engine)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -62,6 +74,11 @@ class SandboxBackend(Protocol):
     @property
     def problem(self) -> str | None:
         """Why the backend cannot serve sessions right now (e.g. a wedged engine), or None."""
+        ...
+
+    @property
+    def capacity(self) -> HostCapacity:
+        """The cores, memory and pid_max of the host the sandboxes run on."""
         ...
 
     async def start(self, spec: SandboxSpec) -> SandboxHandle:

@@ -14,12 +14,13 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sandbox.errors import CapacityExceeded, InvalidSpec, SessionExpired, SessionNotFound, TaskUnsupported
 from sandbox.images import TOOLS_DIR, TaskImageBuilder
+from sandbox.limits import Reservation, SessionLimits
 from sandbox.models import (
     DEFAULT_WORKDIR,
     ExecRequest,
@@ -49,6 +50,8 @@ class _Session:
     task: HarborTask | None = None
     busy: int = 0
     """Requests in flight; an idle timeout never closes a busy session."""
+    client: str | None = None
+    """Who created the session (the gateway's digest of the bearer token); None: anyone."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -69,10 +72,16 @@ class SessionManager:
         default_image: str = "stacx/sandbox:bookworm"
         """Image of sessions that name neither an image nor a task."""
         max_sessions: int = 512
-        """Concurrent sessions allowed; more get `CapacityExceeded` (HTTP 503)."""
+        """Concurrent sessions allowed; more get `CapacityExceeded` (HTTP 503). The budget in
+        `limits` usually binds first."""
         default_cpus: float = 1.0
+        """CPU quota of a session that asks none (and its task neither)."""
         default_memory_mb: int = 1024
+        """Memory limit of a session that asks none (and its task neither)."""
         default_pids: int = 256
+        """Pids limit of a session that asks none."""
+        limits: SessionLimits.Config = field(default_factory=SessionLimits.Config)
+        """Operator-owned per-session maxima and total budget, checked against the host."""
         max_lifetime_s: float = 12 * 3600.0
         """Hard cap on a session's lifetime (also the default)."""
         idle_timeout_s: float = 1800.0
@@ -100,6 +109,13 @@ class SessionManager:
         self.config = config
         self.backend = backend
         self.images = images
+        defaults = Reservation(
+            cpus=config.default_cpus, memory_mb=config.default_memory_mb, pids=config.default_pids
+        )
+        self.limits = SessionLimits(
+            config.limits, backend.capacity, defaults=defaults, default_idle_timeout_s=config.idle_timeout_s
+        )
+        """The resolved maxima and budget, and what live sandboxes hold of it."""
         self.instance = uuid.uuid4().hex[:12]
         self.stats: defaultdict[str, float] = defaultdict(float)
         """Counters served on /metrics."""
@@ -138,6 +154,8 @@ class SessionManager:
         handles = [s.handle for s in self._sessions.values()] + [h for h, _ in self._pool]
         self._sessions.clear()
         self._pool.clear()
+        for handle in handles:
+            self.limits.release(handle.session_id)
         await asyncio.gather(*(self._stop_quietly(h) for h in handles))
 
     async def __aenter__(self) -> SessionManager:
@@ -154,8 +172,12 @@ class SessionManager:
             log.exception("removing sandbox %s failed; the reaper will retry", handle.ref)
 
     # -- sessions ------------------------------------------------------------------------------
-    async def create(self, spec: SessionSpec | None = None) -> SessionInfo:
-        """Start a sandbox for `spec` (default: the default image) and return its session."""
+    async def create(self, spec: SessionSpec | None = None, *, client: str | None = None) -> SessionInfo:
+        """Start a sandbox for `spec` (default: the default image) and return its session.
+
+        `LimitExceeded` when it asks more than the operator's maxima, `CapacityExceeded` when
+        the sessions already hold the budget. `client` (an opaque id of the caller) is kept for
+        `client_of`."""
         spec = spec or SessionSpec()
         if len(self._sessions) + len(self._starting) >= self.config.max_sessions:
             raise CapacityExceeded(
@@ -166,7 +188,13 @@ class SessionManager:
         self._starting.add(session_id)
         try:
             resolved = await self._resolve(spec, session_id)
-            handle = self._take_pooled(spec, resolved.spec) or await self._start_sandbox(resolved.spec)
+            handle = self._take_pooled(spec, resolved.spec)  # holds its own reservation
+            if handle is None:
+                self.limits.reserve(session_id, _reservation(resolved.spec))
+                handle = await self._start_sandbox(resolved.spec)
+        except BaseException:
+            self.limits.release(session_id)
+            raise
         finally:
             self._starting.discard(session_id)
         now = time.time()
@@ -187,7 +215,7 @@ class SessionManager:
             harbor=resolved.spec.harbor,
             warnings=resolved.warnings + handle.notes,
         )
-        self._sessions[info.id] = _Session(info=info, handle=handle, task=resolved.task)
+        self._sessions[info.id] = _Session(info=info, handle=handle, task=resolved.task, client=client)
         self.stats["sessions_created_total"] += 1
         return info
 
@@ -225,6 +253,10 @@ class SessionManager:
             volumes=volumes,
         )
         idle = spec.idle_timeout_s or self.config.idle_timeout_s
+        source = "the session request"
+        if task is not None:
+            source = f"the session for task {task.name} (request and task.toml)"
+        self.limits.check_ask(_reservation(sandbox), idle, source=source)
         return _Resolved(spec=sandbox, task=task, idle_timeout_s=idle, warnings=warnings)
 
     async def _task_image(self, task: HarborTask) -> tuple[str, list[str], dict[str, str]]:
@@ -277,6 +309,10 @@ class SessionManager:
         """The Harbor task the session was created for, if any."""
         return self._session(session_id).task
 
+    def client_of(self, session_id: str) -> str | None:
+        """Who created the live session `session_id` (the `client` given to `create`)."""
+        return self._session(session_id).client
+
     def _session(self, session_id: str) -> _Session:
         session = self._sessions.get(session_id)
         if session is None:
@@ -295,6 +331,7 @@ class SessionManager:
         self._forget(session_id, reason)
         self.stats["sessions_closed_total"] += 1
         await self._stop_quietly(session.handle)
+        self.limits.release(session_id)
 
     def _forget(self, session_id: str, reason: str) -> None:
         self._gone[session_id] = reason
@@ -467,16 +504,26 @@ class SessionManager:
         self._pool_filling += 1
         try:
             resolved = await self._resolve(SessionSpec(), f"sb-{uuid.uuid4().hex[:16]}")
-            self._starting.add(resolved.spec.session_id)
+            sandbox_id = resolved.spec.session_id
+            self._starting.add(sandbox_id)
             try:
+                self.limits.reserve(sandbox_id, _reservation(resolved.spec))
                 handle = await self.backend.start(resolved.spec)
                 if self._closing:
                     await self._stop_quietly(handle)
+                    self.limits.release(sandbox_id)
                 else:
                     self._pool.append((handle, resolved.spec.expires_at))
+            except BaseException:
+                self.limits.release(sandbox_id)
+                raise
             finally:
-                self._starting.discard(resolved.spec.session_id)
+                self._starting.discard(sandbox_id)
         except Exception:
             log.exception("starting a warm-pool sandbox failed")
         finally:
             self._pool_filling -= 1
+
+
+def _reservation(spec: SandboxSpec) -> Reservation:
+    return Reservation(cpus=spec.cpus, memory_mb=spec.memory_mb, pids=spec.pids)

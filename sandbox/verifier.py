@@ -86,7 +86,14 @@ def parse_reward_json(data: bytes, *, where: str = REWARD_JSON) -> dict[str, flo
     bad = [k for k, v in doc.items() if isinstance(v, bool) or not isinstance(v, int | float)]
     if bad:
         raise RewardFileMalformed(f"{where}: values of {bad} are not numbers")
-    return {str(k): float(v) for k, v in doc.items()}
+    rewards = {str(k): float(v) for k, v in doc.items()}
+    infinite = {k: v for k, v in rewards.items() if not math.isfinite(v)}
+    if infinite:
+        raise RewardFileMalformed(
+            f"{where}: values must be finite numbers, got {infinite}; test.sh must write numbers "
+            'such as {"reward": 0.5}'
+        )
+    return rewards
 
 
 def scalar_reward(rewards: dict[str, float]) -> float:

@@ -1,16 +1,39 @@
-"""Invariants of decoded records, checked by consumers before handing records out.
+"""Invariants of records: checked by producers before publishing and by consumers before
+handing records out.
 
-A record that fails them goes to the dead-letter topic instead of into training.
+A producer refuses a record that breaks them (`RecordValidationError` naming the field); a
+consumer sends one that still arrives (an older or foreign writer) to the dead-letter topic.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sized
+from collections.abc import Callable, Iterable, Mapping, Sized
+
+import numpy as np
 
 from schemas.errors import RecordValidationError
-from schemas.records import AgentInteraction, TrainingBatch, Trajectory
+from schemas.records import AgentInteraction, Feedback, TrainingBatch, Trajectory
 
 __all__ = ["record_problems", "validate"]
+
+
+def _non_finite(name: str, values: object) -> list[str]:
+    """`name` holds NaN or +-inf (the first bad entries shown), or nothing."""
+    array = np.asarray(values, dtype=np.float64)
+    bad = np.flatnonzero(~np.isfinite(array))
+    if not len(bad):
+        return []
+    shown = ", ".join(f"[{i}]={array.flat[i]}" for i in bad[:3])
+    return [f"{name} must be finite, got {shown}{' ...' if len(bad) > 3 else ''}"]
+
+
+def _non_finite_map(name: str, values: Mapping[str, float]) -> list[str]:
+    bad = {k: v for k, v in values.items() if not np.isfinite(v)}
+    return [f"{name} must be finite, got {bad}"] if bad else []
+
+
+def _finite(fields: Iterable[tuple[str, object]]) -> list[str]:
+    return [p for name, values in fields if values is not None for p in _non_finite(name, values)]
 
 
 def _trajectory(t: Trajectory) -> list[str]:
@@ -27,17 +50,23 @@ def _trajectory(t: Trajectory) -> list[str]:
         problems.append(f"prompt_length {t.prompt_length} outside [0, {n}]")
     if t.sample_index < 0:
         problems.append(f"sample_index {t.sample_index} is negative")
-    return problems
+    problems += _finite([("reward", t.reward), ("logprobs", t.logprobs), ("temperature", t.temperature)])
+    return problems + _non_finite_map("rewards", t.rewards)
 
 
 def _interaction(a: AgentInteraction) -> list[str]:
     n = len(a.token_ids)
+    problems = _finite([("logprobs", a.logprobs)])
     if len(a.loss_mask) != n or len(a.logprobs) != n:
-        return [
+        problems.insert(0,
             f"token_ids ({n}), loss_mask ({len(a.loss_mask)}) and logprobs "
             f"({len(a.logprobs)}) must have the same length"
-        ]
-    return []
+        )
+    return problems
+
+
+def _feedback(f: Feedback) -> list[str]:
+    return _finite([("reward", f.reward)]) + _non_finite_map("components", f.components)
 
 
 def _batch(b: TrainingBatch) -> list[str]:
@@ -60,12 +89,16 @@ def _batch(b: TrainingBatch) -> list[str]:
         problems.append(f"token_ids ({n}), loss_mask and logprobs must have the same length")
     if not problems and k and int((b.offsets + b.lengths).max()) > n:
         problems.append("a sequence extends past the end of token_ids")
-    return problems
+    return problems + _finite([
+        ("rewards", b.rewards), ("logprobs", b.logprobs), ("advantages", b.advantages),
+        ("temperatures", b.temperatures),
+    ])
 
 
 _CHECKS: dict[type, Callable[[object], list[str]]] = {
     Trajectory: _trajectory,  # type: ignore[dict-item]
     AgentInteraction: _interaction,  # type: ignore[dict-item]
+    Feedback: _feedback,  # type: ignore[dict-item]
     TrainingBatch: _batch,  # type: ignore[dict-item]
 }
 

@@ -90,6 +90,8 @@ class SourceConfig:
     """Stop when no batch arrived for this long once partitions are assigned (None: never)."""
     session_timeout_ms: int = 45_000
     """Consumer session timeout: how soon a crashed trainer's partitions are reassigned."""
+    dlq_topic: str | None = topics.DLQ
+    """Where batches the trainer cannot use go, with the reason (None: only logged)."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -29,7 +29,7 @@ from trainer.errors import BatchValidationError, ConfigError
 from trainer.export import export_hf, prune_exports
 from trainer.losses import Normaliser
 from trainer.models import ModelConfig, build_model
-from trainer.protocols import BatchSource, Positions, WeightPublisher
+from trainer.protocols import BatchSource, Positions, SourcedBatch, WeightPublisher
 from trainer.publish import build_publisher
 from trainer.recipe import DataSync, ModelSlot, TrainingConfig, get_recipe
 from trainer.sources import build_source
@@ -80,6 +80,8 @@ class StacxTrainer:
         self.checkpoints = (CheckpointManager(config.checkpoint, self.backend)
                             if config.checkpoint.dir else None)
         self.step_count = 0
+        self.num_rejected_batches = 0
+        """Batches set aside by the last check before training (see `_reject`)."""
         self.positions: Positions = {}
         self.trained_batch_ids: list[str] = []
         self._trained_set: set[str] = set()
@@ -181,8 +183,6 @@ class StacxTrainer:
             kind, payload = self.backend.broadcast_object(self._next(), src=0)
             if kind == "stop":
                 break
-            if kind == "error":
-                raise BatchValidationError(payload)
             if kind == "idle":
                 continue
             record, position = payload
@@ -195,7 +195,8 @@ class StacxTrainer:
         return results
 
     def _next(self) -> tuple[str, Any]:
-        """Rank 0's decision for the next iteration: train, skip (replayed), idle, stop, error."""
+        """Rank 0's decision for the next iteration: train, skip (replayed or rejected), idle,
+        stop."""
         if not self.is_leader:
             return ("idle", None)
         assert self.source is not None, "rank 0 needs a batch source"
@@ -211,9 +212,17 @@ class StacxTrainer:
         try:
             validate_batch(sourced.batch)
         except BatchValidationError as exc:
-            return ("error", f"{exc} (at {sourced.position_key}@{sourced.offset}; "
-                    "nothing was committed)")
+            self._reject(sourced, exc)
+            return ("skip", (None, position))
         return ("train", (sourced.batch, position))
+
+    def _reject(self, sourced: SourcedBatch, error: BatchValidationError) -> None:
+        """A batch the trainer cannot use never stops training: the source sets it aside (a dead
+        letter on Kafka), it is counted, and its offset is committed with the next checkpoint."""
+        assert self.source is not None
+        self.num_rejected_batches += 1
+        log.error("batch at %s@%d set aside: %s", sourced.position_key, sourced.offset, error)
+        self.source.reject(sourced, error)
 
     def _step_span(self, record: TrainingBatch) -> Any:
         """On rank 0, a `trainer.step` span continuing the batch event's trace (WeightVersion

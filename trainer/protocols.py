@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -61,6 +61,10 @@ class SourcedBatch:
     offset: int
     trace_context: Any = None
     """OpenTelemetry context from the event's headers: the training step joins that trace."""
+    key: str | None = None
+    """The event's Kafka key (kept for its dead letter)."""
+    headers: dict[str, bytes] = field(default_factory=dict)
+    """The event's Kafka headers (kept for its dead letter)."""
 
     @property
     def position_key(self) -> str:
@@ -80,6 +84,11 @@ class BatchSource(Protocol):
 
     def seek(self, positions: Positions) -> None:
         """Resume reading at `positions` (from a checkpoint)."""
+        ...
+
+    def reject(self, sourced: SourcedBatch, error: Exception) -> None:
+        """Set aside a batch the trainer cannot use (a dead letter with `error` as its reason and
+        the event's headers); the trainer then moves past it."""
         ...
 
     @property

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from schemas.records import TrainingBatch
+from trainer.batch import validate_batch
 from trainer.config import SourceConfig
 from trainer.errors import SourceError
 from trainer.protocols import Positions, SourcedBatch
@@ -29,6 +30,8 @@ class InMemoryBatchSource:
         self.next_offset = 0
         self.committed: Positions = {}
         self.commit_calls = 0
+        self.rejected: list[tuple[SourcedBatch, Exception]] = []
+        """Batches the trainer set aside, with why (what would be dead letters on Kafka)."""
 
     def poll(self, timeout_s: float) -> SourcedBatch | None:
         if self.next_offset >= len(self.batches):
@@ -45,6 +48,9 @@ class InMemoryBatchSource:
     def seek(self, positions: Positions) -> None:
         self.next_offset = positions.get(f"{self.topic}/0", self.next_offset)
 
+    def reject(self, sourced: SourcedBatch, error: Exception) -> None:
+        self.rejected.append((sourced, error))
+
     @property
     def exhausted(self) -> bool:
         """True once every batch was handed out (the trainer then stops)."""
@@ -57,6 +63,9 @@ class InMemoryBatchSource:
 class KafkaBatchSource:
     """TrainingBatches from a topic via the shared EventConsumer (manual commits only).
 
+    Events the trainer cannot use (undecodable, another record type, a batch failing
+    `validate_batch`, e.g. a NaN reward) go to `dlq_topic` with their reason and headers, are
+    counted in `num_dead_letters`, and reading goes on.
     Replay: `replay_from_offset` / `replay_from_timestamp_ms` position every assigned partition
     before the first read; a checkpoint's positions (`seek`) take precedence over both.
     """
@@ -67,10 +76,12 @@ class KafkaBatchSource:
         self.config = config
         self._last_activity: float | None = None
         try:
-            self.consumer: Any = EventConsumer(EventConsumer.Config(
-                bootstrap_servers=config.bootstrap_servers, group_id=config.group_id,
-                topics=[config.topic], client_id=client_id,
-                session_timeout_ms=config.session_timeout_ms))
+            self.consumer: Any = EventConsumer(
+                EventConsumer.Config(
+                    bootstrap_servers=config.bootstrap_servers, group_id=config.group_id,
+                    topics=[config.topic], client_id=client_id, dlq_topic=config.dlq_topic,
+                    session_timeout_ms=config.session_timeout_ms),
+                validator=_validate_event, expected=TrainingBatch)
         except Exception as exc:
             raise SourceError(f"cannot consume {config.topic} at "
                               f"{config.bootstrap_servers}: {exc}") from exc
@@ -92,12 +103,21 @@ class KafkaBatchSource:
             if event is None:
                 return None
             self._last_activity = time.monotonic()
-            if isinstance(event.value, TrainingBatch):
-                return SourcedBatch(batch=event.value, topic=event.topic,
-                                    partition=event.partition, offset=event.offset,
-                                    trace_context=event.trace_context)
-            log.warning("skipping %s at %s/%s@%s: not a TrainingBatch", type(event.value).__name__,
-                        event.topic, event.partition, event.offset)
+            return SourcedBatch(batch=event.value, topic=event.topic, partition=event.partition,
+                                offset=event.offset, trace_context=event.trace_context,
+                                key=event.key, headers=event.headers)
+
+    @property
+    def num_dead_letters(self) -> int:
+        """Events set aside so far (by the consumer's checks or by `reject`)."""
+        return int(self.consumer.num_dead_letters)
+
+    def reject(self, sourced: SourcedBatch, error: Exception) -> None:
+        from consumers import ConsumedEvent
+
+        event = ConsumedEvent(sourced.batch, sourced.key, sourced.topic, sourced.partition,
+                              sourced.offset, 0, dict(sourced.headers))
+        self.consumer.dead_letter(event, error)
 
     @property
     def exhausted(self) -> bool:
@@ -140,6 +160,12 @@ class KafkaBatchSource:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+def _validate_event(record: object) -> None:
+    """The trainer's own checks (`validate_batch`), run by the consumer on every batch event."""
+    if isinstance(record, TrainingBatch):
+        validate_batch(record)
 
 
 def build_source(config: SourceConfig) -> KafkaBatchSource:

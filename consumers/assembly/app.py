@@ -1,6 +1,6 @@
 """The Faust worker: thin agents around `GroupAssembler` (stage 1) and `BatchBuilder` (stage 2).
 
-Topology (all values raw bytes, decoded with `schemas.codec`):
+Topology (all values raw bytes, decoded with the schema catalogue's codec like every consumer):
 
     trajectories (key: group id) ─┐
     <app>-ticks (same partitions) ─┴▶ group agent ─▶ <app>-groups (1 partition) ─▶ batch agent
@@ -11,6 +11,7 @@ Topology (all values raw bytes, decoded with `schemas.codec`):
 
 Tables can only change inside stream processing, so group timeouts are driven by tick events
 that a timer writes to every partition of the ticks topic (co-partitioned with trajectories).
+A message is a tick because it arrived on the ticks topic, never because of its key.
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ from consumers.assembly.protocols import Forwarder, Output
 from consumers.assembly.stats import AssemblyStats
 from consumers.dead_letters import keep_original
 from schemas import topics
-from schemas.codec import decode, encode
-from schemas.records import DeadLetter, WeightVersion, now_ms
+from schemas.catalogue import SchemaCatalogue, catalogue_codec
+from schemas.claimcheck import ClaimCheck
+from schemas.codec import Codec
+from schemas.records import DeadLetter, TrainingBatch, WeightVersion, now_ms
 
 __all__ = [
     "TICK_KEY",
@@ -53,7 +56,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 TICK_KEY = b"\x00stacx-assembler-tick"
-"""Key of the timer's tick events (never a valid group id)."""
+"""Key of the timer's tick events (informative: ticks are told apart by their topic)."""
 
 _RAW: dict[str, Any] = {
     "key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"
@@ -93,6 +96,9 @@ class AssemblerApp:
         """Input: `WeightVersion` events keyed by model name (for the staleness filter)."""
         dlq_topic: str = topics.DLQ
         """Output: `DeadLetter` events for undecodable or invalid input."""
+        schemas_topic: str = topics.SCHEMAS
+        """Schema catalogue: resolves writer schemas this build does not know (a compatible
+        newer `Trajectory`) and registers the schemas of what the assembler writes."""
         partitions: int | None = None
         """Partitions of the trajectories topic (tables and ticks get as many); None: ask Kafka."""
         weights_partitions: int = 1
@@ -142,12 +148,18 @@ class AssemblerApp:
         *,
         forwarder: Forwarder | None = None,
         clock: Callable[[], int] = now_ms,
+        codec: Codec | None = None,
     ) -> None:
         if config.partitions is None:
             found = topic_partitions(config.bootstrap_servers, config.trajectories_topic)
             config = dataclasses.replace(config, partitions=found)
         self.config = config
         self.clock = clock  # epoch ms; tests inject a fake one
+        self.codec = codec or catalogue_codec(
+            SchemaCatalogue.Config(bootstrap_servers=config.bootstrap_servers,
+                                   topic=config.schemas_topic)
+        )
+        """Decodes every input and encodes every output (unit tests pass a plain `Codec()`)."""
         self.stats = AssemblyStats()
         self.app = _new_faust_app(config)
         self.forwarder: Forwarder = forwarder or FaustForwarder(self.app)
@@ -174,11 +186,11 @@ class AssemblerApp:
             cfg.grouping, sample_filter=self.sample_filter, groups=self.groups_table,
             payloads=self.payloads_table, stats=self.stats,
         )
-        self.encoder = BatchEncoder(cfg.output, topic=cfg.batches_topic)
+        self.encoder = BatchEncoder(cfg.output, self.codec, topic=cfg.batches_topic)
         self.builder = BatchBuilder(
             cfg.batching, planner=MixturePlanner(cfg.mixture), sample_filter=self.sample_filter,
             pool=self.pool_table, index=self.index_table, packed=self.packed_table,
-            stats=self.stats,
+            stats=self.stats, codec=self.codec,
         )
 
     def _build_agents(self) -> None:
@@ -241,7 +253,7 @@ class AssemblerApp:
                 value=value,
             )
             self.stats.undecodable += 1
-            outputs.append(Output(self.config.dlq_topic, letter.key, encode(letter)))
+            outputs.append(Output(self.config.dlq_topic, letter.key, self.codec.encode(letter)))
         return outputs
 
     async def _weights_stream(self, stream: faust.StreamT) -> AsyncIterator[list[Output]]:
@@ -255,7 +267,7 @@ class AssemblerApp:
     def on_weights_event(self, message: Any) -> list[Output]:
         """Remember the newest version per model (drives the staleness filter)."""
         try:
-            weights = decode(message.value, WeightVersion)
+            weights = self.codec.decode(message.value, WeightVersion)
         except Exception as exc:  # untrusted bytes: dead-letter them, keep going
             return [self._dead_letter(message, exc)]
         current = self.latest_versions.get(weights.model_name)
@@ -267,13 +279,13 @@ class AssemblerApp:
     def on_group_event(self, message: Any) -> list[Output]:
         """Stage 1 for one message of the trajectories topic or the ticks topic."""
         now = self.clock()
-        if message.key == TICK_KEY:
+        if message.topic == self.config.ticks_topic:
             ready = self.grouper.expire(now_ms=now, partition=message.partition)
             return [self._group_output(g) for g in ready]
         self.stats.trajectories += 1
         self.stats.first_event_ms = self.stats.first_event_ms or now
         try:
-            trajectory = decode_trajectory(message.value)
+            trajectory = decode_trajectory(message.value, self.codec)
         except Exception as exc:  # untrusted bytes: dead-letter them, keep going
             return [self._dead_letter(message, exc)]
         reason = invalid_reason(trajectory)
@@ -300,10 +312,11 @@ class AssemblerApp:
             error_type=type(exc).__name__,
             key=message.key,
             value=value,
+            headers=_text_headers(message.headers),
         )
         log.warning("dead-lettered %s[%s]@%s: %s", letter.source_topic,
                     letter.source_partition, letter.source_offset, letter.reason)
-        return Output(self.config.dlq_topic, message.key, encode(letter))
+        return Output(self.config.dlq_topic, message.key, self.codec.encode(letter))
 
     async def _send_ticks(self) -> None:
         value = str(now_ms()).encode()
@@ -322,8 +335,11 @@ class AssemblerApp:
         return worker
 
     def run(self, *, loglevel: str = "info") -> int:
-        """Create the internal topics, run the worker until SIGINT/SIGTERM; exit status."""
+        """Create the internal topics, register the output schemas, run the worker until
+        SIGINT/SIGTERM; exit status."""
         ensure_internal_topics(self.config)
+        for record_type in (TrainingBatch, ClaimCheck, DeadLetter):  # not inside the event loop
+            self.codec.local_schema(record_type)
         code = 0
         try:
             self.worker(loglevel=loglevel).execute_from_commandline()
@@ -332,6 +348,16 @@ class AssemblerApp:
         finally:
             log.info("assembler final stats %s", json.dumps(self.stats.as_dict()))
         return code
+
+
+def _text_headers(headers: Any) -> dict[str, str]:
+    """Kafka headers of a Faust message (a list of pairs or a mapping) as text."""
+    pairs = headers.items() if hasattr(headers, "items") else (headers or [])
+    return {
+        str(k): v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+        for k, v in pairs
+        if v is not None
+    }
 
 
 def _admin(bootstrap_servers: str) -> AdminClient:

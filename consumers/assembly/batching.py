@@ -19,6 +19,7 @@ from consumers.assembly.mixture import MixturePlanner, PoolEntry
 from consumers.assembly.packing import PackedGroup, pack_batch
 from consumers.assembly.protocols import StateTable
 from consumers.assembly.stats import AssemblyStats
+from schemas.codec import Codec
 from schemas.records import TrainingBatch
 
 __all__ = ["BatchBuilder", "RejectedGroup"]
@@ -60,8 +61,10 @@ class BatchBuilder:
         index: StateTable[list[IndexEntry]],
         packed: StateTable[int],
         stats: AssemblyStats,
+        codec: Codec | None = None,
     ) -> None:
         self.config = config
+        self._codec = codec
         self._planner = planner
         self._filter = sample_filter
         self._pool = pool
@@ -111,7 +114,7 @@ class BatchBuilder:
         rejected: list[str] = []
         for entry in chosen:
             try:
-                packed.append(_decoded(decode_group(self._pool[entry.key])))
+                packed.append(_decoded(decode_group(self._pool[entry.key]), self._codec))
             except Exception as exc:  # a vanished blob must not stop the agent: reject the group
                 self._reject(entry.key, exc)
                 rejected.append(entry.key)
@@ -167,10 +170,10 @@ class BatchBuilder:
             del self._packed[key]
 
 
-def _decoded(group: ReadyGroup) -> PackedGroup:
+def _decoded(group: ReadyGroup, codec: Codec | None) -> PackedGroup:
     return PackedGroup(
         group_id=group.group_id,
-        trajectories=[decode_trajectory(p) for p in group.payloads],
+        trajectories=[decode_trajectory(p, codec) for p in group.payloads],
         group_size=group.group_size,
         pad_to=group.pad_to,
         flagged_ids=frozenset(group.flagged_ids),

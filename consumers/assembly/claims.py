@@ -13,19 +13,26 @@ from consumers.assembly.errors import AssemblyConfigError, InvalidTrajectoryErro
 from producers.blobs import FsspecBlobStore, default_blob_url
 from schemas import topics
 from schemas.claimcheck import ClaimCheck
-from schemas.codec import decode, default_codec, encode
+from schemas.codec import Codec, default_codec
 from schemas.records import TrainingBatch, Trajectory
 
 __all__ = ["BatchEncoder", "decode_trajectory"]
 
 
-def decode_trajectory(payload: bytes) -> Trajectory:
-    """Decode a trajectory event, fetching it from the blob store if it is a claim check."""
-    record = decode(payload)
+def decode_trajectory(payload: bytes, codec: Codec | None = None) -> Trajectory:
+    """Decode a trajectory event, fetching it from the blob store if it is a claim check.
+
+    `codec` resolves writer schemas (the assembler passes its catalogue codec, so a compatible
+    newer `Trajectory` decodes); default: the built-in schemas only."""
+    codec = codec or default_codec()
+    record = codec.decode(payload)
     if isinstance(record, ClaimCheck):
-        record = decode(FsspecBlobStore.get(record.uri, sha256=record.sha256))
+        record = codec.decode(FsspecBlobStore.get(record.uri, sha256=record.sha256))
     if not isinstance(record, Trajectory):
-        raise InvalidTrajectoryError(f"expected a Trajectory event, got {type(record).__name__}")
+        raise InvalidTrajectoryError(
+            f"expected a Trajectory event, got a {type(record).__name__}: it was published to "
+            "the wrong topic"
+        )
     return record
 
 
@@ -46,14 +53,15 @@ class BatchEncoder:
                     f"got {self.claim_check_threshold_bytes}"
                 )
 
-    def __init__(self, config: Config, *, topic: str = topics.BATCHES) -> None:
+    def __init__(self, config: Config, codec: Codec | None = None, *, topic: str = topics.BATCHES) -> None:
         self.config = config
+        self.codec = codec or default_codec()
         self.topic = topic
         """The batches topic: blobs go under its prefix, so `stacx topics gc` can match them."""
         self._blobs: FsspecBlobStore | None = None
 
     def encode(self, batch: TrainingBatch) -> bytes:
-        value = encode(batch)
+        value = self.codec.encode(batch)
         if len(value) <= self.config.claim_check_threshold_bytes:
             return value
         if self._blobs is None:
@@ -63,7 +71,7 @@ class BatchEncoder:
             uri=url,
             size_bytes=len(value),
             sha256=digest,
-            record_type=default_codec().local_schema(TrainingBatch).name,
+            record_type=self.codec.local_schema(TrainingBatch).name,
             record_id=batch.batch_id,
         )
-        return encode(claim)
+        return self.codec.encode(claim)

@@ -29,6 +29,16 @@ def register(subparsers: Any) -> None:
     gateway.add_argument(
         "--task-root", action="append", default=[], help="allowed task_dir root (repeatable; default any)"
     )
+    gateway.add_argument(
+        "--client-token", action="append", default=[], help="client token (repeatable): its own sessions only"
+    )
+    limits = gateway.add_argument_group("limits", "operator-owned maxima per session, budget of all")
+    limits.add_argument("--max-cpus", type=float, help="CPU quota per session (default: host cores)")
+    limits.add_argument("--max-memory-mb", type=int, help="memory limit per session (default: budget)")
+    limits.add_argument("--max-pids", type=int, help="pids limit per session (default 1024)")
+    limits.add_argument("--budget-pids", type=int, help="sum of pids limits (default: 3/4 of pid_max)")
+    limits.add_argument("--budget-memory-mb", type=int, help="sum of memory limits (default: host memory)")
+    limits.add_argument("--memory-overcommit", type=float, help="budget / host memory allowed (default 1)")
     gateway.set_defaults(func=_gateway)
 
     tasks = subparsers.add_parser("tasks", help="Harbor-format task directories")
@@ -55,7 +65,31 @@ def register(subparsers: Any) -> None:
     images.set_defaults(func=_tasks_images)
 
 
+def _limits(args: argparse.Namespace) -> Any:
+    from sandbox.limits import SessionLimits
+
+    given = {
+        "max_cpus": args.max_cpus,
+        "max_memory_mb": args.max_memory_mb,
+        "max_pids": args.max_pids,
+        "budget_pids": args.budget_pids,
+        "budget_memory_mb": args.budget_memory_mb,
+        "memory_overcommit": args.memory_overcommit,
+    }
+    return SessionLimits.Config(**{k: v for k, v in given.items() if v is not None})
+
+
 def _gateway(args: argparse.Namespace) -> int:
+    from sandbox.errors import GatewayConfigError
+
+    try:
+        return _serve_gateway(args, _limits(args))
+    except GatewayConfigError as exc:
+        print(f"stacx gateway: {exc}", file=sys.stderr)
+        return 2
+
+
+def _serve_gateway(args: argparse.Namespace, limits: Any) -> int:
     from sandbox.gateway import Gateway
     from sandbox.sessions import SessionManager
 
@@ -67,11 +101,13 @@ def _gateway(args: argparse.Namespace) -> int:
         max_lifetime_s=args.max_lifetime,
         warm_pool_size=args.warm_pool,
         allowed_task_roots=tuple(args.task_root),
+        limits=limits,
     )
     config = Gateway.Config(
         host=args.host,
         port=args.port,
         token=args.token,
+        client_tokens=tuple(args.client_token),
         auth=not args.no_auth,
         backend=args.backend,
         sessions=sessions,

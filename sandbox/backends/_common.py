@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from sandbox.errors import BackendError, SandboxFileNotFound
 from sandbox.models import ExecResult
+from sandbox.protocols import HostCapacity
 
 NOT_FOUND_EXIT = 44
 """Exit status of READ_FILE_SCRIPT when the file is missing."""
@@ -22,10 +25,38 @@ TIMEOUT_GRACE_S = 5.0
 """Extra time the host waits for an exec past its in-sandbox `timeout` before giving up on it."""
 
 
+EXEC_SCRIPT = """bash -c "$1"
+_rc=$?
+_left() {
+  local f s
+  for f in /proc/[0-9]*/stat; do
+    read -r s 2>/dev/null < "$f" || continue
+    s=${s##*) }
+    set -- $s
+    [ "$3" = "$_group" ] && [ "$1" != Z ] || continue
+    f=${f#/proc/}; f=${f%/stat}
+    [ "$f" != "$$" ] && [ "$f" != "$PPID" ] && return 0
+  done
+  return 1
+}
+read -r _s < /proc/$$/stat; _s=${_s##*) }; set -- $_s; _group=$3
+if _left; then
+  exec {_nap}<> <(:)
+  while _left; do read -t 0.05 -u "$_nap"; done
+fi
+exit $_rc"""
+"""Runs the command (`$1`), then waits until no other process of its process group is left: an
+exec lasts as long as anything it started (`cmd &`, a fork bomb) and ends with the command's exit
+status. Only bash builtins run after the command starts, so a sandbox at its pids limit cannot
+stall it. (`read -t` on a pipe opened read-write is a sleep that needs no process.)"""
+
+
 def exec_argv(command: str, timeout_s: float) -> list[str]:
-    """`timeout -s KILL` kills the whole process group of `bash -c command` at the deadline."""
+    """argv of one exec: `timeout -s KILL` leads a new process group that holds the command and
+    everything it starts; `EXEC_SCRIPT` keeps the exec open while any of them runs, and at the
+    deadline the whole group is killed at once (background children included: exit 137)."""
     seconds = f"{max(timeout_s, 0.01):.3f}"
-    return ["timeout", "-s", "KILL", seconds, "bash", "-c", command]
+    return ["timeout", "-s", "KILL", seconds, "bash", "-c", EXEC_SCRIPT, "stacx", command]
 
 
 def helper_argv(script: str, *args: str) -> list[str]:
@@ -113,3 +144,17 @@ def parse_oom_kills(text: str) -> int:
         if key == "oom_kill" and value.strip().isdigit():
             return int(value.strip())
     return 0
+
+
+def local_pid_max() -> int | None:
+    """This machine's /proc/sys/kernel/pid_max (None where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def local_capacity() -> HostCapacity:
+    """Cores, memory and pid_max of this machine."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
+    return HostCapacity(cpus=float(os.cpu_count() or 1), memory_mb=int(memory), pid_max=local_pid_max())

@@ -14,12 +14,14 @@ libnetwork deadlocks under many concurrent starts), and a call that hangs marks 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import struct
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from sandbox.backends._common import (
@@ -34,13 +36,14 @@ from sandbox.backends._common import (
     downloaded,
     exec_argv,
     helper_argv,
+    local_pid_max,
     parse_oom_kills,
     to_result,
 )
 from sandbox.backends.lifecycle import LifecycleGuard
 from sandbox.errors import BackendError, BaseImageMissing, SandboxStopped
 from sandbox.models import ExecRequest, ExecResult
-from sandbox.protocols import SandboxHandle, SandboxSpec
+from sandbox.protocols import HostCapacity, SandboxHandle, SandboxSpec
 
 __all__ = ["LABEL_EXPIRES", "LABEL_INSTANCE", "LABEL_OWNER", "LABEL_SESSION", "DockerBackend"]
 
@@ -55,6 +58,8 @@ _KEEPALIVE = "trap 'exit 0' TERM; while :; do sleep 86400 & wait $!; done"
 HARBOR_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "NET_BIND_SERVICE")
 """Capabilities Harbor sandboxes keep (root in the container): what apt/dpkg and pip need to own,
 chmod and switch users, and binding low ports on the sandbox's own loopback. All others dropped."""
+_PF_EXITING = 0x4
+"""Flag (/proc/PID/stat field 9) of a process that is exiting."""
 _ENTRYPOINT_WAIT_S = 1.0
 """How long a started sandbox whose image has an ENTRYPOINT is watched for an early exit."""
 
@@ -79,7 +84,8 @@ class DockerBackend:
         user: str = "1000:1000"
         """Numeric uid:gid every sandbox process runs as."""
         tmpfs_mb: int = 256
-        """Size of each tmpfs mount (/tmp, /tests, /logs, a fresh workdir); counts as memory."""
+        """Size of each tmpfs mount (/tmp, /tests, /logs, a fresh workdir), at most half the
+        session's memory limit; their files count as memory."""
         max_threads: int = 512
         """Thread pool (and HTTP connection pool) size for concurrent exec and file calls."""
         lifecycle_concurrency: int = 4
@@ -102,9 +108,17 @@ class DockerBackend:
                 self._client = docker.DockerClient(base_url=self.config.base_url, **kwargs)
             else:
                 self._client = docker.from_env(**kwargs)
-            self._ncpu = float(self._client.info().get("NCPU", 1))
+            info = self._client.info()
         except docker.errors.DockerException as exc:
             raise BackendError(f"no Docker engine answers ({exc}); start dockerd") from exc
+        self._ncpu = float(info.get("NCPU", 1))
+        self._local = _engine_is_local(self.config.base_url)
+        self.capacity = HostCapacity(
+            cpus=self._ncpu,
+            memory_mb=int(info.get("MemTotal", 0)) // (1 << 20),
+            pid_max=local_pid_max() if self._local else None,
+        )
+        """The engine's host (its pid_max is read only when the engine runs on this machine)."""
         self._pool = ThreadPoolExecutor(self.config.max_threads, thread_name_prefix="docker")
         self.lifecycle = LifecycleGuard(
             engine=self.config.base_url or "the local socket",
@@ -189,8 +203,11 @@ class DockerBackend:
         from docker.types import Mount
 
         uid, _, gid = self.config.user.partition(":")
+        # Each tmpfs at most half the memory limit (tmpfs pages count as memory and cannot be
+        # reclaimed): filling /tmp ends in ENOSPC, not in an OOM kill of the whole sandbox.
+        size_mb = max(8, min(self.config.tmpfs_mb, spec.memory_mb // 2))
         # Owned by the sandbox user: Docker drops a tmpfs `mode=1777`; `exec` undoes its noexec.
-        options = f"rw,exec,nosuid,nodev,size={self.config.tmpfs_mb}m,mode=0755,uid={uid},gid={gid or uid}"
+        options = f"rw,exec,nosuid,nodev,size={size_mb}m,mode=0755,uid={uid},gid={gid or uid}"
         roots = ["/tmp", "/tests", "/logs", "/solution"]
         mounts = []
         if spec.seed_workdir:
@@ -294,8 +311,42 @@ class DockerBackend:
             max_output_bytes,
             request.timeout_s + TIMEOUT_GRACE_S,
         )
+        if run.exit_code >= 126:  # 126/137 also when the container itself died during the exec
+            await self._run(self._check_running, handle.ref)
         oom = run.exit_code == 137 and await self._new_oom_kill(handle)
         return to_result(run, request.timeout_s, oom_killed=oom)
+
+    def _check_running(self, container_id: str) -> None:
+        """Raise `SandboxStopped` saying why when the sandbox's container is no longer running."""
+        import docker.errors
+
+        try:
+            state = self._client.api.inspect_container(container_id).get("State") or {}
+        except docker.errors.NotFound as exc:
+            raise SandboxStopped(f"container {container_id[:12]} is gone (removed)") from exc
+        if state.get("Running") and self._init_alive(state.get("Pid")):
+            return
+        if state.get("OOMKilled"):
+            why = "killed by the out-of-memory killer (memory_mb counts the files in its tmpfs mounts)"
+        elif state.get("Running"):  # the engine records the exit a moment after the processes died
+            why = "its main process was killed"
+        else:
+            why = f"its main process exited with {state.get('ExitCode')} {state.get('Error') or ''}".strip()
+        raise SandboxStopped(
+            f"the sandbox's container {container_id[:12]} died: {why}; close the session and start a new one"
+        )
+
+    def _init_alive(self, pid: int | None) -> bool:
+        """Whether the container's PID 1 still lives, seen from the host when the engine is local
+        (it marks a killed container exited only a moment after its processes are gone)."""
+        if not pid or not self._local:
+            return True
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            return False
+        exiting = int(fields[6]) & _PF_EXITING  # a dying init first kills the rest of its namespace
+        return fields[0] not in ("Z", "X") and not exiting
 
     async def _new_oom_kill(self, handle: SandboxHandle) -> bool:
         argv = ["bash", "-c", OOM_EVENTS_SCRIPT]
@@ -419,3 +470,9 @@ def _read_frames(recv: Callable[[int], bytes], out: OutputCap, err: OutputCap) -
             payload = bytes(buffer[8 : 8 + size])
             del buffer[: 8 + size]
             (err if stream == 2 else out).add(payload)
+
+
+def _engine_is_local(base_url: str | None) -> bool:
+    """Whether the engine runs on this machine (a unix socket), so its /proc is ours."""
+    url = base_url or os.environ.get("DOCKER_HOST") or "unix://"
+    return url.startswith("unix://")

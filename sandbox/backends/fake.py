@@ -11,9 +11,12 @@ from dataclasses import dataclass, field
 
 from sandbox.errors import BackendError, SandboxFileNotFound
 from sandbox.models import ExecRequest, ExecResult
-from sandbox.protocols import SandboxHandle, SandboxSpec
+from sandbox.protocols import HostCapacity, SandboxHandle, SandboxSpec
 
-__all__ = ["FakeBackend", "FakeSandbox"]
+__all__ = ["FAKE_HOST", "FakeBackend", "FakeSandbox"]
+
+FAKE_HOST = HostCapacity(cpus=64.0, memory_mb=1 << 20, pid_max=1 << 22)
+"""A host large enough for any test's budget."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -40,9 +43,14 @@ class FakeBackend:
     name = "fake"
 
     def __init__(
-        self, handler: Handler | None = None, *, image_workdirs: dict[str, str] | None = None
+        self,
+        handler: Handler | None = None,
+        *,
+        image_workdirs: dict[str, str] | None = None,
+        capacity: HostCapacity = FAKE_HOST,
     ) -> None:
         self.handler: Handler = handler or _echo
+        self.capacity = capacity
         self.sandboxes: dict[str, FakeSandbox] = {}
         self.stopped: list[str] = []
         self.orphans: dict[str, tuple[str, float]] = {}

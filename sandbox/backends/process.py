@@ -30,11 +30,12 @@ from sandbox.backends._common import (
     downloaded,
     exec_argv,
     helper_argv,
+    local_capacity,
     to_result,
 )
 from sandbox.errors import BackendError
 from sandbox.models import ExecRequest, ExecResult
-from sandbox.protocols import SandboxHandle, SandboxSpec
+from sandbox.protocols import HostCapacity, SandboxHandle, SandboxSpec
 
 __all__ = ["ProcessBackend"]
 
@@ -68,6 +69,8 @@ class ProcessBackend:
                 "ProcessBackend.Config.bwrap"
             )
         self._memory: dict[str, int] = {}
+        self.capacity: HostCapacity = local_capacity()
+        """This machine: sandboxes are its processes."""
 
     def _dir(self, owner: str, session_id: str) -> Path:
         return Path(self.config.root) / owner / session_id

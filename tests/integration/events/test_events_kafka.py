@@ -15,11 +15,12 @@ from events_kafka_helpers import collect, consumer, trajectory
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from consumers import ConsumerError, Deduplicator
+from consumers import ConsumerError, Deduplicator, EventConsumer
 from producers import EventProducer
 from schemas.catalogue import SchemaCatalogue, catalogue_codec
 from schemas.claimcheck import ClaimCheck
 from schemas.codec import Codec, builtin_schemas, load_schema
+from schemas.errors import RecordValidationError
 from schemas.records import DeadLetter, Feedback, Trajectory, logprobs, loss_mask, now_ms, token_ids
 
 TopicFactory = Callable[..., str]
@@ -97,7 +98,11 @@ def test_garbage_unknown_schema_and_invalid_records_go_to_the_dlq(
         p.publish(topic, trajectory(1))
         p.publish_bytes(topic, b"garbage bytes", key="k-garbage")
         p.publish_bytes(topic, unregistered.encode(Mystery("?")), key="k-unknown")
-        p.publish(topic, trajectory(2, token_ids=token_ids([1, 2, 3])), key="k-invalid")
+        invalid = trajectory(2, token_ids=token_ids([1, 2, 3]))
+        with pytest.raises(RecordValidationError, match="same length"):  # refused by the producer
+            p.publish(topic, invalid)
+        # what a writer without that check (an older or foreign producer) would still send
+        p.publish_bytes(topic, p.codec.encode(invalid), key="k-invalid")
         p.publish(topic, trajectory(3))
     with consumer(kafka_bootstrap, fresh_group, topic, dlq) as c:
         good = collect(c, 2)
@@ -260,6 +265,27 @@ def test_seeks_before_assignment_apply_per_partition(
         c.seek(topic, 1, by_partition[1] - 3)
         events = collect(c, 5)
     assert sorted(Counter(e.partition for e in events).items()) == [(0, 2), (1, 3)]
+
+
+def test_a_valid_event_of_the_wrong_type_is_dead_lettered_with_its_headers(
+    kafka_bootstrap: str, fresh_topic: TopicFactory, fresh_group: str
+) -> None:
+    topic, dlq = fresh_topic("typed"), fresh_topic("dlq")
+    with producer(kafka_bootstrap) as p:
+        p.publish(topic, Feedback(session_id="s", reward=1.0), key="k-feedback",
+                  headers={"origin": "canary"})
+        p.publish(topic, trajectory(1))
+    config = EventConsumer.Config(bootstrap_servers=kafka_bootstrap, group_id=fresh_group,
+                                  topics=[topic], dlq_topic=dlq)
+    with EventConsumer(config, expected=Trajectory) as c:
+        good = collect(c, 1)
+        c.commit()
+        assert c.num_dead_letters == 1
+    assert [e.value.trajectory_id for e in good] == ["traj-000001"]
+    with consumer(kafka_bootstrap, fresh_group + "-dlq", dlq, None) as d:
+        (letter,) = [e.value for e in collect(d, 1)]
+    assert letter.error_type == "UnexpectedRecordError" and "a Feedback event" in letter.reason
+    assert letter.key == b"k-feedback" and letter.headers["origin"] == "canary"
 
 
 def test_failed_dead_letters_block_the_commit(

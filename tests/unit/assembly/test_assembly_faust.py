@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import uuid
 from typing import Any
+
+import fastavro
 
 from consumers.assembly import TICK_KEY, AssemblerApp, GroupAssembler, MixturePlanner
 from consumers.assembly.packing import batch_id
 from consumers.assembly.testing import ListForwarder, make_trajectory
-from schemas.codec import decode, encode
+from schemas.codec import SINGLE_OBJECT_MARKER, Codec, SchemaInfo, decode, encode, load_schema
 from schemas.records import DeadLetter, TrainingBatch, Trajectory, WeightVersion
 
 
@@ -21,7 +24,7 @@ class FakeClock:
 
 
 def _assembler(
-    clock: FakeClock | None = None, **grouping: Any
+    clock: FakeClock | None = None, codec: Codec | None = None, **grouping: Any
 ) -> tuple[AssemblerApp, ListForwarder]:
     forwarder = ListForwarder()
     config = AssemblerApp.Config(
@@ -30,11 +33,32 @@ def _assembler(
         grouping=GroupAssembler.Config(group_size=2, **grouping),
         mixture=MixturePlanner.Config(batch_size=2),
     )
-    return AssemblerApp(config, forwarder=forwarder, clock=clock or FakeClock()), forwarder
+    app = AssemblerApp(config, forwarder=forwarder, clock=clock or FakeClock(), codec=codec or Codec())
+    return app, forwarder
 
 
 async def _put_trajectory(agent: Any, traj: Trajectory, partition: int = 0) -> None:
     await agent.put(encode(traj), key=traj.group_id.encode(), partition=partition)
+
+
+async def _put_on(agent: Any, topic: str, value: bytes, key: bytes, partition: int) -> None:
+    """`agent.put` as if the message had arrived on `topic` (the test channel has no name)."""
+    original = agent.to_message
+
+    def on_topic(*args: Any, **kwargs: Any) -> Any:
+        message = original(*args, **kwargs)
+        message.topic = topic
+        return message
+
+    agent.to_message = on_topic
+    try:
+        await agent.put(value, key=key, partition=partition)
+    finally:
+        del agent.to_message
+
+
+async def _tick(asm: AssemblerApp, agent: Any, partition: int) -> None:
+    await _put_on(agent, asm.config.ticks_topic, b"0", TICK_KEY, partition)
 
 
 async def test_group_agent_forwards_complete_groups_and_dead_letters_garbage() -> None:
@@ -71,12 +95,59 @@ async def test_tick_events_close_timed_out_groups() -> None:
     async with asm.group_agent.test_context() as agent:
         await _put_trajectory(agent, make_trajectory("g0", 0), partition=1)
         clock.now_ms += 4_999
-        await agent.put(b"0", key=TICK_KEY, partition=1)  # not yet
+        await _tick(asm, agent, partition=1)  # not yet
         clock.now_ms += 1
-        await agent.put(b"0", key=TICK_KEY, partition=0)  # other partition: untouched
+        await _tick(asm, agent, partition=0)  # other partition: untouched
         assert out.on(asm.config.groups_topic) == []
-        await agent.put(b"0", key=TICK_KEY, partition=1)
+        await _tick(asm, agent, partition=1)
     assert len(out.on(asm.config.groups_topic)) == 1 and asm.stats.groups_timed_out == 1
+
+
+async def test_a_record_keyed_like_a_tick_is_still_a_trajectory() -> None:
+    asm, out = _assembler()
+    first, second = make_trajectory("g0", 0), make_trajectory("g0", 1)
+    async with asm.group_agent.test_context() as agent:
+        await agent.put(encode(first), key=TICK_KEY, partition=0)  # on the trajectories topic
+        await agent.put(encode(second), key=b"g0", partition=0)
+    assert asm.stats.trajectories == 2 and len(out.on(asm.config.groups_topic)) == 1
+
+
+async def test_dead_letters_keep_the_original_headers() -> None:
+    asm, out = _assembler()
+    headers = {"traceparent": b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    async with asm.group_agent.test_context() as agent:
+        await agent.put(b"not avro", key=b"g1", partition=0, headers=headers)
+    (letter,) = out.on(asm.config.dlq_topic)
+    assert decode(letter.value, DeadLetter).headers == {"traceparent": headers["traceparent"].decode()}
+
+
+async def test_wrong_record_type_on_the_trajectories_topic_is_dead_lettered() -> None:
+    asm, out = _assembler()
+    async with asm.group_agent.test_context() as agent:
+        await agent.put(encode(WeightVersion(model_name="m", version=1, path="/p")), key=b"m")
+    (letter,) = out.on(asm.config.dlq_topic)
+    dead = decode(letter.value, DeadLetter)
+    assert dead.error_type == "InvalidTrajectoryError" and "WeightVersion" in dead.reason
+
+
+def _newer_trajectory_event(traj: Trajectory) -> tuple[bytes, SchemaInfo]:
+    """`traj` as written by a newer producer whose Trajectory has one more field (with a default)."""
+    current = Codec().local_schema(Trajectory)
+    datum = fastavro.schemaless_reader(io.BytesIO(encode(traj)[10:]), current.parsed, None)
+    extra = {"name": "origin", "type": "string", "default": ""}
+    newer = load_schema({**current.schema, "fields": [*current.schema["fields"], extra]})
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, newer.parsed, {**datum, "origin": "canary"})
+    return SINGLE_OBJECT_MARKER + bytes.fromhex(newer.fingerprint) + body.getvalue(), newer
+
+
+async def test_a_compatible_newer_trajectory_is_assembled_through_the_catalogue() -> None:
+    newer_event, newer = _newer_trajectory_event(make_trajectory("g0", 1))
+    asm, out = _assembler(codec=Codec(resolver={newer.fingerprint: newer}.get))
+    async with asm.group_agent.test_context() as agent:
+        await _put_trajectory(agent, make_trajectory("g0", 0))
+        await agent.put(newer_event, key=b"g0", partition=0)
+    assert out.on(asm.config.dlq_topic) == [] and len(out.on(asm.config.groups_topic)) == 1
 
 
 async def test_weights_agent_drives_the_staleness_filter() -> None:

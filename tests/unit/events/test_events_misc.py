@@ -9,13 +9,13 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 from consumers import Deduplicator
-from producers import FsspecBlobStore, context_from_headers, trace_headers
+from producers import FsspecBlobStore, InMemoryPublisher, context_from_headers, trace_headers
 from producers.errors import BlobStoreError
 from producers.event_producer import registry_client
 from schemas.codec import Codec, decode
 from schemas.errors import CodecError, RecordValidationError
 from schemas.identity import record_id, record_key
-from schemas.records import TrainingBatch, Trajectory, token_ids
+from schemas.records import Feedback, TrainingBatch, Trajectory, logprobs, loss_mask, token_ids
 from schemas.validation import record_problems, validate
 
 
@@ -64,6 +64,30 @@ def test_validation_lists_every_problem() -> None:
         rewards=np.zeros(1, np.float32),
     )
     assert record_problems(batch) == ["a sequence extends past the end of token_ids"]
+
+
+def test_non_finite_rewards_and_logprobs_are_named() -> None:
+    bad = trajectory(
+        1, reward=float("nan"), rewards={"style": float("inf")}, token_ids=token_ids([1, 2, 3]),
+        loss_mask=loss_mask([0, 1, 1]), logprobs=logprobs([0.0, -np.inf, -0.1]),
+    )
+    problems = record_problems(bad)
+    assert "reward must be finite, got [0]=nan" in problems
+    assert any(p.startswith("logprobs must be finite, got [1]=-inf") for p in problems)
+    assert "rewards must be finite, got {'style': inf}" in problems
+    feedback = Feedback(session_id="s", reward=float("inf"))
+    assert record_problems(feedback) == ["reward must be finite, got [0]=inf"]
+    assert record_problems(trajectory(2)) == []
+
+
+def test_publishers_refuse_a_nan_reward_before_sending() -> None:
+    publisher = InMemoryPublisher()
+    with pytest.raises(RecordValidationError, match="invalid Trajectory: reward must be finite"):
+        publisher.publish("t", trajectory(1, reward=float("nan")))
+    assert publisher.topics == {}
+    lenient = InMemoryPublisher(validate_records=False)  # an older or foreign writer
+    lenient.publish("t", trajectory(1, reward=float("nan")))
+    assert len(lenient.topics["t"]) == 1
 
 
 def test_trace_context_round_trips_through_headers() -> None:

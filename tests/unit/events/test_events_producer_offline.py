@@ -9,6 +9,7 @@ import pytest
 from events_strategies import trajectory
 
 from producers import DeliveryError, EventProducer, ProducerClosedError
+from schemas.errors import RecordValidationError
 
 DEAD_BROKER = "127.0.0.1:1"
 
@@ -117,3 +118,11 @@ def test_limit_of_a_topic_not_created_yet_is_the_brokers_and_asked_again_later()
         assert "missing" not in producer._guessed  # known now: cached for good
     finally:
         producer.close(timeout_s=1)
+
+
+def test_a_nan_reward_is_refused_with_the_field_named() -> None:
+    producer = offline_producer()
+    with pytest.raises(RecordValidationError, match=r"reward must be finite, got \[0\]=nan"):
+        producer.publish("test.offline", trajectory(1, reward=float("nan")))
+    assert producer.flush(timeout_s=1) == 0  # nothing was queued
+    producer.close(timeout_s=1)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import time
+from pathlib import Path
+
 import pytest
 
 from sandbox.backends._common import (
+    EXEC_SCRIPT,
     NOT_FOUND_EXIT,
     OutputCap,
     RawRun,
@@ -19,7 +24,42 @@ from sandbox.errors import BackendError, SandboxFileNotFound
 def test_exec_argv_kills_the_process_group_at_the_timeout() -> None:
     argv = exec_argv("echo hi", 2.5)
     assert argv[:4] == ["timeout", "-s", "KILL", "2.500"]
-    assert argv[4:] == ["bash", "-c", "echo hi"]
+    assert argv[4:] == ["bash", "-c", EXEC_SCRIPT, "stacx", "echo hi"]
+
+
+def _run_here(command: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """The exec argv run on this host (the same bash and coreutils a sandbox has)."""
+    return subprocess.run(exec_argv(command, timeout_s), capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=120)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_exec_keeps_the_command_exit_status_and_output() -> None:
+    done = _run_here("echo out; echo err >&2; exit 3", 30)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
+
+
+def test_exec_waits_for_background_children_that_finish_in_time() -> None:
+    done = _run_here("(sleep 0.3; echo late) & echo early", 60)
+    assert (done.returncode, done.stdout) == (0, "early\nlate\n")
+
+
+def test_background_children_are_killed_with_the_exec_at_the_deadline() -> None:
+    done = _run_here("sleep 300 & echo $!", 1)
+    assert done.returncode == -9  # SIGKILLed with its group at the deadline, not exit 0
+    child = int(done.stdout.split()[0])
+    for _ in range(100):  # the group's SIGKILL is delivered asynchronously; 300 s if it never is
+        if not _alive(child):
+            break
+        time.sleep(0.05)
+    assert not _alive(child)
 
 
 def test_output_cap_truncates_and_flags() -> None:

@@ -39,6 +39,21 @@ def test_gateway_arguments() -> None:
     assert (args.backend, args.port, args.warm_pool, args.no_auth) == ("process", 9, 2, False)
 
 
+def test_gateway_limits_reach_the_session_manager() -> None:
+    from infra.commands.sandbox import _limits
+
+    args = build_parser().parse_args(["gateway", "--max-pids", "64", "--budget-memory-mb", "2048"])
+    limits = _limits(args)
+    assert (limits.max_pids, limits.budget_memory_mb, limits.max_cpus) == (64, 2048, None)
+
+
+def test_gateway_limits_beyond_the_host_are_one_line_and_exit_2(capsys) -> None:  # type: ignore[no-untyped-def]
+    args = build_parser().parse_args(["gateway", "--backend", "process", "--budget-pids", "99999999"])
+    assert args.func(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "limits.budget_pids=99999999 leaves the host fewer than" in err
+
+
 def test_eval_skips_broken_and_unsupported_harbor_tasks(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     import shutil
 

@@ -37,6 +37,9 @@ def test_reward_json() -> None:
         parse_reward_json(b"[1]")
     with pytest.raises(RewardFileMalformed, match="not numbers"):
         parse_reward_json(b'{"reward": "high", "ok": true}')
+    for text in (b'{"reward": NaN}', b'{"reward": 1, "style": Infinity}', b'{"reward": 1e999}'):
+        with pytest.raises(RewardFileMalformed, match="must be finite numbers"):
+            parse_reward_json(text)
 
 
 def test_scalar_reward_prefers_reward_key_then_mean() -> None:

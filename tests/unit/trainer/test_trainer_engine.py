@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -26,24 +27,39 @@ def _bad_batch() -> object:
     return dataclasses.replace(batch, loss_mask=batch.loss_mask[:-3])
 
 
-def test_batch_with_disagreeing_lengths_is_rejected_and_nothing_committed(tmp_path: Path) -> None:
+def test_batch_with_disagreeing_lengths_is_set_aside_and_training_continues(tmp_path: Path) -> None:
     config = tiny_trainer_config("sft", tmp_path)
     config.checkpoint.every_steps = 2
-    source = InMemoryBatchSource([synthetic_batch(0), _bad_batch()])
+    source = InMemoryBatchSource([synthetic_batch(0), _bad_batch(), synthetic_batch(1)])
     trainer = StacxTrainer(config, source=source)
-    with pytest.raises(BatchValidationError, match=r"len\(loss_mask\)=\d+ != len\(token_ids\)"):
-        trainer.run(5)
-    assert source.committed == {}
-    assert source.commit_calls == 0
-    assert not (tmp_path / "ckpt" / "latest").exists()
+    results = trainer.run(5)
+    assert [r.batch_id for r in results] == [synthetic_batch(0).batch_id, synthetic_batch(1).batch_id]
+    ((sourced, error),) = source.rejected
+    assert sourced.offset == 1 and isinstance(error, BatchValidationError)
+    assert re.search(r"len\(loss_mask\)=\d+ != len\(token_ids\)", str(error))
+    assert trainer.num_rejected_batches == 1
+    assert source.committed == {"memory/0": 3}  # past the bad batch: it is never read again
+
+
+def test_non_finite_rewards_never_train_and_name_the_field() -> None:
+    batch = synthetic_batch(0)
+    rewards = batch.rewards.copy()
+    rewards[0] = np.nan
+    bad = dataclasses.replace(batch, rewards=rewards)
+    source = InMemoryBatchSource([bad, synthetic_batch(1)])
+    trainer = StacxTrainer(tiny_trainer_config("sft"), source=source)
+    (result,) = trainer.run(3)
+    assert result.batch_id == synthetic_batch(1).batch_id and np.isfinite(result.loss)
+    assert "NaN" in str(source.rejected[0][1]) and trainer.num_rejected_batches == 1
 
 
 def test_per_sequence_field_mismatch_names_the_field() -> None:
     batch = synthetic_batch(0)
     bad = dataclasses.replace(batch, rewards=batch.rewards[:-1])
-    trainer = StacxTrainer(tiny_trainer_config("sft"), source=InMemoryBatchSource([bad]))
-    with pytest.raises(BatchValidationError, match=r"len\(rewards\)"):
-        trainer.run(1)
+    source = InMemoryBatchSource([bad])
+    trainer = StacxTrainer(tiny_trainer_config("sft"), source=source)
+    assert trainer.run(1) == []
+    assert "len(rewards)" in str(source.rejected[0][1])
 
 
 class _CheckingSource(InMemoryBatchSource):
