@@ -15,6 +15,11 @@ from producers import EventProducer
 from producers.blobs import FsspecBlobStore
 
 
+def _tokens(n: int) -> dict[str, list[int] | list[float]]:
+    """A valid token layout of `n` tokens (the producer checks that the arrays agree)."""
+    return {"token_ids": list(range(n)), "loss_mask": [1] * n, "logprobs": [-0.5] * n}
+
+
 def test_gc_keeps_referenced_blobs_and_removes_orphans(
     kafka_bootstrap: str, fresh_topic: Any, tmp_path: Path, capsys: Any
 ) -> None:
@@ -24,7 +29,7 @@ def test_gc_keeps_referenced_blobs_and_removes_orphans(
     )
     with EventProducer(config) as producer:
         for i in range(3):
-            producer.publish(topic, trajectory(i, token_ids=list(range(200)))).result(timeout=30)
+            producer.publish(topic, trajectory(i, **_tokens(200))).result(timeout=30)
     store = FsspecBlobStore(str(tmp_path))
     referenced = {b.url for b in store.list_blobs(topic)}
     assert len(referenced) == 3
