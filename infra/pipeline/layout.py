@@ -191,7 +191,9 @@ def trainer_section(spec: PipelineSpec, layout: RunLayout, *, model_dir: Path) -
                 "topic": layout.topics.weights,
                 "bootstrap_servers": spec.bootstrap_servers,
             },
-            "checkpoint": {"dir": str(layout.checkpoints_dir.resolve()), "resume": False},
+            # resume stays on (TrainerConfig's default): a restarted trainer goes on from its
+            # last checkpoint, so nothing is trained twice or left out
+            "checkpoint": {"dir": str(layout.checkpoints_dir.resolve())},
             "max_steps": spec.pipeline.steps,
             "trainer_id": f"stacx-trainer-{layout.run_id}",
         },

@@ -93,3 +93,19 @@ def test_sections_override_the_run_values_but_keep_the_rest() -> None:
     assert trainer["source"]["poll_timeout_s"] == 0.5
     assert trainer["source"]["topic"] == layout.topics.batches
     assert spec.rollout["manager"]["model_name"] == "other"  # the spec itself is not mutated
+
+
+def test_a_restarted_trainer_resumes_from_its_checkpoint_by_default() -> None:
+    """Break 1: the run's trainer config used to say `checkpoint.resume: false`, so a restarted
+    trainer began at step 1 from the initial weights while reading from the committed offsets."""
+    from trainer.config import TrainerConfig, from_mapping
+
+    spec = load_spec(REPO / "examples" / "quickstart.yaml")
+    layout = RunLayout.create(spec, now=0.0)
+    section = trainer_section(spec, layout, model_dir=Path("m"))
+    section["models"]["policy"] = {"tiny": {}}
+    config = from_mapping(TrainerConfig, section)
+    assert config.checkpoint.resume is True
+    assert config.checkpoint.dir == str(layout.checkpoints_dir.resolve())
+    opted_out = parse_spec({"trainer": {"checkpoint": {"resume": False}}})
+    assert trainer_section(opted_out, layout, model_dir=Path("m"))["checkpoint"]["resume"] is False
