@@ -2,7 +2,9 @@
 
 Follows the compacted `stacx.weights` topic (key = model name, value = `WeightVersion`). At
 start-up it reads the topic to its end and applies only the latest version of its model; after
-that each newer version is applied as it arrives and older or repeated ones are ignored. Applying
+that each newer version is applied as it arrives and older or repeated ones are ignored. A version
+number seen with two different content hashes (a trainer restarted without its checkpoint) is
+refused loudly: an error line, `num_conflicts`, and the server keeps what it serves. Applying
 means `POST /update_weights_from_disk` and confirming the reported `weight_version` with
 `GET /get_model_info`: the SGLang HTTP API, so the same subscriber drives the built-in server and
 SGLang. It speaks HTTP itself (httpx) because consumers/ does not import rollout/.
@@ -14,6 +16,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -24,13 +27,21 @@ from consumers.errors import ConsumerError
 from schemas import topics
 from schemas.records import WeightVersion
 
-__all__ = ["EventSource", "WeightSubscriber", "WeightUpdateError"]
+__all__ = ["EventSource", "WeightConflictError", "WeightSubscriber", "WeightUpdateError"]
 
 log = logging.getLogger(__name__)
 
 
 class WeightUpdateError(ConsumerError):
     """The server did not take a weight version (after retries, or it refused the files)."""
+
+
+class WeightConflictError(WeightUpdateError):
+    """A version number arrived with a content hash other than the one first seen for it."""
+
+
+MAX_REMEMBERED_HASHES = 4096
+"""Content hashes remembered per subscriber (newest versions) to recognise conflicts."""
 
 
 class EventSource(Protocol):
@@ -96,6 +107,9 @@ class WeightSubscriber:
         """Latest version confirmed on the server."""
         self.num_ignored = 0
         """Events skipped: other models, or not newer than `applied`."""
+        self.num_conflicts = 0
+        """Versions refused because their content hash differs from the one first seen."""
+        self._hashes: OrderedDict[int, str] = OrderedDict()
 
     def _default_source(self) -> EventSource:
         from consumers.event_consumer import EventConsumer
@@ -120,7 +134,8 @@ class WeightSubscriber:
         while time.monotonic() < deadline:
             event = self._source.poll(0.5)
             if event is not None:
-                if self._is_newer(event.value, latest):
+                if self._guarded(self._check_content, event.value) and \
+                        self._is_newer(event.value, latest):
                     latest = event.value
                 continue
             if self._source.assignment() and self._source.total_lag() == 0:
@@ -136,7 +151,9 @@ class WeightSubscriber:
         return self.applied
 
     def handle(self, record: Any) -> bool:
-        """Apply `record` if it is a newer version of our model; True when applied."""
+        """Apply `record` if it is a newer version of our model; True when applied. Raises
+        `WeightConflictError` when its content hash conflicts with an earlier announcement."""
+        self._check_content(record)
         if not self._is_newer(record, self.applied):
             self.num_ignored += 1
             return False
@@ -167,12 +184,35 @@ class WeightSubscriber:
             return False
         return than is None or record.version > than.version
 
+    def _check_content(self, record: Any) -> None:
+        """Remember the first content hash of each version; refuse a conflicting one."""
+        if not isinstance(record, WeightVersion) or record.model_name != self.config.model_name \
+                or not record.content_hash:
+            return
+        known = self._hashes.get(record.version)
+        if known is None:
+            self._hashes[record.version] = record.content_hash
+            while len(self._hashes) > MAX_REMEMBERED_HASHES:
+                self._hashes.popitem(last=False)
+            return
+        if known != record.content_hash:
+            self.num_conflicts += 1
+            raise WeightConflictError(
+                f"refusing {record.model_name} v{record.version} ({record.content_hash[:19]}… "
+                f"from {record.trainer_id or 'an unnamed trainer'}): v{record.version} was "
+                f"announced before with {known[:19]}…. A trainer restarted without its "
+                "checkpoint (checkpoint.resume: false, or a deleted checkpoint.dir); the server "
+                "keeps its current weights")
+
     @staticmethod
-    def _guarded(step: Callable[..., object], *args: Any) -> None:
+    def _guarded(step: Callable[..., object], *args: Any) -> bool:
+        """Run `step`; log a refused update (True: it went through)."""
         try:
             step(*args)
         except WeightUpdateError as exc:
             log.error("weight update skipped: %s", exc)
+            return False
+        return True
 
     # -- applying ------------------------------------------------------------------------------
 

@@ -123,3 +123,28 @@ def test_already_serving_the_latest_means_no_reload() -> None:
     with _subscriber([_version(7)], server) as subscriber:
         subscriber.catch_up()
     assert server.loaded == [] and subscriber.applied is not None
+
+
+def _hashed(v: int, content: str) -> WeightVersion:
+    return WeightVersion(model_name="policy", version=v, path=f"/ckpt/{content}/{v}",
+                         content_hash=f"sha256:{content}")
+
+
+def test_a_version_with_another_content_hash_is_refused_loudly(caplog: Any) -> None:
+    """Break 1: a trainer restarted from scratch re-announced v1..v7 with other weights; the
+    servers silently kept the abandoned v7. Now the conflict is refused with an error line."""
+    import pytest
+
+    from consumers.weights import WeightConflictError
+
+    server = FakeServer()
+    subscriber = _subscriber([_hashed(1, "a"), _hashed(2, "a"), _hashed(1, "b")], server)
+    with caplog.at_level("ERROR"):
+        applied = subscriber.catch_up()
+    assert applied is not None and applied.content_hash == "sha256:a" and applied.version == 2
+    assert subscriber.num_conflicts == 1 and "refusing policy v1" in caplog.text
+    assert subscriber.handle(_hashed(2, "a")) is False  # the same contents again: ignored quietly
+    with pytest.raises(WeightConflictError, match="v2 was announced before"):
+        subscriber.handle(_hashed(2, "b"))
+    assert subscriber.handle(_hashed(3, "b"))
+    assert server.loaded == ["/ckpt/a/2", "/ckpt/b/3"] and subscriber.num_conflicts == 2
