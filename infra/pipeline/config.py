@@ -15,6 +15,7 @@ from typing import Any
 
 from infra.config import ConfigError, bootstrap_servers, load_yaml, section
 from infra.pipeline.errors import PipelineConfigError
+from infra.pipeline.services import RestartPolicy
 
 __all__ = [
     "DemonstrationsConfig",
@@ -117,6 +118,8 @@ class ServicesConfig:
     """Rows per decoding step of the inference server."""
     startup_timeout_s: float = 180.0
     """How long a service may take to become ready."""
+    restarts: RestartPolicy = field(default_factory=RestartPolicy)
+    """How a crashed service is restarted: backoff and a restart budget per service."""
 
 
 @dataclass(kw_only=True, slots=True)

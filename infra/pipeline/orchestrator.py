@@ -1,14 +1,16 @@
 """The quickstart pipeline, end to end on one machine.
 
     tiny model -> SFT warm start (sft recipe, in process) -> held-out eval (before)
-    -> services: sandbox gateway, inference server (+ weight subscriber), Faust assembler,
-       trainer (FSDP2, 2 CPU ranks), rollout service  -- all through the run's Kafka topics
+    -> services: sandbox gateway, inference server (with its weight subscriber), Faust
+       assembler, trainer (FSDP2, 2 CPU ranks), rollout service  -- all through the run's topics
     -> GRPO until the trainer has published `steps` policy versions (live view, periodic evals)
     -> held-out eval (after) -> report.json + reward-curve PNG
 
 Each service is its own `stacx <service>` process with its config file under
-`runs/<name>/config/`; the weight subscriber runs in this process (a thread), because it is a
-library component that `stacx serve --follow-weights` can only point at the standard topic.
+`runs/<name>/config/`, supervised: a crashed service is restarted with backoff until its restart
+budget (`pipeline.services.restarts`) is spent, and resumes from its committed offsets and
+checkpoints. The weight subscriber lives in the inference server (`stacx serve
+--follow-weights`), so a restarted server catches up to the newest version by itself.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from infra.pipeline.layout import (
 )
 from infra.pipeline.monitor import EvalPoint, RunMetrics, TopicMonitor
 from infra.pipeline.report import plot_curve, write_report
-from infra.pipeline.services import ServiceProcess, ServiceSpec
+from infra.pipeline.services import ServiceProcess, ServiceSpec, Supervisor
 from infra.pipeline.sft import DemonstrationEncoder, demonstration_batches, run_sft
 from infra.pipeline.stall import Progress, StallWatch, diagnose
 from infra.pipeline.tasks import load_task_module, task_rows, write_tasks
@@ -64,14 +66,13 @@ class Pipeline:
         self.layout = layout or RunLayout.create(spec)
         self.metrics = RunMetrics()
         self.services: dict[str, ServiceProcess] = {}
+        self.supervisor = Supervisor(self.cfg.services.restarts)
         self.task = load_task_module()
         self.heldout_rows: list[dict[str, Any]] = []
         self.timings: dict[str, float] = {}
         self.evals: dict[str, EvalResult] = {}
         self.swaps: list[str] = []
         self._token = os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)
-        self._stop_subscriber = threading.Event()
-        self._subscriber: Any = None
         self._eval_pool = concurrent.futures.ThreadPoolExecutor(1, "stacx-eval")
         self._pending_eval: concurrent.futures.Future[EvalResult] | None = None
         self._sft_dir = self.layout.base_model
@@ -265,31 +266,18 @@ class Pipeline:
                     str(s.inference_threads),
                     "--max-batch-size",
                     str(s.inference_max_batch_size),
+                    "--follow-weights",
+                    self.layout.model_name,
+                    "--weights-topic",
+                    self.layout.topics.weights,
+                    "--bootstrap-servers",
+                    self.spec.bootstrap_servers,
                 ],
             ),
             wait=False,
         )
         for name in ("gateway", "inference"):
             self.services[name].wait_ready(s.startup_timeout_s)
-        self._start_subscriber()
-
-    def _start_subscriber(self) -> None:
-        from consumers.weights import WeightSubscriber
-
-        self._subscriber = WeightSubscriber(
-            WeightSubscriber.Config(
-                model_name=self.layout.model_name,
-                server_url=self.inference_url,
-                bootstrap_servers=self.spec.bootstrap_servers,
-                topic=self.layout.topics.weights,
-            )
-        )
-        threading.Thread(
-            target=self._subscriber.run,
-            args=(self._stop_subscriber,),
-            name="stacx-weight-subscriber",
-            daemon=True,
-        ).start()
 
     def _grpo(self, sft_dir: Path, refresh: Any) -> None:
         self.metrics.stage = "starting the assembler, the trainer and the rollout service"
@@ -329,7 +317,7 @@ class Pipeline:
             cfg_dir / "trainer.yaml", trainer_section(self.spec, self.layout, model_dir=sft_dir)
         )
         self._start(ServiceSpec(name="assembler", args=["assemble", "--config", str(assembler_file)]))
-        self._start(ServiceSpec(name="trainer", args=["train", str(trainer_file)]))
+        self._start(ServiceSpec(name="trainer", args=["train", str(trainer_file)], finishes=True))
         self._start(ServiceSpec(name="rollout", args=["rollout", str(rollout_file), "--no-progress"]))
 
     def _follow(self, refresh: Any) -> None:
@@ -343,8 +331,7 @@ class Pipeline:
                     f"pipeline.timeout_s={self.cfg.timeout_s:.0f}s (at version "
                     f"{self.metrics.policy_version}); see the logs in {self.layout.logs_dir}"
                 )
-            for name in ("gateway", "inference", "assembler", "trainer", "rollout"):
-                self._check_service(name)
+            self.supervisor.poll()
             last_eval_version = self._maybe_evaluate(last_eval_version)
             self._poll_server_version()
             refresh()
@@ -381,19 +368,6 @@ class Pipeline:
         if answer.status_code == 503:
             return str(answer.json().get("problem") or answer.text)
         return None
-
-    def _check_service(self, name: str) -> None:
-        service = self.services.get(name)
-        if service is None:
-            return
-        if (
-            name == "trainer"
-            and not service.alive()
-            and service.proc is not None
-            and service.proc.returncode == 0
-        ):
-            return  # it finished its max_steps; the last version is on its way
-        service.check_alive()
 
     # ----------------------------------------------------------------------------- evaluation
 
@@ -496,6 +470,7 @@ class Pipeline:
         self.metrics.stage = f"waiting for the server to load v{version}"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            self.supervisor.poll()
             self._poll_server_version()
             if self.metrics.server_version == str(version):
                 return
@@ -503,7 +478,7 @@ class Pipeline:
         raise ServiceError(
             f"the inference server still reports weight_version {self.metrics.server_version} "
             f"{timeout_s:.0f}s after v{version} was published; see "
-            f"{self.layout.logs_dir / 'pipeline.log'} (weight subscriber) and inference.log"
+            f"{self.layout.logs_dir / 'inference.log'} (server and weight subscriber)"
         )
 
     # ----------------------------------------------------------------------------- services
@@ -512,6 +487,7 @@ class Pipeline:
         spec.env.setdefault(TOKEN_ENV, self._token)
         service = ServiceProcess(spec, self.layout.logs_dir).start()
         self.services[spec.name] = service
+        self.supervisor.add(service)
         if wait:
             service.wait_ready(self.cfg.services.startup_timeout_s)
         return service
@@ -519,20 +495,17 @@ class Pipeline:
     def _stop_service(self, name: str) -> None:
         service = self.services.get(name)
         if service is not None:
+            self.supervisor.remove(name)  # a deliberate stop is not a crash
             self.metrics.stage = f"stopping {name}"
             service.stop()
 
     def _shutdown(self) -> None:
-        self._stop_subscriber.set()
         self._eval_pool.shutdown(wait=False, cancel_futures=True)
         for name in ("rollout", "trainer", "assembler", "inference", "gateway"):
             with contextlib.suppress(Exception):
                 self._stop_service(name)
         with contextlib.suppress(Exception):
             self._reap_sandboxes()
-        if self._subscriber is not None:
-            with contextlib.suppress(Exception):
-                self._subscriber.close()
 
     def _reap_sandboxes(self) -> None:
         """Remove containers of this run that the gateway left behind (it was killed, or the

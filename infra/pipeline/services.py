@@ -197,12 +197,17 @@ class RestartPolicy:
     """Longest delay between a crash and its restart."""
 
     def __post_init__(self) -> None:
-        if self.max_restarts < 0 or self.window_s <= 0 or self.backoff_s < 0 \
-                or self.max_backoff_s < self.backoff_s:
+        if (
+            self.max_restarts < 0
+            or self.window_s <= 0
+            or self.backoff_s < 0
+            or self.max_backoff_s < self.backoff_s
+        ):
             raise ValueError(
                 "restarts: max_restarts >= 0, window_s > 0 and 0 <= backoff_s <= max_backoff_s "
                 f"(got {self.max_restarts}, {self.window_s}, {self.backoff_s}, "
-                f"{self.max_backoff_s})")
+                f"{self.max_backoff_s})"
+            )
 
 
 class RestartBudget:
@@ -228,8 +233,7 @@ class Supervisor:
     """Keeps services running: `poll()` notices a crash, kills what the service left behind,
     waits out the backoff and starts it again; ServiceError once a budget is spent."""
 
-    def __init__(self, policy: RestartPolicy, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, policy: RestartPolicy, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.policy = policy
         self.clock = clock
         self.services: dict[str, ServiceProcess] = {}
@@ -245,11 +249,15 @@ class Supervisor:
         self.restarts.setdefault(name, 0)
         self._due.pop(name, None)
 
+    def remove(self, name: str) -> None:
+        """Stop supervising `name` (before a deliberate stop)."""
+        self.services.pop(name, None)
+        self._due.pop(name, None)
+
     def finished(self, name: str) -> bool:
         """The service exited 0 and `finishes` says that is its end."""
         service = self.services[name]
-        return service.spec.finishes and service.proc is not None and \
-            service.proc.poll() == 0
+        return service.spec.finishes and service.proc is not None and service.proc.poll() == 0
 
     def poll(self) -> list[str]:
         """Check every service once; returns the names restarted by this call."""
@@ -275,7 +283,14 @@ class Supervisor:
             raise ServiceError(
                 f"service {name} exited with status {status} and has used its restart budget "
                 f"({self.policy.max_restarts} restarts within {self.policy.window_s:.0f}s); "
-                f"log {service.log_path}:\n{service.tail()}")
-        log.warning("service %s exited with status %s: restart %d in %.1fs (log %s)", name,
-                    status, self.restarts[name] + 1, delay, service.log_path)
+                f"log {service.log_path}:\n{service.tail()}"
+            )
+        log.warning(
+            "service %s exited with status %s: restart %d in %.1fs (log %s)",
+            name,
+            status,
+            self.restarts[name] + 1,
+            delay,
+            service.log_path,
+        )
         self._due[name] = self.clock() + delay
