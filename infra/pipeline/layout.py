@@ -28,17 +28,24 @@ class RunTopics:
     trajectories: str
     batches: str
     weights: str
+    tasks: str
+    """The run's training tasks (always its own topic: the rollout service resumes from its
+    consumer group's committed offsets after a restart)."""
 
     @classmethod
     def for_run(cls, run_id: str, *, fresh: bool) -> RunTopics:
         """`stacx.<kind>.<run_id>` when fresh (nothing left over from other runs), else the
         standard topics of schemas/topics.py."""
+        tasks = f"{topics.TASKS}.{run_id}"
         if not fresh:
-            return cls(trajectories=topics.TRAJECTORIES, batches=topics.BATCHES, weights=topics.WEIGHTS)
+            return cls(
+                trajectories=topics.TRAJECTORIES, batches=topics.BATCHES, weights=topics.WEIGHTS, tasks=tasks
+            )
         return cls(
             trajectories=f"{topics.TRAJECTORIES}.{run_id}",
             batches=f"{topics.BATCHES}.{run_id}",
             weights=f"{topics.WEIGHTS}.{run_id}",
+            tasks=tasks,
         )
 
     def specs(self) -> tuple[topics.TopicSpec, ...]:
@@ -55,6 +62,7 @@ class RunTopics:
                 (self.trajectories, topics.TRAJECTORIES),
                 (self.batches, topics.BATCHES),
                 (self.weights, topics.WEIGHTS),
+                (self.tasks, topics.TASKS),
             )
         )
 
@@ -141,7 +149,12 @@ def rollout_section(
     return _merge(
         spec.rollout,
         {
-            "data": {"path": str(layout.train_tasks.resolve())},
+            # tasks through a consumer group: a restarted rollout service goes on where it stopped
+            "data": {
+                "path": None,
+                "topic": layout.topics.tasks,
+                "consumer_group": f"stacx-rollout-{layout.run_id}",
+            },
             "inference": {"url": inference_url, "tokenizer": str(model_dir.resolve())},
             "sandbox": {"url": gateway_url},
             "kafka": {

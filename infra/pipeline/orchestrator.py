@@ -47,7 +47,7 @@ from infra.pipeline.report import plot_curve, write_report
 from infra.pipeline.services import ServiceProcess, ServiceSpec, Supervisor
 from infra.pipeline.sft import DemonstrationEncoder, demonstration_batches, run_sft
 from infra.pipeline.stall import Progress, StallWatch, diagnose
-from infra.pipeline.tasks import load_task_module, task_rows, write_tasks
+from infra.pipeline.tasks import load_task_module, publish_tasks, task_order, task_rows, write_tasks
 from infra.pipeline.view import render, status_line
 
 __all__ = ["Pipeline", "run_pipeline"]
@@ -164,8 +164,22 @@ class Pipeline:
         train = self.task.make_problems(tasks.num_train, seed=tasks.seed, exclude=exclude)
         self.heldout_rows = task_rows(heldout, prefix="heldout", task_type=self.task.TASK_TYPE)
         write_tasks(self.layout.heldout_tasks, self.heldout_rows)
-        write_tasks(self.layout.train_tasks, task_rows(train, prefix="train", task_type=self.task.TASK_TYPE))
+        train_rows = task_rows(train, prefix="train", task_type=self.task.TASK_TYPE)
+        write_tasks(self.layout.train_tasks, train_rows)
+        seed = int((self.spec.rollout.get("data") or {}).get("seed", 0) or 0)
+        order = task_order(train_rows, passes=self._task_passes(len(train_rows)), seed=seed)
+        publish_tasks(self.spec.bootstrap_servers, self.layout.topics.tasks, order)
         self._exclude = exclude
+
+    def _task_passes(self, num_tasks: int) -> int:
+        """Passes over the training tasks: four times what `steps` batches need, at least one."""
+        groups_per_batch = self._trajectories_per_batch() // max(1, self._group_size())
+        needed = 4 * self.cfg.steps * max(1, groups_per_batch)
+        return max(1, -(-needed // max(1, num_tasks)))
+
+    def _group_size(self) -> int:
+        grouping = self.spec.assembler.get("grouping") or {}
+        return int(grouping.get("group_size", 1) or 1)
 
     def _system_prompt(self) -> str:
         evaluators = (self.spec.rollout.get("manager") or {}).get("evaluators") or {}

@@ -109,3 +109,21 @@ def test_a_restarted_trainer_resumes_from_its_checkpoint_by_default() -> None:
     assert config.checkpoint.dir == str(layout.checkpoints_dir.resolve())
     opted_out = parse_spec({"trainer": {"checkpoint": {"resume": False}}})
     assert trainer_section(opted_out, layout, model_dir=Path("m"))["checkpoint"]["resume"] is False
+
+
+def test_the_rollout_service_reads_the_run_tasks_through_a_consumer_group() -> None:
+    """A restarted rollout service must go on from its committed tasks, not from the first one."""
+    from infra.pipeline.tasks import task_order
+    from rollout.config import parse_config
+
+    spec = load_spec(REPO / "examples" / "quickstart.yaml")
+    layout = RunLayout.create(spec, now=0.0)
+    section = rollout_section(spec, layout, model_dir=Path("m"), inference_url="i", gateway_url="g")
+    data = parse_config(section, where="test").data
+    assert data.topic == layout.topics.tasks == f"stacx.tasks.{layout.run_id}" and data.path is None
+    assert data.consumer_group == f"stacx-rollout-{layout.run_id}"
+    assert layout.topics.tasks in {t.name for t in layout.topics.specs()}
+    rows = [{"task_id": str(i)} for i in range(5)]
+    order = task_order(rows, passes=2, seed=3)
+    assert len(order) == 10 and sorted(r["task_id"] for r in order[:5]) == ["0", "1", "2", "3", "4"]
+    assert order == task_order(rows, passes=2, seed=3)
