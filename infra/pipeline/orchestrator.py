@@ -499,6 +499,7 @@ class Pipeline:
 
     def _start(self, spec: ServiceSpec, *, wait: bool = True) -> ServiceProcess:
         spec.env.setdefault(TOKEN_ENV, self._token)
+        spec.env.setdefault("STACX_RUN_ID", self.layout.run_id)  # finds the run's processes
         service = ServiceProcess(spec, self.layout.logs_dir).start()
         self.services[spec.name] = service
         self.supervisor.add(service)
