@@ -289,6 +289,15 @@ def _spec(args: argparse.Namespace) -> Any:
     cfg.services.restarts.max_backoff_s = 10.0
     if args.sft_steps is not None:
         cfg.sft.steps, cfg.sft.skill_steps = args.sft_steps, int(args.sft_steps * 0.9)
+    if args.quick:  # the slow test: plumbing under fire, not learning
+        cfg.tasks.num_train, cfg.tasks.num_heldout = 256, 8
+        cfg.sft.steps, cfg.sft.skill_steps, cfg.sft.batch_size = 10, 8, 16
+        cfg.evaluation.every_versions = 0
+        spec.rollout["data"]["samples_per_task"] = 4
+        spec.assembler.setdefault("grouping", {})["group_size"] = 4
+        spec.assembler.setdefault("mixture", {})["batch_size"] = 2
+        spec.rollout.setdefault("manager", {})["train_groups_per_version"] = 2
+        spec.rollout["manager"]["max_concurrent_episodes"] = 16
     spec.assembler.setdefault("filtering", {})["max_staleness"] = None  # no stage-2 drops
     return spec
 
@@ -302,6 +311,7 @@ def main() -> int:
     parser.add_argument("--interval-s", type=float, default=30.0, help="mean time between strikes")
     parser.add_argument("--no-broker", action="store_true", help="never restart the broker")
     parser.add_argument("--sft-steps", type=int, default=None, help="override the SFT warm start")
+    parser.add_argument("--quick", action="store_true", help="tiny SFT, tasks and batches (tests)")
     parser.add_argument("--json", action="store_true", help="print the JSON line only")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING if args.json else logging.INFO,
