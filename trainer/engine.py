@@ -169,8 +169,10 @@ class StacxTrainer:
         self._checkpointed_positions = dict(self.positions)
         self.trained_batch_ids = list(state["trained_batch_ids"])
         self._trained_set = set(self.trained_batch_ids)
-        # checkpoints written before exports followed checkpoints had published their own step
-        self.published_version = int(state.get("published_version", self.step_count))
+        # checkpoints written before exports followed checkpoints had published their own step;
+        # the `published` marker says whether this step's announcement went out after it
+        recorded = int(state.get("published_version", self.step_count))
+        self.published_version = max(recorded, min(self.checkpoints.published(), self.step_count))
         if self.is_leader and self.source is not None and self.positions:
             self.source.seek(self.positions)
         log.info("resumed at step %d, positions %s", self.step_count, self.positions)
@@ -397,6 +399,8 @@ class StacxTrainer:
         state = self.backend.full_state_dict(worker.module) if worker.module is not None else {}
         if self.is_leader:
             self._write_and_publish(worker, state, batch_id)
+            if self.checkpoints is not None:
+                self.checkpoints.mark_published(self.step_count)
         self.published_version = self.step_count
         self.backend.barrier()
 

@@ -129,3 +129,13 @@ def test_fsdp_close_after_an_interrupt_runs_no_barrier(monkeypatch: pytest.Monke
     assert calls == []
     backend.close()
     assert calls == ["barrier", "destroy"]
+
+
+def test_a_crash_after_the_announcement_does_not_announce_it_again(tmp_path: Path) -> None:
+    first = InMemoryWeightPublisher()
+    _trainer(tmp_path, first).run(2)  # checkpoint 2 was written before v2 went out
+    second = InMemoryWeightPublisher()
+    resumed = _trainer(tmp_path, second)
+    assert resumed.published_version == 2
+    resumed.run(3)
+    assert [v.version for v in [*first.published, *second.published]] == [1, 2, 3]
