@@ -281,7 +281,8 @@ def _free_port() -> int:
 def _spec(args: argparse.Namespace) -> Any:
     spec = load_spec(args.config)
     cfg = spec.pipeline
-    cfg.name, cfg.live, cfg.steps = args.name, False, 100_000  # the soak ends by time
+    cfg.name, cfg.live = args.name, False
+    cfg.steps = max(cfg.steps, int(args.minutes * 10))  # the soak ends by time, not by steps
     cfg.timeout_s = args.minutes * 60 + 3600
     cfg.stall_timeout_s = max(cfg.stall_timeout_s, 600.0)
     cfg.services.gateway_port, cfg.services.inference_port = _free_port(), _free_port()
@@ -319,19 +320,21 @@ def main() -> int:
     pipeline = Pipeline(_spec(args))
     report: dict[str, Any] = {}
     failure: list[BaseException] = []
+    stop = threading.Event()
 
     def drive() -> None:
         try:
             report.update(pipeline.run())
         except BaseException as exc:  # reported below
             failure.append(exc)
+        finally:
+            stop.set()  # no strikes once the run is over
 
     runner = threading.Thread(target=drive, name="pipeline")
     runner.start()
     while runner.is_alive() and not pipeline.metrics.stage.startswith("GRPO through Kafka"):
         time.sleep(1.0)
     chaos = Chaos(pipeline, seed=args.seed, interval_s=args.interval_s, broker=not args.no_broker)
-    stop = threading.Event()
     started = time.monotonic()
     chaos.run(started + args.minutes * 60, stop)
     pipeline.cfg.steps = pipeline.metrics.policy_version + 1  # finish: final swap, evaluation

@@ -55,6 +55,8 @@ __all__ = ["Pipeline", "run_pipeline"]
 log = logging.getLogger(__name__)
 
 TOKEN_ENV = "STACX_SANDBOX_TOKEN"
+MAX_TASK_EVENTS = 65_536
+"""Most training-task events one run writes to its tasks topic."""
 
 
 class Pipeline:
@@ -172,10 +174,11 @@ class Pipeline:
         self._exclude = exclude
 
     def _task_passes(self, num_tasks: int) -> int:
-        """Passes over the training tasks: four times what `steps` batches need, at least one."""
+        """Passes over the training tasks: four times what `steps` batches need, at least one,
+        at most MAX_TASK_EVENTS events in all."""
         groups_per_batch = self._trajectories_per_batch() // max(1, self._group_size())
-        needed = 4 * self.cfg.steps * max(1, groups_per_batch)
-        return max(1, -(-needed // max(1, num_tasks)))
+        needed = min(4 * self.cfg.steps * max(1, groups_per_batch), MAX_TASK_EVENTS)
+        return max(1, needed // max(1, num_tasks))
 
     def _group_size(self) -> int:
         grouping = self.spec.assembler.get("grouping") or {}
