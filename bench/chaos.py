@@ -20,7 +20,9 @@ assembler), `trained_twice` (a batch id twice in the lineage, or a trajectory id
 batches), `version_regressions` (a version below an earlier one, or a version announced with two
 content hashes), `repeated_versions` (the same version and hash announced again after a crash:
 ignored by subscribers), `orphans` (processes of the run alive after shutdown, by their
-STACX_RUN_ID), `leaked_containers` (sandboxes with the run's owner label after shutdown).
+STACX_RUN_ID), `leaked_containers` (sandboxes with the run's owner label after shutdown). `filtered` counts
+samples the assembler dropped by policy (failed episodes, e.g. while the gateway was down) and
+`pending_at_end` those still in open or pooled groups when the run stopped.
 
     .venv/bin/python bench/chaos.py --json --minutes 10 [--seed 0] [--interval-s 30] [--no-broker]
 
@@ -70,12 +72,18 @@ class Chaos:
         self.events: list[dict[str, Any]] = []
 
     def run(self, until: float, stop: threading.Event) -> None:
+        """Strike until `until`; with the broker among the victims, the first strike past the
+        half-way mark restarts it if the draw has not yet."""
+        halfway = time.monotonic() + (until - time.monotonic()) / 2
         while not stop.is_set() and time.monotonic() < until:
             if stop.wait(self.interval_s * self.rng.uniform(0.6, 1.4)):
                 return
             if time.monotonic() >= until:
                 return
-            self.strike(self.rng.choice(self.victims))
+            victim = self.rng.choice(self.victims)
+            if "broker" in self.victims and not self.broker_restarts and time.monotonic() >= halfway:
+                victim = "broker"
+            self.strike(victim)
 
     def strike(self, victim: str) -> None:
         started = time.monotonic()
@@ -231,7 +239,8 @@ def audit(pipeline: Pipeline) -> dict[str, Any]:
         "versions_announced": len(announced),
         "version_regressions": regressions,
         "repeated_versions": repeats,
-        "unique_hashes": len(set(hashes.values())) == len(hashes),
+        # false when steps left the weights unchanged (all-zero advantages): not a conflict
+        "distinct_contents": len(set(hashes.values())) == len(hashes),
     }
 
 

@@ -35,4 +35,4 @@ def test_a_short_soak_under_kills_loses_nothing_and_leaves_nothing(
     assert result["kills"] >= 3 and result["policy_versions"] >= 2, result
     for key in ("lost", "trained_twice", "version_regressions", "orphans", "leaked_containers"):
         assert result[key] == 0, (key, result)
-    assert result["unique_hashes"] and result["batches"] >= 2, result
+    assert result["broker_restarts"] >= 1 and result["batches"] >= 2, result
