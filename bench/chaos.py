@@ -308,7 +308,11 @@ def _spec(args: argparse.Namespace) -> Any:
         spec.assembler.setdefault("mixture", {})["batch_size"] = 2
         spec.rollout.setdefault("manager", {})["train_groups_per_version"] = 2
         spec.rollout["manager"]["max_concurrent_episodes"] = 16
-    spec.assembler.setdefault("filtering", {})["max_staleness"] = None  # no stage-2 drops
+    filtering = spec.assembler.setdefault("filtering", {})
+    filtering["max_staleness"] = None  # no stage-2 drops
+    # episodes failed by a kill stay in their group with a zero loss mask: dropping them would
+    # leave the rollout service (bounded staleness) waiting for a batch that never fills
+    filtering["failure_policy"] = "mask"
     return spec
 
 
@@ -346,7 +350,7 @@ def main() -> int:
     chaos = Chaos(pipeline, seed=args.seed, interval_s=args.interval_s, broker=not args.no_broker)
     started = time.monotonic()
     chaos.run(started + args.minutes * 60, stop)
-    pipeline.cfg.steps = pipeline.metrics.policy_version + 1  # finish: final swap, evaluation
+    pipeline.cfg.steps = pipeline.metrics.policy_version  # finish now: final swap, evaluation
     runner.join()
     time.sleep(2.0)
     result = {
