@@ -87,6 +87,9 @@ class WeightSubscriber:
         """First retry delay, doubled each try."""
         catch_up_timeout_s: float = 60.0
         """How long start-up may spend reading the topic to its end."""
+        rejoin_after_s: float = 60.0
+        """A consumer without partitions for this long (its group session was lost, e.g. while
+        the broker restarted, and never came back) is replaced by a new one, which catches up."""
 
         def __post_init__(self) -> None:
             if not self.model_name:
@@ -99,6 +102,7 @@ class WeightSubscriber:
         self, config: Config, source: EventSource | None = None, transport: httpx.BaseTransport | None = None
     ) -> None:
         self.config = config
+        self._owns_source = source is None
         self._source = source if source is not None else self._default_source()
         self._http = httpx.Client(
             base_url=config.server_url, timeout=config.request_timeout_s, transport=transport
@@ -164,10 +168,34 @@ class WeightSubscriber:
         """Catch up, then follow until `stop` is set. A version the server refuses is skipped."""
         stop = stop or threading.Event()
         self._guarded(self.catch_up)
+        assigned_at = time.monotonic()
         while not stop.is_set():
-            event = self._source.poll(poll_timeout_s)
+            try:
+                event = self._source.poll(poll_timeout_s)
+            except Exception as exc:  # the broker is away: the client reconnects by itself
+                log.warning("weights topic: %s: %s", type(exc).__name__, exc)
+                stop.wait(poll_timeout_s)
+                continue
             if event is not None:
                 self._guarded(self.handle, event.value)
+            if self._source.assignment():
+                assigned_at = time.monotonic()
+            elif time.monotonic() - assigned_at >= self.config.rejoin_after_s:
+                self._rejoin()
+                assigned_at = time.monotonic()
+
+    def _rejoin(self) -> None:
+        """Replace a consumer that lost its partitions for good, then catch up again."""
+        if not self._owns_source:
+            return
+        log.warning("no partition of %s for %.0fs: reconnecting", self.config.topic,
+                    self.config.rejoin_after_s)
+        try:
+            self._source.close()
+        except Exception as exc:  # a broken client: replaced anyway
+            log.warning("closing the old consumer: %s", exc)
+        self._source = self._default_source()
+        self._guarded(self.catch_up)
 
     def close(self) -> None:
         self._source.close()

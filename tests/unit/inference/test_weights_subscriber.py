@@ -148,3 +148,29 @@ def test_a_version_with_another_content_hash_is_refused_loudly(caplog: Any) -> N
         subscriber.handle(_hashed(2, "b"))
     assert subscriber.handle(_hashed(3, "b"))
     assert server.loaded == ["/ckpt/a/2", "/ckpt/b/3"] and subscriber.num_conflicts == 2
+
+
+def test_a_consumer_that_lost_its_partitions_is_replaced_and_catches_up() -> None:
+    """After a broker restart the server's subscriber lost its group session for good and the
+    server stayed on an old version; now it reconnects and catches up."""
+    server = FakeServer()
+    config = WeightSubscriber.Config(model_name="policy", server_url="http://server",
+                                     backoff_s=0.001, catch_up_timeout_s=5, rejoin_after_s=0)
+
+    class Orphaned(FakeSource):
+        def assignment(self) -> list[tuple[str, int]]:
+            return []
+
+    stop = threading.Event()
+    fresh = FakeSource([_version(3)])
+
+    class Subscriber(WeightSubscriber):
+        def _default_source(self) -> Any:
+            if not hasattr(self, "_source"):
+                return Orphaned([_version(1)])
+            stop.set()
+            return fresh
+
+    subscriber = Subscriber(config, transport=httpx.MockTransport(server))
+    subscriber.run(stop, poll_timeout_s=0.01)
+    assert server.loaded == ["/ckpt/policy/1", "/ckpt/policy/3"] and subscriber._source is fresh
