@@ -89,8 +89,9 @@ class EventConsumer:
         """Confluent schema registry URL for events in the Confluent wire format."""
         schemas_topic: str = topic_names.SCHEMAS
         """Schema catalogue topic, read to resolve unknown writer schemas."""
-        session_timeout_ms: int = 45_000
-        """session.timeout.ms."""
+        session_timeout_ms: int = 10_000
+        """session.timeout.ms: a member killed without leaving holds its partitions this long,
+        so a restarted service reads again within about this time (Kafka's default is 45 s)."""
         max_poll_interval_ms: int = 300_000
         """max.poll.interval.ms: the longest gap between polls before the group evicts us."""
         kafka: dict[str, Any] = field(default_factory=dict)

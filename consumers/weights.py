@@ -2,7 +2,9 @@
 
 Follows the compacted `stacx.weights` topic (key = model name, value = `WeightVersion`). At
 start-up it reads the topic to its end and applies only the latest version of its model; after
-that each newer version is applied as it arrives and older or repeated ones are ignored. Applying
+that each newer version is applied as it arrives and older or repeated ones are ignored. A version
+number seen with two different content hashes (a trainer restarted without its checkpoint) is
+refused loudly: an error line, `num_conflicts`, and the server keeps what it serves. Applying
 means `POST /update_weights_from_disk` and confirming the reported `weight_version` with
 `GET /get_model_info`: the SGLang HTTP API, so the same subscriber drives the built-in server and
 SGLang. It speaks HTTP itself (httpx) because consumers/ does not import rollout/.
@@ -14,6 +16,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -24,13 +27,21 @@ from consumers.errors import ConsumerError
 from schemas import topics
 from schemas.records import WeightVersion
 
-__all__ = ["EventSource", "WeightSubscriber", "WeightUpdateError"]
+__all__ = ["EventSource", "WeightConflictError", "WeightSubscriber", "WeightUpdateError"]
 
 log = logging.getLogger(__name__)
 
 
 class WeightUpdateError(ConsumerError):
     """The server did not take a weight version (after retries, or it refused the files)."""
+
+
+class WeightConflictError(WeightUpdateError):
+    """A version number arrived with a content hash other than the one first seen for it."""
+
+
+MAX_REMEMBERED_HASHES = 4096
+"""Content hashes remembered per subscriber (newest versions) to recognise conflicts."""
 
 
 class EventSource(Protocol):
@@ -76,6 +87,9 @@ class WeightSubscriber:
         """First retry delay, doubled each try."""
         catch_up_timeout_s: float = 60.0
         """How long start-up may spend reading the topic to its end."""
+        rejoin_after_s: float = 60.0
+        """A consumer without partitions for this long (its group session was lost, e.g. while
+        the broker restarted, and never came back) is replaced by a new one, which catches up."""
 
         def __post_init__(self) -> None:
             if not self.model_name:
@@ -88,6 +102,7 @@ class WeightSubscriber:
         self, config: Config, source: EventSource | None = None, transport: httpx.BaseTransport | None = None
     ) -> None:
         self.config = config
+        self._owns_source = source is None
         self._source = source if source is not None else self._default_source()
         self._http = httpx.Client(
             base_url=config.server_url, timeout=config.request_timeout_s, transport=transport
@@ -96,6 +111,9 @@ class WeightSubscriber:
         """Latest version confirmed on the server."""
         self.num_ignored = 0
         """Events skipped: other models, or not newer than `applied`."""
+        self.num_conflicts = 0
+        """Versions refused because their content hash differs from the one first seen."""
+        self._hashes: OrderedDict[int, str] = OrderedDict()
 
     def _default_source(self) -> EventSource:
         from consumers.event_consumer import EventConsumer
@@ -120,7 +138,8 @@ class WeightSubscriber:
         while time.monotonic() < deadline:
             event = self._source.poll(0.5)
             if event is not None:
-                if self._is_newer(event.value, latest):
+                if self._guarded(self._check_content, event.value) and \
+                        self._is_newer(event.value, latest):
                     latest = event.value
                 continue
             if self._source.assignment() and self._source.total_lag() == 0:
@@ -136,7 +155,9 @@ class WeightSubscriber:
         return self.applied
 
     def handle(self, record: Any) -> bool:
-        """Apply `record` if it is a newer version of our model; True when applied."""
+        """Apply `record` if it is a newer version of our model; True when applied. Raises
+        `WeightConflictError` when its content hash conflicts with an earlier announcement."""
+        self._check_content(record)
         if not self._is_newer(record, self.applied):
             self.num_ignored += 1
             return False
@@ -147,10 +168,34 @@ class WeightSubscriber:
         """Catch up, then follow until `stop` is set. A version the server refuses is skipped."""
         stop = stop or threading.Event()
         self._guarded(self.catch_up)
+        assigned_at = time.monotonic()
         while not stop.is_set():
-            event = self._source.poll(poll_timeout_s)
+            try:
+                event = self._source.poll(poll_timeout_s)
+            except Exception as exc:  # the broker is away: the client reconnects by itself
+                log.warning("weights topic: %s: %s", type(exc).__name__, exc)
+                stop.wait(poll_timeout_s)
+                continue
             if event is not None:
                 self._guarded(self.handle, event.value)
+            if self._source.assignment():
+                assigned_at = time.monotonic()
+            elif time.monotonic() - assigned_at >= self.config.rejoin_after_s:
+                self._rejoin()
+                assigned_at = time.monotonic()
+
+    def _rejoin(self) -> None:
+        """Replace a consumer that lost its partitions for good, then catch up again."""
+        if not self._owns_source:
+            return
+        log.warning("no partition of %s for %.0fs: reconnecting", self.config.topic,
+                    self.config.rejoin_after_s)
+        try:
+            self._source.close()
+        except Exception as exc:  # a broken client: replaced anyway
+            log.warning("closing the old consumer: %s", exc)
+        self._source = self._default_source()
+        self._guarded(self.catch_up)
 
     def close(self) -> None:
         self._source.close()
@@ -167,12 +212,35 @@ class WeightSubscriber:
             return False
         return than is None or record.version > than.version
 
+    def _check_content(self, record: Any) -> None:
+        """Remember the first content hash of each version; refuse a conflicting one."""
+        if not isinstance(record, WeightVersion) or record.model_name != self.config.model_name \
+                or not record.content_hash:
+            return
+        known = self._hashes.get(record.version)
+        if known is None:
+            self._hashes[record.version] = record.content_hash
+            while len(self._hashes) > MAX_REMEMBERED_HASHES:
+                self._hashes.popitem(last=False)
+            return
+        if known != record.content_hash:
+            self.num_conflicts += 1
+            raise WeightConflictError(
+                f"refusing {record.model_name} v{record.version} ({record.content_hash[:19]}… "
+                f"from {record.trainer_id or 'an unnamed trainer'}): v{record.version} was "
+                f"announced before with {known[:19]}…. A trainer restarted without its "
+                "checkpoint (checkpoint.resume: false, or a deleted checkpoint.dir); the server "
+                "keeps its current weights")
+
     @staticmethod
-    def _guarded(step: Callable[..., object], *args: Any) -> None:
+    def _guarded(step: Callable[..., object], *args: Any) -> bool:
+        """Run `step`; log a refused update (True: it went through)."""
         try:
             step(*args)
         except WeightUpdateError as exc:
             log.error("weight update skipped: %s", exc)
+            return False
+        return True
 
     # -- applying ------------------------------------------------------------------------------
 

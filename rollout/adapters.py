@@ -126,6 +126,9 @@ class WeightsFollower:
     ) -> None:
         self.model_name = model_name
         self._version = initial
+        self._hashes: dict[int, str] = {}
+        self.num_conflicts = 0
+        """Announcements refused: a version number seen before with another content hash."""
         self._consumer = consumer if consumer is not None else self._make(bootstrap_servers, topic)
         self._stop = threading.Event()
         self.caught_up = threading.Event()
@@ -150,7 +153,16 @@ class WeightsFollower:
         return self._version
 
     def observe(self, record: WeightVersion) -> None:
-        if record.model_name == self.model_name and record.version > self._version:
+        if record.model_name != self.model_name:
+            return
+        known = self._hashes.setdefault(record.version, record.content_hash)
+        if record.content_hash and known and known != record.content_hash:
+            self.num_conflicts += 1
+            log.error("refusing %s v%d (%s): announced before with %s; a trainer restarted "
+                      "without its checkpoint", self.model_name, record.version,
+                      record.content_hash[:19], known[:19])
+            return
+        if record.version > self._version:
             log.info("policy %s is now at version %d", self.model_name, record.version)
             self._version = record.version
 

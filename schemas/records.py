@@ -174,6 +174,9 @@ class WeightVersion:
     trainer_id: str = ""
     metadata: dict[str, str] = field(default_factory=dict)
     created_at_ms: int = field(default_factory=now_ms)
+    content_hash: str = ""
+    """`sha256:<hex>` of the weights ("" from writers before it existed): a version number is
+    never announced with two different hashes, and subscribers refuse one that conflicts."""
 
 
 @dataclass(kw_only=True, slots=True)

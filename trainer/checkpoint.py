@@ -3,7 +3,9 @@
 Layout: `<dir>/step_<N>/` holds the DCP shards of every trainable model and optimizer, one
 `rank_<r>.pt` per rank (RNG states, LR schedulers) and `trainer_state.json` (step, policy version,
 consumer positions, trained batch ids). A checkpoint is written to `step_<N>.tmp` and renamed;
-`<dir>/latest` names the newest complete one.
+`<dir>/latest` names the newest complete one. `<dir>/published` holds the last version whose
+announcement completed (written after it, atomically), so a resumed trainer does not announce
+that version a second time.
 """
 
 from __future__ import annotations
@@ -105,6 +107,21 @@ class CheckpointManager:
             self._prune()
         self.backend.barrier()
         return final
+
+    def mark_published(self, version: int) -> None:
+        """Record (rank 0) that `version` was announced."""
+        if self.backend.rank != 0:
+            return
+        tmp = self.root / "published.tmp"
+        tmp.write_text(str(version))
+        os.replace(tmp, self.root / "published")
+
+    def published(self) -> int:
+        """The last version recorded by `mark_published` (0: none)."""
+        try:
+            return int((self.root / "published").read_text().strip())
+        except (OSError, ValueError):
+            return 0
 
     def _prune(self) -> None:
         done = sorted(p for p in self.root.glob("step_*") if p.is_dir() and p.suffix != ".tmp")

@@ -88,8 +88,10 @@ class SourceConfig:
     """How long one poll waits."""
     idle_timeout_s: float | None = None
     """Stop when no batch arrived for this long once partitions are assigned (None: never)."""
-    session_timeout_ms: int = 45_000
-    """Consumer session timeout: how soon a crashed trainer's partitions are reassigned."""
+    session_timeout_ms: int = 10_000
+    """Consumer session timeout: how soon a crashed trainer's partitions are reassigned, so a
+    restarted trainer reads again within about this time (heartbeats run in the background,
+    a long step does not count against it)."""
     dlq_topic: str | None = topics.DLQ
     """Where batches the trainer cannot use go, with the reason (None: only logged)."""
 

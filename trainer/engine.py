@@ -4,7 +4,13 @@ Per step (every rank): rank 0 reads a batch and broadcasts it; every role's `pre
 the whole batch; roles then run in recipe order, each on its worker group's shard (whole prompt
 groups per rank), and data syncs hand detached outputs to later roles; the summed loss of all
 trainable roles is back-propagated once and each trainable model steps its optimizer.
-Offsets are committed only after the checkpoint that includes the step is written.
+
+Exactly once: a step that is exported is first checkpointed (weights, optimizers, step, consumed
+offsets and the last published version, in one atomic directory), then its offsets are committed,
+then its weights are exported and announced. A crash between the checkpoint and the announcement
+is repaired on resume: the restored weights are exported and announced again, with the same
+content hash. A version number therefore never carries two different contents, and a batch is
+never trained twice.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from trainer.checkpoint import CheckpointManager
 from trainer.config import TrainerConfig
 from trainer.distributed import place_groups, spawn
 from trainer.errors import BatchValidationError, ConfigError
-from trainer.export import export_hf, prune_exports
+from trainer.export import content_hash, export_hf, prune_exports
 from trainer.losses import Normaliser
 from trainer.models import ModelConfig, build_model
 from trainer.protocols import BatchSource, Positions, SourcedBatch, WeightPublisher
@@ -86,6 +92,8 @@ class StacxTrainer:
         self.trained_batch_ids: list[str] = []
         self._trained_set: set[str] = set()
         self._last_checkpoint_step = 0
+        self.published_version = 0
+        """The last version whose announcement completed (0: none)."""
         self._checkpointed_positions: Positions = {}
         self._trace_context: Any = None
         if self.checkpoints is None:
@@ -163,6 +171,10 @@ class StacxTrainer:
         self._checkpointed_positions = dict(self.positions)
         self.trained_batch_ids = list(state["trained_batch_ids"])
         self._trained_set = set(self.trained_batch_ids)
+        # checkpoints written before exports followed checkpoints had published their own step;
+        # the `published` marker says whether this step's announcement went out after it
+        recorded = int(state.get("published_version", self.step_count))
+        self.published_version = max(recorded, min(self.checkpoints.published(), self.step_count))
         if self.is_leader and self.source is not None and self.positions:
             self.source.seek(self.positions)
         log.info("resumed at step %d, positions %s", self.step_count, self.positions)
@@ -170,6 +182,7 @@ class StacxTrainer:
     def trainer_state(self) -> dict[str, Any]:
         """What a checkpoint stores besides tensors."""
         return {"step": self.step_count, "version": self.step_count, "positions": self.positions,
+                "published_version": self.published_version,
                 "trained_batch_ids": self.trained_batch_ids[-MAX_REMEMBERED_BATCH_IDS:],
                 "recipe": self.config.recipe}
 
@@ -179,6 +192,7 @@ class StacxTrainer:
         """Train until `max_steps` total steps (or config.max_steps), or the source runs dry."""
         limit = max_steps if max_steps is not None else self.config.max_steps
         results: list[StepResult] = []
+        self._publish_pending()
         while limit is None or self.step_count < limit:
             kind, payload = self.backend.broadcast_object(self._next(), src=0)
             if kind == "stop":
@@ -255,8 +269,11 @@ class StacxTrainer:
         if self.is_leader:
             log.info("step %d batch %s loss %.5f tokens %d", result.step, record.batch_id, loss,
                      result.num_tokens)
-        self._maybe_export(record)
-        self._maybe_checkpoint()
+        exporting = self._export_due()
+        if self.checkpoints is not None and (exporting or self._checkpoint_due()):
+            self._checkpoint()  # covers the version about to be announced
+        if exporting:
+            self._export(record.batch_id)
         if self.on_step is not None:
             self.on_step(result)
         return result
@@ -367,20 +384,37 @@ class StacxTrainer:
 
     # ----------------------------------------------------------------------------- outputs
 
-    def _maybe_export(self, record: TrainingBatch) -> None:
+    def _export_due(self) -> bool:
         cfg = self.config.export
-        if cfg.dir is None or self.step_count % cfg.every_steps != 0:
-            return
+        return cfg.dir is not None and self.step_count > 0 and self.step_count % cfg.every_steps == 0
+
+    def _checkpoint_due(self) -> bool:
+        return self.checkpoints is not None and \
+            self.step_count % self.config.checkpoint.every_steps == 0
+
+    def _publish_pending(self) -> None:
+        """After a resume: announce the checkpointed version whose announcement the crash cut off
+        (its export is rewritten from the restored weights: same contents, same hash)."""
+        if self._export_due() and self.published_version < self.step_count:
+            log.info("announcing v%d again: the previous run stopped between its checkpoint and "
+                     "its announcement", self.step_count)
+            last = self.trained_batch_ids[-1] if self.trained_batch_ids else ""
+            self._export(last)
+
+    def _export(self, batch_id: str) -> None:
         worker = self.models[self.recipe.publish]
         if 0 not in worker.ranks:
             raise ConfigError(f"the published slot {worker.slot.name!r} must include rank 0")
         state = self.backend.full_state_dict(worker.module) if worker.module is not None else {}
         if self.is_leader:
-            self._write_and_publish(worker, state, record)
+            self._write_and_publish(worker, state, batch_id)
+            if self.checkpoints is not None:
+                self.checkpoints.mark_published(self.step_count)
+        self.published_version = self.step_count
         self.backend.barrier()
 
     def _write_and_publish(self, worker: ModelWorker, state: dict[str, torch.Tensor],
-                           record: TrainingBatch) -> None:
+                           batch_id: str) -> None:
         cfg = self.config.export
         assert cfg.dir is not None and worker.module is not None
         root = Path(cfg.dir) / cfg.model_name
@@ -392,12 +426,8 @@ class StacxTrainer:
             self.publisher.publish(WeightVersion(
                 model_name=cfg.model_name, version=self.step_count, path=str(path.resolve()),
                 step=self.step_count, trainer_id=self.config.trainer_id,
-                metadata={"recipe": self.config.recipe, "batch_id": record.batch_id}))
-
-    def _maybe_checkpoint(self) -> None:
-        if self.checkpoints is None or self.step_count % self.config.checkpoint.every_steps != 0:
-            return
-        self._checkpoint()
+                content_hash=content_hash(state),
+                metadata={"recipe": self.config.recipe, "batch_id": batch_id}))
 
     def _checkpoint(self) -> None:
         assert self.checkpoints is not None
@@ -413,19 +443,20 @@ class StacxTrainer:
         if self.checkpoints is not None and behind:
             self._checkpoint()
 
-    def close(self) -> None:
-        """Close the source and publisher and leave the process group."""
+    def close(self, *, graceful: bool = True) -> None:
+        """Close the source and publisher and leave the process group. Not `graceful` (the run
+        was interrupted or failed): no collective runs, since the other ranks may never meet it."""
         if self.source is not None:
             self.source.close()
         if self.publisher is not None:
             self.publisher.close()
-        self.backend.close()
+        self.backend.close(graceful=graceful)
 
     def __enter__(self) -> StacxTrainer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        self.close(graceful=exc_type is None)
 
 
 def merge_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
@@ -443,8 +474,5 @@ def merge_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
 
 
 def _run_rank(config: TrainerConfig, max_steps: int | None) -> None:
-    trainer = StacxTrainer.from_config(config)
-    try:
+    with StacxTrainer.from_config(config) as trainer:
         trainer.run(max_steps)
-    finally:
-        trainer.close()

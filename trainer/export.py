@@ -6,6 +6,7 @@ reader never sees a half-written version.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import uuid
@@ -14,7 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["TOKENIZER_FILES", "export_hf", "prune_exports"]
+__all__ = ["TOKENIZER_FILES", "content_hash", "export_hf", "prune_exports"]
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
@@ -36,6 +37,17 @@ def _split(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor],
         else:
             heads[key] = value
     return hf, heads
+
+
+def content_hash(state: dict[str, torch.Tensor]) -> str:
+    """`sha256:<hex>` of a state dict's names, dtypes, shapes and bytes (key order irrelevant):
+    equal weights give equal hashes, so a re-announced version is recognisably the same."""
+    digest = hashlib.sha256()
+    for key in sorted(state):
+        tensor = state[key].detach().to("cpu").contiguous()
+        digest.update(f"{key}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data)
+    return f"sha256:{digest.hexdigest()}"
 
 
 def export_hf(state: dict[str, torch.Tensor], hf_config: Any, dest: Path,

@@ -51,6 +51,7 @@ __all__ = [
     "FaustForwarder",
     "ensure_internal_topics",
     "topic_partitions",
+    "topic_retention_ms",
 ]
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,15 @@ class AssemblerApp:
         """Port of Faust's web server; None disables it."""
         tick_interval_s: float = 1.0
         """How often the group timeouts are checked."""
+        session_timeout_s: float = 10.0
+        """Kafka consumer-group session timeout: a worker killed without leaving the group holds
+        its partitions this long, so a restarted worker rejoins within about this time (Kafka's
+        and Faust's 45-60 s default made restarts take a minute). Brokers accept 6-300 s."""
+        heartbeat_interval_s: float = 3.0
+        """Consumer heartbeats; at most a third of `session_timeout_s`."""
+        group_instance_id: str | None = None
+        """Static membership (KIP-345): a restarted worker with the same id takes its partitions
+        back without a rebalance. Give each worker its own stable id; None: dynamic members."""
         stats_interval_s: float = 30.0
         """How often the counters are logged (0: only at shutdown)."""
         producer_max_request_size: int = topics.BATCHES_MAX_MESSAGE_BYTES
@@ -132,6 +142,16 @@ class AssemblerApp:
             if self.tick_interval_s <= 0:
                 raise AssemblyConfigError(
                     f"tick_interval_s must be > 0, got {self.tick_interval_s}"
+                )
+            if self.grouping.max_clock_step_s < 2 * self.tick_interval_s:
+                raise AssemblyConfigError(
+                    f"grouping.max_clock_step_s={self.grouping.max_clock_step_s} must be at least "
+                    f"twice tick_interval_s={self.tick_interval_s}: ticks advance the timeout clock"
+                )
+            if not 0 < 3 * self.heartbeat_interval_s <= self.session_timeout_s:
+                raise AssemblyConfigError(
+                    f"heartbeat_interval_s={self.heartbeat_interval_s} must be > 0 and at most a "
+                    f"third of session_timeout_s={self.session_timeout_s}"
                 )
 
         @property
@@ -171,6 +191,7 @@ class AssemblerApp:
         app, n = self.app, self.config.partitions
         # Values without a value_type use the json codec; value_type=bytes means raw bytes.
         self.groups_table = app.Table("groups", partitions=n)
+        self.clocks_table = app.Table("clocks", partitions=n)
         self.payloads_table = app.Table("payloads", partitions=n, value_type=bytes)
         self.pool_table = app.Table("pool", partitions=1, value_type=bytes)
         self.index_table = app.Table("index", partitions=1)
@@ -184,7 +205,7 @@ class AssemblerApp:
         self.sample_filter = SampleFilter(cfg.filtering, self.latest_versions)
         self.grouper = GroupAssembler(
             cfg.grouping, sample_filter=self.sample_filter, groups=self.groups_table,
-            payloads=self.payloads_table, stats=self.stats,
+            payloads=self.payloads_table, stats=self.stats, clocks=self.clocks_table,
         )
         self.encoder = BatchEncoder(cfg.output, self.codec, topic=cfg.batches_topic)
         self.builder = BatchBuilder(
@@ -326,6 +347,24 @@ class AssemblerApp:
     async def _log_stats(self) -> None:
         log.info("assembler stats %s", self.stats.as_dict())
 
+    def _cover_retention(self) -> None:
+        """Remember closed groups (duplicate detection) for as long as the trajectories topic
+        keeps its records: a replay from any retained offset then yields no second batch."""
+        retention_ms = topic_retention_ms(self.config.bootstrap_servers, self.config.trajectories_topic)
+        grouping = self.config.grouping
+        if retention_ms is None:
+            return
+        if retention_ms < 0:
+            log.warning("%s keeps records forever, the assembler remembers closed groups for "
+                        "grouping.closed_ttl_s=%.0fs: a replay from further back is not "
+                        "deduplicated", self.config.trajectories_topic, grouping.closed_ttl_s)
+        elif retention_ms / 1000 > grouping.closed_ttl_s:
+            log.info("closed groups are remembered for the retention of %s (%.0fs)",
+                     self.config.trajectories_topic, retention_ms / 1000)
+            grouping.closed_ttl_s = retention_ms / 1000
+            self.config.batching.packed_ttl_s = max(self.config.batching.packed_ttl_s,
+                                                    retention_ms / 1000)
+
     def worker(self, *, loglevel: str = "info") -> faust.Worker:
         """A Faust worker (`worker.execute_from_commandline()` blocks until it is stopped)."""
         worker = faust.Worker(self.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
@@ -340,6 +379,7 @@ class AssemblerApp:
         ensure_internal_topics(self.config)
         for record_type in (TrainingBatch, ClaimCheck, DeadLetter):  # not inside the event loop
             self.codec.local_schema(record_type)
+        self._cover_retention()
         code = 0
         try:
             self.worker(loglevel=loglevel).execute_from_commandline()
@@ -378,6 +418,20 @@ def topic_partitions(bootstrap_servers: str, topic: str, timeout_s: float = 15.0
             "(`stacx infra up` creates the standard topics) or set `partitions` in the config"
         )
     return len(info.partitions)
+
+
+def topic_retention_ms(bootstrap_servers: str, topic: str, timeout_s: float = 15.0) -> int | None:
+    """`retention.ms` of `topic` (-1: forever); None when it cannot be read."""
+    from confluent_kafka.admin import ConfigResource
+
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    try:
+        admin = _admin(bootstrap_servers)  # referenced until the answer is in
+        configs = admin.describe_configs([resource])[resource].result(timeout_s)
+        return int(configs["retention.ms"].value)
+    except (KafkaException, KeyError, ValueError) as exc:
+        log.warning("cannot read retention.ms of %s: %s", topic, exc)
+        return None
 
 
 def ensure_internal_topics(cfg: AssemblerApp.Config, timeout_s: float = 30.0) -> None:
@@ -430,6 +484,9 @@ def _new_faust_app(cfg: AssemblerApp.Config) -> faust.App:
         producer_linger=0.005,
         producer_acks=-1,
         processing_guarantee="at_least_once",
+        broker_session_timeout=cfg.session_timeout_s,
+        broker_heartbeat_interval=cfg.heartbeat_interval_s,
+        consumer_group_instance_id=cfg.group_instance_id,
         autodiscover=False,
         **web,
     )

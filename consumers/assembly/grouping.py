@@ -5,8 +5,18 @@ A group closes when `group_size` samples have arrived (whatever their verdict), 
 than `group_size` becomes is the partial-group policy. Closed groups are remembered for
 `closed_ttl_s`, so that a duplicate or a late sample of a closed group is recognised.
 
-All state lives in two `StateTable`s (Faust tables in the worker): `groups` (group id -> record,
-JSON-able) and `payloads` (trajectory id -> encoded bytes, while its group is open).
+A sample is a duplicate when its trajectory id, or its slot (sample index) in the group, was
+seen: a rollout worker that restarts and generates a group's sample again (under a newer policy,
+hence another trajectory id) never adds a second copy of one slot.
+
+Group timeouts run on a per-partition worker clock, not on wall-clock time: it advances with
+the events (ticks, samples) of the partition, by at most `max_clock_step_s` between two of them.
+While the worker is down nothing advances it, so a restart never turns the groups that were open
+before the crash into timed-out partial groups and their remaining samples into late ones.
+
+All state lives in `StateTable`s (Faust tables in the worker): `groups` (group id -> record,
+JSON-able), `payloads` (trajectory id -> encoded bytes, while its group is open) and `clocks`
+(partition -> [worker-clock ms, wall-clock ms of the last event]).
 """
 
 from __future__ import annotations
@@ -50,7 +60,11 @@ class GroupAssembler:
         min_group_size: int = 1
         """Partial groups with fewer trainable samples than this are dropped."""
         closed_ttl_s: float = 24 * 3600.0
-        """How long closed group ids are remembered to recognise duplicates and late samples."""
+        """How long closed group ids are remembered to recognise duplicates and late samples;
+        `AssemblerApp` raises it to the trajectories topic's retention (the replay horizon)."""
+        max_clock_step_s: float = 5.0
+        """Most the timeout clock advances between two events of a partition (ticks come every
+        `tick_interval_s`): a longer gap is downtime, and downtime does not count."""
 
         def __post_init__(self) -> None:
             self.partial_policy = PartialPolicy(self.partial_policy)
@@ -63,9 +77,10 @@ class GroupAssembler:
                     f"grouping.min_group_size must be in [1, group_size={self.group_size}], "
                     f"got {self.min_group_size}"
                 )
-            if self.group_timeout_s <= 0 or self.closed_ttl_s <= 0:
+            if self.group_timeout_s <= 0 or self.closed_ttl_s <= 0 or self.max_clock_step_s <= 0:
                 raise AssemblyConfigError(
-                    "grouping.group_timeout_s and grouping.closed_ttl_s must be > 0 seconds"
+                    "grouping.group_timeout_s, grouping.closed_ttl_s and "
+                    "grouping.max_clock_step_s must be > 0 seconds"
                 )
 
     def __init__(
@@ -76,26 +91,38 @@ class GroupAssembler:
         groups: StateTable[GroupRecord],
         payloads: StateTable[bytes],
         stats: AssemblyStats,
+        clocks: StateTable[list[int]] | None = None,
     ) -> None:
         self.config = config
         self._filter = sample_filter
         self._groups = groups
         self._payloads = payloads
         self._stats = stats
+        self._clocks: StateTable[list[int]] = clocks if clocks is not None else {}
+
+    def advance_clock(self, partition: int, now_ms: int) -> int:
+        """Advance `partition`'s worker clock to wall time `now_ms` (a gap longer than
+        `max_clock_step_s` counts as that step only); returns the clock in ms."""
+        key = str(partition)
+        clock, last_ms = self._clocks.get(key) or [0, now_ms]
+        step = min(max(now_ms - last_ms, 0), int(self.config.max_clock_step_s * 1000))
+        self._clocks[key] = [clock + step, now_ms]
+        return clock + step
 
     def on_trajectory(
         self, trajectory: Trajectory, payload: bytes, *, partition: int, now_ms: int
     ) -> ReadyGroup | None:
         """Add one decoded, valid sample; returns its group if this sample completed it."""
+        clock = self.advance_clock(partition, now_ms)
         record = self._groups.get(trajectory.group_id)
-        if record is not None and trajectory.trajectory_id in record["members"]:
+        if record is not None and _seen(record, trajectory):
             self._stats.duplicates += 1
             return None
         if record is not None and record["closed_ms"]:
             self._stats.late += 1
             return None
         if record is None:
-            record = _new_record(trajectory, partition=partition, now_ms=now_ms)
+            record = _new_record(trajectory, partition=partition, now_ms=now_ms, clock_ms=clock)
         verdict = self._filter.verdict(trajectory)
         self._count(verdict)
         record["members"][trajectory.trajectory_id] = [
@@ -112,9 +139,13 @@ class GroupAssembler:
         return None
 
     def expire(self, *, now_ms: int, partition: int | None = None) -> list[ReadyGroup]:
-        """Close timed-out groups and forget old closed ones (of one partition, or all)."""
+        """Close timed-out groups and forget old closed ones (of one partition, or all).
+
+        Timeouts are measured on the partition's worker clock (advanced here), the closed-group
+        TTL on wall-clock time."""
         timeout_ms = self.config.group_timeout_s * 1000
         ttl_ms = self.config.closed_ttl_s * 1000
+        clocks = {} if partition is None else {partition: self.advance_clock(partition, now_ms)}
         ready: list[ReadyGroup] = []
         for group_id, record in sorted(self._groups.items(), key=lambda kv: kv[1]["opened_ms"]):
             if partition is not None and record["partition"] != partition:
@@ -122,7 +153,14 @@ class GroupAssembler:
             if record["closed_ms"]:
                 if now_ms - record["closed_ms"] >= ttl_ms:
                     del self._groups[group_id]
-            elif now_ms - record["opened_ms"] >= timeout_ms:
+                continue
+            part = record["partition"]
+            if part not in clocks:
+                clocks[part] = self.advance_clock(part, now_ms)
+            if "opened_clock_ms" not in record:  # written before the worker clock existed
+                record["opened_clock_ms"] = clocks[part]
+                self._groups[group_id] = record
+            if clocks[part] - record["opened_clock_ms"] >= timeout_ms:
                 self._stats.groups_timed_out += 1
                 group = self._close(group_id, record, now_ms=now_ms, reason="timeout")
                 if group is not None:
@@ -182,10 +220,19 @@ class GroupAssembler:
         return payload
 
 
-def _new_record(trajectory: Trajectory, *, partition: int, now_ms: int) -> GroupRecord:
+def _seen(record: GroupRecord, trajectory: Trajectory) -> bool:
+    """The trajectory id, or its sample slot, is already a member of the group."""
+    members = record["members"]
+    return trajectory.trajectory_id in members or any(
+        m[0] == trajectory.sample_index for m in members.values()
+    )
+
+
+def _new_record(trajectory: Trajectory, *, partition: int, now_ms: int, clock_ms: int) -> GroupRecord:
     return {
         "partition": partition,
         "opened_ms": now_ms,
+        "opened_clock_ms": clock_ms,
         "closed_ms": 0,
         "model_name": trajectory.model_name,
         "task_type": trajectory.task_type,

@@ -37,6 +37,7 @@ def register(subparsers: Any) -> None:
         metavar="MODEL_NAME",
         help="apply new versions of MODEL_NAME from stacx.weights (Kafka)",
     )
+    serve.add_argument("--weights-topic", help="topic of WeightVersion events (default: stacx.weights)")
     serve.add_argument("--bootstrap-servers", help="Kafka bootstrap (default: $STACX_KAFKA)")
     serve.set_defaults(func=_serve)
 
@@ -79,6 +80,8 @@ def _start_follower(args: argparse.Namespace, base_url: str) -> threading.Event 
     from consumers.weights import WeightSubscriber
 
     kwargs = {"bootstrap_servers": args.bootstrap_servers} if args.bootstrap_servers else {}
+    if args.weights_topic:
+        kwargs["topic"] = args.weights_topic
     subscriber = WeightSubscriber(
         WeightSubscriber.Config(model_name=args.follow_weights, server_url=base_url, **kwargs)
     )

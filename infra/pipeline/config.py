@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from infra.config import ConfigError, load_yaml
 from infra.pipeline.errors import PipelineConfigError
+from infra.pipeline.services import RestartPolicy
 from infra.pipeline.wires import wire_value
 from schemas.topics import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP
 
@@ -177,6 +178,8 @@ class ServicesConfig(_Schema):
     """Rows per decoding step of the inference server."""
     startup_timeout_s: float = Field(default=180.0, gt=0)
     """How long a service may take to become ready."""
+    restarts: RestartPolicy = Field(default_factory=RestartPolicy)
+    """How a crashed service is restarted: backoff and a restart budget per service."""
 
 
 class EvaluationConfig(_Schema):

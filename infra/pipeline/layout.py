@@ -33,23 +33,32 @@ class RunTopics:
     trajectories: str
     batches: str
     weights: str
+    tasks: str
+    """The run's training tasks (always its own topic: the rollout service resumes from its
+    consumer group's committed offsets after a restart)."""
 
     @classmethod
     def for_run(cls, run_id: str, *, fresh: bool, chosen: dict[str, str | None] | None = None) -> RunTopics:
         """`stacx.<kind>.<run_id>` when fresh (nothing left over from other runs), else the
-        standard topics of schemas/topics.py; a topic the user `chosen` wins over both."""
+        standard topics of schemas/topics.py; a topic the user `chosen` wins over both. The tasks
+        topic is always the run's own."""
         derived = cls._derived(run_id, fresh=fresh)
         picked = {k: v for k, v in (chosen or {}).items() if v}
-        return cls(**{**{k: getattr(derived, k) for k in ("trajectories", "batches", "weights")}, **picked})
+        return cls(**{**{k: getattr(derived, k) for k in ("trajectories", "batches", "weights", "tasks")},
+                      **picked})
 
     @classmethod
     def _derived(cls, run_id: str, *, fresh: bool) -> RunTopics:
+        tasks = f"{topics.TASKS}.{run_id}"
         if not fresh:
-            return cls(trajectories=topics.TRAJECTORIES, batches=topics.BATCHES, weights=topics.WEIGHTS)
+            return cls(
+                trajectories=topics.TRAJECTORIES, batches=topics.BATCHES, weights=topics.WEIGHTS, tasks=tasks
+            )
         return cls(
             trajectories=f"{topics.TRAJECTORIES}.{run_id}",
             batches=f"{topics.BATCHES}.{run_id}",
             weights=f"{topics.WEIGHTS}.{run_id}",
+            tasks=tasks,
         )
 
     def specs(self) -> tuple[topics.TopicSpec, ...]:
@@ -62,6 +71,7 @@ class RunTopics:
                 (self.trajectories, topics.TRAJECTORIES),
                 (self.batches, topics.BATCHES),
                 (self.weights, topics.WEIGHTS),
+                (self.tasks, topics.TASKS),
             )
         )
 
@@ -158,7 +168,9 @@ def task_data(spec: PipelineSpec, layout: RunLayout) -> dict[str, Any]:
         return {"path": str(resolve_path(tasks.jsonl, spec.base_dir))}
     if tasks.topic is not None:
         return {"topic": tasks.topic}
-    return {"path": str(layout.train_tasks.resolve())}
+    # generated tasks go through the run's tasks topic and a consumer group: a restarted
+    # rollout service goes on where it stopped
+    return {"path": None, "topic": layout.topics.tasks, "consumer_group": f"stacx-rollout-{layout.run_id}"}
 
 
 def _group_size(spec: PipelineSpec, key: str) -> dict[str, Any]:
@@ -226,7 +238,9 @@ def trainer_section(spec: PipelineSpec, layout: RunLayout, *, model_dir: Path) -
                 "topic": layout.topics.weights,
                 "bootstrap_servers": spec.bootstrap_servers,
             },
-            "checkpoint": {"dir": str(layout.checkpoints_dir.resolve()), "resume": False},
+            # resume stays on (TrainerConfig's default): a restarted trainer goes on from its
+            # last checkpoint, so nothing is trained twice or left out
+            "checkpoint": {"dir": str(layout.checkpoints_dir.resolve())},
             "max_steps": spec.pipeline.steps,
             "trainer_id": f"stacx-trainer-{layout.run_id}",
         },

@@ -184,11 +184,12 @@ class TopicMonitor:
             return
         try:
             while not self._stop.is_set():
-                for event in consumer.consume(max_records=256, timeout=0.5):
-                    self._dispatch(event.value)
-        except Exception as exc:
-            self.error = f"monitor stopped: {type(exc).__name__}: {exc}"
-            log.error("%s", self.error)
+                try:
+                    for event in consumer.consume(max_records=256, timeout=0.5):
+                        self._dispatch(event.value)
+                except Exception as exc:  # a broker restart, say: the client reconnects
+                    log.warning("monitor: %s: %s; retrying", type(exc).__name__, exc)
+                    self._stop.wait(1.0)
         finally:
             consumer.close()
 

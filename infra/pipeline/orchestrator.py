@@ -2,14 +2,17 @@
 
     model (a Hugging Face directory, or a tiny one made here) -> tasks (Harbor folder, JSONL,
     topic, or generated arithmetic) -> [SFT warm start (sft recipe, in process)] -> held-out eval (before)
-    -> services: sandbox gateway, inference server (+ weight subscriber), Faust assembler,
-       trainer (FSDP2, 2 CPU ranks), rollout service  -- all through the run's Kafka topics
+    -> services: sandbox gateway, inference server (with its weight subscriber), Faust assembler,
+       trainer (FSDP2, 2 CPU ranks), rollout service  -- all through the run's Kafka topics,
+       supervised (a crashed service is restarted with backoff, within a restart budget)
     -> GRPO until the trainer has published `steps` policy versions (live view, periodic evals)
     -> held-out eval (after) -> report.json + reward-curve PNG
 
 Each service is its own `stacx <service>` process with its config file under
-`runs/<name>/config/`; the weight subscriber runs in this process (a thread), because it is a
-library component that `stacx serve --follow-weights` can only point at the standard topic.
+`runs/<name>/config/`, supervised: a crashed service is restarted with backoff until its restart
+budget (`pipeline.services.restarts`) is spent, and resumes from its committed offsets and
+checkpoints. The weight subscriber lives in the inference server (`stacx serve
+--follow-weights`), so a restarted server catches up to the newest version by itself.
 """
 
 from __future__ import annotations
@@ -39,10 +42,17 @@ from infra.pipeline.layout import RunLayout, rollout_section
 from infra.pipeline.monitor import EvalPoint, RunMetrics, TopicMonitor
 from infra.pipeline.report import plot_curve, write_report
 from infra.pipeline.resolve import base_model_dir, gateway_args, inference_args, plan
-from infra.pipeline.services import ServiceProcess, ServiceSpec
+from infra.pipeline.services import ServiceProcess, ServiceSpec, Supervisor
 from infra.pipeline.sft import DemonstrationEncoder, demonstration_batches, run_sft
 from infra.pipeline.stall import Progress, StallWatch, diagnose
-from infra.pipeline.tasks import heldout_rows, load_task_module, task_rows, write_tasks
+from infra.pipeline.tasks import (
+    heldout_rows,
+    load_task_module,
+    publish_tasks,
+    task_order,
+    task_rows,
+    write_tasks,
+)
 from infra.pipeline.view import render, status_line
 
 __all__ = ["Pipeline", "run_pipeline"]
@@ -50,6 +60,8 @@ __all__ = ["Pipeline", "run_pipeline"]
 log = logging.getLogger(__name__)
 
 TOKEN_ENV = "STACX_SANDBOX_TOKEN"
+MAX_TASK_EVENTS = 65_536
+"""Most training-task events one run writes to its tasks topic."""
 
 
 class Pipeline:
@@ -61,14 +73,13 @@ class Pipeline:
         self.layout = layout or RunLayout.create(spec)
         self.metrics = RunMetrics()
         self.services: dict[str, ServiceProcess] = {}
+        self.supervisor = Supervisor(self.cfg.services.restarts)
         self.task = load_task_module() if self.cfg.tasks.arithmetic is not None else None
         self.heldout_rows: list[dict[str, Any]] = []
         self.timings: dict[str, float] = {}
         self.evals: dict[str, EvalResult] = {}
         self.swaps: list[str] = []
         self._token = os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)
-        self._stop_subscriber = threading.Event()
-        self._subscriber: Any = None
         self._eval_pool = concurrent.futures.ThreadPoolExecutor(1, "stacx-eval")
         self._pending_eval: concurrent.futures.Future[EvalResult] | None = None
         self._sft_dir = base_model_dir(spec, self.layout)
@@ -177,8 +188,23 @@ class Pipeline:
         exclude = frozenset(p.expression for p in heldout)
         train = self.task.make_problems(tasks.num_train, seed=tasks.seed, exclude=exclude)
         self.heldout_rows = task_rows(heldout, prefix="heldout", task_type=self.task.TASK_TYPE)
-        write_tasks(self.layout.train_tasks, task_rows(train, prefix="train", task_type=self.task.TASK_TYPE))
+        train_rows = task_rows(train, prefix="train", task_type=self.task.TASK_TYPE)
+        write_tasks(self.layout.train_tasks, train_rows)
+        seed = int((self.spec.rollout.get("data") or {}).get("seed", 0) or 0)
+        order = task_order(train_rows, passes=self._task_passes(len(train_rows)), seed=seed)
+        publish_tasks(self.spec.bootstrap_servers, self.layout.topics.tasks, order)
         self._exclude = exclude
+
+    def _task_passes(self, num_tasks: int) -> int:
+        """Passes over the training tasks: four times what `steps` batches need, at least one,
+        at most MAX_TASK_EVENTS events in all."""
+        groups_per_batch = self._trajectories_per_batch() // max(1, self._group_size())
+        needed = min(4 * self.cfg.steps * max(1, groups_per_batch), MAX_TASK_EVENTS)
+        return max(1, needed // max(1, num_tasks))
+
+    def _group_size(self) -> int:
+        grouping = self.spec.assembler.get("grouping") or {}
+        return int(grouping.get("group_size", 1) or 1)
 
     def _system_prompt(self) -> str:
         assert self.task is not None
@@ -254,31 +280,12 @@ class Pipeline:
             ServiceSpec(
                 name="inference",
                 ready_url=f"{self.inference_url}/health",
-                args=inference_args(self.spec, sft_dir),
+                args=inference_args(self.spec, sft_dir, self.layout),
             ),
             wait=False,
         )
         for name in ("gateway", "inference"):
             self.services[name].wait_ready(s.startup_timeout_s)
-        self._start_subscriber()
-
-    def _start_subscriber(self) -> None:
-        from consumers.weights import WeightSubscriber
-
-        self._subscriber = WeightSubscriber(
-            WeightSubscriber.Config(
-                model_name=self.layout.model_name,
-                server_url=self.inference_url,
-                bootstrap_servers=self.spec.bootstrap_servers,
-                topic=self.layout.topics.weights,
-            )
-        )
-        threading.Thread(
-            target=self._subscriber.run,
-            args=(self._stop_subscriber,),
-            name="stacx-weight-subscriber",
-            daemon=True,
-        ).start()
 
     def _grpo(self, sft_dir: Path, refresh: Any) -> None:
         self.metrics.stage = "starting the assembler, the trainer and the rollout service"
@@ -306,7 +313,7 @@ class Pipeline:
         assembler_file = self._write_yaml(cfg_dir / "assembler.yaml", services.assembler)
         trainer_file = self._write_yaml(cfg_dir / "trainer.yaml", services.trainer)
         self._start(ServiceSpec(name="assembler", args=["assemble", "--config", str(assembler_file)]))
-        self._start(ServiceSpec(name="trainer", args=["train", str(trainer_file)]))
+        self._start(ServiceSpec(name="trainer", args=["train", str(trainer_file)], finishes=True))
         self._start(ServiceSpec(name="rollout", args=["rollout", str(rollout_file), "--no-progress"]))
 
     def _follow(self, refresh: Any) -> None:
@@ -321,8 +328,7 @@ class Pipeline:
                     f"pipeline.timeout_s={self.cfg.timeout_s:.0f}s (at version "
                     f"{self.metrics.policy_version}); see the logs in {self.layout.logs_dir}"
                 )
-            for name in ("gateway", "inference", "assembler", "trainer", "rollout"):
-                self._check_service(name)
+            self.supervisor.poll()
             self._check_progress(watch)
             last_eval_version = self._maybe_evaluate(last_eval_version)
             self._poll_server_version()
@@ -366,19 +372,6 @@ class Pipeline:
         if answer.status_code == 503:
             return str(answer.json().get("problem") or answer.text)
         return None
-
-    def _check_service(self, name: str) -> None:
-        service = self.services.get(name)
-        if service is None:
-            return
-        if (
-            name == "trainer"
-            and not service.alive()
-            and service.proc is not None
-            and service.proc.returncode == 0
-        ):
-            return  # it finished its max_steps; the last version is on its way
-        service.check_alive()
 
     # ----------------------------------------------------------------------------- evaluation
 
@@ -481,6 +474,7 @@ class Pipeline:
         self.metrics.stage = f"waiting for the server to load v{version}"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            self.supervisor.poll()
             self._poll_server_version()
             if self.metrics.server_version == str(version):
                 return
@@ -488,15 +482,17 @@ class Pipeline:
         raise ServiceError(
             f"the inference server still reports weight_version {self.metrics.server_version} "
             f"{timeout_s:.0f}s after v{version} was published; see "
-            f"{self.layout.logs_dir / 'pipeline.log'} (weight subscriber) and inference.log"
+            f"{self.layout.logs_dir / 'inference.log'} (server and weight subscriber)"
         )
 
     # ----------------------------------------------------------------------------- services
 
     def _start(self, spec: ServiceSpec, *, wait: bool = True) -> ServiceProcess:
         spec.env.setdefault(TOKEN_ENV, self._token)
+        spec.env.setdefault("STACX_RUN_ID", self.layout.run_id)  # finds the run's processes
         service = ServiceProcess(spec, self.layout.logs_dir).start()
         self.services[spec.name] = service
+        self.supervisor.add(service)
         if wait:
             service.wait_ready(self.cfg.services.startup_timeout_s)
         return service
@@ -504,20 +500,17 @@ class Pipeline:
     def _stop_service(self, name: str) -> None:
         service = self.services.get(name)
         if service is not None:
+            self.supervisor.remove(name)  # a deliberate stop is not a crash
             self.metrics.stage = f"stopping {name}"
             service.stop()
 
     def _shutdown(self) -> None:
-        self._stop_subscriber.set()
         self._eval_pool.shutdown(wait=False, cancel_futures=True)
         for name in ("rollout", "trainer", "assembler", "inference", "gateway"):
             with contextlib.suppress(Exception):
                 self._stop_service(name)
         with contextlib.suppress(Exception):
             self._reap_sandboxes()
-        if self._subscriber is not None:
-            with contextlib.suppress(Exception):
-                self._subscriber.close()
 
     def _reap_sandboxes(self) -> None:
         """Remove containers of this run that the gateway left behind (it was killed, or the

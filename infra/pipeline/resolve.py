@@ -99,7 +99,8 @@ def gateway_args(spec: PipelineSpec, layout: RunLayout) -> list[str]:
     ]
 
 
-def inference_args(spec: PipelineSpec, model_dir: Path) -> list[str]:
+def inference_args(spec: PipelineSpec, model_dir: Path, layout: RunLayout) -> list[str]:
+    """`stacx serve` for this run; the server follows the run's weights topic itself."""
     s = spec.pipeline.services
     return [
         "serve",
@@ -117,6 +118,12 @@ def inference_args(spec: PipelineSpec, model_dir: Path) -> list[str]:
         str(s.inference_threads),
         "--max-batch-size",
         str(s.inference_max_batch_size),
+        "--follow-weights",
+        layout.model_name,
+        "--weights-topic",
+        layout.topics.weights,
+        "--bootstrap-servers",
+        spec.bootstrap_servers,
     ]
 
 
@@ -127,7 +134,7 @@ def plan(spec: PipelineSpec, layout: RunLayout, *, model_dir: Path | None = None
     return ServicePlan(
         model_dir=model_dir,
         gateway=gateway_args(spec, layout),
-        inference=inference_args(spec, model_dir),
+        inference=inference_args(spec, model_dir, layout),
         rollout=rollout_section(
             spec, layout, model_dir=model_dir, inference_url=inference_url, gateway_url=gateway_url
         ),

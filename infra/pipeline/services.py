@@ -1,7 +1,9 @@
 """Service subprocesses: each pipeline service runs as its own `stacx <service>` command.
 
 Every service gets its own session (process group), so that stopping it also stops what it
-spawned (the FSDP2 trainer's ranks); only process groups this module started are signalled.
+spawned (the FSDP2 trainer's ranks), even when the service's main process is already dead; only
+process groups this module started are signalled. A `Supervisor` restarts a crashed service with
+exponential backoff until its `RestartPolicy` budget is spent.
 """
 
 from __future__ import annotations
@@ -12,12 +14,22 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.pipeline.errors import ServiceError
 
-__all__ = ["ServiceProcess", "ServiceSpec", "http_ready", "stacx_argv"]
+__all__ = [
+    "RestartBudget",
+    "RestartPolicy",
+    "ServiceProcess",
+    "ServiceSpec",
+    "Supervisor",
+    "http_ready",
+    "stacx_argv",
+]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +62,10 @@ class ServiceSpec:
     """GET this until it answers 2xx; None: ready once started and still alive after a moment."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables."""
+    finishes: bool = False
+    """Exit status 0 means the service is done (the trainer after max_steps): not restarted."""
+    program: list[str] | None = None
+    """Run this program with `args` instead of `stacx` (tests, external services)."""
 
 
 class ServiceProcess:
@@ -61,7 +77,7 @@ class ServiceProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> ServiceProcess:
-        argv = [*stacx_argv(), *self.spec.args]
+        argv = [*(self.spec.program or stacx_argv()), *self.spec.args]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1"}
         with self.log_path.open("ab") as out:
@@ -118,8 +134,12 @@ class ServiceProcess:
         )
 
     def stop(self, timeout_s: float = 20.0) -> None:
-        """SIGTERM to the service's process group, then SIGKILL after `timeout_s`."""
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGTERM to the service's process group, then SIGKILL after `timeout_s`. When the main
+        process is already dead, what is left of its group (spawned ranks) is killed at once."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is not None:
+            self._kill_leftovers()
             return
         self._signal(signal.SIGTERM)
         try:
@@ -128,15 +148,149 @@ class ServiceProcess:
             log.warning("%s did not stop within %.0fs: killing it", self.spec.name, timeout_s)
             self._signal(signal.SIGKILL)
             self.proc.wait(timeout=10)
-        self._signal(signal.SIGKILL, group_only=True)  # leftovers of the group (spawned ranks)
+        self._kill_leftovers()
 
-    def _signal(self, sig: signal.Signals, *, group_only: bool = False) -> None:
+    def _kill_leftovers(self) -> None:
+        """SIGKILL the rest of the group whose leader has exited (and was reaped by us)."""
+        assert self.proc is not None
+        pgid = self.proc.pid
+        if _pid_exists(pgid):
+            return  # the pid was reused by a stranger: its group is not ours to signal
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            return  # nothing left
+        log.warning("%s: killed the processes its main process left behind", self.spec.name)
+
+    def _signal(self, sig: signal.Signals) -> None:
         assert self.proc is not None
         try:
             os.killpg(self.proc.pid, sig)  # the group we created with start_new_session
         except (ProcessLookupError, PermissionError):
-            if not group_only:
-                try:
-                    self.proc.send_signal(sig)
-                except ProcessLookupError:
-                    pass
+            try:
+                self.proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass(kw_only=True, slots=True)
+class RestartPolicy:
+    """How a crashed service is restarted (like systemd's Restart=on-failure with a burst limit)."""
+
+    max_restarts: int = 5
+    """Restarts allowed within `window_s`; one more crash fails the run."""
+    window_s: float = 600.0
+    """Sliding window of the restart budget, in seconds."""
+    backoff_s: float = 1.0
+    """Delay before the first restart in the window; doubled for each further one."""
+    max_backoff_s: float = 30.0
+    """Longest delay between a crash and its restart."""
+
+    def __post_init__(self) -> None:
+        if (
+            self.max_restarts < 0
+            or self.window_s <= 0
+            or self.backoff_s < 0
+            or self.max_backoff_s < self.backoff_s
+        ):
+            raise ValueError(
+                "restarts: max_restarts >= 0, window_s > 0 and 0 <= backoff_s <= max_backoff_s "
+                f"(got {self.max_restarts}, {self.window_s}, {self.backoff_s}, "
+                f"{self.max_backoff_s})"
+            )
+
+
+class RestartBudget:
+    """Pure bookkeeping of one service's restarts: whether and after which delay it restarts."""
+
+    def __init__(self, policy: RestartPolicy) -> None:
+        self.policy = policy
+        self._recent: deque[float] = deque()
+
+    def next_delay(self, now: float) -> float | None:
+        """Record a crash at `now`; the delay before its restart, or None when the budget is
+        spent (`max_restarts` restarts already happened within the last `window_s`)."""
+        while self._recent and now - self._recent[0] >= self.policy.window_s:
+            self._recent.popleft()
+        if len(self._recent) >= self.policy.max_restarts:
+            return None
+        delay = min(self.policy.backoff_s * 2 ** len(self._recent), self.policy.max_backoff_s)
+        self._recent.append(now)
+        return delay
+
+
+class Supervisor:
+    """Keeps services running: `poll()` notices a crash, kills what the service left behind,
+    waits out the backoff and starts it again; ServiceError once a budget is spent."""
+
+    def __init__(self, policy: RestartPolicy, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.policy = policy
+        self.clock = clock
+        self.services: dict[str, ServiceProcess] = {}
+        self.restarts: dict[str, int] = {}
+        """Restarts per service so far."""
+        self._budgets: dict[str, RestartBudget] = {}
+        self._due: dict[str, float] = {}
+
+    def add(self, service: ServiceProcess) -> None:
+        name = service.spec.name
+        self.services[name] = service
+        self._budgets.setdefault(name, RestartBudget(self.policy))
+        self.restarts.setdefault(name, 0)
+        self._due.pop(name, None)
+
+    def remove(self, name: str) -> None:
+        """Stop supervising `name` (before a deliberate stop)."""
+        self.services.pop(name, None)
+        self._due.pop(name, None)
+
+    def finished(self, name: str) -> bool:
+        """The service exited 0 and `finishes` says that is its end."""
+        service = self.services[name]
+        return service.spec.finishes and service.proc is not None and service.proc.poll() == 0
+
+    def poll(self) -> list[str]:
+        """Check every service once; returns the names restarted by this call."""
+        restarted = []
+        for name, service in self.services.items():
+            if service.alive() or self.finished(name):
+                continue
+            if name not in self._due:
+                self._crashed(name, service)
+            elif self.clock() >= self._due[name]:
+                del self._due[name]
+                self.restarts[name] += 1
+                service.start()
+                restarted.append(name)
+        return restarted
+
+    def _crashed(self, name: str, service: ServiceProcess) -> None:
+        assert service.proc is not None
+        status = service.proc.returncode
+        service.stop()  # what the dead service left of its group (ranks) goes too
+        delay = self._budgets[name].next_delay(self.clock())
+        if delay is None:
+            raise ServiceError(
+                f"service {name} exited with status {status} and has used its restart budget "
+                f"({self.policy.max_restarts} restarts within {self.policy.window_s:.0f}s); "
+                f"log {service.log_path}:\n{service.tail()}"
+            )
+        log.warning(
+            "service %s exited with status %s: restart %d in %.1fs (log %s)",
+            name,
+            status,
+            self.restarts[name] + 1,
+            delay,
+            service.log_path,
+        )
+        self._due[name] = self.clock() + delay

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import random
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -26,6 +27,8 @@ __all__ = [
     "heldout_rows",
     "jsonl_rows",
     "load_task_module",
+    "publish_tasks",
+    "task_order",
     "task_rows",
     "write_tasks",
 ]
@@ -98,3 +101,35 @@ def heldout_rows(spec: PipelineSpec) -> list[dict[str, Any]]:
     tasks = spec.pipeline.tasks
     chosen = tasks.heldout or tasks.harbor or tasks.jsonl
     return _rows(resolve_path(chosen, spec.base_dir)) if chosen else []
+
+
+def task_order(rows: list[dict[str, Any]], *, passes: int, seed: int) -> list[dict[str, Any]]:
+    """`passes` shuffled passes over `rows` (pass p shuffled with seed + p)."""
+    order: list[dict[str, Any]] = []
+    for p in range(passes):
+        shuffled = list(rows)
+        random.Random(seed + p).shuffle(shuffled)
+        order += shuffled
+    return order
+
+
+def publish_tasks(bootstrap_servers: str, topic: str, rows: list[dict[str, Any]]) -> int:
+    """Publish `rows` as `TaskSample` events (key: task id) and wait for every acknowledgement.
+
+    The rollout service reads them through a consumer group and commits a task only once its
+    whole group is published: a restarted rollout service goes on where it stopped."""
+    from producers import EventProducer
+    from rollout.data import task_from_dict
+
+    producer = EventProducer(
+        EventProducer.Config(bootstrap_servers=bootstrap_servers, client_id="stacx-run-tasks")
+    )
+    try:
+        for i, row in enumerate(rows):
+            producer.publish(topic, task_from_dict(row, where=f"task {i}"), key=row["task_id"])
+        remaining = producer.flush(60.0)
+    finally:
+        producer.close()
+    if remaining:
+        raise RuntimeError(f"{remaining} task(s) were not acknowledged by Kafka on {topic}")
+    return len(rows)

@@ -61,5 +61,5 @@ class Backend:
         """Unsharded CPU copy of a module's weights (collective over the module's ranks)."""
         return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
 
-    def close(self) -> None:
-        pass
+    def close(self, *, graceful: bool = True) -> None:
+        """Release the backend; `graceful=False` (interrupted, failed) runs no collective."""

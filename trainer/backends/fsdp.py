@@ -96,9 +96,15 @@ class FSDP2Backend(Backend):
         state: dict[str, torch.Tensor] = get_model_state_dict(module, options=options)  # type: ignore[assignment]
         return state
 
-    def close(self) -> None:
-        """Leave the process group if this backend created it."""
-        if dist.is_initialized():
-            dist.barrier()
-            if self._owns_group:
-                dist.destroy_process_group()
+    def close(self, *, graceful: bool = True) -> None:
+        """Leave the process group if this backend created it. After an interrupt or a failure
+        (`graceful=False`) no collective runs: a rank waiting in another collective, or already
+        dead, would never meet it, and this process would hang instead of exiting."""
+        if not dist.is_initialized():
+            return
+        if not graceful:
+            log.info("leaving the process group without a barrier (interrupted run)")
+            return
+        dist.barrier()
+        if self._owns_group:
+            dist.destroy_process_group()

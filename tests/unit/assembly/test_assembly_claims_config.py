@@ -85,3 +85,16 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
         build_config(_args(config=str(path)))
     with pytest.raises(ConfigError, match="group_size"):
         build_config(_args(group_size=0, partitions=1))
+
+
+def test_fast_rejoin_settings_are_validated_and_reach_faust() -> None:
+    from consumers.assembly import AssemblerApp, AssemblyConfigError
+
+    with pytest.raises(AssemblyConfigError, match="heartbeat_interval_s"):
+        AssemblerApp.Config(partitions=1, session_timeout_s=6, heartbeat_interval_s=3)
+    with pytest.raises(AssemblyConfigError, match="grouping.max_clock_step_s"):
+        AssemblerApp.Config(partitions=1, tick_interval_s=5)
+    app = AssemblerApp(AssemblerApp.Config(partitions=2, group_instance_id="assembler-0"),
+                       forwarder=None).app
+    assert app.conf.broker_session_timeout == 10.0
+    assert app.conf.consumer_group_instance_id == "assembler-0"

@@ -126,6 +126,7 @@ RECORDS: dict[type, st.SearchStrategy[Any]] = {
         trainer_id=text,
         metadata=str_maps,
         created_at_ms=longs,
+        content_hash=text,
     ),
     AgentInteraction: st.builds(
         AgentInteraction,

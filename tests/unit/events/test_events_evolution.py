@@ -10,7 +10,7 @@ import pytest
 from schemas.codec import Codec, SchemaInfo, builtin_schemas, load_schema
 from schemas.compat import Compatibility, check_compatibility, compatibility_problems, reader_problems
 from schemas.errors import CodecError, IncompatibleSchemaError, UnknownSchemaError
-from schemas.records import Trajectory
+from schemas.records import Trajectory, WeightVersion
 
 V1 = {
     "type": "record",
@@ -195,3 +195,16 @@ def test_sampling_fields_evolve_both_ways() -> None:
     assert back.temperature == 1.0
     record.temperature = 0.7
     assert Codec().decode(Codec().encode(record), Trajectory).temperature == 0.7
+
+
+def test_weight_content_hash_evolves_both_ways() -> None:
+    """`WeightVersion.content_hash` was added with a default: announcements of older trainers read
+    as "" (unknown), and older readers skip the field."""
+    current = next(i for i in builtin_schemas() if i.name == "stacx.WeightVersion")
+    older = _without("stacx.WeightVersion", {"content_hash"})
+    assert compatibility_problems(current.schema, [older.schema], Compatibility.FULL) == []
+    record = WeightVersion(model_name="policy", version=3, path="/w/3", content_hash="sha256:ab")
+    back = Codec(resolver={older.fingerprint: older}.get).decode(
+        Codec(schemas=[older]).encode(record), WeightVersion)
+    assert back.version == 3 and back.content_hash == ""
+    assert Codec().decode(Codec().encode(record), WeightVersion).content_hash == "sha256:ab"

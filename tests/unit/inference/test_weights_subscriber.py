@@ -123,3 +123,54 @@ def test_already_serving_the_latest_means_no_reload() -> None:
     with _subscriber([_version(7)], server) as subscriber:
         subscriber.catch_up()
     assert server.loaded == [] and subscriber.applied is not None
+
+
+def _hashed(v: int, content: str) -> WeightVersion:
+    return WeightVersion(model_name="policy", version=v, path=f"/ckpt/{content}/{v}",
+                         content_hash=f"sha256:{content}")
+
+
+def test_a_version_with_another_content_hash_is_refused_loudly(caplog: Any) -> None:
+    """Break 1: a trainer restarted from scratch re-announced v1..v7 with other weights; the
+    servers silently kept the abandoned v7. Now the conflict is refused with an error line."""
+    import pytest
+
+    from consumers.weights import WeightConflictError
+
+    server = FakeServer()
+    subscriber = _subscriber([_hashed(1, "a"), _hashed(2, "a"), _hashed(1, "b")], server)
+    with caplog.at_level("ERROR"):
+        applied = subscriber.catch_up()
+    assert applied is not None and applied.content_hash == "sha256:a" and applied.version == 2
+    assert subscriber.num_conflicts == 1 and "refusing policy v1" in caplog.text
+    assert subscriber.handle(_hashed(2, "a")) is False  # the same contents again: ignored quietly
+    with pytest.raises(WeightConflictError, match="v2 was announced before"):
+        subscriber.handle(_hashed(2, "b"))
+    assert subscriber.handle(_hashed(3, "b"))
+    assert server.loaded == ["/ckpt/a/2", "/ckpt/b/3"] and subscriber.num_conflicts == 2
+
+
+def test_a_consumer_that_lost_its_partitions_is_replaced_and_catches_up() -> None:
+    """After a broker restart the server's subscriber lost its group session for good and the
+    server stayed on an old version; now it reconnects and catches up."""
+    server = FakeServer()
+    config = WeightSubscriber.Config(model_name="policy", server_url="http://server",
+                                     backoff_s=0.001, catch_up_timeout_s=5, rejoin_after_s=0)
+
+    class Orphaned(FakeSource):
+        def assignment(self) -> list[tuple[str, int]]:
+            return []
+
+    stop = threading.Event()
+    fresh = FakeSource([_version(3)])
+
+    class Subscriber(WeightSubscriber):
+        def _default_source(self) -> Any:
+            if not hasattr(self, "_source"):
+                return Orphaned([_version(1)])
+            stop.set()
+            return fresh
+
+    subscriber = Subscriber(config, transport=httpx.MockTransport(server))
+    subscriber.run(stop, poll_timeout_s=0.01)
+    assert server.loaded == ["/ckpt/policy/1", "/ckpt/policy/3"] and subscriber._source is fresh

@@ -64,7 +64,7 @@ def test_quickstart_yaml_parses_and_every_service_section_builds() -> None:
         )
     )
     assert rollout.kafka.trajectories_topic == layout.topics.trajectories
-    assert rollout.data.path == str(layout.train_tasks.resolve())
+    assert rollout.data.topic == layout.topics.tasks and rollout.data.path is None  # resumable tasks
     assembler = build(AssemblerApp.Config, assembler_section(spec, layout)["assembler"], where="assembler")
     assert assembler.batches_topic == layout.topics.batches
     assert assembler.grouping.group_size == rollout.data.samples_per_task
@@ -303,3 +303,39 @@ def test_explain_prints_every_service_with_defaults(tmp_path: Path) -> None:
     assert services["rollout"]["manager"]["evaluators"]["arithmetic_tool"]["top_p"] == 1.0
     assert services["assembler"]["dlq_topic"] == "stacx.dlq"
     assert doc["run"]["topics"]["batches"] == "stacx.batches.quickstart-19700101-000000"
+
+
+def test_a_restarted_trainer_resumes_from_its_checkpoint_by_default() -> None:
+    """Break 1: the run's trainer config used to say `checkpoint.resume: false`, so a restarted
+    trainer began at step 1 from the initial weights while reading from the committed offsets."""
+    from trainer.config import TrainerConfig, from_mapping
+
+    spec = load_spec(REPO / "examples" / "quickstart.yaml")
+    layout = RunLayout.create(spec, now=0.0)
+    section = trainer_section(spec, layout, model_dir=Path("m"))
+    section["models"]["policy"] = {"tiny": {}}
+    config = from_mapping(TrainerConfig, section)
+    assert config.checkpoint.resume is True
+    assert config.checkpoint.dir == str(layout.checkpoints_dir.resolve())
+    opted_out = parse_spec(_tree(trainer={"checkpoint": {"resume": False}}))
+    assert trainer_section(opted_out, layout, model_dir=Path("m"))["checkpoint"]["resume"] is False
+
+
+def test_the_rollout_service_reads_the_run_tasks_through_a_consumer_group() -> None:
+    """A restarted rollout service must go on from its committed tasks, not from the first one."""
+    from infra.pipeline.tasks import task_order
+    from rollout.config import parse_config
+
+    spec = load_spec(REPO / "examples" / "quickstart.yaml")
+    layout = RunLayout.create(spec, now=0.0)
+    section = rollout_section(
+        spec, layout, model_dir=Path("m"), inference_url="http://127.0.0.1:1", gateway_url="http://127.0.0.1:2"
+    )
+    data = parse_config(section, where="test").data
+    assert data.topic == layout.topics.tasks == f"stacx.tasks.{layout.run_id}" and data.path is None
+    assert data.consumer_group == f"stacx-rollout-{layout.run_id}"
+    assert layout.topics.tasks in {t.name for t in layout.topics.specs()}
+    rows = [{"task_id": str(i)} for i in range(5)]
+    order = task_order(rows, passes=2, seed=3)
+    assert len(order) == 10 and sorted(r["task_id"] for r in order[:5]) == ["0", "1", "2", "3", "4"]
+    assert order == task_order(rows, passes=2, seed=3)

@@ -251,3 +251,17 @@ async def test_weights_follower_tracks_newest_version_of_its_model() -> None:
     assert await asyncio.to_thread(follower.wait_caught_up, 30.0)
     follower.close()
     assert follower.current() == 4 and consumer.closed and follower.caught_up.is_set()
+
+
+async def test_weights_follower_refuses_a_version_with_another_content_hash() -> None:
+    from rollout.adapters import WeightsFollower
+    from schemas.records import WeightVersion
+
+    records = [
+        WeightVersion(model_name="policy", version=3, path="/a/3", content_hash="sha256:a"),
+        WeightVersion(model_name="policy", version=3, path="/b/3", content_hash="sha256:b"),
+    ]
+    follower = WeightsFollower("policy", consumer=_WeightsConsumer(list(records)))
+    assert await asyncio.to_thread(follower.wait_caught_up, 30.0)
+    follower.close()
+    assert follower.current() == 3 and follower.num_conflicts == 1

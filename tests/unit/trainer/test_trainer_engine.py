@@ -30,6 +30,7 @@ def _bad_batch() -> object:
 def test_batch_with_disagreeing_lengths_is_set_aside_and_training_continues(tmp_path: Path) -> None:
     config = tiny_trainer_config("sft", tmp_path)
     config.checkpoint.every_steps = 2
+    config.export.dir = None  # an export checkpoints its step first; no export here
     source = InMemoryBatchSource([synthetic_batch(0), _bad_batch(), synthetic_batch(1)])
     trainer = StacxTrainer(config, source=source)
     results = trainer.run(5)
@@ -80,6 +81,7 @@ class _CheckingSource(InMemoryBatchSource):
 def test_offsets_are_committed_only_after_a_checkpoint(tmp_path: Path) -> None:
     config = tiny_trainer_config("sft", tmp_path)
     config.checkpoint.every_steps = 2
+    config.export.dir = None  # an export checkpoints its step first; no export here
     source = _CheckingSource(synthetic_batches(3), tmp_path / "ckpt")
     trainer = StacxTrainer(config, source=source)
     trainer.run(3)  # checkpoint at step 2, then a final one when run() returns at step 3

@@ -1,0 +1,113 @@
+"""Service processes and their supervision, with real (shell) subprocesses and a fake clock."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from infra.pipeline.errors import ServiceError
+from infra.pipeline.services import (
+    RestartBudget,
+    RestartPolicy,
+    ServiceProcess,
+    ServiceSpec,
+    Supervisor,
+)
+
+
+def _shell(name: str, script: str, **kwargs: object) -> ServiceSpec:
+    return ServiceSpec(name=name, args=["-c", script], program=["/bin/sh"], **kwargs)  # type: ignore[arg-type]
+
+
+def _wait_exit(service: ServiceProcess) -> None:
+    assert service.proc is not None
+    service.proc.wait(timeout=60)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    return state != "Z"
+
+
+def _wait_gone(pid: int) -> bool:
+    for _ in range(600):  # an upper bound against a hang, not a timing assertion
+        if not _alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_stop_kills_the_group_even_when_the_main_process_is_dead(tmp_path: Path) -> None:
+    """Break 3: the trainer's main process was killed, its ranks hung on; stop() returned early
+    because the leader was dead, and the ranks stayed forever."""
+    child_pid = tmp_path / "child.pid"
+    service = ServiceProcess(_shell("trainer", f"sleep 300 & echo $! > {child_pid}; exit 0"),
+                             tmp_path).start()
+    _wait_exit(service)
+    orphan = int(child_pid.read_text())
+    assert _alive(orphan)
+    service.stop()
+    assert _wait_gone(orphan)
+
+
+def test_restart_budget_backs_off_and_runs_out() -> None:
+    budget = RestartBudget(RestartPolicy(max_restarts=3, window_s=100, backoff_s=1,
+                                         max_backoff_s=3))
+    assert [budget.next_delay(t) for t in (0, 1, 2)] == [1, 2, 3]
+    assert budget.next_delay(3) is None
+    assert budget.next_delay(100.5) == 3  # the crash at t=0 left the window; two remain in it
+    assert budget.next_delay(150) == 2  # only the crash at t=100.5 is still in the window
+
+
+def test_restart_policy_names_the_bad_field() -> None:
+    with pytest.raises(ValueError, match="max_backoff_s"):
+        RestartPolicy(backoff_s=10, max_backoff_s=1)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_supervisor_restarts_after_the_backoff_then_gives_up(tmp_path: Path) -> None:
+    clock = _Clock()
+    supervisor = Supervisor(RestartPolicy(max_restarts=2, window_s=1000, backoff_s=5,
+                                          max_backoff_s=60), clock=clock)
+    marker = tmp_path / "runs"
+    service = ServiceProcess(_shell("rollout", f"echo run >> {marker}; exit 3"), tmp_path).start()
+    supervisor.add(service)
+    _wait_exit(service)
+    assert supervisor.poll() == []  # crash noticed: restart due in 5 s
+    clock.now = 4.9
+    assert supervisor.poll() == []
+    clock.now = 5.0
+    assert supervisor.poll() == ["rollout"]
+    _wait_exit(service)
+    clock.now = 6.0
+    assert supervisor.poll() == []  # second crash: 10 s
+    clock.now = 16.0
+    assert supervisor.poll() == ["rollout"]
+    _wait_exit(service)
+    with pytest.raises(ServiceError, match=r"service rollout exited with status 3 and has used "
+                                           r"its restart budget \(2 restarts within 1000s\)"):
+        supervisor.poll()
+    assert marker.read_text().count("run") == 3 and supervisor.restarts == {"rollout": 2}
+
+
+def test_a_finished_service_is_not_restarted(tmp_path: Path) -> None:
+    supervisor = Supervisor(RestartPolicy(backoff_s=0), clock=_Clock())
+    service = ServiceProcess(_shell("trainer", "exit 0", finishes=True), tmp_path).start()
+    supervisor.add(service)
+    _wait_exit(service)
+    assert supervisor.poll() == [] and supervisor.poll() == []
+    assert supervisor.finished("trainer") and supervisor.restarts == {"trainer": 0}
