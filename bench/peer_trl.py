@@ -625,6 +625,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--latency-scale-s", type=float, default=0.2)
     parser.add_argument("--latency-alpha", type=float, default=1.5)
     parser.add_argument("--latency-cap-s", type=float, default=10.0)
+    parser.add_argument(
+        "--sft-from",
+        default="",
+        help="an SFT export of the same quickstart config (runs/NAME/models/sft/v*), copied; default: build",
+    )
     parser.add_argument("--config", default=str(QUICKSTART))
     parser.add_argument("--out", default=str(REPO / "runs" / "peer-trl"))
     parser.add_argument("--png", default="", help="default: <out>/peer_trl.png")
@@ -638,7 +643,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     trl_python, venv_s = ensure_trl_venv(TRL_VERSION)
     print(f"[peer_trl] TRL venv {trl_python.parents[1]} ({venv_s:.0f}s to build)", flush=True)
     t = time.monotonic()
-    sft_dir = build_sft(base, stacx_home() / "peer-trl")
+    if args.sft_from:  # a copy: a `make demo` loop replaces its run directory
+        sft_dir = cfg.out / "sft-given"
+        shutil.rmtree(sft_dir, ignore_errors=True)
+        shutil.copytree(args.sft_from, sft_dir)
+    else:
+        sft_dir = build_sft(base, stacx_home() / "peer-trl")
     sft_s = time.monotonic() - t
     print(f"[peer_trl] SFT checkpoint {sft_dir} ({sft_s:.0f}s)", flush=True)
 
