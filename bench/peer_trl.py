@@ -31,8 +31,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path[0] = str(Path(__file__).resolve().parents[1])  # the packages, not bench/'s namesakes
-sys.path.append(str(Path(__file__).resolve().parent))  # bench/_peer_retool.py
+_HERE = Path(__file__).resolve().parent
+if sys.path and Path(sys.path[0]).resolve() == _HERE:  # run as a script: the packages, not bench/'s namesakes
+    sys.path[0] = str(_HERE.parent)
 
 import argparse  # noqa: E402
 import copy  # noqa: E402
@@ -46,16 +47,27 @@ import subprocess  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from dataclasses import asdict, dataclass, field  # noqa: E402
+from types import ModuleType  # noqa: E402
 from typing import Any  # noqa: E402
-
-import _peer_retool as peer  # noqa: E402
 
 from infra.pipeline.config import PipelineSpec, load_spec, parse_spec  # noqa: E402
 from infra.pipeline.monitor import RunMetrics  # noqa: E402
 from infra.pipeline.orchestrator import Pipeline  # noqa: E402
 from schemas.records import TrainingBatch, WeightVersion  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+
+def _load_peer() -> ModuleType:
+    """bench/_peer_retool.py (bench/ is not a package; the TRL venv runs that file too)."""
+    if "_peer_retool" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("_peer_retool", _HERE / "_peer_retool.py")
+        assert spec is not None and spec.loader is not None
+        sys.modules["_peer_retool"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["_peer_retool"])
+    return sys.modules["_peer_retool"]
+
+
+peer = _load_peer()
+REPO = _HERE.parent
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
 TRL_VERSION = "1.16.0"
 TASK = "arithmetic_tool"
