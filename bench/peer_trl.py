@@ -118,7 +118,8 @@ class BenchConfig:
 
     budget_s: float
     checkpoint_every_s: float
-    latency: peer.ToolLatency
+    latency: Any
+    """`_peer_retool.ToolLatency`."""
     threads: int
     out: Path
     group_size: int
@@ -128,7 +129,8 @@ class BenchConfig:
     clip_low: float
     clip_high: float
     max_grad_norm: float
-    sampling: peer.SamplingConfig
+    sampling: Any
+    """`_peer_retool.SamplingConfig`."""
     num_train: int
     num_heldout: int
     task_seed: int
@@ -459,7 +461,7 @@ def run_trl(python: Path, cfg: BenchConfig, sft_dir: Path, *, latency: bool) -> 
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",
     }
-    argv = [str(python), str(Path(peer.__file__)), "trl", str(out / "settings.json")]
+    argv = [str(python), str(_HERE / "_peer_retool.py"), "trl", str(out / "settings.json")]
     with open(out / "trl.log", "wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         with MemorySampler(lambda: [proc.pid]) as memory:
