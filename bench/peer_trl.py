@@ -277,6 +277,8 @@ class MemorySampler:
         """Callable returning the root pids to sum over (with all their descendants)."""
         self.every_s = every_s
         self.peak_bytes = 0
+        self.cpu_by_pid: dict[int, float] = {}
+        """Latest CPU seconds seen per process (its own plus its reaped children's)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="peer-memory", daemon=True)
 
@@ -297,9 +299,16 @@ class MemorySampler:
                 root = psutil.Process(pid)
                 for proc in [root, *root.children(recursive=True)]:
                     seen[proc.pid] = proc.memory_info().rss
+                    cpu = proc.cpu_times()
+                    used = cpu.user + cpu.system + cpu.children_user + cpu.children_system
+                    self.cpu_by_pid[proc.pid] = max(used, self.cpu_by_pid.get(proc.pid, 0.0))
             except psutil.Error:  # a process ended between listing and reading
                 continue
         return sum(seen.values())
+
+    @property
+    def cpu_s(self) -> float:
+        return sum(self.cpu_by_pid.values())
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
@@ -371,6 +380,9 @@ class SideRun:
     trainer_tokens: int
     trainer_busy_s: float
     peak_memory_bytes: int
+    cpu_s: float
+    """CPU seconds the side's processes used (sampled: a process that ends between samples loses
+    its last second)."""
     budget_s: float
     startup_s: float
     """Until the first rollout could start (STACX: services up; TRL: trainer built)."""
@@ -386,6 +398,7 @@ class SideRun:
             "trainer_tokens_per_s": round(self.trainer_tokens / self.budget_s, 1),
             "trainer_idle_fraction": round(max(0.0, 1 - self.trainer_busy_s / self.budget_s), 3),
             "peak_memory_mib": round(self.peak_memory_bytes / 2**20, 1),
+            "cpu_s": round(self.cpu_s, 1),
             "startup_s": round(self.startup_s, 1),
             "heldout_curve": self.curve,
         }
@@ -422,6 +435,7 @@ def run_stacx(base: PipelineSpec, cfg: BenchConfig, sft_dir: Path, *, latency: b
         trainer_tokens=tokens,
         trainer_busy_s=busy,
         peak_memory_bytes=pipeline.memory.peak_bytes,
+        cpu_s=pipeline.memory.cpu_s,
         budget_s=cfg.budget_s,
         startup_s=pipeline.timings.get("services_s", 0.0),
     )
@@ -491,6 +505,7 @@ def run_trl(python: Path, cfg: BenchConfig, sft_dir: Path, *, latency: bool) -> 
         trainer_tokens=int(last["tokens"]),
         trainer_busy_s=float(last["busy_s"]),
         peak_memory_bytes=memory.peak_bytes,
+        cpu_s=memory.cpu_s,
         budget_s=cfg.budget_s,
         startup_s=result["ready_at"] - started,
     )
