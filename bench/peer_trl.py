@@ -416,7 +416,10 @@ def run_stacx(base: PipelineSpec, cfg: BenchConfig, sft_dir: Path, *, latency: b
     t0, end = pipeline.started_at, pipeline.started_at + cfg.budget_s
     weights = pipeline.layout.weights_dir.resolve() / pipeline.layout.model_name
     versions = [(0.0, str(sft_dir))] + [
-        (at - t0, str(weights / f"v{v}")) for v, at in sorted(m.version_times.items()) if at <= end
+        (
+            at - t0,
+            str(weights / f"v{v:08d}"),
+        )  # trainer.export's directory names for v, at in sorted(m.version_times.items()) if at <= end
     ]
     busy, tokens, previous = 0.0, 0, t0
     for (arrived, num_tokens), (_, published) in zip(
@@ -683,10 +686,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     runs: list[SideRun] = []
     for latency in {"both": [False, True], "off": [False], "on": [True]}[args.latency]:
-        runs.append(run_stacx(base, cfg, sft_dir, latency=latency))
-        print(f"[peer_trl] stacx latency={latency}: {len(runs[-1].versions) - 1} versions", flush=True)
-        runs.append(run_trl(trl_python, cfg, sft_dir, latency=latency))
-        print(f"[peer_trl] trl latency={latency}: {len(runs[-1].versions) - 1} versions", flush=True)
+        for side in ("stacx", "trl"):
+            if side == "stacx":
+                runs.append(run_stacx(base, cfg, sft_dir, latency=latency))
+            else:
+                runs.append(run_trl(trl_python, cfg, sft_dir, latency=latency))
+            with open(cfg.out / "sides.jsonl", "a") as saved:  # what scoring needs, kept if it fails
+                saved.write(json.dumps({**asdict(runs[-1]), "at": time.time()}) + "\n")
+            print(f"[peer_trl] {side} latency={latency}: {len(runs[-1].versions) - 1} versions", flush=True)
     t = time.monotonic()
     scorer = Scorer(cfg, sft_dir)
     for run in runs:
