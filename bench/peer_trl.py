@@ -415,11 +415,9 @@ def run_stacx(base: PipelineSpec, cfg: BenchConfig, sft_dir: Path, *, latency: b
     assert isinstance(m, TimedRunMetrics)
     t0, end = pipeline.started_at, pipeline.started_at + cfg.budget_s
     weights = pipeline.layout.weights_dir.resolve() / pipeline.layout.model_name
+    exported = sorted(m.version_times.items())  # directory names as trainer.export writes them:
     versions = [(0.0, str(sft_dir))] + [
-        (
-            at - t0,
-            str(weights / f"v{v:08d}"),
-        )  # trainer.export's directory names for v, at in sorted(m.version_times.items()) if at <= end
+        (at - t0, str(weights / f"v{v:08d}")) for v, at in exported if at <= end
     ]
     busy, tokens, previous = 0.0, 0, t0
     for (arrived, num_tokens), (_, published) in zip(
