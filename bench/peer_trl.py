@@ -166,10 +166,30 @@ def bench_config(spec: PipelineSpec, args: argparse.Namespace) -> BenchConfig:
             max_turns=int(ev["max_turns"]),
             max_tokens=int(ev["max_tokens"]),
         ),
-        num_train=spec.pipeline.tasks.num_train,
-        num_heldout=spec.pipeline.tasks.num_heldout,
-        task_seed=spec.pipeline.tasks.seed,
+        num_train=_arithmetic(spec).num_train,
+        num_heldout=_arithmetic(spec).num_heldout,
+        task_seed=_arithmetic(spec).seed,
     )
+
+
+def _arithmetic(spec: PipelineSpec) -> Any:
+    """The quickstart's arithmetic task settings (the peer comparison needs them)."""
+    tasks = spec.pipeline.tasks.arithmetic
+    if tasks is None:
+        raise SystemExit(f"{spec.source}: the peer benchmark needs pipeline.tasks.arithmetic")
+    return tasks
+
+
+def _sft_config(spec: PipelineSpec) -> Any:
+    if spec.pipeline.sft is None:
+        raise SystemExit(f"{spec.source}: the peer benchmark needs pipeline.sft (the shared checkpoint)")
+    return spec.pipeline.sft
+
+
+def _tiny(spec: PipelineSpec) -> dict[str, Any]:
+    if spec.pipeline.model.tiny is None:
+        raise SystemExit(f"{spec.source}: the peer benchmark needs pipeline.model.tiny")
+    return dict(spec.pipeline.model.tiny.model_dump())
 
 
 def free_port() -> int:
@@ -189,12 +209,12 @@ def stacx_spec(base: PipelineSpec, cfg: BenchConfig, *, name: str, python: str) 
             "steps": 100_000,  # stopped by the wall-clock budget instead
             "timeout_s": cfg.budget_s + 600,
             "live": False,
-            "tasks": asdict(base.pipeline.tasks),
-            "demonstrations": asdict(base.pipeline.demonstrations),
-            "model": asdict(base.pipeline.model),
-            "sft": asdict(base.pipeline.sft),
+            "tasks": base.pipeline.tasks.model_dump(exclude_none=True),
+            "demonstrations": base.pipeline.demonstrations.model_dump(),
+            "model": base.pipeline.model.model_dump(exclude_none=True),
+            "sft": _sft_config(base).model_dump(),
             "services": {
-                **asdict(base.pipeline.services),
+                **base.pipeline.services.model_dump(),
                 "gateway_port": free_port(),
                 "inference_port": free_port(),
                 "gateway_backend": "process",
@@ -226,7 +246,8 @@ def build_sft(spec: PipelineSpec, root: Path) -> Path:
     system = str((_evaluator(spec).get("scaffold_options") or {}).get("system_prompt", ""))
     key = hashlib.sha256(
         json.dumps(
-            [asdict(p.model), asdict(p.sft), asdict(p.demonstrations), asdict(p.tasks), system],
+            [_tiny(spec), _sft_config(spec).model_dump(), p.demonstrations.model_dump(),
+             _arithmetic(spec).model_dump(), system],
             sort_keys=True,
         ).encode()
     ).hexdigest()[:12]
@@ -234,9 +255,10 @@ def build_sft(spec: PipelineSpec, root: Path) -> Path:
     if done.exists():
         return Path(done.read_text())
     base = root / f"sft-{key}" / "base"
-    make_tiny_model(base, **asdict(p.model))
+    make_tiny_model(base, **_tiny(spec))
     task = load_task_module()
-    heldout = task.make_problems(p.tasks.num_heldout, seed=10_000 + p.tasks.seed)
+    tasks = _arithmetic(spec)
+    heldout = task.make_problems(tasks.num_heldout, seed=10_000 + tasks.seed)
     tokenizer = HFTokenizer(str(base))
     batches = demonstration_batches(
         task,
@@ -361,8 +383,7 @@ class BudgetPipeline(Pipeline):
 
     def _follow(self, refresh: Any) -> None:
         while time.time() - self.started_at < self.budget_s:
-            for name in ("gateway", "inference", "assembler", "trainer", "rollout"):
-                self._check_service(name)
+            self.supervisor.poll()  # a crashed service is restarted, as in `stacx run`
             refresh()
             time.sleep(0.5)
         self.trajectories_at_budget = self.metrics.num_trajectories
