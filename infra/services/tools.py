@@ -42,6 +42,7 @@ TOOLS: dict[str, Tool] = {
         Tool(executable="java", package="openjdk-17-jre-headless", used_by="the local Kafka broker"),
         Tool(executable="mvn", package="maven", used_by="Maven, resolving the Kafka jars"),
         Tool(executable="tar", package="tar", used_by="importing the sandbox base image"),
+        Tool(executable="bash", package="bash", used_by="the peer benchmark's tool runner"),
         Tool(executable="apt-get", package="apt", used_by="installing the tools above"),
         Tool(executable="flock", package="util-linux", used_by="make setup (one venv build at a time)"),
     )
