@@ -111,9 +111,11 @@ class _Clock:
 async def test_faust_agent_joins_and_dead_letters_late_feedback() -> None:
     forwarder, clock = ListForwarder(), _Clock()
     app = OncallJoinApp(
-        OncallJoinApp.Config(app_id=f"unit-{uuid.uuid4().hex[:8]}", partitions=2,
-                             join=FeedbackJoin.Config(window_s=WINDOW_S)),
-        forwarder=forwarder, clock=clock,
+        OncallJoinApp.Config(
+            app_id=f"unit-{uuid.uuid4().hex[:8]}", partitions=2, join=FeedbackJoin.Config(window_s=WINDOW_S)
+        ),
+        forwarder=forwarder,
+        clock=clock,
     )
     async with app.agent.test_context() as agent:
         await agent.put(encode(call("s", "c1", [1, 2], [3], at_ms=T0)), key=b"s", partition=1)
