@@ -63,6 +63,8 @@ class HeldOutEvaluator:
         """Completion limit per task."""
         temperature: float = 0.0
         """0: greedy, so two versions are compared on the same decisions."""
+        seed: int | None = None
+        """With sampling: task i samples with seed + i, so two versions see the same random draws."""
         concurrency: int = 32
         """Tasks in flight at once (the server batches them)."""
         timeout_s: float = 300.0
@@ -98,7 +100,7 @@ class HeldOutEvaluator:
             if loaded.status_code != 200 or not loaded.json().get("success", False):
                 raise TrainerError(f"staging server refused {model_path}: {loaded.text[:300]}")
             limit = asyncio.Semaphore(cfg.concurrency)
-            answers = await asyncio.gather(*(self._ask(http, limit, t) for t in self.tasks))
+            answers = await asyncio.gather(*(self._ask(http, limit, t, i) for i, t in enumerate(self.tasks)))
         scores = [
             float(self.scorer(task, message)) for task, message in zip(self.tasks, answers, strict=True)
         ]
