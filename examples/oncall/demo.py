@@ -81,6 +81,7 @@ def warm_start(run: Run, steps: int, batch_size: int) -> Path:
     from rollout.models import make_tiny_model
 
     base = make_tiny_model(run.dir / "models" / "base", seed=0)
+    task.install_chat_template(str(base))
     tokenizer = AutoTokenizer.from_pretrained(base)
     rng, mix = random.Random(0), task.Mixture()
     batches = []
@@ -254,29 +255,28 @@ def build_agent(proxy_url: str) -> Any:
     )
 
 
-async def user(run: Run, agent: Any, proxy_url: str, seed: int, deadline: float) -> None:
+async def user(
+    run: Run, agent: Any, http: httpx.AsyncClient, proxy_url: str, seed: int, deadline: float
+) -> None:
     from agents import ModelSettings, Runner
 
     rng = random.Random(seed)
-    async with httpx.AsyncClient(timeout=30) as http:
-        while time.time() < deadline:
-            question, session = task.sample_question(rng), f"user{seed}-{uuid.uuid4().hex[:12]}"
-            settings = ModelSettings(
-                temperature=1.0, max_tokens=40, extra_headers={"X-Stacx-Session": session}
-            )
-            started = time.time()
-            version = run.versions[-1][1] if run.versions else "?"
-            try:
-                result = await Runner.run(agent.clone(model_settings=settings), question.text, max_turns=2)
-                ok = task.satisfied(question, str(result.final_output))
-            except Exception as exc:  # an agent-side failure is a dissatisfied user
-                log.debug("episode failed: %s", exc)
-                ok = False
-            run.episodes.append(Episode(started, time.time(), ok, session, version))
-            asyncio.get_running_loop().create_task(
-                feedback(run, http, proxy_url, session, ok, rng.uniform(0.5, 4.0))
-            )
-            await asyncio.sleep(rng.uniform(0.0, 0.3))
+    while time.time() < deadline:  # a question, the agent's answer, feedback a few seconds later
+        question, session = task.sample_question(rng), f"user{seed}-{uuid.uuid4().hex[:12]}"
+        settings = ModelSettings(temperature=1.0, max_tokens=40, extra_headers={"X-Stacx-Session": session})
+        started = time.time()
+        version = run.versions[-1][1] if run.versions else "?"
+        try:
+            result = await Runner.run(agent.clone(model_settings=settings), question.text, max_turns=2)
+            ok = task.satisfied(question, str(result.final_output))
+        except Exception as exc:  # an agent-side failure is a dissatisfied user
+            log.debug("episode failed: %s", exc)
+            ok = False
+        run.episodes.append(Episode(started, time.time(), ok, session, version))
+        asyncio.get_running_loop().create_task(
+            feedback(run, http, proxy_url, session, ok, rng.uniform(0.5, 4.0))
+        )
+        await asyncio.sleep(rng.uniform(0.0, 0.3))
 
 
 async def feedback(
@@ -296,11 +296,22 @@ async def feedback(
         log.warning("feedback not sent: %s", exc)
 
 
-async def serve_users(run: Run, proxy_url: str, num_users: int, seconds: float) -> None:
+async def serve_users(run: Run, services: Services, proxy_url: str, num_users: int, seconds: float) -> None:
     agent = build_agent(proxy_url)
     deadline = time.time() + seconds
-    await asyncio.gather(*(user(run, agent, proxy_url, seed, deadline) for seed in range(num_users)))
-    await asyncio.sleep(4.5)  # the last feedback
+    async with httpx.AsyncClient(timeout=30) as http:
+        await asyncio.gather(
+            watchdog(services, deadline),
+            *(user(run, agent, http, proxy_url, seed, deadline) for seed in range(num_users)),
+        )
+        await asyncio.sleep(4.5)  # the last feedback
+
+
+async def watchdog(services: Services, deadline: float) -> None:
+    """Stop the demo with the service's log tail as soon as one of them dies."""
+    while time.time() < deadline:
+        services.check()
+        await asyncio.sleep(2.0)
 
 
 # -- report ----------------------------------------------------------------------------------------
@@ -392,15 +403,18 @@ def main() -> int:
     parser.add_argument("--runs-dir", type=Path, default=ROOT / "runs")
     parser.add_argument("--minutes", type=float, default=9.0, help="how long users are served")
     parser.add_argument("--users", type=int, default=8, help="concurrent simulated users")
-    parser.add_argument("--sft-steps", type=int, default=150)
+    parser.add_argument("--sft-steps", type=int, default=100)
     parser.add_argument("--port-base", type=int, default=30020)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("openai").setLevel(logging.WARNING)
+    for noisy in ("httpx", "httpx2", "openai", "agents"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     ports = {"serve": args.port_base, "proxy": args.port_base + 1}
     run = Run(dir=args.runs_dir / args.name, run_id=uuid.uuid4().hex[:8], ports=ports)
     run.dir.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    torch.set_num_threads(1)  # tiny model, busy 2-core machine: one thread is fastest
     sft_dir = warm_start(run, args.sft_steps, 32)
     config = write_config(run, sft_dir)
     tree = yaml.safe_load(config.read_text())
@@ -428,7 +442,7 @@ def main() -> int:
         proxy_url = f"http://127.0.0.1:{ports['proxy']}"
         wait_http(f"{proxy_url}/health", 120, services)
         watcher.start()
-        asyncio.run(serve_users(run, proxy_url, args.users, args.minutes * 60))
+        asyncio.run(serve_users(run, services, proxy_url, args.users, args.minutes * 60))
         services.check()
     finally:
         stop.set()

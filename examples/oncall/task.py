@@ -148,3 +148,48 @@ def score(task: dict[str, Any], message: dict[str, Any]) -> float:
 
 if __name__ == "__main__":
     print(json.dumps(heldout_tasks(2), indent=1))
+
+
+CHAT_TEMPLATE = (
+    "{% set ns = namespace(tools='') %}"
+    "{% for tool in (tools or []) %}"
+    "{% set f = tool.function if tool.function is defined else tool %}"
+    "{% set ns.tools = ns.tools ~ ' ' ~ f.name %}"
+    "{% endfor %}"
+    "{% set ns.rest = messages %}"
+    "{% if messages and messages[0].role == 'system' %}"
+    "<|im_start|>system\n{{ messages[0].content }}"
+    "{% if ns.tools %}{{ '\\n' }}Tools:{{ ns.tools }}{% endif %}<|im_end|>\n"
+    "{% set ns.rest = messages[1:] %}"
+    "{% elif ns.tools %}"
+    "<|im_start|>system\nTools:{{ ns.tools }}<|im_end|>\n"
+    "{% endif %}"
+    "{% for m in ns.rest %}"
+    "{% if m.role == 'assistant' %}"
+    "<|im_start|>assistant\n{{ m.content or '' }}"
+    "{% for c in (m.tool_calls or []) %}"
+    '<tool_call>\n{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments }}}\n</tool_call>'
+    "{% endfor %}<|im_end|>\n"
+    "{% elif m.role == 'tool' %}"
+    "<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{% else %}"
+    "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""A compact ChatML template: tools are listed by name (the model learns what they do), so a
+prompt is ~60 tokens instead of ~850 with the full tool schemas: 10x cheaper to train on CPU."""
+
+
+def install_chat_template(model_dir: str) -> None:
+    """Make `CHAT_TEMPLATE` the template of a tiny-model directory (the proxy, the servers and the
+    trainer's exports all read it from there)."""
+    from pathlib import Path
+
+    root = Path(model_dir)
+    (root / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    config_path = root / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = CHAT_TEMPLATE
+    config_path.write_text(json.dumps(config, indent=2))

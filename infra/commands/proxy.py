@@ -54,6 +54,7 @@ def build_config(args: argparse.Namespace) -> Any:
 
 
 def _proxy(args: argparse.Namespace) -> int:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call otherwise
     from infra.config import ConfigError
     from rollout.proxy import ProxyError, ProxyServer
 

@@ -14,6 +14,7 @@ import asyncio
 import importlib
 import importlib.util
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,10 +36,12 @@ def load_scorer(spec: str) -> Scorer:
     if not module_name or not attr:
         raise ConfigError(f"evaluation.scorer={spec!r}: use `module:function` or `file.py:function`")
     if module_name.endswith(".py"):
-        location = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)
+        name = f"stacx_scorer_{Path(module_name).stem}"
+        location = importlib.util.spec_from_file_location(name, module_name)
         if location is None or location.loader is None:
             raise ConfigError(f"evaluation.scorer: cannot load {module_name}")
         module = importlib.util.module_from_spec(location)
+        sys.modules[location.name] = module  # dataclasses and pickling look modules up by name
         location.loader.exec_module(module)
     else:
         module = importlib.import_module(module_name)
@@ -115,13 +118,15 @@ class HeldOutEvaluator:
         )
 
     async def _ask(
-        self, http: httpx.AsyncClient, limit: asyncio.Semaphore, task: dict[str, Any]
+        self, http: httpx.AsyncClient, limit: asyncio.Semaphore, task: dict[str, Any], index: int
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "messages": task["messages"],
             "max_tokens": self.config.max_tokens,
             "temperature": self.config.temperature,
         }
+        if self.config.seed is not None:
+            body["seed"] = self.config.seed + index
         if task.get("tools"):
             body["tools"] = task["tools"]
         async with limit:
