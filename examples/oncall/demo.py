@@ -403,7 +403,7 @@ def main() -> int:
     parser.add_argument("--runs-dir", type=Path, default=ROOT / "runs")
     parser.add_argument("--minutes", type=float, default=9.0, help="how long users are served")
     parser.add_argument("--users", type=int, default=8, help="concurrent simulated users")
-    parser.add_argument("--sft-steps", type=int, default=100)
+    parser.add_argument("--sft-steps", type=int, default=400)
     parser.add_argument("--port-base", type=int, default=30020)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

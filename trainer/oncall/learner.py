@@ -71,6 +71,10 @@ class OnlineLearner:
         """When to train."""
         gate: PromotionGate.Config = field(default_factory=PromotionGate.Config)
         """When a candidate may be deployed."""
+        reset_on_reject: bool = True
+        """After a rejection, continue training from the deployed weights (the data comes from
+        them; a learner drifting away on rejected weights trains further and further
+        off-policy). False: keep the rejected weights."""
 
         def trainer_config(self) -> TrainerConfig:
             """The trainer section with checkpoints and exports under `state_dir` (every step,
@@ -122,8 +126,9 @@ class OnlineLearner:
             self.trainer_config, source=self.source, publisher=None, on_step=self._after_step
         )
         self._rollbacks_seen = self._num_rollbacks()
-        self.incumbent = self._incumbent()
+        self.incumbent, self.incumbent_path = self._incumbent()
         self._gate_unfinished()
+        self._reset_after_restart()
 
     def _consumer(self) -> TrajectoryEvents:
         from consumers import EventConsumer
@@ -146,10 +151,10 @@ class OnlineLearner:
 
     # -- the gate ------------------------------------------------------------------------------
 
-    def _incumbent(self) -> EvalReport:
+    def _incumbent(self) -> tuple[EvalReport, str]:
         for entry in reversed(self.history.entries()):
             if entry["kind"] in ("baseline", "promoted", "rollback") and entry.get("report"):
-                return EvalReport(**entry["report"])
+                return EvalReport(**entry["report"]), str(entry["path"])
         base = self.trainer_config.models["policy"].path
         if base is None:
             raise ConfigError(
@@ -161,7 +166,7 @@ class OnlineLearner:
             {"kind": "baseline", "deployed_version": 0, "path": base, "step": 0, "report": report.as_dict()}
         )
         log.info("baseline: success %.3f, malformed tool calls %.3f", report.success_rate, report.probe_rate)
-        return report
+        return report, base
 
     def _gate_unfinished(self) -> None:
         step = self.trainer.step_count
@@ -169,6 +174,17 @@ class OnlineLearner:
         if step > 0 and step not in gated:
             log.info("candidate %d was checkpointed but not gated before a restart: gating it", step)
             self._gate(step, batch_id=self.trainer.trained_batch_ids[-1])
+
+    def _reset_after_restart(self) -> None:
+        """A learner that died after rejecting a candidate but before resetting resets now."""
+        entries = self.history.entries()
+        last = entries[-1] if entries else {}
+        if (
+            self.config.reset_on_reject
+            and last.get("kind") == "rejected"
+            and int(last.get("step", -1)) == self.trainer.step_count
+        ):
+            self._load_policy(Path(self.incumbent_path))
 
     def _after_step(self, result: StepResult) -> None:
         if self._num_rollbacks() > self._rollbacks_seen:
@@ -199,6 +215,8 @@ class OnlineLearner:
         if not decision.promote:
             self.history.append({"kind": "rejected", "reasons": decision.reasons, **entry})
             log.warning("candidate %d rejected: %s", step, "; ".join(decision.reasons))
+            if self.config.reset_on_reject:
+                self._load_policy(Path(self.incumbent_path))
             return
         version = self.deployments.deploy(
             str(path.resolve()),
@@ -210,7 +228,7 @@ class OnlineLearner:
             },
         )
         self.history.append({"kind": "promoted", "deployed_version": version.version, **entry})
-        self.incumbent = report
+        self.incumbent, self.incumbent_path = report, str(path.resolve())
         log.info(
             "candidate %d promoted as version %d: success %.3f, malformed %.3f",
             step,
@@ -230,7 +248,7 @@ class OnlineLearner:
         self._rollbacks_seen = self._num_rollbacks()
         self._load_policy(Path(entry["path"]))
         if entry.get("report"):
-            self.incumbent = EvalReport(**entry["report"])
+            self.incumbent, self.incumbent_path = EvalReport(**entry["report"]), str(entry["path"])
         self.history.append(
             {
                 "kind": "rejected",
@@ -244,15 +262,21 @@ class OnlineLearner:
         )
 
     def _load_policy(self, path: Path) -> None:
+        """Replace the policy's weights with an exported version's (single-process backend)."""
         from safetensors.torch import load_file
 
+        if self.trainer_config.backend.kind != "single":
+            raise ConfigError(
+                "oncall: going back to deployed weights (rollback, reset_on_reject) "
+                "needs backend.kind: single; set reset_on_reject: false for fsdp2"
+            )
         module = self.trainer.models["policy"].module
-        if module is None:
-            return
+        assert module is not None
         state = {}
         for file in sorted(path.glob("*.safetensors")):
             state.update(load_file(str(file)))
-        module.load_state_dict(state, strict=False)
+        module.load_state_dict(state, strict=True)
+        log.info("policy weights reset to %s", path)
 
 
 def trained_manifests(state_dir: str | Path) -> list[dict[str, Any]]:
