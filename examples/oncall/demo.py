@@ -263,7 +263,7 @@ async def user(
     rng = random.Random(seed)
     while time.time() < deadline:  # a question, the agent's answer, feedback a few seconds later
         question, session = task.sample_question(rng), f"user{seed}-{uuid.uuid4().hex[:12]}"
-        settings = ModelSettings(temperature=1.0, max_tokens=40, extra_headers={"X-Stacx-Session": session})
+        settings = ModelSettings(temperature=1.0, max_tokens=64, extra_headers={"X-Stacx-Session": session})
         started = time.time()
         version = run.versions[-1][1] if run.versions else "?"
         try:
