@@ -275,7 +275,7 @@ class OnlineLearner:
         state = {}
         for file in sorted(path.glob("*.safetensors")):
             state.update(load_file(str(file)))
-        module.load_state_dict(state, strict=True)
+        getattr(module, "backbone", module).load_state_dict(state, strict=True)  # StacxModel wraps HF
         log.info("policy weights reset to %s", path)
 
 

@@ -6,7 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from oncall_fixtures import call
+from safetensors.torch import load_file
 
 from consumers import InMemoryConsumer
 from consumers.oncall import TrajectoryBuilder
@@ -118,6 +120,9 @@ def test_learner_trains_when_ready_promotes_better_rejects_worse_and_resumes_wit
     assert [(w.version, w.step) for w in weights.published] == [(1, 1)]  # step 2 regressed
     kinds = [e["kind"] for e in learner.history.entries()]
     assert kinds == ["baseline", "promoted", "rejected"]
+    deployed = load_file(str(Path(weights.published[0].path) / "model.safetensors"))
+    policy = learner.trainer.models["policy"].module.backbone.state_dict()  # type: ignore[union-attr]
+    assert all(torch.equal(policy[k], deployed[k]) for k in deployed)  # reset to the deployed v1
 
     for t in [*_trajectories(2), *_trajectories(4, start=8)]:  # 2 redelivered, 4 new
         publisher.publish(TOPIC, t)
