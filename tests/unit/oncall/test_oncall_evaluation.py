@@ -20,7 +20,7 @@ def test_evaluator_loads_the_candidate_scores_tasks_and_counts_malformed_calls(
         "".join(json.dumps({"messages": [{"role": "user", "content": f"q{i}"}]}) + "\n" for i in range(4))
     )
     (tmp_path / "scorer.py").write_text(
-        "from dataclasses import dataclass\n\n@dataclass\nclass Seen:\n    n: int = 0\n\n"  # needs sys.modules
+        "from dataclasses import dataclass\n\n@dataclass\nclass Seen:\n    n: int = 0\n\n"  # sys.modules
         "def score(task, message):\n"
         "    return 1.0 if task['messages'][0]['content'] in ('q0', 'q1') else 0.0\n"
     )
