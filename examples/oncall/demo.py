@@ -166,27 +166,44 @@ def write_config(run: Run, sft_dir: Path) -> Path:
 
 
 class Services:
-    """The run's `stacx` processes (each ended by its pid)."""
+    """The run's `stacx` processes, supervised as `stacx run` would: one that exits is restarted
+    (it resumes from committed offsets), at most `max_restarts` times; each is ended by its pid."""
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: Run, max_restarts: int = 5) -> None:
         self.run = run
+        self.max_restarts = max_restarts
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.commands: dict[str, tuple[str, ...]] = {}
+        self.restarts: list[dict[str, Any]] = []
 
     def start(self, name: str, *args: str) -> None:
         logs = self.run.dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        out = (logs / f"{name}.log").open("wb")
+        out = (logs / f"{name}.log").open("ab")
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        self.commands[name] = args
         self.procs[name] = subprocess.Popen(
             [STACX, *args], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env
         )
         log.info("started %s (pid %d)", name, self.procs[name].pid)
 
     def check(self) -> None:
-        for name, proc in self.procs.items():
-            if proc.poll() is not None:
-                tail = (self.run.dir / "logs" / f"{name}.log").read_text()[-2000:]
-                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
+        for name, proc in list(self.procs.items()):
+            if proc.poll() is None:
+                continue
+            tail = (self.run.dir / "logs" / f"{name}.log").read_text()[-2000:]
+            if sum(r["service"] == name for r in self.restarts) >= self.max_restarts:
+                raise RuntimeError(f"{name} exited with {proc.returncode} too often:\n{tail}")
+            log.warning(
+                "%s exited with %s: restarting it (log: %s)",
+                name,
+                proc.returncode,
+                self.run.dir / "logs" / f"{name}.log",
+            )
+            self.restarts.append(
+                {"service": name, "exit": proc.returncode, "t_s": round(time.time() - self.run.started, 1)}
+            )
+            self.start(name, *self.commands[name])
 
     def stop(self) -> None:
         for proc in self.procs.values():
@@ -321,7 +338,9 @@ def rate(episodes: list[Episode]) -> float | None:
     return round(sum(e.success for e in episodes) / len(episodes), 4) if episodes else None
 
 
-def report(run: Run, history: list[dict[str, Any]], minutes_users: float) -> dict[str, Any]:
+def report(
+    run: Run, history: list[dict[str, Any]], minutes_users: float, restarts: list[dict[str, Any]]
+) -> dict[str, Any]:
     deployed_at = {v: t for t, v in run.versions}
     promoted = [e for e in history if e["kind"] == "promoted"]
     latencies = []
@@ -357,6 +376,7 @@ def report(run: Run, history: list[dict[str, Any]], minutes_users: float) -> dic
             for e in history
         ],
         "users_minutes": minutes_users,
+        "service_restarts": restarts,
         "wall_s": round(time.time() - run.started, 1),
         "curve_png": str(run.dir / "success.png"),
     }
@@ -443,13 +463,12 @@ def main() -> int:
         wait_http(f"{proxy_url}/health", 120, services)
         watcher.start()
         asyncio.run(serve_users(run, services, proxy_url, args.users, args.minutes * 60))
-        services.check()
     finally:
         stop.set()
         services.stop()
     history = [json.loads(line) for line in (run.dir / "learner" / "versions.jsonl").read_text().splitlines()]
     plot(run, history, run.dir / "success.png")
-    summary = report(run, history, args.minutes)
+    summary = report(run, history, args.minutes, services.restarts)
     (run.dir / "report.json").write_text(json.dumps(summary, indent=2))
     print(
         json.dumps(

@@ -11,6 +11,7 @@ number, and servers (which only move forward) take it like any update.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 import uuid
@@ -20,7 +21,9 @@ from typing import Any, Protocol
 
 from schemas import topics
 from schemas.records import WeightVersion, now_ms
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, TrainerError
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Deployments", "KafkaWeightLog", "VersionHistory", "WeightLog"]
 
@@ -47,7 +50,7 @@ class KafkaWeightLog:
             EventProducer.Config(bootstrap_servers=bootstrap_servers, client_id="stacx-oncall")
         )
 
-    def latest(self, model_name: str, timeout_s: float = 30.0) -> WeightVersion | None:
+    def latest(self, model_name: str, timeout_s: float = 120.0) -> WeightVersion | None:
         from consumers import EventConsumer
 
         consumer = EventConsumer(
@@ -67,14 +70,25 @@ class KafkaWeightLog:
                     if isinstance(event.value, WeightVersion) and event.value.model_name == model_name:
                         found = event.value
                     continue
-                if consumer.assignment() and consumer.total_lag() == 0:
-                    break
+                if consumer.assignment() and self._caught_up(consumer):
+                    return found
         finally:
             consumer.close()
-        return found
+        raise TrainerError(
+            f"{self.topic} was not read to its end within {timeout_s:.0f} s "
+            f"(Kafka at {self.bootstrap_servers} unavailable?)"
+        )
+
+    @staticmethod
+    def _caught_up(consumer: Any) -> bool:
+        try:
+            return bool(consumer.total_lag() == 0)
+        except Exception as exc:  # KafkaException while a broker restarts: ask again
+            log.warning("weights topic lag unknown (%s); retrying", exc)
+            return False
 
     def publish(self, version: WeightVersion) -> None:
-        self.producer.publish(self.topic, version, key=version.model_name).result(timeout=30)
+        self.producer.publish(self.topic, version, key=version.model_name).result(timeout=180)
 
     def close(self) -> None:
         self.producer.close()
