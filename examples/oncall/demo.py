@@ -350,9 +350,8 @@ def report(
             latencies += [at - ms / 1000 for ms in entry.get("first_feedback_ms", []) if ms > 0]
     first_version = run.versions[0][1] if run.versions else "default"
     before = [e for e in run.episodes if e.version == first_version]
-    last_deploy = max((deployed_at.get(str(e["deployed_version"]), 0.0) for e in promoted), default=0)
     end = max((e.ended for e in run.episodes), default=time.time())
-    after = [e for e in run.episodes if e.started >= max(last_deploy, end - 90)]
+    after = [e for e in run.episodes if e.started >= end - 90]  # the last 90 s of serving
     baseline: dict[str, Any] = next((e["report"] for e in history if e["kind"] == "baseline"), {})
     best = promoted[-1]["report"] if promoted else baseline
     return {
@@ -468,6 +467,20 @@ def main() -> int:
         services.stop()
     history = [json.loads(line) for line in (run.dir / "learner" / "versions.jsonl").read_text().splitlines()]
     plot(run, history, run.dir / "success.png")
+    with (run.dir / "episodes.jsonl").open("w") as f:
+        for e in run.episodes:
+            f.write(
+                json.dumps(
+                    {
+                        "started": e.started,
+                        "ended": e.ended,
+                        "success": e.success,
+                        "session": e.session,
+                        "version": e.version,
+                    }
+                )
+                + "\n"
+            )
     summary = report(run, history, args.minutes, services.restarts)
     (run.dir / "report.json").write_text(json.dumps(summary, indent=2))
     print(
