@@ -185,7 +185,10 @@ class FeedbackJoin:
             self.stats.duplicate_interactions += 1
             return []
         before = self.builder.num_merged
-        state.open, closed = self.builder.add(state.open, interaction)
+        ended = state.open is None and (state.num_trajectories > 0 or bool(state.pending))
+        state.open, closed = self.builder.add(
+            state.open, interaction, first_reason="after_feedback" if ended else "session_start"
+        )
         self.stats.merged_calls += self.builder.num_merged - before
         if closed is not None:
             state.pending.append(_Pending(trajectory=closed))

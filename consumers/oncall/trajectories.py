@@ -6,6 +6,7 @@ user's next message, the template's markers) are loss-masked, only generated tok
 Otherwise the open trajectory is closed and a new one starts, and `reasons` counts why:
 
 - `session_start`: the session's first call;
+- `after_feedback`: the session's previous trajectory was ended by its feedback;
 - `history_changed`: the prompt differs from the previous prompt (the client dropped, edited or
   summarised earlier turns, or another conversation runs under the same session id);
 - `response_rerendered`: the prompt repeats the previous prompt but not the previous
@@ -29,7 +30,14 @@ from schemas.records import AgentInteraction, Trajectory, TrajectoryStatus, Turn
 
 __all__ = ["OpenTrajectory", "TrajectoryBuilder", "interaction_split", "trajectory_id_for"]
 
-REASONS = ("session_start", "history_changed", "response_rerendered", "model_changed", "max_length")
+REASONS = (
+    "session_start",
+    "after_feedback",
+    "history_changed",
+    "response_rerendered",
+    "model_changed",
+    "max_length",
+)
 
 
 def trajectory_id_for(session_id: str, first_interaction_id: str) -> str:
@@ -157,11 +165,18 @@ class TrajectoryBuilder:
         """Calls appended to an open trajectory."""
 
     def add(
-        self, current: OpenTrajectory | None, interaction: AgentInteraction
+        self,
+        current: OpenTrajectory | None,
+        interaction: AgentInteraction,
+        *,
+        first_reason: str = "session_start",
     ) -> tuple[OpenTrajectory, OpenTrajectory | None]:
-        """Add one call: (the open trajectory now, the one it closed or None)."""
+        """Add one call: (the open trajectory now, the one it closed or None). `first_reason`
+        names why a trajectory starts when none is open."""
         prompt, completion, lps = interaction_split(interaction)
         reason = self.break_reason(current, interaction, prompt, completion)
+        if current is None:
+            reason = first_reason
         if reason is None:
             assert current is not None
             current.append(prompt, completion, lps, interaction)

@@ -38,6 +38,25 @@ def _read(bootstrap: str, topics: list[str], count: int, timeout_s: float = 120)
     return events
 
 
+def _wait_committed(bootstrap: str, group: str, topic: str, count: int, timeout_s: float = 120) -> None:
+    from confluent_kafka import ConsumerGroupTopicPartitions
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        request = [ConsumerGroupTopicPartitions(group)]
+        try:
+            result = next(iter(admin.list_consumer_group_offsets(request).values())).result(timeout=10)
+            done = sum(max(tp.offset, 0) for tp in result.topic_partitions if tp.topic == topic)
+        except Exception:  # the group does not exist yet
+            done = 0
+        if done >= count:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"the join worker did not consume {count} calls within {timeout_s:.0f} s")
+
+
 def test_join_worker_emits_rewarded_trajectories_and_dead_letters_late_feedback(
     kafka_bootstrap: str, fresh_topic: Callable[..., str], tmp_path: Path
 ) -> None:
@@ -45,12 +64,13 @@ def test_join_worker_emits_rewarded_trajectories_and_dead_letters_late_feedback(
     dlq = fresh_topic("dlq", partitions=1)
     out = f"test.oncall-trajectories.{uuid.uuid4().hex[:10]}"
     config = tmp_path / "oncall.yaml"
+    app_id = f"test-join-{uuid.uuid4().hex[:8]}"
     config.write_text(
         yaml.safe_dump(
             {
                 "bootstrap_servers": kafka_bootstrap,
                 "join": {
-                    "app_id": f"test-join-{uuid.uuid4().hex[:8]}",
+                    "app_id": app_id,
                     "agent_logs_topic": logs,
                     "feedback_topic": feedback,
                     "trajectories_topic": out,
@@ -74,6 +94,10 @@ def test_join_worker_emits_rewarded_trajectories_and_dead_letters_late_feedback(
             producer.publish(logs, call("s1", "a", [1, 2], [3], at_ms=t0))
             producer.publish(logs, call("s1", "b", [1, 2, 3, 9], [4], at_ms=t0 + 1))  # merged
             producer.publish(logs, call("s2", "c", [5], [6], at_ms=t0))
+            producer.flush(30)
+            # feedback comes after the calls (seconds later, as from users): both topics are read
+            # at once, so wait until the worker has consumed the calls
+            _wait_committed(kafka_bootstrap, app_id, logs, 3)
             producer.publish(feedback, rating("s1", 1.0, at_ms=t0 + 2_000))
             producer.publish(feedback, rating("s2", 1.0, at_ms=t0 + 61_000))  # after the window
             producer.flush(30)

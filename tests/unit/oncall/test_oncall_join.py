@@ -32,6 +32,7 @@ def test_feedback_within_the_window_rewards_and_closes_the_trajectory() -> None:
     assert join.stats.feedback_joined == 1 and join.stats.trajectories_rewarded == 1
     # the next call of the session starts a new trajectory
     join.on_interaction(call("s", "c3", [1, 2, 3, 4, 5, 6], [7], at_ms=T0 + 40_000))
+    assert join.stats.new_trajectory_reasons["after_feedback"] == 1
     assert join.on_tick(T0 + 40_000 + 61_000) == [] and join.stats.unrewarded_dropped == 1
 
 
