@@ -12,6 +12,8 @@ FEEDBACK = "stacx.feedback"
 TASKS = "stacx.tasks"
 DLQ = "stacx.dlq"
 SCHEMAS = "stacx.schemas"
+ONCALL_TRAJECTORIES = "stacx.oncall.trajectories"
+"""Rewarded trajectories of the on-call join (created by the join worker, 1 partition)."""
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 BOOTSTRAP_ENV = "STACX_KAFKA"

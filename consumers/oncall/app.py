@@ -1,0 +1,249 @@
+"""The on-call join as a Faust worker (`stacx oncall-join CONFIG`).
+
+    agent-logs (key: session) ─┐
+    feedback   (key: session) ─┼▶ join agent ─▶ oncall trajectories (key: session, 1 partition)
+    <app>-ticks (same parts.)  ─┘   │ table: sessions             └▶ dlq (late, unmatched, invalid)
+
+The three inputs are co-partitioned (same partition count, keyed by session id), so one
+partition's agent sees every event of its sessions in order, and the `sessions` table (changelog
+backed) survives restarts. Window ends are driven by tick events a timer writes to every
+partition of the ticks topic, since tables change only inside stream processing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from consumers.assembly.app import FaustForwarder
+from consumers.assembly.protocols import Forwarder, Output
+from consumers.oncall.join import FeedbackJoin, Joined, JoinStats, Rejected, feedback_id
+from schemas import topics
+from schemas.codec import decode, encode
+from schemas.records import AgentInteraction, DeadLetter, Feedback, now_ms
+from schemas.validation import validate
+
+__all__ = ["ONCALL_TICK_KEY", "OncallJoinApp", "ensure_join_topics"]
+
+log = logging.getLogger(__name__)
+
+ONCALL_TICK_KEY = b"\x00stacx-oncall-tick"
+"""Key of the timer's tick events (never a session id)."""
+
+_RAW: dict[str, Any] = {
+    "key_type": bytes,
+    "value_type": bytes,
+    "key_serializer": "raw",
+    "value_serializer": "raw",
+}
+
+
+class OncallJoinApp:
+    """Builds the Faust app, its topics, table and agent from one `Config`."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        app_id: str = "stacx-oncall-join"
+        """Faust app id: the consumer group and the prefix of internal topics."""
+        bootstrap_servers: str = field(
+            default_factory=lambda: os.environ.get(topics.BOOTSTRAP_ENV, topics.DEFAULT_BOOTSTRAP)
+        )
+        """Kafka bootstrap servers."""
+        agent_logs_topic: str = topics.AGENT_LOGS
+        """Input: `AgentInteraction` events keyed by session id."""
+        feedback_topic: str = topics.FEEDBACK
+        """Input: `Feedback` events keyed by session id (same partition count)."""
+        trajectories_topic: str = topics.ONCALL_TRAJECTORIES
+        """Output: rewarded `Trajectory` events (created with 1 partition when missing)."""
+        dlq_topic: str = topics.DLQ
+        """Output: late or unmatched feedback and invalid events, with the reason."""
+        partitions: int = 4
+        """Partitions of the input topics (the table and ticks get as many)."""
+        store: str = "memory://"
+        """Table store URL (`memory://` rebuilds from the changelog on start)."""
+        datadir: str = field(
+            default_factory=lambda: os.path.join(
+                os.environ.get("STACX_HOME", os.path.expanduser("~/.cache/stacx")), "oncall-join"
+            )
+        )
+        """Worker data directory."""
+        tick_interval_s: float = 1.0
+        """How often window ends are checked."""
+        stats_interval_s: float = 30.0
+        """How often the counters are logged (0: only at shutdown)."""
+        join: FeedbackJoin.Config = field(default_factory=FeedbackJoin.Config)
+        """Window, unrewarded policy, trajectory limits."""
+
+        def __post_init__(self) -> None:
+            if self.partitions < 1 or self.tick_interval_s <= 0:
+                raise ValueError("oncall join: partitions must be >= 1 and tick_interval_s > 0")
+
+        @property
+        def ticks_topic(self) -> str:
+            return f"{self.app_id}-ticks"
+
+    def __init__(
+        self, config: Config, *, forwarder: Forwarder | None = None, clock: Callable[[], int] = now_ms
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.stats = JoinStats()
+        self.app = _faust_app(config)
+        self.forwarder: Forwarder = forwarder or FaustForwarder(self.app)
+        self.sessions = self.app.Table("sessions", partitions=config.partitions, value_type=bytes)
+        self.join = FeedbackJoin(config.join, self.sessions, self.stats)
+        self.channel = self.app.topic(
+            config.agent_logs_topic, config.feedback_topic, config.ticks_topic, **_RAW
+        )
+        self.ticks = self.app.topic(config.ticks_topic, **_RAW)
+        self.agent = self.app.agent(self.channel, name="join", sink=[self._publish])(self._stream)
+        self.app.timer(config.tick_interval_s, name="ticks")(self._send_ticks)
+        if config.stats_interval_s > 0:
+            self.app.timer(config.stats_interval_s, name="stats")(self._log_stats)
+
+    async def _stream(self, stream: faust.StreamT) -> AsyncIterator[list[Output]]:
+        async for event in stream.events():
+            yield self.on_message(event.message)
+
+    async def _publish(self, outputs: list[Output]) -> None:
+        for output in outputs:
+            await self.forwarder.send(output)
+
+    def on_message(self, message: Any) -> list[Output]:
+        """One message of any input topic -> the records to publish."""
+        partition = int(message.partition or 0)
+        if message.key == ONCALL_TICK_KEY:
+            return self._outputs(message, self.join.on_tick(self.clock(), partition=partition))
+        try:
+            record = decode(message.value)
+            validate(record)
+        except Exception as exc:  # untrusted bytes: dead-letter them, keep going
+            self.stats.invalid += 1
+            return [self._dead_letter(message, str(exc), type(exc).__name__)]
+        if isinstance(record, AgentInteraction):
+            return self._safe(message, lambda: self.join.on_interaction(record, partition=partition))
+        if isinstance(record, Feedback):
+            fid = feedback_id(record, str(message.topic), partition, int(message.offset or 0))
+            return self._safe(message, lambda: self.join.on_feedback(record, fid, partition=partition))
+        self.stats.invalid += 1
+        return [
+            self._dead_letter(
+                message, f"unexpected {type(record).__name__} on {message.topic}", "UnexpectedRecord"
+            )
+        ]
+
+    def _safe(self, message: Any, step: Callable[[], list[Any]]) -> list[Output]:
+        try:
+            return self._outputs(message, step())
+        except ValueError as exc:  # an inconsistent event (prompt length, logprobs): dead-letter
+            self.stats.invalid += 1
+            return [self._dead_letter(message, str(exc), type(exc).__name__)]
+
+    def _outputs(self, message: Any, results: list[Any]) -> list[Output]:
+        out: list[Output] = []
+        for result in results:
+            if isinstance(result, Joined):
+                t = result.trajectory
+                out.append(Output(self.config.trajectories_topic, t.group_id.encode(), encode(t)))
+            elif isinstance(result, Rejected):
+                out.append(self._dead_letter(message, result.reason, result.error_type))
+        return out
+
+    def _dead_letter(self, message: Any, reason: str, error_type: str) -> Output:
+        letter = DeadLetter(
+            source_topic=str(message.topic),
+            source_partition=int(message.partition or 0),
+            source_offset=int(message.offset or 0),
+            reason=reason[:1000],
+            error_type=error_type,
+            key=message.key,
+            value=message.value,
+        )
+        log.warning(
+            "dead-lettered %s[%s]@%s: %s",
+            letter.source_topic,
+            letter.source_partition,
+            letter.source_offset,
+            reason,
+        )
+        return Output(self.config.dlq_topic, message.key, encode(letter))
+
+    async def _send_ticks(self) -> None:
+        value = str(now_ms()).encode()
+        for partition in range(self.config.partitions):
+            await self.ticks.send(key=ONCALL_TICK_KEY, value=value, partition=partition)
+
+    async def _log_stats(self) -> None:
+        log.info("oncall join stats %s", json.dumps(self.stats.as_dict()))
+
+    def worker(self, *, loglevel: str = "info") -> faust.Worker:
+        worker = faust.Worker(self.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+        worker.spinner = None  # see AssemblerApp.worker: the spinner makes logging expensive
+        return worker
+
+    def run(self, *, loglevel: str = "info") -> int:
+        """Create the ticks and output topics, run until SIGINT/SIGTERM; exit status."""
+        ensure_join_topics(self.config)
+        code = 0
+        try:
+            self.worker(loglevel=loglevel).execute_from_commandline()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 0
+        finally:
+            log.info("oncall join final stats %s", json.dumps(self.stats.as_dict()))
+        return code
+
+
+def ensure_join_topics(cfg: OncallJoinApp.Config, timeout_s: float = 30.0) -> None:
+    """Check the inputs' partition counts; create the ticks and output topics (idempotent)."""
+    admin = AdminClient({"bootstrap.servers": cfg.bootstrap_servers})
+    existing = admin.list_topics(timeout=timeout_s).topics
+    for name in (cfg.agent_logs_topic, cfg.feedback_topic):
+        if name in existing and len(existing[name].partitions) != cfg.partitions:
+            raise ValueError(
+                f"topic {name!r} has {len(existing[name].partitions)} partitions but "
+                f"oncall join partitions={cfg.partitions}: the inputs must be "
+                "co-partitioned; set `partitions` to match"
+            )
+    wanted = {
+        cfg.ticks_topic: cfg.partitions,
+        cfg.trajectories_topic: 1,
+        cfg.agent_logs_topic: cfg.partitions,
+        cfg.feedback_topic: cfg.partitions,
+    }
+    missing = [
+        NewTopic(name, num_partitions=n, replication_factor=1)
+        for name, n in wanted.items()
+        if name not in existing
+    ]
+    for name, future in admin.create_topics(missing).items() if missing else []:
+        try:
+            future.result(timeout=timeout_s)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise RuntimeError(f"cannot create topic {name!r}: {exc}") from exc
+
+
+def _faust_app(cfg: OncallJoinApp.Config) -> faust.App:
+    return faust.App(
+        cfg.app_id,
+        broker=[f"kafka://{host}" for host in cfg.bootstrap_servers.split(",")],
+        store=cfg.store,
+        datadir=cfg.datadir,
+        topic_replication_factor=1,
+        topic_partitions=cfg.partitions,
+        consumer_auto_offset_reset="earliest",
+        producer_acks=-1,
+        producer_linger=0.005,
+        processing_guarantee="at_least_once",
+        autodiscover=False,
+        web_enabled=False,
+    )

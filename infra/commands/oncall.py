@@ -1,0 +1,183 @@
+"""`stacx oncall CONFIG` (online learner), `stacx oncall-join CONFIG` (feedback join worker),
+`stacx oncall-rollback CONFIG --to VERSION` and `stacx oncall-versions CONFIG`.
+
+One YAML file serves all four: `bootstrap_servers`, `oncall` (OnlineLearner.Config without its
+trainer), `trainer` (TrainerConfig), `evaluation` (HeldOutEvaluator.Config), `join`
+(OncallJoinApp.Config). See docs/oncall.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("stacx.oncall")
+
+
+def register(subparsers: Any) -> None:
+    learner = subparsers.add_parser(
+        "oncall",
+        help="online learner: train on rewarded production trajectories, gate and deploy new versions",
+    )
+    learner.add_argument("config", type=Path, help="on-call YAML (examples/oncall/oncall.yaml)")
+    learner.add_argument("--max-steps", type=int, help="stop after this many steps in total")
+    learner.set_defaults(func=_learn)
+
+    join = subparsers.add_parser(
+        "oncall-join", help="Faust worker: agent logs x delayed feedback -> rewarded trajectories"
+    )
+    join.add_argument("config", type=Path)
+    join.add_argument("--loglevel", default="info")
+    join.set_defaults(func=_join)
+
+    rollback = subparsers.add_parser("oncall-rollback", help="deploy an earlier version again")
+    rollback.add_argument("config", type=Path)
+    rollback.add_argument(
+        "--to",
+        type=int,
+        required=True,
+        metavar="VERSION",
+        help="deployed version to go back to (see `stacx oncall-versions`)",
+    )
+    rollback.set_defaults(func=_rollback)
+
+    versions = subparsers.add_parser("oncall-versions", help="promotions, rejections, rollbacks")
+    versions.add_argument("config", type=Path)
+    versions.set_defaults(func=_versions)
+
+
+def _tree(path: Path) -> dict[str, Any]:
+    from infra.config import load_yaml
+
+    return load_yaml(path)
+
+
+def learner_config(tree: dict[str, Any], source: str) -> Any:
+    from infra.config import bootstrap_servers, build
+    from trainer import TrainerConfig
+    from trainer.config import from_mapping
+    from trainer.oncall import OnlineLearner
+
+    data = dict(tree.get("oncall") or {})
+    data.setdefault("bootstrap_servers", bootstrap_servers(tree))
+    data["trainer"] = from_mapping(TrainerConfig, dict(tree.get("trainer") or {}), "trainer")
+    return build(OnlineLearner.Config, data, where=f"{source}: oncall")
+
+
+def join_config(tree: dict[str, Any], source: str) -> Any:
+    from consumers.oncall import OncallJoinApp
+    from infra.config import bootstrap_servers, build
+
+    data = dict(tree.get("join") or {})
+    data.setdefault("bootstrap_servers", bootstrap_servers(tree))
+    return build(OncallJoinApp.Config, data, where=f"{source}: join")
+
+
+def _learn(args: argparse.Namespace) -> int:
+    from infra.config import ConfigError, build
+    from trainer.errors import TrainerError
+    from trainer.oncall import HeldOutEvaluator, KafkaWeightLog, OnlineLearner
+
+    try:
+        tree = _tree(args.config)
+        config = learner_config(tree, str(args.config))
+        evaluation = build(
+            HeldOutEvaluator.Config, dict(tree.get("evaluation") or {}), where=f"{args.config}: evaluation"
+        )
+    except (ConfigError, TrainerError, ValueError) as exc:
+        print(f"stacx oncall: {exc}", file=sys.stderr)
+        return 2
+    staging = None
+    if not evaluation.staging_url:
+        staging = _staging_server(config)
+        evaluation.staging_url = staging.base_url
+    weights = KafkaWeightLog(config.bootstrap_servers, config.weights_topic)
+    learner = None
+    try:
+        learner = OnlineLearner(config, evaluator=HeldOutEvaluator(evaluation), weight_log=weights)
+        learner.run(args.max_steps)
+    finally:
+        if learner is not None:
+            learner.close()
+        weights.close()
+        if staging is not None:
+            staging.stop()
+    return 0
+
+
+def _staging_server(config: Any) -> Any:
+    """A private inference server for the gate's evaluations (never serves users)."""
+    from rollout.inference import InferenceServer
+
+    path = config.trainer.models["policy"].path
+    server = InferenceServer(
+        InferenceServer.Config(model_path=path, port=0, torch_threads=1, served_model_name="staging")
+    )
+    server.start()
+    log.info("staging server for the promotion gate at %s", server.base_url)
+    return server
+
+
+def _join(args: argparse.Namespace) -> int:
+    from consumers.oncall import OncallJoinApp
+    from infra.config import ConfigError
+
+    try:
+        config = join_config(_tree(args.config), str(args.config))
+    except (ConfigError, ValueError) as exc:
+        print(f"stacx oncall-join: {exc}", file=sys.stderr)
+        return 2
+    return OncallJoinApp(config).run(loglevel=args.loglevel)
+
+
+def _deployments(args: argparse.Namespace) -> Any:
+    from trainer.oncall import Deployments, KafkaWeightLog, VersionHistory
+
+    config = learner_config(_tree(args.config), str(args.config))
+    history = VersionHistory(Path(config.state_dir) / "versions.jsonl")
+    return Deployments(
+        history, KafkaWeightLog(config.bootstrap_servers, config.weights_topic), config.model_name
+    )
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    from infra.config import ConfigError
+    from trainer.errors import TrainerError
+
+    try:
+        deployments = _deployments(args)
+    except (ConfigError, TrainerError, ValueError) as exc:
+        print(f"stacx oncall-rollback: {exc}", file=sys.stderr)
+        return 2
+    try:
+        version = deployments.rollback(args.to)
+    except (ConfigError, TrainerError) as exc:
+        print(f"stacx oncall-rollback: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        deployments.log.close()
+    print(json.dumps({"deployed_version": version.version, "rollback_to": args.to, "path": version.path}))
+    return 0
+
+
+def _versions(args: argparse.Namespace) -> int:
+    from trainer.oncall import VersionHistory
+
+    config = learner_config(_tree(args.config), str(args.config))
+    for entry in VersionHistory(Path(config.state_dir) / "versions.jsonl").entries():
+        report = entry.get("report") or {}
+        print(
+            json.dumps(
+                {
+                    k: entry.get(k)
+                    for k in ("kind", "step", "deployed_version", "rollback_to", "reasons")
+                    if entry.get(k) is not None
+                }
+                | {"success_rate": report.get("success_rate"), "probe_rate": report.get("probe_rate")}
+            )
+        )
+    return 0

@@ -1,0 +1,67 @@
+"""`stacx proxy`: the OpenAI-compatible agent proxy in front of inference servers (on-call RL)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+log = logging.getLogger("stacx.proxy")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "proxy", help="OpenAI-compatible agent proxy: records every call to stacx.agent-logs"
+    )
+    p.add_argument("--config", help="YAML file; its `proxy` section is ProxyServer.Config")
+    p.add_argument("--upstream", action="append", help="inference server URL (repeat for several)")
+    p.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8400)")
+    p.add_argument("--tokenizer", help="tokenizer directory (default: the first server's model)")
+    p.add_argument("--model-name", help="model name in responses and events")
+    p.add_argument("--agent-logs-topic", help="where interaction events go")
+    p.add_argument("--feedback-topic", help="where POST /v1/feedback events go")
+    p.add_argument("--max-buffered", type=int, help="events kept while Kafka is slow or down")
+    p.add_argument("--bootstrap-servers", help="Kafka bootstrap (default: config, $STACX_KAFKA)")
+    p.set_defaults(func=_proxy)
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    """ProxyServer.Config from the YAML file (if any) and the command-line overrides."""
+    from infra.config import bootstrap_servers, build, load_yaml
+    from rollout.proxy import ProxyServer
+
+    tree = load_yaml(args.config) if args.config else {}
+    data = dict(tree.get("proxy") or {})
+    data.setdefault("bootstrap_servers", bootstrap_servers(tree))
+    for flag, key in (("host", "host"), ("port", "port"), ("bootstrap_servers", "bootstrap_servers")):
+        if getattr(args, flag) is not None:
+            data[key] = getattr(args, flag)
+    inner = dict(data.get("proxy") or {})
+    overrides = {
+        "upstreams": args.upstream,
+        "tokenizer_path": args.tokenizer,
+        "served_model_name": args.model_name,
+        "agent_logs_topic": args.agent_logs_topic,
+        "feedback_topic": args.feedback_topic,
+    }
+    inner.update({k: v for k, v in overrides.items() if v is not None})
+    if args.max_buffered is not None:
+        inner["recorder"] = {**dict(inner.get("recorder") or {}), "max_buffered": args.max_buffered}
+    data["proxy"] = inner
+    return build(ProxyServer.Config, data, where=f"{args.config or 'command line'}: proxy")
+
+
+def _proxy(args: argparse.Namespace) -> int:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call otherwise
+    from infra.config import ConfigError
+    from rollout.proxy import ProxyError, ProxyServer
+
+    try:
+        server = ProxyServer(build_config(args))
+    except (ConfigError, ProxyError) as exc:
+        print(f"stacx proxy: {exc}", file=sys.stderr)
+        return 2
+    server.serve_forever()
+    return 0

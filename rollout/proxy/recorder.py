@@ -1,0 +1,195 @@
+"""`EventRecorder`: hands interaction and feedback events to Kafka without ever blocking traffic.
+
+`record()` only appends to a bounded in-memory buffer and returns at once. A background thread
+publishes the buffered events; an event leaves the buffer only when the broker acknowledged it,
+and a failed delivery (Kafka down, slow, refusing) is retried after `retry_backoff_s`. When the
+buffer holds `max_buffered` events, new events are dropped and counted, and the recorder is
+*degraded* (gauge `stacx_proxy_degraded` = 1, one warning in the log) until the buffer has
+drained below half of its bound: production calls are always answered, only their records are
+lost, and the metrics say how many.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from producers.protocols import Publisher
+from rollout.proxy.errors import ProxyConfigError
+from rollout.proxy.metrics import ProxyMetrics
+
+__all__ = ["EventRecorder", "PendingEvent"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True, slots=True)
+class PendingEvent:
+    """One event waiting for the broker's acknowledgement."""
+
+    seq: int
+    """Arrival order: retries go out before newer events, so a session's events keep their order."""
+    topic: str
+    record: object
+    headers: Mapping[str, str | bytes] = field(default_factory=dict)
+    attempts: int = 0
+    not_before: float = 0.0
+    """Monotonic time before which it is not retried."""
+
+
+class EventRecorder:
+    """Bounded, non-blocking buffer in front of a `Publisher` (see the module docstring)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        max_buffered: int = 10_000
+        """Events kept until acknowledged; beyond this new events are dropped (degraded mode)."""
+        retry_backoff_s: float = 1.0
+        """Wait before re-publishing an event whose delivery failed."""
+        max_in_flight: int = 1_000
+        """Events handed to the publisher and not yet acknowledged, at most."""
+
+        def __post_init__(self) -> None:
+            if self.max_buffered < 1:
+                raise ProxyConfigError(f"recorder.max_buffered={self.max_buffered}: keep at least 1 event")
+            if self.max_in_flight < 1 or self.retry_backoff_s < 0:
+                raise ProxyConfigError(
+                    "recorder.max_in_flight must be >= 1 and recorder.retry_backoff_s >= 0"
+                )
+
+    def __init__(self, config: Config, publisher: Publisher, metrics: ProxyMetrics | None = None) -> None:
+        self.config = config
+        self.publisher = publisher
+        self.metrics = metrics or ProxyMetrics()
+        self._waiting: list[tuple[int, PendingEvent]] = []  # heap by arrival order
+        self._seq = itertools.count()
+        self._in_flight = 0
+        self._cond = threading.Condition()
+        self._stopped = False
+        self.degraded = False
+        self._thread = threading.Thread(target=self._run, name="stacx-proxy-recorder", daemon=True)
+        self._thread.start()
+
+    # -- producer side (request handlers) ---------------------------------------------------
+
+    @property
+    def num_buffered(self) -> int:
+        """Events not yet acknowledged (waiting + in flight)."""
+        return len(self._waiting) + self._in_flight
+
+    def record(self, topic: str, record: object, headers: Mapping[str, str | bytes] | None = None) -> bool:
+        """Buffer `record` for `topic`; False (and counted) when the buffer is full. Never blocks."""
+        with self._cond:
+            if self.num_buffered >= self.config.max_buffered:
+                self._enter_degraded()
+                self.metrics.inc("events_dropped_total")
+                return False
+            event = PendingEvent(seq=next(self._seq), topic=topic, record=record, headers=dict(headers or {}))
+            heapq.heappush(self._waiting, (event.seq, event))
+            self.metrics.inc("events_recorded_total")
+            self._update_gauges()
+            self._cond.notify()
+        return True
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until every buffered event is acknowledged; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self.num_buffered:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.1))
+        return True
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Try to deliver what is buffered within `timeout_s`, then stop (the rest is counted lost)."""
+        self.flush(timeout_s)
+        with self._cond:
+            self._stopped = True
+            lost = self.num_buffered
+            self._cond.notify_all()
+        self._thread.join(timeout=5.0)
+        if lost:
+            log.error("proxy recorder closed with %d events undelivered", lost)
+            self.metrics.inc("events_dropped_total", lost)
+
+    # -- consumer side (background thread) --------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            event = self._next()
+            if event is None:
+                return
+            self._publish(event)
+
+    def _next(self) -> PendingEvent | None:
+        with self._cond:
+            while not self._stopped:
+                now = time.monotonic()
+                if self._waiting and self._in_flight < self.config.max_in_flight:
+                    head = self._waiting[0][1]
+                    if head.not_before <= now:
+                        heapq.heappop(self._waiting)
+                        self._in_flight += 1
+                        return head
+                    self._cond.wait(head.not_before - now)
+                    continue
+                self._cond.wait(0.5)
+            return None
+
+    def _publish(self, event: PendingEvent) -> None:
+        event.attempts += 1
+        try:
+            future: Future[Any] = self.publisher.publish(event.topic, event.record, headers=event.headers)
+        except Exception as exc:  # a publisher that cannot even enqueue (catalogue unreachable...)
+            self._failed(event, exc)
+            return
+        future.add_done_callback(lambda f: self._done(event, f))
+
+    def _done(self, event: PendingEvent, future: Future[Any]) -> None:
+        exc = future.exception()
+        if exc is not None:
+            self._failed(event, exc)
+            return
+        with self._cond:
+            self._in_flight -= 1
+            self.metrics.inc("events_published_total")
+            if self.degraded and self.num_buffered <= self.config.max_buffered // 2:
+                self.degraded = False
+                log.warning("proxy recorder recovered: %d events buffered", self.num_buffered)
+            self._update_gauges()
+            self._cond.notify_all()
+
+    def _failed(self, event: PendingEvent, exc: BaseException) -> None:
+        if event.attempts == 1 or event.attempts % 10 == 0:
+            log.warning(
+                "event to %s not delivered (attempt %d): %s; retrying", event.topic, event.attempts, exc
+            )
+        with self._cond:
+            self._in_flight -= 1
+            self.metrics.inc("delivery_failures_total")
+            event.not_before = time.monotonic() + self.config.retry_backoff_s
+            heapq.heappush(self._waiting, (event.seq, event))  # before newer events: order kept
+            self._cond.notify_all()
+
+    def _enter_degraded(self) -> None:
+        if not self.degraded:
+            self.degraded = True
+            log.warning(
+                "proxy recorder degraded: %d events buffered (max_buffered); new events are "
+                "dropped until Kafka catches up",
+                self.num_buffered,
+            )
+        self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        self.metrics.set("buffered_events", self.num_buffered)
+        self.metrics.set("degraded", 1.0 if self.degraded else 0.0)

@@ -1,0 +1,108 @@
+"""Prompts and answers: OpenAI requests -> exact token ids, generations -> OpenAI responses.
+
+The proxy renders chat prompts with the served model's own tokenizer and chat template, exactly
+as the built-in server's OpenAI route does (tools Qwen2-style; `tool_choice` `required` or a
+named function primes the assistant turn with the opening of a call), so a call through the
+proxy gets the same answer as the same call to the server's `/v1/chat/completions`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from rollout.inference.openai_api import ChatCompletionRequest, CompletionRequest
+from rollout.inference.openai_routes import TOOL_OPEN, forced_call_text, parse_tool_calls, tool_primer
+from rollout.proxy.errors import UnsupportedRequestError
+
+__all__ = ["PromptRenderer", "RenderedPrompt", "chat_message", "visible_text"]
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedPrompt:
+    """Token ids sent to the server; `primer` is the start of the assistant turn we forced."""
+
+    ids: list[int]
+    primer: str = ""
+
+
+class PromptRenderer:
+    """Applies the model's chat template and tokenizer (a Hugging Face tokenizer)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = len(tokenizer)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+
+    def chat(self, body: ChatCompletionRequest) -> RenderedPrompt:
+        messages = [m.for_template(i) for i, m in enumerate(body.messages)]
+        tools = body.tools if body.uses_tools else None
+        text = self.tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=False
+        )
+        primer = tool_primer(body) if body.uses_tools else ""
+        return RenderedPrompt(ids=self.encode(str(text) + primer), primer=primer)
+
+    def completion(self, body: CompletionRequest) -> RenderedPrompt:
+        prompts = body.prompts()
+        if len(prompts) != 1:
+            raise UnsupportedRequestError(
+                "prompt", f"has {len(prompts)} prompts; send one prompt per call through the proxy"
+            )
+        prompt = prompts[0]
+        ids = list(prompt) if isinstance(prompt, list) else self.encode(prompt)
+        if not ids:
+            raise UnsupportedRequestError("prompt", "is empty; send at least one token")
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise UnsupportedRequestError(
+                "prompt", f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})"
+            )
+        return RenderedPrompt(ids=ids)
+
+    def token_text(self, token: int) -> str:
+        return self.decode([token])
+
+    def token_bytes(self, token: int) -> list[int]:
+        return list(self.token_text(token).encode("utf-8"))
+
+
+def chat_message(
+    body: ChatCompletionRequest, text: str, primer: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The assistant message (content and parsed tool calls) for the generated `text`."""
+    if body.uses_tools:
+        content, calls = parse_tool_calls(forced_call_text(primer, text))
+    else:
+        content, calls = text, []
+    message: dict[str, Any] = {"role": "assistant", "content": content or None}
+    if calls:
+        message["tool_calls"] = calls if body.parallel_tool_calls else calls[:1]
+    return message, calls
+
+
+def visible_text(body: ChatCompletionRequest, text: str, primer: str) -> int:
+    """How much of a streamed text may be sent as content: from `<tool_call>` on it is held back
+    (tool calls are sent whole in the last chunk), as is a partial opening tag at the end."""
+    if not body.uses_tools:
+        return len(text)
+    if primer:
+        return 0
+    at = text.find(TOOL_OPEN)
+    if at >= 0:
+        return at
+    for keep in range(min(len(TOOL_OPEN) - 1, len(text)), 0, -1):
+        if TOOL_OPEN.startswith(text[-keep:]):
+            return len(text) - keep
+    return len(text)
+
+
+def request_messages_json(body: ChatCompletionRequest) -> str:
+    """The messages as the client sent them (what `AgentInteraction.messages` stores)."""
+    return json.dumps([m.model_dump(exclude_none=True) for m in body.messages])

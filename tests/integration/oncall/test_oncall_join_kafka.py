@@ -1,0 +1,117 @@
+"""Real Kafka: the join worker (`stacx oncall-join`) turns calls + feedback into rewarded
+trajectories and dead-letters late feedback with the reason."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from oncall_fixtures import call, rating
+
+from consumers import EventConsumer
+from producers import EventProducer
+from schemas.records import DeadLetter, Trajectory, now_ms
+
+STACX = str(Path(sys.executable).with_name("stacx"))
+
+
+def _read(bootstrap: str, topics: list[str], count: int, timeout_s: float = 120) -> list[Any]:
+    consumer = EventConsumer(
+        EventConsumer.Config(
+            bootstrap_servers=bootstrap, topics=topics, group_id=f"read-{uuid.uuid4().hex[:8]}"
+        )
+    )
+    events: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(events) < count and time.monotonic() < deadline:
+            events += consumer.consume(100, 1.0)
+    finally:
+        consumer.close()
+    return events
+
+
+def _wait_committed(bootstrap: str, group: str, topic: str, count: int, timeout_s: float = 120) -> None:
+    from confluent_kafka import ConsumerGroupTopicPartitions
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        request = [ConsumerGroupTopicPartitions(group)]
+        try:
+            result = next(iter(admin.list_consumer_group_offsets(request).values())).result(timeout=10)
+            done = sum(max(tp.offset, 0) for tp in result.topic_partitions if tp.topic == topic)
+        except Exception:  # the group does not exist yet
+            done = 0
+        if done >= count:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"the join worker did not consume {count} calls within {timeout_s:.0f} s")
+
+
+def test_join_worker_emits_rewarded_trajectories_and_dead_letters_late_feedback(
+    kafka_bootstrap: str, fresh_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    logs, feedback = fresh_topic("agent-logs", partitions=2), fresh_topic("feedback", partitions=2)
+    dlq = fresh_topic("dlq", partitions=1)
+    out = f"test.oncall-trajectories.{uuid.uuid4().hex[:10]}"
+    config = tmp_path / "oncall.yaml"
+    app_id = f"test-join-{uuid.uuid4().hex[:8]}"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "bootstrap_servers": kafka_bootstrap,
+                "join": {
+                    "app_id": app_id,
+                    "agent_logs_topic": logs,
+                    "feedback_topic": feedback,
+                    "trajectories_topic": out,
+                    "dlq_topic": dlq,
+                    "partitions": 2,
+                    "datadir": str(tmp_path / "join"),
+                    "join": {"window_s": 60.0},
+                },
+            }
+        )
+    )
+    worker = subprocess.Popen(
+        [STACX, "oncall-join", str(config), "--loglevel", "warning"],
+        stdout=(tmp_path / "join.log").open("wb"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    try:
+        t0 = now_ms()
+        with EventProducer(EventProducer.Config(bootstrap_servers=kafka_bootstrap)) as producer:
+            producer.publish(logs, call("s1", "a", [1, 2], [3], at_ms=t0))
+            producer.publish(logs, call("s1", "b", [1, 2, 3, 9], [4], at_ms=t0 + 1))  # merged
+            producer.publish(logs, call("s2", "c", [5], [6], at_ms=t0))
+            producer.flush(30)
+            # feedback comes after the calls (seconds later, as from users): both topics are read
+            # at once, so wait until the worker has consumed the calls
+            _wait_committed(kafka_bootstrap, app_id, logs, 3)
+            producer.publish(feedback, rating("s1", 1.0, at_ms=t0 + 2_000))
+            producer.publish(feedback, rating("s2", 1.0, at_ms=t0 + 61_000))  # after the window
+            producer.flush(30)
+        joined = _read(kafka_bootstrap, [out], 1)
+        letters = _read(kafka_bootstrap, [dlq], 1)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
+    log_tail = (tmp_path / "join.log").read_text()[-3000:]
+    assert len(joined) == 1, log_tail
+    trajectory = joined[0].value
+    assert isinstance(trajectory, Trajectory) and trajectory.reward == 1.0
+    assert trajectory.metadata["interaction_ids"] == "a,b"
+    assert list(trajectory.token_ids) == [1, 2, 3, 9, 4] and list(trajectory.loss_mask) == [0, 0, 1, 0, 1]
+    (letter,) = [e.value for e in letters]
+    assert isinstance(letter, DeadLetter) and letter.error_type == "LateFeedback"
+    assert letter.source_topic == feedback

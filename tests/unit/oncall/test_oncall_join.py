@@ -1,0 +1,131 @@
+"""The delayed-feedback join: window, late feedback to the DLQ, unrewarded sessions counted."""
+
+from __future__ import annotations
+
+import uuid
+
+from oncall_fixtures import call, rating
+
+from consumers.assembly.testing import ListForwarder
+from consumers.oncall import FeedbackJoin, Joined, OncallJoinApp, Rejected
+from schemas.codec import decode, encode
+from schemas.records import DeadLetter, Trajectory
+
+WINDOW_S = 60.0
+T0 = 1_000_000
+
+
+def _join(**config: object) -> FeedbackJoin:
+    return FeedbackJoin(FeedbackJoin.Config(window_s=WINDOW_S, **config), {})  # type: ignore[arg-type]
+
+
+def test_feedback_within_the_window_rewards_and_closes_the_trajectory() -> None:
+    join = _join()
+    join.on_interaction(call("s", "c1", [1, 2], [3], at_ms=T0))
+    join.on_interaction(call("s", "c2", [1, 2, 3, 4], [5], at_ms=T0 + 1000))
+    (joined,) = join.on_feedback(rating("s", 1.0, at_ms=T0 + 30_000), "f1")
+    assert isinstance(joined, Joined)
+    t = joined.trajectory
+    assert t.reward == 1.0 and t.rewards == {"user": 1.0}
+    assert t.metadata["interaction_ids"] == "c1,c2" and t.metadata["feedback_ids"] == "f1"
+    assert list(t.token_ids) == [1, 2, 3, 4, 5] and list(t.loss_mask) == [0, 0, 1, 0, 1]
+    assert join.stats.feedback_joined == 1 and join.stats.trajectories_rewarded == 1
+    # the next call of the session starts a new trajectory
+    join.on_interaction(call("s", "c3", [1, 2, 3, 4, 5, 6], [7], at_ms=T0 + 40_000))
+    assert join.stats.new_trajectory_reasons["after_feedback"] == 1
+    assert join.on_tick(T0 + 40_000 + 61_000) == [] and join.stats.unrewarded_dropped == 1
+
+
+def test_feedback_after_the_window_goes_to_the_dlq_as_late() -> None:
+    join = _join()
+    join.on_interaction(call("s", "c1", [1, 2], [3], at_ms=T0))
+    (late,) = join.on_feedback(rating("s", 1.0, at_ms=T0 + 61_000), "f1")
+    assert isinstance(late, Rejected) and late.error_type == "LateFeedback"
+    assert "window" in late.reason
+    assert join.stats.feedback_late == 1 and join.stats.trajectories_rewarded == 0
+
+
+def test_feedback_for_a_finished_trajectory_is_late_and_unrewarded_are_counted() -> None:
+    join = _join()
+    join.on_interaction(call("s", "c1", [1, 2], [3], at_ms=T0))
+    assert join.on_tick(T0 + 61_000) == []  # window over, no feedback: dropped
+    assert join.stats.unrewarded_dropped == 1
+    (late,) = join.on_feedback(rating("s", 1.0, at_ms=T0 + 62_000, interaction="c1"), "f1")
+    assert isinstance(late, Rejected) and "already finished" in late.reason
+
+
+def test_unrewarded_default_policy_emits_with_the_default_reward() -> None:
+    join = _join(unrewarded="default", default_reward=-0.5)
+    join.on_interaction(call("s", "c1", [1, 2], [3], at_ms=T0))
+    (joined,) = join.on_tick(T0 + 61_000)
+    assert isinstance(joined, Joined) and joined.trajectory.reward == -0.5
+    assert joined.trajectory.metadata["reward_source"] == "default"
+    assert join.stats.unrewarded_defaulted == 1
+
+
+def test_feedback_naming_one_call_rewards_only_its_trajectory() -> None:
+    join = _join()
+    join.on_interaction(call("s", "a1", [1, 2], [3], at_ms=T0))
+    join.on_interaction(call("s", "b1", [7, 8], [9], at_ms=T0 + 10))  # history_changed
+    (joined,) = join.on_feedback(rating("s", 0.0, at_ms=T0 + 20, interaction="a1"), "f1")
+    assert isinstance(joined, Joined) and joined.trajectory.metadata["interaction_ids"] == "a1"
+
+
+def test_early_feedback_waits_for_its_calls_then_unmatched_goes_to_the_dlq() -> None:
+    join = _join()
+    assert join.on_feedback(rating("s", 1.0, at_ms=T0, interaction="c1"), "f1") == []
+    (joined,) = join.on_interaction(call("s", "c1", [1, 2], [3], at_ms=T0 + 5))
+    assert joined.trajectory.reward == 1.0 and join.stats.feedback_held == 0
+    assert join.on_feedback(rating("x", 1.0, at_ms=T0), "f2") == []
+    (unmatched,) = join.on_tick(T0 + 61_000)
+    assert isinstance(unmatched, Rejected) and unmatched.error_type == "UnmatchedFeedback"
+
+
+def test_wait_for_window_combines_every_feedback_source() -> None:
+    join = _join(wait_for_window=True)
+    join.on_interaction(call("s", "c1", [1, 2], [3], at_ms=T0))
+    assert join.on_feedback(rating("s", 1.0, at_ms=T0 + 5), "f1") == []
+    assert join.on_feedback(rating("s", 0.5, at_ms=T0 + 6, source="edit_kept"), "f2") == []
+    assert join.on_feedback(rating("s", 0.5, at_ms=T0 + 6, source="edit_kept"), "f2") == []  # redelivered
+    (joined,) = join.on_tick(T0 + 61_000)
+    assert joined.trajectory.rewards == {"user": 1.0, "edit_kept": 0.5} and joined.trajectory.reward == 1.5
+
+
+def test_redelivered_calls_are_ignored_and_state_survives_serialisation() -> None:
+    sessions: dict[str, bytes] = {}
+    join = FeedbackJoin(FeedbackJoin.Config(window_s=WINDOW_S), sessions)
+    join.on_interaction(call("s", "c1", [1, 2], [3], at_ms=T0))
+    restarted = FeedbackJoin(FeedbackJoin.Config(window_s=WINDOW_S), sessions)  # same table
+    assert restarted.on_interaction(call("s", "c1", [1, 2], [3], at_ms=T0)) == []
+    assert restarted.stats.duplicate_interactions == 1
+    (joined,) = restarted.on_feedback(rating("s", 1.0, at_ms=T0 + 1), "f1")
+    assert isinstance(joined, Joined)
+
+
+class _Clock:
+    now_ms = T0
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+
+async def test_faust_agent_joins_and_dead_letters_late_feedback() -> None:
+    forwarder, clock = ListForwarder(), _Clock()
+    app = OncallJoinApp(
+        OncallJoinApp.Config(
+            app_id=f"unit-{uuid.uuid4().hex[:8]}", partitions=2, join=FeedbackJoin.Config(window_s=WINDOW_S)
+        ),
+        forwarder=forwarder,
+        clock=clock,
+    )
+    async with app.agent.test_context() as agent:
+        await agent.put(encode(call("s", "c1", [1, 2], [3], at_ms=T0)), key=b"s", partition=1)
+        await agent.put(encode(rating("s", 1.0, at_ms=T0 + 10)), key=b"s", partition=1)
+        await agent.put(encode(call("t", "d1", [1], [2], at_ms=T0)), key=b"t", partition=0)
+        await agent.put(encode(rating("t", 1.0, at_ms=T0 + 70_000)), key=b"t", partition=0)
+        await agent.put(b"garbage", key=b"u", partition=0)
+    (out,) = forwarder.on(app.config.trajectories_topic)
+    assert decode(out.value, Trajectory).metadata["session_id"] == "s" and out.key == b"s"
+    letters = [decode(o.value, DeadLetter) for o in forwarder.on(app.config.dlq_topic)]
+    assert sorted(d.error_type for d in letters) == ["CodecError", "LateFeedback"]
+    assert app.stats.feedback_late == 1 and app.stats.invalid == 1

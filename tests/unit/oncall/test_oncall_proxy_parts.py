@@ -1,0 +1,127 @@
+"""The proxy's recorder (bounded, never blocking, degraded mode) and session router (pinning)."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+
+from producers import InMemoryPublisher
+from rollout.proxy import EventRecorder, ProxyConfigError, SessionRouter
+from schemas.records import Feedback
+
+
+class StuckPublisher:
+    """A broker that never acknowledges (Kafka down): futures stay pending until `release`."""
+
+    def __init__(self) -> None:
+        self.futures: list[Future[Any]] = []
+        self.records: list[object] = []
+
+    def publish(self, topic: str, record: object, **_: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        self.futures.append(future)
+        self.records.append(record)
+        return future
+
+    def fail_all(self) -> None:
+        for f in self.futures:
+            if not f.done():
+                f.set_exception(RuntimeError("broker down"))
+
+    def ack_all(self) -> None:
+        for f in self.futures:
+            if not f.done():
+                f.set_result(None)
+
+    def flush(self, timeout_s: float | None = None) -> int:
+        return 0
+
+    def close(self, timeout_s: float | None = None) -> None:
+        pass
+
+
+def _fb(i: int) -> Feedback:
+    return Feedback(session_id=f"s{i}", reward=1.0)
+
+
+def test_full_buffer_drops_new_events_without_blocking_and_reports_degraded() -> None:
+    publisher = StuckPublisher()
+    recorder = EventRecorder(EventRecorder.Config(max_buffered=4, retry_backoff_s=0.0), publisher)
+    accepted = [recorder.record("t", _fb(i)) for i in range(6)]
+    assert accepted == [True] * 4 + [False] * 2
+    metrics = recorder.metrics.snapshot()
+    assert metrics["events_dropped_total"] == 2 and metrics["degraded"] == 1
+    assert recorder.degraded and recorder.num_buffered == 4
+    _wait(lambda: len(publisher.futures) == 4)
+    publisher.ack_all()
+    assert recorder.flush(5.0)
+    assert not recorder.degraded and recorder.metrics.snapshot()["events_published_total"] == 4
+    recorder.close(1.0)
+
+
+def test_failed_deliveries_are_retried_in_arrival_order_until_acknowledged() -> None:
+    publisher = StuckPublisher()
+    recorder = EventRecorder(EventRecorder.Config(max_buffered=10, retry_backoff_s=0.0), publisher)
+    for i in range(3):
+        recorder.record("t", _fb(i))
+    _wait(lambda: len(publisher.futures) == 3)
+    publisher.fail_all()
+    _wait(lambda: len(publisher.futures) == 6)
+    assert [r.session_id for r in publisher.records[3:]] == ["s0", "s1", "s2"]  # type: ignore[attr-defined]
+    publisher.ack_all()
+    assert recorder.flush(5.0)
+    assert recorder.metrics.snapshot()["delivery_failures_total"] == 3
+    recorder.close(1.0)
+
+
+def test_a_publisher_that_raises_is_retried_too() -> None:
+    class Raising(InMemoryPublisher):
+        calls = 0
+
+        def publish(self, topic: str, record: object, **kw: Any) -> Future[Any]:
+            Raising.calls += 1
+            if Raising.calls == 1:
+                raise RuntimeError("schema catalogue unreachable")
+            return super().publish(topic, record, **kw)
+
+    publisher = Raising()
+    recorder = EventRecorder(EventRecorder.Config(retry_backoff_s=0.0), publisher)
+    recorder.record("t", _fb(0))
+    assert recorder.flush(5.0) and len(publisher.records("t")) == 1
+    recorder.close(1.0)
+
+
+def test_recorder_config_is_validated() -> None:
+    with pytest.raises(ProxyConfigError, match="max_buffered"):
+        EventRecorder.Config(max_buffered=0)
+
+
+def test_sessions_stay_pinned_and_new_ones_spread() -> None:
+    router = SessionRouter(["http://a", "http://b"])
+    first, second = router.pick("s1"), router.pick("s2")
+    assert {first, second} == {"http://a", "http://b"}
+    assert all(router.pick("s1") == first for _ in range(5))
+    with router.in_flight("http://a"), router.in_flight("http://a"):
+        assert router.pick("s3") == "http://b"  # least busy
+    assert router.repin("s1", first) != first and router.num_repinned == 1
+
+
+def test_pins_are_bounded_and_a_single_server_is_never_repinned() -> None:
+    router = SessionRouter(["http://a"], max_sessions=2)
+    for s in ("s1", "s2", "s3"):
+        router.pick(s)
+    assert router.num_pinned == 2 and router.repin("s3", "http://a") is None
+    with pytest.raises(ProxyConfigError, match="upstreams"):
+        SessionRouter([])
+
+
+def _wait(condition: Any, timeout_s: float = 5.0) -> None:
+    done = threading.Event()
+    for _ in range(int(timeout_s / 0.01)):
+        if condition():
+            return
+        done.wait(0.01)
+    raise AssertionError("condition not reached")

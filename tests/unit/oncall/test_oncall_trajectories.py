@@ -1,0 +1,63 @@
+"""The prefix-merge rule: which calls make one trajectory, what is masked, why a new one starts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from oncall_fixtures import call
+
+from consumers.oncall import TrajectoryBuilder, interaction_split, trajectory_id_for
+
+
+def test_calls_extending_prompt_plus_completion_merge_with_tool_turns_masked() -> None:
+    builder = TrajectoryBuilder()
+    first = call("s", "c1", [1, 2, 3], [10, 11])
+    second = call("s", "c2", [1, 2, 3, 10, 11, 50, 51], [12])  # + tool result 50 51
+    traj, closed = builder.add(None, first)
+    traj, closed = builder.add(traj, second)
+    assert closed is None and builder.num_merged == 1
+    assert traj.token_ids == [1, 2, 3, 10, 11, 50, 51, 12]
+    assert traj.loss_mask == [0, 0, 0, 1, 1, 0, 0, 1]
+    assert traj.logprobs == [0, 0, 0, -0.5, -0.5, 0, 0, -0.5]
+    assert traj.prompt_length == 3 and traj.interaction_ids == ["c1", "c2"]
+    assert builder.reasons["session_start"] == 1
+    record = traj.to_trajectory(sample_index=0, reward=1.0, rewards={"user": 1.0}, metadata={})
+    assert record.trajectory_id == trajectory_id_for("s", "c1")
+    assert np.array_equal(record.loss_mask, np.array(traj.loss_mask, dtype=np.uint8))
+    assert record.metadata["interaction_ids"] == "c1,c2"
+
+
+@pytest.mark.parametrize(
+    ("prompt", "reason"),
+    [
+        ([1, 2, 9, 10, 11, 50], "history_changed"),  # an earlier turn edited
+        ([1, 2, 3, 10, 99, 50], "response_rerendered"),  # the answer came back re-serialised
+        ([1, 2, 3, 77], "response_rerendered"),  # another sample of the same prompt
+        ([5, 6], "history_changed"),  # another conversation, same session id
+    ],
+)
+def test_a_prompt_that_does_not_extend_starts_a_new_trajectory_with_its_reason(
+    prompt: list[int], reason: str
+) -> None:
+    builder = TrajectoryBuilder()
+    traj, _ = builder.add(None, call("s", "c1", [1, 2, 3], [10, 11]))
+    fresh, closed = builder.add(traj, call("s", "c2", prompt, [12]))
+    assert closed is traj and fresh is not traj
+    assert fresh.token_ids == [*prompt, 12] and fresh.start_reason == reason
+    assert builder.reasons[reason] == 1
+
+
+def test_model_change_and_length_limit_start_new_trajectories() -> None:
+    builder = TrajectoryBuilder(max_tokens=8)
+    traj, _ = builder.add(None, call("s", "c1", [1, 2], [3]))
+    traj2, closed = builder.add(traj, call("s", "c2", [1, 2, 3, 4], [5], model="other"))
+    assert closed is traj and builder.reasons["model_changed"] == 1
+    traj3, closed = builder.add(traj2, call("s", "c3", [1, 2, 3, 4, 5, 6, 7, 8], [9], model="other"))
+    assert closed is traj2 and builder.reasons["max_length"] == 1 and traj3.token_ids[-1] == 9
+
+
+def test_inconsistent_events_are_refused() -> None:
+    bad = call("s", "c1", [1, 2], [3])
+    bad.metadata["prompt_length"] = "7"
+    with pytest.raises(ValueError, match="prompt_length"):
+        interaction_split(bad)
