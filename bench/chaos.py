@@ -291,7 +291,7 @@ def _spec(args: argparse.Namespace) -> Any:
     spec = load_spec(args.config)
     cfg = spec.pipeline
     cfg.name, cfg.live = args.name, False
-    cfg.steps = max(cfg.steps, int(args.minutes * 10))  # the soak ends by time, not by steps
+    cfg.steps = 100_000  # the soak ends by time (then stops at the version reached), not by steps
     cfg.timeout_s = args.minutes * 60 + 3600
     cfg.stall_timeout_s = max(cfg.stall_timeout_s, 600.0)
     cfg.services.gateway_port, cfg.services.inference_port = _free_port(), _free_port()
