@@ -196,6 +196,9 @@ class GatewayEnvironments:
         """Sessions of ours one gateway takes at most (None: as many as it accepts)."""
         down_for_s: float = 30.0
         """How long a failed gateway is left alone before it is probed again."""
+        full_wait_s: float = 600.0
+        """When every gateway is up but full, wait (backing off) this long for room before the
+        episode fails: a full gateway is back-pressure, not an error."""
 
         def __post_init__(self) -> None:
             if self.idle_timeout_s <= 0 or self.down_for_s < 0:
@@ -239,7 +242,26 @@ class GatewayEnvironments:
     ) -> GatewaySession:
         lifetime = min(lifetime_s or DEFAULT_LIFETIME_S, MAX_LIFETIME_S)
         spec = self._spec(task, cpus=cpus, memory_mb=memory_mb, lifetime_s=lifetime)
+        deadline = self._clock() + self.config.full_wait_s
+        delay = 0.25
+        while True:
+            session, errors, all_full = await self._try_open(task, spec, lifetime)
+            if session is not None:
+                return session
+            if not (all_full and errors) or self._clock() + delay > deadline:
+                raise EnvironmentStepError(
+                    f"create session for {task.task_id}: no gateway could take it"
+                    + (f" ({'; '.join(errors)})" if errors else f" (all down: {self._problems()})")
+                )
+            await self._sleep(delay)  # every gateway is full: wait for room
+            delay = min(delay * 2, 5.0)
+
+    async def _try_open(
+        self, task: TaskSample, spec: dict[str, Any], lifetime: float
+    ) -> tuple[GatewaySession | None, list[str], bool]:
+        """One pass over the candidates: (session, errors, whether every refusal was 'full')."""
         errors: list[str] = []
+        all_full = True
         for gateway in await self._candidates(task):
             try:
                 info = await gateway.client.create_session(**spec)
@@ -253,12 +275,10 @@ class GatewayEnvironments:
                     ) from exc
                 self._mark_down(gateway, exc)
                 errors.append(f"{gateway.url}: {type(exc).__name__}: {exc}")
+                all_full = False
                 continue
-            return self._session(gateway, info, task, lifetime)
-        raise EnvironmentStepError(
-            f"create session for {task.task_id}: no gateway could take it"
-            + (f" ({'; '.join(errors)})" if errors else f" (all down: {self._problems()})")
-        )
+            return self._session(gateway, info, task, lifetime), errors, all_full
+        return None, errors, all_full
 
     def _spec(self, task: TaskSample, *, cpus: float, memory_mb: int, lifetime_s: float) -> dict[str, Any]:
         spec: dict[str, Any] = {

@@ -21,7 +21,7 @@ from rollout.gateways import GatewayEnvironments
 from rollout.protocols import Generation, SamplingParams, TaskGroup
 from rollout.resources import LocalPool, ResourcePool, Resources
 from sandbox.client import SandboxClient
-from sandbox.errors import BackendError, EngineWedged, InvalidSpec
+from sandbox.errors import BackendError, CapacityExceeded, EngineWedged, InvalidSpec
 from sandbox.gateway import create_app
 from sandbox.models import ExecResult
 from sandbox.sessions import SessionManager
@@ -352,3 +352,41 @@ async def test_bad_request_is_not_blamed_on_the_gateway() -> None:
     with pytest.raises(EnvironmentStepError, match="InvalidSpec"):
         await envs.open(_task(task_dir="/tasks/x"), cpus=1, memory_mb=256)
     assert envs.load()["http://a"]["up"] is True
+
+
+@dataclass
+class _FullGateway(FakeGateway):
+    """Answers 'full' (CapacityExceeded, as a gateway at its session budget does) `full_for` times."""
+
+    full_for: int = 0
+
+    async def create_session(self, **spec: Any) -> _Info:
+        if self.full_for > 0:
+            self.full_for -= 1
+            raise CapacityExceeded("live sessions would hold memory_mb=24320, above the gateway's budget")
+        return await super().create_session(**spec)
+
+
+async def test_a_full_gateway_is_back_pressure_not_a_failed_episode() -> None:
+    clock = FakeClock()
+    gateway = _FullGateway("a", full_for=3)
+    envs = _envs(gateway, clock=clock)
+    opening = asyncio.ensure_future(envs.open(_task(), cpus=1, memory_mb=256))
+    for _ in range(50):
+        await clock.advance(1.0)
+        if opening.done():
+            break
+    session = await opening
+    assert session.session_id.startswith("a-") and gateway.full_for == 0
+
+
+async def test_a_gateway_full_past_the_wait_fails_the_episode_with_the_reason() -> None:
+    clock = FakeClock()
+    envs = _envs(_FullGateway("a", full_for=1000), clock=clock, full_wait_s=10.0)
+    opening = asyncio.ensure_future(envs.open(_task(), cpus=1, memory_mb=256))
+    for _ in range(50):
+        await clock.advance(1.0)
+        if opening.done():
+            break
+    with pytest.raises(EnvironmentStepError, match="no gateway could take it .*full"):
+        await opening
