@@ -5,6 +5,7 @@ episode goes to the survivor, and the per-gateway load says which one died."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import subprocess
 import time
 import uuid
