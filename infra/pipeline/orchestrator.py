@@ -470,13 +470,14 @@ class Pipeline:
             self.metrics.server_version = version
 
     def _await_swap(self, version: int, timeout_s: float = 120.0) -> None:
-        """Wait until the server reports `version` (the final weights) before the last eval."""
+        """Wait until the server reports `version` (the final weights) or a later one (the
+        trainer may still step on batches assembled before the rollout stopped)."""
         self.metrics.stage = f"waiting for the server to load v{version}"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             self.supervisor.poll()
             self._poll_server_version()
-            if self.metrics.server_version == str(version):
+            if self._server_version_int() >= version:
                 return
             time.sleep(0.5)
         raise ServiceError(

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from infra.pipeline.config import load_spec, parse_spec
-from infra.pipeline.errors import PipelineConfigError, StallError
+from infra.pipeline.errors import PipelineConfigError, ServiceError, StallError
 from infra.pipeline.orchestrator import Pipeline
 from infra.pipeline.stall import Progress, StallWatch, diagnose, error_tail, likely_stuck
 from sandbox.sessions import SessionManager
@@ -85,3 +85,19 @@ def test_orchestrator_stops_a_stalled_run_naming_the_wedged_engine(tmp_path: Pat
     assert "Most likely stuck: gateway" in message
     assert "Docker engine" in message and "not answering" in message
     assert str(pipeline.layout.logs_dir) in message
+
+
+@pytest.mark.parametrize(("server", "target", "ok"), [("7", 7, True), ("9", 7, True), ("6", 7, False)])
+def test_final_swap_wait_accepts_the_published_version_or_a_later_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: str, target: int, ok: bool) -> None:
+    """The trainer may step once more on batches assembled before the rollout stopped: a server
+    ahead of the last version the monitor saw has the final weights."""
+    spec = load_spec(REPO / "examples" / "quickstart.yaml")
+    spec.pipeline.runs_dir = str(tmp_path)
+    pipeline = Pipeline(spec)
+    monkeypatch.setattr(pipeline, "_server_version", lambda: server)
+    if ok:
+        pipeline._await_swap(target, timeout_s=1.0)
+        return
+    with pytest.raises(ServiceError, match=f"still reports weight_version {server}"):
+        pipeline._await_swap(target, timeout_s=1.0)
