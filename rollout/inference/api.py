@@ -192,7 +192,7 @@ class SamplingParamsBody(_Body):
 
     def to_params(self, vocab_size: int, where: str = "sampling_params.") -> SamplingParams:
         """Engine parameters; temperatures below the floor mean greedy (as in SGLang)."""
-        grammar = {k: getattr(self, k) for k in ("json_schema", "regex", "ebnf", "structural_tag")}
+        grammar = {k: getattr(self, k) for k in ("ebnf", "structural_tag")}
         check_not_supported(grammar, frozenset(grammar), where)
         return SamplingParams(
             max_new_tokens=self.max_new_tokens,
@@ -212,6 +212,8 @@ class SamplingParamsBody(_Body):
             skip_special_tokens=self.skip_special_tokens,
             no_stop_trim=self.no_stop_trim,
             sampling_seed=self.sampling_seed,
+            regex=self.regex,
+            json_schema=self.json_schema,
         )
 
 

@@ -38,6 +38,7 @@ from rollout.inference.errors import (
     OverloadedError,
     RequestFailedError,
 )
+from rollout.inference.grammar import GrammarCompiler
 from rollout.inference.job import GenerationOutput, Job, RequestOptions
 from rollout.inference.metrics import Metrics
 from rollout.inference.prefix_cache import PrefixCache
@@ -126,6 +127,7 @@ class BatchingEngine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._torch_threads = torch.get_num_threads()  # OpenMP settings are per thread
+        self._grammars = GrammarCompiler(tokenizer)
 
     # -- public API (any thread) --------------------------------------------------------------
 
@@ -158,6 +160,10 @@ class BatchingEngine:
         options = options or RequestOptions()
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self._eos_ids)
         job = Job(list(input_ids), params, options, stop_ids)
+        if params.regex is not None or params.json_schema is not None:
+            job.guide = self._grammars.guide(
+                regex=params.regex, json_schema=params.json_schema, stop_ids=stop_ids
+            )
         with self._cond:
             if self._stopping or (self._thread is not None and not self._thread.is_alive()):
                 raise EngineStoppedError("the inference engine is stopping")
@@ -481,6 +487,7 @@ class BatchingEngine:
             self.vocab_size,
             self.device,
             top_logprobs_num=max(job.options.top_logprobs_num for job in jobs),
+            guides=[job.guide for job in jobs],
         )
 
     def _sample(self, logits: torch.Tensor, rows: RowSampling) -> SampleResult:

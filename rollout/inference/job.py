@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollout.inference.detokenize import IncrementalDetokenizer, StopMatcher
+from rollout.inference.grammar import TokenGuide
 from rollout.inference.sampling import SamplingParams
 
 __all__ = ["GenerationOutput", "Job", "RequestOptions", "StreamChunk", "TopLogprobs"]
@@ -95,6 +96,8 @@ class Job:
         self.cached_tokens = 0
         self.finish: dict[str, Any] | None = None
         self.abort_message: str | None = None
+        self.guide: TokenGuide | None = None
+        """Constrained-decoding state when the request set `regex` / `json_schema`."""
         self.generator: Any = None
         """The request's own torch.Generator when it set `sampling_seed` (engine thread)."""
         self._stops = StopMatcher(params.stop, params.stop_regex)
@@ -121,6 +124,8 @@ class Job:
         """Record one sampled token and decide whether the request is finished."""
         self.output_ids.append(token)
         self.logprobs.append(logprob)
+        if self.guide is not None:
+            self.guide.advance(token)
         if self.top_logprobs is not None and top is not None:
             self.top_logprobs.append(top[: self.options.top_logprobs_num])
         if self._needs_text:

@@ -4,11 +4,13 @@ Fields follow the OpenAI API; the sampling extensions vLLM and SGLang accept (`t
 `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `skip_special_tokens`,
 `no_stop_trim`, `return_token_ids`) are accepted too. Unknown fields are ignored with a logged
 warning (clients send newer options); options that would change the answer and cannot be honoured
-(`suffix`, `best_of` != `n`, structured `response_format`) are refused by name.
+(`suffix`, `best_of` != `n`) are refused by name. Chat's `response_format` (`json_object`,
+`json_schema`) constrains decoding (rollout/inference/grammar.py).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -59,6 +61,10 @@ class _Sampling(_Body):
     return_token_ids: bool = False
     """Also return prompt and completion token ids (vLLM's extension)."""
 
+    def grammar_schema(self) -> str | None:
+        """A JSON schema the output must follow (chat's `response_format`)."""
+        return None
+
     def sampling(self, max_tokens: int, vocab_size: int) -> SamplingParams:
         if self.min_tokens > max_tokens:
             raise InvalidRequestError(
@@ -81,6 +87,7 @@ class _Sampling(_Body):
             skip_special_tokens=self.skip_special_tokens,
             no_stop_trim=self.no_stop_trim,
             sampling_seed=self.seed,
+            json_schema=self.grammar_schema(),
         )
 
     @property
@@ -165,13 +172,25 @@ class ChatCompletionRequest(_Sampling):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
         kind = (self.response_format or {}).get("type", "text")
-        if kind != "text":
+        if kind not in ("text", "json_object", "json_schema"):
             raise ValueError(
-                f"response_format {kind!r} is not supported (no constrained decoding); use 'text'"
+                f"response_format type {kind!r} is not one of 'text', 'json_object', 'json_schema'"
             )
+        if kind == "json_schema" and not isinstance(self._schema(), dict):
+            raise ValueError("response_format json_schema needs json_schema.schema (an object)")
         if self.tool_choice not in (None, "none", "auto") and not self.tools:
             raise ValueError("tool_choice other than 'none'/'auto' needs tools")
         return self
+
+    def _schema(self) -> Any:
+        return ((self.response_format or {}).get("json_schema") or {}).get("schema")
+
+    def grammar_schema(self) -> str | None:
+        """The JSON schema `response_format` constrains the output to (json_object: any object)."""
+        kind = (self.response_format or {}).get("type", "text")
+        if kind == "json_object":
+            return json.dumps({"type": "object"})
+        return json.dumps(self._schema()) if kind == "json_schema" else None
 
     def forced_tool(self) -> str | None:
         """The function name a named `tool_choice` asks for (checked against `tools`)."""

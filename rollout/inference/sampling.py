@@ -1,9 +1,10 @@
 """Sampling: per-request parameters and pure functions from logits to tokens and logprobs.
 
 Legend: B = rows in the decode batch, V = vocabulary size, K = top logprobs per row.
-Processing order (as SGLang): logit bias, min-new-tokens ban of stop ids, penalties on the
-tokens generated so far (repetition: CTRL-style scaling; frequency and presence: OpenAI-style
-subtraction), temperature, then top-k / top-p / min-p truncation and sampling.
+Processing order (as SGLang): logit bias, the grammar's mask (constrained decoding), min-new-tokens
+ban of stop ids, penalties on the tokens generated so far (repetition: CTRL-style scaling;
+frequency and presence: OpenAI-style subtraction), temperature, then top-k / top-p / min-p
+truncation and sampling.
 Logprobs are those of the chosen token under the processed, temperature-scaled distribution
 *before* truncation (with no penalty or bias that is log_softmax(logits / T), what a trainer
 recomputes); greedy rows use T = 1. `raw=True` always reports log_softmax(logits).
@@ -16,8 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from rollout.inference.grammar import allowed_mask
+
 if TYPE_CHECKING:
     import torch
+
+    from rollout.inference.grammar import TokenGuide
 
 __all__ = [
     "SAMPLING_EPS",
@@ -71,6 +76,10 @@ class SamplingParams:
     """Keep the matched stop string / token in the returned text."""
     sampling_seed: int | None = None
     """Seed of this request's own generator: same seed, same prompt, same output."""
+    regex: str | None = None
+    """Constrain the output to this regular expression (rollout/inference/grammar.py)."""
+    json_schema: str | None = None
+    """Constrain the output to JSON valid under this schema (a JSON string)."""
 
     @property
     def greedy(self) -> bool:
@@ -123,6 +132,8 @@ class RowSampling:
     presence: torch.Tensor | None = None  # [B, 1]
     repetition: torch.Tensor | None = None  # [B, 1]
     top_logprobs_num: int = 0
+    guides: list[TokenGuide | None] | None = None
+    """Constrained-decoding guides of the rows (None: no row is constrained)."""
 
     @classmethod
     def build(
@@ -134,6 +145,7 @@ class RowSampling:
         vocab_size: int,
         device: torch.device,
         top_logprobs_num: int = 0,
+        guides: list[TokenGuide | None] | None = None,
     ) -> RowSampling:
         """Tensors for rows with these params, outputs so far and stop ids."""
         import torch
@@ -152,6 +164,7 @@ class RowSampling:
             generators=generators,
             num_generated=torch.tensor([len(o) for o in outputs], dtype=torch.long, device=device),
             top_logprobs_num=top_logprobs_num,
+            guides=guides if guides and any(g is not None for g in guides) else None,
         )
         if any(p.min_new_tokens > 0 for p in params):
             rows.min_new_tokens = torch.tensor([p.min_new_tokens for p in params], device=device)
@@ -180,9 +193,12 @@ class RowSampling:
             self.counts.scatter_add_(1, tokens.unsqueeze(1), self.counts.new_ones(len(tokens), 1))
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
-        """Bias, min-new-tokens ban and penalties applied to float logits [B, V] (unscaled)."""
+        """Bias, grammar mask, min-new-tokens ban and penalties applied to float logits [B, V] (unscaled)."""
         if self.logit_bias is not None:
             logits = logits + self.logit_bias
+        if self.guides is not None:
+            banned = allowed_mask(self.guides, logits.shape[-1], logits.device)
+            logits = logits.masked_fill(banned, float("-inf"))
         if self.stop_ban is not None and self.min_new_tokens is not None:
             early = (self.num_generated < self.min_new_tokens).unsqueeze(1)  # [B, 1]
             logits = logits.masked_fill(self.stop_ban & early, float("-inf"))

@@ -112,8 +112,8 @@ def test_unknown_top_level_field_is_ignored_with_a_warning(
     [
         ({"image_data": "cat.png"}, "image_data"),
         ({"lora_path": "adapter"}, "lora_path"),
-        ({"sampling_params": {"regex": "[0-9]+"}}, "sampling_params.regex"),
-        ({"sampling_params": {"json_schema": "{}"}}, "sampling_params.json_schema"),
+        ({"sampling_params": {"ebnf": "root ::= \"a\""}}, "sampling_params.ebnf"),
+        ({"sampling_params": {"structural_tag": "{}"}}, "sampling_params.structural_tag"),
     ],
 )
 def test_unsupported_fields_are_refused_by_name(http: httpx.Client, extra: dict, field: str) -> None:

@@ -203,7 +203,7 @@ def test_bad_values_are_400_with_the_field(server: InferenceServer, client: open
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.chat.completions.create(model="tiny", messages=HELLO, temperature=5)  # type: ignore[arg-type]
     with pytest.raises(openai.BadRequestError, match="response_format"):
-        client.chat.completions.create(model="tiny", messages=HELLO, response_format={"type": "json_object"})  # type: ignore[arg-type]
+        client.chat.completions.create(model="tiny", messages=HELLO, response_format={"type": "xml"})  # type: ignore[arg-type]
     raw = httpx.post(
         f"{server.base_url}/v1/chat/completions",
         content='{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}',
