@@ -50,9 +50,11 @@ from dataclasses import asdict, dataclass, field  # noqa: E402
 from types import ModuleType  # noqa: E402
 from typing import Any  # noqa: E402
 
+from infra.paths import stacx_home  # noqa: E402
 from infra.pipeline.config import PipelineSpec, load_spec, parse_spec  # noqa: E402
 from infra.pipeline.monitor import RunMetrics  # noqa: E402
 from infra.pipeline.orchestrator import Pipeline  # noqa: E402
+from infra.sidevenv import SideVenvError, ensure_side_venv  # noqa: E402
 from schemas.records import TrainingBatch, WeightVersion  # noqa: E402
 
 
@@ -76,37 +78,13 @@ TASK = "arithmetic_tool"
 # ----------------------------------------------------------------------------- TRL's venv
 
 
-def stacx_home() -> Path:
-    return Path(os.environ.get("STACX_HOME") or "~/.cache/stacx").expanduser()
-
-
 def ensure_trl_venv(version: str, *, timeout_s: float = 900.0) -> tuple[Path, float]:
-    """`<STACX_HOME>/venv-trl-<version>` with `trl==<version>`; returns (python, seconds spent).
-
-    Our torch/transformers site-packages is appended to its path (a .pth, after its own
-    site-packages), so pip installs only what TRL adds and never touches our venv."""
-    venv = stacx_home() / f"venv-trl-{version}"
-    python = venv / "bin" / "python"
-    shared = str(Path(importlib.util.find_spec("torch").origin).parents[1])  # type: ignore[arg-type, union-attr]
-    marker = venv / ".stacx-trl-ready"
-    if marker.exists() and marker.read_text() == shared and python.exists():
-        return python, 0.0
-    started = time.monotonic()
-    shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=timeout_s)
-    purelib = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    Path(purelib, "_stacx_shared_torch.pth").write_text(shared + "\n")
-    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", f"trl=={version}"]
-    done = subprocess.run(pip, capture_output=True, text=True, timeout=timeout_s)
-    if done.returncode != 0:
-        raise SystemExit(f"installing trl=={version} into {venv} failed:\n{done.stderr[-2000:]}")
-    marker.write_text(shared)
-    return python, time.monotonic() - started
+    """`<STACX_HOME>/venv-trl-<version>` with `trl==<version>` (infra/sidevenv.py); returns
+    (python, seconds spent)."""
+    try:
+        return ensure_side_venv(f"trl-{version}", [f"trl=={version}"], timeout_s=timeout_s)
+    except SideVenvError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 # ----------------------------------------------------------------------------- settings
