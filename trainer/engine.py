@@ -192,7 +192,7 @@ class StacxTrainer:
         """Train until `max_steps` total steps (or config.max_steps), or the source runs dry."""
         limit = max_steps if max_steps is not None else self.config.max_steps
         results: list[StepResult] = []
-        self._publish_pending()
+        self.publish_pending()
         while limit is None or self.step_count < limit:
             kind, payload = self.backend.broadcast_object(self._next(), src=0)
             if kind == "stop":
@@ -392,7 +392,7 @@ class StacxTrainer:
         return self.checkpoints is not None and \
             self.step_count % self.config.checkpoint.every_steps == 0
 
-    def _publish_pending(self) -> None:
+    def publish_pending(self) -> None:
         """After a resume: announce the checkpointed version whose announcement the crash cut off
         (its export is rewritten from the restored weights: same contents, same hash)."""
         if self._export_due() and self.published_version < self.step_count:

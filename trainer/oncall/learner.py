@@ -173,6 +173,7 @@ class OnlineLearner:
         gated = {int(e.get("step", -1)) for e in self.history.entries() if e["kind"] != "baseline"}
         if step > 0 and step not in gated:
             log.info("candidate %d was checkpointed but not gated before a restart: gating it", step)
+            self.trainer.publish_pending()  # a kill between checkpoint and export left no export
             self._gate(step, batch_id=self.trainer.trained_batch_ids[-1])
 
     def _reset_after_restart(self) -> None:

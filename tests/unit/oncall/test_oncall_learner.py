@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +137,41 @@ def test_learner_trains_when_ready_promotes_better_rejects_worse_and_resumes_wit
     assert trained["interaction_ids"] == sorted(f"c{i}" for i in range(12))
     assert trained["interaction_ids_twice"] == [] and trained["feedback_ids_twice"] == []
     assert restarted.source.num_duplicates == 2
+
+
+class CrashingEvaluator(ScriptedEvaluator):
+    """Dies (like a kill) when asked to gate `crash_at`."""
+
+    def __init__(self, rates: dict[int, float], crash_at: int) -> None:
+        super().__init__(rates)
+        self.crash_at = crash_at
+
+    def evaluate(self, model_path: str, version: int) -> EvalReport:
+        if version == self.crash_at:
+            raise KeyboardInterrupt
+        return super().evaluate(model_path, version)
+
+
+def test_a_candidate_checkpointed_but_never_exported_is_exported_then_gated_on_restart(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    publisher, weights = InMemoryPublisher(), ListWeightLog()
+    for t in _trajectories(4):
+        publisher.publish(TOPIC, t)
+    learner = _learner(tmp_path, tiny_model_dir, publisher, CrashingEvaluator({0: 0.3}, crash_at=1), weights)
+    with pytest.raises(KeyboardInterrupt):
+        learner.run(max_steps=1)
+    learner.close()
+    # a kill between the checkpoint of step 1 and its export: no export, no "published" record
+    exports = [p for p in (tmp_path / "state").rglob("v00000001") if p.is_dir()]
+    assert len(exports) == 1
+    shutil.rmtree(exports[0])
+    for marker in (tmp_path / "state").rglob("published"):
+        marker.write_text("0")
+
+    evaluator = ScriptedEvaluator({0: 0.3, 1: 0.5})
+    restarted = _learner(tmp_path, tiny_model_dir, publisher, evaluator, weights)
+    restarted.close()
+    assert restarted.trainer.step_count == 1 and evaluator.calls == [1]
+    assert (exports[0] / "config.json").is_file()
+    assert [(w.version, w.step) for w in weights.published] == [(1, 1)]
