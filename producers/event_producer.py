@@ -195,6 +195,9 @@ class EventProducer:
             self._producer.flush(5.0)
         self._closed.set()
         self._poller.join()
+        close = getattr(self._producer, "close", None)  # confluent-kafka >= 2.11: free the client
+        if close is not None:  # now, not at garbage collection (it would keep reconnecting)
+            close()
         if self._catalogue is not None:
             self._catalogue.close()
 
