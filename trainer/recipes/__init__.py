@@ -1,19 +1,29 @@
 """Shipped recipes: one module per algorithm (config + at most one specialization)."""
 
 from trainer.recipes import (  # noqa: F401  (import registers each recipe)
+    aggrevate,
+    cispo,
+    dagger,
     dapo,
     dpo,
     dpo_distributed,
     dr_grpo,
     grpo,
+    grpo_rm,
     gspo,
+    kto,
     online_reward,
     opd,
+    orpo,
     ppo,
     ppo_colocated,
+    prm,
     reinforce_pp,
+    remax,
+    reward_bt,
     rloo,
     sft,
+    simpo,
 )
 
 __all__: list[str] = []

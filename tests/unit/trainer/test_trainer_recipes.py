@@ -19,12 +19,18 @@ from trainer.losses import token_logprobs
 from trainer.testing import synthetic_batches, tiny_trainer_config
 
 SHIPPED = ["sft", "grpo", "ppo", "dpo", "reinforce_pp", "rloo", "ppo_colocated",
-           "dpo_distributed", "online_reward", "opd", "gspo", "dr_grpo"]
+           "dpo_distributed", "online_reward", "opd", "gspo", "dr_grpo", "dapo", "cispo", "remax",
+           "kto", "simpo", "orpo", "reward_bt", "prm", "grpo_rm", "dagger", "aggrevate",
+           "diffusion_rwfm", "diffusion_dpo"]
+BATCH_OPTIONS: dict[str, dict[str, object]] = {
+    "remax": {"greedy_first": True},  # ReMax needs a greedy baseline row per group
+}
 
 
 def test_every_shipped_recipe_is_registered_and_valid() -> None:
     names = dict(list_recipes())
-    assert set(SHIPPED) <= set(names)
+    assert set(SHIPPED) <= set(names), sorted(set(SHIPPED) - set(names))
+    assert len(names) >= 22
     errors = []
     for name in names:
         try:
@@ -39,7 +45,7 @@ def test_every_shipped_recipe_is_registered_and_valid() -> None:
 def test_recipe_trains_every_parameter(name: str) -> None:
     torch.set_num_threads(1)
     trainer = StacxTrainer(tiny_trainer_config(name), source=InMemoryBatchSource(
-        synthetic_batches(2)))
+        synthetic_batches(2, **BATCH_OPTIONS.get(name, {}))))  # type: ignore[arg-type]
     trainable = {f"{w.slot.name}.{n}": p.detach().clone()
                  for w in trainer.models.values() if w.trainable and w.module is not None
                  for n, p in w.module.named_parameters()}
