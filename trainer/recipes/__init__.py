@@ -5,6 +5,8 @@ from trainer.recipes import (  # noqa: F401  (import registers each recipe)
     cispo,
     dagger,
     dapo,
+    diffusion_dpo,
+    diffusion_rwfm,
     dpo,
     dpo_distributed,
     dr_grpo,

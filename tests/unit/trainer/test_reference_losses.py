@@ -742,3 +742,60 @@ def test_grpo_with_a_learned_reward(seed: int) -> None:
         return ref_aggregate(pg, case, how) + 0.04 * ref_aggregate(kl, case, how)
 
     assert_same(ours(spec, case), reference(fn, case), "grpo_rm")
+
+
+def flow_errors(seed: int, b: int = 6, k: int = 5) -> tuple[TensorBatch, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(200 + seed)
+    errors = torch.rand(b, k, generator=gen, dtype=F64) * 2
+    ref = torch.rand(b, k, generator=gen, dtype=F64) * 2
+    case = ragged_case(seed)
+    batch = case.batch.select(torch.arange(b)).with_extras(ref_flow_error=ref)
+    return batch, errors, ref
+
+
+def flow_loss(spec: Any, batch: TensorBatch, errors: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    leaf = errors.clone().requires_grad_(True)
+    loss, _ = spec.compute_loss({"flow_error": leaf}, spec.prepare_batch(batch))
+    loss.backward()
+    assert leaf.grad is not None
+    return loss.detach(), leaf.grad
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_reward_weighted_flow_matching(seed: int) -> None:
+    """RW-CFM: sum_i exp(r_i / tau) / sum_j exp(r_j / tau) * mean_k e_ik."""
+    batch, errors, _ = flow_errors(seed)
+    spec = dataclasses.replace(get_recipe("diffusion_rwfm").roles[0].specialization,
+                               temperature=0.3)
+    leaf = errors.clone().requires_grad_(True)
+    z = sum(math.exp(float(r) / 0.3) for r in batch.rewards)
+    loss = sum(math.exp(float(batch.rewards[i]) / 0.3) / z * leaf[i].mean()
+               for i in range(errors.shape[0]))
+    assert isinstance(loss, torch.Tensor)
+    loss.backward()
+    assert leaf.grad is not None
+    assert_same(flow_loss(spec, batch, errors), (loss.detach(), leaf.grad), "diffusion_rwfm")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_diffusion_dpo(seed: int) -> None:
+    """Diffusion-DPO: -log sigma(-beta ((e_c - e_ref_c) - (e_r - e_ref_r))), e = mean over draws,
+    pairs = best and worst reward of each group."""
+    batch, errors, ref = flow_errors(seed)
+    spec = dataclasses.replace(get_recipe("diffusion_dpo").roles[1].specialization, beta=2.0)
+    groups = batch.group_index.tolist()
+    leaf = errors.clone().requires_grad_(True)
+    terms = []
+    for g in sorted(set(groups)):
+        idx = [i for i, x in enumerate(groups) if x == g]
+        if len(idx) < 2:
+            continue
+        order = sorted(idx, key=lambda i: (-float(batch.rewards[i]), idx.index(i)))
+        c, r = order[0], order[-1]
+        gap = (leaf[c].mean() - ref[c].mean()) - (leaf[r].mean() - ref[r].mean())
+        terms.append(-logsig(-2.0 * gap))
+    loss = torch.stack(terms).mean()
+    loss.backward()
+    assert leaf.grad is not None
+    assert_same(flow_loss(spec, batch, errors), (loss.detach(), leaf.grad), "diffusion_dpo")
