@@ -46,6 +46,7 @@ from schemas.records import (
     Trajectory,
     TrajectoryStatus,
     Turn,
+    logprobs,
     now_ms,
     token_ids,
     trajectory_id,
@@ -321,6 +322,9 @@ class Evaluator:
             tool_calls=calls,
             policy_version=generation.weight_version,
             started_at_ms=now_ms(),
+            teacher_token_ids=token_ids(generation.teacher_ids or []),
+            teacher_logprobs=logprobs(generation.teacher_logprobs or []),
+            actor=generation.actor,
         )
 
     async def _step(self, episode: _Episode, local: ResourcePool, action: Action) -> ExecResult:

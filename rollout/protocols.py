@@ -63,6 +63,12 @@ class Generation:
     """Version of the weights that generated this (None: the server did not say)."""
     finish_reason: str
     """`stop` (EOS / stop string), `length` or `abort`."""
+    teacher_ids: list[int] | None = None
+    """Teacher in the loop (rollout/teacher.py): the teacher's action on this call's state."""
+    teacher_logprobs: list[float] | None = None
+    """Teacher in the loop: the teacher's logprobs of `output_ids` (OPD) or of its own label."""
+    actor: str | None = None
+    """Teacher in the loop: `student` or `teacher`, whoever produced `output_ids`."""
 
 
 @runtime_checkable

@@ -74,6 +74,12 @@ class Turn:
     """Weight version that generated this turn (assistant turns only)."""
     started_at_ms: int = 0
     duration_ms: int = 0
+    teacher_token_ids: TokenIds = field(default_factory=lambda: token_ids())
+    """Teacher in the loop: the teacher's action on the state before this turn (DAgger label)."""
+    teacher_logprobs: Logprobs = field(default_factory=lambda: logprobs())
+    """Teacher in the loop: the teacher's logprobs of this turn's tokens (OPD) or of its label."""
+    actor: str | None = None
+    """`student` or `teacher`: who acted under a beta mixture (None: no teacher in the loop)."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -43,6 +43,8 @@ class TensorBatch:
     """[B] bool: the row's `old_logprobs` were recorded at sampling time (None: all were)."""
     advantages: torch.Tensor | None = None
     """[B] float32 precomputed advantages, when the batch carries them."""
+    greedy: torch.Tensor | None = None
+    """[B] bool: the row was decoded greedily (recorded temperature 0; None: no row was)."""
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     """Derived or synced tensors (e.g. `ref_logprobs` [B, T], `values` [B, T])."""
     normaliser: Normaliser | None = None
@@ -73,6 +75,7 @@ class TensorBatch:
             logprobs_recorded=None if self.logprobs_recorded is None
             else self.logprobs_recorded[index],
             advantages=None if self.advantages is None else self.advantages[index],
+            greedy=None if self.greedy is None else self.greedy[index],
             extras={k: v[index] for k, v in self.extras.items()},
         )
 
@@ -93,6 +96,7 @@ class TensorBatch:
             rewards=self.rewards.to(device), group_index=self.group_index.to(device),
             lengths=self.lengths.to(device), temperatures=move(self.temperatures),
             logprobs_recorded=move(self.logprobs_recorded), advantages=move(self.advantages),
+            greedy=move(self.greedy),
             extras={k: v.to(device) for k, v in self.extras.items()},
         )
 
@@ -164,6 +168,8 @@ def to_tensor_batch(batch: TrainingBatch) -> TensorBatch:
         logprobs_recorded=_recorded(batch, mask_t, logp[:, 1:]),
         advantages=None if batch.advantages is None
         else torch.tensor(np.asarray(batch.advantages, dtype=np.float32)),
+        greedy=None if batch.temperatures is None
+        else torch.tensor(np.asarray(batch.temperatures) == 0),
     )
 
 

@@ -31,8 +31,11 @@ __all__ = [
     "KLEstimator",
     "Normaliser",
     "aggregate",
+    "bradley_terry_loss",
     "check_aggregation",
     "check_kl_estimator",
+    "cispo_loss",
+    "diffusion_dpo_loss",
     "dpo_loss",
     "gae",
     "group_advantages",
@@ -41,16 +44,23 @@ __all__ = [
     "kl_k1",
     "kl_k2",
     "kl_k3",
+    "kto_loss",
     "masked_mean",
     "masked_whiten",
     "mse_loss",
     "nll_loss",
+    "orpo_loss",
+    "pair_mean",
     "policy_gradient_loss",
     "ppo_clip_loss",
+    "process_reward_loss",
+    "remax_advantages",
     "returns_to_go",
     "reverse_kl_distill_loss",
+    "reward_weighted_flow_loss",
     "rloo_advantages",
     "sequence_logprobs",
+    "simpo_loss",
     "token_logprobs",
     "value_loss",
 ]
@@ -220,6 +230,18 @@ def rloo_advantages(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.T
     n = counts[group_index]
     baseline = (sums[group_index] - rewards) / (n - 1).clamp(min=1.0)
     return torch.where(n > 1, rewards - baseline, torch.zeros_like(rewards))
+
+
+def remax_advantages(rewards: torch.Tensor, group_index: torch.Tensor,
+                     greedy: torch.Tensor) -> torch.Tensor:
+    """ReMax: r_i - r_greedy(group of i), the reward of the group's greedy (T = 0) response as
+    the baseline. Greedy rows and groups without one get advantage 0. [B] -> [B]."""
+    num_groups = int(group_index.max().item()) + 1
+    g = greedy.to(rewards.dtype)
+    counts = _group_sums(g, group_index, num_groups)  # greedy rows per group
+    baseline = _group_sums(rewards * g, group_index, num_groups) / counts.clamp(min=1.0)
+    has = (counts > 0)[group_index] & ~greedy
+    return torch.where(has, rewards - baseline[group_index], torch.zeros_like(rewards))
 
 
 def returns_to_go(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
@@ -428,3 +450,169 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor,
         loss = _divide(losses.sum(), pairs[0]) * norm.dp_size
     return loss, {"dpo_loss": loss.item(), "reward_margin": margin.detach().mean().item(),
                   "reward_accuracy": (margin > 0).float().mean().item()}
+
+
+def pair_mean(losses: torch.Tensor, norm: Normaliser | None = None) -> torch.Tensor:
+    """Mean of per-pair (or per-sequence) losses [P] over the global batch: with `norm`, the
+    count is summed over its ranks (FSDP then averages gradients over them)."""
+    if norm is None:
+        return losses.mean() if losses.numel() else losses.sum()
+    count = norm.sum(torch.tensor([float(losses.numel())], dtype=torch.float64,
+                                  device=losses.device))
+    return _divide(losses.sum(), count[0]) * norm.dp_size
+
+
+# ----------------------------------------------------------------------------- more policy losses
+
+
+def cispo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+               mask: torch.Tensor, *, ratio_cap: float = 5.0, ratio_floor: float = 0.0,
+               aggregation: Aggregation = "token-mean", max_tokens: int | None = None,
+               norm: Normaliser | None = None) -> tuple[torch.Tensor, Metrics]:
+    """CISPO (MiniMax-M1): REINFORCE with a clipped, detached importance weight, so no token
+    loses its gradient (TRL `loss_type="cispo"`, `epsilon_high` = `ratio_cap`):
+
+        l_t = -sg(clip(r_t, floor, cap)) * A * log pi_t,   r_t = exp(clamp(log pi_t - log old_t))
+
+    logp, old_logp, mask: [B, T]; advantages [B, T] or [B, 1]."""
+    if not ratio_cap > ratio_floor >= 0.0:
+        raise ValueError(f"ratio_cap={ratio_cap} must exceed ratio_floor={ratio_floor} >= 0")
+    ratio = torch.exp(torch.clamp(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)).detach()
+    weight = torch.clamp(ratio, ratio_floor, ratio_cap)  # [B, T]
+    loss = aggregate(-weight * advantages * logp, mask, aggregation, max_tokens=max_tokens,
+                     norm=norm)
+    return loss, {"pg_loss": loss.item(),
+                  "clip_frac": masked_mean((weight != ratio).float(), mask).item(),
+                  "ratio_mean": masked_mean(ratio, mask).item()}
+
+
+# ----------------------------------------------------------------------------- preferences
+
+
+def kto_loss(policy_logps: torch.Tensor, ref_logps: torch.Tensor, desirable: torch.Tensor, *,
+             beta: float = 0.1, desirable_weight: float = 1.0, undesirable_weight: float = 1.0,
+             norm: Normaliser | None = None) -> tuple[torch.Tensor, Metrics]:
+    """KTO (Ethayarajh et al.; TRL `KTOTrainer`), with rho_i = log pi(y_i|x_i) - log ref(y_i|x_i):
+
+        z0 = sg(max(0, mean_i rho_i))                     (reference point, over the global batch)
+        l_i = w_d (1 - sigma(beta (rho_i - z0)))          desirable y_i
+        l_i = w_u (1 - sigma(beta (z0 - rho_i)))          undesirable y_i
+        L = mean_i l_i
+
+    TRL estimates z0 on mismatched (x, y') pairs; we use the batch's own samples (no extra
+    forward pass), as KTO's paper allows for a batch-level estimate. Inputs: sequence logps [B],
+    `desirable` [B] bool."""
+    rho = policy_logps - ref_logps  # [B]
+    stats = torch.stack([rho.detach().sum(), torch.tensor(float(rho.numel()), dtype=rho.dtype,
+                                                          device=rho.device)])
+    if norm is not None:
+        stats = norm.sum(stats)
+    z0 = torch.clamp(stats[0] / stats[1].clamp(min=1.0), min=0.0)
+    good = desirable_weight * (1 - torch.sigmoid(beta * (rho - z0)))
+    bad = undesirable_weight * (1 - torch.sigmoid(beta * (z0 - rho)))
+    loss = pair_mean(torch.where(desirable, good, bad), norm)
+    return loss, {"kto_loss": loss.item(), "kl_ref_point": float(z0.item()),
+                  "desirable_frac": desirable.float().mean().item()}
+
+
+def simpo_loss(chosen_avg: torch.Tensor, rejected_avg: torch.Tensor, *, beta: float = 2.0,
+               gamma: float = 1.0, norm: Normaliser | None = None) -> tuple[torch.Tensor, Metrics]:
+    """SimPO (Meng et al.; TRL `CPOTrainer(loss_type="simpo")`, gamma = TRL's `simpo_gamma`):
+
+        L = mean_pairs -log sigma(beta * (avg log pi(y_c) - avg log pi(y_r)) - gamma)
+
+    with length-averaged sequence logprobs (no reference model). Inputs [P]."""
+    margin = beta * (chosen_avg - rejected_avg) - gamma  # [P]
+    loss = pair_mean(-F.logsigmoid(margin), norm)
+    return loss, {"simpo_loss": loss.item(), "reward_margin": margin.detach().mean().item()
+                  if margin.numel() else 0.0,
+                  "reward_accuracy": (margin > 0).float().mean().item() if margin.numel() else 0.0}
+
+
+def orpo_loss(chosen_avg: torch.Tensor, rejected_avg: torch.Tensor, chosen_nll: torch.Tensor, *,
+              lam: float = 0.1, norm: Normaliser | None = None) -> tuple[torch.Tensor, Metrics]:
+    """ORPO (Hong et al.; TRL `ORPOTrainer`), with p = exp(avg log pi(y)) per sequence:
+
+        log odds(y) = avg log pi(y) - log(1 - p)
+        L = mean_pairs [ nll(y_c) - lam * log sigma(log odds(y_c) - log odds(y_r)) ]
+
+    `chosen_nll` [P] is the chosen response's token-mean NLL; inputs [P]."""
+    log_odds = (chosen_avg - rejected_avg) - (torch.log1p(-torch.exp(chosen_avg))
+                                              - torch.log1p(-torch.exp(rejected_avg)))
+    ratio = F.logsigmoid(log_odds)  # [P]
+    loss = pair_mean(chosen_nll - lam * ratio, norm)
+    return loss, {"orpo_loss": loss.item(),
+                  "log_odds_ratio": log_odds.detach().mean().item() if log_odds.numel() else 0.0,
+                  "nll_chosen": chosen_nll.detach().mean().item() if log_odds.numel() else 0.0}
+
+
+def bradley_terry_loss(score_chosen: torch.Tensor, score_rejected: torch.Tensor, *,
+                       center_coef: float = 0.0,
+                       norm: Normaliser | None = None) -> tuple[torch.Tensor, Metrics]:
+    """Bradley-Terry reward model (TRL `RewardTrainer`, `center_rewards_coefficient`):
+
+        L = mean_pairs [ -log sigma(s_c - s_r) + c * (s_c + s_r)^2 ]
+
+    Inputs: scalar scores [P]."""
+    diff = score_chosen - score_rejected  # [P]
+    per_pair = -F.logsigmoid(diff) + center_coef * (score_chosen + score_rejected) ** 2
+    loss = pair_mean(per_pair, norm)
+    return loss, {"bt_loss": loss.item(),
+                  "accuracy": (diff > 0).float().mean().item() if diff.numel() else 0.0}
+
+
+def process_reward_loss(step_logits: torch.Tensor, step_labels: torch.Tensor, *,
+                        norm: Normaliser | None = None) -> tuple[torch.Tensor, Metrics]:
+    """Process reward model: binary cross-entropy of each step's score against its label in
+    [0, 1] (soft Monte-Carlo labels allowed; TRL `PRMTrainer` uses hard ones):
+
+        L = mean_steps -(y log sigma(s) + (1 - y) log(1 - sigma(s)))
+
+    step_logits, step_labels: [S] (one entry per step of every sequence)."""
+    per_step = F.binary_cross_entropy_with_logits(step_logits, step_labels.to(step_logits.dtype),
+                                                  reduction="none")
+    loss = pair_mean(per_step, norm)
+    hits = ((step_logits > 0) == (step_labels > 0.5)).float()
+    return loss, {"prm_loss": loss.item(),
+                  "step_accuracy": hits.mean().item() if hits.numel() else 0.0}
+
+
+# ----------------------------------------------------------------------------- flow matching
+
+
+def reward_weighted_flow_loss(flow_error: torch.Tensor, rewards: torch.Tensor, *,
+                              temperature: float = 1.0) -> tuple[torch.Tensor, Metrics]:
+    """Reward-weighted conditional flow matching (online RW-CFM, Fan et al. 2025):
+
+        w_i = exp((r_i - max_j r_j) / tau) / sum_j exp((r_j - max_j r_j) / tau)
+        L = sum_i w_i * mean_k || v(x_t^ik, t_ik) - (x1_i - x0_ik) ||^2
+
+    flow_error [B, K]: the squared velocity error of sample i under noise draw k; rewards [B].
+    The weights are normalised over the rows this rank holds; data-parallel ranks then average
+    their losses (FSDP's gradient mean)."""
+    if not temperature > 0:
+        raise ValueError(f"temperature={temperature} must be > 0")
+    weights = torch.softmax(rewards.to(flow_error.dtype) / temperature, dim=0).detach()  # [B]
+    per_sample = flow_error.mean(-1)  # [B]
+    loss = (weights * per_sample).sum()
+    entropy = -(weights * torch.log(weights.clamp(min=1e-30))).sum()
+    return loss, {"rwfm_loss": loss.item(), "flow_error": per_sample.detach().mean().item(),
+                  "weight_ess": float(torch.exp(entropy).item())}
+
+
+def diffusion_dpo_loss(policy_chosen: torch.Tensor, ref_chosen: torch.Tensor,
+                       policy_rejected: torch.Tensor, ref_rejected: torch.Tensor, *,
+                       beta: float = 1.0,
+                       norm: Normaliser | None = None) -> tuple[torch.Tensor, Metrics]:
+    """Diffusion-DPO (Wallace et al. 2024) in flow-matching form: e = mean_k squared velocity
+    error of a sample under shared noise (x0, t) for policy and reference,
+
+        L = mean_pairs -log sigma(-beta * ((e_c - e_ref_c) - (e_r - e_ref_r)))
+
+    Inputs [P]: lowering the chosen sample's error relative to the reference raises sigma."""
+    margin = -beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected))  # [P]
+    loss = pair_mean(-F.logsigmoid(margin), norm)
+    return loss, {"diffusion_dpo_loss": loss.item(),
+                  "reward_margin": margin.detach().mean().item() if margin.numel() else 0.0,
+                  "reward_accuracy": (margin > 0).float().mean().item()
+                  if margin.numel() else 0.0}

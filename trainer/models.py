@@ -18,7 +18,7 @@ from trainer.protocols import ModelOutput
 
 __all__ = ["Head", "ModelConfig", "StacxModel", "build_model", "tiny_qwen2_config"]
 
-Head = Literal["lm", "value", "lm+value"]
+Head = Literal["lm", "value", "lm+value", "flow"]
 
 TINY_QWEN2: dict[str, Any] = {
     "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
@@ -34,7 +34,8 @@ class ModelConfig:
     path: str | None = None
     """Local Hugging Face model directory (config.json + safetensors); never downloaded."""
     tiny: dict[str, Any] | None = None
-    """Qwen2Config overrides for a randomly initialised tiny model (tests, examples)."""
+    """Qwen2Config overrides for a randomly initialised tiny model (tests, examples); for a slot
+    with a `flow` head, FlowConfig fields of the 2-D flow model (trainer/flow.py)."""
     seed: int = 0
     """Initialisation seed for `tiny` models: the same seed gives the same weights."""
     dtype: str = "float32"
@@ -114,8 +115,15 @@ def _load_backbone(cfg: ModelConfig, head: Head) -> nn.Module:
                                 attn_implementation=cfg.attn_implementation, **cfg.extra)
 
 
-def build_model(cfg: ModelConfig, head: Head = "lm") -> StacxModel:
-    """Build (on CPU) the model of one model slot."""
+def build_model(cfg: ModelConfig, head: Head = "lm") -> nn.Module:
+    """Build (on CPU) the model of one model slot: a StacxModel, or a FlowModel for `flow`."""
+    if head == "flow":
+        from trainer.flow import build_flow_model
+
+        if cfg.tiny is None:
+            raise ConfigError("a `flow` slot needs `tiny` (FlowConfig fields, {} for defaults); "
+                              "flow models are not loaded from a path")
+        return build_flow_model(cfg.tiny, cfg.seed).to(getattr(torch, cfg.dtype))
     backbone: Any = _load_backbone(cfg, head)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed + 1)

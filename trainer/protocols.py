@@ -31,6 +31,8 @@ class ModelOutput:
     """[B, L, V] language-model logits (None for value/score models)."""
     values: torch.Tensor | None = None
     """[B, L] scalar head output per position (None for plain LMs)."""
+    flow_error: torch.Tensor | None = None
+    """[B, K] squared velocity error per sample and (noise, time) draw (flow models, trainer/flow.py)."""
 
 
 @runtime_checkable

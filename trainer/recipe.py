@@ -31,7 +31,8 @@ class ModelSlot:
     name: str
     """Slot name (`policy`, `reference`, `critic`, `reward`, `teacher`, ...)."""
     head: Head = "lm"
-    """`lm` (logits), `value` (scalar per position) or `lm+value` (both, one trunk)."""
+    """`lm` (logits), `value` (scalar per position), `lm+value` (both, one trunk) or `flow`
+    (a 2-D flow-matching model, trainer/flow.py)."""
     trainable: bool = True
     """Frozen slots only run forward passes (no optimizer, not checkpointed)."""
     init: str = "policy"

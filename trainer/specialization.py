@@ -12,7 +12,8 @@ from trainer.losses import Aggregation, aggregate, check_aggregation, token_logp
 from trainer.offpolicy import OffPolicyMode, check_off_policy, importance_weights, mismatch_metrics
 from trainer.protocols import ModelOutput
 
-__all__ = ["Aggregated", "PolicyGradient", "TokenLogprobs", "behaviour_logprobs", "terminal_rewards"]
+__all__ = ["Aggregated", "FlowErrors", "PolicyGradient", "TokenLogprobs", "behaviour_logprobs",
+           "terminal_rewards"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -32,6 +33,26 @@ class TokenLogprobs:
             raise RecipeError(f"{type(self).__name__} needs logits: give its slot an `lm` head")
         logp = token_logprobs(output.logits[:, :-1], batch.targets, batch.temperatures)
         return {"logprobs": logp}  # [B, T]
+
+    def compute_loss(self, outputs: dict[str, torch.Tensor],
+                     batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        raise RecipeError(f"{type(self).__name__} has no loss: its role must use a frozen slot")
+
+
+@dataclass(kw_only=True, slots=True)
+class FlowErrors:
+    """Squared velocity errors of a flow model per sample and draw; no loss (a frozen reference
+    uses it as is, flow recipes extend it)."""
+
+    def prepare_batch(self, batch: TensorBatch) -> TensorBatch:
+        return batch
+
+    def extract_model_output(self, output: ModelOutput,
+                             batch: TensorBatch) -> dict[str, torch.Tensor]:
+        if output.flow_error is None:
+            raise RecipeError(f"{type(self).__name__} needs a flow model: give its slot a "
+                              "`flow` head")
+        return {"flow_error": output.flow_error}  # [B, K]
 
     def compute_loss(self, outputs: dict[str, torch.Tensor],
                      batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:

@@ -22,12 +22,13 @@ __all__ = ["run_gradients", "run_jobs", "run_steps", "synthetic_batch", "synthet
 def synthetic_batch(index: int, *, num_groups: int = 2, group_size: int = 2, prompt_length: int = 4,
                     response_length: int = 6, vocab_size: int = 64, seed: int = 0,
                     ragged: bool = True, recorded_logprobs: bool = False,
-                    temperature: float = 1.0) -> TrainingBatch:
+                    temperature: float = 1.0, greedy_first: bool = False) -> TrainingBatch:
     """One packed batch: `num_groups` prompts x `group_size` samples, rewards in [0, 1].
 
     With `ragged`, response lengths vary per sequence (padding is exercised). Without
     `recorded_logprobs` no sampling logprobs are recorded (on-policy updates); with it, random
-    ones in [-4, -0.05] stand for a behaviour policy other than the trainer's.
+    ones in [-4, -0.05] stand for a behaviour policy other than the trainer's. With
+    `greedy_first`, the first sample of each group is greedy (temperature 0: ReMax's baseline).
     """
     rng = np.random.default_rng(seed * 100_003 + index)
     ids, masks, offsets, lengths, prompts, groups, traj = [], [], [], [], [], [], []
@@ -52,13 +53,16 @@ def synthetic_batch(index: int, *, num_groups: int = 2, group_size: int = 2, pro
     rewards = rng.random(len(traj)).astype(np.float32)
     batch_id = hashlib.sha256("|".join(traj).encode() + str(seed).encode()).hexdigest()[:24]
     n = len(traj)
+    temperatures = np.full(n, temperature, dtype=np.float32)
+    if greedy_first:
+        temperatures[::group_size] = 0.0
     return TrainingBatch(
         batch_id=batch_id, model_name="tiny", trajectory_ids=traj, group_ids=groups,
         task_types=["synthetic"] * n, policy_versions=np.zeros(n, dtype=np.int32),
         offsets=np.asarray(offsets, dtype=np.int32), lengths=np.asarray(lengths, dtype=np.int32),
         prompt_lengths=np.asarray(prompts, dtype=np.int32), token_ids=token_ids(flat),
         loss_mask=loss_mask(flat_mask), logprobs=logprobs(sampled), rewards=rewards,
-        temperatures=np.full(n, temperature, dtype=np.float32),
+        temperatures=temperatures,
         logprobs_recorded=np.full(n, int(recorded_logprobs), dtype=np.uint8),
     )
 
@@ -70,9 +74,11 @@ def synthetic_batches(count: int, **kwargs: Any) -> list[TrainingBatch]:
 
 def tiny_trainer_config(recipe: str, workdir: Path | str | None = None, *,
                         lr: float = 1e-3, **overrides: Any) -> TrainerConfig:
-    """A TrainerConfig on tiny Qwen2 models (teacher: another seed), memory source, no publisher."""
+    """A TrainerConfig on tiny Qwen2 models (teacher, reward: other seeds), memory source, no
+    publisher."""
     tiny = ModelConfig(tiny={}, seed=0, attn_implementation="eager")
-    models = {"policy": tiny, "teacher": ModelConfig(tiny={}, seed=7, attn_implementation="eager")}
+    models = {"policy": tiny, "teacher": ModelConfig(tiny={}, seed=7, attn_implementation="eager"),
+              "reward": ModelConfig(tiny={}, seed=3, attn_implementation="eager")}
     root = Path(workdir) if workdir is not None else None
     fields: dict[str, Any] = {
         "recipe": recipe, "models": models,

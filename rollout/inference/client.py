@@ -152,6 +152,22 @@ class InferenceClient:
         body = await self._call("POST", "/generate", payload)
         return _parse_generate(body, return_logprob)
 
+    async def score(self, input_ids: list[int], start: int) -> list[float]:
+        """Logprobs of `input_ids[start:]` under the served model, each given the tokens before it
+        (teacher forcing: SGLang's `logprob_start_len` and `input_token_logprobs`). 1 <= start."""
+        if not 1 <= start < len(input_ids):
+            raise ValueError(f"score: start={start} must be in [1, {len(input_ids) - 1}]")
+        payload = {
+            "input_ids": list(input_ids),
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+            "return_logprob": True,
+            "logprob_start_len": start,
+        }
+        body = await self._call("POST", "/generate", payload)
+        entries = (body.get("meta_info") or {}).get("input_token_logprobs") or []
+        values = [float(e[0]) for e in entries if e and e[0] is not None]
+        return values[-(len(input_ids) - start):]
+
     async def get_model_info(self) -> ModelInfo:
         body = await self._call("GET", "/get_model_info")
         return ModelInfo(

@@ -513,3 +513,289 @@ def test_trl_loss_types(seed: int, loss_type: str) -> None:
         return (per_token * mask).sum() / mask.sum()
 
     assert_same(ours(spec, case), reference(fn, case), f"trl {loss_type}")
+
+
+# ----------------------------------------------------------------------------- the second set
+
+
+def ref_seq(x: torch.Tensor, case: Case, i: int, mean: bool = False) -> torch.Tensor:
+    """Sum (or mean) of row i's loss tokens, read from the row layout, not the mask."""
+    first, count = case.rows[i]
+    total = x[i, first:first + count].sum()
+    return total / count if mean else total
+
+
+def ref_pairs(case: Case) -> list[tuple[int, int]]:
+    """(chosen, rejected) of each group of >= 2: highest and lowest reward, ties by position."""
+    pairs = []
+    for g in case.batch.group_index.unique().tolist():
+        idx = (case.batch.group_index == g).nonzero().flatten().tolist()
+        if len(idx) >= 2:
+            order = sorted(idx, key=lambda i: (-case.batch.rewards[i].item(), idx.index(i)))
+            pairs.append((order[0], order[-1]))
+    return pairs
+
+
+def logsig(x: torch.Tensor) -> torch.Tensor:
+    return -torch.log1p(torch.exp(-x))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("how", AGGREGATIONS)
+def test_cispo(seed: int, how: Aggregation) -> None:
+    """TRL `cispo`: -sg(min(rho, eps_high)) * A * log pi per token (MiniMax-M1), group advantages,
+    no min with an unclipped term: tokens far outside the band keep their gradient."""
+    case = ragged_case(seed)
+    spec = policy_spec("cispo", aggregation=how, max_tokens=BUDGET, ratio_cap=1.5)
+    adv = ref_group_advantages(case.batch.rewards, case.batch.group_index)
+
+    def fn(logp: torch.Tensor) -> torch.Tensor:
+        old = behaviour(case, logp)
+        per_token = torch.zeros_like(logp)
+        for i, (first, count) in enumerate(case.rows):
+            for t in range(first, first + count):
+                rho = math.exp(max(-20.0, min(20.0, float(logp[i, t].detach() - old[i, t]))))
+                per_token[i, t] = -min(rho, 1.5) * float(adv[i]) * logp[i, t]
+        return ref_aggregate(per_token, case, how)
+
+    assert_same(ours(spec, case), reference(fn, case), f"cispo {how}")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_remax(seed: int) -> None:
+    """ReMax: A_i = r_i - r(greedy row of i's group); greedy rows and groups without one are not
+    trained; REINFORCE, sequence mean of token means over the trained rows."""
+    case = ragged_case(seed, unrecorded=False)
+    greedy = torch.zeros(case.batch.num_sequences, dtype=torch.bool)
+    greedy[[0, 4]] = True  # groups 0 and 2 have a greedy row; 1 (one row) and 3 have none
+    case = dataclasses.replace(case, batch=dataclasses.replace(case.batch, greedy=greedy))
+    spec = policy_spec("remax")
+    r, groups = case.batch.rewards, case.batch.group_index
+
+    def fn(logp: torch.Tensor) -> torch.Tensor:
+        terms = []
+        for i, (first, count) in enumerate(case.rows):
+            base = [j for j in range(len(r)) if groups[j] == groups[i] and greedy[j]]
+            if count == 0 or greedy[i]:
+                continue
+            adv = float(r[i] - r[base[0]]) if base else 0.0
+            terms.append(-adv * logp[i, first:first + count].mean())
+        return torch.stack(terms).mean()
+
+    assert_same(ours(spec, case), reference(fn, case), "remax")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_kto(seed: int) -> None:
+    """TRL KTO with the batch's own KL estimate: z0 = max(0, mean rho) detached; desirable
+    (reward > 0.5) 1 - sigma(beta (rho - z0)), undesirable 1 - sigma(beta (z0 - rho)), weighted."""
+    case = ragged_case(seed)
+    spec = policy_spec("kto", beta=0.3, desirable_weight=1.0, undesirable_weight=1.5)
+    ref = case.batch.extras["ref_logprobs"]
+
+    def fn(logp: torch.Tensor) -> torch.Tensor:
+        rows = [i for i, (_, n) in enumerate(case.rows) if n > 0]
+        rho = {i: ref_seq(logp, case, i) - ref_seq(ref, case, i) for i in rows}
+        z0 = max(0.0, sum(float(v) for v in rho.values()) / len(rows))
+        terms = []
+        for i in rows:
+            if case.batch.rewards[i] > 0.5:
+                terms.append(1.0 - torch.sigmoid(0.3 * (rho[i] - z0)))
+            else:
+                terms.append(1.5 * (1.0 - torch.sigmoid(0.3 * (z0 - rho[i]))))
+        return torch.stack(terms).mean()
+
+    assert_same(ours(spec, case), reference(fn, case), "kto")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_simpo(seed: int) -> None:
+    """TRL CPO `simpo`: logits = avg_c - avg_r - gamma / beta; loss = -log sigma(beta * logits)."""
+    case = ragged_case(seed, fully_masked=False)
+    spec = policy_spec("simpo", beta=2.5, gamma=0.7)
+
+    def fn(logp: torch.Tensor) -> torch.Tensor:
+        terms = []
+        for c, r in ref_pairs(case):
+            logits = ref_seq(logp, case, c, mean=True) - ref_seq(logp, case, r, mean=True) \
+                - 0.7 / 2.5
+            terms.append(-logsig(2.5 * logits))
+        return torch.stack(terms).mean()
+
+    assert_same(ours(spec, case), reference(fn, case), "simpo")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_orpo(seed: int) -> None:
+    """TRL ORPO: log_odds = (a_c - a_r) - (log1p(-e^a_c) - log1p(-e^a_r)) on average logps;
+    loss = mean(nll_c) - beta * mean(log sigma(log_odds))."""
+    case = ragged_case(seed, fully_masked=False)
+    spec = policy_spec("orpo", lam=0.25)
+
+    def fn(logp: torch.Tensor) -> torch.Tensor:
+        pairs = ref_pairs(case)
+        nll = torch.stack([-ref_seq(logp, case, c, mean=True) for c, _ in pairs]).mean()
+        ratios = []
+        for c, r in pairs:
+            a_c, a_r = ref_seq(logp, case, c, mean=True), ref_seq(logp, case, r, mean=True)
+            odds = (a_c - a_r) - (torch.log(1 - torch.exp(a_c)) - torch.log(1 - torch.exp(a_r)))
+            ratios.append(logsig(odds))
+        return nll - 0.25 * torch.stack(ratios).mean()
+
+    assert_same(ours(spec, case), reference(fn, case), "orpo")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("recipe", ["dagger", "aggrevate"])
+def test_teacher_student(seed: int, recipe: str) -> None:
+    """DAgger: each state's mean NLL of the teacher's label, averaged over states. AggreVaTe:
+    -(Q - mean_state Q) * mean_t log pi(a), averaged over actions (unscaled advantages)."""
+    case = ragged_case(seed)
+    spec = policy_spec(recipe)
+    adv = ref_group_advantages(case.batch.rewards, case.batch.group_index, scale=False)
+
+    def fn(logp: torch.Tensor) -> torch.Tensor:
+        terms = []
+        for i, (_, count) in enumerate(case.rows):
+            if count:
+                weight = 1.0 if recipe == "dagger" else float(adv[i])
+                terms.append(-weight * ref_seq(logp, case, i, mean=True))
+        return torch.stack(terms).mean()
+
+    assert_same(ours(spec, case), reference(fn, case), recipe)
+
+
+def scores_case(seed: int) -> tuple[Case, torch.Tensor]:
+    gen = torch.Generator().manual_seed(100 + seed)
+    case = ragged_case(seed)
+    return case, torch.randn(case.batch.num_sequences, T_WIDTH + 1, generator=gen, dtype=F64)
+
+
+def value_head(spec: Any, case: Case, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    from trainer.protocols import ModelOutput
+
+    leaf = values.clone().requires_grad_(True)
+    outputs = spec.extract_model_output(ModelOutput(values=leaf), case.batch)
+    loss, _ = spec.compute_loss(outputs, spec.prepare_batch(case.batch))
+    loss.backward()
+    assert leaf.grad is not None
+    return loss.detach(), leaf.grad
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_bradley_terry_reward_model(seed: int) -> None:
+    """TRL RewardTrainer: -log sigma(s_c - s_r) + c (s_c + s_r)^2, score at the last real token."""
+    case, values = scores_case(seed)
+    spec = dataclasses.replace(get_recipe("reward_bt").roles[0].specialization, center_coef=0.05)
+    last = case.batch.lengths - 1
+
+    leaf = values.clone().requires_grad_(True)
+    terms = []
+    for c, r in ref_pairs(case):
+        s_c, s_r = leaf[c, int(last[c])], leaf[r, int(last[r])]
+        terms.append(-logsig(s_c - s_r) + 0.05 * (s_c + s_r) ** 2)
+    loss = torch.stack(terms).mean()
+    loss.backward()
+    assert leaf.grad is not None
+    assert_same(value_head(spec, case, values), (loss.detach(), leaf.grad), "reward_bt")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_process_reward_model(seed: int) -> None:
+    """PRM: one BCE per step (the last token of each masked run), label = clip(reward, 0, 1), the
+    score read after the step's last token (values position t + 1 for target t)."""
+    case, values = scores_case(seed)
+    mask = case.batch.loss_mask.clone()
+    mask[0, :] = 0.0
+    mask[0, [1, 2, 5, 6, 7, 10]] = 1.0  # three steps: 1-2, 5-7, 10
+    case = dataclasses.replace(case, batch=dataclasses.replace(case.batch, loss_mask=mask))
+    spec = get_recipe("prm").roles[0].specialization
+
+    leaf = values.clone().requires_grad_(True)
+    terms = []
+    for i in range(mask.shape[0]):
+        for t in range(T_WIDTH):
+            if mask[i, t] > 0 and (t + 1 == T_WIDTH or mask[i, t + 1] == 0):
+                y = min(1.0, max(0.0, float(case.batch.rewards[i])))
+                s = leaf[i, t + 1]
+                terms.append(-(y * logsig(s) + (1 - y) * logsig(-s)))
+    assert len(terms) == sum(1 for _, n in case.rows[1:] if n) + 3
+    loss = torch.stack(terms).mean()
+    loss.backward()
+    assert leaf.grad is not None
+    assert_same(value_head(spec, case, values), (loss.detach(), leaf.grad), "prm")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_grpo_with_a_learned_reward(seed: int) -> None:
+    """grpo_rm: GRPO (clip, dual clip, k3 KL) on group advantages of the reward model's scores
+    plus env_weight times the environment reward."""
+    case = ragged_case(seed)
+    spec = policy_spec("grpo_rm", env_weight=0.5)
+    scores = case.batch.extras["rm_scores"] + 0.5 * case.batch.rewards
+    adv = ref_group_advantages(scores, case.batch.group_index)
+    how = "seq-mean-token-mean"
+
+    def fn(logp: torch.Tensor) -> torch.Tensor:
+        pg = ref_ppo_matrix(logp, behaviour(case, logp), adv, case, 0.2, 0.2, 3.0)
+        kl = ref_kl(logp, case.batch.extras["ref_logprobs"], "k3")
+        return ref_aggregate(pg, case, how) + 0.04 * ref_aggregate(kl, case, how)
+
+    assert_same(ours(spec, case), reference(fn, case), "grpo_rm")
+
+
+def flow_errors(seed: int, b: int = 6, k: int = 5) -> tuple[TensorBatch, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(200 + seed)
+    errors = torch.rand(b, k, generator=gen, dtype=F64) * 2
+    ref = torch.rand(b, k, generator=gen, dtype=F64) * 2
+    case = ragged_case(seed)
+    batch = case.batch.select(torch.arange(b)).with_extras(ref_flow_error=ref)
+    return batch, errors, ref
+
+
+def flow_loss(spec: Any, batch: TensorBatch, errors: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    leaf = errors.clone().requires_grad_(True)
+    loss, _ = spec.compute_loss({"flow_error": leaf}, spec.prepare_batch(batch))
+    loss.backward()
+    assert leaf.grad is not None
+    return loss.detach(), leaf.grad
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_reward_weighted_flow_matching(seed: int) -> None:
+    """RW-CFM: sum_i exp(r_i / tau) / sum_j exp(r_j / tau) * mean_k e_ik."""
+    batch, errors, _ = flow_errors(seed)
+    spec = dataclasses.replace(get_recipe("diffusion_rwfm").roles[0].specialization,
+                               temperature=0.3)
+    leaf = errors.clone().requires_grad_(True)
+    z = sum(math.exp(float(r) / 0.3) for r in batch.rewards)
+    loss = sum(math.exp(float(batch.rewards[i]) / 0.3) / z * leaf[i].mean()
+               for i in range(errors.shape[0]))
+    assert isinstance(loss, torch.Tensor)
+    loss.backward()
+    assert leaf.grad is not None
+    assert_same(flow_loss(spec, batch, errors), (loss.detach(), leaf.grad), "diffusion_rwfm")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_diffusion_dpo(seed: int) -> None:
+    """Diffusion-DPO: -log sigma(-beta ((e_c - e_ref_c) - (e_r - e_ref_r))), e = mean over draws,
+    pairs = best and worst reward of each group."""
+    batch, errors, ref = flow_errors(seed)
+    spec = dataclasses.replace(get_recipe("diffusion_dpo").roles[1].specialization, beta=2.0)
+    groups = batch.group_index.tolist()
+    leaf = errors.clone().requires_grad_(True)
+    terms = []
+    for g in sorted(set(groups)):
+        idx = [i for i, x in enumerate(groups) if x == g]
+        if len(idx) < 2:
+            continue
+        order = sorted(idx, key=lambda i: (-float(batch.rewards[i]), idx.index(i)))
+        c, r = order[0], order[-1]
+        gap = (leaf[c].mean() - ref[c].mean()) - (leaf[r].mean() - ref[r].mean())
+        terms.append(-logsig(-2.0 * gap))
+    loss = torch.stack(terms).mean()
+    loss.backward()
+    assert leaf.grad is not None
+    assert_same(flow_loss(spec, batch, errors), (loss.detach(), leaf.grad), "diffusion_dpo")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
 
+from schemas.records import TrainingBatch
 from trainer import (
     InMemoryBatchSource,
     RecipeError,
@@ -15,16 +17,35 @@ from trainer import (
     list_recipes,
     to_tensor_batch,
 )
+from trainer.flow import point_batch
 from trainer.losses import token_logprobs
 from trainer.testing import synthetic_batches, tiny_trainer_config
 
 SHIPPED = ["sft", "grpo", "ppo", "dpo", "reinforce_pp", "rloo", "ppo_colocated",
-           "dpo_distributed", "online_reward", "opd", "gspo", "dr_grpo"]
+           "dpo_distributed", "online_reward", "opd", "gspo", "dr_grpo", "dapo", "cispo", "remax",
+           "kto", "simpo", "orpo", "reward_bt", "prm", "grpo_rm", "dagger", "aggrevate",
+           "diffusion_rwfm", "diffusion_dpo"]
+
+
+def point_batches(count: int) -> list[TrainingBatch]:
+    """Flow recipes train on 2-D points: pairs of scored samples."""
+    gen = torch.Generator().manual_seed(0)
+    return [point_batch(f"points-{i}", torch.randn(8, 2, generator=gen),
+                        torch.rand(8, generator=gen), group_size=2) for i in range(count)]
+
+
+BATCHES: dict[str, Callable[[int], list[TrainingBatch]]] = {
+    # ReMax needs a greedy baseline row per group
+    "remax": lambda n: synthetic_batches(n, greedy_first=True),
+    "diffusion_rwfm": point_batches,
+    "diffusion_dpo": point_batches,
+}
 
 
 def test_every_shipped_recipe_is_registered_and_valid() -> None:
     names = dict(list_recipes())
-    assert set(SHIPPED) <= set(names)
+    assert set(SHIPPED) <= set(names), sorted(set(SHIPPED) - set(names))
+    assert len(names) >= 22
     errors = []
     for name in names:
         try:
@@ -38,8 +59,8 @@ def test_every_shipped_recipe_is_registered_and_valid() -> None:
 @pytest.mark.parametrize("name", [name for name, _ in list_recipes()])
 def test_recipe_trains_every_parameter(name: str) -> None:
     torch.set_num_threads(1)
-    trainer = StacxTrainer(tiny_trainer_config(name), source=InMemoryBatchSource(
-        synthetic_batches(2)))
+    batches = BATCHES.get(name, synthetic_batches)(2)
+    trainer = StacxTrainer(tiny_trainer_config(name), source=InMemoryBatchSource(batches))
     trainable = {f"{w.slot.name}.{n}": p.detach().clone()
                  for w in trainer.models.values() if w.trainable and w.module is not None
                  for n, p in w.module.named_parameters()}
