@@ -3,10 +3,15 @@ one CPU thread. Imported by their conftest.py files."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from rollout.inference import InferenceServer
 
 
 @pytest.fixture(autouse=True)
@@ -33,3 +38,21 @@ def other_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from rollout.models import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny-seed1"), seed=1)
+
+
+@contextlib.contextmanager
+def serve_tiny(model_dir: Path, **config: Any) -> Iterator[InferenceServer]:
+    """A started built-in server on `model_dir` (any free port, one torch thread), stopped after."""
+    import torch
+
+    from rollout.inference import InferenceServer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the engine thread keeps the setting it was built with
+    server = InferenceServer(InferenceServer.Config(model_path=str(model_dir), port=0, **config))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        torch.set_num_threads(threads)

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from inference_fixtures import serve_tiny
 
 from infra.sidevenv import SideVenvError, ensure_side_venv
 from rollout.inference import InferenceServer
@@ -42,12 +43,8 @@ def sglang_python() -> Path:
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path) -> Iterator[InferenceServer]:
-    srv = InferenceServer(
-        InferenceServer.Config(model_path=str(tiny_model_dir), port=0, weight_version="0", context_length=256)
-    )
-    srv.start()
-    yield srv
-    srv.stop()
+    with serve_tiny(tiny_model_dir, weight_version="0", context_length=256) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

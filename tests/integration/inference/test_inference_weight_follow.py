@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from inference_fixtures import serve_tiny
 
 from consumers.weights import WeightSubscriber
 from producers import EventProducer
@@ -21,10 +22,8 @@ WEIGHTS_CONFIG = next(spec.config for spec in TOPICS if spec.name == WEIGHTS)
 
 @pytest.fixture
 def server(tiny_model_dir: Path) -> Iterator[InferenceServer]:
-    srv = InferenceServer(InferenceServer.Config(model_path=str(tiny_model_dir), port=0))
-    srv.start()
-    yield srv
-    srv.stop()
+    with serve_tiny(tiny_model_dir) as srv:
+        yield srv
 
 
 def _generate(base_url: str) -> tuple[list[int], str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from inference_fixtures import serve_tiny
 
 from rollout.inference import InferenceServer
 from rollout.inference.grammar import token_bytes
@@ -25,12 +26,8 @@ SCHEMA = {
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path) -> Iterator[InferenceServer]:
-    srv = InferenceServer(
-        InferenceServer.Config(model_path=str(tiny_model_dir), port=0, weight_version="0", context_length=256)
-    )
-    srv.start()
-    yield srv
-    srv.stop()
+    with serve_tiny(tiny_model_dir, weight_version="0", context_length=256) as srv:
+        yield srv
 
 
 def _generate(server: InferenceServer, sampling: dict, text: str = "Answer: ") -> httpx.Response:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from inference_fixtures import serve_tiny
 
 from rollout.inference import (
     InferenceClient,
@@ -19,17 +20,8 @@ from rollout.inference import (
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path) -> Iterator[InferenceServer]:
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    srv = InferenceServer(
-        InferenceServer.Config(model_path=str(tiny_model_dir), port=0, weight_version="0", context_length=256)
-    )
-    srv.start()
-    yield srv
-    srv.stop()
-    torch.set_num_threads(threads)
+    with serve_tiny(tiny_model_dir, weight_version="0", context_length=256) as srv:
+        yield srv
 
 
 @pytest.fixture
@@ -112,7 +104,7 @@ def test_unknown_top_level_field_is_ignored_with_a_warning(
     [
         ({"image_data": "cat.png"}, "image_data"),
         ({"lora_path": "adapter"}, "lora_path"),
-        ({"sampling_params": {"ebnf": "root ::= \"a\""}}, "sampling_params.ebnf"),
+        ({"sampling_params": {"ebnf": 'root ::= "a"'}}, "sampling_params.ebnf"),
         ({"sampling_params": {"structural_tag": "{}"}}, "sampling_params.structural_tag"),
     ],
 )

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from inference_fixtures import serve_tiny
 
 from rollout.inference import InferenceServer
 
@@ -21,15 +22,8 @@ PROMPT = "The quick brown fox"
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path) -> Iterator[InferenceServer]:
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    srv = InferenceServer(InferenceServer.Config(model_path=str(tiny_model_dir), port=0, context_length=4096))
-    srv.start()
-    yield srv
-    srv.stop()
-    torch.set_num_threads(threads)
+    with serve_tiny(tiny_model_dir, context_length=4096) as srv:
+        yield srv
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from inference_fixtures import serve_tiny
 from openai.types import Completion, Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
@@ -29,19 +30,8 @@ HELLO = [{"role": "user", "content": "hello"}]
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path) -> Iterator[InferenceServer]:
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    srv = InferenceServer(
-        InferenceServer.Config(
-            model_path=str(tiny_model_dir), port=0, served_model_name="tiny", context_length=4096
-        )
-    )
-    srv.start()
-    yield srv
-    srv.stop()
-    torch.set_num_threads(threads)
+    with serve_tiny(tiny_model_dir, served_model_name="tiny", context_length=4096) as srv:
+        yield srv
 
 
 @pytest.fixture
