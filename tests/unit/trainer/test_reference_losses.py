@@ -596,7 +596,7 @@ def test_kto(seed: int) -> None:
     def fn(logp: torch.Tensor) -> torch.Tensor:
         rows = [i for i, (_, n) in enumerate(case.rows) if n > 0]
         rho = {i: ref_seq(logp, case, i) - ref_seq(ref, case, i) for i in rows}
-        z0 = max(0.0, sum(float(v) for v in rho.values()) / len(rows))
+        z0 = max(0.0, sum(float(v.detach()) for v in rho.values()) / len(rows))
         terms = []
         for i in rows:
             if case.batch.rewards[i] > 0.5:
