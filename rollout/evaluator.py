@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from rollout.errors import (
     ConfigError,
     EnvironmentStepError,
@@ -445,6 +447,7 @@ class Evaluator:
             token_ids=ids,
             loss_mask=mask,
             logprobs=lps,
+            teacher_logprobs=_teacher_logprobs(episode.turns),
             temperature=self.config.temperature if self.config.temperature > 0 else 1.0,
             prompt_length=episode.prompt_length,
             rewards=episode.rewards,
@@ -453,3 +456,15 @@ class Evaluator:
             error=episode.error,
             metadata=metadata,
         )
+
+
+def _teacher_logprobs(turns: list[Turn]) -> np.ndarray:
+    """Token-aligned teacher logprobs of the student's turns (0 elsewhere); empty when no turn
+    has them (no teacher in the loop, or it only gave labels)."""
+    scored = [t.role == "assistant" and t.actor == "student" and len(t.teacher_logprobs) > 0
+              and len(t.teacher_logprobs) == len(t.token_ids) for t in turns]
+    if not any(scored):
+        return logprobs([])
+    parts = [np.asarray(t.teacher_logprobs if ok else np.zeros(len(t.token_ids)), dtype=np.float32)
+             for t, ok in zip(turns, scored, strict=True)]
+    return logprobs(np.concatenate(parts))

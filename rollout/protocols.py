@@ -66,7 +66,8 @@ class Generation:
     teacher_ids: list[int] | None = None
     """Teacher in the loop (rollout/teacher.py): the teacher's action on this call's state."""
     teacher_logprobs: list[float] | None = None
-    """Teacher in the loop: the teacher's logprobs of `output_ids` (OPD) or of its own label."""
+    """Teacher in the loop: the teacher's logprobs of `output_ids` (scored for OPD, or its own when
+    it acted)."""
     actor: str | None = None
     """Teacher in the loop: `student` or `teacher`, whoever produced `output_ids`."""
 

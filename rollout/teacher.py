@@ -139,8 +139,7 @@ class TeacherInTheLoop:
         own = await self.student.generate(input_ids, params)
         label = await self.teacher.generate(input_ids, label_params)
         self.num_student_actions += 1
-        return dataclasses.replace(own, teacher_ids=list(label.output_ids),
-                                   teacher_logprobs=list(label.logprobs), actor="student")
+        return dataclasses.replace(own, teacher_ids=list(label.output_ids), actor="student")
 
     async def _scored(self, input_ids: list[int], params: SamplingParams) -> Generation:
         assert self.scorer is not None

@@ -123,3 +123,39 @@ async def test_dagger_rows_put_teacher_labels_on_student_states() -> None:
         assert not np.any(row.logprobs)
     assert len({r.trajectory_id for r in rows}) == 2 and len({r.group_id for r in rows}) == 2
     assert dagger_rows(traj)[0].trajectory_id == rows[0].trajectory_id  # deterministic ids
+
+
+async def test_opd_teacher_logprobs_reach_the_trainer_aligned_to_the_students_tokens() -> None:
+    """Evaluator (opd mode) -> Trajectory.teacher_logprobs -> pack_batch -> TensorBatch: the
+    served teacher's logprob sits on exactly the student's generated targets."""
+    from consumers.assembly.packing import PackedGroup, pack_batch
+    from schemas.codec import decode, encode
+    from trainer.batch import to_tensor_batch
+
+    traj, *_ = await _episode(TeacherInTheLoop.Config(mode="opd"), scorer=FixedScorer())
+    assert len(traj.teacher_logprobs) == len(traj.token_ids)
+    traj = decode(encode(traj))  # through the wire format
+    batch = decode(encode(pack_batch([PackedGroup(group_id="g1", trajectories=[traj])],
+                                     model_name="tiny")))
+    tensors = to_tensor_batch(batch)
+    served = tensors.extras["served_teacher_logprobs"][0]  # [T]
+    mask = tensors.loss_mask[0]
+    expected = np.zeros(len(traj.token_ids) - 1, dtype=np.float32)
+    for turn_start, turn in _turn_spans(traj):
+        if turn.role == "assistant":
+            for k in range(len(turn.token_ids)):
+                expected[turn_start + k - 1] = -0.5 - 0.01 * k
+    np.testing.assert_allclose(served.numpy(), expected, rtol=1e-6)
+    assert bool((served[mask == 0] == 0).all()) and bool((served[mask > 0] < 0).all())
+
+
+def _turn_spans(traj):  # type: ignore[no-untyped-def]
+    start = 0
+    for turn in traj.turns:
+        yield start, turn
+        start += len(turn.token_ids)
+
+
+async def test_label_only_episodes_carry_no_token_teacher_logprobs() -> None:
+    traj, *_ = await _episode(TeacherInTheLoop.Config(beta=BetaSchedule(kind="constant", beta0=0.0)))
+    assert len(traj.teacher_logprobs) == 0

@@ -799,3 +799,27 @@ def test_diffusion_dpo(seed: int) -> None:
     loss.backward()
     assert leaf.grad is not None
     assert_same(flow_loss(spec, batch, errors), (loss.detach(), leaf.grad), "diffusion_dpo")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("how", AGGREGATIONS)
+def test_opd_served(seed: int, how: Aggregation) -> None:
+    """OPD on the served teacher's logprobs (from the batch): sg(log s - log t) * log s."""
+    case = ragged_case(seed)
+    teacher = case.batch.extras["teacher_logprobs"]
+    extras = {k: v for k, v in case.batch.extras.items() if k != "teacher_logprobs"}
+    case = dataclasses.replace(case, batch=dataclasses.replace(
+        case.batch, extras={**extras, "served_teacher_logprobs": teacher}))
+    spec = policy_spec("opd_served", aggregation=how, max_tokens=BUDGET)
+
+    def fn(logp: torch.Tensor) -> torch.Tensor:
+        return ref_aggregate((logp - teacher).detach() * logp, case, how)
+
+    assert_same(ours(spec, case), reference(fn, case), f"opd_served {how}")
+
+
+def test_opd_served_without_teacher_logprobs_says_what_to_do() -> None:
+    from trainer.errors import RecipeError
+
+    with pytest.raises(RecipeError, match="teacher_logprobs"):
+        policy_spec("opd_served").prepare_batch(ragged_case(0).batch)
