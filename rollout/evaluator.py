@@ -29,6 +29,7 @@ from rollout.protocols import (
     Action,
     EnvironmentFactory,
     EnvironmentSession,
+    EpisodeInference,
     ExecResult,
     Generation,
     InferenceClient,
@@ -89,6 +90,8 @@ class _Episode:
     rewards: dict[str, float] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)
     env: EnvironmentSession | None = None
+    inference: InferenceClient | None = None
+    """This episode's client when the evaluator's offers one per episode (`EpisodeInference`)."""
 
     def stop(self, reason: str, status: TrajectoryStatus = TrajectoryStatus.COMPLETED) -> None:
         self.status = status
@@ -203,6 +206,8 @@ class Evaluator:
     ) -> Trajectory:
         """Play one episode in `local` (the pool drawn for it) and return its trajectory."""
         episode = _Episode(group=group, sample_index=sample_index, start_version=policy_version)
+        if isinstance(self.inference, EpisodeInference):
+            episode.inference = self.inference.episode()
         started = time.monotonic()
         try:
             await self._run_limited(episode, local)
@@ -298,7 +303,8 @@ class Evaluator:
         started = time.perf_counter()
         async with self.global_pool.lease(self.demand.generate):
             try:
-                generation = await self.inference.generate(list(episode.buffer.ids), params)
+                client = episode.inference or self.inference
+                generation = await client.generate(list(episode.buffer.ids), params)
             except EpisodeError:
                 raise
             except Exception as exc:

@@ -16,6 +16,7 @@ __all__ = [
     "Action",
     "EnvironmentFactory",
     "EnvironmentSession",
+    "EpisodeInference",
     "ExecResult",
     "Generation",
     "InferenceClient",
@@ -77,6 +78,16 @@ class InferenceClient(Protocol):
     """Generates token ids with per-token logprobs from input ids."""
 
     async def generate(self, input_ids: Sequence[int], params: SamplingParams) -> Generation: ...
+
+
+@runtime_checkable
+class EpisodeInference(Protocol):
+    """An inference client with per-episode state (e.g. AggreVaTe's switch turn): the evaluator
+    asks it for a fresh client at the start of every episode."""
+
+    async def generate(self, input_ids: Sequence[int], params: SamplingParams) -> Generation: ...
+
+    def episode(self) -> InferenceClient: ...
 
 
 @runtime_checkable

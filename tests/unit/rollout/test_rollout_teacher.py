@@ -159,3 +159,40 @@ def _turn_spans(traj):  # type: ignore[no-untyped-def]
 async def test_label_only_episodes_carry_no_token_teacher_logprobs() -> None:
     traj, *_ = await _episode(TeacherInTheLoop.Config(beta=BetaSchedule(kind="constant", beta0=0.0)))
     assert len(traj.teacher_logprobs) == 0
+
+
+async def test_aggrevate_rolls_in_with_the_student_then_the_teacher_finishes() -> None:
+    from rollout.teacher import aggrevate_rows
+
+    traj, tok, student, teacher, _ = await _episode(
+        TeacherInTheLoop.Config(mode="aggrevate", switch_turns=1))  # t* = 0
+    assistant = [t for t in traj.turns if t.role == "assistant"]
+    assert [t.actor for t in assistant] == ["candidate", "teacher"]
+    assert len(student.calls) == 1 and len(teacher.calls) == 1
+    assert traj.reward == 1.0  # the teacher's answer after the student's (wrong) tool call
+    (row,) = aggrevate_rows(traj)
+    assert list(row.token_ids) == list(traj.turns[0].token_ids) + list(assistant[0].token_ids)
+    assert list(row.loss_mask) == [0] * len(traj.turns[0].token_ids) + [1] * len(
+        assistant[0].token_ids)
+    assert "print(6*8)" in tok.decode(row.token_ids[row.prompt_length:])
+    assert row.reward == 1.0 and row.group_id == traj.group_id
+    assert row.sample_index == traj.sample_index
+
+
+async def test_aggrevate_without_a_switch_scores_the_last_student_action() -> None:
+    from rollout.teacher import _SwitchEpisode, aggrevate_rows
+
+    tok = FakeTokenizer()
+    student, teacher = ScriptedInference(tok, _policy(STUDENT)), ScriptedInference(tok, _policy(TEACHER))
+    mixed = TeacherInTheLoop(TeacherInTheLoop.Config(mode="aggrevate"), student=student,
+                             teacher=teacher)
+    episode = _SwitchEpisode(mixed, 5)  # the episode ends before turn 5: all roll-in
+    evaluator = Evaluator(Evaluator.Config(), name="math", tokenizer=tok, inference=episode,
+                          environments=FakeEnvironments(), global_pool=ResourcePool(BUDGET))
+    task = TaskSample(task_id="t1", task_type="math", prompt="What is 6*7?", data='{"answer": 42}')
+    async with LocalPool.drawn(evaluator.global_pool, evaluator.demand.local_pool, name="ep") as lp:
+        traj = await evaluator.run(TaskGroup(group_id="g1", task=task, num_samples=1), 0, lp)
+    assert teacher.calls == [] and traj.reward == 0.0
+    (row,) = aggrevate_rows(traj)
+    assert tok.decode(row.token_ids[row.prompt_length:]).startswith("<answer>48</answer>")
+    assert row.metadata["aggrevate_turn"] == "3" and row.reward == 0.0
