@@ -101,6 +101,8 @@ class TeacherInTheLoop:
 
     @dataclass(kw_only=True, slots=True)
     class Config:
+        url: str | None = None
+        """Base URL of the teacher's inference server (`stacx rollout` builds its client)."""
         mode: TeacherMode = "dagger"
         """`dagger` (teacher labels, beta mixture), `opd` (teacher logprobs of student tokens) or
         `aggrevate` (student roll-in, one candidate action, teacher to the end)."""

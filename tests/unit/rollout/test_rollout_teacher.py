@@ -196,3 +196,40 @@ async def test_aggrevate_without_a_switch_scores_the_last_student_action() -> No
     (row,) = aggrevate_rows(traj)
     assert tok.decode(row.token_ids[row.prompt_length:]).startswith("<answer>48</answer>")
     assert row.metadata["aggrevate_turn"] == "3" and row.reward == 0.0
+
+
+def test_yaml_teacher_section_is_validated() -> None:
+    from rollout.config import parse_config
+
+    config = parse_config({"data": {"path": "t"}, "sandbox": None, "teacher": {
+        "url": "http://127.0.0.1:30001", "mode": "aggrevate", "switch_turns": 3,
+        "beta": {"kind": "linear", "beta0": 0.9, "final": 0.1, "horizon": 4}}})
+    assert config.teacher is not None and config.teacher.switch_turns == 3
+    assert config.teacher.beta(4) == pytest.approx(0.1)
+    with pytest.raises(ConfigError, match="teacher.url"):
+        parse_config({"data": {"path": "t"}, "teacher": {"mode": "dagger"}})
+    with pytest.raises(ConfigError, match="beta0"):
+        parse_config({"data": {"path": "t"}, "teacher": {"url": "http://t", "beta": {"beta0": 2}}})
+
+
+@pytest.mark.parametrize(("mode", "publisher"), [("dagger", "DAggerLabels"),
+                                                 ("aggrevate", "AggreVaTeRows"),
+                                                 ("opd", "MemoryPublisher")])
+async def test_the_service_mixes_in_the_teacher_and_publishes_its_rows(
+        mode: str, publisher: str) -> None:
+    from rollout.config import parse_config
+    from rollout.fakes import MemoryPublisher
+    from rollout.service import open_manager
+
+    tok = FakeTokenizer()
+    config = parse_config({"data": {"path": "t"}, "sandbox": None,
+                           "kafka": {"publish": False, "follow_weights": False},
+                           "manager": {"evaluators": {"default": {"scaffold": "single_turn"}}},
+                           "teacher": {"url": "http://127.0.0.1:9", "mode": mode}})
+    task = TaskSample(task_id="t1", task_type="math", prompt="What is 6*7?", data='{"answer": 42}')
+    async with open_manager(config, tasks=[task], inference=ScriptedInference(tok, _policy(STUDENT)),
+                            tokenizer=tok, publisher=MemoryPublisher()) as manager:
+        evaluator = next(iter(manager.evaluators.values()))
+        assert isinstance(evaluator.inference, TeacherInTheLoop)
+        assert evaluator.inference.config.mode == mode
+        assert type(manager.publisher).__name__ == publisher
