@@ -14,6 +14,7 @@ from typing import Any
 
 from rollout.errors import ConfigError
 from rollout.manager import RolloutManager
+from rollout.teacher import TeacherInTheLoop
 from schemas import topics
 
 __all__ = [
@@ -136,6 +137,9 @@ class RolloutConfig:
     """Kafka."""
     manager: RolloutManager.Config = field(default_factory=RolloutManager.Config)
     """Manager, pool, scheduler and evaluators."""
+    teacher: TeacherInTheLoop.Config | None = None
+    """Teacher in the loop (docs/teacher_student.md): its server `url`, `mode` (dagger, opd,
+    aggrevate), `beta` schedule; None: the student alone."""
     num_groups: int | None = None
     """Stop after this many groups (None: the whole source)."""
     progress: bool = True
@@ -183,6 +187,8 @@ def _convert(hint: Any, value: Any, where: str) -> Any:
 def parse_config(values: dict[str, Any], *, where: str = "config") -> RolloutConfig:
     """A `RolloutConfig` from already-loaded YAML."""
     config: RolloutConfig = _build(RolloutConfig, values, where)
+    if config.teacher is not None and not config.teacher.url:
+        raise ConfigError(f"{where}.teacher.url is not set: the teacher's inference server")
     return config
 
 

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from rollout.errors import (
     ConfigError,
     EnvironmentStepError,
@@ -27,6 +29,7 @@ from rollout.protocols import (
     Action,
     EnvironmentFactory,
     EnvironmentSession,
+    EpisodeInference,
     ExecResult,
     Generation,
     InferenceClient,
@@ -87,6 +90,8 @@ class _Episode:
     rewards: dict[str, float] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)
     env: EnvironmentSession | None = None
+    inference: InferenceClient | None = None
+    """This episode's client when the evaluator's offers one per episode (`EpisodeInference`)."""
 
     def stop(self, reason: str, status: TrajectoryStatus = TrajectoryStatus.COMPLETED) -> None:
         self.status = status
@@ -201,6 +206,8 @@ class Evaluator:
     ) -> Trajectory:
         """Play one episode in `local` (the pool drawn for it) and return its trajectory."""
         episode = _Episode(group=group, sample_index=sample_index, start_version=policy_version)
+        if isinstance(self.inference, EpisodeInference):
+            episode.inference = self.inference.episode()
         started = time.monotonic()
         try:
             await self._run_limited(episode, local)
@@ -296,7 +303,8 @@ class Evaluator:
         started = time.perf_counter()
         async with self.global_pool.lease(self.demand.generate):
             try:
-                generation = await self.inference.generate(list(episode.buffer.ids), params)
+                client = episode.inference or self.inference
+                generation = await client.generate(list(episode.buffer.ids), params)
             except EpisodeError:
                 raise
             except Exception as exc:
@@ -445,6 +453,7 @@ class Evaluator:
             token_ids=ids,
             loss_mask=mask,
             logprobs=lps,
+            teacher_logprobs=_teacher_logprobs(episode.turns),
             temperature=self.config.temperature if self.config.temperature > 0 else 1.0,
             prompt_length=episode.prompt_length,
             rewards=episode.rewards,
@@ -453,3 +462,15 @@ class Evaluator:
             error=episode.error,
             metadata=metadata,
         )
+
+
+def _teacher_logprobs(turns: list[Turn]) -> np.ndarray:
+    """Token-aligned teacher logprobs of the student's turns (0 elsewhere); empty when no turn
+    has them (no teacher in the loop, or it only gave labels)."""
+    scored = [t.role == "assistant" and t.actor == "student" and len(t.teacher_logprobs) > 0
+              and len(t.teacher_logprobs) == len(t.token_ids) for t in turns]
+    if not any(scored):
+        return logprobs([])
+    parts = [np.asarray(t.teacher_logprobs if ok else np.zeros(len(t.token_ids)), dtype=np.float32)
+             for t, ok in zip(turns, scored, strict=True)]
+    return logprobs(np.concatenate(parts))

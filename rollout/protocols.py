@@ -16,6 +16,7 @@ __all__ = [
     "Action",
     "EnvironmentFactory",
     "EnvironmentSession",
+    "EpisodeInference",
     "ExecResult",
     "Generation",
     "InferenceClient",
@@ -66,7 +67,8 @@ class Generation:
     teacher_ids: list[int] | None = None
     """Teacher in the loop (rollout/teacher.py): the teacher's action on this call's state."""
     teacher_logprobs: list[float] | None = None
-    """Teacher in the loop: the teacher's logprobs of `output_ids` (OPD) or of its own label."""
+    """Teacher in the loop: the teacher's logprobs of `output_ids` (scored for OPD, or its own when
+    it acted)."""
     actor: str | None = None
     """Teacher in the loop: `student` or `teacher`, whoever produced `output_ids`."""
 
@@ -76,6 +78,16 @@ class InferenceClient(Protocol):
     """Generates token ids with per-token logprobs from input ids."""
 
     async def generate(self, input_ids: Sequence[int], params: SamplingParams) -> Generation: ...
+
+
+@runtime_checkable
+class EpisodeInference(Protocol):
+    """An inference client with per-episode state (e.g. AggreVaTe's switch turn): the evaluator
+    asks it for a fresh client at the start of every episode."""
+
+    async def generate(self, input_ids: Sequence[int], params: SamplingParams) -> Generation: ...
+
+    def episode(self) -> InferenceClient: ...
 
 
 @runtime_checkable

@@ -29,6 +29,7 @@ from rollout.protocols import (
     TrajectoryPublisher,
     VersionSource,
 )
+from rollout.teacher import AggreVaTeRows, DAggerLabels, TeacherInTheLoop
 from rollout.tokens import HFTokenizer
 from schemas.records import TaskSample
 
@@ -131,6 +132,9 @@ async def open_manager(
                         "stacx.weights not read to its end in 30 s; starting at version %d",
                         versions.current(),
                     )
+        if config.teacher is not None:
+            inference, publisher = _with_teacher(config.teacher, inference, publisher, versions,
+                                                 closers)
         manager = RolloutManager(
             config.manager,
             source=build_source(config, tasks),
@@ -147,6 +151,27 @@ async def open_manager(
     finally:
         for closer in reversed(closers):
             await _close(closer)
+
+
+def _with_teacher(
+    config: TeacherInTheLoop.Config,
+    student: InferenceClient,
+    publisher: TrajectoryPublisher,
+    versions: VersionSource,
+    closers: list[Any],
+) -> tuple[InferenceClient, TrajectoryPublisher]:
+    """The student's client mixed with the teacher's server; DAgger and AggreVaTe publish their
+    training rows instead of the episodes."""
+    from rollout.inference.client import InferenceClient as HttpInferenceClient
+
+    assert config.url is not None
+    client = HttpInferenceClient(HttpInferenceClient.Config(base_url=config.url))
+    closers.append(client)
+    mixed = TeacherInTheLoop(
+        config, student=student, teacher=InferenceAdapter(client), scorer=client, versions=versions
+    )
+    rows = {"dagger": DAggerLabels, "aggrevate": AggreVaTeRows}.get(config.mode)
+    return mixed, (rows(publisher) if rows is not None else publisher)
 
 
 def _versions(config: RolloutConfig) -> VersionSource:

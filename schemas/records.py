@@ -77,7 +77,8 @@ class Turn:
     teacher_token_ids: TokenIds = field(default_factory=lambda: token_ids())
     """Teacher in the loop: the teacher's action on the state before this turn (DAgger label)."""
     teacher_logprobs: Logprobs = field(default_factory=lambda: logprobs())
-    """Teacher in the loop: the teacher's logprobs of this turn's tokens (OPD) or of its label."""
+    """Teacher in the loop: the teacher's logprobs of this turn's tokens (scored for OPD, or its
+    own when it acted)."""
     actor: str | None = None
     """`student` or `teacher`: who acted under a beta mixture (None: no teacher in the loop)."""
 
@@ -100,6 +101,9 @@ class Trajectory:
     """1 on model-generated tokens, 0 on prompt, observation and template tokens."""
     logprobs: Logprobs = field(default_factory=logprobs)
     """Sampling logprob per token (0.0 where loss_mask is 0)."""
+    teacher_logprobs: Logprobs = field(default_factory=lambda: logprobs())
+    """Teacher in the loop (OPD): per token, the teacher's logprob of the student's token (0 where
+    none was asked); empty when no teacher was asked."""
     temperature: float = 1.0
     """Temperature of the distribution `logprobs` come from, log_softmax(logits / T); 0 (greedy)
     means 1. The trainer recomputes its logprobs at this temperature."""
@@ -158,6 +162,9 @@ class TrainingBatch:
     logprobs_recorded: npt.NDArray[np.uint8] | None = None
     """Per sequence: 1 when `logprobs` holds sampled logprobs, 0 when none were recorded.
     None (older producers): a row whose logprobs are all 0 on its mask counts as not recorded."""
+    teacher_logprobs: npt.NDArray[np.float32] | None = None
+    """Per token: the teacher's logprob of each token a served teacher scored (OPD), 0 elsewhere;
+    None when no teacher was asked."""
     metadata: dict[str, str] = field(default_factory=dict)
     created_at_ms: int = field(default_factory=now_ms)
 

@@ -87,11 +87,13 @@ def _batch(b: TrainingBatch) -> list[str]:
     n = len(b.token_ids)
     if len(b.loss_mask) != n or len(b.logprobs) != n:
         problems.append(f"token_ids ({n}), loss_mask and logprobs must have the same length")
+    if b.teacher_logprobs is not None and len(b.teacher_logprobs) != n:
+        problems.append(f"teacher_logprobs has {len(b.teacher_logprobs)} entries, expected {n}")
     if not problems and k and int((b.offsets + b.lengths).max()) > n:
         problems.append("a sequence extends past the end of token_ids")
     return problems + _finite([
         ("rewards", b.rewards), ("logprobs", b.logprobs), ("advantages", b.advantages),
-        ("temperatures", b.temperatures),
+        ("temperatures", b.temperatures), ("teacher_logprobs", b.teacher_logprobs),
     ])
 
 

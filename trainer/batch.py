@@ -46,7 +46,8 @@ class TensorBatch:
     greedy: torch.Tensor | None = None
     """[B] bool: the row was decoded greedily (recorded temperature 0; None: no row was)."""
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
-    """Derived or synced tensors (e.g. `ref_logprobs` [B, T], `values` [B, T])."""
+    """Derived or synced tensors (e.g. `ref_logprobs` [B, T], `values` [B, T]); from the batch
+    itself, `served_teacher_logprobs` [B, T] when its events carry a served teacher's logprobs."""
     normaliser: Normaliser | None = None
     """Global loss denominators of the role being computed (set by the engine; None: this batch's)."""
 
@@ -125,7 +126,8 @@ def validate_batch(batch: TrainingBatch) -> None:
         raise _fail(batch, f"temperatures must be finite and >= 0 (0 = greedy), "
                     f"got {np.asarray(batch.temperatures).tolist()}")
     size = len(batch.token_ids)
-    for name in ("loss_mask", "logprobs"):
+    for name in ("loss_mask", "logprobs") + (("teacher_logprobs",) if batch.teacher_logprobs
+                                              is not None else ()):
         if len(getattr(batch, name)) != size:
             raise _fail(batch, f"len({name})={len(getattr(batch, name))} != len(token_ids)={size}; "
                         "packed arrays must have one entry per token")
@@ -136,6 +138,8 @@ def validate_batch(batch: TrainingBatch) -> None:
     if (offsets < 0).any() or (offsets + lengths > size).any():
         raise _fail(batch, f"offsets+lengths run past len(token_ids)={size}: "
                     f"offsets={offsets.tolist()} lengths={lengths.tolist()}")
+    if batch.teacher_logprobs is not None and not np.isfinite(batch.teacher_logprobs).all():
+        raise _fail(batch, "teacher_logprobs contain NaN/inf")
     if not np.isfinite(batch.rewards).all() or not np.isfinite(batch.logprobs).all():
         raise _fail(batch, "rewards or logprobs contain NaN/inf")
 
@@ -148,12 +152,15 @@ def to_tensor_batch(batch: TrainingBatch) -> TensorBatch:
     attn = np.zeros((n, max_len), dtype=np.int64)
     mask = np.zeros((n, max_len), dtype=np.float32)
     logp = np.zeros((n, max_len), dtype=np.float32)
+    teacher = None if batch.teacher_logprobs is None else np.zeros((n, max_len), dtype=np.float32)
     for i, (off, length) in enumerate(zip(batch.offsets, batch.lengths, strict=True)):
         sl = slice(int(off), int(off) + int(length))
         ids[i, :length] = batch.token_ids[sl]
         attn[i, :length] = 1
         mask[i, :length] = batch.loss_mask[sl]
         logp[i, :length] = batch.logprobs[sl]
+        if teacher is not None:
+            teacher[i, :length] = batch.teacher_logprobs[sl]  # type: ignore[index]
     dense = {g: i for i, g in enumerate(dict.fromkeys(batch.group_ids))}
     mask_t = mask[:, 1:]
     return TensorBatch(
@@ -170,6 +177,8 @@ def to_tensor_batch(batch: TrainingBatch) -> TensorBatch:
         else torch.tensor(np.asarray(batch.advantages, dtype=np.float32)),
         greedy=None if batch.temperatures is None
         else torch.tensor(np.asarray(batch.temperatures) == 0),
+        extras={} if teacher is None
+        else {"served_teacher_logprobs": torch.from_numpy(teacher[:, 1:].copy())},  # [B, T]
     )
 
 

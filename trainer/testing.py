@@ -22,13 +22,15 @@ __all__ = ["run_gradients", "run_jobs", "run_steps", "synthetic_batch", "synthet
 def synthetic_batch(index: int, *, num_groups: int = 2, group_size: int = 2, prompt_length: int = 4,
                     response_length: int = 6, vocab_size: int = 64, seed: int = 0,
                     ragged: bool = True, recorded_logprobs: bool = False,
-                    temperature: float = 1.0, greedy_first: bool = False) -> TrainingBatch:
+                    temperature: float = 1.0, greedy_first: bool = False,
+                    teacher_logprobs: bool = False) -> TrainingBatch:
     """One packed batch: `num_groups` prompts x `group_size` samples, rewards in [0, 1].
 
     With `ragged`, response lengths vary per sequence (padding is exercised). Without
     `recorded_logprobs` no sampling logprobs are recorded (on-policy updates); with it, random
     ones in [-4, -0.05] stand for a behaviour policy other than the trainer's. With
     `greedy_first`, the first sample of each group is greedy (temperature 0: ReMax's baseline).
+    With `teacher_logprobs`, a served teacher's logprobs in [-4, -0.05] on the response tokens.
     """
     rng = np.random.default_rng(seed * 100_003 + index)
     ids, masks, offsets, lengths, prompts, groups, traj = [], [], [], [], [], [], []
@@ -64,6 +66,8 @@ def synthetic_batch(index: int, *, num_groups: int = 2, group_size: int = 2, pro
         loss_mask=loss_mask(flat_mask), logprobs=logprobs(sampled), rewards=rewards,
         temperatures=temperatures,
         logprobs_recorded=np.full(n, int(recorded_logprobs), dtype=np.uint8),
+        teacher_logprobs=logprobs(rng.uniform(-4.0, -0.05, len(flat)) * flat_mask)
+        if teacher_logprobs else None,
     )
 
 

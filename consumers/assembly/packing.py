@@ -106,8 +106,21 @@ def pack_batch(
         rewards=np.array([r.reward for r in rows], dtype=np.float32),  # [S]
         temperatures=np.array([r.trajectory.temperature for r in rows], dtype=np.float32),  # [S]
         logprobs_recorded=np.array([_has_logprobs(r.trajectory) for r in rows], dtype=np.uint8),
+        teacher_logprobs=_teacher_logprobs([r.trajectory for r in rows]),
         metadata=_metadata(groups, rows),
     )
+
+
+def _teacher_logprobs(trajectories: Sequence[Trajectory]) -> np.ndarray | None:
+    """[T] teacher logprobs where a served teacher scored tokens (0 elsewhere); None if none did."""
+    scored = [len(t.teacher_logprobs) == len(t.token_ids) > 0 for t in trajectories]
+    if not any(scored):
+        return None
+    return np.concatenate([
+        np.asarray(t.teacher_logprobs, dtype=np.float32) if ok
+        else np.zeros(len(t.token_ids), dtype=np.float32)
+        for t, ok in zip(trajectories, scored, strict=True)
+    ])
 
 
 def _has_logprobs(trajectory: Trajectory) -> bool:

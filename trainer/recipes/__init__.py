@@ -16,6 +16,7 @@ from trainer.recipes import (  # noqa: F401  (import registers each recipe)
     kto,
     online_reward,
     opd,
+    opd_served,
     orpo,
     ppo,
     ppo_colocated,

@@ -123,3 +123,113 @@ async def test_dagger_rows_put_teacher_labels_on_student_states() -> None:
         assert not np.any(row.logprobs)
     assert len({r.trajectory_id for r in rows}) == 2 and len({r.group_id for r in rows}) == 2
     assert dagger_rows(traj)[0].trajectory_id == rows[0].trajectory_id  # deterministic ids
+
+
+async def test_opd_teacher_logprobs_reach_the_trainer_aligned_to_the_students_tokens() -> None:
+    """Evaluator (opd mode) -> Trajectory.teacher_logprobs -> pack_batch -> TensorBatch: the
+    served teacher's logprob sits on exactly the student's generated targets."""
+    from consumers.assembly.packing import PackedGroup, pack_batch
+    from schemas.codec import decode, encode
+    from trainer.batch import to_tensor_batch
+
+    traj, *_ = await _episode(TeacherInTheLoop.Config(mode="opd"), scorer=FixedScorer())
+    assert len(traj.teacher_logprobs) == len(traj.token_ids)
+    traj = decode(encode(traj))  # through the wire format
+    batch = decode(encode(pack_batch([PackedGroup(group_id="g1", trajectories=[traj])],
+                                     model_name="tiny")))
+    tensors = to_tensor_batch(batch)
+    served = tensors.extras["served_teacher_logprobs"][0]  # [T]
+    mask = tensors.loss_mask[0]
+    expected = np.zeros(len(traj.token_ids) - 1, dtype=np.float32)
+    for turn_start, turn in _turn_spans(traj):
+        if turn.role == "assistant":
+            for k in range(len(turn.token_ids)):
+                expected[turn_start + k - 1] = -0.5 - 0.01 * k
+    np.testing.assert_allclose(served.numpy(), expected, rtol=1e-6)
+    assert bool((served[mask == 0] == 0).all()) and bool((served[mask > 0] < 0).all())
+
+
+def _turn_spans(traj):  # type: ignore[no-untyped-def]
+    start = 0
+    for turn in traj.turns:
+        yield start, turn
+        start += len(turn.token_ids)
+
+
+async def test_label_only_episodes_carry_no_token_teacher_logprobs() -> None:
+    traj, *_ = await _episode(TeacherInTheLoop.Config(beta=BetaSchedule(kind="constant", beta0=0.0)))
+    assert len(traj.teacher_logprobs) == 0
+
+
+async def test_aggrevate_rolls_in_with_the_student_then_the_teacher_finishes() -> None:
+    from rollout.teacher import aggrevate_rows
+
+    traj, tok, student, teacher, _ = await _episode(
+        TeacherInTheLoop.Config(mode="aggrevate", switch_turns=1))  # t* = 0
+    assistant = [t for t in traj.turns if t.role == "assistant"]
+    assert [t.actor for t in assistant] == ["candidate", "teacher"]
+    assert len(student.calls) == 1 and len(teacher.calls) == 1
+    assert traj.reward == 1.0  # the teacher's answer after the student's (wrong) tool call
+    (row,) = aggrevate_rows(traj)
+    assert list(row.token_ids) == list(traj.turns[0].token_ids) + list(assistant[0].token_ids)
+    assert list(row.loss_mask) == [0] * len(traj.turns[0].token_ids) + [1] * len(
+        assistant[0].token_ids)
+    assert "print(6*8)" in tok.decode(row.token_ids[row.prompt_length:])
+    assert row.reward == 1.0 and row.group_id == traj.group_id
+    assert row.sample_index == traj.sample_index
+
+
+async def test_aggrevate_without_a_switch_scores_the_last_student_action() -> None:
+    from rollout.teacher import _SwitchEpisode, aggrevate_rows
+
+    tok = FakeTokenizer()
+    student, teacher = ScriptedInference(tok, _policy(STUDENT)), ScriptedInference(tok, _policy(TEACHER))
+    mixed = TeacherInTheLoop(TeacherInTheLoop.Config(mode="aggrevate"), student=student,
+                             teacher=teacher)
+    episode = _SwitchEpisode(mixed, 5)  # the episode ends before turn 5: all roll-in
+    evaluator = Evaluator(Evaluator.Config(), name="math", tokenizer=tok, inference=episode,
+                          environments=FakeEnvironments(), global_pool=ResourcePool(BUDGET))
+    task = TaskSample(task_id="t1", task_type="math", prompt="What is 6*7?", data='{"answer": 42}')
+    async with LocalPool.drawn(evaluator.global_pool, evaluator.demand.local_pool, name="ep") as lp:
+        traj = await evaluator.run(TaskGroup(group_id="g1", task=task, num_samples=1), 0, lp)
+    assert teacher.calls == [] and traj.reward == 0.0
+    (row,) = aggrevate_rows(traj)
+    assert tok.decode(row.token_ids[row.prompt_length:]).startswith("<answer>48</answer>")
+    assert row.metadata["aggrevate_turn"] == "3" and row.reward == 0.0
+
+
+def test_yaml_teacher_section_is_validated() -> None:
+    from rollout.config import parse_config
+
+    config = parse_config({"data": {"path": "t"}, "sandbox": None, "teacher": {
+        "url": "http://127.0.0.1:30001", "mode": "aggrevate", "switch_turns": 3,
+        "beta": {"kind": "linear", "beta0": 0.9, "final": 0.1, "horizon": 4}}})
+    assert config.teacher is not None and config.teacher.switch_turns == 3
+    assert config.teacher.beta(4) == pytest.approx(0.1)
+    with pytest.raises(ConfigError, match="teacher.url"):
+        parse_config({"data": {"path": "t"}, "teacher": {"mode": "dagger"}})
+    with pytest.raises(ConfigError, match="beta0"):
+        parse_config({"data": {"path": "t"}, "teacher": {"url": "http://t", "beta": {"beta0": 2}}})
+
+
+@pytest.mark.parametrize(("mode", "publisher"), [("dagger", "DAggerLabels"),
+                                                 ("aggrevate", "AggreVaTeRows"),
+                                                 ("opd", "MemoryPublisher")])
+async def test_the_service_mixes_in_the_teacher_and_publishes_its_rows(
+        mode: str, publisher: str) -> None:
+    from rollout.config import parse_config
+    from rollout.fakes import MemoryPublisher
+    from rollout.service import open_manager
+
+    tok = FakeTokenizer()
+    config = parse_config({"data": {"path": "t"}, "sandbox": None,
+                           "kafka": {"publish": False, "follow_weights": False},
+                           "manager": {"evaluators": {"default": {"scaffold": "single_turn"}}},
+                           "teacher": {"url": "http://127.0.0.1:9", "mode": mode}})
+    task = TaskSample(task_id="t1", task_type="math", prompt="What is 6*7?", data='{"answer": 42}')
+    async with open_manager(config, tasks=[task], inference=ScriptedInference(tok, _policy(STUDENT)),
+                            tokenizer=tok, publisher=MemoryPublisher()) as manager:
+        evaluator = next(iter(manager.evaluators.values()))
+        assert isinstance(evaluator.inference, TeacherInTheLoop)
+        assert evaluator.inference.config.mode == mode
+        assert type(manager.publisher).__name__ == publisher

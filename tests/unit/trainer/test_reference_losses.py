@@ -596,7 +596,7 @@ def test_kto(seed: int) -> None:
     def fn(logp: torch.Tensor) -> torch.Tensor:
         rows = [i for i, (_, n) in enumerate(case.rows) if n > 0]
         rho = {i: ref_seq(logp, case, i) - ref_seq(ref, case, i) for i in rows}
-        z0 = max(0.0, sum(float(v) for v in rho.values()) / len(rows))
+        z0 = max(0.0, sum(float(v.detach()) for v in rho.values()) / len(rows))
         terms = []
         for i in rows:
             if case.batch.rewards[i] > 0.5:
@@ -799,3 +799,27 @@ def test_diffusion_dpo(seed: int) -> None:
     loss.backward()
     assert leaf.grad is not None
     assert_same(flow_loss(spec, batch, errors), (loss.detach(), leaf.grad), "diffusion_dpo")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("how", AGGREGATIONS)
+def test_opd_served(seed: int, how: Aggregation) -> None:
+    """OPD on the served teacher's logprobs (from the batch): sg(log s - log t) * log s."""
+    case = ragged_case(seed)
+    teacher = case.batch.extras["teacher_logprobs"]
+    extras = {k: v for k, v in case.batch.extras.items() if k != "teacher_logprobs"}
+    case = dataclasses.replace(case, batch=dataclasses.replace(
+        case.batch, extras={**extras, "served_teacher_logprobs": teacher}))
+    spec = policy_spec("opd_served", aggregation=how, max_tokens=BUDGET)
+
+    def fn(logp: torch.Tensor) -> torch.Tensor:
+        return ref_aggregate((logp - teacher).detach() * logp, case, how)
+
+    assert_same(ours(spec, case), reference(fn, case), f"opd_served {how}")
+
+
+def test_opd_served_without_teacher_logprobs_says_what_to_do() -> None:
+    from trainer.errors import RecipeError
+
+    with pytest.raises(RecipeError, match="teacher_logprobs"):
+        policy_spec("opd_served").prepare_batch(ragged_case(0).batch)

@@ -24,7 +24,7 @@ from trainer.testing import synthetic_batches, tiny_trainer_config
 SHIPPED = ["sft", "grpo", "ppo", "dpo", "reinforce_pp", "rloo", "ppo_colocated",
            "dpo_distributed", "online_reward", "opd", "gspo", "dr_grpo", "dapo", "cispo", "remax",
            "kto", "simpo", "orpo", "reward_bt", "prm", "grpo_rm", "dagger", "aggrevate",
-           "diffusion_rwfm", "diffusion_dpo"]
+           "diffusion_rwfm", "diffusion_dpo", "opd_served"]
 
 
 def point_batches(count: int) -> list[TrainingBatch]:
@@ -39,6 +39,7 @@ BATCHES: dict[str, Callable[[int], list[TrainingBatch]]] = {
     "remax": lambda n: synthetic_batches(n, greedy_first=True),
     "diffusion_rwfm": point_batches,
     "diffusion_dpo": point_batches,
+    "opd_served": lambda n: synthetic_batches(n, teacher_logprobs=True),
 }
 
 
