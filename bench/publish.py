@@ -52,6 +52,7 @@ LOG_DIRS_CLASS = "org.apache.kafka.tools.LogDirsCommand"
 TARGET_RATIO = 0.8
 TARGET_DECODE_RATIO = 0.5
 CONSUME_DEADLINE_S = 120.0
+DECODE_ROUNDS = 3
 OURS = EventProducer.Config()
 """EventProducer defaults: the settings the bench does not vary are mirrored to the Java tool."""
 
@@ -274,6 +275,19 @@ def consume_decoded(settings: Settings, topic: str) -> float:
         return _drain(settings, lambda: consumer.consume(1000, timeout=1.0))
 
 
+def measure_decode(settings: Settings, topic: str) -> tuple[float, float]:
+    """Best of `DECODE_ROUNDS` rounds each of raw and decoded consumption, interleaved: one
+    round lasts well under a second, so a busy machine's scheduling decides any single one."""
+    raw, decoded = 0.0, 0.0
+    for round_index in range(DECODE_ROUNDS):
+        raw = max(raw, consume_raw(settings, topic))
+        decoded = max(decoded, consume_decoded(settings, topic))
+        log(
+            f"consume round {round_index + 1}: raw {raw:,.0f}, decoded {decoded:,.0f} records/s (best so far)"
+        )
+    return raw, decoded
+
+
 def _drain(settings: Settings, read: Callable[[], list[Any]]) -> float:
     """Records per second from the first batch on (group join excluded) until N were read."""
     count, start = 0, 0.0
@@ -388,9 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="stacx-bench-publish-") as workdir:
         results = {case.label: measure(settings, run_id, case, Path(workdir)) for case in cases}
     large = results["20kb"]
-    log("consuming the 20 KB topic: raw, then decoded")
-    raw = consume_raw(settings, large["ours_topic"])
-    decoded = consume_decoded(settings, large["ours_topic"])
+    raw, decoded = measure_decode(settings, large["ours_topic"])
     delete_topics(settings, [r[k] for r in results.values() for k in ("ours_topic", "tool_topic")])
     keys = ("records", "record_bytes", "ours_records_per_s", "limit_records_per_s", "ratio",
             "wire_bytes_ours", "wire_bytes_tool")  # fmt: skip
