@@ -69,9 +69,7 @@ class GroupAssembler:
         def __post_init__(self) -> None:
             self.partial_policy = PartialPolicy(self.partial_policy)
             if self.group_size < 1:
-                raise AssemblyConfigError(
-                    f"grouping.group_size must be >= 1, got {self.group_size}"
-                )
+                raise AssemblyConfigError(f"grouping.group_size must be >= 1, got {self.group_size}")
             if not 1 <= self.min_group_size <= self.group_size:
                 raise AssemblyConfigError(
                     f"grouping.min_group_size must be in [1, group_size={self.group_size}], "
@@ -130,11 +128,13 @@ class GroupAssembler:
             verdict.value,
             oldest_policy_version(trajectory),
         ]
+        if len(record["members"]) >= self.config.group_size:
+            # the completing sample goes straight into the group: no payload write and delete
+            self._stats.groups_complete += 1
+            last = {trajectory.trajectory_id: payload} if verdict.trainable else {}
+            return self._close(trajectory.group_id, record, now_ms=now_ms, reason="complete", last=last)
         if verdict.trainable:
             self._payloads[trajectory.trajectory_id] = payload
-        if len(record["members"]) >= self.config.group_size:
-            self._stats.groups_complete += 1
-            return self._close(trajectory.group_id, record, now_ms=now_ms, reason="complete")
         self._groups[trajectory.group_id] = record
         return None
 
@@ -178,11 +178,20 @@ class GroupAssembler:
             self._stats.stale += 1
 
     def _close(
-        self, group_id: str, record: GroupRecord, *, now_ms: int, reason: str
+        self,
+        group_id: str,
+        record: GroupRecord,
+        *,
+        now_ms: int,
+        reason: str,
+        last: dict[str, bytes] | None = None,
     ) -> ReadyGroup | None:
+        """Close a group; `last` holds the payload of the sample that completed it (not in the
+        payloads table)."""
         members = sorted(record["members"].items(), key=lambda kv: (kv[1][0], kv[0]))
         trainable = [(tid, m) for tid, m in members if Verdict(m[1]).trainable]
-        payloads = [self._pop_payload(tid) for tid, _ in trainable]
+        last = last or {}
+        payloads = [last[tid] if tid in last else self._pop_payload(tid) for tid, _ in trainable]
         record["closed_ms"] = max(now_ms, 1)  # 0 means open
         self._groups[group_id] = record
         group = ReadyGroup(

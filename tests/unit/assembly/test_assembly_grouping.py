@@ -61,9 +61,7 @@ def test_duplicates_and_late_samples_are_dropped() -> None:
     assert (h.stats.duplicates, h.stats.late, h.stats.groups_complete) == (2, 1, 1)
 
 
-@pytest.mark.parametrize(
-    ("policy", "flagged", "dropped"), [("drop", 0, 1), ("flag", 1, 0), ("mask", 1, 0)]
-)
+@pytest.mark.parametrize(("policy", "flagged", "dropped"), [("drop", 0, 1), ("flag", 1, 0), ("mask", 1, 0)])
 def test_failure_policy(policy: str, flagged: int, dropped: int) -> None:
     h = Harness(group_size=2, failure_policy=policy)
     h.add(make_trajectory("g", 0))
@@ -90,8 +88,9 @@ def test_unknown_model_or_unlimited_staleness_keeps_samples() -> None:
     assert h2.add(make_trajectory("g", 0, policy_version=0)) is not None
 
 
-@pytest.mark.parametrize(("policy", "emitted", "pad_to"), [("drop", False, 0), ("emit", True, 0),
-                                                          ("pad", True, 3)])
+@pytest.mark.parametrize(
+    ("policy", "emitted", "pad_to"), [("drop", False, 0), ("emit", True, 0), ("pad", True, 3)]
+)
 def test_timeout_applies_the_partial_policy(policy: str, emitted: bool, pad_to: int) -> None:
     h = Harness(group_size=3, group_timeout_s=5, partial_policy=policy)
     h.add(make_trajectory("g", 0), now_ms=1_000)
@@ -168,3 +167,31 @@ def test_a_regenerated_sample_of_a_filled_slot_is_a_duplicate() -> None:
     assert sorted(decode(p, Trajectory).sample_index for p in group.payloads) == [0, 1]
     assert h.add(make_trajectory("g", 1, policy_version=3)) is None and h.stats.duplicates == 2
     assert h.stats.late == 0
+
+
+class CountingTable(dict[str, Any]):
+    """A dict that counts writes and deletes (each is one changelog record in Faust)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.writes += 1
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self.writes += 1
+        super().__delitem__(key)
+
+
+def test_the_completing_sample_is_never_written_to_the_payloads_table() -> None:
+    h = Harness(group_size=3)
+    h.grouper._payloads = table = CountingTable()
+    samples = [make_trajectory("g", i) for i in range(3)]
+    h.add(samples[0])
+    h.add(samples[1])
+    group = h.add(samples[2])
+    assert group is not None
+    assert [decode(p, Trajectory).trajectory_id for p in group.payloads] == [s.trajectory_id for s in samples]
+    assert table.writes == 4 and table == {}  # two writes and two deletes: none for the last sample
