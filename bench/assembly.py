@@ -58,13 +58,20 @@ def _create_topics(admin: AdminClient, names: dict[str, int]) -> None:
 
 def _preload(bootstrap: str, topic: str, args: argparse.Namespace) -> int:
     # gzip: the one codec aiokafka (under Faust) reads without extra packages
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20,
-                         "compression.type": "gzip", "message.max.bytes": 16 * 1024 * 1024})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "compression.type": "gzip",
+            "message.max.bytes": 16 * 1024 * 1024,
+        }
+    )
     num_groups = args.trajectories // args.group_size
     for g in range(num_groups):
         for i in range(args.group_size):
-            traj = make_trajectory(f"group-{g}", i, num_prompt=args.tokens // 2,
-                                   num_completion=args.tokens - args.tokens // 2)
+            traj = make_trajectory(
+                f"group-{g}", i, num_prompt=args.tokens // 2, num_completion=args.tokens - args.tokens // 2
+            )
             producer.produce(topic, key=traj.group_id.encode(), value=encode(traj))
             producer.poll(0)
     producer.flush(60)
@@ -72,10 +79,15 @@ def _preload(bootstrap: str, topic: str, args: argparse.Namespace) -> int:
 
 
 def run_baseline(bootstrap: str, source: str, sink: str, expected: int) -> dict[str, float]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
-                         "enable.idempotence": True})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
     consumer.subscribe([source])
     seen, started = 0, 0.0
     cpu0 = time.process_time()
@@ -92,18 +104,29 @@ def run_baseline(bootstrap: str, source: str, sink: str, expected: int) -> dict[
     producer.flush(60)
     elapsed = time.monotonic() - started
     consumer.close()
-    return {"trajectories": seen, "seconds": elapsed, "rate": seen / elapsed,
-            "cpu_s": time.process_time() - cpu0}
+    return {
+        "trajectories": seen,
+        "seconds": elapsed,
+        "rate": seen / elapsed,
+        "cpu_s": time.process_time() - cpu0,
+    }
 
 
-def _watch_batches(bootstrap: str, topic: str, expected: int, out: dict[str, Any],
-                   stats: AssemblyStats) -> None:
+def _watch_batches(
+    bootstrap: str, topic: str, expected: int, out: dict[str, Any], stats: AssemblyStats
+) -> None:
     """Thread: wait for `expected` batches, note the last one's timestamp, SIGTERM the worker.
 
     Also samples the process CPU time when the first trajectory is seen and at the last batch.
     """
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([topic])
     deadline = time.monotonic() + 600
     out["batches"], out["last_ms"] = 0, 0
@@ -120,8 +143,29 @@ def _watch_batches(bootstrap: str, topic: str, expected: int, out: dict[str, Any
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def run_assembler(bootstrap: str, names: dict[str, str], args: argparse.Namespace,
-                  expected_batches: int, app_id: str) -> dict[str, Any]:
+def _records_written(bootstrap: str, app_id: str) -> dict[str, int]:
+    """Records in the worker's own topics (table changelogs, groups, ticks) and its outputs:
+    what the assembler wrote to Kafka, per topic suffix."""
+    from confluent_kafka import TopicPartition
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}"})
+    written: dict[str, int] = {}
+    for name, meta in admin.list_topics(timeout=10).topics.items():
+        if not name.startswith(app_id):
+            continue
+        total = 0
+        for partition in meta.partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(name, partition), timeout=10)
+            total += high - low
+        written[name[len(app_id) + 1 :]] = total
+    consumer.close()
+    return written
+
+
+def run_assembler(
+    bootstrap: str, names: dict[str, str], args: argparse.Namespace, expected_batches: int, app_id: str
+) -> dict[str, Any]:
     config = AssemblerApp.Config(
         app_id=app_id,
         bootstrap_servers=bootstrap,
@@ -145,13 +189,23 @@ def run_assembler(bootstrap: str, names: dict[str, str], args: argparse.Namespac
     watcher.join(timeout=30)
     stats = assembler.stats
     if code != 0 or watched.get("batches", 0) < expected_batches or not stats.first_event_ms:
-        raise SystemExit(f"assembler failed (exit {code}, {watched.get('batches')} of "
-                         f"{expected_batches} batches, stats {stats.as_dict()})")
+        raise SystemExit(
+            f"assembler failed (exit {code}, {watched.get('batches')} of "
+            f"{expected_batches} batches, stats {stats.as_dict()})"
+        )
     elapsed = (watched["last_ms"] - stats.first_event_ms) / 1000
-    return {"trajectories": stats.trajectories, "batches": watched["batches"],
-            "seconds": elapsed, "rate": stats.trajectories / elapsed,
-            "cpu_s": cpu_s, "processing_cpu_s": watched["cpu_last"] - watched["cpu_first"],
-            "stats": stats.as_dict()}
+    written = _records_written(bootstrap, app_id)
+    return {
+        "trajectories": stats.trajectories,
+        "batches": watched["batches"],
+        "kafka_writes_per_input": round(sum(written.values()) / stats.trajectories, 3),
+        "writes": written,
+        "seconds": elapsed,
+        "rate": stats.trajectories / elapsed,
+        "cpu_s": cpu_s,
+        "processing_cpu_s": watched["cpu_last"] - watched["cpu_first"],
+        "stats": stats.as_dict(),
+    }
 
 
 def _wait_stable(admin: AdminClient, group: str, members: int, timeout_s: float = 180.0) -> None:
@@ -172,8 +226,14 @@ def _wait_stable(admin: AdminClient, group: str, members: int, timeout_s: float 
 
 def _batch_times(bootstrap: str, topic: str, expected: int, timeout_s: float = 900.0) -> list[int]:
     """Broker timestamps (ms) of the first `expected` batches on `topic`."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([topic])
     times: list[int] = []
     deadline = time.monotonic() + timeout_s
@@ -190,26 +250,47 @@ def _batch_times(bootstrap: str, topic: str, expected: int, timeout_s: float = 9
 def run_workers(bootstrap: str, args: argparse.Namespace, num_workers: int) -> dict[str, Any]:
     """`num_workers` `stacx assemble` processes on a fresh topic: trajectories/s, steady state."""
     run = f"{uuid.uuid4().hex[:8]}-w{num_workers}"
-    names = {"trajectories_topic": f"bench.asm.traj.{run}", "batches_topic": f"bench.asm.batches.{run}",
-             "weights_topic": f"bench.asm.weights.{run}", "dlq_topic": f"bench.asm.dlq.{run}"}
+    names = {
+        "trajectories_topic": f"bench.asm.traj.{run}",
+        "batches_topic": f"bench.asm.batches.{run}",
+        "weights_topic": f"bench.asm.weights.{run}",
+        "dlq_topic": f"bench.asm.dlq.{run}",
+    }
     app_id = f"bench-asm-{run}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    _create_topics(admin, {names["trajectories_topic"]: args.partitions, names["batches_topic"]: 1,
-                           names["weights_topic"]: 1, names["dlq_topic"]: 1})
+    _create_topics(
+        admin,
+        {
+            names["trajectories_topic"]: args.partitions,
+            names["batches_topic"]: 1,
+            names["weights_topic"]: 1,
+            names["dlq_topic"]: 1,
+        },
+    )
     procs: list[subprocess.Popen[bytes]] = []
     try:
         with tempfile.TemporaryDirectory(prefix="stacx-bench-asm-") as workdir:
             for i in range(num_workers):
-                config = {"app_id": app_id, "bootstrap_servers": bootstrap, "stats_interval_s": 0,
-                          "datadir": f"{workdir}/worker-{i}", "grouping": {"group_size": args.group_size},
-                          "mixture": {"batch_size": args.batch_size}, **names}
+                config = {
+                    "app_id": app_id,
+                    "bootstrap_servers": bootstrap,
+                    "stats_interval_s": 0,
+                    "datadir": f"{workdir}/worker-{i}",
+                    "grouping": {"group_size": args.group_size},
+                    "mixture": {"batch_size": args.batch_size},
+                    **names,
+                }
                 path = Path(workdir) / f"worker-{i}.yaml"
                 path.write_text(json.dumps({"assembler": config}))  # JSON is YAML
                 log_file = open(Path(workdir) / f"worker-{i}.log", "wb")  # noqa: SIM115
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "infra.cli", "assemble", "--config", str(path)],
-                    cwd=Path(__file__).resolve().parents[1], stdout=log_file, stderr=subprocess.STDOUT,
-                ))
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "infra.cli", "assemble", "--config", str(path)],
+                        cwd=Path(__file__).resolve().parents[1],
+                        stdout=log_file,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
             _wait_stable(admin, app_id, num_workers)
             time.sleep(3.0)  # let the table recovery of the last assignment finish
             count = _preload(bootstrap, names["trajectories_topic"], args)
@@ -231,8 +312,12 @@ def run_workers(bootstrap: str, args: argparse.Namespace, num_workers: int) -> d
                 pass
     per_batch = args.group_size * args.batch_size
     seconds = max((times[-1] - times[0]) / 1000, 1e-3)
-    return {"workers": num_workers, "batches": len(times), "seconds": seconds,
-            "rate": (len(times) - 1) * per_batch / seconds}
+    return {
+        "workers": num_workers,
+        "batches": len(times),
+        "seconds": seconds,
+        "rate": (len(times) - 1) * per_batch / seconds,
+    }
 
 
 def _round_in_child(argv: list[str]) -> dict[str, Any]:
@@ -255,12 +340,16 @@ def run_rounds(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     if not args.no_scale_out:
         for workers in (1, 2):
             scale[workers] = run_workers(args.bootstrap, args, workers)
-            print(f"[bench.assembly] {workers} worker process(es): {scale[workers]['rate']:.0f} "
-                  "trajectories/s", file=sys.stderr, flush=True)
+            print(
+                f"[bench.assembly] {workers} worker process(es): {scale[workers]['rate']:.0f} trajectories/s",
+                file=sys.stderr,
+                flush=True,
+            )
     ratios = [r["ratio"] for r in rounds]
     return {
         "ratio": min(ratios),
         "ratios": ratios,
+        "kafka_writes_per_input": rounds[0]["kafka_writes_per_input"],
         "scale_out_ratio": round(scale[2]["rate"] / scale[1]["rate"], 3) if scale else None,
         "one_worker_traj_per_s": round(scale[1]["rate"], 1) if scale else None,
         "two_workers_traj_per_s": round(scale[2]["rate"], 1) if scale else None,
@@ -272,8 +361,7 @@ def run_rounds(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print only the JSON figures")
-    parser.add_argument("--bootstrap", default=os.environ.get(topics.BOOTSTRAP_ENV,
-                                                              topics.DEFAULT_BOOTSTRAP))
+    parser.add_argument("--bootstrap", default=os.environ.get(topics.BOOTSTRAP_ENV, topics.DEFAULT_BOOTSTRAP))
     parser.add_argument("--trajectories", type=int, default=4096)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=8, help="groups per batch")
@@ -289,14 +377,25 @@ def main() -> None:
         return
 
     run = uuid.uuid4().hex[:8]
-    names = {"trajectories_topic": f"bench.asm.traj.{run}", "batches_topic": f"bench.asm.batches.{run}",
-             "weights_topic": f"bench.asm.weights.{run}", "dlq_topic": f"bench.asm.dlq.{run}"}
+    names = {
+        "trajectories_topic": f"bench.asm.traj.{run}",
+        "batches_topic": f"bench.asm.batches.{run}",
+        "weights_topic": f"bench.asm.weights.{run}",
+        "dlq_topic": f"bench.asm.dlq.{run}",
+    }
     baseline_sink = f"bench.asm.baseline.{run}"
     app_id = f"bench-asm-{run}"
     admin = AdminClient({"bootstrap.servers": args.bootstrap})
-    _create_topics(admin, {names["trajectories_topic"]: args.partitions, baseline_sink: 1,
-                           names["batches_topic"]: 1, names["weights_topic"]: 1,
-                           names["dlq_topic"]: 1})
+    _create_topics(
+        admin,
+        {
+            names["trajectories_topic"]: args.partitions,
+            baseline_sink: 1,
+            names["batches_topic"]: 1,
+            names["weights_topic"]: 1,
+            names["dlq_topic"]: 1,
+        },
+    )
     try:
         count = _preload(args.bootstrap, names["trajectories_topic"], args)
         baseline = run_baseline(args.bootstrap, names["trajectories_topic"], baseline_sink, count)
@@ -320,6 +419,8 @@ def main() -> None:
         "baseline_traj_per_s": round(baseline["rate"], 1),
         "assembler_traj_per_s": round(assembler["rate"], 1),
         "assembler_batches": assembler["batches"],
+        "kafka_writes_per_input": assembler["kafka_writes_per_input"],
+        "writes": assembler["writes"],
         "baseline_cpu_s": round(baseline["cpu_s"], 2),
         "assembler_cpu_s": round(assembler["cpu_s"], 2),
         "assembler_processing_cpu_s": round(assembler["processing_cpu_s"], 2),
