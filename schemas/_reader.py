@@ -243,7 +243,7 @@ class _Generator:
         fname = full_name(avro["name"], avro.get("namespace", ns))
         if fname in self.enums:
             return self.enums[fname]
-        cls = self.classes.get(fname)
+        cls: Any = self.classes.get(fname)
         symbols = avro["symbols"]
         if cls is None:
             members: tuple[Any, ...] = tuple(symbols)
