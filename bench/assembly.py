@@ -275,6 +275,7 @@ def run_workers(bootstrap: str, args: argparse.Namespace, num_workers: int) -> d
                     "app_id": app_id,
                     "bootstrap_servers": bootstrap,
                     "stats_interval_s": 0,
+                    "standby_replicas": args.standby_replicas,
                     "datadir": f"{workdir}/worker-{i}",
                     "grouping": {"group_size": args.group_size},
                     "mixture": {"batch_size": args.batch_size},
@@ -353,6 +354,7 @@ def run_rounds(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "scale_out_ratio": round(scale[2]["rate"] / scale[1]["rate"], 3) if scale else None,
         "one_worker_traj_per_s": round(scale[1]["rate"], 1) if scale else None,
         "two_workers_traj_per_s": round(scale[2]["rate"], 1) if scale else None,
+        "standby_replicas": args.standby_replicas,
         "rounds": rounds,
         "load_avg_1m": round(os.getloadavg()[0], 1),
     }
@@ -368,6 +370,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=512, help="tokens per trajectory")
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3, help="rounds of baseline and assembler")
+    parser.add_argument("--standby-replicas", type=int, default=1, help="of the scale-out workers")
     parser.add_argument("--no-scale-out", action="store_true", help="skip the worker-process runs")
     argv = sys.argv[1:]
     args = parser.parse_args()

@@ -121,6 +121,11 @@ class AssemblerApp:
         group_instance_id: str | None = None
         """Static membership (KIP-345): a restarted worker with the same id takes its partitions
         back without a rebalance. Give each worker its own stable id; None: dynamic members."""
+        standby_replicas: int = 1
+        """Standby copies of each table partition kept by the other workers (Faust's
+        `table_standby_replicas`): a worker that takes over a partition starts from its standby
+        instead of reading the whole changelog. Each standby reads its tables' changelogs, so with
+        several workers on few cores 0 trades that failover time for throughput."""
         stats_interval_s: float = 30.0
         """How often the counters are logged (0: only at shutdown)."""
         producer_max_request_size: int = topics.BATCHES_MAX_MESSAGE_BYTES
@@ -139,6 +144,8 @@ class AssemblerApp:
         def __post_init__(self) -> None:
             if (self.partitions is not None and self.partitions < 1) or self.weights_partitions < 1:
                 raise AssemblyConfigError("partitions and weights_partitions must be >= 1")
+            if self.standby_replicas < 0:
+                raise AssemblyConfigError(f"standby_replicas must be >= 0, got {self.standby_replicas}")
             if self.tick_interval_s <= 0:
                 raise AssemblyConfigError(
                     f"tick_interval_s must be > 0, got {self.tick_interval_s}"
@@ -487,6 +494,7 @@ def _new_faust_app(cfg: AssemblerApp.Config) -> faust.App:
         broker_session_timeout=cfg.session_timeout_s,
         broker_heartbeat_interval=cfg.heartbeat_interval_s,
         consumer_group_instance_id=cfg.group_instance_id,
+        table_standby_replicas=cfg.standby_replicas,
         autodiscover=False,
         **web,
     )
