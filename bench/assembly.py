@@ -247,6 +247,13 @@ def _batch_times(bootstrap: str, topic: str, expected: int, timeout_s: float = 9
     return sorted(times)
 
 
+def _cpu_seconds(procs: list[subprocess.Popen[bytes]]) -> float:
+    """User + system CPU seconds of the worker processes so far."""
+    import psutil
+
+    return sum(sum(psutil.Process(p.pid).cpu_times()[:2]) for p in procs)
+
+
 def run_workers(bootstrap: str, args: argparse.Namespace, num_workers: int) -> dict[str, Any]:
     """`num_workers` `stacx assemble` processes on a fresh topic: trajectories/s, steady state."""
     run = f"{uuid.uuid4().hex[:8]}-w{num_workers}"
@@ -294,9 +301,11 @@ def run_workers(bootstrap: str, args: argparse.Namespace, num_workers: int) -> d
                 )
             _wait_stable(admin, app_id, num_workers)
             time.sleep(3.0)  # let the table recovery of the last assignment finish
+            cpu_before = _cpu_seconds(procs)
             count = _preload(bootstrap, names["trajectories_topic"], args)
             expected = count // (args.group_size * args.batch_size)
             times = _batch_times(bootstrap, names["batches_topic"], expected)
+            cpu_s = _cpu_seconds(procs) - cpu_before
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -318,6 +327,7 @@ def run_workers(bootstrap: str, args: argparse.Namespace, num_workers: int) -> d
         "batches": len(times),
         "seconds": seconds,
         "rate": (len(times) - 1) * per_batch / seconds,
+        "cpu_ms_per_trajectory": round(1000 * cpu_s / count, 3),
     }
 
 
@@ -354,6 +364,7 @@ def run_rounds(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "scale_out_ratio": round(scale[2]["rate"] / scale[1]["rate"], 3) if scale else None,
         "one_worker_traj_per_s": round(scale[1]["rate"], 1) if scale else None,
         "two_workers_traj_per_s": round(scale[2]["rate"], 1) if scale else None,
+        "cpu_ms_per_trajectory": {n: r["cpu_ms_per_trajectory"] for n, r in scale.items()},
         "standby_replicas": args.standby_replicas,
         "rounds": rounds,
         "load_avg_1m": round(os.getloadavg()[0], 1),
