@@ -358,9 +358,9 @@ def run_rounds(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             )
     ratios = [r["ratio"] for r in rounds]
     return {
-        "ratio": min(ratios),
+        "ratio": min(ratios, default=None),
         "ratios": ratios,
-        "kafka_writes_per_input": rounds[0]["kafka_writes_per_input"],
+        "kafka_writes_per_input": rounds[0]["kafka_writes_per_input"] if rounds else None,
         "scale_out_ratio": round(scale[2]["rate"] / scale[1]["rate"], 3) if scale else None,
         "one_worker_traj_per_s": round(scale[1]["rate"], 1) if scale else None,
         "two_workers_traj_per_s": round(scale[2]["rate"], 1) if scale else None,
@@ -386,7 +386,7 @@ def main() -> None:
     argv = sys.argv[1:]
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    if args.runs > 1 or not args.no_scale_out:
+    if args.runs != 1 or not args.no_scale_out:
         print(json.dumps(run_rounds(args, [a for a in argv if a != "--json"])))
         return
 
