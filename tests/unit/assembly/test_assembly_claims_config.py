@@ -106,6 +106,6 @@ def test_standby_replicas_are_validated_and_reach_faust() -> None:
     with pytest.raises(AssemblyConfigError, match="standby_replicas"):
         AssemblerApp.Config(partitions=1, standby_replicas=-1)
     default = AssemblerApp(AssemblerApp.Config(partitions=2), forwarder=None).app
-    assert default.conf.table_standby_replicas == 1
-    app = AssemblerApp(AssemblerApp.Config(partitions=2, standby_replicas=0), forwarder=None).app
-    assert app.conf.table_standby_replicas == 0
+    assert default.conf.table_standby_replicas == 0  # Faust's own default is 1
+    app = AssemblerApp(AssemblerApp.Config(partitions=2, standby_replicas=1), forwarder=None).app
+    assert app.conf.table_standby_replicas == 1
