@@ -381,7 +381,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=512, help="tokens per trajectory")
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3, help="rounds of baseline and assembler")
-    parser.add_argument("--standby-replicas", type=int, default=0, help="of the scale-out workers (0: the default)")
+    parser.add_argument("--standby-replicas", type=int, default=0, help="scale-out workers (default 0)")
     parser.add_argument("--no-scale-out", action="store_true", help="skip the worker-process runs")
     argv = sys.argv[1:]
     args = parser.parse_args()
