@@ -12,7 +12,10 @@ hence another trajectory id) never adds a second copy of one slot.
 Group timeouts run on a per-partition worker clock, not on wall-clock time: it advances with
 the events (ticks, samples) of the partition, by at most `max_clock_step_s` between two of them.
 While the worker is down nothing advances it, so a restart never turns the groups that were open
-before the crash into timed-out partial groups and their remaining samples into late ones.
+before the crash into timed-out partial groups and their remaining samples into late ones. The
+clock is written to its table on ticks and when a group opens, not for every sample: a restart
+resumes it from the last tick or group opening (at most one tick of running time earlier), never
+behind the opening time of a group.
 
 All state lives in `StateTable`s (Faust tables in the worker): `groups` (group id -> record,
 JSON-able), `payloads` (trajectory id -> encoded bytes, while its group is open) and `clocks`
@@ -97,21 +100,41 @@ class GroupAssembler:
         self._payloads = payloads
         self._stats = stats
         self._clocks: StateTable[list[int]] = clocks if clocks is not None else {}
+        self._clock_cache: dict[str, tuple[list[int] | None, list[int]]] = {}
+        """partition -> (clock last written to the table, clock now)."""
 
-    def advance_clock(self, partition: int, now_ms: int) -> int:
+    def advance_clock(self, partition: int, now_ms: int, *, persist: bool = True) -> int:
         """Advance `partition`'s worker clock to wall time `now_ms` (a gap longer than
-        `max_clock_step_s` counts as that step only); returns the clock in ms."""
+        `max_clock_step_s` counts as that step only); returns the clock in ms.
+
+        With `persist=False` the step stays in memory until the next persisted one (a tick, a
+        new group): a sample joining an open group writes no clock record."""
         key = str(partition)
-        clock, last_ms = self._clocks.get(key) or [0, now_ms]
+        stored = self._clocks.get(key)
+        cached = self._clock_cache.get(key)
+        # the cache holds only while the table still has what this worker wrote (a partition
+        # that moved away and back comes with another worker's clock)
+        clock, last_ms = cached[1] if cached is not None and cached[0] == stored else (stored or [0, now_ms])
         step = min(max(now_ms - last_ms, 0), int(self.config.max_clock_step_s * 1000))
-        self._clocks[key] = [clock + step, now_ms]
+        current = [clock + step, now_ms]
+        if persist:
+            self._clocks[key] = current
+            stored = current
+        self._clock_cache[key] = (stored, current)
         return clock + step
+
+    def _persist_clock(self, partition: int) -> None:
+        key = str(partition)
+        cached = self._clock_cache.get(key)
+        if cached is not None and cached[0] != cached[1]:
+            self._clocks[key] = cached[1]
+            self._clock_cache[key] = (cached[1], cached[1])
 
     def on_trajectory(
         self, trajectory: Trajectory, payload: bytes, *, partition: int, now_ms: int
     ) -> ReadyGroup | None:
         """Add one decoded, valid sample; returns its group if this sample completed it."""
-        clock = self.advance_clock(partition, now_ms)
+        clock = self.advance_clock(partition, now_ms, persist=False)
         record = self._groups.get(trajectory.group_id)
         if record is not None and _seen(record, trajectory):
             self._stats.duplicates += 1
@@ -119,7 +142,8 @@ class GroupAssembler:
         if record is not None and record["closed_ms"]:
             self._stats.late += 1
             return None
-        if record is None:
+        if record is None:  # a group opens: the clock table never lags an open group
+            self._persist_clock(partition)
             record = _new_record(trajectory, partition=partition, now_ms=now_ms, clock_ms=clock)
         verdict = self._filter.verdict(trajectory)
         self._count(verdict)
