@@ -6,13 +6,14 @@ intermediate dicts of a generic reader. Packed arrays (`bytes` fields with a `dt
 become `numpy.frombuffer` views over the event's own bytes: no copy, and read-only, because the
 bytes object they view is immutable. Events that need schema resolution keep the generic path.
 
-The generated source is plain Python (see `reader_source`), inlining the one-byte varint case,
-which covers field counts, short strings and small integers.
+The generated source is plain Python (see `reader_source`), inlining the one- and two-byte
+varints, which cover field counts, lengths below 8 KiB and small integers.
 """
 
 from __future__ import annotations
 
 import enum
+import keyword
 import struct
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -232,7 +233,11 @@ class _Generator:
         fields = avro["fields"]
         for i, f in enumerate(fields):
             self.emit(f["type"], f"f{i}", inner_ns, f.get("dtype"), body, "    ")
-        kwargs = ", ".join(f"{f['name']}=f{i}" for i, f in enumerate(fields))
+        names = [f["name"] for f in fields]
+        if all(n.isidentifier() and not keyword.iskeyword(n) for n in names):
+            kwargs = ", ".join(f"{n}=f{i}" for i, n in enumerate(names))
+        else:  # a field named like a Python keyword
+            kwargs = "**{" + ", ".join(f"{n!r}: f{i}" for i, n in enumerate(names)) + "}"
         cls_name = self.constant("cls", cls)
         source = [f"def {function}(buf, pos):", "    end = len(buf)", *body,
                   f"    return {cls_name}({kwargs}), pos"]  # fmt: skip

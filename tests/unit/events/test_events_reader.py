@@ -141,3 +141,10 @@ def test_older_writers_still_resolve_through_the_generic_path() -> None:
     fastavro.schemaless_writer(buf, older_info.parsed, datum)
     decoded = codec.decode(buf.getvalue(), Trajectory)
     assert decoded.temperature == 1.0 and decoded.trajectory_id == "traj-1"
+
+
+def test_a_field_named_like_a_python_keyword() -> None:
+    schema = {"type": "record", "name": "K", "namespace": "t",
+              "fields": [{"name": "class", "type": "string"}, {"name": "ok", "type": "long"}]}  # fmt: skip
+    record, _ = compile_reader(schema, {"t.K": _Packed})(b"\x04ab\x06", 0)
+    assert getattr(record, "class") == "ab" and record.ok == 3
