@@ -289,17 +289,21 @@ def measure_decode(settings: Settings, topic: str) -> tuple[float, float]:
 
 
 def _drain(settings: Settings, read: Callable[[], list[Any]]) -> float:
-    """Records per second from the first batch on (group join excluded) until N were read."""
-    count, start = 0, 0.0
+    """Records per second after the first batch (group join and first fetch excluded) until
+    every round's N records were read (the topic holds `repeat` x N of them)."""
+    wanted = settings.records * settings.repeat
+    count, counted, start = 0, 0, 0.0
     deadline = time.monotonic() + CONSUME_DEADLINE_S
-    while count < settings.records:
+    while count < wanted:
         if time.monotonic() > deadline:
-            raise SystemExit(f"read only {count} of {settings.records} records in {CONSUME_DEADLINE_S:.0f}s")
+            raise SystemExit(f"read only {count} of {wanted} records in {CONSUME_DEADLINE_S:.0f}s")
         batch = read()
-        if batch and not start:
-            start = time.perf_counter()
         count += len(batch)
-    return count / (time.perf_counter() - start)
+        if start:
+            counted += len(batch)
+        elif batch:
+            start = time.perf_counter()
+    return counted / (time.perf_counter() - start)
 
 
 @dataclass(frozen=True, slots=True)
