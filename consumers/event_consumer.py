@@ -94,12 +94,20 @@ class EventConsumer:
         so a restarted service reads again within about this time (Kafka's default is 45 s)."""
         max_poll_interval_ms: int = 300_000
         """max.poll.interval.ms: the longest gap between polls before the group evicts us."""
+        fetch_queue_backoff_ms: int = 10
+        """fetch.queue.backoff.ms: how long librdkafka postpones fetching once its local queue is
+        full. Its 1,000 ms default stalls a reader slower than the fetch (decoding 20 KB
+        trajectories) for a second at a time: 3-5x fewer records/s."""
         kafka: dict[str, Any] = field(default_factory=dict)
         """Extra librdkafka options (override everything above)."""
 
         def __post_init__(self) -> None:
             if not self.topics:
                 raise ValueError("EventConsumer.Config.topics is empty: name at least one topic")
+            if self.fetch_queue_backoff_ms < 0:
+                raise ValueError(
+                    f"EventConsumer.Config.fetch_queue_backoff_ms={self.fetch_queue_backoff_ms}: use >= 0"
+                )
             if self.auto_offset_reset not in {"earliest", "latest"}:
                 raise ValueError(
                     f"EventConsumer.Config.auto_offset_reset={self.auto_offset_reset!r}: "
@@ -418,6 +426,7 @@ class EventConsumer:
             "auto.offset.reset": config.auto_offset_reset,
             "session.timeout.ms": config.session_timeout_ms,
             "max.poll.interval.ms": config.max_poll_interval_ms,
+            "fetch.queue.backoff.ms": config.fetch_queue_backoff_ms,
             "isolation.level": "read_committed",
             **config.kafka,
         }

@@ -29,6 +29,7 @@ from fastavro.schema import to_parsing_canonical_form
 
 from schemas import records
 from schemas._convert import RecordConverter, build_converters, full_name
+from schemas._reader import Reader, compile_reader
 from schemas.claimcheck import ClaimCheck
 from schemas.errors import CodecError, SchemaError, UnknownSchemaError
 
@@ -132,6 +133,8 @@ class _DecodePlan:
     reader: dict[str, Any] | None
     """None when the writer schema is the local one (no resolution needed)."""
     from_avro: Callable[[dict[str, Any]], Any]
+    read: Reader | None = None
+    """Compiled reader straight to the typed record (writer == local schema); None: fastavro."""
 
 
 class Codec:
@@ -163,6 +166,7 @@ class Codec:
         self._encoders: dict[type, _Encoder] = {}
         self._plans: dict[bytes, _DecodePlan] = {}
         self._registry_plans: dict[int, _DecodePlan] = {}
+        self._readers: dict[str, Reader] = {}
         self._lock = threading.Lock()
 
     def add_local_schema(self, info: SchemaInfo) -> None:
@@ -195,12 +199,11 @@ class Codec:
     def decode(self, data: bytes, expected: type[T]) -> T: ...
     def decode(self, data: bytes, expected: type[T] | None = None) -> object:
         """Deserialise an event into its local typed record (resolving older/newer writers)."""
+        if type(data) is not bytes:  # array views must not alias a mutable buffer
+            data = bytes(data)
         plan, offset = self._plan_for(data)
-        buf = io.BytesIO(data)
-        buf.seek(offset)
         try:
-            datum: Any = fastavro.schemaless_reader(buf, plan.writer, plan.reader)
-            record = plan.from_avro(datum)
+            record = self._read(plan, data, offset)
         except Exception as exc:  # truncated or corrupt body, failed resolution
             raise CodecError(f"corrupt Avro body ({type(exc).__name__}: {exc})") from exc
         if expected is not None and not isinstance(record, expected):
@@ -214,6 +217,16 @@ class Codec:
         return self._writers.get(data[2:_SINGLE_OBJECT_HEADER].hex())
 
     # -- internals ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _read(plan: _DecodePlan, data: bytes, offset: int) -> object:
+        if plan.read is not None:  # packed arrays become read-only views over `data`
+            record, _ = plan.read(data, offset)
+            return record
+        buf = io.BytesIO(data)
+        buf.seek(offset)
+        datum: Any = fastavro.schemaless_reader(buf, plan.writer, plan.reader)
+        return plan.from_avro(datum)
 
     def _encoder(self, record_type: type) -> _Encoder:
         with self._lock:
@@ -287,8 +300,15 @@ class Codec:
         if local is None:
             raise UnknownSchemaError(writer.fingerprint, f"no local record type for {writer.name}")
         info, conv = local
-        reader = None if info.fingerprint == writer.fingerprint else info.parsed
-        return _DecodePlan(writer.parsed, reader, conv.from_avro)
+        if info.fingerprint == writer.fingerprint:
+            return _DecodePlan(writer.parsed, None, conv.from_avro, self._compiled_reader(info))
+        return _DecodePlan(writer.parsed, info.parsed, conv.from_avro)
+
+    def _compiled_reader(self, info: SchemaInfo) -> Reader:
+        reader = self._readers.get(info.fingerprint)
+        if reader is None:
+            reader = self._readers[info.fingerprint] = compile_reader(info.schema, self._classes)
+        return reader
 
     def _local_by_alias(self, name: str) -> tuple[SchemaInfo, RecordConverter] | None:
         for info, conv in self._local.values():

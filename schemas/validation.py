@@ -7,6 +7,7 @@ consumer sends one that still arrives (an older or foreign writer) to the dead-l
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sized
 
 import numpy as np
@@ -17,8 +18,21 @@ from schemas.records import AgentInteraction, Feedback, TrainingBatch, Trajector
 __all__ = ["record_problems", "validate"]
 
 
+def _all_finite(values: object) -> bool:
+    """Fast check: a float64 sum is finite exactly when every entry is (float32 or smaller
+    entries cannot overflow it); integers always are. False may still mean all finite."""
+    if isinstance(values, float | int):
+        return math.isfinite(values)
+    array = np.asarray(values)
+    if array.dtype.kind in "biu" or array.size == 0:
+        return True
+    return array.dtype.kind == "f" and math.isfinite(float(np.add.reduce(array, axis=None, dtype=np.float64)))
+
+
 def _non_finite(name: str, values: object) -> list[str]:
     """`name` holds NaN or +-inf (the first bad entries shown), or nothing."""
+    if _all_finite(values):
+        return []
     array = np.asarray(values, dtype=np.float64)
     bad = np.flatnonzero(~np.isfinite(array))
     if not len(bad):
@@ -28,7 +42,7 @@ def _non_finite(name: str, values: object) -> list[str]:
 
 
 def _non_finite_map(name: str, values: Mapping[str, float]) -> list[str]:
-    bad = {k: v for k, v in values.items() if not np.isfinite(v)}
+    bad = {k: v for k, v in values.items() if not math.isfinite(v)}
     return [f"{name} must be finite, got {bad}"] if bad else []
 
 
@@ -58,9 +72,10 @@ def _interaction(a: AgentInteraction) -> list[str]:
     n = len(a.token_ids)
     problems = _finite([("logprobs", a.logprobs)])
     if len(a.loss_mask) != n or len(a.logprobs) != n:
-        problems.insert(0,
+        problems.insert(
+            0,
             f"token_ids ({n}), loss_mask ({len(a.loss_mask)}) and logprobs "
-            f"({len(a.logprobs)}) must have the same length"
+            f"({len(a.logprobs)}) must have the same length",
         )
     return problems
 
@@ -91,10 +106,15 @@ def _batch(b: TrainingBatch) -> list[str]:
         problems.append(f"teacher_logprobs has {len(b.teacher_logprobs)} entries, expected {n}")
     if not problems and k and int((b.offsets + b.lengths).max()) > n:
         problems.append("a sequence extends past the end of token_ids")
-    return problems + _finite([
-        ("rewards", b.rewards), ("logprobs", b.logprobs), ("advantages", b.advantages),
-        ("temperatures", b.temperatures), ("teacher_logprobs", b.teacher_logprobs),
-    ])
+    return problems + _finite(
+        [
+            ("rewards", b.rewards),
+            ("logprobs", b.logprobs),
+            ("advantages", b.advantages),
+            ("temperatures", b.temperatures),
+            ("teacher_logprobs", b.teacher_logprobs),
+        ]
+    )
 
 
 _CHECKS: dict[type, Callable[[object], list[str]]] = {

@@ -121,6 +121,13 @@ class AssemblerApp:
         group_instance_id: str | None = None
         """Static membership (KIP-345): a restarted worker with the same id takes its partitions
         back without a rebalance. Give each worker its own stable id; None: dynamic members."""
+        standby_replicas: int = 0
+        """Standby copies of each table partition kept by the other workers (Faust's
+        `table_standby_replicas`, whose default is 1). A standby re-applies every changelog record
+        of the partitions it mirrors: with two workers that nearly tripled the CPU per trajectory
+        (1.84 vs 0.65 ms) and made two workers slower than one. Without standbys a worker taking
+        over a partition restores its tables from the changelog first; 1 buys faster failover
+        with that CPU. A single worker never has standbys."""
         stats_interval_s: float = 30.0
         """How often the counters are logged (0: only at shutdown)."""
         producer_max_request_size: int = topics.BATCHES_MAX_MESSAGE_BYTES
@@ -139,6 +146,8 @@ class AssemblerApp:
         def __post_init__(self) -> None:
             if (self.partitions is not None and self.partitions < 1) or self.weights_partitions < 1:
                 raise AssemblyConfigError("partitions and weights_partitions must be >= 1")
+            if self.standby_replicas < 0:
+                raise AssemblyConfigError(f"standby_replicas must be >= 0, got {self.standby_replicas}")
             if self.tick_interval_s <= 0:
                 raise AssemblyConfigError(
                     f"tick_interval_s must be > 0, got {self.tick_interval_s}"
@@ -487,6 +496,7 @@ def _new_faust_app(cfg: AssemblerApp.Config) -> faust.App:
         broker_session_timeout=cfg.session_timeout_s,
         broker_heartbeat_interval=cfg.heartbeat_interval_s,
         consumer_group_instance_id=cfg.group_instance_id,
+        table_standby_replicas=cfg.standby_replicas,
         autodiscover=False,
         **web,
     )

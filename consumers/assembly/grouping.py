@@ -12,7 +12,10 @@ hence another trajectory id) never adds a second copy of one slot.
 Group timeouts run on a per-partition worker clock, not on wall-clock time: it advances with
 the events (ticks, samples) of the partition, by at most `max_clock_step_s` between two of them.
 While the worker is down nothing advances it, so a restart never turns the groups that were open
-before the crash into timed-out partial groups and their remaining samples into late ones.
+before the crash into timed-out partial groups and their remaining samples into late ones. The
+clock is written to its table on ticks and when a group opens, not for every sample: a restart
+resumes it from the last tick or group opening (at most one tick of running time earlier), never
+behind the opening time of a group.
 
 All state lives in `StateTable`s (Faust tables in the worker): `groups` (group id -> record,
 JSON-able), `payloads` (trajectory id -> encoded bytes, while its group is open) and `clocks`
@@ -69,9 +72,7 @@ class GroupAssembler:
         def __post_init__(self) -> None:
             self.partial_policy = PartialPolicy(self.partial_policy)
             if self.group_size < 1:
-                raise AssemblyConfigError(
-                    f"grouping.group_size must be >= 1, got {self.group_size}"
-                )
+                raise AssemblyConfigError(f"grouping.group_size must be >= 1, got {self.group_size}")
             if not 1 <= self.min_group_size <= self.group_size:
                 raise AssemblyConfigError(
                     f"grouping.min_group_size must be in [1, group_size={self.group_size}], "
@@ -99,21 +100,41 @@ class GroupAssembler:
         self._payloads = payloads
         self._stats = stats
         self._clocks: StateTable[list[int]] = clocks if clocks is not None else {}
+        self._clock_cache: dict[str, tuple[list[int] | None, list[int]]] = {}
+        """partition -> (clock last written to the table, clock now)."""
 
-    def advance_clock(self, partition: int, now_ms: int) -> int:
+    def advance_clock(self, partition: int, now_ms: int, *, persist: bool = True) -> int:
         """Advance `partition`'s worker clock to wall time `now_ms` (a gap longer than
-        `max_clock_step_s` counts as that step only); returns the clock in ms."""
+        `max_clock_step_s` counts as that step only); returns the clock in ms.
+
+        With `persist=False` the step stays in memory until the next persisted one (a tick, a
+        new group): a sample joining an open group writes no clock record."""
         key = str(partition)
-        clock, last_ms = self._clocks.get(key) or [0, now_ms]
+        stored = self._clocks.get(key)
+        cached = self._clock_cache.get(key)
+        # the cache holds only while the table still has what this worker wrote (a partition
+        # that moved away and back comes with another worker's clock)
+        clock, last_ms = cached[1] if cached is not None and cached[0] == stored else (stored or [0, now_ms])
         step = min(max(now_ms - last_ms, 0), int(self.config.max_clock_step_s * 1000))
-        self._clocks[key] = [clock + step, now_ms]
+        current = [clock + step, now_ms]
+        if persist:
+            self._clocks[key] = current
+            stored = current
+        self._clock_cache[key] = (stored, current)
         return clock + step
+
+    def _persist_clock(self, partition: int) -> None:
+        key = str(partition)
+        cached = self._clock_cache.get(key)
+        if cached is not None and cached[0] != cached[1]:
+            self._clocks[key] = cached[1]
+            self._clock_cache[key] = (cached[1], cached[1])
 
     def on_trajectory(
         self, trajectory: Trajectory, payload: bytes, *, partition: int, now_ms: int
     ) -> ReadyGroup | None:
         """Add one decoded, valid sample; returns its group if this sample completed it."""
-        clock = self.advance_clock(partition, now_ms)
+        clock = self.advance_clock(partition, now_ms, persist=False)
         record = self._groups.get(trajectory.group_id)
         if record is not None and _seen(record, trajectory):
             self._stats.duplicates += 1
@@ -121,7 +142,8 @@ class GroupAssembler:
         if record is not None and record["closed_ms"]:
             self._stats.late += 1
             return None
-        if record is None:
+        if record is None:  # a group opens: the clock table never lags an open group
+            self._persist_clock(partition)
             record = _new_record(trajectory, partition=partition, now_ms=now_ms, clock_ms=clock)
         verdict = self._filter.verdict(trajectory)
         self._count(verdict)
@@ -130,11 +152,13 @@ class GroupAssembler:
             verdict.value,
             oldest_policy_version(trajectory),
         ]
+        if len(record["members"]) >= self.config.group_size:
+            # the completing sample goes straight into the group: no payload write and delete
+            self._stats.groups_complete += 1
+            last = {trajectory.trajectory_id: payload} if verdict.trainable else {}
+            return self._close(trajectory.group_id, record, now_ms=now_ms, reason="complete", last=last)
         if verdict.trainable:
             self._payloads[trajectory.trajectory_id] = payload
-        if len(record["members"]) >= self.config.group_size:
-            self._stats.groups_complete += 1
-            return self._close(trajectory.group_id, record, now_ms=now_ms, reason="complete")
         self._groups[trajectory.group_id] = record
         return None
 
@@ -178,11 +202,20 @@ class GroupAssembler:
             self._stats.stale += 1
 
     def _close(
-        self, group_id: str, record: GroupRecord, *, now_ms: int, reason: str
+        self,
+        group_id: str,
+        record: GroupRecord,
+        *,
+        now_ms: int,
+        reason: str,
+        last: dict[str, bytes] | None = None,
     ) -> ReadyGroup | None:
+        """Close a group; `last` holds the payload of the sample that completed it (not in the
+        payloads table)."""
         members = sorted(record["members"].items(), key=lambda kv: (kv[1][0], kv[0]))
         trainable = [(tid, m) for tid, m in members if Verdict(m[1]).trainable]
-        payloads = [self._pop_payload(tid) for tid, _ in trainable]
+        last = last or {}
+        payloads = [last[tid] if tid in last else self._pop_payload(tid) for tid, _ in trainable]
         record["closed_ms"] = max(now_ms, 1)  # 0 means open
         self._groups[group_id] = record
         group = ReadyGroup(

@@ -98,3 +98,14 @@ def test_fast_rejoin_settings_are_validated_and_reach_faust() -> None:
                        forwarder=None).app
     assert app.conf.broker_session_timeout == 10.0
     assert app.conf.consumer_group_instance_id == "assembler-0"
+
+
+def test_standby_replicas_are_validated_and_reach_faust() -> None:
+    from consumers.assembly import AssemblerApp, AssemblyConfigError
+
+    with pytest.raises(AssemblyConfigError, match="standby_replicas"):
+        AssemblerApp.Config(partitions=1, standby_replicas=-1)
+    default = AssemblerApp(AssemblerApp.Config(partitions=2), forwarder=None).app
+    assert default.conf.table_standby_replicas == 0  # Faust's own default is 1
+    app = AssemblerApp(AssemblerApp.Config(partitions=2, standby_replicas=1), forwarder=None).app
+    assert app.conf.table_standby_replicas == 1

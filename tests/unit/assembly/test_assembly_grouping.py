@@ -61,9 +61,7 @@ def test_duplicates_and_late_samples_are_dropped() -> None:
     assert (h.stats.duplicates, h.stats.late, h.stats.groups_complete) == (2, 1, 1)
 
 
-@pytest.mark.parametrize(
-    ("policy", "flagged", "dropped"), [("drop", 0, 1), ("flag", 1, 0), ("mask", 1, 0)]
-)
+@pytest.mark.parametrize(("policy", "flagged", "dropped"), [("drop", 0, 1), ("flag", 1, 0), ("mask", 1, 0)])
 def test_failure_policy(policy: str, flagged: int, dropped: int) -> None:
     h = Harness(group_size=2, failure_policy=policy)
     h.add(make_trajectory("g", 0))
@@ -90,8 +88,9 @@ def test_unknown_model_or_unlimited_staleness_keeps_samples() -> None:
     assert h2.add(make_trajectory("g", 0, policy_version=0)) is not None
 
 
-@pytest.mark.parametrize(("policy", "emitted", "pad_to"), [("drop", False, 0), ("emit", True, 0),
-                                                          ("pad", True, 3)])
+@pytest.mark.parametrize(
+    ("policy", "emitted", "pad_to"), [("drop", False, 0), ("emit", True, 0), ("pad", True, 3)]
+)
 def test_timeout_applies_the_partial_policy(policy: str, emitted: bool, pad_to: int) -> None:
     h = Harness(group_size=3, group_timeout_s=5, partial_policy=policy)
     h.add(make_trajectory("g", 0), now_ms=1_000)
@@ -168,3 +167,81 @@ def test_a_regenerated_sample_of_a_filled_slot_is_a_duplicate() -> None:
     assert sorted(decode(p, Trajectory).sample_index for p in group.payloads) == [0, 1]
     assert h.add(make_trajectory("g", 1, policy_version=3)) is None and h.stats.duplicates == 2
     assert h.stats.late == 0
+
+
+class CountingTable(dict[str, Any]):
+    """A dict that counts writes and deletes (each is one changelog record in Faust)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.writes += 1
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self.writes += 1
+        super().__delitem__(key)
+
+
+def test_the_completing_sample_is_never_written_to_the_payloads_table() -> None:
+    h = Harness(group_size=3)
+    h.grouper._payloads = table = CountingTable()
+    samples = [make_trajectory("g", i) for i in range(3)]
+    h.add(samples[0])
+    h.add(samples[1])
+    group = h.add(samples[2])
+    assert group is not None
+    assert [decode(p, Trajectory).trajectory_id for p in group.payloads] == [s.trajectory_id for s in samples]
+    assert table.writes == 4 and table == {}  # two writes and two deletes: none for the last sample
+
+
+def clocked_harness(clocks: dict[str, Any], groups: dict[str, Any] | None = None, **config: Any) -> Harness:
+    h = Harness(**config)
+    h.grouper = GroupAssembler(
+        h.grouper.config, sample_filter=SampleFilter(SampleFilter.Config(), {}), groups=groups or h.groups,
+        payloads=h.payloads, stats=h.stats, clocks=clocks,
+    )  # fmt: skip
+    return h
+
+
+def test_samples_joining_an_open_group_write_no_clock_record() -> None:
+    clocks = CountingTable()
+    h = clocked_harness(clocks, group_size=4)
+    h.add(make_trajectory("g", 0), now_ms=1_000)  # opens a group: the clock is written
+    assert clocks.writes == 1
+    for i, t in ((1, 2_000), (2, 3_000)):
+        h.add(make_trajectory("g", i), now_ms=t)
+    assert clocks.writes == 1
+    h.add(make_trajectory("h", 0), now_ms=4_000)  # another group opens
+    assert clocks.writes == 2 and clocks["0"] == [3_000, 4_000]
+    assert h.grouper.expire(now_ms=5_000, partition=0) == [] and clocks.writes == 3  # ticks write
+
+
+def test_a_restart_resumes_the_clock_from_the_last_tick_or_opening() -> None:
+    clocks: dict[str, Any] = {}
+    h = clocked_harness(clocks, group_size=3, group_timeout_s=10, max_clock_step_s=5)
+    h.add(make_trajectory("g", 0), now_ms=0)
+    h.grouper.expire(now_ms=1_000, partition=0)
+    h.add(make_trajectory("g", 1), now_ms=1_500)  # in memory only
+    assert clocks["0"] == [1_000, 1_000]
+    restarted = clocked_harness(clocks, groups=h.groups, group_size=3, group_timeout_s=10, max_clock_step_s=5)
+    restarted.payloads.update(h.payloads)
+    ready = []
+    for t in range(60_000, 80_000, 1_000):  # down 59 s: the first tick counts max_clock_step_s only
+        ready += restarted.grouper.expire(now_ms=t, partition=0)
+        if ready:
+            break
+    # opened at clock 0; restored clock 1,000 + 5,000 at the first tick, then 1,000 per tick
+    assert t == 64_000 and len(ready) == 1 and ready[0].closed_reason == "timeout"
+    assert len(ready[0].payloads) == 2  # the group and payload tables are written per sample
+
+
+def test_a_clock_changed_by_another_worker_is_read_back() -> None:
+    clocks: dict[str, Any] = {}
+    h = clocked_harness(clocks, group_size=4)
+    h.add(make_trajectory("g", 0), now_ms=1_000)
+    h.add(make_trajectory("g", 1), now_ms=2_000)  # cached: clock 1,000 in memory
+    clocks["0"] = [50_000, 2_500]  # the partition moved away and back: another worker's clock
+    assert h.grouper.advance_clock(0, 3_000) == 50_500

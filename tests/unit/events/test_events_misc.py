@@ -128,3 +128,14 @@ def test_in_memory_publisher_and_consumer_mirror_the_kafka_pair() -> None:
     assert (
         isinstance(source, InMemoryConsumer) and source.committed["t"] == 1 and source.num_dead_letters == 1
     )
+
+
+def test_event_consumer_fetches_again_soon_after_a_full_queue() -> None:
+    from consumers import EventConsumer
+
+    config = EventConsumer.Config(topics=["t"])
+    assert EventConsumer._librdkafka_config(config)["fetch.queue.backoff.ms"] == 10
+    tuned = EventConsumer.Config(topics=["t"], fetch_queue_backoff_ms=50)
+    assert EventConsumer._librdkafka_config(tuned)["fetch.queue.backoff.ms"] == 50
+    with pytest.raises(ValueError, match="fetch_queue_backoff_ms"):
+        EventConsumer.Config(topics=["t"], fetch_queue_backoff_ms=-1)

@@ -1,0 +1,150 @@
+"""The compiled reader (schemas/_reader.py): zero-copy array views, and the same records as the
+generic fastavro path, which these tests use as the independent reference."""
+
+from __future__ import annotations
+
+import io
+import struct
+from typing import Any
+
+import fastavro
+import numpy as np
+import pytest
+from events_strategies import RECORDS, comparable, trajectory
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schemas._convert import build_converters
+from schemas._reader import compile_reader
+from schemas.codec import BUILTIN_CLASSES, builtin_schemas, default_codec, encode, load_schema
+from schemas.errors import CodecError
+from schemas.records import Trajectory, Turn, logprobs, loss_mask, token_ids
+
+HEADER = 10  # single-object marker + fingerprint
+
+
+def reference_decode(data: bytes) -> Any:
+    """fastavro's generic reader + the dict converters: no compiled code involved."""
+    info = default_codec().writer_info(data)
+    assert info is not None
+    datum = fastavro.schemaless_reader(io.BytesIO(data[HEADER:]), info.parsed, None)
+    return build_converters(info.schema, BUILTIN_CLASSES)[info.name].from_avro(datum)
+
+
+def long_trajectory() -> tuple[Trajectory, bytes]:
+    rng = np.random.default_rng(7)
+    record = trajectory(
+        3,
+        token_ids=token_ids(rng.integers(0, 150_000, 5000)),
+        loss_mask=loss_mask(rng.integers(0, 2, 5000)),
+        logprobs=logprobs(-rng.exponential(1.0, 5000)),
+        turns=[Turn(role="assistant", text="é" * 3000, policy_version=-(2**40))],
+        rewards={f"r{i}": float(i) for i in range(300)},  # a map longer than a one-byte count
+        created_at_ms=2**62,
+    )
+    return record, encode(record)
+
+
+@pytest.mark.parametrize("record_type", list(RECORDS))
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_every_record_type_reads_like_the_generic_reader(record_type: type, data: st.DataObject) -> None:
+    record = data.draw(RECORDS[record_type])
+    encoded = encode(record)
+    assert comparable(default_codec().decode(encoded)) == comparable(reference_decode(encoded))
+
+
+def test_long_fields_and_multibyte_varints() -> None:
+    record, encoded = long_trajectory()
+    decoded = default_codec().decode(encoded, Trajectory)
+    assert comparable(decoded) == comparable(reference_decode(encoded))
+    assert decoded.created_at_ms == 2**62 and decoded.turns[0].policy_version == -(2**40)
+    np.testing.assert_array_equal(decoded.token_ids, record.token_ids)
+    np.testing.assert_array_equal(decoded.logprobs, record.logprobs)
+
+
+def test_packed_arrays_are_read_only_views_over_the_event_bytes() -> None:
+    _, encoded = long_trajectory()
+    decoded = default_codec().decode(encoded, Trajectory)
+    event = np.frombuffer(encoded, np.uint8)
+    for array in (decoded.token_ids, decoded.loss_mask, decoded.logprobs):
+        assert np.shares_memory(array, event), "a packed array was copied"
+        assert not array.flags.writeable
+        with pytest.raises(ValueError, match="read-only"):
+            array[0] = 1
+    assert decoded.token_ids.dtype == np.dtype("<i4") and decoded.logprobs.dtype == np.dtype("<f4")
+
+
+def test_a_mutable_buffer_is_copied_first_so_views_never_alias_it() -> None:
+    record, encoded = long_trajectory()
+    buffer = bytearray(encoded)
+    decoded = default_codec().decode(buffer, Trajectory)  # type: ignore[arg-type]
+    buffer[:] = bytes(len(buffer))
+    assert not decoded.token_ids.flags.writeable
+    np.testing.assert_array_equal(decoded.token_ids, record.token_ids)
+
+
+@pytest.mark.parametrize("cut", [HEADER + 5, -1, -4000, -30_000])
+def test_truncated_events_raise_codec_errors(cut: int) -> None:
+    _, encoded = long_trajectory()
+    with pytest.raises(CodecError, match="corrupt Avro body"):
+        default_codec().decode(encoded[:cut])
+
+
+def test_a_negative_length_is_corrupt_not_a_whole_buffer_view() -> None:
+    schema = {"type": "record", "name": "Packed", "namespace": "t",
+              "fields": [{"name": "xs", "type": "bytes", "dtype": "<i4"}]}  # fmt: skip
+    reader = compile_reader(schema, {"t.Packed": _Packed})
+    with pytest.raises(ValueError, match="does not fit"):
+        reader(b"\x07" + bytes(40), 0)  # zig-zag 7 = length -4: frombuffer would read it all
+    with pytest.raises(ValueError, match="does not fit"):
+        reader(b"\x06" + bytes(40), 0)  # 3 bytes: not a whole number of int32
+
+
+class _Packed:
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+
+def test_array_blocks_with_byte_sizes_are_read() -> None:
+    """Avro lets writers prefix a block with a negative count and its byte size."""
+    schema = {"type": "record", "name": "Packed", "namespace": "t",
+              "fields": [{"name": "xs", "type": {"type": "array", "items": "long"}},
+                         {"name": "tail", "type": "string"}]}  # fmt: skip
+    body = bytes([3, 4, 2, 4, 2, 0x80, 0x01, 0]) + b"\x04ok"  # -2 items (2 bytes): 1, 2; 1 item: 64
+    record, end = compile_reader(schema, {"t.Packed": _Packed})(body, 0)
+    expected = fastavro.schemaless_reader(io.BytesIO(body), fastavro.parse_schema(schema), None)
+    assert record.xs == expected["xs"] == [1, 2, 64] and record.tail == expected["tail"] == "ok"
+    assert end == len(body)
+
+
+def test_floats_and_fixed() -> None:
+    schema = {"type": "record", "name": "Mixed", "namespace": "t",
+              "fields": [{"name": "f", "type": "float"}, {"name": "flag", "type": "boolean"},
+                         {"name": "h", "type": {"type": "fixed", "name": "H", "size": 3}},
+                         {"name": "again", "type": "H"}]}  # fmt: skip
+    body = struct.pack("<f", 1.5) + b"\x01" + b"abc" + b"xyz"
+    record, _ = compile_reader(schema, {"t.Mixed": _Packed})(body, 0)
+    assert (record.f, record.flag, record.h, record.again) == (1.5, True, b"abc", b"xyz")
+
+
+def test_older_writers_still_resolve_through_the_generic_path() -> None:
+    info = next(i for i in builtin_schemas() if i.name == "stacx.Trajectory")
+    older = dict(info.schema, fields=[f for f in info.schema["fields"] if f["name"] != "temperature"])
+    older_info = load_schema(older)
+    codec = type(default_codec())()
+    codec.add_writer_schema(older_info)
+    datum = build_converters(info.schema, BUILTIN_CLASSES)[info.name].to_avro(trajectory(1))
+    del datum["temperature"]
+    buf = io.BytesIO()
+    buf.write(b"\xc3\x01" + bytes.fromhex(older_info.fingerprint))
+    fastavro.schemaless_writer(buf, older_info.parsed, datum)
+    decoded = codec.decode(buf.getvalue(), Trajectory)
+    assert decoded.temperature == 1.0 and decoded.trajectory_id == "traj-1"
+
+
+def test_a_field_named_like_a_python_keyword() -> None:
+    schema = {"type": "record", "name": "K", "namespace": "t",
+              "fields": [{"name": "class", "type": "string"}, {"name": "ok", "type": "long"}]}  # fmt: skip
+    record, _ = compile_reader(schema, {"t.K": _Packed})(b"\x04ab\x06", 0)
+    assert getattr(record, "class") == "ab" and record.ok == 3
