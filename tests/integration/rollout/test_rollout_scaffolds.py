@@ -276,4 +276,4 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split()[2] != "Z"
+    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
