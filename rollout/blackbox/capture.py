@@ -85,6 +85,7 @@ class CallCapture:
             tokenizer_path=config.tokenizer_path,
             served_model_name=config.served_model_name,
             agent_name="scaffold",
+            exact_continuation=True,
         )
         self.server = ProxyServer(
             ProxyServer.Config(proxy=proxy, host=config.host, port=0),
