@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import tempfile
@@ -33,6 +34,8 @@ __all__ = [
     "ScaffoldRunner",
     "gateway_endpoint",
 ]
+
+log = logging.getLogger(__name__)
 
 _LOG_TAIL = 1500
 _KILL_GRACE_S = 3.0
@@ -75,7 +78,16 @@ class ScaffoldRunner:
             spec_path, log_path = Path(tmp) / "episode.json", Path(tmp) / "scaffold.log"
             spec.result_path = str(Path(tmp) / "result.json")
             spec.write(spec_path)
-            code = await self._run_process(self.adapter.argv(python, spec_path), spec_path, log_path)
+            try:
+                code = await self._run_process(self.adapter.argv(python, spec_path), spec_path, log_path)
+            except asyncio.CancelledError:
+                log.warning(
+                    "scaffold %s of episode %s stopped; its log ends: %s",
+                    self.adapter.name,
+                    spec.episode_id,
+                    _tail(log_path),
+                )
+                raise
             tail = _tail(log_path)
             if code != 0:
                 raise ScaffoldCrashed(f"scaffold {self.adapter.name!r} exited with {code}: {tail}")

@@ -50,7 +50,8 @@ class ScriptedScaffold(ExternalScaffold):
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from rollout.models import make_tiny_model
 
-    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+    # Terminus-2's first prompt alone is ~7k tokens of the tiny tokenizer.
+    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny", max_position_embeddings=32768)
 
 
 @pytest.fixture(scope="module")
@@ -203,6 +204,43 @@ async def test_mini_swe_agent_episode_is_captured_token_exact(
     assert len(observations) == 2 and all("<returncode>" in t.text for t in observations)
     _check_tokens(trajectory, model_dir)
     assert trajectory.rewards.get("reward") == 0.0 and trajectory.reward == 0.0  # hello.txt never made
+    _assert_leak_free(gateway[1])
+
+
+def _task_with_tmux(tmp_path: Path) -> TaskSample:
+    """simple-task with tmux in its image (Terminus-2 drives a tmux session)."""
+    import shutil
+
+    from sandbox.tasks import load_task, to_task_sample
+
+    task_dir = tmp_path / "simple-task-tmux"
+    shutil.copytree(cookbook() / "simple-task", task_dir)
+    dockerfile = task_dir / "environment" / "Dockerfile"
+    dockerfile.write_text(
+        dockerfile.read_text()
+        + "RUN apt-get update && apt-get install -y --no-install-recommends tmux && rm -rf /var/lib/apt/lists/*\n"
+    )
+    return to_task_sample(load_task(task_dir))
+
+
+async def test_terminus_2_episode_is_captured_token_exact(
+    gateway: tuple[str, str], capture: CallCapture, model_dir: Path, inference_url: str, tmp_path: Path
+) -> None:
+    [trajectory] = await _run(
+        gateway,
+        capture,
+        model_dir,
+        inference_url,
+        {"default": _evaluator("terminus-2", max_turns=2, episode_timeout_s=240.0)},
+        [_task_with_tmux(tmp_path)],
+    )
+    assert trajectory.status is TrajectoryStatus.COMPLETED, trajectory.error
+    assert trajectory.metadata["scaffold"] == "terminus-2"
+    assert int(trajectory.metadata["num_model_calls"]) >= 2
+    assert trajectory.metadata["num_dropped_calls"] == "0"
+    assert any(t.role == "tool" for t in trajectory.turns)
+    _check_tokens(trajectory, model_dir)
+    assert trajectory.reward == 0.0
     _assert_leak_free(gateway[1])
 
 
