@@ -36,13 +36,20 @@ class GatewayShell:
         self.timeout_s = float(spec.get("step_timeout_s") or 60.0)
 
     def run(
-        self, command: str, *, timeout_s: float | None = None, workdir: str | None = None
+        self,
+        command: str,
+        *,
+        timeout_s: float | None = None,
+        workdir: str | None = None,
+        stdin: str | None = None,
     ) -> dict[str, Any]:
         """The gateway's ExecResult (exit_code, stdout, stderr, timed_out, ...)."""
         limit = float(timeout_s or self.timeout_s)
         body: dict[str, Any] = {"command": command, "timeout_s": limit}
         if workdir:
             body["workdir"] = workdir
+        if stdin is not None:
+            body["stdin"] = stdin
         request = urllib.request.Request(
             self.url,
             data=json.dumps(body).encode(),
