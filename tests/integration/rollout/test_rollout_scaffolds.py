@@ -218,7 +218,8 @@ def _task_with_tmux(tmp_path: Path) -> TaskSample:
     dockerfile = task_dir / "environment" / "Dockerfile"
     dockerfile.write_text(
         dockerfile.read_text()
-        + "RUN apt-get update && apt-get install -y --no-install-recommends tmux && rm -rf /var/lib/apt/lists/*\n"
+        + "RUN apt-get update && apt-get install -y --no-install-recommends tmux"
+        + " && rm -rf /var/lib/apt/lists/*\n"
     )
     return to_task_sample(load_task(task_dir))
 

@@ -99,7 +99,8 @@ async def test_runner_reports_a_crash_with_the_log_tail(tmp_path: Path) -> None:
 async def test_runner_rejects_garbage_or_missing_results(tmp_path: Path, written: str | None) -> None:
     body = "print('noise')\n"
     if written is not None:
-        body += f"from _stacx_episode import load_spec\nopen(load_spec()['result_path'], 'w').write({written!r})\n"
+        body += "from _stacx_episode import load_spec\n"
+        body += f"open(load_spec()['result_path'], 'w').write({written!r})\n"
     with pytest.raises(ScaffoldOutputError, match="malformed scaffold output"):
         await _runner(tmp_path, body).run(_spec())
 
