@@ -3,11 +3,11 @@
     .venv/bin/python bench/parity.py --json
 
 Tasks: every single-container recipe of the Harbor cookbook ($STACX_HARBOR_COOKBOOK, default
-../shared/harbor-cookbook) and the project's own tasks (examples/tasks). One sandbox gateway on
-the local Docker engine (started here) serves both sides:
+../shared/harbor-cookbook) and the project's own tasks (examples/tasks), on the local Docker
+engine:
 
-- STACX: a session for the task (its image built by the gateway), the task's solution run as
-  `stacx tasks check` runs it (`sandbox.verifier.run_oracle`), then the gateway's verifier;
+- STACX: the oracle as `stacx tasks check` runs it (`sandbox.checks.check_path`: a session on
+  the same engine, the solution of every step, the verifier after each step);
 - Harbor: `harbor trials start -a oracle` from PyPI `harbor` in its own virtual environment (the
   Terminus-2 scaffold's), i.e. Harbor's own trial runner, oracle agent and verifier. Its Docker
   provider needs `docker compose` and a bridge network, which this machine's engine does not
@@ -67,16 +67,19 @@ def task_dirs() -> list[tuple[str, Path]]:
     return found + [("stacx", p) for p in own]
 
 
-async def stacx_oracle(url: str, task_dir: Path) -> float:
-    from sandbox.client import SandboxClient
+async def stacx_oracle(task_dir: Path) -> float:
+    """What `stacx tasks check` reports as the oracle's reward (every step of a multi-step task)."""
+    from sandbox.backends import DockerBackend
+    from sandbox.checks import check_path
+    from sandbox.images import TaskImageBuilder
+    from sandbox.sessions import SessionManager
 
-    async with SandboxClient(SandboxClient.Config(base_url=url, token=TOKEN)) as client:
-        info = await client.create_session(task_dir=str(task_dir))
-        try:
-            await client.run_oracle(info.id, task_dir)
-            return float((await client.verify_remote(info.id)).reward)
-        finally:
-            await client.close_session(info.id)
+    config = SessionManager.Config(owner=f"bench-parity-stacx-{uuid.uuid4().hex[:8]}", max_lifetime_s=3600.0)
+    async with SessionManager(config, DockerBackend(), images=TaskImageBuilder()) as manager:
+        check = await check_path(manager, task_dir)
+    if check.oracle_reward is None:
+        raise RuntimeError(check.error or "no oracle reward")
+    return float(check.oracle_reward)
 
 
 def harbor_oracle(python: str, url: str, task_dir: Path, trials: Path) -> float:
@@ -106,7 +109,7 @@ def harbor_oracle(python: str, url: str, task_dir: Path, trials: Path) -> float:
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800, cwd=trials)
     results = sorted(trials.glob("*/result.json"))
     if not results:
-        raise RuntimeError(f"harbor wrote no result (exit {done.returncode}): {done.stdout[-500:]}")
+        raise RuntimeError(f"harbor wrote no result (exit {done.returncode}): {(done.stdout + done.stderr)[-1500:]}")
     result = json.loads(results[-1].read_text())
     if result.get("verifier_result") is None:
         info = result.get("exception_info") or {}
@@ -122,7 +125,7 @@ def run_one(python: str, url: str, source: str, task_dir: Path) -> Row:
     row = Row(task=task_dir.name, source=source)
     started = time.monotonic()
     try:
-        row.stacx = asyncio.run(stacx_oracle(url, task_dir))
+        row.stacx = asyncio.run(stacx_oracle(task_dir))
     except Exception as exc:  # one task's failure is a row of the table, not the end of the run
         row.stacx_error = f"{type(exc).__name__}: {exc}"[:400]
     row.stacx_s = round(time.monotonic() - started, 1)
