@@ -22,6 +22,7 @@ from typing import Any
 
 from _stacx_episode import GatewayShell
 from harbor.environments.base import BaseEnvironment, ExecResult
+from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.task.config import EnvironmentConfig
 from harbor.models.trial.paths import TrialPaths
 
@@ -50,6 +51,10 @@ class GatewayEnvironment(BaseEnvironment):
     @staticmethod
     def type() -> str:
         return "stacx-gateway"
+
+    @property
+    def capabilities(self) -> EnvironmentCapabilities:
+        return EnvironmentCapabilities(disable_internet=True)  # gateway sandboxes have no network
 
     def _validate_definition(self) -> None:
         return None
