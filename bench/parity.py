@@ -14,8 +14,9 @@ engine:
   have, so Harbor gets the gateway as its environment provider
   (`--environment-import-path _stacx_harbor:GatewayTaskEnvironment`).
 
-Last line (JSON): oracle_agreement (fraction of tasks whose two rewards are equal), the per-task
-table, and why a side failed where one did.
+Both sides also run a no-op agent (Harbor's `nop`; STACX's check runs one), so a verifier that
+passes everything would show. Last line (JSON): oracle_agreement and noop_agreement (fractions of
+tasks whose two rewards are equal), the per-task table, and why a side failed where one did.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ class Row:
     stacx: float | None = None
     harbor: float | None = None
     equal: bool = False
+    stacx_noop: float | None = None
+    harbor_noop: float | None = None
+    noop_equal: bool = False
     stacx_error: str = ""
     harbor_error: str = ""
     stacx_s: float = 0.0
@@ -67,8 +71,9 @@ def task_dirs() -> list[tuple[str, Path]]:
     return found + [("stacx", p) for p in own]
 
 
-async def stacx_oracle(task_dir: Path) -> float:
-    """What `stacx tasks check` reports as the oracle's reward (every step of a multi-step task)."""
+async def stacx_check(task_dir: Path) -> tuple[float, float | None]:
+    """What `stacx tasks check` reports: the oracle's reward (every step of a multi-step task)
+    and the no-op agent's."""
     from sandbox.backends import DockerBackend
     from sandbox.checks import check_path
     from sandbox.images import TaskImageBuilder
@@ -79,10 +84,10 @@ async def stacx_oracle(task_dir: Path) -> float:
         check = await check_path(manager, task_dir)
     if check.oracle_reward is None:
         raise RuntimeError(check.error or "no oracle reward")
-    return float(check.oracle_reward)
+    return float(check.oracle_reward), check.noop_reward
 
 
-def harbor_oracle(python: str, url: str, task_dir: Path, trials: Path) -> float:
+def harbor_trial(python: str, url: str, task_dir: Path, trials: Path, agent: str) -> float:
     harbor = str(Path(python).with_name("harbor"))
     from sandbox.images import TOOLS_DIR
 
@@ -100,7 +105,7 @@ def harbor_oracle(python: str, url: str, task_dir: Path, trials: Path) -> float:
         "-p",
         str(task_dir),
         "-a",
-        "oracle",
+        agent,
         "--environment-import-path",
         "_stacx_harbor:GatewayTaskEnvironment",
         "--trials-dir",
@@ -109,7 +114,9 @@ def harbor_oracle(python: str, url: str, task_dir: Path, trials: Path) -> float:
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800, cwd=trials)
     results = sorted(trials.glob("*/result.json"))
     if not results:
-        raise RuntimeError(f"harbor wrote no result (exit {done.returncode}): {(done.stdout + done.stderr)[-1500:]}")
+        raise RuntimeError(
+            f"harbor wrote no result (exit {done.returncode}): {(done.stdout + done.stderr)[-1500:]}"
+        )
     result = json.loads(results[-1].read_text())
     if result.get("verifier_result") is None:
         info = result.get("exception_info") or {}
@@ -125,18 +132,25 @@ def run_one(python: str, url: str, source: str, task_dir: Path) -> Row:
     row = Row(task=task_dir.name, source=source)
     started = time.monotonic()
     try:
-        row.stacx = asyncio.run(stacx_oracle(task_dir))
+        row.stacx, row.stacx_noop = asyncio.run(stacx_check(task_dir))
     except Exception as exc:  # one task's failure is a row of the table, not the end of the run
         row.stacx_error = f"{type(exc).__name__}: {exc}"[:400]
     row.stacx_s = round(time.monotonic() - started, 1)
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="stacx-parity-") as tmp:
-        try:
-            row.harbor = harbor_oracle(python, url, task_dir, Path(tmp))
-        except Exception as exc:
-            row.harbor_error = f"{type(exc).__name__}: {exc}"[:6000]
+    for agent in ("oracle", "nop"):
+        with tempfile.TemporaryDirectory(prefix="stacx-parity-") as tmp:
+            try:
+                reward = harbor_trial(python, url, task_dir, Path(tmp), agent)
+            except Exception as exc:
+                row.harbor_error += f"{agent}: {type(exc).__name__}: {exc}"[:2000]
+                continue
+        if agent == "oracle":
+            row.harbor = reward
+        else:
+            row.harbor_noop = reward
     row.harbor_s = round(time.monotonic() - started, 1)
     row.equal = row.stacx is not None and row.stacx == row.harbor
+    row.noop_equal = row.stacx_noop is not None and row.stacx_noop == row.harbor_noop
     return row
 
 
@@ -165,7 +179,10 @@ def main() -> None:
             if args.tasks and task_dir.name not in args.tasks:
                 continue
             row = run_one(python, url, source, task_dir)
-            say(f"{row.task:24} stacx={row.stacx} harbor={row.harbor} {row.stacx_error}{row.harbor_error}")
+            say(
+                f"{row.task:20} oracle stacx={row.stacx} harbor={row.harbor}  no-op stacx={row.stacx_noop} "
+                f"harbor={row.harbor_noop} {row.stacx_error}{row.harbor_error[:300]}"
+            )
             rows.append(row)
     agree = sum(r.equal for r in rows) / max(len(rows), 1)
     print(
@@ -175,7 +192,8 @@ def main() -> None:
                 "oracle_agreement": round(agree, 4),
                 "num_tasks": len(rows),
                 "num_equal": sum(r.equal for r in rows),
-                "harbor": "harbor==0.26.0 trials start -a oracle, environment = STACX gateway",
+                "noop_agreement": round(sum(r.noop_equal for r in rows) / max(len(rows), 1), 4),
+                "harbor": "harbor==0.26.0 trials start -a oracle|nop, environment = STACX gateway",
                 "wall_s": round(time.monotonic() - started, 1),
                 "tasks": [asdict(r) for r in rows],
             }
