@@ -13,6 +13,7 @@ simple-task (a Harbor task; the verifier runs its tests).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import Iterator
@@ -289,7 +290,7 @@ async def test_crashing_hanging_garbage_scaffolds_end_with_status_and_leave_noth
     assert all(t.reward == 0.0 for t in done.values())
     _assert_leak_free(gateway[1])
     child = int(pid_file.read_text())
-    assert not _alive(child), f"the hung scaffold's child {child} is still running"
+    assert await _gone(child), f"the hung scaffold's child {child} is still running"
     # The engine keeps serving: the next episode runs and is rewarded.
     [after] = await _run(
         gateway,
@@ -307,6 +308,15 @@ def _fields(task: TaskSample) -> dict[str, object]:
     from dataclasses import fields
 
     return {f.name: getattr(task, f.name) for f in fields(task)}
+
+
+async def _gone(pid: int) -> bool:
+    """The process has ended (a kill is delivered asynchronously: allow it a few seconds)."""
+    for _ in range(200):
+        if not _alive(pid):
+            return True
+        await asyncio.sleep(0.05)
+    return False
 
 
 def _alive(pid: int) -> bool:

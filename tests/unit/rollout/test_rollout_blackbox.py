@@ -122,7 +122,16 @@ async def test_cancelling_a_hung_scaffold_kills_its_whole_process_group(tmp_path
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert not _alive(int(pid_file.read_text()))
+    assert await _gone(int(pid_file.read_text()))
+
+
+async def _gone(pid: int) -> bool:
+    """The process has ended (a kill is delivered asynchronously: allow it a few seconds)."""
+    for _ in range(200):
+        if not _alive(pid):
+            return True
+        await asyncio.sleep(0.05)
+    return False
 
 
 def _alive(pid: int) -> bool:
