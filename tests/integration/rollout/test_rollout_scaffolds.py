@@ -326,3 +326,46 @@ def _alive(pid: int) -> bool:
         return False
     stat = Path(f"/proc/{pid}/stat")
     return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def test_the_rollout_service_starts_the_capture_proxy_for_a_black_box_scaffold(
+    gateway: tuple[str, str],
+    model_dir: Path,
+    inference_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rollout.config import parse_config
+    from rollout.fakes import MemoryPublisher
+    from rollout.service import run_rollout
+
+    monkeypatch.setenv("SCAFFOLDS_IT_TOKEN", TOKEN)
+    config = parse_config(
+        {
+            "data": {"task_dirs": str(cookbook()), "samples_per_task": 2},
+            "inference": {"url": inference_url, "tokenizer": str(model_dir)},
+            "sandbox": {"url": gateway[0], "token_env": "SCAFFOLDS_IT_TOKEN"},
+            "kafka": {"publish": False, "follow_weights": False},
+            "manager": {
+                "model_name": "tiny",
+                "pool": {"sandboxes": 2, "cpu": 2, "memory_mb": 4096, "generations": 2},
+                "evaluators": {
+                    "default": vars_of(_evaluator("scripted-test", scaffold_options={"mode": "solve"}))
+                },
+            },
+            "progress": False,
+        }
+    )
+    publisher = MemoryPublisher()
+    tasks = [_task()]  # what `stacx eval` loads from data.task_dirs
+    summary = await run_rollout(config, publisher=publisher, tasks=tasks)
+    assert summary.num_episodes == 2 and summary.by_status == {"COMPLETED": 2}
+    assert [t.reward for t in publisher.published] == [1.0, 1.0]
+    assert all(t.loss_mask.sum() > 0 for t in publisher.published)
+    _assert_leak_free(gateway[1])
+
+
+def vars_of(config: Evaluator.Config) -> dict[str, object]:
+    from dataclasses import fields
+
+    return {f.name: getattr(config, f.name) for f in fields(config)}
