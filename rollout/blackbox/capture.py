@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -28,9 +28,12 @@ __all__ = ["CallCapture", "CapturePublisher"]
 class CapturePublisher:
     """A `Publisher` that keeps `AgentInteraction`s by episode id (and forwards them if asked)."""
 
-    def __init__(self, forward: Publisher | None = None) -> None:
+    def __init__(self, forward: Publisher | None = None, max_closed: int = 100_000) -> None:
         self.forward = forward
         self._calls: dict[str, list[AgentInteraction]] = defaultdict(list)
+        self._closed: OrderedDict[str, None] = OrderedDict()
+        """Episodes already taken: a call that finishes after its scaffold was killed is dropped."""
+        self.max_closed = max_closed
         self._lock = threading.Lock()
 
     def publish(
@@ -42,8 +45,10 @@ class CapturePublisher:
         headers: Mapping[str, str | bytes] | None = None,
     ) -> Future[Delivery]:
         if isinstance(record, AgentInteraction):
+            episode = record.metadata.get("episode_id") or record.session_id
             with self._lock:
-                self._calls[record.metadata.get("episode_id") or record.session_id].append(record)
+                if episode not in self._closed:
+                    self._calls[episode].append(record)
         if self.forward is not None:
             return self.forward.publish(topic, record, key=key, headers=headers)
         done: Future[Delivery] = Future()
@@ -53,6 +58,9 @@ class CapturePublisher:
     def take(self, episode_id: str) -> list[AgentInteraction]:
         """The episode's calls in arrival order (and forget them)."""
         with self._lock:
+            self._closed[episode_id] = None
+            while len(self._closed) > self.max_closed:
+                self._closed.popitem(last=False)
             return self._calls.pop(episode_id, [])
 
     def flush(self, timeout_s: float | None = None) -> int:

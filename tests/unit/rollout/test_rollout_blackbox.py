@@ -169,3 +169,16 @@ def test_a_black_box_evaluator_without_the_proxy_is_a_config_error() -> None:
             environments=None,
             global_pool=ResourcePool(Resources.from_mapping({"generations": 1}, where="pool")),
         )
+
+
+def test_capture_keeps_calls_by_episode_and_drops_late_ones() -> None:
+    from rollout.blackbox.capture import CapturePublisher
+
+    publisher = CapturePublisher()
+    first, second = _call([1], [2], 0), _call([1], [3], 1)
+    first.metadata["episode_id"], second.metadata["episode_id"] = "e1", "e2"
+    publisher.publish("stacx.agent-logs", first).result()
+    publisher.publish("stacx.agent-logs", second).result()
+    assert [c.interaction_id for c in publisher.take("e1")] == ["i0"]
+    publisher.publish("stacx.agent-logs", first).result()  # a call that ended after its episode
+    assert publisher.take("e1") == [] and [c.interaction_id for c in publisher.take("e2")] == ["i1"]
