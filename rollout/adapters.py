@@ -158,9 +158,13 @@ class WeightsFollower:
         known = self._hashes.setdefault(record.version, record.content_hash)
         if record.content_hash and known and known != record.content_hash:
             self.num_conflicts += 1
-            log.error("refusing %s v%d (%s): announced before with %s; a trainer restarted "
-                      "without its checkpoint", self.model_name, record.version,
-                      record.content_hash[:19], known[:19])
+            log.error(
+                "refusing %s v%d (%s): announced before with %s; a trainer restarted without its checkpoint",
+                self.model_name,
+                record.version,
+                record.content_hash[:19],
+                known[:19],
+            )
             return
         if record.version > self._version:
             log.info("policy %s is now at version %d", self.model_name, record.version)

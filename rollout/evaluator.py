@@ -13,11 +13,15 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rollout.blackbox.adapter import EpisodeSpec, build_external, is_external
+from rollout.blackbox.join import external_metadata, join_calls
+from rollout.blackbox.runner import ScaffoldOutputError, ScaffoldRunner, gateway_endpoint
 from rollout.errors import (
     ConfigError,
     EnvironmentStepError,
@@ -54,6 +58,9 @@ from schemas.records import (
     token_ids,
     trajectory_id,
 )
+
+if TYPE_CHECKING:
+    from rollout.blackbox.capture import CallCapture
 
 __all__ = ["EpisodeStats", "Evaluator"]
 
@@ -104,9 +111,10 @@ class Evaluator:
     @dataclass(kw_only=True, slots=True)
     class Config:
         scaffold: str = "retool"
-        """retool | terminal | single_turn."""
+        """Built-in: retool | terminal | single_turn; black-box (a process per episode, its model
+        calls captured by the agent proxy): mini-swe-agent | terminus-2 | any registered one."""
         scaffold_options: dict[str, Any] = field(default_factory=dict)
-        """Keyword options of the scaffold (e.g. system_prompt)."""
+        """Keyword options of the scaffold (e.g. system_prompt; a black-box one's driver options)."""
         reward: str = "exact_answer"
         """`verifier` (the task's tests in the sandbox) or a registered reward function."""
         max_turns: int = 8
@@ -157,6 +165,7 @@ class Evaluator:
         model_name: str = "policy",
         scaffold: Scaffold | None = None,
         reward_fn: RewardFunction | None = None,
+        capture: CallCapture | None = None,
     ) -> None:
         self.config = config
         self.name = name
@@ -166,6 +175,11 @@ class Evaluator:
         self.environments = environments
         self.global_pool = global_pool
         self.model_name = model_name
+        self.capture = capture
+        self.runner: ScaffoldRunner | None = None
+        if scaffold is None and is_external(config.scaffold):
+            self.runner = self._runner(config)
+            scaffold = self.runner.adapter
         self.scaffold = scaffold or build_scaffold(config.scaffold, **config.scaffold_options)
         self.reward_fn = reward_fn if reward_fn is not None else self._reward_from_config()
         self.demand = self._demand()
@@ -176,6 +190,14 @@ class Evaluator:
                 f"evaluator {name!r}: scaffold {self.scaffold.name!r} needs a sandbox "
                 "gateway; configure `sandbox`"
             )
+
+    def _runner(self, config: Config) -> ScaffoldRunner:
+        if self.capture is None:
+            raise ConfigError(
+                f"evaluator {self.name!r}: scaffold {config.scaffold!r} is a black-box scaffold and "
+                "needs the agent proxy; set `inference.url` (the rollout service starts the proxy)"
+            )
+        return ScaffoldRunner(build_external(config.scaffold, config.scaffold_options))
 
     def _reward_from_config(self) -> RewardFunction | None:
         if self.config.reward == VERIFIER:
@@ -210,6 +232,8 @@ class Evaluator:
             episode.inference = self.inference.episode()
         started = time.monotonic()
         try:
+            if self.runner is not None:  # install its environment outside the episode's budget
+                await self.runner.prepare()
             await self._run_limited(episode, local)
         except EpisodeError as exc:
             self._fail(episode, TrajectoryStatus.FAILED, f"{type(exc).__name__}: {exc}")
@@ -242,6 +266,9 @@ class Evaluator:
         episode.rewards = {"reward": 0.0}
 
     async def _play(self, episode: _Episode, local: ResourcePool) -> None:
+        if self.runner is not None:
+            await self._play_external(episode, local, self.runner)
+            return
         messages = self.scaffold.initial_messages(episode.group.task)
         prompt = self._prompt_ids(episode.group, messages)
         episode.buffer.add_context(prompt)
@@ -253,6 +280,43 @@ class Evaluator:
             if not await self._turn(episode, local, turn_index):
                 return
         episode.stop("max_turns", TrajectoryStatus.TRUNCATED)
+
+    async def _play_external(self, episode: _Episode, local: ResourcePool, runner: ScaffoldRunner) -> None:
+        """A black-box scaffold plays the whole episode; its captured calls become the tokens."""
+        assert self.capture is not None
+        env = episode.env = await self._open_env(episode)
+        key = f"{episode.group.group_id}-{episode.sample_index}-{uuid.uuid4().hex[:8]}"
+        url, token = gateway_endpoint(env)
+        spec = EpisodeSpec(
+            episode_id=key,
+            task_id=episode.group.task.task_id,
+            instruction=episode.group.task.prompt,
+            model_base_url=self.capture.base_url(key),
+            model_name=self.capture.model_name,
+            gateway_url=url,
+            gateway_token=token,
+            sandbox_session=env.session_id,
+            max_turns=self.config.max_turns,
+            max_new_tokens=self.config.max_new_tokens,
+            temperature=self.config.temperature,
+            step_timeout_s=self.config.step_timeout_s,
+            options=dict(runner.adapter.options),
+        )
+        try:
+            async with local.lease(self.demand.step):
+                outcome = await runner.run(spec)
+        finally:
+            calls = await self.capture.take(key)
+        joined = join_calls(calls, self.tokenizer.decode)
+        episode.buffer, episode.turns, episode.prompt_length = (
+            joined.buffer,
+            joined.turns,
+            joined.prompt_length,
+        )
+        episode.metadata.update(external_metadata(outcome.result, joined))
+        if not calls:
+            raise ScaffoldOutputError(f"scaffold {runner.adapter.name!r} made no model calls")
+        episode.stop(str(outcome.result.get("exit_status", "scaffold_done")))
 
     def _prompt_ids(self, group: TaskGroup, messages: list[Message]) -> list[int]:
         """Rendered once per group: its n samples share the prompt."""

@@ -6,6 +6,7 @@ import asyncio
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rollout.protocols import (
     ExecResult,
@@ -16,6 +17,7 @@ from rollout.protocols import (
 from schemas.records import TaskSample, Trajectory
 
 __all__ = [
+    "FakeCapture",
     "FakeEnvironments",
     "FakeSession",
     "FakeTokenizer",
@@ -219,3 +221,15 @@ class StaticVersion:
 
     def current(self) -> int:
         return self.version
+
+
+class FakeCapture:
+    """Stands in for `CallCapture` where no scaffold process runs (config checks): no calls."""
+
+    model_name = "fake"
+
+    def base_url(self, episode_id: str) -> str:
+        return f"http://127.0.0.1:9/s/{episode_id}/v1"
+
+    async def take(self, episode_id: str) -> list[Any]:
+        return []

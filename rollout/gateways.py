@@ -116,6 +116,11 @@ class GatewaySession:
         if renew_every_s is not None:
             self._renewal = asyncio.create_task(self._renew(renew_every_s), name=f"renew-{session_id}")
 
+    def endpoint(self) -> tuple[str, str | None]:
+        """(gateway base URL, bearer token): lets a scaffold process run commands in this session."""
+        config = getattr(self.client, "config", None)
+        return str(getattr(config, "base_url", "")), getattr(config, "token", None)
+
     async def exec(
         self, command: str, *, stdin: str | None = None, timeout_s: float | None = None
     ) -> ExecResult:

@@ -9,7 +9,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollout.errors import ConfigError
 from rollout.evaluator import Evaluator
@@ -25,6 +25,9 @@ from rollout.protocols import (
 from rollout.resources import LocalPool, ResourcePool, Resources, check_feasible
 from rollout.scheduler import TaskScheduler
 from schemas.records import Trajectory, TrajectoryStatus, trajectory_id
+
+if TYPE_CHECKING:
+    from rollout.blackbox.capture import CallCapture
 
 __all__ = ["RolloutManager", "RolloutSummary"]
 
@@ -134,6 +137,7 @@ class RolloutManager:
         publisher: TrajectoryPublisher,
         sandbox: EnvironmentFactory | None = None,
         versions: VersionSource | None = None,
+        capture: CallCapture | None = None,
     ) -> None:
         self.config = config
         self.source = source
@@ -151,6 +155,7 @@ class RolloutManager:
                 environments=sandbox,
                 global_pool=self.pool,
                 model_name=config.model_name,
+                capture=capture,
             )
             for name, cfg in config.evaluators.items()
         }

@@ -11,9 +11,10 @@ import contextlib
 import logging
 import signal
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollout.adapters import InferenceAdapter, KafkaTrajectoryPublisher, WeightsFollower
+from rollout.blackbox.adapter import is_external
 from rollout.config import RolloutConfig
 from rollout.data import JsonlTaskSource, KafkaTaskSource, ListTaskSource
 from rollout.errors import ConfigError
@@ -32,6 +33,9 @@ from rollout.protocols import (
 from rollout.teacher import AggreVaTeRows, DAggerLabels, TeacherInTheLoop
 from rollout.tokens import HFTokenizer
 from schemas.records import TaskSample
+
+if TYPE_CHECKING:
+    from rollout.blackbox.capture import CallCapture
 
 __all__ = ["build_source", "open_manager", "run_rollout"]
 
@@ -135,6 +139,9 @@ async def open_manager(
         if config.teacher is not None:
             inference, publisher = _with_teacher(config.teacher, inference, publisher, versions,
                                                  closers)
+        capture = build_capture(config)
+        if capture is not None:
+            closers.append(capture)
         manager = RolloutManager(
             config.manager,
             source=build_source(config, tasks),
@@ -143,6 +150,7 @@ async def open_manager(
             publisher=publisher,
             sandbox=sandbox,
             versions=versions,
+            capture=capture,
         )
         try:
             yield manager
@@ -172,6 +180,23 @@ def _with_teacher(
     )
     rows = {"dagger": DAggerLabels, "aggrevate": AggreVaTeRows}.get(config.mode)
     return mixed, (rows(publisher) if rows is not None else publisher)
+
+
+def build_capture(config: RolloutConfig) -> CallCapture | None:
+    """The in-process agent proxy, when an evaluator runs a black-box scaffold."""
+    if not any(is_external(e.scaffold) for e in config.manager.evaluators.values()):
+        return None
+    from rollout.blackbox.capture import CallCapture
+
+    capture = CallCapture(
+        CallCapture.Config(
+            upstream=config.inference.url,
+            tokenizer_path=config.inference.tokenizer,
+            served_model_name=config.manager.model_name,
+        )
+    )
+    capture.start()
+    return capture
 
 
 def _versions(config: RolloutConfig) -> VersionSource:

@@ -39,6 +39,7 @@ from producers.tracing import trace_headers
 from rollout.inference.client import sampling_payload
 from rollout.inference.errors import InferenceError
 from rollout.inference.openai_api import ChatCompletionRequest, CompletionRequest
+from rollout.proxy.continuation import ChatContinuations
 from rollout.proxy.errors import ProxyConfigError, ProxyError, UnsupportedRequestError, UpstreamError
 from rollout.proxy.metrics import ProxyMetrics
 from rollout.proxy.recorder import EventRecorder
@@ -112,6 +113,9 @@ class AgentProxy:
         """Request header naming the agent."""
         max_pinned_sessions: int = 100_000
         """Sessions remembered by the router (least recently used are forgotten)."""
+        exact_continuation: bool = False
+        """Continue a session's chat with the sampled token ids instead of re-rendering the
+        previous answer (see `rollout.proxy.continuation`); on for black-box scaffolds in RL."""
         upstream_timeout_s: float = 600.0
         """Timeout of one call to a server."""
         recorder: EventRecorder.Config = field(default_factory=EventRecorder.Config)
@@ -140,6 +144,11 @@ class AgentProxy:
         self.model_name = served_model_name
         self.router = SessionRouter(config.upstreams, config.max_pinned_sessions)
         self.upstream = UpstreamClient(config.upstream_timeout_s, transport=transport)
+        self.continuations = (
+            ChatContinuations(renderer.tokenizer, config.max_pinned_sessions)
+            if config.exact_continuation
+            else None
+        )
         self.app = self._build_app()
 
     # -- app ---------------------------------------------------------------------------------
@@ -260,7 +269,7 @@ class AgentProxy:
 
     async def _chat(self, call: _Call, body: ChatCompletionRequest) -> Response:
         body.warn_unknown("/v1/chat/completions")
-        prompt = self.renderer.chat(body)
+        prompt = self._render_chat(call, body)
         gens = await self._generate_n(call, prompt, self._chat_payload(body, prompt), body.n)
         choices, usage_out = [], 0
         for i, gen in enumerate(gens):
@@ -291,8 +300,31 @@ class AgentProxy:
             "usage": _usage(len(prompt.ids), usage_out, gens[0].cached_tokens),
             "metadata": {"weight_version": gens[0].weight_version, "session_id": call.session_id},
         }
+        self._remember_chat(call, body, prompt, gens, choices)
         self._done(call)
         return JSONResponse(answer, headers=self._response_headers(call))
+
+    def _render_chat(self, call: _Call, body: ChatCompletionRequest) -> RenderedPrompt:
+        if self.continuations is not None and not body.uses_tools:
+            messages = [m.for_template(i) for i, m in enumerate(body.messages)]
+            ids = self.continuations.prompt_ids(call.session_id, messages)
+            if ids is not None:
+                return RenderedPrompt(ids=ids)
+        return self.renderer.chat(body)
+
+    def _remember_chat(
+        self,
+        call: _Call,
+        body: ChatCompletionRequest,
+        prompt: RenderedPrompt,
+        gens: list[Generation],
+        choices: list[dict[str, Any]],
+    ) -> None:
+        if self.continuations is None or body.uses_tools or body.n != 1:
+            return
+        messages = [m.for_template(i) for i, m in enumerate(body.messages)]
+        content = choices[0]["message"]["content"] or ""
+        self.continuations.remember(call.session_id, messages, prompt.ids, gens[0].output_ids, content)
 
     async def _completions(self, call: _Call, body: CompletionRequest) -> Response:
         body.warn_unknown("/v1/completions")

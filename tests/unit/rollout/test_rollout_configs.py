@@ -9,7 +9,7 @@ import pytest
 from rollout.config import load_config, parse_config
 from rollout.data import ListTaskSource, load_tasks_jsonl
 from rollout.errors import ConfigError
-from rollout.fakes import FakeEnvironments, FakeTokenizer, MemoryPublisher, ScriptedInference
+from rollout.fakes import FakeCapture, FakeEnvironments, FakeTokenizer, MemoryPublisher, ScriptedInference
 from rollout.manager import RolloutManager
 from schemas.records import TaskSample
 
@@ -25,6 +25,7 @@ def _manager_with_fakes(config: RolloutManager.Config) -> RolloutManager:
         inference=ScriptedInference(tok, lambda c, i: ""),
         publisher=MemoryPublisher(),
         sandbox=FakeEnvironments(),
+        capture=FakeCapture(),  # type: ignore[arg-type]
     )
 
 

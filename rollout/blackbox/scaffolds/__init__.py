@@ -1,0 +1,5 @@
+"""The shipped black-box scaffold adapters (importing this package registers them)."""
+
+from rollout.blackbox.scaffolds import mini_swe_agent, terminus2
+
+__all__ = ["mini_swe_agent", "terminus2"]
