@@ -27,7 +27,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_replay)
 
 
-def _epoch_ms(value: str) -> int:
+def epoch_ms(value: str) -> int:
     if value.isdigit():
         return int(value)
     return int(datetime.fromisoformat(value).timestamp() * 1000)
@@ -44,8 +44,8 @@ def load(args: argparse.Namespace) -> Any:
         "source_topic": args.source,
         "from_offset": args.from_offset,
         "to_offset": args.to_offset,
-        "from_timestamp_ms": _epoch_ms(args.from_time) if args.from_time else None,
-        "to_timestamp_ms": _epoch_ms(args.to_time) if args.to_time else None,
+        "from_timestamp_ms": epoch_ms(args.from_time) if args.from_time else None,
+        "to_timestamp_ms": epoch_ms(args.to_time) if args.to_time else None,
     }
     section.update({k: v for k, v in overrides.items() if v is not None})
     trainer = dict(tree.get("trainer") or {})
