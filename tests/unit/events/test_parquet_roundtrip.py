@@ -22,7 +22,7 @@ def _rich() -> list:
         Turn(role="tool", text="2", observation="2", started_at_ms=7, duration_ms=9),
     ]  # fmt: skip
     rich.rewards = {"exact": 1.0, "format": 0.5}
-    rich.metadata = {"scaffold": "retool", "z": "last"}
+    rich.metadata = {"z": "last", "scaffold": "retool"}  # not sorted: order is kept
     rich.error = "sandbox timed out"
     return [plain, rich]
 
