@@ -39,3 +39,22 @@ def test_a_range_names_one_start_and_one_end() -> None:
         ReplayRange(topic="t", from_offset=0, from_timestamp_ms=1)
     with pytest.raises(ValueError, match="to_offset=-1"):
         ReplayRange(topic="t", to_offset=-1)
+
+
+def test_shipped_replay_and_many_learner_configs_load() -> None:
+    from pathlib import Path
+
+    from consumers.assembly.app import AssemblerApp
+    from consumers.learner_feed import KeepRule, LearnerFeed
+    from infra.config import load_yaml
+    from infra.replay import ReplayFile
+    from trainer import TrainerConfig
+
+    root = Path(__file__).resolve().parents[3] / "examples" / "replay"
+    replay = build(ReplayFile, load_yaml(root / "grpo_tiny.yaml"), where="grpo_tiny.yaml")
+    build(TrainerConfig, replay.trainer, where="grpo_tiny.yaml: trainer")
+    many = load_yaml(root / "many_learners.yaml")
+    build(AssemblerApp.Config, {**many["assembler"], "partitions": 8}, where="many_learners.yaml: assembler")
+    learners = [build(LearnerFeed.Config, v, where=k) for k, v in many["learners"].items()]
+    assert [f.keep for f in learners] == [KeepRule.ALL, KeepRule.SUCCESSFUL]
+    assert len({f.group_id for f in learners} | {many["assembler"]["app_id"]}) == 3
