@@ -60,7 +60,9 @@ class LearnerFeed:
         self._source = source or self._default_source()
 
     def _default_source(self) -> EventConsumer:
-        extra = {"bootstrap_servers": self.config.bootstrap_servers} if self.config.bootstrap_servers else {}
+        extra: dict[str, Any] = (
+            {"bootstrap_servers": self.config.bootstrap_servers} if self.config.bootstrap_servers else {}
+        )
         return EventConsumer(
             EventConsumer.Config(
                 group_id=self.config.group_id,

@@ -74,7 +74,7 @@ class ReplayRange:
 
 def read_range(bootstrap_servers: str, spec: ReplayRange, *, timeout_s: float = 30.0) -> list[RangeRecord]:
     """Every record of `spec`'s range, in (timestamp, partition, offset) order."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer
 
     consumer = Consumer(
         {
@@ -84,16 +84,12 @@ def read_range(bootstrap_servers: str, spec: ReplayRange, *, timeout_s: float = 
         }
     )
     try:
-        meta = consumer.list_topics(spec.topic, timeout=timeout_s).topics.get(spec.topic)
+        # all topics: asking for one by name would auto-create it on brokers that allow that
+        meta = consumer.list_topics(timeout=timeout_s).topics.get(spec.topic)
         if meta is None or meta.error is not None or not meta.partitions:
             raise ConsumerError(f"replay: topic {spec.topic!r} does not exist at {bootstrap_servers}")
         bounds = _bounds(consumer, spec, sorted(meta.partitions), timeout_s)
-        records: list[RangeRecord] = []
-        for partition, (start, end) in bounds.items():
-            if start < end:
-                records += _read_partition(
-                    consumer, TopicPartition(spec.topic, partition, start), end, timeout_s
-                )
+        records = _read_all(consumer, spec.topic, bounds, timeout_s)
     finally:
         consumer.close()
     return sorted(records, key=lambda r: (r.timestamp_ms, r.partition, r.offset))
@@ -134,25 +130,37 @@ def _at(
     return found.offset if found.offset >= 0 else high
 
 
-def _read_partition(consumer: Any, start: Any, end: int, timeout_s: float) -> list[RangeRecord]:
+def _read_all(
+    consumer: Any, topic: str, bounds: dict[int, tuple[int, int]], timeout_s: float
+) -> list[RangeRecord]:
+    """Every record in `bounds` (partition -> [start, end)), all partitions fetched at once."""
     import time
 
-    consumer.assign([start])
+    from confluent_kafka import TopicPartition
+
+    todo = {p: start for p, (start, end) in bounds.items() if start < end}
+    consumer.assign([TopicPartition(topic, p, start) for p, start in todo.items()])
     out: list[RangeRecord] = []
-    next_offset = start.offset
     deadline = time.monotonic() + timeout_s
-    while next_offset < end:
-        # short waits: consume() holds out for its full timeout unless the count is reached
-        messages = consumer.consume(min(1000, end - next_offset), 0.2)
+    while todo:
+        messages = consumer.consume(10_000, 0.1)
         if messages:
             deadline = time.monotonic() + timeout_s
         elif time.monotonic() > deadline:
-            raise ConsumerError(f"replay: {start.topic}[{start.partition}] stopped at {next_offset} < {end}")
+            raise ConsumerError(
+                f"replay: {topic} stopped short of the range end at partitions {sorted(todo)}"
+            )
         for msg in messages:
-            if msg.error() is not None or msg.offset() >= end:
+            p = msg.partition()
+            if msg.error() is not None or p not in todo or msg.offset() >= bounds[p][1]:
                 continue
-            out.append(RangeRecord(msg.partition(), msg.offset(), msg.timestamp()[1], msg.key(), msg.value()))
-            next_offset = msg.offset() + 1
+            out.append(RangeRecord(p, msg.offset(), msg.timestamp()[1], msg.key(), msg.value()))
+            if msg.offset() + 1 >= bounds[p][1]:
+                del todo[p]
+        # compaction and transaction markers leave offset gaps: the position says where a partition is
+        for tp in consumer.position([TopicPartition(topic, p) for p in todo]) if todo else []:
+            if tp.offset >= bounds[tp.partition][1]:
+                del todo[tp.partition]
     consumer.unassign()
     return out
 
