@@ -97,7 +97,9 @@ def test_three_learners_each_read_every_trajectory_once(
 
     subscriber = WeightSubscriber(
         WeightSubscriber.Config(
-            model_name="critic", server_url="http://127.0.0.1:1", bootstrap_servers=kafka_bootstrap,
+            model_name="critic",
+            server_url="http://127.0.0.1:1",
+            bootstrap_servers=kafka_bootstrap,
             topic=weights,
         )
     )
