@@ -503,6 +503,8 @@ def _new_faust_app(cfg: AssemblerApp.Config) -> faust.App:
         topic_partitions=cfg.partitions,
         consumer_auto_offset_reset="earliest",
         producer_max_request_size=cfg.producer_max_request_size,
+        # lz4 like every STACX producer (aiokafka writes it with cramjam); topics keep it as written
+        producer_compression_type="lz4",
         # fewer, larger produce requests: changelog and output records come in bursts
         producer_max_batch_size=1024 * 1024,
         producer_linger=0.005,

@@ -17,6 +17,7 @@ __all__ = ["consumer_groups", "describe_groups", "describe_producers", "run_tool
 CONSUMER_GROUPS = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"
 TRANSACTIONS = "org.apache.kafka.tools.TransactionsCommand"
 LOG_DIRS = "org.apache.kafka.tools.LogDirsCommand"
+DUMP_LOG = "org.apache.kafka.tools.DumpLogSegments"
 
 
 def run_tool(main_class: str, *args: str, jars: Path | None = None, timeout_s: float = 120.0) -> str:

@@ -34,7 +34,7 @@ PORT = int(os.environ.get("STACX_TEST_PRIVATE_KAFKA_PORT", "19392"))
 
 
 @pytest.fixture(scope="module")
-def private_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def private_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """A broker started by `infra.services.kafka.up` under a private STACX_HOME (jars shared)."""
     jars = kafka.jar_dir()
     if not any(jars.glob("kafka_*.jar")):
@@ -50,7 +50,7 @@ def private_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         try:
             props = (home / "kafka" / "server.properties").read_text()
             assert "auto.create.topics.enable=false" in props
-            yield config.bootstrap
+            yield config.bootstrap, home / "kafka" / "data"
         finally:
             kafka.down()
 
@@ -88,9 +88,9 @@ def _subscribe_weights(bootstrap: str, topic: str) -> tuple[str, str]:
 
 
 def test_idempotent_batches_named_groups_and_no_auto_created_topics(
-    private_broker: str, tmp_path: Path
+    private_broker: tuple[str, Path], tmp_path: Path
 ) -> None:
-    bootstrap = private_broker
+    bootstrap, data_dir = private_broker
     ensure_topics(bootstrap)  # what `stacx infra up` does
     run = RunTopics.for_run(f"hygiene-{uuid.uuid4().hex[:6]}", fresh=True)
     ensure_topics(bootstrap, run.specs())
@@ -125,6 +125,11 @@ def test_idempotent_batches_named_groups_and_no_auto_created_topics(
 
     producers = kafka_tools.describe_producers(bootstrap, run.batches)
     assert producers and all(int(p["ProducerId"]) >= 0 for p in producers), producers
+    (segment,) = (data_dir / f"{run.batches}-0").glob("*.log")
+    dumped = kafka_tools.run_tool(kafka_tools.DUMP_LOG, "--files", str(segment))
+    batch_line = next(line for line in dumped.splitlines() if line.startswith("baseOffset"))
+    assert f"producerId: {producers[0]['ProducerId']}" in batch_line, batch_line
+    assert "compresscodec: lz4" in batch_line.lower(), batch_line  # stored as the producer wrote it
 
     subscriber_group, follower_group = _subscribe_weights(bootstrap, run.weights)
     listed = kafka_tools.consumer_groups(bootstrap)
