@@ -56,8 +56,13 @@ def _mb(size: int | None) -> str:
 
 def _list(args: argparse.Namespace) -> int:
     from infra.services import topic_admin
+    from infra.services.errors import InfraError
 
-    infos = topic_admin.topic_infos(_bootstrap(args), sizes=not args.no_sizes)
+    try:
+        infos = topic_admin.topic_infos(_bootstrap(args), sizes=not args.no_sizes)
+    except InfraError as exc:  # no Java or jars for the sizes: --no-sizes works without them
+        print(f"stacx topics list: {exc}")
+        return 2
     summaries = topic_admin.runs(infos)
     others = [t for t in infos if t.run is None] if args.all else []
     if args.json:
