@@ -13,13 +13,14 @@ SGLang. It speaks HTTP itself (httpx) because consumers/ does not import rollout
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -27,7 +28,7 @@ from consumers.errors import ConsumerError
 from schemas import topics
 from schemas.records import WeightVersion
 
-__all__ = ["EventSource", "WeightConflictError", "WeightSubscriber", "WeightUpdateError"]
+__all__ = ["EventSource", "WeightConflictError", "WeightSubscriber", "WeightUpdateError", "subscriber_group"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ class EventSource(Protocol):
 
     def assignment(self) -> list[tuple[str, int]]: ...
 
+    def commit(self, events: Any = None) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -76,7 +79,10 @@ class WeightSubscriber:
         topic: str = topics.WEIGHTS
         """Compacted topic of `WeightVersion` events."""
         group_id: str | None = None
-        """Consumer group; None picks a fresh one so every subscriber reads the whole topic."""
+        """Consumer group, one per subscriber (the weights topic has one partition); None:
+        `stacx-weights-<model>-<host>-<server port>` (see `subscriber_group`). The subscriber
+        commits what it handled, so operators see its lag, and rereads the compacted topic from
+        its start at every start-up."""
         abort_running: bool = False
         """Abort requests running on the old weights instead of letting them finish."""
         request_timeout_s: float = 600.0
@@ -118,8 +124,8 @@ class WeightSubscriber:
     def _default_source(self) -> EventSource:
         from consumers.event_consumer import EventConsumer
 
-        group = self.config.group_id or f"stacx-weights-{self.config.model_name}-{uuid.uuid4().hex[:8]}"
-        return EventConsumer(
+        group = self.config.group_id or subscriber_group(self.config.model_name, self.config.server_url)
+        consumer = EventConsumer(
             EventConsumer.Config(
                 bootstrap_servers=self.config.bootstrap_servers,
                 group_id=group,
@@ -128,6 +134,9 @@ class WeightSubscriber:
                 auto_offset_reset="earliest",
             )
         )
+        # the server may have restarted on its base weights: find the latest version again
+        consumer.seek_to_beginning()
+        return consumer
 
     # -- following -----------------------------------------------------------------------------
 
@@ -152,6 +161,7 @@ class WeightSubscriber:
             )
         if latest is not None and self._is_newer(latest, self.applied):
             self.apply(latest)
+        self._commit()
         return self.applied
 
     def handle(self, record: Any) -> bool:
@@ -178,6 +188,7 @@ class WeightSubscriber:
                 continue
             if event is not None:
                 self._guarded(self.handle, event.value)
+                self._commit(event)
             if self._source.assignment():
                 assigned_at = time.monotonic()
             elif time.monotonic() - assigned_at >= self.config.rejoin_after_s:
@@ -196,6 +207,13 @@ class WeightSubscriber:
             log.warning("closing the old consumer: %s", exc)
         self._source = self._default_source()
         self._guarded(self.catch_up)
+
+    def _commit(self, event: Any = None) -> None:
+        """Commit past `event` (None: everything read): the group's lag shows what is unread."""
+        try:
+            self._source.commit(event)
+        except Exception as exc:  # the broker is away: the next event commits again
+            log.warning("weights topic: commit failed: %s", exc)
 
     def close(self) -> None:
         self._source.close()
@@ -295,6 +313,13 @@ class WeightSubscriber:
             f"{self.config.max_attempts} times (last: {problem})",
             retriable=True,
         )
+
+
+def subscriber_group(model_name: str, server_url: str) -> str:
+    """`stacx-weights-<model>-<host>-<port>`: one group per inference server, named so operators
+    find it (`stacx topics describe`, kafka-consumer-groups.sh), the same after a restart."""
+    port = urlsplit(server_url).port or 0
+    return f"stacx-weights-{model_name}-{socket.gethostname()}-{port}"
 
 
 def _json_body(response: httpx.Response, method: str, path: str) -> dict[str, Any]:

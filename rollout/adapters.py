@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import threading
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -111,6 +112,11 @@ class KafkaTrajectoryPublisher:
         await asyncio.to_thread(self.producer.close)
 
 
+def follower_group(model_name: str) -> str:
+    """`stacx-rollout-weights-<model>-<host>-<pid>`: one group per rollout worker process."""
+    return f"stacx-rollout-weights-{model_name}-{socket.gethostname()}-{os.getpid()}"
+
+
 class WeightsFollower:
     """Follows the compacted `stacx.weights` topic in a thread; `current()` is the newest version
     published for `model_name` (starting from `initial`)."""
@@ -123,13 +129,18 @@ class WeightsFollower:
         topic: str = topics.WEIGHTS,
         initial: int = 0,
         consumer: Any = None,
+        group_id: str | None = None,
     ) -> None:
         self.model_name = model_name
         self._version = initial
         self._hashes: dict[int, str] = {}
         self.num_conflicts = 0
         """Announcements refused: a version number seen before with another content hash."""
-        self._consumer = consumer if consumer is not None else self._make(bootstrap_servers, topic)
+        self.group_id = group_id or follower_group(model_name)
+        """Consumer group (committed after each version: its lag is visible to operators)."""
+        if consumer is None:
+            consumer = self._make(bootstrap_servers, topic, self.group_id)
+        self._consumer = consumer
         self._stop = threading.Event()
         self.caught_up = threading.Event()
         """Set once a poll came back empty with partitions assigned."""
@@ -137,17 +148,15 @@ class WeightsFollower:
         self._thread.start()
 
     @staticmethod
-    def _make(bootstrap_servers: str | None, topic: str) -> Any:
+    def _make(bootstrap_servers: str | None, topic: str, group_id: str) -> Any:
         from consumers import EventConsumer
 
-        config = EventConsumer.Config(
-            topics=[topic],
-            group_id=f"stacx-rollout-weights-{uuid.uuid4().hex[:8]}",
-            auto_offset_reset="earliest",
-        )
+        config = EventConsumer.Config(topics=[topic], group_id=group_id, auto_offset_reset="earliest")
         if bootstrap_servers:
             config.bootstrap_servers = bootstrap_servers
-        return EventConsumer(config)
+        consumer = EventConsumer(config)
+        consumer.seek_to_beginning()  # the newest version is found again after every start
+        return consumer
 
     def current(self) -> int:
         return self._version
@@ -180,8 +189,15 @@ class WeightsFollower:
                 continue
             if event is not None and isinstance(event.value, WeightVersion):
                 self.observe(event.value)
+                self._commit(event)
             elif event is None and self._assigned():
                 self.caught_up.set()  # nothing more to read right now: the latest is applied
+
+    def _commit(self, event: Any) -> None:
+        try:
+            self._consumer.commit(event)
+        except Exception as exc:  # the broker is away: the next version commits again
+            log.warning("weights follower: commit failed: %s", exc)
 
     def _assigned(self) -> bool:
         assignment = getattr(self._consumer, "assignment", None)

@@ -121,6 +121,9 @@ class KafkaConfig:
     """Follow `weights_topic` for the current policy version."""
     weights_topic: str = topics.WEIGHTS
     """Compacted topic of WeightVersion events."""
+    weights_group: str | None = None
+    """Consumer group of the weights follower (committed: its lag is visible); None:
+    `stacx-rollout-weights-<model>-<host>-<pid>`. One per rollout worker."""
 
 
 @dataclass(kw_only=True, slots=True)

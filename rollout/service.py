@@ -206,6 +206,7 @@ def _versions(config: RolloutConfig) -> VersionSource:
         config.manager.model_name,
         bootstrap_servers=config.kafka.bootstrap_servers,
         topic=config.kafka.weights_topic,
+        group_id=config.kafka.weights_group,
     )
 
 

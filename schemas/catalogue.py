@@ -37,6 +37,8 @@ class SchemaCatalogue:
         """Lookups of unknown fingerprints re-read the topic at most this often."""
         create_topic: bool = True
         """Create the catalogue topic (with its `schemas.topics` spec) when it is missing."""
+        topic_policy: topics.TopicPolicy = field(default_factory=topics.TopicPolicy)
+        """Replication (and compression) the catalogue topic is created with."""
         kafka: dict[str, str] = field(default_factory=dict)
         """Extra librdkafka options for the catalogue's clients."""
 
@@ -182,12 +184,12 @@ class SchemaCatalogue:
         admin = AdminClient(self._client_config())
         if self.config.topic in admin.list_topics(timeout=self.config.timeout_s).topics:
             return
-        spec = next((t for t in topics.TOPICS if t.name == topics.SCHEMAS), None)
+        spec = self.config.topic_policy.apply(topics.spec_for("schemas", self.config.topic), kind="schemas")
         new = NewTopic(
-            self.config.topic,
+            spec.name,
             num_partitions=1,
-            replication_factor=1,
-            config=dict(spec.config) if spec else {"cleanup.policy": "compact"},
+            replication_factor=spec.replication_factor,
+            config=dict(spec.config),
         )
         try:
             admin.create_topics([new])[self.config.topic].result(timeout=self.config.timeout_s)

@@ -20,7 +20,7 @@ import dataclasses
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,8 @@ from typing import Any
 import faust
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
+from faust.transport.drivers.aiokafka import Producer as AiokafkaProducer
+from faust.types import ProducerT
 
 from consumers.assembly.batching import BatchBuilder, RejectedGroup
 from consumers.assembly.claims import BatchEncoder, decode_trajectory
@@ -49,6 +51,7 @@ __all__ = [
     "TICK_KEY",
     "AssemblerApp",
     "FaustForwarder",
+    "IdempotentApp",
     "ensure_internal_topics",
     "topic_partitions",
     "topic_retention_ms",
@@ -142,6 +145,9 @@ class AssemblerApp:
         """Packing-stage state retention."""
         output: BatchEncoder.Config = field(default_factory=BatchEncoder.Config)
         """Claim check for batches too large for the batches topic."""
+        topic_policy: topics.TopicPolicy = field(default_factory=topics.TopicPolicy)
+        """Replication and compression of the topics the worker creates (ticks, groups, Faust's
+        changelogs and leader topic)."""
 
         def __post_init__(self) -> None:
             if (self.partitions is not None and self.partitions < 1) or self.weights_partitions < 1:
@@ -186,7 +192,7 @@ class AssemblerApp:
         self.clock = clock  # epoch ms; tests inject a fake one
         self.codec = codec or catalogue_codec(
             SchemaCatalogue.Config(bootstrap_servers=config.bootstrap_servers,
-                                   topic=config.schemas_topic)
+                                   topic=config.schemas_topic, topic_policy=config.topic_policy)
         )
         """Decodes every input and encodes every output (unit tests pass a plain `Codec()`)."""
         self.stats = AssemblyStats()
@@ -455,8 +461,10 @@ def ensure_internal_topics(cfg: AssemblerApp.Config, timeout_s: float = 30.0) ->
                 f"internal topic {name!r} has {len(existing[name].partitions)} partitions, "
                 f"expected {count}: delete it or use another app_id"
             )
+    config = cfg.topic_policy.internal_config(_INTERNAL_CONFIG)
+    replicas = cfg.topic_policy.replication_factor
     missing = [
-        NewTopic(name, num_partitions=count, replication_factor=1, config=_INTERNAL_CONFIG)
+        NewTopic(name, num_partitions=count, replication_factor=replicas, config=config)
         for name, count in wanted.items() if name not in existing
     ]
     for name, future in (admin.create_topics(missing).items() if missing else []):
@@ -475,23 +483,41 @@ def _stacx_home(*parts: str) -> str:
     return str(home.joinpath(*parts))
 
 
+class IdempotentProducer(AiokafkaProducer):
+    """Faust's aiokafka producer with idempotence on (acks=all, a producer id and sequence numbers
+    on every batch): a retried send never writes a batch twice. Faust enables it only in its
+    exactly-once mode, which the assembler does not use (ARCHITECTURE.md, delivery semantics)."""
+
+    def _settings_extra(self) -> Mapping[str, Any]:
+        return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
+
+
+class IdempotentApp(faust.App):
+    """A Faust app whose producer is an `IdempotentProducer`."""
+
+    def _new_producer(self) -> ProducerT:
+        return IdempotentProducer(self.transport, loop=self.loop, beacon=self.beacon)
+
+
 def _new_faust_app(cfg: AssemblerApp.Config) -> faust.App:
     web: dict[str, Any] = {"web_enabled": False}
     if cfg.web_port is not None:
         web = {"web_enabled": True, "web_port": cfg.web_port, "web_bind": "127.0.0.1"}
-    return faust.App(
+    return IdempotentApp(
         cfg.app_id,
         broker=[f"kafka://{host}" for host in cfg.bootstrap_servers.split(",")],
         store=cfg.store,
         datadir=cfg.datadir,
-        topic_replication_factor=1,
+        topic_replication_factor=cfg.topic_policy.replication_factor,
         topic_partitions=cfg.partitions,
         consumer_auto_offset_reset="earliest",
         producer_max_request_size=cfg.producer_max_request_size,
+        # lz4 like every STACX producer (aiokafka writes it with cramjam); topics keep it as written
+        producer_compression_type="lz4",
         # fewer, larger produce requests: changelog and output records come in bursts
         producer_max_batch_size=1024 * 1024,
         producer_linger=0.005,
-        producer_acks=-1,
+        producer_acks=-1,  # IdempotentApp: acks=all with enable_idempotence
         processing_guarantee="at_least_once",
         broker_session_timeout=cfg.session_timeout_s,
         broker_heartbeat_interval=cfg.heartbeat_interval_s,

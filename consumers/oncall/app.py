@@ -23,7 +23,7 @@ import faust
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from consumers.assembly.app import FaustForwarder
+from consumers.assembly.app import FaustForwarder, IdempotentApp
 from consumers.assembly.protocols import Forwarder, Output
 from consumers.oncall.join import FeedbackJoin, Joined, JoinStats, Rejected, feedback_id
 from schemas import topics
@@ -81,6 +81,8 @@ class OncallJoinApp:
         """How often the counters are logged (0: only at shutdown)."""
         join: FeedbackJoin.Config = field(default_factory=FeedbackJoin.Config)
         """Window, unrewarded policy, trajectory limits."""
+        topic_policy: topics.TopicPolicy = field(default_factory=topics.TopicPolicy)
+        """Replication, retention and compression of the topics the worker creates."""
 
         def __post_init__(self) -> None:
             if self.partitions < 1 or self.tick_interval_s <= 0:
@@ -219,8 +221,14 @@ def ensure_join_topics(cfg: OncallJoinApp.Config, timeout_s: float = 30.0) -> No
         cfg.agent_logs_topic: cfg.partitions,
         cfg.feedback_topic: cfg.partitions,
     }
+    policy = cfg.topic_policy
     missing = [
-        NewTopic(name, num_partitions=n, replication_factor=1)
+        NewTopic(
+            name,
+            num_partitions=n,
+            replication_factor=policy.replication_factor,
+            config=policy.apply(topics.TopicSpec(name, config=_TOPIC_BASE), kind="").config,
+        )
         for name, n in wanted.items()
         if name not in existing
     ]
@@ -232,13 +240,16 @@ def ensure_join_topics(cfg: OncallJoinApp.Config, timeout_s: float = 30.0) -> No
                 raise RuntimeError(f"cannot create topic {name!r}: {exc}") from exc
 
 
+_TOPIC_BASE = {"cleanup.policy": "delete", "max.message.bytes": str(topics.DEFAULT_MAX_MESSAGE_BYTES)}
+
+
 def _faust_app(cfg: OncallJoinApp.Config) -> faust.App:
-    return faust.App(
+    return IdempotentApp(
         cfg.app_id,
         broker=[f"kafka://{host}" for host in cfg.bootstrap_servers.split(",")],
         store=cfg.store,
         datadir=cfg.datadir,
-        topic_replication_factor=1,
+        topic_replication_factor=cfg.topic_policy.replication_factor,
         topic_partitions=cfg.partitions,
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,

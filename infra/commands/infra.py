@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from infra.config import ConfigError, build, load_yaml
 from infra.services import smoke, stack
 from infra.services.errors import InfraError
+from schemas.topics import TopicPolicy
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -92,6 +93,8 @@ class _StackFile:
 
     bootstrap_servers: str | None = None
     """Kafka bootstrap servers (host:port[,host:port]) of an existing cluster."""
+    topics: TopicPolicy = field(default_factory=TopicPolicy)
+    """Replication, partitions, retention and compression of the standard topics."""
     pipeline: dict[str, Any] | None = None
     rollout: dict[str, Any] | None = None
     assembler: dict[str, Any] | None = None
@@ -104,4 +107,5 @@ def _stack_config(args: argparse.Namespace) -> stack.StackConfig:
         stack_file = build(_StackFile, load_yaml(args.config), where=str(args.config))
         if stack_file.bootstrap_servers:
             config.bootstrap_servers = stack_file.bootstrap_servers
+        config.topics = stack_file.topics
     return config

@@ -11,6 +11,7 @@ load, one line per problem, before anything starts.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from infra.config import ConfigError, load_yaml
 from infra.pipeline.errors import PipelineConfigError
 from infra.pipeline.services import RestartPolicy
 from infra.pipeline.wires import wire_value
-from schemas.topics import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP
+from schemas.topics import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, TopicPolicy
 
 __all__ = [
     "ArithmeticTasksConfig",
@@ -251,6 +252,8 @@ class PipelineFile(_Schema):
     """Kafka bootstrap servers of every service (default: $STACX_KAFKA, else 127.0.0.1:9092)."""
     pipeline: PipelineConfig
     """The orchestrator."""
+    topics: TopicPolicy = Field(default_factory=TopicPolicy)
+    """Replication, partitions, retention and compression of the run's topics."""
     rollout: dict[str, Any] = Field(default_factory=dict)
     """`stacx rollout` config (rollout.config.RolloutConfig)."""
     assembler: dict[str, Any] = Field(default_factory=dict)
@@ -277,6 +280,8 @@ class PipelineSpec:
     """`consumers.assembly.AssemblerApp.Config` section as the user wrote it."""
     trainer: dict[str, Any]
     """`trainer.TrainerConfig` section as the user wrote it."""
+    topics: TopicPolicy = dataclasses.field(default_factory=TopicPolicy)
+    """How the run's topics (and the assembler's own) are created."""
 
 
 def schema_errors(exc: pydantic.ValidationError, source: str) -> list[str]:
@@ -337,6 +342,7 @@ def parse_spec(
         rollout=dict(parsed.rollout),
         assembler=dict(parsed.assembler),
         trainer=dict(parsed.trainer),
+        topics=parsed.topics,
     )
     if check:
         from infra.pipeline.resolve import check_sections

@@ -7,6 +7,7 @@ The run's values fill only what the user left empty: a value set in the YAML is 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,19 +62,11 @@ class RunTopics:
             tasks=tasks,
         )
 
-    def specs(self) -> tuple[topics.TopicSpec, ...]:
-        """The standard topics' specs (partitions, configs) under this run's names, stored
-        gzip-compressed by the broker whatever the producer used."""
-        base = {t.name: t for t in topics.TOPICS}
-        return tuple(
-            topics.TopicSpec(name, base[std].partitions, {**base[std].config, "compression.type": "gzip"})
-            for name, std in (
-                (self.trajectories, topics.TRAJECTORIES),
-                (self.batches, topics.BATCHES),
-                (self.weights, topics.WEIGHTS),
-                (self.tasks, topics.TASKS),
-            )
-        )
+    def specs(self, policy: topics.TopicPolicy | None = None) -> tuple[topics.TopicSpec, ...]:
+        """The standard topics' specs under this run's names and `policy` (default: one node's)."""
+        policy = policy or topics.TopicPolicy()
+        kinds = ("trajectories", "batches", "weights", "tasks")
+        return tuple(policy.apply(topics.spec_for(kind, getattr(self, kind)), kind=kind) for kind in kinds)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -196,6 +189,7 @@ def rollout_section(
                 "follow_weights": True,
                 "trajectories_topic": layout.topics.trajectories,
                 "weights_topic": layout.topics.weights,
+                "weights_group": f"stacx-rollout-weights-{layout.run_id}",
             },
             "manager": {"model_name": layout.model_name},
             "progress": False,
@@ -215,6 +209,7 @@ def assembler_section(spec: PipelineSpec, layout: RunLayout) -> dict[str, Any]:
             "weights_topic": layout.topics.weights,
             "datadir": str((layout.root / "assembler").resolve()),
             "grouping": _group_size(spec, "group_size"),
+            "topic_policy": dataclasses.asdict(spec.topics),
         },
     )
     return {"assembler": section}

@@ -167,7 +167,8 @@ class Pipeline:
         from infra.services.topics import ensure_topics
 
         self.metrics.stage = "creating topics, model and tasks"
-        ensure_topics(self.spec.bootstrap_servers, self.layout.topics.specs())
+        policy = self.spec.topics
+        ensure_topics(self.spec.bootstrap_servers, self.layout.topics.specs(policy), policy)
         model = self.cfg.model
         if model.tiny is not None:
             from rollout.models import make_tiny_model

@@ -165,7 +165,7 @@ def write_server_properties(config: KafkaConfig) -> Path:
         "message.max.bytes": str(64 * 1024 * 1024),
         "replica.fetch.max.bytes": str(64 * 1024 * 1024),
         "socket.request.max.bytes": str(256 * 1024 * 1024),
-        "auto.create.topics.enable": "true",
+        "auto.create.topics.enable": "false",  # a mistyped topic name fails instead of appearing
         "log.cleaner.backoff.ms": "5000",
     }
     path = home() / "server.properties"

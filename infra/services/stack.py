@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from infra.services import docker_engine, kafka, sandbox_image, tools
 from infra.services.errors import InfraError
 from infra.services.topics import ensure_topics
-from schemas.topics import BOOTSTRAP_ENV
+from schemas.topics import BOOTSTRAP_ENV, TopicPolicy
 
 
 @dataclass(kw_only=True, slots=True)
@@ -22,6 +22,8 @@ class StackConfig:
     """An existing Kafka cluster to use instead of the local broker (env STACX_KAFKA)."""
     docker: bool = True
     """Start (or check) the Docker engine and build the sandbox base image."""
+    topics: TopicPolicy = field(default_factory=TopicPolicy)
+    """Replication, partitions, retention and compression of the standard topics."""
 
     @property
     def bootstrap(self) -> str:
@@ -43,7 +45,7 @@ def up(config: StackConfig, say: Callable[[str], None] = print) -> None:
         say(f"Kafka: using the existing cluster at {config.bootstrap_servers} (local broker skipped)")
     else:
         say(kafka.up(config.kafka))
-    for line in ensure_topics(config.bootstrap):
+    for line in ensure_topics(config.bootstrap, policy=config.topics):
         say(line)
     if config.docker:
         say(docker_engine.up())

@@ -6,11 +6,16 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from infra.services.errors import InfraError
-from schemas.topics import TOPICS, TopicSpec
+from schemas.topics import TOPICS, TopicPolicy, TopicSpec
 
 
-def ensure_topics(bootstrap: str, specs: tuple[TopicSpec, ...] = TOPICS) -> list[str]:
-    """Create missing topics and bring configs of existing ones in line; return one line each."""
+def ensure_topics(
+    bootstrap: str, specs: tuple[TopicSpec, ...] = TOPICS, policy: TopicPolicy | None = None
+) -> list[str]:
+    """Create missing topics and bring configs of existing ones in line, all under `policy`
+    (default: one node's); return one line each."""
+    policy = policy or TopicPolicy()
+    specs = tuple(policy.apply(spec) for spec in specs)
     admin = AdminClient({"bootstrap.servers": bootstrap})
     existing = set(admin.list_topics(timeout=15).topics)
     lines = [_create(admin, spec) for spec in specs if spec.name not in existing]
@@ -19,7 +24,12 @@ def ensure_topics(bootstrap: str, specs: tuple[TopicSpec, ...] = TOPICS) -> list
 
 
 def _create(admin: AdminClient, spec: TopicSpec) -> str:
-    new = NewTopic(spec.name, num_partitions=spec.partitions, replication_factor=1, config=dict(spec.config))
+    new = NewTopic(
+        spec.name,
+        num_partitions=spec.partitions,
+        replication_factor=spec.replication_factor,
+        config=dict(spec.config),
+    )
     try:
         admin.create_topics([new])[spec.name].result(timeout=30)
     except KafkaException as exc:

@@ -25,6 +25,7 @@ class FakeSource:
     def __init__(self, records: list[Any]) -> None:
         self.pending = deque(_Event(r) for r in records)
         self.closed = False
+        self.commits: list[Any] = []
 
     def poll(self, timeout: float = 1.0) -> _Event | None:
         return self.pending.popleft() if self.pending else None
@@ -34,6 +35,9 @@ class FakeSource:
 
     def assignment(self) -> list[tuple[str, int]]:
         return [("stacx.weights", 0)]
+
+    def commit(self, events: Any = None) -> None:
+        self.commits.append(events)
 
     def close(self) -> None:
         self.closed = True
@@ -174,3 +178,14 @@ def test_a_consumer_that_lost_its_partitions_is_replaced_and_catches_up() -> Non
     subscriber = Subscriber(config, transport=httpx.MockTransport(server))
     subscriber.run(stop, poll_timeout_s=0.01)
     assert server.loaded == ["/ckpt/policy/1", "/ckpt/policy/3"] and subscriber._source is fresh
+
+
+def test_catch_up_commits_what_it_read_and_the_group_is_named_after_the_server() -> None:
+    from consumers.weights import subscriber_group
+
+    subscriber = _subscriber([_version(1), _version(2)], FakeServer())
+    subscriber.catch_up()
+    source = subscriber._source
+    assert isinstance(source, FakeSource) and source.commits == [None]  # everything read
+    group = subscriber_group("policy", "http://127.0.0.1:30000")
+    assert group.startswith("stacx-weights-policy-") and group.endswith("-30000")

@@ -223,6 +223,10 @@ class _WeightsConsumer:
     def __init__(self, values: list[object]) -> None:
         self.values = values
         self.closed = False
+        self.committed: list[object] = []
+
+    def commit(self, event: _Event) -> None:
+        self.committed.append(event.value)
 
     def poll(self, timeout: float) -> _Event | None:
         if self.values:
@@ -251,6 +255,7 @@ async def test_weights_follower_tracks_newest_version_of_its_model() -> None:
     assert await asyncio.to_thread(follower.wait_caught_up, 30.0)
     follower.close()
     assert follower.current() == 4 and consumer.closed and follower.caught_up.is_set()
+    assert consumer.committed == records  # every version read is committed: the group's lag is visible
 
 
 async def test_weights_follower_refuses_a_version_with_another_content_hash() -> None:

@@ -1,0 +1,180 @@
+"""Replay runs (`stacx replay CONFIG`): train again from a retained trajectories topic, into a run of its own.
+
+Reads a range of the source topic (offsets, or times resolved with `offsets_for_times`),
+assembles it deterministically (`consumers.replay`), publishes the batches to
+`stacx.batches.<name>` and trains on them with any recipe and seed, publishing weights to
+`stacx.weights.<name>`. Writes `<runs_dir>/<name>/replay.json`: range, batch ids, the sha256 of
+every batch, the final weights' content hash."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from consumers.replay import ReplayAssembler, ReplayRange
+from schemas.topics import TopicPolicy
+
+
+@dataclass(kw_only=True, slots=True)
+class ReplaySettings:
+    """The `replay:` section."""
+
+    name: str
+    """Run id of the replay: its topics are `stacx.batches.<name>` and `stacx.weights.<name>`."""
+    source_topic: str
+    """Retained trajectories topic to replay (e.g. `stacx.trajectories.<run id>`)."""
+    from_offset: int | None = None
+    to_offset: int | None = None
+    from_timestamp_ms: int | None = None
+    to_timestamp_ms: int | None = None
+    runs_dir: str = "runs"
+    """Checkpoints, exported weights and replay.json go to `<runs_dir>/<name>/`."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ReplayFile:
+    """A replay YAML: what to replay, how to assemble it, how to train on it."""
+
+    replay: ReplaySettings
+    bootstrap_servers: str | None = None
+    """Kafka bootstrap servers (default: $STACX_KAFKA, else 127.0.0.1:9092)."""
+    topics: TopicPolicy = field(default_factory=TopicPolicy)
+    """How the replay's batches and weights topics are created."""
+    assembler: ReplayAssembler.Config = field(default_factory=ReplayAssembler.Config)
+    """Grouping, filtering, mixture (the live assembler's settings)."""
+    trainer: dict[str, Any] = field(default_factory=dict)
+    """`stacx train` config (TrainerConfig); source, export and checkpoint are the replay's."""
+
+
+def run_replay(spec: ReplayFile, *, base_dir: Path) -> dict[str, Any]:
+    """Assemble, publish, train; the summary also written to `<runs_dir>/<name>/replay.json`."""
+    from infra.config import bootstrap_servers
+    from infra.pipeline.layout import RunTopics
+    from infra.services.topics import ensure_topics
+
+    bootstrap = str(spec.bootstrap_servers or bootstrap_servers({}))
+    cfg = spec.replay
+    run = RunTopics.for_run(cfg.name, fresh=True)
+    _refuse_existing(bootstrap, [run.batches, run.weights], cfg.name)
+    ensure_topics(
+        bootstrap,
+        tuple(s for s in run.specs(spec.topics) if s.name in (run.batches, run.weights)),
+        spec.topics,
+    )
+    source = ReplayRange(
+        topic=cfg.source_topic, from_offset=cfg.from_offset, to_offset=cfg.to_offset,
+        from_timestamp_ms=cfg.from_timestamp_ms, to_timestamp_ms=cfg.to_timestamp_ms,
+    )  # fmt: skip
+    batches, stats, num_records = _assemble(bootstrap, source, spec.assembler, run.batches)
+    if not batches:
+        raise ValueError(f"the range of {cfg.source_topic} gave no batch ({num_records} records): widen it")
+    _publish(bootstrap, run.batches, batches)
+    root = Path(cfg.runs_dir) / cfg.name
+    trainer = _trainer_config(spec, bootstrap, run, root, num_batches=len(batches))
+    from trainer import StacxTrainer
+
+    StacxTrainer.launch(trainer)
+    summary = {
+        "run": cfg.name,
+        "source_topic": cfg.source_topic,
+        "records": num_records,
+        "batches": len(batches),
+        "batch_ids": [b for b, _ in batches],
+        "batch_sha256": [hashlib.sha256(v).hexdigest() for _, v in batches],
+        "recipe": trainer.recipe,
+        "seed": trainer.seed,
+        "weights_topic": run.weights,
+        "final_weights": _final_weights(bootstrap, run.weights, trainer.export.model_name),
+        "assembler_stats": stats,
+    }
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "replay.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _refuse_existing(bootstrap: str, names: list[str], run: str) -> None:
+    from infra.services.topics import missing_topics
+
+    missing = missing_topics(bootstrap, names)
+    if missing is None:
+        raise ValueError(f"no Kafka broker answers at {bootstrap}")
+    if len(missing) != len(names):
+        raise ValueError(
+            f"replay.name={run!r}: its topics exist already; pick another name or delete them "
+            f"(`stacx topics gc --run {run}`)"
+        )
+
+
+def _assemble(
+    bootstrap: str, source: ReplayRange, config: ReplayAssembler.Config, batches_topic: str
+) -> tuple[list[tuple[str, bytes]], dict[str, Any], int]:
+    from consumers.replay import read_range
+    from schemas.catalogue import SchemaCatalogue, catalogue_codec
+
+    records = read_range(bootstrap, source)
+    codec = catalogue_codec(SchemaCatalogue.Config(bootstrap_servers=bootstrap))
+    result = ReplayAssembler(config, codec, batches_topic=batches_topic).assemble(records)
+    return result.batches, result.stats, len(records)
+
+
+def _publish(bootstrap: str, topic: str, batches: list[tuple[str, bytes]]) -> None:
+    from confluent_kafka import Producer
+
+    from schemas.topics import BATCHES_MAX_MESSAGE_BYTES
+
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "compression.type": "lz4",
+            "message.max.bytes": BATCHES_MAX_MESSAGE_BYTES,
+        }
+    )
+    for batch_id, value in batches:
+        producer.produce(topic, key=batch_id.encode(), value=value)
+    if producer.flush(60) != 0:
+        raise ValueError(f"could not publish every batch to {topic} within 60 s")
+
+
+def _trainer_config(spec: ReplayFile, bootstrap: str, run: Any, root: Path, *, num_batches: int) -> Any:
+    from infra.config import build
+    from trainer import TrainerConfig
+
+    tree = dict(spec.trainer)
+    config = build(TrainerConfig, tree, where="trainer")
+    config.source = dataclasses.replace(
+        config.source, kind="kafka", bootstrap_servers=bootstrap, topic=run.batches,
+        group_id=f"stacx-trainer-{spec.replay.name}", replay_from_offset=None, replay_from_timestamp_ms=None,
+        idle_timeout_s=config.source.idle_timeout_s or 30.0,
+    )  # fmt: skip
+    config.export = dataclasses.replace(
+        config.export, dir=str((root / "weights").resolve()), topic=run.weights, bootstrap_servers=bootstrap,
+        publish=True,
+    )  # fmt: skip
+    config.checkpoint = dataclasses.replace(config.checkpoint, dir=str((root / "checkpoints").resolve()))
+    config.max_steps = config.max_steps or num_batches
+    config.trainer_id = f"stacx-trainer-{spec.replay.name}"
+    return config
+
+
+def _final_weights(bootstrap: str, topic: str, model_name: str) -> dict[str, Any] | None:
+    """The newest WeightVersion of `model_name` on the replay's weights topic."""
+    from consumers.replay import ReplayRange, read_range
+    from schemas.codec import Codec
+    from schemas.records import WeightVersion
+
+    codec = Codec()
+    latest: WeightVersion | None = None
+    for record in read_range(bootstrap, ReplayRange(topic=topic)):
+        value = codec.decode(record.value)
+        if isinstance(value, WeightVersion) and value.model_name == model_name:
+            if latest is None or value.version > latest.version:
+                latest = value
+    if latest is None:
+        return None
+    return {"version": latest.version, "content_hash": latest.content_hash, "path": latest.path}
