@@ -144,6 +144,9 @@ def test_restart_recovers_state_and_replay_rebuilds_the_same_batches(
 ) -> None:
     names = _topics(fresh_topic, partitions=1)
     config = _config(kafka_bootstrap, names, tmp_path, app_ids)
+    # every group completes here: a long timeout keeps a slow (loaded) machine from closing one
+    # as partial between its two samples, which is not what this test is about
+    config["grouping"]["group_timeout_s"] = 60.0
     groups = {g: [make_trajectory(g, 0), make_trajectory(g, 1)] for g in ("a", "b", "c", "d")}
     _produce(kafka_bootstrap, names["trajectories_topic"],
              _trajectories(*groups["a"], *groups["b"]))
@@ -167,6 +170,7 @@ def test_restart_recovers_state_and_replay_rebuilds_the_same_batches(
     # a fresh worker replaying the whole topic rebuilds the very same batches
     replay_names = {**names, "batches_topic": fresh_topic("asm-replay")}
     replay = _config(kafka_bootstrap, replay_names, tmp_path, app_ids)
+    replay["grouping"]["group_timeout_s"] = 60.0
     with AssemblerProcess(replay, tmp_path) as worker:
         replayed = consume_records(kafka_bootstrap, replay_names["batches_topic"], 2)
         assert worker.stop()[0] == 0
