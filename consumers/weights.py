@@ -18,12 +18,16 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
+from opentelemetry import propagate
+from opentelemetry.trace import SpanKind
 
 from consumers.errors import ConsumerError
+from producers.tracing import context_from_headers, span, tracing_on
 from schemas import topics
 from schemas.records import WeightVersion
 
@@ -105,7 +109,8 @@ class WeightSubscriber:
         self._owns_source = source is None
         self._source = source if source is not None else self._default_source()
         self._http = httpx.Client(
-            base_url=config.server_url, timeout=config.request_timeout_s, transport=transport
+            base_url=config.server_url, timeout=config.request_timeout_s, transport=transport,
+            event_hooks={"request": [_inject_trace_context]},
         )
         self.applied: WeightVersion | None = None
         """Latest version confirmed on the server."""
@@ -134,13 +139,14 @@ class WeightSubscriber:
     def catch_up(self) -> WeightVersion | None:
         """Read the topic to its end and apply only the newest version of our model."""
         latest: WeightVersion | None = None
+        latest_event: Any = None
         deadline = time.monotonic() + self.config.catch_up_timeout_s
         while time.monotonic() < deadline:
             event = self._source.poll(0.5)
             if event is not None:
                 if self._guarded(self._check_content, event.value) and \
                         self._is_newer(event.value, latest):
-                    latest = event.value
+                    latest, latest_event = event.value, event
                 continue
             if self._source.assignment() and self._source.total_lag() == 0:
                 break
@@ -151,7 +157,8 @@ class WeightSubscriber:
                 self.config.catch_up_timeout_s,
             )
         if latest is not None and self._is_newer(latest, self.applied):
-            self.apply(latest)
+            with self._swap_span(latest_event):
+                self.apply(latest)
         return self.applied
 
     def handle(self, record: Any) -> bool:
@@ -177,7 +184,8 @@ class WeightSubscriber:
                 stop.wait(poll_timeout_s)
                 continue
             if event is not None:
-                self._guarded(self.handle, event.value)
+                with self._swap_span(event):
+                    self._guarded(self.handle, event.value)
             if self._source.assignment():
                 assigned_at = time.monotonic()
             elif time.monotonic() - assigned_at >= self.config.rejoin_after_s:
@@ -206,6 +214,19 @@ class WeightSubscriber:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+    def _swap_span(self, event: Any) -> AbstractContextManager[Any]:
+        """A `weights.swap` span continuing the weight event's trace (the trainer step that
+        published it); the server's own update span joins it over HTTP."""
+        record = getattr(event, "value", None)
+        if not tracing_on() or not self._is_newer(record, self.applied):
+            return nullcontext()
+        return span(
+            "stacx.weights", "weights.swap", kind=SpanKind.CONSUMER,
+            context=context_from_headers(getattr(event, "headers", None)),
+            attributes={"stacx.model_name": record.model_name, "stacx.weight_version": record.version,
+                        "stacx.server_url": self.config.server_url},
+        )
 
     def _is_newer(self, record: Any, than: WeightVersion | None) -> bool:
         if not isinstance(record, WeightVersion) or record.model_name != self.config.model_name:
@@ -295,6 +316,11 @@ class WeightSubscriber:
             f"{self.config.max_attempts} times (last: {problem})",
             retriable=True,
         )
+
+
+def _inject_trace_context(request: httpx.Request) -> None:
+    """W3C `traceparent` of the swap span on the server's update call."""
+    propagate.inject(request.headers)
 
 
 def _json_body(response: httpx.Response, method: str, path: str) -> dict[str, Any]:

@@ -7,7 +7,7 @@ span is made and no header is written.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -19,6 +19,7 @@ __all__ = [
     "context_from_headers",
     "link_from_headers",
     "publish_span",
+    "span",
     "trace_headers",
     "tracing_on",
 ]
@@ -59,6 +60,27 @@ def publish_span(topic: str, record_id: str = "") -> Iterator[None]:
         attributes["stacx.record_id"] = record_id
     with _tracer.start_as_current_span(f"publish {topic}", kind=trace.SpanKind.PRODUCER, attributes=attributes):
         yield
+
+
+@contextmanager
+def span(
+    tracer: str,
+    name: str,
+    *,
+    kind: trace.SpanKind = trace.SpanKind.INTERNAL,
+    attributes: Mapping[str, Any] | None = None,
+    context: Context | None = None,
+    links: Sequence[trace.Link] | None = None,
+) -> Iterator[trace.Span | None]:
+    """`start_as_current_span` when tracing is on (yields the span), nothing at all when it is off
+    (yields None): hot paths pay one check."""
+    if not tracing_on():
+        yield None
+        return
+    with trace.get_tracer(tracer).start_as_current_span(
+        name, context=context, kind=kind, attributes=attributes, links=links
+    ) as current:
+        yield current
 
 
 def context_from_headers(headers: Mapping[str, bytes] | Iterable[tuple[str, bytes]] | None) -> Context:

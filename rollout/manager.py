@@ -24,6 +24,7 @@ from rollout.protocols import (
 )
 from rollout.resources import LocalPool, ResourcePool, Resources, check_feasible
 from rollout.scheduler import TaskScheduler
+from producers.tracing import span
 from schemas.records import Trajectory, TrajectoryStatus, trajectory_id
 
 __all__ = ["RolloutManager", "RolloutSummary"]
@@ -418,12 +419,15 @@ class RolloutManager:
         self, evaluator: Evaluator | None, group: TaskGroup, index: int, local: LocalPool | None
     ) -> None:
         version = self.policy_version()
-        if evaluator is None or local is None:
-            trajectory = self._unserved(group, index, version)
-        else:
-            trajectory = await evaluator.run(group, index, local, policy_version=version)
-            self._close_local(local)  # the sandbox is gone: free its budget before publishing
-        await self._publish(group, trajectory)
+        with span("stacx.rollout", "rollout.episode", attributes=_episode_attributes(group, index, version)) as sp:
+            if evaluator is None or local is None:
+                trajectory = self._unserved(group, index, version)
+            else:
+                trajectory = await evaluator.run(group, index, local, policy_version=version)
+                self._close_local(local)  # the sandbox is gone: free its budget before publishing
+            if sp is not None:
+                sp.set_attributes(_trajectory_attributes(trajectory))
+            await self._publish(group, trajectory)
 
     def _close_local(self, local: LocalPool | None) -> None:
         if local is not None and local.close():
@@ -496,3 +500,22 @@ class RolloutManager:
         for task in list(self._tasks):
             task.cancel()
         await self._drain()
+
+
+def _episode_attributes(group: TaskGroup, index: int, version: int) -> dict[str, Any]:
+    return {
+        "stacx.task_id": group.task.task_id,
+        "stacx.task_type": group.task.task_type,
+        "stacx.group_id": group.group_id,
+        "stacx.sample_index": index,
+        "stacx.policy_version": version,
+    }
+
+
+def _trajectory_attributes(trajectory: Trajectory) -> dict[str, Any]:
+    return {
+        "stacx.trajectory_id": trajectory.trajectory_id,
+        "stacx.status": trajectory.status.value,
+        "stacx.reward": float(trajectory.rewards.get("reward", 0.0)) if trajectory.rewards else 0.0,
+        "stacx.num_tokens": len(trajectory.token_ids),
+    }
