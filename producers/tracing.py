@@ -25,7 +25,6 @@ __all__ = [
 ]
 
 TRACEPARENT = "traceparent"
-_tracer = trace.get_tracer("stacx.producers")
 
 
 def tracing_on() -> bool:
@@ -58,7 +57,7 @@ def publish_span(topic: str, record_id: str = "") -> Iterator[None]:
     }
     if record_id:
         attributes["stacx.record_id"] = record_id
-    with _tracer.start_as_current_span(f"publish {topic}", kind=trace.SpanKind.PRODUCER, attributes=attributes):
+    with trace.get_tracer("stacx.producers").start_as_current_span(f"publish {topic}", kind=trace.SpanKind.PRODUCER, attributes=attributes):
         yield
 
 

@@ -107,13 +107,15 @@ class StacxTrainer:
         return cls(config, **kwargs)
 
     @staticmethod
-    def launch(config: TrainerConfig, max_steps: int | None = None) -> None:
-        """Run to completion: in this process, or spawned on `backend.world_size` local ranks."""
+    def launch(config: TrainerConfig, max_steps: int | None = None,
+               rank_setup: Callable[[], object] | None = None) -> None:
+        """Run to completion: in this process, or spawned on `backend.world_size` local ranks.
+        `rank_setup` (picklable) runs first in each spawned rank (the service's tracing set-up)."""
         import os
 
         if config.backend.kind == "fsdp2" and config.backend.world_size > 1 \
                 and "RANK" not in os.environ:
-            spawn(_run_rank, config.backend.world_size, config, max_steps)
+            spawn(_run_rank, config.backend.world_size, config, max_steps, rank_setup)
         else:
             _run_rank(config, max_steps)
 
@@ -473,6 +475,9 @@ def merge_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
     return merged
 
 
-def _run_rank(config: TrainerConfig, max_steps: int | None) -> None:
+def _run_rank(config: TrainerConfig, max_steps: int | None,
+              rank_setup: Callable[[], object] | None = None) -> None:
+    if rank_setup is not None:
+        rank_setup()
     with StacxTrainer.from_config(config) as trainer:
         trainer.run(max_steps)

@@ -26,7 +26,6 @@ LINKS_HEADER = "stacx-trace-links"
 MAX_REMEMBERED = 100_000
 """Bound on remembered trajectories (the oldest are forgotten: their batch just lacks a link)."""
 
-_tracer = trace.get_tracer("stacx.assembler")
 
 
 def _header(headers: Any, name: str) -> str | None:
@@ -96,7 +95,7 @@ class TraceLinks:
             "stacx.num_trajectories": len(trajectory_ids),
             "stacx.num_linked": len(links),
         }
-        with _tracer.start_as_current_span(
+        with trace.get_tracer("stacx.assembler").start_as_current_span(
             "assembler.batch", context=parent_context, links=links, attributes=attributes
         ):
             yield trace_headers()

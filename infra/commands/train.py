@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import sys
 from pathlib import Path
 from typing import Any
+
+from infra.telemetry import setup_tracing
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +95,7 @@ def _train(args: argparse.Namespace) -> int:
             print(f"stacx train: {line}", file=sys.stderr)
         return 2
     try:
-        StacxTrainer.launch(config)
+        StacxTrainer.launch(config, rank_setup=functools.partial(setup_tracing, "train"))
     except TrainerError as exc:
         log.error("%s", exc)
         return 1
