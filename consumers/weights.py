@@ -219,7 +219,9 @@ class WeightSubscriber:
         """A `weights.swap` span continuing the weight event's trace (the trainer step that
         published it); the server's own update span joins it over HTTP."""
         record = getattr(event, "value", None)
-        if not tracing_on() or not self._is_newer(record, self.applied):
+        if not tracing_on() or not isinstance(record, WeightVersion):
+            return nullcontext()
+        if not self._is_newer(record, self.applied):
             return nullcontext()
         return span(
             "stacx.weights", "weights.swap", kind=SpanKind.CONSUMER,

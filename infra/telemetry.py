@@ -69,8 +69,11 @@ class TracingConfig(BaseModel):
                 "point OTEL_EXPORTER_OTLP_ENDPOINT at a collector for anything else"
             )
         ratio = float(env.get("OTEL_TRACES_SAMPLER_ARG", "1.0") or 1.0)
-        return cls(enabled=enabled, endpoint=env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or DEFAULT_ENDPOINT,
-                   sample_ratio=min(max(ratio, 0.0), 1.0))
+        return cls(
+            enabled=enabled,
+            endpoint=env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or DEFAULT_ENDPOINT,
+            sample_ratio=min(max(ratio, 0.0), 1.0),
+        )
 
 
 def setup_tracing(service: str, config: TracingConfig | None = None) -> bool:
@@ -91,14 +94,20 @@ def setup_tracing(service: str, config: TracingConfig | None = None) -> bool:
         resource=Resource.create({"service.name": name, "service.namespace": "stacx"}),
         sampler=ParentBased(TraceIdRatioBased(config.sample_ratio)),
     )
-    traces_url = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or f"{config.endpoint.rstrip('/')}/v1/traces"
+    traces_url = (
+        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or f"{config.endpoint.rstrip('/')}/v1/traces"
+    )
     provider.add_span_processor(
-        BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_url), schedule_delay_millis=config.export_delay_ms)
+        BatchSpanProcessor(
+            OTLPSpanExporter(endpoint=traces_url), schedule_delay_millis=config.export_delay_ms
+        )
     )
     trace.set_tracer_provider(provider)
     _installed.append(provider)
     atexit.register(shutdown_tracing)
-    log.info("tracing on: service %s exports OTLP to %s (sample ratio %.2f)", name, traces_url, config.sample_ratio)
+    log.info(
+        "tracing on: service %s exports OTLP to %s (sample ratio %.2f)", name, traces_url, config.sample_ratio
+    )
     return True
 
 

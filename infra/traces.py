@@ -11,7 +11,15 @@ from typing import Any
 
 import httpx
 
-__all__ = ["Span", "Trace", "TraceQueryError", "fetch_trace", "find_traces", "render_tree", "render_waterfall"]
+__all__ = [
+    "Span",
+    "Trace",
+    "TraceQueryError",
+    "fetch_trace",
+    "find_traces",
+    "render_tree",
+    "render_waterfall",
+]
 
 TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
 SEARCH_TAGS = ("stacx.trajectory_id", "stacx.batch_id", "stacx.record_id", "stacx.group_id", "stacx.task_id")
@@ -83,12 +91,19 @@ def parse_trace(data: dict[str, Any]) -> Trace:
                 parent = ref["spanID"]
             else:
                 links.append((ref["traceID"], ref["spanID"]))
-        spans.append(Span(
-            span_id=raw["spanID"], trace_id=raw["traceID"], name=raw.get("operationName", "?"),
-            service=processes.get(raw.get("processID", ""), "?"), start_us=int(raw.get("startTime", 0)),
-            duration_us=int(raw.get("duration", 0)), parent_id=parent, links=links,
-            attributes={t["key"]: t.get("value") for t in raw.get("tags") or []},
-        ))
+        spans.append(
+            Span(
+                span_id=raw["spanID"],
+                trace_id=raw["traceID"],
+                name=raw.get("operationName", "?"),
+                service=processes.get(raw.get("processID", ""), "?"),
+                start_us=int(raw.get("startTime", 0)),
+                duration_us=int(raw.get("duration", 0)),
+                parent_id=parent,
+                links=links,
+                attributes={t["key"]: t.get("value") for t in raw.get("tags") or []},
+            )
+        )
     by_id = {s.span_id: s for s in spans}
     for span in spans:
         if span.parent_id in by_id:
@@ -107,7 +122,9 @@ def _get(url: str, params: dict[str, str] | None = None, timeout_s: float = 10.0
     if response.status_code == 404:
         return None
     if not response.is_success:
-        raise TraceQueryError(f"GET {response.url} answered HTTP {response.status_code}: {response.text[:200]}")
+        raise TraceQueryError(
+            f"GET {response.url} answered HTTP {response.status_code}: {response.text[:200]}"
+        )
     return response.json()
 
 
@@ -128,8 +145,12 @@ def find_traces(query_url: str, some_id: str, lookback: str = "24h", limit: int 
     found: list[str] = []
     for service in services:
         for tag in SEARCH_TAGS:
-            params = {"service": service, "tags": json.dumps({tag: some_id}), "lookback": lookback,
-                      "limit": str(limit)}
+            params = {
+                "service": service,
+                "tags": json.dumps({tag: some_id}),
+                "lookback": lookback,
+                "limit": str(limit),
+            }
             for data in (_get(f"{base}/api/traces", params) or {}).get("data") or []:
                 if data["traceID"] not in found:
                     found.append(data["traceID"])
@@ -143,9 +164,18 @@ def render_tree(trace: Trace) -> str:
     lines = [f"trace {trace.trace_id}: {len(trace.spans)} spans, {total_ms:.1f} ms"]
     for depth, span in trace.ordered():
         ids = " ".join(
-            f"{k.removeprefix('stacx.')}={v}" for k, v in span.attributes.items()
-            if k in {"stacx.trajectory_id", "stacx.batch_id", "stacx.weight_version", "stacx.step",
-                     "stacx.policy_version", "gen_ai.usage.output_tokens", "stacx.num_linked"}
+            f"{k.removeprefix('stacx.')}={v}"
+            for k, v in span.attributes.items()
+            if k
+            in {
+                "stacx.trajectory_id",
+                "stacx.batch_id",
+                "stacx.weight_version",
+                "stacx.step",
+                "stacx.policy_version",
+                "gen_ai.usage.output_tokens",
+                "stacx.num_linked",
+            }
         )
         links = f"  links: {len(span.links)}" if span.links else ""
         lines.append(
@@ -171,12 +201,17 @@ def render_waterfall(trace: Trace, path: Path, max_spans: int = 60) -> Path:
     fig, ax = plt.subplots(figsize=(11, height))
     index = {span.span_id: i for i, (_, span) in enumerate(rows)}
     total_ms = max((trace.end_us - origin) / 1000, 1e-3)
-    for i, (depth, span) in enumerate(rows):
+    for i, (_, span) in enumerate(rows):
         start_ms = (span.start_us - origin) / 1000
         width_ms = max(span.duration_us / 1000, total_ms * 0.002)
         ax.barh(i, width_ms, left=start_ms, color=colours[span.service], height=0.7)
-        ax.text(start_ms + width_ms + total_ms * 0.005, i, f"{span.duration_us / 1000:.1f} ms",
-                va="center", fontsize=7)
+        ax.text(
+            start_ms + width_ms + total_ms * 0.005,
+            i,
+            f"{span.duration_us / 1000:.1f} ms",
+            va="center",
+            fontsize=7,
+        )
         for _, linked in span.links:
             if linked in index:
                 ax.plot([start_ms, start_ms], [index[linked], i], linestyle=":", color="grey", linewidth=0.8)

@@ -57,7 +57,9 @@ def publish_span(topic: str, record_id: str = "") -> Iterator[None]:
     }
     if record_id:
         attributes["stacx.record_id"] = record_id
-    with trace.get_tracer("stacx.producers").start_as_current_span(f"publish {topic}", kind=trace.SpanKind.PRODUCER, attributes=attributes):
+    with trace.get_tracer("stacx.producers").start_as_current_span(
+        f"publish {topic}", kind=trace.SpanKind.PRODUCER, attributes=attributes
+    ):
         yield
 
 

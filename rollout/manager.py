@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from producers.tracing import span
 from rollout.errors import ConfigError
 from rollout.evaluator import Evaluator
 from rollout.protocols import (
@@ -24,7 +25,6 @@ from rollout.protocols import (
 )
 from rollout.resources import LocalPool, ResourcePool, Resources, check_feasible
 from rollout.scheduler import TaskScheduler
-from producers.tracing import span
 from schemas.records import Trajectory, TrajectoryStatus, trajectory_id
 
 __all__ = ["RolloutManager", "RolloutSummary"]
@@ -419,7 +419,8 @@ class RolloutManager:
         self, evaluator: Evaluator | None, group: TaskGroup, index: int, local: LocalPool | None
     ) -> None:
         version = self.policy_version()
-        with span("stacx.rollout", "rollout.episode", attributes=_episode_attributes(group, index, version)) as sp:
+        attributes = _episode_attributes(group, index, version)
+        with span("stacx.rollout", "rollout.episode", attributes=attributes) as sp:
             if evaluator is None or local is None:
                 trajectory = self._unserved(group, index, version)
             else:

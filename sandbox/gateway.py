@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Depends, FastAPI, Query, Request, Response
-from opentelemetry import propagate, trace
 from fastapi.responses import JSONResponse, PlainTextResponse
+from opentelemetry import propagate, trace
 from pydantic import BaseModel
 
 from sandbox.errors import AuthError, RequestTooLarge, SandboxError, SessionNotFound

@@ -27,7 +27,6 @@ MAX_REMEMBERED = 100_000
 """Bound on remembered trajectories (the oldest are forgotten: their batch just lacks a link)."""
 
 
-
 def _header(headers: Any, name: str) -> str | None:
     pairs = headers.items() if hasattr(headers, "items") else (headers or [])
     for key, value in pairs:
@@ -80,17 +79,21 @@ class TraceLinks:
             self._by_trajectory.popitem(last=False)
 
     @contextmanager
-    def batch_span(self, batch_id: str, trajectory_ids: Sequence[str]) -> Iterator[list[tuple[str, bytes]] | None]:
+    def batch_span(
+        self, batch_id: str, trajectory_ids: Sequence[str]
+    ) -> Iterator[list[tuple[str, bytes]] | None]:
         """An `assembler.batch` span for one batch; yields the Kafka headers of the batch event
         (its context), or None with tracing off."""
         parents = [self._by_trajectory.pop(t) for t in trajectory_ids if t in self._by_trajectory]
         if not tracing_on():
             yield None
             return
-        contexts = [trace.get_current_span(context_from_headers([(TRACEPARENT, p.encode())])) for p in parents]
+        contexts = [
+            trace.get_current_span(context_from_headers([(TRACEPARENT, p.encode())])) for p in parents
+        ]
         links = [trace.Link(s.get_span_context()) for s in contexts if s.get_span_context().is_valid]
         parent_context = context_from_headers([(TRACEPARENT, parents[0].encode())]) if parents else None
-        attributes = {
+        attributes: dict[str, Any] = {
             "stacx.batch_id": batch_id,
             "stacx.num_trajectories": len(trajectory_ids),
             "stacx.num_linked": len(links),

@@ -15,7 +15,9 @@ from infra.services.errors import InfraError
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    parser = sub.add_parser("infra", help="local services: Kafka (KRaft), Docker engine, sandbox image, Jaeger")
+    parser = sub.add_parser(
+        "infra", help="local services: Kafka (KRaft), Docker engine, sandbox image, Jaeger"
+    )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     up = actions.add_parser("up", help="start Kafka and Docker, build the sandbox image, create topics")
     up.add_argument("--no-docker", action="store_true", help="no Docker engine and sandbox image")

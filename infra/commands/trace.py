@@ -27,7 +27,9 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--out", type=Path, help="waterfall picture, .png or .svg (default: trace-<id>.png)")
     p.add_argument("--no-picture", action="store_true", help="print the tree only")
-    p.add_argument("--lookback", default="24h", help="how far back to search for an id (Jaeger syntax: 2h, 7d)")
+    p.add_argument(
+        "--lookback", default="24h", help="how far back to search for an id (Jaeger syntax: 2h, 7d)"
+    )
     p.set_defaults(func=_trace)
 
 
@@ -37,7 +39,10 @@ def _trace(args: argparse.Namespace) -> int:
     try:
         trace_ids = find_traces(args.query_url, args.id.strip(), lookback=args.lookback)
         if not trace_ids:
-            print(f"stacx trace: no trace has a span with id {args.id!r} (within {args.lookback})", file=sys.stderr)
+            print(
+                f"stacx trace: no trace has a span with id {args.id!r} (within {args.lookback})",
+                file=sys.stderr,
+            )
             return 1
         if len(trace_ids) > 1:
             print(f"{args.id} appears in {len(trace_ids)} traces: {', '.join(trace_ids)}; showing the first")

@@ -218,7 +218,9 @@ def up(config: JaegerConfig) -> str:
     """Build once, start unless ours already runs; a one-line status."""
     pid = running_pid()
     if pid is not None and answers(config):
-        return f"Jaeger already running: OTLP {config.otlp_http_endpoint}, query {config.query_url} (pid {pid})"
+        return (
+            f"Jaeger already running: OTLP {config.otlp_http_endpoint}, query {config.query_url} (pid {pid})"
+        )
     if pid is None:
         for port, what, env in _ports(config):
             require_free_port(HOST, port, what, env)
@@ -226,7 +228,8 @@ def up(config: JaegerConfig) -> str:
         pid = _spawn(exe, write_config(config))
     _wait_ready(config, pid)
     return (
-        f"Jaeger {VERSION} started: OTLP grpc {HOST}:{config.otlp_grpc_port} http {config.otlp_http_endpoint}, "
+        f"Jaeger {VERSION} started: OTLP grpc {HOST}:{config.otlp_grpc_port} "
+        f"http {config.otlp_http_endpoint}, "
         f"query {config.query_url} (pid {pid}, log {log_file()})"
     )
 
@@ -259,7 +262,9 @@ def _wait_ready(config: JaegerConfig, pid: int) -> None:
     while time.monotonic() < deadline:
         if not pid_alive(pid):
             pid_file().unlink(missing_ok=True)
-            raise InfraError(f"Jaeger exited during start-up; last lines of {log_file()}:\n{tail(log_file())}")
+            raise InfraError(
+                f"Jaeger exited during start-up; last lines of {log_file()}:\n{tail(log_file())}"
+            )
         if port_open(HOST, config.query_port) and answers(config):
             return
         time.sleep(0.3)

@@ -43,7 +43,8 @@ def up(config: StackConfig, say: Callable[[str], None] = print) -> None:
     needed = [
         name
         for name in tools.TOOLS
-        if (config.docker or name not in DOCKER_TOOLS) and (config.tracing_backend or name not in TRACING_TOOLS)
+        if (config.docker or name not in DOCKER_TOOLS)
+        and (config.tracing_backend or name not in TRACING_TOOLS)
     ]
     tools.ensure(needed, say=say)
     if config.bootstrap_servers:

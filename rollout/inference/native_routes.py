@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from opentelemetry import propagate
 from opentelemetry.trace import SpanKind
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from producers.tracing import span
 from rollout.inference.api import AbortRequest, GenerateRequest, NativeItem, UpdateWeightsRequest

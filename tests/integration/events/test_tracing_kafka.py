@@ -22,7 +22,9 @@ def _producer(bootstrap: str) -> EventProducer:
 
 def raw_headers(bootstrap: str, topic: str, count: int) -> list[dict[str, bytes]]:
     """Headers of the first `count` records of partition 0, read with a bare client (kcat -f '%h')."""
-    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": f"raw-{topic}", "enable.auto.commit": False})
+    reader = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"raw-{topic}", "enable.auto.commit": False}
+    )
     reader.assign([TopicPartition(topic, 0, 0)])
     found: list[dict[str, bytes]] = []
     try:
@@ -45,7 +47,9 @@ def test_every_event_carries_traceparent_and_a_replay_reads_back_the_same_contex
         with _producer(kafka_bootstrap) as p:
             for i in range(5):  # no span is active: each publish makes its own
                 p.publish(topic, trajectory(i))
-        published = {s.context.trace_id for s in exported.get_finished_spans() if s.name == f"publish {topic}"}
+        published = {
+            s.context.trace_id for s in exported.get_finished_spans() if s.name == f"publish {topic}"
+        }
     assert len(published) == 5
     raw = raw_headers(kafka_bootstrap, topic, 5)
     assert len(raw) == 5 and all(h.get("traceparent", b"").startswith(b"00-") for h in raw), raw
@@ -56,7 +60,9 @@ def test_every_event_carries_traceparent_and_a_replay_reads_back_the_same_contex
     again = {e.value.trajectory_id: e.headers["traceparent"] for e in replayed}
     assert len(first) == 5 and again == first
     assert {int(v.split(b"-")[1], 16) for v in first.values()} == published
-    assert {trace.get_current_span(e.trace_context).get_span_context().trace_id for e in replayed} == published
+    assert {
+        trace.get_current_span(e.trace_context).get_span_context().trace_id for e in replayed
+    } == published
 
 
 def test_a_dead_letter_keeps_the_original_trace_context(
@@ -79,5 +85,7 @@ def test_a_dead_letter_keeps_the_original_trace_context(
     with consumer(kafka_bootstrap, fresh_group + "-dlq", dlq, None) as d:
         (letter,) = collect(d, 1)
     assert letter.value.headers["traceparent"] == original.decode()
-    assert trace.get_current_span(letter.trace_context).get_span_context().trace_id == \
-        episode.get_span_context().trace_id
+    assert (
+        trace.get_current_span(letter.trace_context).get_span_context().trace_id
+        == episode.get_span_context().trace_id
+    )

@@ -120,9 +120,7 @@ def test_tracing_config_from_the_otel_variables() -> None:
     on = TracingConfig.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9999"})
     assert on.enabled and on.endpoint == "http://127.0.0.1:9999"
     assert TracingConfig.from_env({"OTEL_TRACES_EXPORTER": "otlp"}).enabled
-    assert not TracingConfig.from_env(
-        {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}
-    ).enabled
+    assert not TracingConfig.from_env({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}).enabled
     with pytest.raises(ValueError, match="OTEL_TRACES_EXPORTER='zipkin'"):
         TracingConfig.from_env({"OTEL_TRACES_EXPORTER": "zipkin"})
 

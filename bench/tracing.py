@@ -1,0 +1,178 @@
+"""Tracing overhead: quickstart-like rollout throughput with tracing on vs off, in one run.
+
+    .venv/bin/python bench/tracing.py --json
+
+Each round runs E retool episodes (K Python tool steps each) at concurrency C through the real
+path of the quickstart's rollout: the RolloutManager, a `stacx gateway` process running each step
+as `python3 -` in a real sandbox (bubblewrap by default), and trajectory events published to Kafka.
+The policy is an instant scripted one, so the figure is an upper bound: a real model's generate
+time only dilutes the tracing cost. Rounds alternate off / on, each in a fresh process (with
+tracing on, the bench process and its gateway export every span over OTLP to the local Jaeger
+that `stacx infra up` starts); the medians give `tracing_overhead = 1 - on / off` (limit 0.05).
+
+The last line printed is the figure object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+LIMIT = 0.05
+DEFAULT_OTLP = "http://127.0.0.1:4318"
+
+
+def _round(args: argparse.Namespace, tracing: bool) -> dict[str, Any]:
+    """One measured round in this process (the `--worker` mode)."""
+    from infra.telemetry import TracingConfig, setup_tracing, shutdown_tracing
+
+    section = TracingConfig(enabled=tracing, endpoint=args.otlp_endpoint)
+    os.environ.update(section.to_env())  # the gateway process inherits the same setting
+    setup_tracing("bench-rollout", section)
+    try:
+        return asyncio.run(_episodes(args))
+    finally:
+        shutdown_tracing()
+
+
+async def _episodes(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.rollout import _gateway_process, _manager, _policy
+    from rollout.adapters import KafkaTrajectoryPublisher
+    from rollout.gateways import GatewayEnvironments
+    from rollout.models import make_tokenizer
+    from rollout.tokens import HFTokenizer
+    from sandbox.client import SandboxClient
+
+    tokenizer = HFTokenizer(make_tokenizer())
+    policy = _policy(tokenizer, args.steps)
+    owner = f"bench-tracing-{uuid.uuid4().hex[:8]}"
+    with _gateway_process(owner, args.image, args.concurrency * 2, args.backend) as url:
+        config = SandboxClient.Config(
+            base_url=url, token="bench", max_connections=args.concurrency + 16, timeout_s=600
+        )
+        async with SandboxClient(config) as client:
+            manager = _manager(
+                tokenizer, policy, GatewayEnvironments(client), args.episodes, args.concurrency
+            )
+            manager.publisher = KafkaTrajectoryPublisher(bootstrap_servers=args.bootstrap, topic=args.topic)
+            for evaluator in manager.evaluators.values():
+                evaluator.config.episode_timeout_s = 3600
+                evaluator.config.step_timeout_s = 900
+            started = time.perf_counter()
+            summary = await manager.run()
+            wall = time.perf_counter() - started
+            await manager.close()
+    return {
+        "episodes_per_s": summary.num_episodes / wall,
+        "completed": summary.by_status.get("COMPLETED", 0),
+        "episodes": summary.num_episodes,
+    }
+
+
+def _spawn_round(args: argparse.Namespace, tracing: bool) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        "on" if tracing else "off",
+        "--episodes",
+        str(args.episodes),
+        "--steps",
+        str(args.steps),
+        "--concurrency",
+        str(args.concurrency),
+        "--backend",
+        args.backend,
+        "--image",
+        args.image,
+        "--bootstrap",
+        args.bootstrap,
+        "--topic",
+        args.topic,
+        "--otlp-endpoint",
+        args.otlp_endpoint,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench round (tracing {'on' if tracing else 'off'}) failed:\n{proc.stderr[-3000:]}")
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _check_backend(endpoint: str) -> None:
+    import httpx
+
+    try:  # an empty OTLP/HTTP export: 2xx (or 400 for the empty body) means a receiver is there
+        httpx.post(
+            f"{endpoint.rstrip('/')}/v1/traces",
+            content=b"",
+            timeout=5,
+            headers={"Content-Type": "application/x-protobuf"},
+        )
+    except httpx.HTTPError as exc:
+        raise SystemExit(
+            f"no OTLP receiver at {endpoint} ({type(exc).__name__}): start Jaeger with `stacx infra up` "
+            "or pass --otlp-endpoint"
+        ) from exc
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="print only JSON")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per setting (alternating)")
+    parser.add_argument("--episodes", type=int, default=96)
+    parser.add_argument("--steps", type=int, default=2, help="tool steps per episode")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--backend", choices=("docker", "process"), default="process")
+    parser.add_argument("--image", default="stacx/sandbox:bookworm")
+    parser.add_argument("--bootstrap", default=os.environ.get("STACX_KAFKA", "127.0.0.1:9092"))
+    parser.add_argument("--topic", default=f"bench.tracing.{uuid.uuid4().hex[:8]}")
+    parser.add_argument(
+        "--otlp-endpoint", default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", DEFAULT_OTLP)
+    )
+    parser.add_argument("--worker", choices=("on", "off"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(_round(args, args.worker == "on")))
+        return
+    _check_backend(args.otlp_endpoint)
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    for i in range(args.rounds):
+        order = ("off", "on") if i % 2 == 0 else ("on", "off")
+        for mode in order:
+            result = _spawn_round(args, mode == "on")
+            if result["completed"] != result["episodes"]:
+                raise SystemExit(f"round {i} ({mode}): {result}")
+            rates[mode].append(result["episodes_per_s"])
+            if not args.json:
+                print(f"round {i} tracing {mode}: {result['episodes_per_s']:.2f} episodes/s", flush=True)
+    off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
+    overhead = 1.0 - on / off
+    figures = {
+        "episodes_per_s_off": round(off, 2),
+        "episodes_per_s_on": round(on, 2),
+        "rounds_off": [round(r, 2) for r in rates["off"]],
+        "rounds_on": [round(r, 2) for r in rates["on"]],
+        "episodes": args.episodes,
+        "steps_per_episode": args.steps,
+        "concurrency": args.concurrency,
+        "backend": args.backend,
+        "tracing_overhead": round(overhead, 4),
+        "limit": LIMIT,
+        "ok": overhead <= LIMIT,
+    }
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
