@@ -4,7 +4,7 @@ Stage 1 remembers each trajectory event's `traceparent` by group; when the group
 traceparents ride on the internal group event as one header (`stacx-trace-links`, JSON
 trajectory id -> traceparent), so stage 2 (possibly another worker) gets them back. A batch then
 gets an `assembler.batch` span: a child of its first trajectory's context (so that episode's trace
-continues to the trainer step and the weight swap) and *linked* to every trajectory it used. The
+continues to the trainer step and the weight swap) and *linked* to every other trajectory it used. The
 batch event carries that span's context. With tracing off nothing is remembered or made.
 """
 
@@ -88,17 +88,17 @@ class TraceLinks:
         if not tracing_on():
             yield None
             return
-        contexts = [
-            trace.get_current_span(context_from_headers([(TRACEPARENT, p.encode())])) for p in parents
-        ]
-        links = [trace.Link(s.get_span_context()) for s in contexts if s.get_span_context().is_valid]
-        parent_context = context_from_headers([(TRACEPARENT, parents[0].encode())]) if parents else None
+        contexts = [context_from_headers([(TRACEPARENT, p.encode())]) for p in parents]
+        valid = [c for c in contexts if trace.get_current_span(c).get_span_context().is_valid]
+        # the first trajectory is the parent; the others are links (a link to the parent itself
+        # would hide the parent relation in Jaeger, which turns it into FOLLOWS_FROM)
+        links = [trace.Link(trace.get_current_span(c).get_span_context()) for c in valid[1:]]
         attributes: dict[str, Any] = {
             "stacx.batch_id": batch_id,
             "stacx.num_trajectories": len(trajectory_ids),
             "stacx.num_linked": len(links),
         }
         with trace.get_tracer("stacx.assembler").start_as_current_span(
-            "assembler.batch", context=parent_context, links=links, attributes=attributes
+            "assembler.batch", context=valid[0] if valid else None, links=links, attributes=attributes
         ):
             yield trace_headers()
