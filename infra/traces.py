@@ -63,6 +63,23 @@ class Trace:
     def end_us(self) -> int:
         return max(s.start_us + s.duration_us for s in self.spans)
 
+    def without(self, prefixes: tuple[str, ...]) -> Trace:
+        """The trace minus spans whose name starts with one of `prefixes` (their children move up
+        to the nearest kept ancestor)."""
+        by_id = {s.span_id: s for s in self.spans}
+        kept = [s for s in self.spans if not s.name.startswith(prefixes)]
+        for span in kept:
+            parent = by_id.get(span.parent_id or "")
+            while parent is not None and parent.name.startswith(prefixes):
+                parent = by_id.get(parent.parent_id or "")
+            span.parent_id = parent.span_id if parent is not None else span.parent_id
+            span.children = []
+        ids = {s.span_id: s for s in kept}
+        for span in kept:
+            if span.parent_id in ids:
+                ids[span.parent_id].children.append(span)
+        return Trace(trace_id=self.trace_id, spans=kept)
+
     def named(self, name: str) -> list[Span]:
         return [s for s in self.spans if s.name == name]
 
@@ -137,10 +154,10 @@ def fetch_trace(query_url: str, trace_id: str) -> Trace | None:
 
 def find_traces(query_url: str, some_id: str, lookback: str = "24h", limit: int = 20) -> list[str]:
     """Trace ids of spans whose stacx.* id attributes (trajectory, batch, record, group, task) equal
-    `some_id`; a 32-hex trace id is returned as is."""
-    if TRACE_ID.match(some_id):
-        return [some_id]
+    `some_id`; a 32-hex id that names a trace is that trace (trajectory and batch ids look alike)."""
     base = query_url.rstrip("/")
+    if TRACE_ID.match(some_id) and _get(f"{base}/api/traces/{some_id}") is not None:
+        return [some_id]
     services = (_get(f"{base}/api/services") or {}).get("data") or []
     found: list[str] = []
     for service in services:
@@ -216,7 +233,7 @@ def render_waterfall(trace: Trace, path: Path, max_spans: int = 60) -> Path:
             if linked in index:
                 ax.plot([start_ms, start_ms], [index[linked], i], linestyle=":", color="grey", linewidth=0.8)
     ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([f"{'  ' * depth}{span.name}" for depth, span in rows], fontsize=8, family="monospace")
+    ax.set_yticklabels([f"{span.name} {'·' * depth}" for depth, span in rows], fontsize=8, family="monospace")
     ax.invert_yaxis()
     ax.set_xlabel("ms since the trace's first span")
     ax.set_title(f"trace {trace.trace_id} ({len(trace.spans)} spans)", fontsize=9)

@@ -7,12 +7,15 @@ carry it as a `stacx.*` attribute name their traces.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
 DEFAULT_QUERY_URL = "http://127.0.0.1:16686"
+FRAMEWORK_SPANS = ("fastapi.",)
+"""FastAPI's per-request internals (dependencies, endpoint, serialization): noise in a trace view."""
 
 
 def register(subparsers: Any) -> None:
@@ -28,6 +31,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", type=Path, help="waterfall picture, .png or .svg (default: trace-<id>.png)")
     p.add_argument("--no-picture", action="store_true", help="print the tree only")
     p.add_argument(
+        "--all-spans",
+        action="store_true",
+        help="keep the web framework's own spans (fastapi.*), hidden by default",
+    )
+    p.add_argument(
         "--lookback", default="24h", help="how far back to search for an id (Jaeger syntax: 2h, 7d)"
     )
     p.set_defaults(func=_trace)
@@ -36,6 +44,7 @@ def register(subparsers: Any) -> None:
 def _trace(args: argparse.Namespace) -> int:
     from infra.traces import TraceQueryError, fetch_trace, find_traces, render_tree, render_waterfall
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per query otherwise
     try:
         trace_ids = find_traces(args.query_url, args.id.strip(), lookback=args.lookback)
         if not trace_ids:
@@ -53,6 +62,8 @@ def _trace(args: argparse.Namespace) -> int:
     if trace is None:
         print(f"stacx trace: the backend has no trace {trace_ids[0]}", file=sys.stderr)
         return 1
+    if not args.all_spans:
+        trace = trace.without(FRAMEWORK_SPANS)
     print(render_tree(trace))
     if not args.no_picture:
         out = args.out or Path(f"trace-{trace.trace_id}.png")
