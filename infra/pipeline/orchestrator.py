@@ -601,6 +601,9 @@ class Pipeline:
             "num_trajectories": self.metrics.num_trajectories,
             "num_batches": self.metrics.num_batches,
             "reward_curve": self.metrics.reward_curve(),
+            "traces_by_version": {
+                str(v): s.trace_id for v, s in sorted(self.metrics.by_version.items()) if s.trace_id
+            },
             "heldout_curve": [asdict(e) for e in self.metrics.evals],
             "sft_loss": self.metrics.sft_loss[:: max(1, len(self.metrics.sft_loss) // 50)],
             "topics": asdict(self.layout.topics),

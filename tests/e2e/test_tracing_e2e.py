@@ -112,6 +112,7 @@ def test_one_trace_reaches_from_an_episode_to_the_weight_swap(
     report = run_pipeline(spec)
     assert report["status"] == "ok", report["error"]
     run_id = report["run_id"]
+    assert report["traces_by_version"], "the report names no episode trace"
 
     topics = {kind: f"stacx.{kind}.{run_id}" for kind in ("trajectories", "batches", "weights")}
     raw = {kind: _raw_records(kafka_bootstrap, topic) for kind, topic in topics.items()}
