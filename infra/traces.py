@@ -238,7 +238,7 @@ def render_waterfall(trace: Trace, path: Path, max_spans: int = 60) -> Path:
     ax.set_xlabel("ms since the trace's first span")
     ax.set_title(f"trace {trace.trace_id} ({len(trace.spans)} spans)", fontsize=9)
     handles = [plt.Rectangle((0, 0), 1, 1, color=colours[s]) for s in services]
-    ax.legend(handles, services, fontsize=7, loc="lower right")
+    ax.legend(handles, services, fontsize=7, loc="upper right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import inspect
 import logging
 import os
 import secrets
@@ -180,6 +181,14 @@ DRAIN_LIMIT_BYTES = 1 << 30
 """Most of a refused body read (and discarded) before the connection is just closed."""
 
 
+_FRAMEWORK_TELEMETRY: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "operation_spans": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI).parameters
+    else {}
+)
+"""FastAPI versions with built-in telemetry would add their own spans beside `_TraceRequests`'
+(five per request): off."""
+
 _ACTIONS = {
     ("POST", "sessions"): "create",
     ("DELETE", "session"): "close",
@@ -298,6 +307,7 @@ def create_app(
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
+        **_FRAMEWORK_TELEMETRY,
     )
 
     def limit_for(method: str, path: str) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
@@ -198,7 +199,11 @@ async def test_gateway_spans_continue_the_callers_trace_across_the_http_hop(clie
             info = await client.create_session(SessionSpec())
             await client.exec(info.id, "echo hi")
             await client.close_session(info.id)
-        spans = exported.get_finished_spans()
+        for _ in range(100):  # the server thread ends its span just after sending the response
+            spans = exported.get_finished_spans()
+            if "gateway.close" in {s.name for s in spans}:
+                break
+            await asyncio.sleep(0.05)
     by_name = {s.name: s for s in spans}
     assert {"gateway.create", "gateway.exec", "gateway.close"} <= set(by_name), sorted(by_name)
     exec_span = by_name["gateway.exec"]
