@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
-from opentelemetry import propagate
+from opentelemetry import metrics, propagate
 from opentelemetry.trace import SpanKind
 
 from consumers.errors import ConsumerError
@@ -32,6 +32,12 @@ from schemas import topics
 from schemas.records import WeightVersion
 
 __all__ = ["EventSource", "WeightConflictError", "WeightSubscriber", "WeightUpdateError"]
+
+_meter = metrics.get_meter("stacx.weights")
+_SWAP_SECONDS = _meter.create_histogram(
+    "stacx.weights.swap_duration", unit="s", description="load and confirm one weight version on the server"
+)
+_SERVED_VERSION = _meter.create_gauge("stacx.weights.served_version", description="version the server serves")
 
 log = logging.getLogger(__name__)
 
@@ -270,6 +276,7 @@ class WeightSubscriber:
     def apply(self, version: WeightVersion) -> None:
         """Load `version` on the server and confirm it; raises `WeightUpdateError`."""
         expected = str(version.version)
+        started = time.perf_counter()
         if self.server_version() != expected:
             body = {
                 "model_path": version.path,
@@ -288,6 +295,9 @@ class WeightSubscriber:
                     f"server reports weight_version {reported!r} after loading v{expected}"
                 )
         self.applied = version
+        labels = {"model_name": version.model_name}
+        _SWAP_SECONDS.record(time.perf_counter() - started, labels)
+        _SERVED_VERSION.set(version.version, labels)
         log.info(
             "server %s now serves %s v%s (%s)",
             self.config.server_url,

@@ -15,10 +15,11 @@ import atexit
 import logging
 import os
 from collections.abc import Mapping
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["TracingConfig", "setup_tracing", "shutdown_tracing"]
+__all__ = ["MetricsConfig", "TracingConfig", "setup_metrics", "setup_tracing", "shutdown_tracing"]
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +42,24 @@ class TracingConfig(BaseModel):
     """Fraction of traces kept (parent-based: a trace is kept or dropped as a whole)."""
     export_delay_ms: int = Field(default=1000, ge=10)
     """Longest time a finished span waits in the batch before it is exported."""
+    metrics: Literal["none", "prometheus", "otlp"] = "none"
+    """OpenTelemetry metrics of every service (episodes, staleness, tokens, batches, step time, swap
+    latency): a Prometheus scrape endpoint per service, or OTLP to `endpoint`."""
+    metrics_port: int = Field(default=9464, ge=1, le=65535)
+    """With `prometheus`: the first service's scrape port on 127.0.0.1; the next ones count up."""
 
-    def to_env(self) -> dict[str, str]:
-        """The standard OTEL_* variables that carry this section to a service process."""
+    def to_env(self, service_index: int = 0) -> dict[str, str]:
+        """The standard OTEL_* variables that carry this section to a service process (the
+        `service_index`-th of the pipeline: its Prometheus port)."""
+        env: dict[str, str] = {"OTEL_METRICS_EXPORTER": self.metrics}
+        if self.metrics != "none":
+            env["OTEL_EXPORTER_OTLP_ENDPOINT"] = self.endpoint
+        if self.metrics == "prometheus":
+            env["OTEL_EXPORTER_PROMETHEUS_HOST"] = "127.0.0.1"
+            env["OTEL_EXPORTER_PROMETHEUS_PORT"] = str(self.metrics_port + service_index)
         if not self.enabled:
-            return {"OTEL_TRACES_EXPORTER": "none"}
-        return {
+            return {**env, "OTEL_TRACES_EXPORTER": "none"}
+        return env | {
             "OTEL_TRACES_EXPORTER": "otlp",
             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
             "OTEL_EXPORTER_OTLP_ENDPOINT": self.endpoint,
@@ -119,3 +132,82 @@ def shutdown_tracing() -> None:
             provider.shutdown()  # type: ignore[attr-defined]
         except Exception as exc:  # a backend gone at exit must not turn a clean exit into a crash
             log.warning("tracing shutdown: %s", exc)
+
+
+class MetricsConfig(BaseModel):
+    """What the standard variables ask for: OTEL_METRICS_EXPORTER=prometheus (scrape endpoint on
+    OTEL_EXPORTER_PROMETHEUS_HOST:PORT, default 127.0.0.1:9464) or otlp (to the OTLP endpoint)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    exporter: Literal["none", "prometheus", "otlp"] = "none"
+    host: str = "127.0.0.1"
+    port: int = 9464
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> MetricsConfig:
+        env = os.environ if env is None else env
+        exporter = env.get("OTEL_METRICS_EXPORTER", "none").strip().lower() or "none"
+        if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+            exporter = "none"
+        if exporter not in {"none", "prometheus", "otlp"}:
+            raise ValueError(
+                f"OTEL_METRICS_EXPORTER={exporter!r}: stacx services export `prometheus`, `otlp` or `none`"
+            )
+        port = env.get("OTEL_EXPORTER_PROMETHEUS_PORT", "9464")
+        if not port.isdigit():
+            raise ValueError(f"OTEL_EXPORTER_PROMETHEUS_PORT={port!r}: give a port number")
+        return cls.model_validate(
+            {
+                "exporter": exporter,
+                "host": env.get("OTEL_EXPORTER_PROMETHEUS_HOST", "127.0.0.1"),
+                "port": int(port),
+            }
+        )
+
+
+def setup_metrics(service: str, config: MetricsConfig | None = None) -> str | None:
+    """Install a MeterProvider for `service` when metrics are asked for; where they go, or None."""
+    config = config if config is not None else MetricsConfig.from_env()
+    if config.exporter == "none" or _metrics_installed:
+        return None
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+
+    resource = Resource.create(
+        {
+            "service.name": os.environ.get("OTEL_SERVICE_NAME") or f"stacx-{service}",
+            "service.namespace": "stacx",
+        }
+    )
+    reader: MetricReader
+    if config.exporter == "prometheus":
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import start_http_server
+
+        start_http_server(config.port, addr=config.host)
+        reader = PrometheusMetricReader()
+        where = f"http://{config.host}:{config.port}/metrics"
+    else:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+        reader = PeriodicExportingMetricReader(OTLPMetricExporter())
+        where = "OTLP"
+    provider = MeterProvider(resource=resource, metric_readers=[reader])
+    metrics.set_meter_provider(provider)
+    _metrics_installed.append(provider)
+    atexit.register(provider.shutdown)
+    log.info("metrics on: service %s at %s", service, where)
+    return where
+
+
+_metrics_installed: list[object] = []
+
+
+def setup_rank(service: str) -> None:
+    """In a spawned trainer rank: tracing, and metrics on rank 0 (the one that records them)."""
+    setup_tracing(service)
+    if os.environ.get("RANK", "0") == "0":
+        setup_metrics(service)

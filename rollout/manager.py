@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry import metrics
+
 from producers.tracing import span
 from rollout.errors import ConfigError
 from rollout.evaluator import Evaluator
@@ -28,6 +30,13 @@ from rollout.scheduler import TaskScheduler
 from schemas.records import Trajectory, TrajectoryStatus, trajectory_id
 
 __all__ = ["RolloutManager", "RolloutSummary"]
+
+_meter = metrics.get_meter("stacx.rollout")
+_EPISODES = _meter.create_counter("stacx.rollout.episodes", unit="{episode}", description="finished episodes")
+_STALENESS = _meter.create_histogram(
+    "stacx.rollout.staleness", unit="{version}", description="policy versions an episode is behind at its end"
+)
+_TOKENS = _meter.create_counter("stacx.rollout.generated_tokens", unit="{token}", description="model tokens")
 
 log = logging.getLogger(__name__)
 
@@ -472,6 +481,9 @@ class RolloutManager:
         await self._sample_done(group, ok=True)
 
     def _record(self, trajectory: Trajectory) -> None:
+        _EPISODES.add(1, {"status": trajectory.status.value, "task_type": trajectory.task_type})
+        _STALENESS.record(max(0, self.policy_version() - trajectory.policy_version))
+        _TOKENS.add(int(trajectory.loss_mask.sum()) if len(trajectory.loss_mask) else 0)
         summary = self.summary
         summary.num_episodes += 1
         summary.by_status[trajectory.status.value] = summary.by_status.get(trajectory.status.value, 0) + 1

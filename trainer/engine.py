@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from opentelemetry import metrics as otel_metrics
 
 from schemas.records import TrainingBatch, WeightVersion
 from trainer.backends import Backend, build_backend
@@ -42,6 +44,12 @@ from trainer.sources import build_source
 from trainer.workers import ModelWorker, RoleWorker, build_optimizer
 
 __all__ = ["StacxTrainer", "StepResult", "merge_metrics"]
+
+_meter = otel_metrics.get_meter("stacx.trainer")
+_STEP_SECONDS = _meter.create_histogram("stacx.trainer.step_duration", unit="s",
+                                        description="one optimizer step")
+_TRAINED_TOKENS = _meter.create_counter("stacx.trainer.tokens", unit="{token}",
+                                        description="tokens trained on")
 
 log = logging.getLogger(__name__)
 
@@ -259,6 +267,7 @@ class StacxTrainer:
     def train_step(self, record: TrainingBatch,
                    position: tuple[str, int] | None = None) -> StepResult:
         """One optimizer step on `record` (all ranks), then export/publish and checkpoint/commit."""
+        started = time.perf_counter()
         full = to_tensor_batch(record)
         loss, metrics = self._forward_backward(full)
         self._optimizer_step()
@@ -271,6 +280,8 @@ class StacxTrainer:
         if self.is_leader:
             log.info("step %d batch %s loss %.5f tokens %d", result.step, record.batch_id, loss,
                      result.num_tokens)
+            _STEP_SECONDS.record(time.perf_counter() - started, {"recipe": self.config.recipe})
+            _TRAINED_TOKENS.add(result.num_tokens, {"recipe": self.config.recipe})
         exporting = self._export_due()
         if self.checkpoints is not None and (exporting or self._checkpoint_due()):
             self._checkpoint()  # covers the version about to be announced

@@ -28,6 +28,7 @@ from typing import Any
 import faust
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
+from opentelemetry import metrics
 
 from consumers.assembly.batching import BatchBuilder, RejectedGroup
 from consumers.assembly.claims import BatchEncoder, decode_trajectory
@@ -54,6 +55,12 @@ __all__ = [
     "topic_partitions",
     "topic_retention_ms",
 ]
+
+_meter = metrics.get_meter("stacx.assembler")
+_BATCHES = _meter.create_counter("stacx.assembler.batches", unit="{batch}", description="batches emitted")
+_BATCHED_TRAJECTORIES = _meter.create_counter(
+    "stacx.assembler.batched_trajectories", unit="{trajectory}", description="trajectories in batches"
+)
 
 log = logging.getLogger(__name__)
 
@@ -259,6 +266,8 @@ class AssemblerApp:
         return letters + [self._batch_output(b) for b in batches]
 
     def _batch_output(self, batch: Any) -> Output:
+        _BATCHES.add(1)
+        _BATCHED_TRAJECTORIES.add(len(batch.trajectory_ids))
         with self.trace_links.batch_span(batch.batch_id, batch.trajectory_ids) as headers:
             return Output(self.config.batches_topic, batch.batch_id.encode(), self.encoder.encode(batch),
                           headers=headers)

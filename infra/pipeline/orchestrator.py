@@ -492,7 +492,7 @@ class Pipeline:
         spec.env.setdefault(TOKEN_ENV, self._token)
         spec.env.setdefault("STACX_RUN_ID", self.layout.run_id)  # finds the run's processes
         if self.cfg.tracing is not None:  # one section turns tracing on (or off) everywhere
-            for name, value in self.cfg.tracing.to_env().items():
+            for name, value in self.cfg.tracing.to_env(len(self.services)).items():
                 spec.env.setdefault(name, value)
         service = ServiceProcess(spec, self.layout.logs_dir).start()
         self.services[spec.name] = service

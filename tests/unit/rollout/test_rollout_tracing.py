@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from opentelemetry import trace
 from test_rollout_manager import _manager, _tasks
-from tracing_fixtures import in_memory_tracing
+from tracing_fixtures import in_memory_metrics, in_memory_tracing, metric_points
 
 from producers.tracing import tracing_on
 
@@ -39,3 +39,14 @@ async def test_episodes_record_nothing_while_tracing_is_off() -> None:
     manager = _manager(_tasks(1))
     await manager.run()
     assert len(manager.publisher.published) == 1
+
+
+async def test_the_rollout_counts_episodes_tokens_and_staleness() -> None:
+    with in_memory_metrics() as reader:
+        manager = _manager(_tasks(3), samples=2)
+        await manager.run()
+        points = metric_points(reader)
+    assert sum(p.value for p in points["stacx.rollout.episodes"]) == 6
+    assert {p.attributes["status"] for p in points["stacx.rollout.episodes"]} == {"COMPLETED"}
+    assert sum(p.count for p in points["stacx.rollout.staleness"]) == 6
+    assert sum(p.value for p in points["stacx.rollout.generated_tokens"]) > 0
