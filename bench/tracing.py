@@ -3,10 +3,12 @@
     .venv/bin/python bench/tracing.py --json
 
 Each round runs E retool episodes (K Python tool steps each) at concurrency C through the real
-path of the quickstart's rollout: the RolloutManager, a `stacx gateway` process running each step
-as `python3 -` in a real sandbox (bubblewrap by default), and trajectory events published to Kafka.
-The policy is an instant scripted one, so the figure is an upper bound: a real model's generate
-time only dilutes the tracing cost. Rounds alternate off / on, each in a fresh process (with
+path of the quickstart's rollout: the RolloutManager; every model turn a `/generate` call to a
+`stacx serve` process with the quickstart's tiny model (its tokens are then replaced by the scripted
+tool call or answer, so that every episode runs its K tool steps: a freshly made model calls no
+tools); a `stacx gateway` process running each step as `python3 -` in a real sandbox (bubblewrap by
+default); trajectory events published to Kafka. `--policy scripted` drops the model calls (an upper
+bound of the cost). Rounds alternate off / on, each in a fresh process (with
 tracing on, the bench process and its gateway export every span over OTLP to the local Jaeger
 that `stacx infra up` starts).
 
@@ -25,13 +27,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +45,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 LIMIT = 0.05
 DEFAULT_OTLP = "http://127.0.0.1:4318"
+EXPORT_SETTLE_S = 2.0
+"""Longer than the services' export delay (1 s): their buffered spans are exported by then."""
 
 
 def _round(args: argparse.Namespace, tracing: bool) -> dict[str, Any]:
     """One measured round in this process (the `--worker` mode)."""
     from infra.telemetry import TracingConfig, setup_tracing, shutdown_tracing
 
-    section = TracingConfig(enabled=tracing, endpoint=args.otlp_endpoint)
+    section = TracingConfig(enabled=tracing, endpoint=args.otlp_endpoint, sample_ratio=args.sample_ratio)
     os.environ.update(section.to_env())  # the gateway process inherits the same setting
     setup_tracing("bench-rollout", section)
     try:
@@ -76,24 +84,36 @@ async def _episodes(args: argparse.Namespace) -> dict[str, Any]:
         "--backend",
         args.backend,
     )
-    with gateway_process(*gateway_args, token="bench") as (url, gateway):
+    with gateway_process(*gateway_args, token="bench") as (url, gateway), _server(args) as server:
+        if server is not None:
+            policy = ServedPolicy(policy, server[0])  # type: ignore[assignment]
+        pids = [gateway.pid] + ([server[1]] if server is not None else [])
         config = SandboxClient.Config(
             base_url=url, token="bench", max_connections=args.concurrency + 16, timeout_s=600
         )
         async with SandboxClient(config) as client:
-            manager = _manager(
-                tokenizer, policy, GatewayEnvironments(client), args.episodes, args.concurrency
-            )
-            manager.publisher = KafkaTrajectoryPublisher(bootstrap_servers=args.bootstrap, topic=args.topic)
-            for evaluator in manager.evaluators.values():
-                evaluator.config.episode_timeout_s = 3600
-                evaluator.config.step_timeout_s = 900
-            cpu_before = _cpu_s(gateway.pid)
+            publisher = KafkaTrajectoryPublisher(bootstrap_servers=args.bootstrap, topic=args.topic)
+
+            def manager_of(episodes: int) -> Any:
+                manager = _manager(tokenizer, policy, GatewayEnvironments(client), episodes, args.concurrency)
+                manager.publisher = publisher
+                for evaluator in manager.evaluators.values():
+                    evaluator.config.episode_timeout_s = 3600
+                    evaluator.config.step_timeout_s = 900
+                return manager
+
+            # warm-up: one-off costs (connections, lazy imports, the exporter's first export)
+            # stay out of the measurement, in both settings
+            await manager_of(args.concurrency).run()
+            await asyncio.sleep(EXPORT_SETTLE_S)
+            cpu_before = _cpu_s(pids)
             started = time.perf_counter()
-            summary = await manager.run()
+            summary = await manager_of(args.episodes).run()
             wall = time.perf_counter() - started
-            cpu = _cpu_s(gateway.pid) - cpu_before
-            await manager.close()
+            _flush_spans()  # the spans of the measured episodes are exported inside the window
+            await asyncio.sleep(EXPORT_SETTLE_S)  # and the gateway's and the server's too
+            cpu = _cpu_s(pids) - cpu_before
+            await publisher.close()
     return {
         "episodes_per_s": summary.num_episodes / wall,
         "cpu_s_per_episode": cpu / max(1, summary.num_episodes),
@@ -102,14 +122,79 @@ async def _episodes(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _cpu_s(gateway_pid: int) -> float:
+def _flush_spans() -> None:
+    from opentelemetry import trace
+
+    flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+    if flush is not None:
+        flush()
+
+
+def _cpu_s(pids: list[int]) -> float:
     """CPU seconds used so far by this process (its threads: the engine, the producer, the span
-    exporter), the gateway and the sandboxes it has reaped."""
+    exporter), the gateway with the sandboxes it has reaped, and the inference server."""
     import psutil
 
     own = psutil.Process().cpu_times()
-    gw = psutil.Process(gateway_pid).cpu_times()
-    return own.user + own.system + gw.user + gw.system + gw.children_user + gw.children_system
+    total = own.user + own.system
+    for pid in pids:
+        t = psutil.Process(pid).cpu_times()
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+class ServedPolicy:
+    """A real model call per turn (the served tiny model, same context and length), answered with
+    the scripted turn: the inference work of the quickstart with its tool steps guaranteed."""
+
+    def __init__(self, scripted: Any, client: Any) -> None:
+        self.scripted, self.client = scripted, client
+
+    async def generate(self, input_ids: Any, params: Any) -> Any:
+        from rollout.inference.sampling import SamplingParams
+
+        turn = await self.scripted.generate(input_ids, params)
+        n = len(turn.output_ids)
+        await self.client.generate(list(input_ids), SamplingParams(max_new_tokens=n, min_new_tokens=n))
+        return turn
+
+
+@contextlib.contextmanager
+def _server(args: argparse.Namespace) -> Iterator[tuple[Any, int] | None]:
+    """`stacx serve` with the quickstart's tiny model (None with --policy scripted)."""
+    if args.policy == "scripted":
+        yield None
+        return
+    import httpx
+
+    from rollout.inference.client import InferenceClient
+    from rollout.models import make_tiny_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = make_tiny_model(Path(tmp) / "tiny", seed=0)
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        stacx = Path(sys.executable).with_name("stacx")
+        cmd = [str(stacx), "serve", "--model", str(model), "--port", str(port), "--threads", "1"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                try:
+                    if httpx.get(f"{url}/health", timeout=2).is_success:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if proc.poll() is not None:
+                    raise SystemExit(f"stacx serve exited with {proc.returncode}")
+                time.sleep(0.5)
+            client = InferenceClient(InferenceClient.Config(base_url=url, timeout_s=600))
+            yield client, proc.pid
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
 
 
 def _spawn_round(args: argparse.Namespace, tracing: bool) -> dict[str, Any]:
@@ -126,6 +211,8 @@ def _spawn_round(args: argparse.Namespace, tracing: bool) -> dict[str, Any]:
         str(args.concurrency),
         "--backend",
         args.backend,
+        "--policy",
+        args.policy,
         "--image",
         args.image,
         "--bootstrap",
@@ -166,6 +253,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="tool steps per episode")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--backend", choices=("docker", "process"), default="process")
+    parser.add_argument(
+        "--policy",
+        choices=("served", "scripted"),
+        default="served",
+        help="served: a real call to the quickstart's tiny model per turn",
+    )
     parser.add_argument("--image", default="stacx/sandbox:bookworm")
     parser.add_argument("--bootstrap", default=os.environ.get("STACX_KAFKA", "127.0.0.1:9092"))
     parser.add_argument("--topic", default=f"bench.tracing.{uuid.uuid4().hex[:8]}")
@@ -209,6 +302,7 @@ def main() -> None:
         "steps_per_episode": args.steps,
         "concurrency": args.concurrency,
         "backend": args.backend,
+        "policy": args.policy,
         "tracing_overhead": round(overhead, 4),
         "limit": LIMIT,
         "ok": overhead <= LIMIT,
