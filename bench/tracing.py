@@ -213,6 +213,8 @@ def _spawn_round(args: argparse.Namespace, tracing: bool) -> dict[str, Any]:
         args.backend,
         "--policy",
         args.policy,
+        "--sample-ratio",
+        str(args.sample_ratio),
         "--image",
         args.image,
         "--bootstrap",
@@ -259,6 +261,7 @@ def main() -> None:
         default="served",
         help="served: a real call to the quickstart's tiny model per turn",
     )
+    parser.add_argument("--sample-ratio", type=float, default=1.0, help="traces kept with tracing on")
     parser.add_argument("--image", default="stacx/sandbox:bookworm")
     parser.add_argument("--bootstrap", default=os.environ.get("STACX_KAFKA", "127.0.0.1:9092"))
     parser.add_argument("--topic", default=f"bench.tracing.{uuid.uuid4().hex[:8]}")
@@ -303,6 +306,7 @@ def main() -> None:
         "concurrency": args.concurrency,
         "backend": args.backend,
         "policy": args.policy,
+        "sample_ratio": args.sample_ratio,
         "tracing_overhead": round(overhead, 4),
         "limit": LIMIT,
         "ok": overhead <= LIMIT,
