@@ -112,11 +112,15 @@ async def _episodes(args: argparse.Namespace) -> dict[str, Any]:
             wall = time.perf_counter() - started
             _flush_spans()  # the spans of the measured episodes are exported inside the window
             await asyncio.sleep(EXPORT_SETTLE_S)  # and the gateway's and the server's too
-            cpu = _cpu_s(pids) - cpu_before
+            parts = [b - a for a, b in zip(cpu_before, _cpu_s(pids), strict=True)]
             await publisher.close()
     return {
         "episodes_per_s": summary.num_episodes / wall,
-        "cpu_s_per_episode": cpu / max(1, summary.num_episodes),
+        "cpu_s_per_episode": sum(parts) / max(1, summary.num_episodes),
+        "cpu_ms_per_episode_by_process": {
+            name: round(part * 1000 / max(1, summary.num_episodes), 2)
+            for name, part in zip(("rollout", "gateway", "server"), parts, strict=False)
+        },
         "completed": summary.by_status.get("COMPLETED", 0),
         "episodes": summary.num_episodes,
     }
@@ -130,17 +134,17 @@ def _flush_spans() -> None:
         flush()
 
 
-def _cpu_s(pids: list[int]) -> float:
+def _cpu_s(pids: list[int]) -> list[float]:
     """CPU seconds used so far by this process (its threads: the engine, the producer, the span
     exporter), the gateway with the sandboxes it has reaped, and the inference server."""
     import psutil
 
     own = psutil.Process().cpu_times()
-    total = own.user + own.system
+    parts = [own.user + own.system]
     for pid in pids:
         t = psutil.Process(pid).cpu_times()
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
+        parts.append(t.user + t.system + t.children_user + t.children_system)
+    return parts
 
 
 class ServedPolicy:
@@ -287,7 +291,8 @@ def main() -> None:
             if not args.json:
                 print(
                     f"round {i} tracing {mode}: {result['episodes_per_s']:.2f} episodes/s, "
-                    f"{result['cpu_s_per_episode'] * 1000:.1f} CPU ms/episode",
+                    f"{result['cpu_s_per_episode'] * 1000:.1f} CPU ms/episode "
+                    f"{result['cpu_ms_per_episode_by_process']}",
                     flush=True,
                 )
     cpu_off, cpu_on = statistics.median(cpu["off"]), statistics.median(cpu["on"])
