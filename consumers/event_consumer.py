@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -365,7 +365,9 @@ class EventConsumer:
         log.warning("event %s -> DLQ %s: %s", where, self.config.dlq_topic,
                     letter.reason if known else exc)
         self._dlq_sent.append(
-            self._dlq_producer().publish(self.config.dlq_topic, letter, key=letter.key)
+            self._dlq_producer().publish(
+                self.config.dlq_topic, letter, key=letter.key, headers=_trace_of(letter.headers)
+            )
         )
 
     def _dlq_producer(self) -> EventProducer:
@@ -430,6 +432,15 @@ class EventConsumer:
             "isolation.level": "read_committed",
             **config.kafka,
         }
+
+
+_TRACE_HEADERS = ("traceparent", "tracestate", "baggage")
+
+
+def _trace_of(headers: Mapping[str, str]) -> dict[str, str] | None:
+    """The original event's trace context, carried on by its dead letter's own Kafka headers."""
+    kept = {k: headers[k] for k in _TRACE_HEADERS if k in headers}
+    return kept or None
 
 
 def _text_headers(headers: Iterable[tuple[str, bytes | None]]) -> dict[str, str]:

@@ -18,17 +18,27 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httpx
+from opentelemetry import metrics, propagate
+from opentelemetry.trace import SpanKind
 
 from consumers.errors import ConsumerError
+from producers.tracing import context_from_headers, span, tracing_on
 from schemas import topics
 from schemas.records import WeightVersion
 
 __all__ = ["EventSource", "WeightConflictError", "WeightSubscriber", "WeightUpdateError", "subscriber_group"]
+
+_meter = metrics.get_meter("stacx.weights")
+_SWAP_SECONDS = _meter.create_histogram(
+    "stacx.weights.swap_duration", unit="s", description="load and confirm one weight version on the server"
+)
+_SERVED_VERSION = _meter.create_gauge("stacx.weights.served_version", description="version the server serves")
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +121,8 @@ class WeightSubscriber:
         self._owns_source = source is None
         self._source = source if source is not None else self._default_source()
         self._http = httpx.Client(
-            base_url=config.server_url, timeout=config.request_timeout_s, transport=transport
+            base_url=config.server_url, timeout=config.request_timeout_s, transport=transport,
+            event_hooks={"request": [_inject_trace_context]},
         )
         self.applied: WeightVersion | None = None
         """Latest version confirmed on the server."""
@@ -143,13 +154,14 @@ class WeightSubscriber:
     def catch_up(self) -> WeightVersion | None:
         """Read the topic to its end and apply only the newest version of our model."""
         latest: WeightVersion | None = None
+        latest_event: Any = None
         deadline = time.monotonic() + self.config.catch_up_timeout_s
         while time.monotonic() < deadline:
             event = self._source.poll(0.5)
             if event is not None:
                 if self._guarded(self._check_content, event.value) and \
                         self._is_newer(event.value, latest):
-                    latest = event.value
+                    latest, latest_event = event.value, event
                 continue
             if self._source.assignment() and self._source.total_lag() == 0:
                 break
@@ -160,7 +172,8 @@ class WeightSubscriber:
                 self.config.catch_up_timeout_s,
             )
         if latest is not None and self._is_newer(latest, self.applied):
-            self.apply(latest)
+            with self._swap_span(latest_event):
+                self.apply(latest)
         self._commit()
         return self.applied
 
@@ -187,7 +200,8 @@ class WeightSubscriber:
                 stop.wait(poll_timeout_s)
                 continue
             if event is not None:
-                self._guarded(self.handle, event.value)
+                with self._swap_span(event):
+                    self._guarded(self.handle, event.value)
                 self._commit(event)
             if self._source.assignment():
                 assigned_at = time.monotonic()
@@ -224,6 +238,21 @@ class WeightSubscriber:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+    def _swap_span(self, event: Any) -> AbstractContextManager[Any]:
+        """A `weights.swap` span continuing the weight event's trace (the trainer step that
+        published it); the server's own update span joins it over HTTP."""
+        record = getattr(event, "value", None)
+        if not tracing_on() or not isinstance(record, WeightVersion):
+            return nullcontext()
+        if not self._is_newer(record, self.applied):
+            return nullcontext()
+        return span(
+            "stacx.weights", "weights.swap", kind=SpanKind.CONSUMER,
+            context=context_from_headers(getattr(event, "headers", None)),
+            attributes={"stacx.model_name": record.model_name, "stacx.weight_version": record.version,
+                        "stacx.server_url": self.config.server_url},
+        )
 
     def _is_newer(self, record: Any, than: WeightVersion | None) -> bool:
         if not isinstance(record, WeightVersion) or record.model_name != self.config.model_name:
@@ -265,6 +294,7 @@ class WeightSubscriber:
     def apply(self, version: WeightVersion) -> None:
         """Load `version` on the server and confirm it; raises `WeightUpdateError`."""
         expected = str(version.version)
+        started = time.perf_counter()
         if self.server_version() != expected:
             body = {
                 "model_path": version.path,
@@ -283,6 +313,9 @@ class WeightSubscriber:
                     f"server reports weight_version {reported!r} after loading v{expected}"
                 )
         self.applied = version
+        labels = {"model_name": version.model_name}
+        _SWAP_SECONDS.record(time.perf_counter() - started, labels)
+        _SERVED_VERSION.set(version.version, labels)
         log.info(
             "server %s now serves %s v%s (%s)",
             self.config.server_url,
@@ -320,6 +353,11 @@ def subscriber_group(model_name: str, server_url: str) -> str:
     find it (`stacx topics describe`, kafka-consumer-groups.sh), the same after a restart."""
     port = urlsplit(server_url).port or 0
     return f"stacx-weights-{model_name}-{socket.gethostname()}-{port}"
+
+
+def _inject_trace_context(request: httpx.Request) -> None:
+    """W3C `traceparent` of the swap span on the server's update call."""
+    propagate.inject(request.headers)
 
 
 def _json_body(response: httpx.Response, method: str, path: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import sys
 from typing import Any
 
 from infra import commands
+from infra.telemetry import setup_metrics, setup_tracing
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +57,13 @@ def _stopping_signal() -> signal.Signals:
 
 def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        setup_tracing(str(args.command))
+        if args.command != "train":  # the trainer sets them up in the rank that records them
+            setup_metrics(str(args.command))
+    except ValueError as exc:  # a bad OTEL_* variable: one line naming it
+        print(f"stacx {args.command}: {exc}", file=sys.stderr, flush=True)
+        return 2
     try:
         return int(args.func(args))
     except KeyboardInterrupt:

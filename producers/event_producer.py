@@ -15,7 +15,7 @@ from typing import Any
 
 from producers.blobs import DEFAULT_BLOB_ENV, FsspecBlobStore, default_blob_url, is_local_url
 from producers.errors import DeliveryError, ProducerClosedError
-from producers.tracing import trace_headers
+from producers.tracing import TRACEPARENT, publish_span, trace_headers
 from schemas import topics
 from schemas.catalogue import SchemaCatalogue
 from schemas.claimcheck import ClaimCheck
@@ -214,7 +214,8 @@ class EventProducer:
     ) -> Future[Delivery]:
         future: Future[Delivery] = Future()
         callback = functools.partial(_on_delivery, future, rid)
-        kafka_headers = self._headers(headers)
+        with publish_span(topic, rid):
+            kafka_headers = self._headers(headers)
         while True:
             try:
                 if kafka_headers:
@@ -230,10 +231,13 @@ class EventProducer:
                 return future
 
     def _headers(self, headers: Headers) -> list[tuple[str, str | bytes | None]] | None:
-        out: list[tuple[str, str | bytes | None]] = [*trace_headers()] if self.config.trace_context else []
-        if headers:
-            out += [(k, v.encode() if isinstance(v, str) else v) for k, v in headers.items()]
-        return out or None
+        """The caller's headers, plus the current trace context unless they carry one already
+        (a dead letter or a re-published event keeps its original trace)."""
+        given = [(k, v.encode() if isinstance(v, str) else v) for k, v in (headers or {}).items()]
+        out: list[tuple[str, str | bytes | None]] = []
+        if self.config.trace_context and not any(k == TRACEPARENT for k, _ in given):
+            out += trace_headers()
+        return (out + given) or None
 
     def _poll_loop(self) -> None:
         while not self._closed.is_set():

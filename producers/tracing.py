@@ -1,13 +1,36 @@
-"""W3C trace context in Kafka headers (OpenTelemetry's configured propagator, tracecontext by default)."""
+"""W3C trace context in Kafka headers (OpenTelemetry's configured propagator, tracecontext by default).
+
+Library code uses only the OpenTelemetry API; a service's entry point installs the SDK (see
+`infra/telemetry.py`). Until it does, `tracing_on()` is False and every helper here is a no-op: no
+span is made and no header is written.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 
-__all__ = ["context_from_headers", "trace_headers"]
+__all__ = [
+    "TRACEPARENT",
+    "context_from_headers",
+    "link_from_headers",
+    "publish_span",
+    "span",
+    "trace_headers",
+    "tracing_on",
+]
+
+TRACEPARENT = "traceparent"
+
+
+def tracing_on() -> bool:
+    """True once a service installed a recording TracerProvider (the SDK's)."""
+    provider = trace.get_tracer_provider()
+    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
 
 
 def trace_headers() -> list[tuple[str, bytes]]:
@@ -19,8 +42,60 @@ def trace_headers() -> list[tuple[str, bytes]]:
     return [(k, v.encode()) for k, v in carrier.items()]
 
 
+@contextmanager
+def publish_span(topic: str, record_id: str = "") -> Iterator[None]:
+    """A PRODUCER span `publish <topic>` (child of the current span, else a new trace) while an
+    event is handed to Kafka, so that every event carries a trace context when tracing is on.
+    Nothing at all when tracing is off."""
+    if not tracing_on():
+        yield
+        return
+    attributes: dict[str, Any] = {
+        "messaging.system": "kafka",
+        "messaging.operation.type": "publish",
+        "messaging.destination.name": topic,
+    }
+    if record_id:
+        attributes["stacx.record_id"] = record_id
+    with trace.get_tracer("stacx.producers").start_as_current_span(
+        f"publish {topic}", kind=trace.SpanKind.PRODUCER, attributes=attributes
+    ):
+        yield
+
+
+@contextmanager
+def span(
+    tracer: str,
+    name: str,
+    *,
+    kind: trace.SpanKind = trace.SpanKind.INTERNAL,
+    attributes: Mapping[str, Any] | None = None,
+    context: Context | None = None,
+    links: Sequence[trace.Link] | None = None,
+) -> Iterator[trace.Span | None]:
+    """`start_as_current_span` when tracing is on (yields the span), nothing at all when it is off
+    (yields None): hot paths pay one check."""
+    if not tracing_on():
+        yield None
+        return
+    with trace.get_tracer(tracer).start_as_current_span(
+        name, context=context, kind=kind, attributes=attributes, links=links
+    ) as current:
+        yield current
+
+
 def context_from_headers(headers: Mapping[str, bytes] | Iterable[tuple[str, bytes]] | None) -> Context:
     """The OpenTelemetry context carried by Kafka headers (empty context if none)."""
     items = headers.items() if isinstance(headers, Mapping) else (headers or ())
     carrier = {k: v.decode("utf-8", "replace") for k, v in items if v is not None}
     return propagate.extract(carrier)
+
+
+def link_from_headers(
+    headers: Mapping[str, bytes] | Iterable[tuple[str, bytes]] | None, **attributes: Any
+) -> trace.Link | None:
+    """A span link to the span whose context the headers carry (None when they carry none)."""
+    context = trace.get_current_span(context_from_headers(headers)).get_span_context()
+    if not context.is_valid:
+        return None
+    return trace.Link(context, attributes or None)

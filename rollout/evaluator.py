@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from opentelemetry.trace import SpanKind
 
+from producers.tracing import span
 from rollout.blackbox.adapter import EpisodeSpec, build_external, is_external
 from rollout.blackbox.join import external_metadata, join_calls
 from rollout.blackbox.runner import ScaffoldOutputError, ScaffoldRunner, gateway_endpoint
@@ -366,13 +368,17 @@ class Evaluator:
         )
         started = time.perf_counter()
         async with self.global_pool.lease(self.demand.generate):
-            try:
-                client = episode.inference or self.inference
-                generation = await client.generate(list(episode.buffer.ids), params)
-            except EpisodeError:
-                raise
-            except Exception as exc:
-                raise InferenceCallError(f"generate failed: {type(exc).__name__}: {exc}") from exc
+            with span("stacx.rollout", f"text_completion {self.model_name}", kind=SpanKind.CLIENT,
+                      attributes=self._generate_attributes(params, len(episode.buffer))) as sp:
+                try:
+                    client = episode.inference or self.inference
+                    generation = await client.generate(list(episode.buffer.ids), params)
+                except EpisodeError:
+                    raise
+                except Exception as exc:
+                    raise InferenceCallError(f"generate failed: {type(exc).__name__}: {exc}") from exc
+                if sp is not None:
+                    sp.set_attributes(_usage_attributes(generation))
         self.stats.generate_s += time.perf_counter() - started
         if len(generation.output_ids) != len(generation.logprobs):
             raise InferenceCallError(
@@ -380,6 +386,18 @@ class Evaluator:
             )
         episode.buffer.add_generated(generation.output_ids, generation.logprobs)
         return generation
+
+    def _generate_attributes(self, params: SamplingParams, prompt_tokens: int) -> dict[str, Any]:
+        """GenAI semantic conventions for one generate call."""
+        return {
+            "gen_ai.operation.name": "text_completion",
+            "gen_ai.provider.name": "stacx",
+            "gen_ai.request.model": self.model_name,
+            "gen_ai.request.max_tokens": params.max_new_tokens,
+            "gen_ai.request.temperature": params.temperature,
+            "gen_ai.request.top_p": params.top_p,
+            "gen_ai.usage.input_tokens": prompt_tokens,
+        }
 
     def _assistant_turn(self, text: str, generation: Generation, action: Action, turn_index: int) -> Turn:
         calls = []
@@ -403,14 +421,18 @@ class Evaluator:
         assert episode.env is not None, "exec action in a sandbox-less scaffold"
         started = time.perf_counter()
         async with local.lease(self.demand.step):
-            try:
-                result = await episode.env.exec(
-                    action.command, stdin=action.stdin, timeout_s=self.config.step_timeout_s
-                )
-            except EpisodeError:
-                raise
-            except Exception as exc:
-                raise EnvironmentStepError(f"exec failed: {type(exc).__name__}: {exc}") from exc
+            with span("stacx.rollout", "sandbox.exec", kind=SpanKind.CLIENT,
+                      attributes={"stacx.sandbox_id": episode.env.session_id}) as sp:
+                try:
+                    result = await episode.env.exec(
+                        action.command, stdin=action.stdin, timeout_s=self.config.step_timeout_s
+                    )
+                except EpisodeError:
+                    raise
+                except Exception as exc:
+                    raise EnvironmentStepError(f"exec failed: {type(exc).__name__}: {exc}") from exc
+                if sp is not None:
+                    sp.set_attribute("stacx.exit_code", result.exit_code)
         self.stats.env_s += time.perf_counter() - started
         self.stats.num_steps += 1
         return result
@@ -444,12 +466,13 @@ class Evaluator:
     async def _open_env(self, episode: _Episode) -> EnvironmentSession:
         assert self.environments is not None
         try:
-            env = await self.environments.open(
-                episode.group.task,
-                cpus=max(self.demand.step.cpu, self.demand.episode.cpu, 0.1),
-                memory_mb=self.demand.episode.memory_mb or 512,
-                lifetime_s=min(self.config.episode_timeout_s + _SANDBOX_SLACK_S, MAX_EPISODE_S),
-            )
+            with span("stacx.rollout", "sandbox.create", kind=SpanKind.CLIENT):
+                env = await self.environments.open(
+                    episode.group.task,
+                    cpus=max(self.demand.step.cpu, self.demand.episode.cpu, 0.1),
+                    memory_mb=self.demand.episode.memory_mb or 512,
+                    lifetime_s=min(self.config.episode_timeout_s + _SANDBOX_SLACK_S, MAX_EPISODE_S),
+                )
         except EpisodeError:
             raise
         except Exception as exc:
@@ -462,7 +485,8 @@ class Evaluator:
         if env is None:
             return
         try:
-            await asyncio.shield(env.close())
+            with span("stacx.rollout", "sandbox.close", kind=SpanKind.CLIENT):
+                await asyncio.shield(env.close())
         except Exception as exc:  # the gateway's reaper removes it; record why
             episode.metadata["close_error"] = f"{type(exc).__name__}: {exc}"
 
@@ -472,7 +496,8 @@ class Evaluator:
             return
         assert episode.env is not None
         try:
-            episode.rewards = dict(await episode.env.verify())
+            with span("stacx.rollout", "sandbox.verify", kind=SpanKind.CLIENT):
+                episode.rewards = dict(await episode.env.verify())
         except EpisodeError:
             raise
         except Exception as exc:
@@ -538,3 +563,13 @@ def _teacher_logprobs(turns: list[Turn]) -> np.ndarray:
     parts = [np.asarray(t.teacher_logprobs if ok else np.zeros(len(t.token_ids)), dtype=np.float32)
              for t, ok in zip(turns, scored, strict=True)]
     return logprobs(np.concatenate(parts))
+
+
+def _usage_attributes(generation: Generation) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        "gen_ai.usage.output_tokens": len(generation.output_ids),
+        "gen_ai.response.finish_reasons": [str(generation.finish_reason)],
+    }
+    if generation.weight_version is not None:
+        attributes["stacx.policy_version"] = generation.weight_version
+    return attributes

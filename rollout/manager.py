@@ -11,6 +11,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry import metrics
+
+from producers.tracing import span
 from rollout.errors import ConfigError
 from rollout.evaluator import Evaluator
 from rollout.protocols import (
@@ -30,6 +33,13 @@ if TYPE_CHECKING:
     from rollout.blackbox.capture import CallCapture
 
 __all__ = ["RolloutManager", "RolloutSummary"]
+
+_meter = metrics.get_meter("stacx.rollout")
+_EPISODES = _meter.create_counter("stacx.rollout.episodes", unit="{episode}", description="finished episodes")
+_STALENESS = _meter.create_histogram(
+    "stacx.rollout.staleness", unit="{version}", description="policy versions an episode is behind at its end"
+)
+_TOKENS = _meter.create_counter("stacx.rollout.generated_tokens", unit="{token}", description="model tokens")
 
 log = logging.getLogger(__name__)
 
@@ -423,12 +433,16 @@ class RolloutManager:
         self, evaluator: Evaluator | None, group: TaskGroup, index: int, local: LocalPool | None
     ) -> None:
         version = self.policy_version()
-        if evaluator is None or local is None:
-            trajectory = self._unserved(group, index, version)
-        else:
-            trajectory = await evaluator.run(group, index, local, policy_version=version)
-            self._close_local(local)  # the sandbox is gone: free its budget before publishing
-        await self._publish(group, trajectory)
+        attributes = _episode_attributes(group, index, version)
+        with span("stacx.rollout", "rollout.episode", attributes=attributes) as sp:
+            if evaluator is None or local is None:
+                trajectory = self._unserved(group, index, version)
+            else:
+                trajectory = await evaluator.run(group, index, local, policy_version=version)
+                self._close_local(local)  # the sandbox is gone: free its budget before publishing
+            if sp is not None:
+                sp.set_attributes(_trajectory_attributes(trajectory))
+            await self._publish(group, trajectory)
 
     def _close_local(self, local: LocalPool | None) -> None:
         if local is not None and local.close():
@@ -472,6 +486,9 @@ class RolloutManager:
         await self._sample_done(group, ok=True)
 
     def _record(self, trajectory: Trajectory) -> None:
+        _EPISODES.add(1, {"status": trajectory.status.value, "task_type": trajectory.task_type})
+        _STALENESS.record(max(0, self.policy_version() - trajectory.policy_version))
+        _TOKENS.add(int(trajectory.loss_mask.sum()) if len(trajectory.loss_mask) else 0)
         summary = self.summary
         summary.num_episodes += 1
         summary.by_status[trajectory.status.value] = summary.by_status.get(trajectory.status.value, 0) + 1
@@ -501,3 +518,22 @@ class RolloutManager:
         for task in list(self._tasks):
             task.cancel()
         await self._drain()
+
+
+def _episode_attributes(group: TaskGroup, index: int, version: int) -> dict[str, Any]:
+    return {
+        "stacx.task_id": group.task.task_id,
+        "stacx.task_type": group.task.task_type,
+        "stacx.group_id": group.group_id,
+        "stacx.sample_index": index,
+        "stacx.policy_version": version,
+    }
+
+
+def _trajectory_attributes(trajectory: Trajectory) -> dict[str, Any]:
+    return {
+        "stacx.trajectory_id": trajectory.trajectory_id,
+        "stacx.status": trajectory.status.value,
+        "stacx.reward": float(trajectory.rewards.get("reward", 0.0)) if trajectory.rewards else 0.0,
+        "stacx.num_tokens": len(trajectory.token_ids),
+    }

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+from opentelemetry import propagate
 from pydantic import BaseModel, ValidationError
 
 from sandbox.errors import BackendError, InvalidSpec, SandboxError, SessionNotFound, error_class
@@ -100,6 +101,7 @@ class SandboxClient:
             timeout=config.timeout_s,
             limits=limits,
             transport=config.transport,
+            event_hooks={"request": [_inject_trace_context]},
         )
 
     async def __aenter__(self) -> SandboxClient:
@@ -282,6 +284,12 @@ class SandboxClient:
         """Apply the task's solution/solve.sh in the session."""
         loaded = task if isinstance(task, HarborTask) else load_task(task)
         return await run_oracle(self, session_id, loaded)
+
+
+async def _inject_trace_context(request: httpx.Request) -> None:
+    """W3C `traceparent` of the caller's span on every request (none without an active span),
+    so the gateway's spans join the episode's trace."""
+    propagate.inject(request.headers)
 
 
 def _backoff_delay(config: SandboxClient.Config, attempt: int) -> float:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import inspect
 import logging
 import os
 import secrets
@@ -36,6 +37,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
+from opentelemetry import propagate, trace
 from pydantic import BaseModel
 
 from sandbox.errors import AuthError, RequestTooLarge, SandboxError, SessionNotFound
@@ -179,6 +181,62 @@ DRAIN_LIMIT_BYTES = 1 << 30
 """Most of a refused body read (and discarded) before the connection is just closed."""
 
 
+_FRAMEWORK_TELEMETRY: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "operation_spans": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI).parameters
+    else {}
+)
+"""FastAPI versions with built-in telemetry would add their own spans beside `_TraceRequests`'
+(five per request): off."""
+
+_ACTIONS = {
+    ("POST", "sessions"): "create",
+    ("DELETE", "session"): "close",
+    ("GET", "session"): "get",
+}
+
+
+def _span_name(method: str, path: str) -> str | None:
+    """`gateway.exec`, `gateway.create`, ... for session routes; None for health and metrics."""
+    parts = [p for p in path.split("/") if p]
+    if len(parts) < 2 or parts[:2] != ["v1", "sessions"]:
+        return None
+    if len(parts) == 2:
+        return f"gateway.{_ACTIONS.get((method, 'sessions'), 'list')}"
+    if len(parts) == 3:
+        return f"gateway.{_ACTIONS.get((method, 'session'), method.lower())}"
+    return f"gateway.{parts[3]}"
+
+
+class _TraceRequests:
+    """ASGI middleware: a SERVER span per session request, continuing the caller's W3C
+    `traceparent` (the rollout's episode). Passes requests straight through while no tracing SDK
+    is installed."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.tracer = trace.get_tracer("stacx.sandbox")
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        name = _span_name(scope.get("method", ""), scope.get("path", "")) if scope["type"] == "http" else None
+        provider = trace.get_tracer_provider()
+        if name is None or isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+            await self.app(scope, receive, send)
+            return
+        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        with self.tracer.start_as_current_span(
+            name, context=propagate.extract(carrier), kind=trace.SpanKind.SERVER,
+            attributes={"http.request.method": scope["method"], "url.path": scope["path"]},
+        ) as span:
+
+            async def traced_send(message: Any) -> None:
+                if message["type"] == "http.response.start":
+                    span.set_attribute("http.response.status_code", int(message["status"]))
+                await send(message)
+
+            await self.app(scope, receive, traced_send)
+
+
 async def _drain(receive: Any, *, more_body: bool) -> None:
     """Read and drop the rest of a refused body, keeping nothing."""
     drained = 0
@@ -249,6 +307,7 @@ def create_app(
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
+        **_FRAMEWORK_TELEMETRY,
     )
 
     def limit_for(method: str, path: str) -> int:
@@ -256,6 +315,7 @@ def create_app(
         return manager.config.max_file_bytes if upload else max_request_bytes
 
     app.add_middleware(_BodyLimit, limit_for=limit_for)
+    app.add_middleware(_TraceRequests)
 
     @app.exception_handler(SandboxError)
     async def sandbox_error(_request: Request, exc: SandboxError) -> JSONResponse:

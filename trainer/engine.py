@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from opentelemetry import metrics as otel_metrics
 
 from schemas.records import TrainingBatch, WeightVersion
 from trainer.backends import Backend, build_backend
@@ -42,6 +44,12 @@ from trainer.sources import build_source
 from trainer.workers import ModelWorker, RoleWorker, build_optimizer
 
 __all__ = ["StacxTrainer", "StepResult", "merge_metrics"]
+
+_meter = otel_metrics.get_meter("stacx.trainer")
+_STEP_SECONDS = _meter.create_histogram("stacx.trainer.step_duration", unit="s",
+                                        description="one optimizer step")
+_TRAINED_TOKENS = _meter.create_counter("stacx.trainer.tokens", unit="{token}",
+                                        description="tokens trained on")
 
 log = logging.getLogger(__name__)
 
@@ -107,13 +115,15 @@ class StacxTrainer:
         return cls(config, **kwargs)
 
     @staticmethod
-    def launch(config: TrainerConfig, max_steps: int | None = None) -> None:
-        """Run to completion: in this process, or spawned on `backend.world_size` local ranks."""
+    def launch(config: TrainerConfig, max_steps: int | None = None,
+               rank_setup: Callable[[], object] | None = None) -> None:
+        """Run to completion: in this process, or spawned on `backend.world_size` local ranks.
+        `rank_setup` (picklable) runs first in each spawned rank (the service's tracing set-up)."""
         import os
 
         if config.backend.kind == "fsdp2" and config.backend.world_size > 1 \
                 and "RANK" not in os.environ:
-            spawn(_run_rank, config.backend.world_size, config, max_steps)
+            spawn(_run_rank, config.backend.world_size, config, max_steps, rank_setup)
         else:
             _run_rank(config, max_steps)
 
@@ -257,6 +267,7 @@ class StacxTrainer:
     def train_step(self, record: TrainingBatch,
                    position: tuple[str, int] | None = None) -> StepResult:
         """One optimizer step on `record` (all ranks), then export/publish and checkpoint/commit."""
+        started = time.perf_counter()
         full = to_tensor_batch(record)
         loss, metrics = self._forward_backward(full)
         self._optimizer_step()
@@ -269,6 +280,8 @@ class StacxTrainer:
         if self.is_leader:
             log.info("step %d batch %s loss %.5f tokens %d", result.step, record.batch_id, loss,
                      result.num_tokens)
+            _STEP_SECONDS.record(time.perf_counter() - started, {"recipe": self.config.recipe})
+            _TRAINED_TOKENS.add(result.num_tokens, {"recipe": self.config.recipe})
         exporting = self._export_due()
         if self.checkpoints is not None and (exporting or self._checkpoint_due()):
             self._checkpoint()  # covers the version about to be announced
@@ -473,6 +486,9 @@ def merge_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
     return merged
 
 
-def _run_rank(config: TrainerConfig, max_steps: int | None) -> None:
+def _run_rank(config: TrainerConfig, max_steps: int | None,
+              rank_setup: Callable[[], object] | None = None) -> None:
+    if rank_setup is not None:
+        rank_setup()
     with StacxTrainer.from_config(config) as trainer:
         trainer.run(max_steps)

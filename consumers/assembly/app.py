@@ -30,6 +30,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 from faust.transport.drivers.aiokafka import Producer as AiokafkaProducer
 from faust.types import ProducerT
+from opentelemetry import metrics
 
 from consumers.assembly.batching import BatchBuilder, RejectedGroup
 from consumers.assembly.claims import BatchEncoder, decode_trajectory
@@ -40,6 +41,7 @@ from consumers.assembly.grouping import GroupAssembler
 from consumers.assembly.mixture import MixturePlanner
 from consumers.assembly.protocols import Forwarder, Output
 from consumers.assembly.stats import AssemblyStats
+from consumers.assembly.tracing import TraceLinks
 from consumers.dead_letters import keep_original
 from schemas import topics
 from schemas.catalogue import SchemaCatalogue, catalogue_codec
@@ -56,6 +58,12 @@ __all__ = [
     "topic_partitions",
     "topic_retention_ms",
 ]
+
+_meter = metrics.get_meter("stacx.assembler")
+_BATCHES = _meter.create_counter("stacx.assembler.batches", unit="{batch}", description="batches emitted")
+_BATCHED_TRAJECTORIES = _meter.create_counter(
+    "stacx.assembler.batched_trajectories", unit="{trajectory}", description="trajectories in batches"
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +86,10 @@ class FaustForwarder:
         topic = self._topics.get(output.topic)
         if topic is None:
             topic = self._topics[output.topic] = self._app.topic(output.topic, **_RAW)
-        await topic.send(key=output.key, value=output.value)
+        if output.headers:
+            await topic.send(key=output.key, value=output.value, headers=output.headers)
+        else:
+            await topic.send(key=output.key, value=output.value)
 
 
 class AssemblerApp:
@@ -196,6 +207,8 @@ class AssemblerApp:
         )
         """Decodes every input and encodes every output (unit tests pass a plain `Codec()`)."""
         self.stats = AssemblyStats()
+        self.trace_links = TraceLinks()
+        """Trajectory trace contexts on their way to the batch span that links them."""
         self.app = _new_faust_app(config)
         self.forwarder: Forwarder = forwarder or FaustForwarder(self.app)
         self._build_tables()
@@ -258,16 +271,21 @@ class AssemblerApp:
 
     async def _batch_stream(self, stream: faust.StreamT) -> AsyncIterator[list[Output]]:
         async for event in stream.events():
-            yield self.on_ready_group(event.value)
+            yield self.on_ready_group(event.value, headers=event.message.headers)
 
-    def on_ready_group(self, payload: bytes) -> list[Output]:
+    def on_ready_group(self, payload: bytes, headers: Any = None) -> list[Output]:
         """Stage 2 for one closed group: the batches it completes, dead letters of rejected ones."""
+        self.trace_links.take_group(headers)
         batches = self.builder.on_group(payload, now_ms=self.clock())
         letters = [o for r in self.builder.take_rejected() for o in self._rejected_output(r)]
-        return letters + [
-            Output(self.config.batches_topic, b.batch_id.encode(), self.encoder.encode(b))
-            for b in batches
-        ]
+        return letters + [self._batch_output(b) for b in batches]
+
+    def _batch_output(self, batch: Any) -> Output:
+        _BATCHES.add(1)
+        _BATCHED_TRAJECTORIES.add(len(batch.trajectory_ids))
+        with self.trace_links.batch_span(batch.batch_id, batch.trajectory_ids) as headers:
+            return Output(self.config.batches_topic, batch.batch_id.encode(), self.encoder.encode(batch),
+                          headers=headers)
 
     def _rejected_output(self, rejected: RejectedGroup) -> list[Output]:
         """One dead letter per sample of a group that could not be packed, with its full record."""
@@ -327,13 +345,15 @@ class AssemblerApp:
         reason = invalid_reason(trajectory)
         if reason is not None:
             return [self._dead_letter(message, ValueError(reason))]
+        self.trace_links.remember(trajectory.group_id, trajectory.trajectory_id, message.headers)
         group = self.grouper.on_trajectory(
             trajectory, message.value, partition=message.partition, now_ms=now
         )
         return [] if group is None else [self._group_output(group)]
 
     def _group_output(self, group: Any) -> Output:
-        return Output(self.config.groups_topic, group.model_name.encode(), encode_group(group))
+        return Output(self.config.groups_topic, group.model_name.encode(), encode_group(group),
+                      headers=self.trace_links.group_headers(group.group_id))
 
     def _dead_letter(self, message: Any, exc: BaseException) -> Output:
         self.stats.undecodable += 1
@@ -352,7 +372,8 @@ class AssemblerApp:
         )
         log.warning("dead-lettered %s[%s]@%s: %s", letter.source_topic,
                     letter.source_partition, letter.source_offset, letter.reason)
-        return Output(self.config.dlq_topic, message.key, self.codec.encode(letter))
+        trace = [(k, v.encode()) for k, v in letter.headers.items() if k in _TRACE_HEADERS]
+        return Output(self.config.dlq_topic, message.key, self.codec.encode(letter), headers=trace or None)
 
     async def _send_ticks(self) -> None:
         value = str(now_ms()).encode()
@@ -403,6 +424,9 @@ class AssemblerApp:
         finally:
             log.info("assembler final stats %s", json.dumps(self.stats.as_dict()))
         return code
+
+
+_TRACE_HEADERS = ("traceparent", "tracestate", "baggage")
 
 
 def _text_headers(headers: Any) -> dict[str, str]:

@@ -34,6 +34,8 @@ class Output:
     """Kafka key (raw bytes)."""
     value: bytes
     """Encoded value (raw bytes)."""
+    headers: list[tuple[str, bytes]] | None = None
+    """Kafka headers (the trace context of a batch or a dead letter)."""
 
 
 class Forwarder(Protocol):

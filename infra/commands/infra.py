@@ -16,10 +16,15 @@ from schemas.topics import TopicPolicy
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    parser = sub.add_parser("infra", help="local services: Kafka (KRaft), Docker engine, sandbox image")
+    parser = sub.add_parser(
+        "infra", help="local services: Kafka (KRaft), Docker engine, sandbox image, Jaeger"
+    )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     up = actions.add_parser("up", help="start Kafka and Docker, build the sandbox image, create topics")
-    up.add_argument("--no-docker", action="store_true", help="Kafka only")
+    up.add_argument("--no-docker", action="store_true", help="no Docker engine and sandbox image")
+    up.add_argument(
+        "--no-trace-backend", action="store_true", help="no Jaeger (env STACX_TRACE_BACKEND=0 does the same)"
+    )
     up.set_defaults(func=_up)
     actions.add_parser("down", help="stop the services `up` started").set_defaults(func=_down)
     status = actions.add_parser("status", help="what runs, where, and where its logs are")
@@ -59,6 +64,7 @@ def _up(args: argparse.Namespace) -> int:
     started = time.monotonic()
     config = _stack_config(args)
     config.docker = not args.no_docker
+    config.tracing_backend = config.tracing_backend and not args.no_trace_backend
     stack.up(config, say=_say)
     _say(f"ready in {time.monotonic() - started:.1f}s (bootstrap {config.bootstrap})")
     return 0

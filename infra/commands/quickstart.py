@@ -164,3 +164,5 @@ def _print_summary(report: dict[str, Any]) -> None:
     )
     print(json.dumps({k: report.get(k) for k in keys}))
     print(f"report: {Path(report['curve_png']).with_name('report.json')}\ncurve:  {report['curve_png']}")
+    for version, trace_id in (report.get("traces_by_version") or {}).items():
+        print(f"trace of an episode of v{version}: stacx trace {trace_id}")

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from infra.telemetry import setup_metrics, setup_rank
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +96,10 @@ def _train(args: argparse.Namespace) -> int:
             print(f"stacx train: {line}", file=sys.stderr)
         return 2
     try:
-        StacxTrainer.launch(config)
+        spawns = config.backend.kind == "fsdp2" and config.backend.world_size > 1 and "RANK" not in os.environ
+        if not spawns:
+            setup_metrics("train")
+        StacxTrainer.launch(config, rank_setup=functools.partial(setup_rank, "train"))
     except TrainerError as exc:
         log.error("%s", exc)
         return 1

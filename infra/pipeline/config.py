@@ -25,6 +25,7 @@ from infra.config import ConfigError, load_yaml
 from infra.pipeline.errors import PipelineConfigError
 from infra.pipeline.services import RestartPolicy
 from infra.pipeline.wires import wire_value
+from infra.telemetry import TracingConfig
 from schemas.topics import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, TopicPolicy
 
 __all__ = [
@@ -225,6 +226,9 @@ class PipelineConfig(_Schema):
     """Service ports and sizes."""
     evaluation: EvaluationConfig = Field(default_factory=lambda: EvaluationConfig())
     """Held-out evaluation."""
+    tracing: TracingConfig | None = None
+    """OpenTelemetry tracing of every service (absent: the OTEL_* variables decide, off by
+    default); passed to each service as the standard OTEL_* variables."""
 
     @pydantic.field_validator("name")
     @classmethod

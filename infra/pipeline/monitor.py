@@ -30,6 +30,8 @@ class VersionStats:
     tool_calls: int = 0
     """Episodes with at least one tool call."""
     failed: int = 0
+    trace_id: str = ""
+    """Trace of one of its episodes (the first seen with a trace context): `stacx trace ID`."""
 
     @property
     def mean_reward(self) -> float:
@@ -81,12 +83,15 @@ class RunMetrics:
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
-    def observe_trajectory(self, trajectory: Trajectory, now: float | None = None) -> None:
+    def observe_trajectory(
+        self, trajectory: Trajectory, now: float | None = None, trace_id: str = ""
+    ) -> None:
         now = time.monotonic() if now is None else now
         with self.lock:
             self.num_trajectories += 1
             stats = self.by_version.setdefault(trajectory.policy_version, VersionStats())
             stats.num += 1
+            stats.trace_id = stats.trace_id or trace_id
             stats.reward_sum += trajectory.reward
             stats.tool_calls += _used_tool(trajectory)
             stats.failed += trajectory.status in (TrajectoryStatus.FAILED, TrajectoryStatus.TIMED_OUT)
@@ -186,17 +191,23 @@ class TopicMonitor:
             while not self._stop.is_set():
                 try:
                     for event in consumer.consume(max_records=256, timeout=0.5):
-                        self._dispatch(event.value)
+                        self._dispatch(event.value, event.headers)
                 except Exception as exc:  # a broker restart, say: the client reconnects
                     log.warning("monitor: %s: %s; retrying", type(exc).__name__, exc)
                     self._stop.wait(1.0)
         finally:
             consumer.close()
 
-    def _dispatch(self, value: Any) -> None:
+    def _dispatch(self, value: Any, headers: dict[str, bytes] | None = None) -> None:
         if isinstance(value, Trajectory):
-            self.metrics.observe_trajectory(value)
+            self.metrics.observe_trajectory(value, trace_id=_trace_id(headers))
         elif isinstance(value, WeightVersion) and value.model_name == self.model_name:
             self.metrics.observe_weights(value)
         elif isinstance(value, TrainingBatch):
             self.metrics.observe_batch(value)
+
+
+def _trace_id(headers: dict[str, bytes] | None) -> str:
+    """The trace id of a `traceparent` header (version-traceid-spanid-flags), "" without one."""
+    parts = (headers or {}).get("traceparent", b"").decode("ascii", "replace").split("-")
+    return parts[1] if len(parts) == 4 else ""

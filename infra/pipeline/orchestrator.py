@@ -492,6 +492,9 @@ class Pipeline:
     def _start(self, spec: ServiceSpec, *, wait: bool = True) -> ServiceProcess:
         spec.env.setdefault(TOKEN_ENV, self._token)
         spec.env.setdefault("STACX_RUN_ID", self.layout.run_id)  # finds the run's processes
+        if self.cfg.tracing is not None:  # one section turns tracing on (or off) everywhere
+            for name, value in self.cfg.tracing.to_env(len(self.services)).items():
+                spec.env.setdefault(name, value)
         service = ServiceProcess(spec, self.layout.logs_dir).start()
         self.services[spec.name] = service
         self.supervisor.add(service)
@@ -599,6 +602,9 @@ class Pipeline:
             "num_trajectories": self.metrics.num_trajectories,
             "num_batches": self.metrics.num_batches,
             "reward_curve": self.metrics.reward_curve(),
+            "traces_by_version": {
+                str(v): s.trace_id for v, s in sorted(self.metrics.by_version.items()) if s.trace_id
+            },
             "heldout_curve": [asdict(e) for e in self.metrics.evals],
             "sft_loss": self.metrics.sft_loss[:: max(1, len(self.metrics.sft_loss) // 50)],
             "topics": asdict(self.layout.topics),

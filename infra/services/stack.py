@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from infra.services import docker_engine, kafka, sandbox_image, tools
+from infra.services import docker_engine, jaeger, kafka, sandbox_image, tools
 from infra.services.errors import InfraError
 from infra.services.topics import ensure_topics
 from schemas.topics import BOOTSTRAP_ENV, TopicPolicy
@@ -24,6 +24,13 @@ class StackConfig:
     """Start (or check) the Docker engine and build the sandbox base image."""
     topics: TopicPolicy = field(default_factory=TopicPolicy)
     """Replication, partitions, retention and compression of the standard topics."""
+    jaeger: jaeger.JaegerConfig = field(default_factory=jaeger.JaegerConfig)
+    """The local trace backend (OTLP in, query API out, all on 127.0.0.1)."""
+    tracing_backend: bool = field(
+        default_factory=lambda: os.environ.get("STACX_TRACE_BACKEND", "1").lower() not in {"0", "false", "no"}
+    )
+    """Build (once) and start Jaeger; it is cheap when idle, and the tracing tests need it
+    (env STACX_TRACE_BACKEND=0 to leave it out)."""
 
     @property
     def bootstrap(self) -> str:
@@ -31,10 +38,16 @@ class StackConfig:
 
 
 DOCKER_TOOLS = ("docker", "dockerd", "debootstrap")
+TRACING_TOOLS = ("go",)
 
 
 def up(config: StackConfig, say: Callable[[str], None] = print) -> None:
-    needed = [name for name in tools.TOOLS if config.docker or name not in DOCKER_TOOLS]
+    needed = [
+        name
+        for name in tools.TOOLS
+        if (config.docker or name not in DOCKER_TOOLS)
+        and (config.tracing_backend or name not in TRACING_TOOLS)
+    ]
     tools.ensure(needed, say=say)
     if config.bootstrap_servers:
         if not kafka.broker_answers(config.bootstrap_servers):
@@ -50,10 +63,13 @@ def up(config: StackConfig, say: Callable[[str], None] = print) -> None:
     if config.docker:
         say(docker_engine.up())
         say(sandbox_image.up())
+    if config.tracing_backend:
+        say(jaeger.up(config.jaeger))
 
 
 def down(say: Callable[[str], None] = print) -> None:
     say(kafka.down())
+    say(jaeger.down())
     say(docker_engine.down())
 
 
@@ -73,4 +89,7 @@ def status(config: StackConfig) -> list[tuple[bool, str]]:
         image = (False, f"sandbox image {sandbox_image.IMAGE}: unknown (the Docker engine does not answer)")
     else:
         image = (sandbox_image.image_exists(), sandbox_image.status())
-    return [kafka_line, engine, image]
+    lines = [kafka_line, engine, image]
+    if config.tracing_backend:
+        lines.append(jaeger.status(config.jaeger))
+    return lines

@@ -44,6 +44,7 @@ TOOLS: dict[str, Tool] = {
         Tool(executable="tar", package="tar", used_by="importing the sandbox base image"),
         Tool(executable="bash", package="bash", used_by="the peer benchmark's tool runner"),
         Tool(executable="apt-get", package="apt", used_by="installing the tools above"),
+        Tool(executable="go", package="golang-go", used_by="building the Jaeger trace backend (once)"),
         Tool(executable="flock", package="util-linux", used_by="make setup (one venv build at a time)"),
     )
 }

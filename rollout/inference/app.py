@@ -7,6 +7,7 @@ valid JSON), a failed request is 500, a full queue 429 and a stopping engine 503
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -17,6 +18,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from rollout.inference import native_routes, openai_routes
 from rollout.inference.errors import InferenceError
 from rollout.inference.state import ClientDisconnected, ServingState
+
+FRAMEWORK_TELEMETRY: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "operation_spans": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI).parameters
+    else {}
+)
+"""FastAPI versions with built-in telemetry would add their own spans (five per request) beside
+ours (`inference.generate`, `inference.swap_weights`, `proxy.chat`): off."""
 
 __all__ = ["ServingState", "build_app"]
 
@@ -94,7 +103,7 @@ def _install_service_routes(app: FastAPI, state: ServingState) -> None:
 
 def build_app(state: ServingState) -> FastAPI:
     """The app serving `state` (the caller starts and stops the engine)."""
-    app = FastAPI(title="stacx inference", docs_url=None, redoc_url=None)
+    app = FastAPI(title="stacx inference", docs_url=None, redoc_url=None, **FRAMEWORK_TELEMETRY)
     app.add_middleware(JsonBodyMiddleware)
     _install_error_handlers(app)
     _install_service_routes(app, state)

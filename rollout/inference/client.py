@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from opentelemetry import propagate
 
 from rollout.inference.errors import (
     InferenceError,
@@ -128,7 +129,8 @@ class InferenceClient:
     def __init__(self, config: Config, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.config = config
         self._http = httpx.AsyncClient(
-            base_url=config.base_url, timeout=config.timeout_s, transport=transport
+            base_url=config.base_url, timeout=config.timeout_s, transport=transport,
+            event_hooks={"request": [_inject_trace_context]},
         )
 
     async def __aenter__(self) -> InferenceClient:
@@ -212,6 +214,11 @@ class InferenceClient:
                 continue
             return _checked(response, method, path)
         raise AssertionError("unreachable")  # the last attempt returns or raises
+
+
+async def _inject_trace_context(request: httpx.Request) -> None:
+    """W3C `traceparent` of the generate span on every request (none without an active span)."""
+    propagate.inject(request.headers)
 
 
 def _retry_after(response: httpx.Response) -> float | None:

@@ -13,7 +13,10 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from opentelemetry import propagate
+from opentelemetry.trace import SpanKind
 
+from producers.tracing import span
 from rollout.inference.api import AbortRequest, GenerateRequest, NativeItem, UpdateWeightsRequest
 from rollout.inference.errors import InferenceError, InvalidRequestError, WeightLoadError
 from rollout.inference.job import GenerationOutput, RequestOptions, StreamChunk, TopLogprobs
@@ -182,7 +185,9 @@ def _accumulate(out: GenerationOutput, chunk: StreamChunk, version: str) -> Gene
 def install(app: FastAPI, state: ServingState) -> None:
     @app.post("/generate")
     async def generate(request: Request, body: GenerateRequest) -> Any:
-        return await _generate(state, request, body)
+        with span("stacx.inference", "inference.generate", kind=SpanKind.SERVER,
+                  context=propagate.extract(request.headers)):
+            return await _generate(state, request, body)
 
     @app.get("/get_model_info")
     async def get_model_info() -> dict[str, Any]:
@@ -228,9 +233,13 @@ def install(app: FastAPI, state: ServingState) -> None:
         return Response(status_code=200)
 
     @app.post("/update_weights_from_disk")
-    async def update_weights_from_disk(body: UpdateWeightsRequest) -> JSONResponse:
+    async def update_weights_from_disk(request: Request, body: UpdateWeightsRequest) -> JSONResponse:
         try:
-            aborted = await _swap_weights(state, body)
+            with span("stacx.inference", "inference.swap_weights", kind=SpanKind.SERVER,
+                      context=propagate.extract(request.headers),
+                      attributes={"stacx.weight_version": str(body.weight_version),
+                                  "stacx.model_path": body.model_path}):
+                aborted = await _swap_weights(state, body)
         except WeightLoadError as exc:
             return JSONResponse(
                 {"success": False, "message": str(exc), **error_body(exc)}, status_code=exc.status_code

@@ -36,6 +36,7 @@ from opentelemetry import propagate, trace
 from pydantic import BaseModel, Field, ValidationError
 
 from producers.tracing import trace_headers
+from rollout.inference.app import FRAMEWORK_TELEMETRY
 from rollout.inference.client import sampling_payload
 from rollout.inference.errors import InferenceError
 from rollout.inference.openai_api import ChatCompletionRequest, CompletionRequest
@@ -154,7 +155,7 @@ class AgentProxy:
     # -- app ---------------------------------------------------------------------------------
 
     def _build_app(self) -> FastAPI:
-        app = FastAPI(title="stacx agent proxy", docs_url=None, redoc_url=None)
+        app = FastAPI(title="stacx agent proxy", docs_url=None, redoc_url=None, **FRAMEWORK_TELEMETRY)
         self._install_errors(app)
         for prefix in ("", "/s/{session_id}"):
             app.post(f"{prefix}/v1/chat/completions")(self._chat_route)

@@ -122,3 +122,18 @@ def test_demonstration_batches_mask_observations_and_are_valid(tmp_path: Path) -
     assert int(batch.prompt_lengths[0]) == int(np.argmax(mask))
     prompt = tokenizer.decode([int(i) for i in ids[: int(batch.prompt_lengths[0])]])
     assert prompt.startswith("<|im_start|>user\nWhat is ") and "system" not in prompt
+
+
+def test_the_monitor_keeps_one_episode_trace_per_policy_version() -> None:
+    from infra.pipeline.monitor import TopicMonitor
+
+    m = RunMetrics(started=0.0)
+    monitor = TopicMonitor(m, bootstrap_servers="127.0.0.1:1", trajectories_topic="t", batches_topic="b",
+                           weights_topic="w", model_name="policy")
+    first = f"00-{'a' * 32}-{'1' * 16}-01".encode()
+    monitor._dispatch(_trajectory(1, 1.0, 1), {})  # untraced: no id
+    monitor._dispatch(_trajectory(1, 0.0, 0), {"traceparent": first})
+    monitor._dispatch(_trajectory(1, 0.0, 1), {"traceparent": f"00-{'b' * 32}-{'2' * 16}-01".encode()})
+    monitor._dispatch(_trajectory(2, 0.0, 1), None)
+    assert m.by_version[1].trace_id == "a" * 32
+    assert m.by_version[2].trace_id == ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
@@ -187,3 +188,26 @@ async def test_gateway_generates_a_token_when_none_is_given(monkeypatch: pytest.
         assert (await raw.get("/v1/sessions", headers=headers)).json() == []
     monkeypatch.setenv(TOKEN_ENV, "from-env")
     assert Gateway(Gateway.Config(), backend=FakeBackend()).token == "from-env"
+
+
+async def test_gateway_spans_continue_the_callers_trace_across_the_http_hop(client: SandboxClient) -> None:
+    from opentelemetry import trace
+    from tracing_fixtures import in_memory_tracing
+
+    with in_memory_tracing() as exported:
+        with trace.get_tracer("test").start_as_current_span("episode") as episode:
+            info = await client.create_session(SessionSpec())
+            await client.exec(info.id, "echo hi")
+            await client.close_session(info.id)
+        for _ in range(100):  # the server thread ends its span just after sending the response
+            spans = exported.get_finished_spans()
+            if "gateway.close" in {s.name for s in spans}:
+                break
+            await asyncio.sleep(0.05)
+    by_name = {s.name: s for s in spans}
+    assert {"gateway.create", "gateway.exec", "gateway.close"} <= set(by_name), sorted(by_name)
+    exec_span = by_name["gateway.exec"]
+    assert exec_span.kind is trace.SpanKind.SERVER
+    assert exec_span.context.trace_id == episode.get_span_context().trace_id
+    assert exec_span.parent is not None and exec_span.parent.span_id == episode.get_span_context().span_id
+    assert exec_span.attributes["http.response.status_code"] == 200

@@ -1,0 +1,323 @@
+"""Tracing overhead: quickstart-like rollout throughput with tracing on vs off, in one run.
+
+    .venv/bin/python bench/tracing.py --json
+
+Each round runs E retool episodes (K Python tool steps each) at concurrency C through the real
+path of the quickstart's rollout: the RolloutManager; every model turn a `/generate` call to a
+`stacx serve` process with the quickstart's tiny model (its tokens are then replaced by the scripted
+tool call or answer, so that every episode runs its K tool steps: a freshly made model calls no
+tools); a `stacx gateway` process running each step as `python3 -` in a real sandbox (bubblewrap by
+default); trajectory events published to Kafka. `--policy scripted` drops the model calls (an upper
+bound of the cost). Rounds alternate off / on, each in a fresh process (with
+tracing on, the bench process and its gateway export every span over OTLP to the local Jaeger
+that `stacx infra up` starts).
+
+`tracing_overhead` is the throughput lost to tracing where CPU bounds throughput (the quickstart on
+2 cores): `1 - cpu_off / cpu_on`, from the median CPU seconds per episode of the bench process (the
+engine, the Kafka producer, the span exporter thread), its gateway and the gateway's sandboxes
+(limit 0.05). CPU per episode hardly moves with the load other programs put on the machine; the
+wall-clock rates are printed too (`episodes_per_s_*`, `wall_overhead_median_pair`: the median over
+back-to-back off/on pairs of `1 - on / off`), but on a shared machine they swing by more than the
+cost being measured.
+
+The last line printed is the figure object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+LIMIT = 0.05
+DEFAULT_OTLP = "http://127.0.0.1:4318"
+EXPORT_SETTLE_S = 2.0
+"""Longer than the services' export delay (1 s): their buffered spans are exported by then."""
+
+
+def _round(args: argparse.Namespace, tracing: bool) -> dict[str, Any]:
+    """One measured round in this process (the `--worker` mode)."""
+    from infra.telemetry import TracingConfig, setup_tracing, shutdown_tracing
+
+    section = TracingConfig(enabled=tracing, endpoint=args.otlp_endpoint, sample_ratio=args.sample_ratio)
+    os.environ.update(section.to_env())  # the gateway process inherits the same setting
+    setup_tracing("bench-rollout", section)
+    try:
+        return asyncio.run(_episodes(args))
+    finally:
+        shutdown_tracing()
+
+
+async def _episodes(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.rollout import _manager, _policy
+    from rollout.adapters import KafkaTrajectoryPublisher
+    from rollout.gateways import GatewayEnvironments
+    from rollout.models import make_tokenizer
+    from rollout.tokens import HFTokenizer
+    from sandbox.client import SandboxClient
+    from sandbox.testing import gateway_process
+
+    tokenizer = HFTokenizer(make_tokenizer())
+    policy = _policy(tokenizer, args.steps)
+    owner = f"bench-tracing-{uuid.uuid4().hex[:8]}"
+    gateway_args = (
+        "--owner",
+        owner,
+        "--image",
+        args.image,
+        "--max-sessions",
+        str(args.concurrency * 2),
+        "--backend",
+        args.backend,
+    )
+    with gateway_process(*gateway_args, token="bench") as (url, gateway), _server(args) as server:
+        if server is not None:
+            policy = ServedPolicy(policy, server[0])  # type: ignore[assignment]
+        pids = [gateway.pid] + ([server[1]] if server is not None else [])
+        config = SandboxClient.Config(
+            base_url=url, token="bench", max_connections=args.concurrency + 16, timeout_s=600
+        )
+        async with SandboxClient(config) as client:
+            publisher = KafkaTrajectoryPublisher(bootstrap_servers=args.bootstrap, topic=args.topic)
+
+            def manager_of(episodes: int) -> Any:
+                manager = _manager(tokenizer, policy, GatewayEnvironments(client), episodes, args.concurrency)
+                manager.publisher = publisher
+                for evaluator in manager.evaluators.values():
+                    evaluator.config.episode_timeout_s = 3600
+                    evaluator.config.step_timeout_s = 900
+                return manager
+
+            # warm-up: one-off costs (connections, lazy imports, the exporter's first export)
+            # stay out of the measurement, in both settings
+            await manager_of(args.concurrency).run()
+            await asyncio.sleep(EXPORT_SETTLE_S)
+            cpu_before = _cpu_s(pids)
+            started = time.perf_counter()
+            summary = await manager_of(args.episodes).run()
+            wall = time.perf_counter() - started
+            _flush_spans()  # the spans of the measured episodes are exported inside the window
+            await asyncio.sleep(EXPORT_SETTLE_S)  # and the gateway's and the server's too
+            parts = [b - a for a, b in zip(cpu_before, _cpu_s(pids), strict=True)]
+            await publisher.close()
+    return {
+        "episodes_per_s": summary.num_episodes / wall,
+        "cpu_s_per_episode": sum(parts) / max(1, summary.num_episodes),
+        "cpu_ms_per_episode_by_process": {
+            name: round(part * 1000 / max(1, summary.num_episodes), 2)
+            for name, part in zip(("rollout", "gateway", "server"), parts, strict=False)
+        },
+        "completed": summary.by_status.get("COMPLETED", 0),
+        "episodes": summary.num_episodes,
+    }
+
+
+def _flush_spans() -> None:
+    from opentelemetry import trace
+
+    flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+    if flush is not None:
+        flush()
+
+
+def _cpu_s(pids: list[int]) -> list[float]:
+    """CPU seconds used so far by this process (its threads: the engine, the producer, the span
+    exporter), the gateway with the sandboxes it has reaped, and the inference server."""
+    import psutil
+
+    own = psutil.Process().cpu_times()
+    parts = [own.user + own.system]
+    for pid in pids:
+        t = psutil.Process(pid).cpu_times()
+        parts.append(t.user + t.system + t.children_user + t.children_system)
+    return parts
+
+
+class ServedPolicy:
+    """A real model call per turn (the served tiny model, same context and length), answered with
+    the scripted turn: the inference work of the quickstart with its tool steps guaranteed."""
+
+    def __init__(self, scripted: Any, client: Any) -> None:
+        self.scripted, self.client = scripted, client
+
+    async def generate(self, input_ids: Any, params: Any) -> Any:
+        from rollout.inference.sampling import SamplingParams
+
+        turn = await self.scripted.generate(input_ids, params)
+        n = len(turn.output_ids)
+        await self.client.generate(list(input_ids), SamplingParams(max_new_tokens=n, min_new_tokens=n))
+        return turn
+
+
+@contextlib.contextmanager
+def _server(args: argparse.Namespace) -> Iterator[tuple[Any, int] | None]:
+    """`stacx serve` with the quickstart's tiny model (None with --policy scripted)."""
+    if args.policy == "scripted":
+        yield None
+        return
+    import httpx
+
+    from rollout.inference.client import InferenceClient
+    from rollout.models import make_tiny_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = make_tiny_model(Path(tmp) / "tiny", seed=0)
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        stacx = Path(sys.executable).with_name("stacx")
+        cmd = [str(stacx), "serve", "--model", str(model), "--port", str(port), "--threads", "1"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                try:
+                    if httpx.get(f"{url}/health", timeout=2).is_success:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if proc.poll() is not None:
+                    raise SystemExit(f"stacx serve exited with {proc.returncode}")
+                time.sleep(0.5)
+            client = InferenceClient(InferenceClient.Config(base_url=url, timeout_s=600))
+            yield client, proc.pid
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+
+
+def _spawn_round(args: argparse.Namespace, tracing: bool) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        "on" if tracing else "off",
+        "--episodes",
+        str(args.episodes),
+        "--steps",
+        str(args.steps),
+        "--concurrency",
+        str(args.concurrency),
+        "--backend",
+        args.backend,
+        "--policy",
+        args.policy,
+        "--sample-ratio",
+        str(args.sample_ratio),
+        "--image",
+        args.image,
+        "--bootstrap",
+        args.bootstrap,
+        "--topic",
+        args.topic,
+        "--otlp-endpoint",
+        args.otlp_endpoint,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench round (tracing {'on' if tracing else 'off'}) failed:\n{proc.stderr[-3000:]}")
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _check_backend(endpoint: str) -> None:
+    import httpx
+
+    try:  # an empty OTLP/HTTP export: 2xx (or 400 for the empty body) means a receiver is there
+        httpx.post(
+            f"{endpoint.rstrip('/')}/v1/traces",
+            content=b"",
+            timeout=5,
+            headers={"Content-Type": "application/x-protobuf"},
+        )
+    except httpx.HTTPError as exc:
+        raise SystemExit(
+            f"no OTLP receiver at {endpoint} ({type(exc).__name__}): start Jaeger with `stacx infra up` "
+            "or pass --otlp-endpoint"
+        ) from exc
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="print only JSON")
+    parser.add_argument("--rounds", type=int, default=5, help="off/on pairs (order alternating)")
+    parser.add_argument("--episodes", type=int, default=96)
+    parser.add_argument("--steps", type=int, default=2, help="tool steps per episode")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--backend", choices=("docker", "process"), default="process")
+    parser.add_argument(
+        "--policy",
+        choices=("served", "scripted"),
+        default="served",
+        help="served: a real call to the quickstart's tiny model per turn",
+    )
+    parser.add_argument("--sample-ratio", type=float, default=1.0, help="traces kept with tracing on")
+    parser.add_argument("--image", default="stacx/sandbox:bookworm")
+    parser.add_argument("--bootstrap", default=os.environ.get("STACX_KAFKA", "127.0.0.1:9092"))
+    parser.add_argument("--topic", default=f"bench.tracing.{uuid.uuid4().hex[:8]}")
+    parser.add_argument(
+        "--otlp-endpoint", default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", DEFAULT_OTLP)
+    )
+    parser.add_argument("--worker", choices=("on", "off"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(_round(args, args.worker == "on")))
+        return
+    _check_backend(args.otlp_endpoint)
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    cpu: dict[str, list[float]] = {"off": [], "on": []}
+    for i in range(args.rounds):
+        order = ("off", "on") if i % 2 == 0 else ("on", "off")
+        for mode in order:
+            result = _spawn_round(args, mode == "on")
+            if result["completed"] != result["episodes"]:
+                raise SystemExit(f"round {i} ({mode}): {result}")
+            rates[mode].append(result["episodes_per_s"])
+            cpu[mode].append(result["cpu_s_per_episode"])
+            if not args.json:
+                print(
+                    f"round {i} tracing {mode}: {result['episodes_per_s']:.2f} episodes/s, "
+                    f"{result['cpu_s_per_episode'] * 1000:.1f} CPU ms/episode "
+                    f"{result['cpu_ms_per_episode_by_process']}",
+                    flush=True,
+                )
+    cpu_off, cpu_on = statistics.median(cpu["off"]), statistics.median(cpu["on"])
+    overhead = 1.0 - cpu_off / cpu_on  # throughput lost where CPU bounds it (2 shared cores)
+    wall_pairs = [1.0 - b / a for a, b in zip(rates["off"], rates["on"], strict=True)]
+    figures = {
+        "cpu_ms_per_episode_off": round(cpu_off * 1000, 2),
+        "cpu_ms_per_episode_on": round(cpu_on * 1000, 2),
+        "episodes_per_s_off": round(statistics.median(rates["off"]), 2),
+        "episodes_per_s_on": round(statistics.median(rates["on"]), 2),
+        "rounds_off": [round(r, 2) for r in rates["off"]],
+        "rounds_on": [round(r, 2) for r in rates["on"]],
+        "wall_overhead_median_pair": round(statistics.median(wall_pairs), 4),
+        "episodes": args.episodes,
+        "steps_per_episode": args.steps,
+        "concurrency": args.concurrency,
+        "backend": args.backend,
+        "policy": args.policy,
+        "sample_ratio": args.sample_ratio,
+        "tracing_overhead": round(overhead, 4),
+        "limit": LIMIT,
+        "ok": overhead <= LIMIT,
+    }
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""An in-memory OpenTelemetry SDK for tests: spans are kept in a list instead of exported."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import _internal as metrics_internal
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.util._once import Once
+
+
+@contextmanager
+def in_memory_tracing() -> Iterator[InMemorySpanExporter]:
+    """Install a recording TracerProvider for the block (what a service's set-up does), then put
+    the previous (no-op) one back so that other tests run with tracing off."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    saved = trace._TRACER_PROVIDER, trace._TRACER_PROVIDER_SET_ONCE
+    trace._TRACER_PROVIDER_SET_ONCE = Once()
+    trace.set_tracer_provider(provider)
+    try:
+        yield exporter
+    finally:
+        provider.shutdown()
+        trace._TRACER_PROVIDER, trace._TRACER_PROVIDER_SET_ONCE = saved
+
+
+@contextmanager
+def in_memory_metrics() -> Iterator[InMemoryMetricReader]:
+    """Install a MeterProvider with an in-memory reader for the block (then the no-op one again)."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    saved = metrics_internal._METER_PROVIDER, metrics_internal._METER_PROVIDER_SET_ONCE
+    metrics_internal._METER_PROVIDER_SET_ONCE = Once()
+    metrics.set_meter_provider(provider)
+    try:
+        yield reader
+    finally:
+        metrics_internal._METER_PROVIDER, metrics_internal._METER_PROVIDER_SET_ONCE = saved
+
+
+def metric_points(reader: InMemoryMetricReader) -> dict[str, list]:
+    """Data points by metric name."""
+    data = reader.get_metrics_data()
+    found: dict[str, list] = {}
+    for resource in data.resource_metrics if data else []:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                found.setdefault(metric.name, []).extend(metric.data.data_points)
+    return found

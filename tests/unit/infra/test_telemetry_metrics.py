@@ -1,0 +1,60 @@
+"""OpenTelemetry metrics of the services: the Prometheus scrape endpoint a service serves, and the
+OTEL_* variables and the pipeline section that ask for them (the rollout's instruments:
+tests/unit/rollout/test_rollout_tracing.py)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from infra.telemetry import MetricsConfig, TracingConfig
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_service_serves_its_metrics_for_prometheus_to_scrape() -> None:
+    port = _free_port()
+    script = textwrap.dedent(f"""
+        import httpx
+        from infra.telemetry import MetricsConfig, setup_metrics
+        from rollout import manager
+        where = setup_metrics("rollout", MetricsConfig(exporter="prometheus", port={port}))
+        manager._EPISODES.add(3, {{"status": "COMPLETED", "task_type": "t"}})
+        print(where)
+        print(httpx.get(where, timeout=10).text)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines()[0] == f"http://127.0.0.1:{port}/metrics"
+    (line,) = [x for x in out.stdout.splitlines() if x.startswith("stacx_rollout_episodes_total{")]
+    assert 'status="COMPLETED",task_type="t"' in line and line.endswith(" 3.0"), line
+
+
+def test_metrics_config_from_the_otel_variables() -> None:
+    assert MetricsConfig.from_env({}).exporter == "none"
+    prom = MetricsConfig.from_env(
+        {"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_EXPORTER_PROMETHEUS_PORT": "9500"}
+    )
+    assert (prom.exporter, prom.host, prom.port) == ("prometheus", "127.0.0.1", 9500)
+    with pytest.raises(ValueError, match="OTEL_METRICS_EXPORTER='statsd'"):
+        MetricsConfig.from_env({"OTEL_METRICS_EXPORTER": "statsd"})
+    with pytest.raises(ValueError, match="OTEL_EXPORTER_PROMETHEUS_PORT='x'"):
+        MetricsConfig.from_env({"OTEL_METRICS_EXPORTER": "prometheus", "OTEL_EXPORTER_PROMETHEUS_PORT": "x"})
+
+
+def test_the_pipeline_section_gives_each_service_its_own_scrape_port() -> None:
+    section = TracingConfig(enabled=False, metrics="prometheus", metrics_port=9600)
+    first, third = section.to_env(0), section.to_env(2)
+    assert (
+        first["OTEL_EXPORTER_PROMETHEUS_PORT"] == "9600" and third["OTEL_EXPORTER_PROMETHEUS_PORT"] == "9602"
+    )
+    assert MetricsConfig.from_env(third).port == 9602
+    assert not TracingConfig.from_env(third).enabled  # metrics alone do not turn tracing on
