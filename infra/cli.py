@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> None:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:  # one line per HTTP request drowns the services' own progress lines
+        for chatty in ("httpx", "httpcore"):
+            logging.getLogger(chatty).setLevel(logging.WARNING)
     if not getattr(args, "func", None):
         parser.print_help()
         sys.exit(2)
