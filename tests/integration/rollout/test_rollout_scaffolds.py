@@ -13,8 +13,6 @@ simple-task (a Harbor task; the verifier runs its tests).
 
 from __future__ import annotations
 
-import asyncio
-import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from harbor_cookbook import cookbook
+from process_checks import gone
 
 from rollout.adapters import GatewayEnvironments, InferenceAdapter
 from rollout.blackbox.adapter import ExternalScaffold, register
@@ -290,7 +289,7 @@ async def test_crashing_hanging_garbage_scaffolds_end_with_status_and_leave_noth
     assert all(t.reward == 0.0 for t in done.values())
     _assert_leak_free(gateway[1])
     child = int(pid_file.read_text())
-    assert await _gone(child), f"the hung scaffold's child {child} is still running"
+    assert await gone(child), f"the hung scaffold's child {child} is still running"
     # The engine keeps serving: the next episode runs and is rewarded.
     [after] = await _run(
         gateway,
@@ -308,24 +307,6 @@ def _fields(task: TaskSample) -> dict[str, object]:
     from dataclasses import fields
 
     return {f.name: getattr(task, f.name) for f in fields(task)}
-
-
-async def _gone(pid: int) -> bool:
-    """The process has ended (a kill is delivered asynchronously: allow it a few seconds)."""
-    for _ in range(200):
-        if not _alive(pid):
-            return True
-        await asyncio.sleep(0.05)
-    return False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 async def test_the_rollout_service_starts_the_capture_proxy_for_a_black_box_scaffold(

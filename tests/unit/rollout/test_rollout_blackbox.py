@@ -4,13 +4,13 @@ outcomes (result, crash, garbage, a hang killed with its children), the adapter 
 from __future__ import annotations
 
 import asyncio
-import os
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
+from process_checks import gone
 
 from rollout.blackbox.adapter import EpisodeSpec, ExternalScaffold, build_external, is_external
 from rollout.blackbox.join import join_calls
@@ -122,26 +122,7 @@ async def test_cancelling_a_hung_scaffold_kills_its_whole_process_group(tmp_path
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert await _gone(int(pid_file.read_text()))
-
-
-async def _gone(pid: int) -> bool:
-    """The process has ended (a kill is delivered asynchronously: allow it a few seconds)."""
-    for _ in range(200):
-        if not _alive(pid):
-            return True
-        await asyncio.sleep(0.05)
-    return False
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie left for init to reap counts as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    assert await gone(int(pid_file.read_text()))
 
 
 def test_registry_names_the_shipped_scaffolds_and_refuses_unknown_ones() -> None:
