@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import pytest
 from assembly_worker import AssemblerProcess, consume_records
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from consumers.assembly import batch_id
 from consumers.assembly.testing import make_trajectory
@@ -53,20 +51,6 @@ def _topics(fresh_topic: Callable[..., str], partitions: int) -> dict[str, str]:
         "weights_topic": fresh_topic("asm-weights"),
         "dlq_topic": fresh_topic("asm-dlq"),
     }
-
-
-@pytest.fixture
-def app_ids(kafka_bootstrap: str) -> Iterator[list[str]]:
-    """App ids used by a test; their internal topics (ticks, groups, changelogs) are deleted."""
-    ids: list[str] = []
-    yield ids
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    doomed = [t for t in admin.list_topics(timeout=10).topics if t.startswith(tuple(ids))]
-    for future in (admin.delete_topics(doomed).values() if doomed else []):
-        try:
-            future.result(timeout=30)
-        except Exception:
-            pass
 
 
 def _config(bootstrap: str, names: dict[str, str], tmp_path: Path, app_ids: list[str]) -> dict:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import io
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import fastavro
@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 from assembly_worker import AssemblerProcess, consume_records
 from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from consumers.assembly import TICK_KEY
 from consumers.assembly.testing import make_trajectory
@@ -32,20 +31,6 @@ from trainer import SourceConfig, StacxTrainer
 from trainer.testing import tiny_trainer_config
 
 COMPACTED = {"cleanup.policy": "compact"}
-
-
-@pytest.fixture
-def app_ids(kafka_bootstrap: str) -> Iterator[list[str]]:
-    """App ids used by the test; their internal topics are deleted afterwards."""
-    ids: list[str] = []
-    yield ids
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    doomed = [t for t in admin.list_topics(timeout=10).topics if t.startswith(tuple(ids))]
-    for future in admin.delete_topics(doomed).values() if doomed else []:
-        try:
-            future.result(timeout=30)
-        except Exception:
-            pass
 
 
 def _sample(group: str, index: int, **fields: object) -> Trajectory:

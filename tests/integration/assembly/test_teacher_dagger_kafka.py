@@ -13,25 +13,11 @@ from pathlib import Path
 import pytest
 from assembly_worker import AssemblerProcess, consume_records
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient
 
 from schemas.codec import encode
 from schemas.records import TaskSample, TrainingBatch, WeightVersion
 
 NUM_TASKS = 4
-
-
-@pytest.fixture
-def app_ids(kafka_bootstrap: str) -> Iterator[list[str]]:
-    ids: list[str] = []
-    yield ids
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    doomed = [t for t in admin.list_topics(timeout=10).topics if t.startswith(tuple(ids))]
-    for future in (admin.delete_topics(doomed).values() if doomed else []):
-        try:
-            future.result(timeout=30)
-        except Exception:
-            pass
 
 
 @pytest.fixture(scope="module")
