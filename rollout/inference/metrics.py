@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-__all__ = ["Histogram", "Metrics"]
+__all__ = ["Histogram", "Metrics", "PrometheusMetrics"]
 
 BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 LATENCY_BUCKETS_S: tuple[float, ...] = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -46,35 +46,19 @@ class Histogram:
         return lines
 
 
-class Metrics:
-    """Counters, gauges and histograms of one server; safe to update from any thread."""
+class PrometheusMetrics:
+    """Counters, gauges and histograms under one name prefix, rendered in the Prometheus text
+    format; safe to update from any thread. Subclasses name their series."""
 
-    PREFIX = "stacx_inference_"
+    PREFIX = ""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, counters: tuple[str, ...], gauges: tuple[str, ...], histograms: dict[str, Histogram]
+    ) -> None:
         self._lock = threading.Lock()
-        self.counters: dict[str, float] = {
-            "requests_total": 0,
-            "requests_failed_total": 0,
-            "requests_aborted_total": 0,
-            "prompt_tokens_total": 0,
-            "generated_tokens_total": 0,
-            "decode_steps_total": 0,
-            "prefill_batches_total": 0,
-            "weight_updates_total": 0,
-            "prefix_cache_hit_tokens_total": 0,
-            "prefix_cache_query_tokens_total": 0,
-        }
-        self.gauges: dict[str, float] = {
-            "running_requests": 0,
-            "waiting_requests": 0,
-            "prefix_cache_tokens": 0,
-            "prefix_cache_hit_rate": 0,
-        }
-        self.batch_size = Histogram(BATCH_SIZE_BUCKETS)
-        """Rows per decode step."""
-        self.request_latency = Histogram(LATENCY_BUCKETS_S)
-        """Seconds from arrival to the last token."""
+        self.counters: dict[str, float] = dict.fromkeys(counters, 0)
+        self.gauges: dict[str, float] = dict.fromkeys(gauges, 0)
+        self.histograms = histograms
 
     def inc(self, name: str, amount: float = 1) -> None:
         with self._lock:
@@ -83,6 +67,55 @@ class Metrics:
     def set(self, name: str, value: float) -> None:
         with self._lock:
             self.gauges[name] = value
+
+    def observe(self, histogram: str, value: float) -> None:
+        with self._lock:
+            self.histograms[histogram].observe(value)
+
+    def snapshot(self) -> dict[str, float]:
+        """Counters and gauges by name (tests and logs)."""
+        with self._lock:
+            return {**self.counters, **self.gauges}
+
+    def render(self) -> str:
+        """Prometheus text exposition."""
+        with self._lock:
+            lines: list[str] = []
+            for name, value in self.counters.items():
+                lines += [f"# TYPE {self.PREFIX}{name} counter", f"{self.PREFIX}{name} {value:g}"]
+            for name, value in self.gauges.items():
+                lines += [f"# TYPE {self.PREFIX}{name} gauge", f"{self.PREFIX}{name} {value:g}"]
+            for name, histogram in self.histograms.items():
+                lines += histogram.render(f"{self.PREFIX}{name}")
+        return "\n".join(lines) + "\n"
+
+
+class Metrics(PrometheusMetrics):
+    """Counters, gauges and histograms of one inference server."""
+
+    PREFIX = "stacx_inference_"
+
+    def __init__(self) -> None:
+        self.batch_size = Histogram(BATCH_SIZE_BUCKETS)
+        """Rows per decode step."""
+        self.request_latency = Histogram(LATENCY_BUCKETS_S)
+        """Seconds from arrival to the last token."""
+        super().__init__(
+            (
+                "requests_total",
+                "requests_failed_total",
+                "requests_aborted_total",
+                "prompt_tokens_total",
+                "generated_tokens_total",
+                "decode_steps_total",
+                "prefill_batches_total",
+                "weight_updates_total",
+                "prefix_cache_hit_tokens_total",
+                "prefix_cache_query_tokens_total",
+            ),
+            ("running_requests", "waiting_requests", "prefix_cache_tokens", "prefix_cache_hit_rate"),
+            {"batch_size": self.batch_size, "request_latency_seconds": self.request_latency},
+        )
 
     def observe_batch(self, size: int) -> None:
         with self._lock:
@@ -99,17 +132,4 @@ class Metrics:
             self.gauges["prefix_cache_hit_rate"] = hits / queried if queried else 0.0
 
     def observe_latency(self, seconds: float) -> None:
-        with self._lock:
-            self.request_latency.observe(seconds)
-
-    def render(self) -> str:
-        """Prometheus text exposition."""
-        with self._lock:
-            lines: list[str] = []
-            for name, value in self.counters.items():
-                lines += [f"# TYPE {self.PREFIX}{name} counter", f"{self.PREFIX}{name} {value:g}"]
-            for name, value in self.gauges.items():
-                lines += [f"# TYPE {self.PREFIX}{name} gauge", f"{self.PREFIX}{name} {value:g}"]
-            lines += self.batch_size.render(f"{self.PREFIX}batch_size")
-            lines += self.request_latency.render(f"{self.PREFIX}request_latency_seconds")
-        return "\n".join(lines) + "\n"
+        self.observe("request_latency_seconds", seconds)

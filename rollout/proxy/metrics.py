@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import threading
-
-from rollout.inference.metrics import LATENCY_BUCKETS_S, Histogram
+from rollout.inference.metrics import LATENCY_BUCKETS_S, Histogram, PrometheusMetrics
 
 __all__ = ["ProxyMetrics"]
 
@@ -21,40 +19,13 @@ _COUNTERS = (
 _GAUGES = ("buffered_events", "degraded", "pinned_sessions")
 
 
-class ProxyMetrics:
+class ProxyMetrics(PrometheusMetrics):
     """Counters (`*_total`), gauges and the request latency histogram of one proxy."""
 
     PREFIX = "stacx_proxy_"
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.counters: dict[str, float] = dict.fromkeys(_COUNTERS, 0)
-        self.gauges: dict[str, float] = dict.fromkeys(_GAUGES, 0)
-        self.latency = Histogram(LATENCY_BUCKETS_S)
-
-    def inc(self, name: str, value: float = 1) -> None:
-        with self._lock:
-            self.counters[name] += value
-
-    def set(self, name: str, value: float) -> None:
-        with self._lock:
-            self.gauges[name] = value
+        super().__init__(_COUNTERS, _GAUGES, {"request_latency_seconds": Histogram(LATENCY_BUCKETS_S)})
 
     def observe_latency(self, seconds: float) -> None:
-        with self._lock:
-            self.latency.observe(seconds)
-
-    def snapshot(self) -> dict[str, float]:
-        """Counters and gauges by name (tests and logs)."""
-        with self._lock:
-            return {**self.counters, **self.gauges}
-
-    def render(self) -> str:
-        with self._lock:
-            lines: list[str] = []
-            for name, value in self.counters.items():
-                lines += [f"# TYPE {self.PREFIX}{name} counter", f"{self.PREFIX}{name} {value:g}"]
-            for name, value in self.gauges.items():
-                lines += [f"# TYPE {self.PREFIX}{name} gauge", f"{self.PREFIX}{name} {value:g}"]
-            lines += self.latency.render(f"{self.PREFIX}request_latency_seconds")
-        return "\n".join(lines) + "\n"
+        self.observe("request_latency_seconds", seconds)
