@@ -374,7 +374,7 @@ def run_rounds(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print only the JSON figures")
-    parser.add_argument("--bootstrap", default=os.environ.get(topics.BOOTSTRAP_ENV, topics.DEFAULT_BOOTSTRAP))
+    parser.add_argument("--bootstrap", default=topics.default_bootstrap())
     parser.add_argument("--trajectories", type=int, default=4096)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=8, help="groups per batch")

@@ -302,7 +302,7 @@ def _delete_topic(bootstrap: str, name: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print only the JSON figure")
-    parser.add_argument("--bootstrap", default=os.environ.get(topics.BOOTSTRAP_ENV, topics.DEFAULT_BOOTSTRAP))
+    parser.add_argument("--bootstrap", default=topics.default_bootstrap())
     parser.add_argument("--budget-s", type=float, default=60.0, help="wall-clock budget of each mode")
     parser.add_argument("--tasks", type=int, default=64)
     parser.add_argument("--actions", type=int, default=8)

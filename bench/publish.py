@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print only the JSON figure")
     parser.add_argument("--records", type=int, default=10_000, help="records per case (default 10000)")
     parser.add_argument("--mb-records", type=int, default=200, help="records of the 1 MB case (default 200)")
-    parser.add_argument("--bootstrap", default=os.environ.get(topics.BOOTSTRAP_ENV, topics.DEFAULT_BOOTSTRAP))
+    parser.add_argument("--bootstrap", default=topics.default_bootstrap())
     parser.add_argument("--compression", default="lz4", choices=["none", "lz4", "zstd", "snappy", "gzip"])
     parser.add_argument("--linger-ms", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=1_000_000, help="batch.size in bytes")

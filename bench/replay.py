@@ -29,7 +29,7 @@ from consumers.assembly.testing import make_trajectory  # noqa: E402
 from consumers.replay import ReplayAssembler, ReplayRange, read_range  # noqa: E402
 from infra.config import build  # noqa: E402
 from schemas.codec import Codec, encode  # noqa: E402
-from schemas.topics import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP  # noqa: E402
+from schemas.topics import default_bootstrap  # noqa: E402
 
 
 def _preload(bootstrap: str, topic: str, args: argparse.Namespace) -> int:
@@ -90,7 +90,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--json", action="store_true", help="print only the JSON figures")
     args = parser.parse_args()
-    bootstrap = os.environ.get(BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP)
+    bootstrap = default_bootstrap()
     admin = AdminClient({"bootstrap.servers": bootstrap})
     topic = f"bench.replay.{uuid.uuid4().hex[:8]}"
     admin.create_topics([NewTopic(topic, num_partitions=args.partitions, replication_factor=1)])[

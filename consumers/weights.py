@@ -70,9 +70,8 @@ class EventSource(Protocol):
 
 
 def _bootstrap_default() -> str:
-    import os
 
-    return os.environ.get(topics.BOOTSTRAP_ENV, topics.DEFAULT_BOOTSTRAP)
+    return topics.default_bootstrap()
 
 
 class WeightSubscriber:

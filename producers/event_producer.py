@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import threading
 import time
 from collections.abc import Mapping
@@ -49,7 +48,7 @@ class Delivery:
 
 
 def _bootstrap_default() -> str:
-    return os.environ.get(topics.BOOTSTRAP_ENV, topics.DEFAULT_BOOTSTRAP)
+    return topics.default_bootstrap()
 
 
 @functools.cache

@@ -110,7 +110,7 @@ class KafkaConfig:
     """Kafka: where trajectories go and where policy versions come from."""
 
     bootstrap_servers: str = field(
-        default_factory=lambda: os.environ.get(topics.BOOTSTRAP_ENV, topics.DEFAULT_BOOTSTRAP)
+        default_factory=topics.default_bootstrap
     )
     """bootstrap.servers (default $STACX_KAFKA or 127.0.0.1:9092)."""
     publish: bool = True

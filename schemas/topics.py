@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 
 TRAJECTORIES = "stacx.trajectories"
@@ -17,6 +18,12 @@ ONCALL_TRAJECTORIES = "stacx.oncall.trajectories"
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 BOOTSTRAP_ENV = "STACX_KAFKA"
+
+
+def default_bootstrap() -> str:
+    """Kafka bootstrap servers: `$STACX_KAFKA`, else the local broker."""
+    return os.environ.get(BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP)
+
 
 # Records above this size go through the claim check (see ARCHITECTURE.md, "Topics").
 BATCHES_MAX_MESSAGE_BYTES = 64 * 1024 * 1024

@@ -6,7 +6,6 @@ is missing: the message says how to start it.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,7 +30,7 @@ def kafka_bootstrap() -> str:
     """bootstrap.servers of a live broker (STACX_KAFKA or the local default)."""
     from confluent_kafka.admin import AdminClient
 
-    bootstrap = os.environ.get(topics.BOOTSTRAP_ENV, topics.DEFAULT_BOOTSTRAP)
+    bootstrap = topics.default_bootstrap()
     admin = AdminClient({"bootstrap.servers": bootstrap})
     try:
         admin.list_topics(timeout=10)

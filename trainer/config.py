@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ __all__ = [
 
 
 def _bootstrap() -> str:
-    return os.environ.get(topics.BOOTSTRAP_ENV, topics.DEFAULT_BOOTSTRAP)
+    return topics.default_bootstrap()
 
 
 @dataclass(kw_only=True, slots=True)

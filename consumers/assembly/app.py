@@ -100,7 +100,7 @@ class AssemblerApp:
         app_id: str = "stacx-assembler"
         """Faust app id: the consumer group and the prefix of internal topics."""
         bootstrap_servers: str = field(
-            default_factory=lambda: os.environ.get(topics.BOOTSTRAP_ENV, topics.DEFAULT_BOOTSTRAP)
+            default_factory=topics.default_bootstrap
         )
         """Kafka bootstrap servers (host:port[,host:port])."""
         trajectories_topic: str = topics.TRAJECTORIES

@@ -54,7 +54,7 @@ class OncallJoinApp:
         app_id: str = "stacx-oncall-join"
         """Faust app id: the consumer group and the prefix of internal topics."""
         bootstrap_servers: str = field(
-            default_factory=lambda: os.environ.get(topics.BOOTSTRAP_ENV, topics.DEFAULT_BOOTSTRAP)
+            default_factory=topics.default_bootstrap
         )
         """Kafka bootstrap servers."""
         agent_logs_topic: str = topics.AGENT_LOGS

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +44,7 @@ class Evaluator(Protocol):
 
 
 def _bootstrap() -> str:
-    return os.environ.get(topics.BOOTSTRAP_ENV, topics.DEFAULT_BOOTSTRAP)
+    return topics.default_bootstrap()
 
 
 class OnlineLearner:
