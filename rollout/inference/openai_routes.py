@@ -313,9 +313,10 @@ def _chat_prompt(state: ServingState, body: ChatCompletionRequest) -> tuple[list
     return state.encode(str(text) + primer), primer
 
 
-def _chat_message(
+def chat_message(
     body: ChatCompletionRequest, text: str, primer: str
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The assistant message (content and parsed tool calls) for the generated `text`."""
     if body.uses_tools:
         content, calls = parse_tool_calls(forced_call_text(primer, text))
     else:
@@ -344,7 +345,7 @@ async def _chat(state: ServingState, request: Request, body: ChatCompletionReque
     outputs = await state.generate_all(request, generations)
     choices = []
     for i, out in enumerate(outputs):
-        message, calls = _chat_message(body, out.text, primer)
+        message, calls = chat_message(body, out.text, primer)
         choice: dict[str, Any] = {
             "index": i,
             "message": message,
@@ -379,8 +380,9 @@ class _ChatStream:
     started: bool = False
 
 
-def _visible_chat_text(body: ChatCompletionRequest, text: str, primer: str) -> int:
-    """How much of the text so far may be streamed as content (tool calls are sent at the end)."""
+def visible_text(body: ChatCompletionRequest, text: str, primer: str) -> int:
+    """How much of a streamed text may be sent as content: from `<tool_call>` on it is held back
+    (tool calls are sent whole in the last chunk), as is a partial opening tag at the end."""
     if not body.uses_tools:
         return len(text)
     if primer:
@@ -429,14 +431,14 @@ async def _stream_chat(
             logprobs = _chat_logprobs(state, chunk.output_ids, chunk.logprobs, chunk.top_logprobs or None)
         if chunk.output is None:
             stream.text += chunk.text
-            visible = _visible_chat_text(body, stream.text, primer)
+            visible = visible_text(body, stream.text, primer)
             new_text = stream.text[stream.sent : visible] if visible > stream.sent else ""
             stream.sent = max(stream.sent, visible)
             if new_text or logprobs:
                 yield event(index, {"content": new_text} if new_text else {}, None, logprobs)
             continue
         completion_tokens += len(chunk.output.output_ids)
-        message, calls = _chat_message(body, chunk.output.text, primer)
+        message, calls = chat_message(body, chunk.output.text, primer)
         content = message["content"] or ""
         delta: dict[str, Any] = {}
         if len(content) > stream.sent:

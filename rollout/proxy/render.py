@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout.inference.openai_api import ChatCompletionRequest, CompletionRequest
-from rollout.inference.openai_routes import TOOL_OPEN, forced_call_text, parse_tool_calls, tool_primer
+from rollout.inference.openai_routes import chat_message, tool_primer, visible_text
 from rollout.proxy.errors import UnsupportedRequestError
 
 __all__ = ["PromptRenderer", "RenderedPrompt", "chat_message", "visible_text"]
@@ -71,36 +71,6 @@ class PromptRenderer:
 
     def token_bytes(self, token: int) -> list[int]:
         return list(self.token_text(token).encode("utf-8"))
-
-
-def chat_message(
-    body: ChatCompletionRequest, text: str, primer: str
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The assistant message (content and parsed tool calls) for the generated `text`."""
-    if body.uses_tools:
-        content, calls = parse_tool_calls(forced_call_text(primer, text))
-    else:
-        content, calls = text, []
-    message: dict[str, Any] = {"role": "assistant", "content": content or None}
-    if calls:
-        message["tool_calls"] = calls if body.parallel_tool_calls else calls[:1]
-    return message, calls
-
-
-def visible_text(body: ChatCompletionRequest, text: str, primer: str) -> int:
-    """How much of a streamed text may be sent as content: from `<tool_call>` on it is held back
-    (tool calls are sent whole in the last chunk), as is a partial opening tag at the end."""
-    if not body.uses_tools:
-        return len(text)
-    if primer:
-        return 0
-    at = text.find(TOOL_OPEN)
-    if at >= 0:
-        return at
-    for keep in range(min(len(TOOL_OPEN) - 1, len(text)), 0, -1):
-        if TOOL_OPEN.startswith(text[-keep:]):
-            return len(text) - keep
-    return len(text)
 
 
 def request_messages_json(body: ChatCompletionRequest) -> str:
