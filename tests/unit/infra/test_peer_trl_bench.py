@@ -6,6 +6,7 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -45,33 +46,26 @@ def test_time_to_target_interpolates_between_checkpoints(bench: ModuleType) -> N
     assert bench.time_to(curve, 0.9) is None
 
 
+def _side(bench: ModuleType, system: str, curve: list[dict[str, float]]) -> Any:
+    """A side's run with only its success curve set (what the comparison reads)."""
+    return bench.SideRun(
+        system=system,
+        latency=False,
+        versions=[],
+        trajectories=0,
+        trainer_tokens=0,
+        trainer_busy_s=0.0,
+        peak_memory_bytes=0,
+        cpu_s=0.0,
+        budget_s=60,
+        startup_s=0,
+        curve=curve,
+    )
+
+
 def test_ratio_is_trl_time_over_ours_at_the_lower_final_success(bench: ModuleType) -> None:
-    ours = bench.SideRun(
-        system="stacx",
-        latency=False,
-        versions=[],
-        trajectories=0,
-        trainer_tokens=0,
-        trainer_busy_s=0.0,
-        peak_memory_bytes=0,
-        cpu_s=0.0,
-        budget_s=60,
-        startup_s=0,
-        curve=_curve((0, 0.2), (30, 0.8), (60, 0.9)),
-    )
-    trl = bench.SideRun(
-        system="trl",
-        latency=False,
-        versions=[],
-        trajectories=0,
-        trainer_tokens=0,
-        trainer_busy_s=0.0,
-        peak_memory_bytes=0,
-        cpu_s=0.0,
-        budget_s=60,
-        startup_s=0,
-        curve=_curve((0, 0.2), (30, 0.4), (60, 0.6)),
-    )
+    ours = _side(bench, "stacx", _curve((0, 0.2), (30, 0.8), (60, 0.9)))
+    trl = _side(bench, "trl", _curve((0, 0.2), (30, 0.4), (60, 0.6)))
     result = bench.compare(ours, trl)
     assert result["target_success"] == 0.6
     assert result["time_to_target_s_trl"] == pytest.approx(60.0)
