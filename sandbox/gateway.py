@@ -225,7 +225,9 @@ class _TraceRequests:
             return
         carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}
         with self.tracer.start_as_current_span(
-            name, context=propagate.extract(carrier), kind=trace.SpanKind.SERVER,
+            name,
+            context=propagate.extract(carrier),
+            kind=trace.SpanKind.SERVER,
             attributes={"http.request.method": scope["method"], "url.path": scope["path"]},
         ) as span:
 
@@ -271,6 +273,8 @@ def _metrics_text(manager: SessionManager) -> str:
     lines = [
         "# TYPE stacx_sandbox_sessions_active gauge",
         f"stacx_sandbox_sessions_active {len(manager.list())}",
+        "# TYPE stacx_sandbox_reusable gauge",
+        f"stacx_sandbox_reusable {manager.reusable}",
     ]
     for name, value in sorted(manager.stats.items()):
         lines += [f"# TYPE stacx_sandbox_{name} counter", f"stacx_sandbox_{name} {value:g}"]

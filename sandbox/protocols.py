@@ -63,6 +63,9 @@ class SandboxHandle:
     """Out-of-memory kills seen so far (to attribute new ones to an exec)."""
     notes: list[str] = field(default_factory=list)
     """What the backend had to change to start the sandbox (e.g. an ENTRYPOINT that exited)."""
+    writable: dict[str, str] = field(default_factory=dict)
+    """Every writable directory of the sandbox -> its octal mode at start, when the backend
+    knows them all and they all started empty (what a reset restores); empty: unknown."""
 
 
 @runtime_checkable

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import posixpath
 import time
@@ -32,6 +33,7 @@ from sandbox.models import (
 )
 from sandbox.paths import check_archive, resolve_path, tar_files
 from sandbox.protocols import SandboxBackend, SandboxHandle, SandboxSpec
+from sandbox.reuse import Resettable, ReusePool, ShapeKey, shape_key
 from sandbox.task_config import resolve_env
 from sandbox.tasks import HarborTask, load_task
 from sandbox.verifier import verify
@@ -52,6 +54,14 @@ class _Session:
     """Requests in flight; an idle timeout never closes a busy session."""
     client: str | None = None
     """Who created the session (the gateway's digest of the bearer token); None: anyone."""
+    reuse: _Reuse | None = None
+    """How the sandbox goes back to the reuse pool when the session closes; None: removed."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Reuse:
+    key: ShapeKey
+    label_expires_at: float
 
 
 @dataclass(kw_only=True, slots=True)
@@ -94,6 +104,13 @@ class SessionManager:
         """Largest upload or download."""
         warm_pool_size: int = 0
         """Pre-started sandboxes of `default_image` kept ready (0: none)."""
+        reuse_pool_size: int = 0
+        """Closed sessions' sandboxes kept, reset (every sandbox process killed, the writable
+        mounts emptied), for the next session of the same image, limits and environment
+        (0: every session gets a new sandbox). Plain image sandboxes only, never task ones.
+        Kept sandboxes hold their share of the budget; a session that needs it evicts them."""
+        reuse_idle_s: float = 120.0
+        """A kept sandbox unused this long is removed by the reaper."""
         allowed_task_roots: tuple[str, ...] = ()
         """Directories `task_dir` must be under (empty: any directory of the gateway host)."""
 
@@ -125,6 +142,10 @@ class SessionManager:
         self._gone: dict[str, str] = {}
         self._pool: list[tuple[SandboxHandle, float]] = []
         """Warm sandboxes and the expiry written on their labels."""
+        self._reuse = ReusePool(capacity=config.reuse_pool_size)
+        """Reset sandboxes of closed sessions, by shape."""
+        self._returning: set[str] = set()
+        """Sandbox ids being reset on their way into the reuse pool."""
         self._tasks: set[asyncio.Task[None]] = set()
         """Background pool fills and discards."""
         self._closing = False
@@ -152,6 +173,9 @@ class SessionManager:
         # cancelled start would leave its container behind); they stop what they start.
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
         handles = [s.handle for s in self._sessions.values()] + [h for h, _ in self._pool]
+        handles += self._reuse.drain()
+        for session_id in self._sessions:
+            self.limits.release(session_id)
         self._sessions.clear()
         self._pool.clear()
         for handle in handles:
@@ -186,12 +210,15 @@ class SessionManager:
             )
         session_id = f"sb-{uuid.uuid4().hex[:16]}"
         self._starting.add(session_id)
+        reuse: _Reuse | None = None
         try:
             resolved = await self._resolve(spec, session_id)
             handle = self._take_pooled(spec, resolved.spec)  # holds its own reservation
             if handle is None:
-                self.limits.reserve(session_id, _reservation(resolved.spec))
-                handle = await self._start_sandbox(resolved.spec)
+                handle, reuse = self._take_reused(resolved.spec, session_id)
+            if handle is None:
+                await self._reserve(session_id, resolved.spec)
+                handle, reuse = await self._start_new(resolved.spec)
         except BaseException:
             self.limits.release(session_id)
             raise
@@ -199,7 +226,7 @@ class SessionManager:
             self._starting.discard(session_id)
         now = time.time()
         info = SessionInfo(
-            id=handle.session_id,
+            id=session_id if reuse else handle.session_id,
             image=resolved.spec.image,
             backend=self.backend.name,
             workdir=resolved.spec.workdir,
@@ -215,9 +242,45 @@ class SessionManager:
             harbor=resolved.spec.harbor,
             warnings=resolved.warnings + handle.notes,
         )
-        self._sessions[info.id] = _Session(info=info, handle=handle, task=resolved.task, client=client)
+        self._sessions[info.id] = _Session(
+            info=info, handle=handle, task=resolved.task, client=client, reuse=reuse
+        )
         self.stats["sessions_created_total"] += 1
         return info
+
+    async def _reserve(self, session_id: str, spec: SandboxSpec) -> None:
+        """Hold the budget for a new sandbox, evicting kept (reuse pool) sandboxes when they are
+        what stands in the way."""
+        while True:
+            try:
+                self.limits.reserve(session_id, _reservation(spec))
+                return
+            except CapacityExceeded:
+                victim = self._reuse.pop_oldest()
+                if victim is None:
+                    raise
+                await self._remove(victim, counter="reuse_evicted_total")
+
+    async def _start_new(self, spec: SandboxSpec) -> tuple[SandboxHandle, _Reuse | None]:
+        """Start a sandbox; one that may be reused later is labelled to live the gateway's
+        maximum lifetime (each session still ends at its own expiry)."""
+        key = shape_key(spec) if self.config.reuse_pool_size > 0 else None
+        if key is None:
+            return await self._start_sandbox(spec), None
+        label_expires_at = max(spec.expires_at, time.time() + self.config.max_lifetime_s)
+        handle = await self._start_sandbox(dataclasses.replace(spec, expires_at=label_expires_at))
+        return handle, _Reuse(key=key, label_expires_at=label_expires_at)
+
+    def _take_reused(self, spec: SandboxSpec, session_id: str) -> tuple[SandboxHandle | None, _Reuse | None]:
+        key = shape_key(spec) if self.config.reuse_pool_size > 0 else None
+        taken = self._reuse.take(key, until=spec.expires_at) if key is not None else None
+        if key is None or taken is None:
+            return None, None
+        handle, label_expires_at = taken
+        handle.notes = []
+        self.limits.transfer(handle.session_id, session_id)
+        self.stats["sessions_reused_total"] += 1
+        return handle, _Reuse(key=key, label_expires_at=label_expires_at)
 
     async def _resolve(self, spec: SessionSpec, session_id: str) -> _Resolved:
         if spec.image and spec.task_dir:
@@ -298,6 +361,11 @@ class SessionManager:
         """Pre-started sandboxes ready in the warm pool."""
         return len(self._pool)
 
+    @property
+    def reusable(self) -> int:
+        """Reset sandboxes of closed sessions waiting in the reuse pool."""
+        return len(self._reuse)
+
     def touch(self, session_id: str) -> SessionInfo:
         """Count as a request now: restarts the idle timeout (clients renew long-lived sessions
         that go quiet, e.g. while the model thinks); the hard lifetime is unchanged."""
@@ -323,15 +391,49 @@ class SessionManager:
         return session
 
     async def close(self, session_id: str, *, reason: str = "closed by client") -> None:
-        """Remove the session's sandbox."""
+        """Remove the session's sandbox (or reset it for the reuse pool, in the background)."""
         session = self._sessions.pop(session_id, None)
         if session is None:
             self._session(session_id)  # raises the right error
             return
         self._forget(session_id, reason)
         self.stats["sessions_closed_total"] += 1
-        await self._stop_quietly(session.handle)
+        handle = session.handle
+        if session.reuse is not None and self._reuse_room() and isinstance(self.backend, Resettable):
+            self.limits.transfer(session_id, handle.session_id)  # the kept sandbox holds its share
+            self._returning.add(handle.session_id)
+            self._background(self._return_for_reuse(handle, session.reuse))
+            return
+        await self._stop_quietly(handle)
         self.limits.release(session_id)
+
+    def _reuse_room(self) -> bool:
+        return not self._closing and len(self._reuse) + len(self._returning) < self.config.reuse_pool_size
+
+    async def _return_for_reuse(self, handle: SandboxHandle, reuse: _Reuse) -> None:
+        """Reset a closed session's sandbox into the reuse pool, or remove it when the reset
+        fails, the gateway stops or its label would expire within the next minute."""
+        try:
+            assert isinstance(self.backend, Resettable)
+            try:
+                clean = await self.backend.reset(handle)
+            except Exception:
+                log.exception("resetting sandbox %s failed; removing it", handle.ref)
+                clean = False
+            if clean and not self._closing and reuse.label_expires_at - time.time() > 60.0:
+                self._reuse.put(reuse.key, handle, label_expires_at=reuse.label_expires_at)
+                self.stats["sandboxes_reset_total"] += 1
+                return
+            await self._remove(handle, counter="reset_failures_total" if not clean else None)
+        finally:
+            self._returning.discard(handle.session_id)
+
+    async def _remove(self, handle: SandboxHandle, *, counter: str | None = None) -> None:
+        """Remove a sandbox that no session holds, and give back its share of the budget."""
+        if counter:
+            self.stats[counter] += 1
+        await self._stop_quietly(handle)
+        self.limits.release(handle.session_id)
 
     def _forget(self, session_id: str, reason: str) -> None:
         self._gone[session_id] = reason
@@ -446,7 +548,11 @@ class SessionManager:
         for sid, reason in doomed:
             self.stats["sessions_expired_total"] += 1
             await self.close(sid, reason=reason)
-        keep = set(self._sessions) | self._starting | {h.session_id for h, _ in self._pool}
+        for handle in self._reuse.pop_idle(self.config.reuse_idle_s):
+            await self._remove(handle, counter="reuse_evicted_total")
+        keep = set(self._sessions) | {s.handle.session_id for s in self._sessions.values()}
+        keep |= self._starting | {h.session_id for h, _ in self._pool}
+        keep |= self._reuse.sandbox_ids | self._returning
         orphans = await self.backend.reap(owner=self.config.owner, keep=keep)
         self.stats["reaped_total"] += orphans
         return len(doomed) + orphans

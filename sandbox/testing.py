@@ -24,10 +24,12 @@ from typing import Any
 from sandbox.backends.fake import FakeBackend
 from sandbox.backends.lifecycle import LifecycleGuard
 from sandbox.gateway import KEEP_ALIVE_S, create_app
+from sandbox.images import ImageChoice, TaskImageBuilder
 from sandbox.protocols import SandboxBackend, SandboxHandle, SandboxSpec
 from sandbox.sessions import SessionManager
+from sandbox.tasks import HarborTask
 
-__all__ = ["FakeBackend", "WedgingBackend", "gateway_process", "serve_app", "serve_gateway"]
+__all__ = ["FakeBackend", "FakeTaskImages", "WedgingBackend", "gateway_process", "serve_app", "serve_gateway"]
 
 
 @contextmanager
@@ -148,3 +150,19 @@ def _healthy(httpx: Any, url: str) -> bool:
         return bool(httpx.get(f"{url}/healthz", timeout=2).status_code == 200)
     except httpx.HTTPError:
         return False
+
+
+class FakeTaskImages:
+    """Stands in for `TaskImageBuilder`: every task resolves to its own tag, nothing is built."""
+
+    def __init__(self, tools_volume: str | None = "tools-vol") -> None:
+        self.built: list[str] = []
+        self.volume = tools_volume
+        self.config = TaskImageBuilder.Config()
+
+    async def resolve(self, task: HarborTask) -> ImageChoice:
+        self.built.append(task.name)
+        return ImageChoice(tag=task.image_tag, notes=["FROM x -> y"])
+
+    def tools_volume(self) -> str | None:
+        return self.volume

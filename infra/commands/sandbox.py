@@ -27,6 +27,12 @@ def register(subparsers: Any) -> None:
     gateway.add_argument("--max-lifetime", type=float, default=12 * 3600.0, help="seconds")
     gateway.add_argument("--warm-pool", type=int, default=0, help="pre-started sandboxes")
     gateway.add_argument(
+        "--reuse-pool",
+        type=int,
+        default=0,
+        help="closed sessions' sandboxes kept, reset, for the next session of the same shape (0: none)",
+    )
+    gateway.add_argument(
         "--task-root", action="append", default=[], help="allowed task_dir root (repeatable; default any)"
     )
     gateway.add_argument(
@@ -100,6 +106,7 @@ def _serve_gateway(args: argparse.Namespace, limits: Any) -> int:
         idle_timeout_s=args.idle_timeout,
         max_lifetime_s=args.max_lifetime,
         warm_pool_size=args.warm_pool,
+        reuse_pool_size=args.reuse_pool,
         allowed_task_roots=tuple(args.task_root),
         limits=limits,
     )

@@ -172,6 +172,9 @@ class ServicesConfig(_Schema):
     """`docker` or `process`."""
     gateway_warm_pool: int = Field(default=0, ge=0)
     """Pre-started sandboxes."""
+    gateway_reuse_pool: int = Field(default=64, ge=0)
+    """Sandboxes of finished episodes kept, reset, for the next episode of the same image and
+    limits (0: a new container per episode). Resetting is one exec; starting is a container."""
     inference_port: int = Field(default=30010, ge=1, le=65535)
     """Built-in inference server port."""
     inference_threads: int = Field(default=1, ge=1)

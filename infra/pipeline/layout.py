@@ -45,8 +45,9 @@ class RunTopics:
         topic is always the run's own."""
         derived = cls._derived(run_id, fresh=fresh)
         picked = {k: v for k, v in (chosen or {}).items() if v}
-        return cls(**{**{k: getattr(derived, k) for k in ("trajectories", "batches", "weights", "tasks")},
-                      **picked})
+        return cls(
+            **{**{k: getattr(derived, k) for k in ("trajectories", "batches", "weights", "tasks")}, **picked}
+        )
 
     @classmethod
     def _derived(cls, run_id: str, *, fresh: bool) -> RunTopics:

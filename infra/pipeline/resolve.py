@@ -94,6 +94,8 @@ def gateway_args(spec: PipelineSpec, layout: RunLayout) -> list[str]:
         s.gateway_backend,
         "--warm-pool",
         str(s.gateway_warm_pool),
+        "--reuse-pool",
+        str(s.gateway_reuse_pool),
         "--owner",
         f"stacx-{layout.run_id}",
     ]

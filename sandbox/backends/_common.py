@@ -21,6 +21,41 @@ OOM_EVENTS_SCRIPT = (
     "cat /sys/fs/cgroup/memory.events 2>/dev/null"
     " || cat /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null || true"
 )
+RESET_SCRIPT = r"""me=$$
+_left() {  # processes but init, its keep-alive `sleep 86400`, this shell and its children
+  n=0
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    if [ "$p" = 1 ] || [ "$p" = "$me" ]; then continue; fi
+    read -r _ _ _ ppid _ < "$d/stat" 2>/dev/null || continue
+    { read -r -d '' arg0; read -r -d '' arg1; } < "$d/cmdline" 2>/dev/null
+    if [ "$ppid" = "$me" ] || { [ "$ppid" = 1 ] && [ "$arg0 $arg1" = "sleep 86400" ]; }; then continue; fi
+    n=$((n+1))
+  done
+}
+i=0
+while :; do
+  kill -9 -1 2>/dev/null  # every process this user may signal but init and this shell
+  _left
+  [ "$n" = 0 ] && break
+  i=$((i+1))
+  if [ "$i" -ge 100 ]; then echo "$n processes survive kill -9" >&2; exit 1; fi
+  sleep 0.05
+done
+for item in "$@" -:/dev/shm; do
+  mode=${item%%:*} d=${item#*:}
+  [ -d "$d" ] || continue
+  chmod -R u+rwX -- "$d" 2>/dev/null
+  find "$d" -mindepth 1 -delete 2>/dev/null
+  if [ -n "$(ls -A -- "$d")" ]; then echo "$d is not empty after the wipe" >&2; exit 1; fi
+  [ "$mode" = - ] || chmod "$mode" -- "$d" || exit 1
+done
+ipcrm --all 2>/dev/null || true
+"""
+"""Return a plain sandbox to its just-started state, as its own user: kill every process but
+init (which reaps them), empty the writable directories given as `MODE:PATH` arguments (and
+give them back MODE) and /dev/shm, drop
+System V IPC objects. Exits non-zero when anything survives."""
 TIMEOUT_GRACE_S = 5.0
 """Extra time the host waits for an exec past its in-sandbox `timeout` before giving up on it."""
 

@@ -14,6 +14,7 @@ libnetwork deadlocks under many concurrent starts), and a call that hangs marks 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import struct
@@ -28,6 +29,7 @@ from sandbox.backends._common import (
     OOM_EVENTS_SCRIPT,
     READ_DIR_SCRIPT,
     READ_FILE_SCRIPT,
+    RESET_SCRIPT,
     TIMEOUT_GRACE_S,
     WRITE_ARCHIVE_SCRIPT,
     OutputCap,
@@ -58,12 +60,15 @@ _KEEPALIVE = "trap 'exit 0' TERM; while :; do sleep 86400 & wait $!; done"
 HARBOR_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "NET_BIND_SERVICE")
 """Capabilities Harbor sandboxes keep (root in the container): what apt/dpkg and pip need to own,
 chmod and switch users, and binding low ports on the sandbox's own loopback. All others dropped."""
+_TMPFS_ROOTS = ("/tmp", "/tests", "/logs", "/solution")
+"""Writable tmpfs mounts of every sandbox (plus its workdir unless seeded from the image)."""
 _PF_EXITING = 0x4
 """Flag (/proc/PID/stat field 9) of a process that is exiting."""
 _ENTRYPOINT_WAIT_S = 1.0
 """How long a started sandbox whose image has an ENTRYPOINT is watched for an early exit."""
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 WEDGED_HINT = (
     " Docker 20.10 can deadlock in libnetwork under many concurrent container starts (docs/infra.md)."
@@ -129,6 +134,8 @@ class DockerBackend:
         )
         self._workdirs: dict[str, str | None] = {}
         self._pending_notes: dict[str, list[str]] = {}
+        self._seed_modes: dict[str, str | None] = {}
+        """Image -> mode of its WORKDIR when that directory is empty (None: it has content)."""
 
     @property
     def problem(self) -> str | None:
@@ -142,13 +149,35 @@ class DockerBackend:
     async def start(self, spec: SandboxSpec) -> SandboxHandle:
         what = f"create and start a container from {spec.image}"
         container_id = await self.lifecycle.run(what, self._start, spec, undo=self._remove)
-        return SandboxHandle(
+        handle = SandboxHandle(
             session_id=spec.session_id,
             ref=container_id,
             workdir=spec.workdir,
             env=dict(spec.env),
             notes=self._pending_notes.pop(spec.session_id, []),
         )
+        handle.writable = await self._writable(handle, spec)
+        return handle
+
+    async def _writable(self, handle: SandboxHandle, spec: SandboxSpec) -> dict[str, str]:
+        """The sandbox's writable directories and their modes, when a reset can restore them:
+        a plain sandbox's tmpfs mounts (a seeded workdir too when the image's is empty)."""
+        if spec.harbor or spec.volumes:
+            return {}  # a writable root file system: only a new container is as good as new
+        writable = dict.fromkeys(_TMPFS_ROOTS, "755")
+        if not spec.seed_workdir:
+            return writable | {spec.workdir: "755"}
+        if spec.image not in self._seed_modes:  # once per image: is its WORKDIR empty?
+            script = '[ -z "$(ls -A -- "$1")" ] && stat -c %a -- "$1"'
+            argv = helper_argv(script, spec.workdir)
+            try:
+                run = await self._run(self._exec, handle.ref, argv, None, {}, "/", 1 << 10, 30.0)
+            except (BackendError, SandboxStopped):
+                return {}  # the session's own calls will say what is wrong
+            mode = run.stdout.text().strip()
+            self._seed_modes[spec.image] = mode if run.exit_code == 0 and mode.isdigit() else None
+        seed_mode = self._seed_modes[spec.image]
+        return writable | {spec.workdir: seed_mode} if seed_mode else {}
 
     def _start(self, spec: SandboxSpec) -> str:
         import docker.errors
@@ -208,7 +237,7 @@ class DockerBackend:
         size_mb = max(8, min(self.config.tmpfs_mb, spec.memory_mb // 2))
         # Owned by the sandbox user: Docker drops a tmpfs `mode=1777`; `exec` undoes its noexec.
         options = f"rw,exec,nosuid,nodev,size={size_mb}m,mode=0755,uid={uid},gid={gid or uid}"
-        roots = ["/tmp", "/tests", "/logs", "/solution"]
+        roots = list(_TMPFS_ROOTS)
         mounts = []
         if spec.seed_workdir:
             mounts.append(Mount(target=spec.workdir, source=None, type="volume"))
@@ -347,6 +376,22 @@ class DockerBackend:
             return False
         exiting = int(fields[6]) & _PF_EXITING  # a dying init first kills the rest of its namespace
         return fields[0] not in ("Z", "X") and not exiting
+
+    async def reset(self, handle: SandboxHandle) -> bool:
+        """Kill every process but init and empty the tmpfs mounts (the only writable places of a
+        plain sandbox: its root file system is read-only); False when anything survives."""
+        if not handle.writable:
+            return False
+        argv = helper_argv(RESET_SCRIPT, *(f"{mode}:{path}" for path, mode in handle.writable.items()))
+        try:
+            run = await self._run(self._exec, handle.ref, argv, None, {}, "/", 1 << 16, 30.0)
+        except (BackendError, SandboxStopped) as exc:
+            log.warning("resetting sandbox %s failed: %s", handle.ref[:12], exc)
+            return False
+        if run.exit_code != 0:
+            log.warning("resetting sandbox %s failed: %s", handle.ref[:12], run.stderr.text().strip()[-300:])
+            return False
+        return True
 
     async def _new_oom_kill(self, handle: SandboxHandle) -> bool:
         argv = ["bash", "-c", OOM_EVENTS_SCRIPT]

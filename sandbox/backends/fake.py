@@ -57,6 +57,10 @@ class FakeBackend:
         """Sandboxes left by an earlier gateway: ref -> (owner, expires_at); reap removes them."""
         self.image_workdirs = image_workdirs or {}
         self.closed = False
+        self.resets: list[str] = []
+        """Sandbox ids reset for reuse, in order."""
+        self.reset_ok = True
+        """What `reset` answers (False: the sandbox cannot be made clean)."""
 
     @property
     def problem(self) -> str | None:
@@ -66,7 +70,9 @@ class FakeBackend:
     async def start(self, spec: SandboxSpec) -> SandboxHandle:
         ref = f"fake-{spec.session_id}"
         self.sandboxes[ref] = FakeSandbox(spec=spec)
-        return SandboxHandle(session_id=spec.session_id, ref=ref, workdir=spec.workdir, env=spec.env)
+        handle = SandboxHandle(session_id=spec.session_id, ref=ref, workdir=spec.workdir, env=spec.env)
+        handle.writable = {} if spec.harbor or spec.volumes else {spec.workdir: "755"}
+        return handle
 
     def _get(self, handle: SandboxHandle) -> FakeSandbox:
         if handle.ref not in self.sandboxes:
@@ -118,6 +124,14 @@ class FakeBackend:
                     info.size = len(content)
                     archive.addfile(info, io.BytesIO(content))
         return buffer.getvalue()
+
+    async def reset(self, handle: SandboxHandle) -> bool:
+        sandbox = self._get(handle)
+        self.resets.append(handle.session_id)
+        if self.reset_ok and handle.writable:
+            sandbox.files.clear()
+            return True
+        return False
 
     async def stop(self, handle: SandboxHandle) -> None:
         if self.sandboxes.pop(handle.ref, None) is not None:

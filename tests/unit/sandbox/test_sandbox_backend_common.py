@@ -29,8 +29,9 @@ def test_exec_argv_kills_the_process_group_at_the_timeout() -> None:
 
 def _run_here(command: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
     """The exec argv run on this host (the same bash and coreutils a sandbox has)."""
-    return subprocess.run(exec_argv(command, timeout_s), capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=120)
+    return subprocess.run(
+        exec_argv(command, timeout_s), capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120
+    )
 
 
 def _alive(pid: int) -> bool:

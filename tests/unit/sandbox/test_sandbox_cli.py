@@ -35,8 +35,16 @@ def test_tasks_import_reports_broken_tasks(tmp_path: Path, capsys) -> None:  # t
 
 
 def test_gateway_arguments() -> None:
-    args = build_parser().parse_args(["gateway", "--backend", "process", "--port", "9", "--warm-pool", "2"])
-    assert (args.backend, args.port, args.warm_pool, args.no_auth) == ("process", 9, 2, False)
+    args = build_parser().parse_args(
+        ["gateway", "--backend", "process", "--port", "9", "--warm-pool", "2", "--reuse-pool", "3"]
+    )
+    assert (args.backend, args.port, args.warm_pool, args.reuse_pool, args.no_auth) == (
+        "process",
+        9,
+        2,
+        3,
+        False,
+    )
 
 
 def test_gateway_limits_reach_the_session_manager() -> None:

@@ -60,9 +60,7 @@ async def test_at_most_concurrency_calls_run_at_once() -> None:
 async def test_a_hung_call_marks_the_engine_wedged_and_later_calls_fail_fast() -> None:
     probe, release = _Probe(), threading.Event()
     guard = _guard(probe)
-    with pytest.raises(
-        EngineWedged, match=r"fake.sock.*`create from img` has been running .*restart"
-    ):
+    with pytest.raises(EngineWedged, match=r"fake.sock.*`create from img` has been running .*restart"):
         await guard.run("create from img", release.wait)
     assert guard.problem is not None
     never_called = threading.Event()

@@ -10,9 +10,9 @@ import pytest
 
 from sandbox.backends.fake import FakeBackend, FakeSandbox
 from sandbox.errors import CapacityExceeded, InvalidSpec, PathRejected, SessionExpired, SessionNotFound
-from sandbox.images import ImageChoice, TaskImageBuilder
 from sandbox.models import ExecRequest, ExecResult, SessionSpec
 from sandbox.sessions import SessionManager
+from sandbox.testing import FakeTaskImages
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "tasks"
 
@@ -168,22 +168,8 @@ async def test_output_cap_applies() -> None:
         assert result.stdout == "x" * 10 and result.truncated
 
 
-class _Images:
-    def __init__(self, tools_volume: str | None = "tools-vol") -> None:
-        self.built: list[str] = []
-        self.volume = tools_volume
-        self.config = TaskImageBuilder.Config()
-
-    async def resolve(self, task) -> ImageChoice:  # type: ignore[no-untyped-def]
-        self.built.append(task.name)
-        return ImageChoice(tag=task.image_tag, notes=["FROM x -> y"])
-
-    def tools_volume(self) -> str | None:
-        return self.volume
-
-
 async def test_task_session_uses_task_image_and_limits() -> None:
-    images = _Images()
+    images = FakeTaskImages()
     backend = FakeBackend(image_workdirs={})
     manager = SessionManager(SessionManager.Config(owner="unit"), backend, images=images)  # type: ignore[arg-type]
     async with manager:
@@ -200,7 +186,7 @@ async def test_task_session_uses_task_image_and_limits() -> None:
 
 async def test_task_session_says_when_the_verifier_tools_are_missing() -> None:
     backend = FakeBackend(image_workdirs={})
-    images = _Images(tools_volume=None)
+    images = FakeTaskImages(tools_volume=None)
     async with SessionManager(SessionManager.Config(owner="unit"), backend, images=images) as manager:  # type: ignore[arg-type]
         info = await manager.create(SessionSpec(task_dir=str(EXAMPLES / "top-ips")))
         spec = backend.sandboxes[f"fake-{info.id}"].spec
@@ -210,7 +196,9 @@ async def test_task_session_says_when_the_verifier_tools_are_missing() -> None:
 
 async def test_harbor_session_accepts_any_absolute_path() -> None:
     backend = FakeBackend(image_workdirs={})
-    async with SessionManager(SessionManager.Config(owner="unit"), backend, images=_Images()) as manager:  # type: ignore[arg-type]
+    async with SessionManager(
+        SessionManager.Config(owner="unit"), backend, images=FakeTaskImages()
+    ) as manager:  # type: ignore[arg-type]
         harbor = await manager.create(SessionSpec(task_dir=str(EXAMPLES / "top-ips")))
         await manager.upload(harbor.id, "/etc/task-data/x.txt", b"x")
         plain = await manager.create(SessionSpec())
@@ -260,7 +248,7 @@ async def test_task_dir_outside_allowed_roots_is_refused(tmp_path: Path) -> None
     manager = SessionManager(
         SessionManager.Config(owner="unit", allowed_task_roots=(str(tmp_path),)),
         FakeBackend(),
-        images=_Images(),  # type: ignore[arg-type]
+        images=FakeTaskImages(),  # type: ignore[arg-type]
     )
     async with manager:
         with pytest.raises(InvalidSpec, match="allowed task roots"):
