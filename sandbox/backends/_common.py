@@ -39,17 +39,18 @@ while :; do
   _left
   [ "$n" = 0 ] && break
   i=$((i+1))
-  if [ "$i" -ge 100 ]; then echo "$n processes survive kill -9" >&2; exit 1; fi
-  sleep 0.05
+  if [ "$i" -ge 200 ]; then echo "$n processes survive kill -9" >&2; exit 1; fi
+  sleep 0.01
 done
-for item in "$@" -:/dev/shm; do
-  mode=${item%%:*} d=${item#*:}
-  [ -d "$d" ] || continue
-  chmod -R u+rwX -- "$d" 2>/dev/null
-  find "$d" -mindepth 1 -delete 2>/dev/null
-  if [ -n "$(ls -A -- "$d")" ]; then echo "$d is not empty after the wipe" >&2; exit 1; fi
-  [ "$mode" = - ] || chmod "$mode" -- "$d" || exit 1
+dirs=(/dev/shm) modes=()
+for item in "$@"; do
+  [ -d "${item#*:}" ] && dirs+=("${item#*:}") && modes+=("$item")
 done
+chmod -R u+rwX -- "${dirs[@]}" 2>/dev/null
+find "${dirs[@]}" -mindepth 1 -delete 2>/dev/null
+left=$(find "${dirs[@]}" -mindepth 1 -maxdepth 1 -print -quit)
+if [ -n "$left" ]; then echo "$left is left after the wipe" >&2; exit 1; fi
+for item in "${modes[@]}"; do chmod "${item%%:*}" -- "${item#*:}" || exit 1; done
 ipcrm --all 2>/dev/null || true
 """
 """Return a plain sandbox to its just-started state, as its own user: kill every process but
