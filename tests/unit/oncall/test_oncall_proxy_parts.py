@@ -28,12 +28,14 @@ class StuckPublisher:
         return future
 
     def fail_all(self) -> None:
-        for f in self.futures:
+        # A snapshot: failing a future makes the recorder publish its retry at once, from another
+        # thread; iterating the live list would fail those retries too (a race, not a behaviour).
+        for f in list(self.futures):
             if not f.done():
                 f.set_exception(RuntimeError("broker down"))
 
     def ack_all(self) -> None:
-        for f in self.futures:
+        for f in list(self.futures):
             if not f.done():
                 f.set_result(None)
 
