@@ -185,15 +185,15 @@ class DockerBackend:
 
         try:
             container = self._client.containers.create(**self._create_kwargs(spec))
-        except requests.exceptions.RequestException as exc:
-            raise BackendError(f"creating a container from {spec.image!r}: no answer ({exc})") from exc
-        except docker.errors.ImageNotFound as exc:
+        except docker.errors.ImageNotFound as exc:  # the engine's errors are RequestExceptions too
             raise BaseImageMissing(
                 f"image {spec.image!r} is not available locally; build it first "
                 "(`stacx infra up` builds stacx/sandbox:bookworm)"
             ) from exc
         except docker.errors.APIError as exc:
             raise BackendError(f"creating a container from {spec.image!r} failed: {exc}") from exc
+        except requests.exceptions.RequestException as exc:
+            raise BackendError(f"creating a container from {spec.image!r}: no answer ({exc})") from exc
         try:
             container.start()
         except (docker.errors.APIError, requests.exceptions.RequestException) as exc:
@@ -283,11 +283,11 @@ class DockerBackend:
             self._client.api.remove_container(container_id, force=True, v=True)
         except docker.errors.NotFound:
             pass
-        except requests.exceptions.RequestException as exc:
-            raise BackendError(f"removing container {container_id[:12]}: no answer ({exc})") from exc
-        except docker.errors.APIError as exc:
+        except docker.errors.APIError as exc:  # before RequestException: an APIError is one too
             if "already in progress" not in str(exc):
                 raise BackendError(f"removing container {container_id[:12]} failed: {exc}") from exc
+        except requests.exceptions.RequestException as exc:
+            raise BackendError(f"removing container {container_id[:12]}: no answer ({exc})") from exc
 
     async def reap(self, *, owner: str, keep: set[str]) -> int:
         return await self.lifecycle.run(f"reap the containers of {owner}", self._reap, owner, keep)
