@@ -9,8 +9,10 @@ process's (the assembler's include its start-up and shutdown).
 
 Scale-out: `stacx assemble` worker processes (one, then two, in one consumer group) on a fresh
 `--partitions`-partition topic each; the workers start on the empty topic, and once the group is
-stable the trajectories are written, so no rebalance falls inside the measurement. Rate: the
-trajectories of every batch after the first, over the time from the first batch to the last.
+stable the trajectories (built and encoded beforehand, written lz4-compressed like every STACX
+producer) are written, so no rebalance falls inside the measurement and the writer takes little
+CPU from the workers. Rate: the trajectories of every batch after the first, over the time from
+the first batch to the last.
 `scale_out_ratio` = two workers' rate / one worker's. Last stdout line: the JSON figure object.
 
     .venv/bin/python bench/assembly.py --json [--trajectories 4096] [--tokens 512] [--runs 3]
@@ -56,26 +58,34 @@ def _create_topics(admin: AdminClient, names: dict[str, int]) -> None:
         future.result(timeout=30)
 
 
-def _preload(bootstrap: str, topic: str, args: argparse.Namespace) -> int:
-    # gzip: the one codec aiokafka (under Faust) reads without extra packages
+def _encoded_trajectories(args: argparse.Namespace) -> list[tuple[bytes, bytes]]:
+    """(key, value) of every input trajectory, encoded ahead of the measurement."""
+    records = []
+    for g in range(args.trajectories // args.group_size):
+        for i in range(args.group_size):
+            half = args.tokens // 2
+            traj = make_trajectory(f"group-{g}", i, num_prompt=half, num_completion=args.tokens - half)
+            records.append((traj.group_id.encode(), encode(traj)))
+    return records
+
+
+def _preload(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> int:
+    """Write the pre-encoded trajectories, lz4-compressed like every STACX producer: the writer
+    spends little CPU next to the workers it feeds (it used to build and gzip each record as it
+    went, which capped the input rate below what two workers read)."""
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
             "linger.ms": 20,
-            "compression.type": "gzip",
+            "compression.type": "lz4",
             "message.max.bytes": 16 * 1024 * 1024,
         }
     )
-    num_groups = args.trajectories // args.group_size
-    for g in range(num_groups):
-        for i in range(args.group_size):
-            traj = make_trajectory(
-                f"group-{g}", i, num_prompt=args.tokens // 2, num_completion=args.tokens - args.tokens // 2
-            )
-            producer.produce(topic, key=traj.group_id.encode(), value=encode(traj))
-            producer.poll(0)
+    for key, value in records:
+        producer.produce(topic, key=key, value=value)
+        producer.poll(0)
     producer.flush(60)
-    return num_groups * args.group_size
+    return len(records)
 
 
 def run_baseline(bootstrap: str, source: str, sink: str, expected: int) -> dict[str, float]:
@@ -299,10 +309,11 @@ def run_workers(bootstrap: str, args: argparse.Namespace, num_workers: int) -> d
                         stderr=subprocess.STDOUT,
                     )
                 )
+            records = _encoded_trajectories(args)
             _wait_stable(admin, app_id, num_workers)
             time.sleep(3.0)  # let the table recovery of the last assignment finish
             cpu_before = _cpu_seconds(procs)
-            count = _preload(bootstrap, names["trajectories_topic"], args)
+            count = _preload(bootstrap, names["trajectories_topic"], records)
             expected = count // (args.group_size * args.batch_size)
             times = _batch_times(bootstrap, names["batches_topic"], expected)
             cpu_s = _cpu_seconds(procs) - cpu_before
@@ -411,7 +422,7 @@ def main() -> None:
         },
     )
     try:
-        count = _preload(args.bootstrap, names["trajectories_topic"], args)
+        count = _preload(args.bootstrap, names["trajectories_topic"], _encoded_trajectories(args))
         baseline = run_baseline(args.bootstrap, names["trajectories_topic"], baseline_sink, count)
         expected_batches = count // (args.group_size * args.batch_size)
         assembler = run_assembler(args.bootstrap, names, args, expected_batches, app_id)

@@ -7,11 +7,14 @@ become `numpy.frombuffer` views over the event's own bytes: no copy, and read-on
 bytes object they view is immutable. Events that need schema resolution keep the generic path.
 
 The generated source is plain Python (see `reader_source`), inlining the one- and two-byte
-varints, which cover field counts, lengths below 8 KiB and small integers.
+varints, which cover field counts, lengths below 8 KiB and small integers. Empty packed arrays
+are one shared read-only array per dtype, and plain dataclasses get their fields stored
+without a keyword call of `__init__` (see `_construct`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import keyword
 import struct
@@ -45,6 +48,13 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
             raise ValueError(f"varint longer than 10 bytes at offset {pos}")
 
 
+def _empty(dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    """The one empty array of `dtype` that every empty field shares: read-only like the views."""
+    array = np.empty(0, dtype)
+    array.flags.writeable = False
+    return array
+
+
 def _bad_size(pos: int, size: int) -> ValueError:
     return ValueError(f"a field of {size} bytes at offset {pos} does not fit the event")
 
@@ -57,6 +67,7 @@ class _Generator:
         self.names: dict[str, Any] = {
             "_varint": _varint,
             "_frombuffer": np.frombuffer,
+            "_new": object.__new__,
             "_bad_size": _bad_size,
             "_float": struct.Struct("<f").unpack_from,
             "_double": struct.Struct("<d").unpack_from,
@@ -157,7 +168,8 @@ class _Generator:
             dt = np.dtype(dtype)
             self._sized("n", out, ind, dt.itemsize)
             count = "n" if dt.itemsize == 1 else f"n // {dt.itemsize}"
-            out.append(f"{ind}{target} = _frombuffer(buf, {self.constant('dtype', dt)}, {count}, pos)")
+            view = f"_frombuffer(buf, {self.constant('dtype', dt)}, {count}, pos)"
+            out.append(f"{ind}{target} = {view} if n else {self.constant('empty', _empty(dt))}")
         else:
             self._sized("n", out, ind)
             out.append(f"{ind}{target} = buf[pos:pos + n]")
@@ -234,13 +246,9 @@ class _Generator:
         for i, f in enumerate(fields):
             self.emit(f["type"], f"f{i}", inner_ns, f.get("dtype"), body, "    ")
         names = [f["name"] for f in fields]
-        if all(n.isidentifier() and not keyword.iskeyword(n) for n in names):
-            kwargs = ", ".join(f"{n}=f{i}" for i, n in enumerate(names))
-        else:  # a field named like a Python keyword
-            kwargs = "**{" + ", ".join(f"{n!r}: f{i}" for i, n in enumerate(names)) + "}"
         cls_name = self.constant("cls", cls)
         source = [f"def {function}(buf, pos):", "    end = len(buf)", *body,
-                  f"    return {cls_name}({kwargs}), pos"]  # fmt: skip
+                  *_construct(cls, cls_name, names), "    return r, pos"]  # fmt: skip
         self.functions.append("\n".join(source))
         return function
 
@@ -263,6 +271,41 @@ class _Generator:
     def define_fixed(self, avro: Mapping[str, Any], ns: str | None) -> int:
         self.fixed[full_name(avro["name"], avro.get("namespace", ns))] = int(avro["size"])
         return int(avro["size"])
+
+
+def _construct(cls: type, cls_name: str, names: list[str]) -> list[str]:
+    """Lines building the record `r` from the locals f0, f1, ... (one per schema field).
+
+    A plain dataclass whose fields are exactly the schema's gets its attributes stored
+    directly, as `copy` and `pickle` do: a keyword call of a generated `__init__` costs about
+    three times as much, and with every field given that `__init__` only stores them too.
+    """
+    if _stores_fields_only(cls, names):
+        return [f"    r = _new({cls_name})", *(f"    r.{n} = f{i}" for i, n in enumerate(names))]
+    if all(n.isidentifier() and not keyword.iskeyword(n) for n in names):
+        kwargs = ", ".join(f"{n}=f{i}" for i, n in enumerate(names))
+    else:  # a field named like a Python keyword
+        kwargs = "**{" + ", ".join(f"{n!r}: f{i}" for i, n in enumerate(names)) + "}"
+    return [f"    r = {cls_name}({kwargs})"]
+
+
+def _stores_fields_only(cls: type, names: list[str]) -> bool:
+    """True when `cls(**fields)` does nothing but store each field: a dataclass with its
+    generated `__init__`, not frozen, no `__post_init__`, and exactly the schema's fields."""
+    if not dataclasses.is_dataclass(cls) or hasattr(cls, "__post_init__"):
+        return False
+    params = cls.__dataclass_params__  # type: ignore[attr-defined]
+    init = getattr(cls.__init__, "__code__", None)
+    generated = init is not None and init.co_filename.startswith("<")
+    fields = dataclasses.fields(cls)
+    return (
+        generated
+        and params.init
+        and not params.frozen
+        and all(f.init for f in fields)
+        and sorted(f.name for f in fields) == sorted(names)
+        and all(n.isidentifier() and not keyword.iskeyword(n) for n in names)
+    )
 
 
 def _generate(schema: Mapping[str, Any], classes: Mapping[str, type]) -> tuple[str, str, dict[str, Any]]:

@@ -139,3 +139,16 @@ def test_event_consumer_fetches_again_soon_after_a_full_queue() -> None:
     assert EventConsumer._librdkafka_config(tuned)["fetch.queue.backoff.ms"] == 50
     with pytest.raises(ValueError, match="fetch_queue_backoff_ms"):
         EventConsumer.Config(topics=["t"], fetch_queue_backoff_ms=-1)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered")
+def test_finite_check_is_exact_where_a_float32_sum_overflows() -> None:
+    big = trajectory(1, token_ids=token_ids([1, 2]), loss_mask=loss_mask([1, 1]),
+                     logprobs=logprobs([-3e38, -3e38]))  # fmt: skip
+    assert np.isinf(np.add.reduce(big.logprobs))  # the fast check alone would call it non-finite
+    assert record_problems(big) == []
+
+
+def test_a_field_of_the_wrong_type_is_checked_like_before() -> None:
+    """The fast path raises TypeError on None; the full check skips a None reward, as it did."""
+    assert record_problems(trajectory(1, reward=None)) == []  # type: ignore[arg-type]

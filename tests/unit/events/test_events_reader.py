@@ -3,6 +3,7 @@ generic fastavro path, which these tests use as the independent reference."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import struct
 from typing import Any
@@ -148,3 +149,27 @@ def test_a_field_named_like_a_python_keyword() -> None:
               "fields": [{"name": "class", "type": "string"}, {"name": "ok", "type": "long"}]}  # fmt: skip
     record, _ = compile_reader(schema, {"t.K": _Packed})(b"\x04ab\x06", 0)
     assert getattr(record, "class") == "ab" and record.ok == 3
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class _Checked:
+    xs: np.ndarray
+    n: int
+
+    def __post_init__(self) -> None:
+        self.n = self.n * 10  # stands for any work __init__ does besides storing fields
+
+
+def test_a_record_with_post_init_is_built_through_its_constructor() -> None:
+    """Only a dataclass whose __init__ merely stores the fields gets them stored directly."""
+    fields = [{"name": "xs", "type": "bytes", "dtype": "<i4"}, {"name": "n", "type": "long"}]
+    schema = {"type": "record", "name": "C", "namespace": "t", "fields": fields}
+    record, _ = compile_reader(schema, {"t.C": _Checked})(b"\x00\x06", 0)
+    assert record.n == 30 and len(record.xs) == 0
+
+
+def test_empty_packed_arrays_are_read_only_and_typed() -> None:
+    empty = trajectory(1, token_ids=token_ids([]), loss_mask=loss_mask([]), logprobs=logprobs([]))
+    decoded = default_codec().decode(encode(empty), Trajectory)
+    for array, dtype in ((decoded.token_ids, "<i4"), (decoded.loss_mask, "u1"), (decoded.logprobs, "<f4")):
+        assert array.shape == (0,) and array.dtype == np.dtype(dtype) and not array.flags.writeable
