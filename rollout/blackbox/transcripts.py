@@ -34,7 +34,7 @@ class TranscriptRenderer:
             raise ConfigError("the policy's tokenizer has no eos_token; transcripts end with it")
 
     def prompt_ids(self, instruction: str) -> list[int]:
-        body = ChatCompletionRequest(messages=self.adapter.first_messages(instruction))
+        body = ChatCompletionRequest.model_validate({"messages": self.adapter.first_messages(instruction)})
         return PromptRenderer(self.tokenizer).chat(body).ids
 
     def encode(self, instruction: str, answer: str) -> tuple[list[int], list[int]]:
