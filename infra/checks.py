@@ -66,8 +66,8 @@ def rollout_config_problem(config: Any) -> str | None:
             inference=ScriptedInference(tokenizer, lambda *_: ""),
             publisher=MemoryPublisher(),
             sandbox=FakeEnvironments() if config.sandbox is not None else None,
-            # the service starts the agent proxy for black-box scaffolds when it has a server
-            capture=FakeCapture() if config.inference.url else None,  # type: ignore[arg-type]
+            # the rollout service always starts the agent proxy for black-box scaffolds
+            capture=FakeCapture(),  # type: ignore[arg-type]
         )
     except RolloutError as exc:
         return str(exc)

@@ -131,3 +131,15 @@ def test_transcripts_need_a_black_box_evaluator_and_readable_rows(tmp_path: Path
     with pytest.raises(PipelineConfigError) as info:
         check_resolved(parse_spec(tree, source="f.yaml"))
     assert "runs scaffold 'terminal'; transcripts are for black-box scaffolds" in str(info.value)
+
+
+def test_config_checks_resolve_a_black_box_scaffold_as_the_rollout_service_runs_it() -> None:
+    from infra.checks import rollout_config_problem
+    from rollout.config import parse_config
+
+    section: dict[str, Any] = {
+        "data": {"path": "tasks.jsonl"},
+        "sandbox": {"url": "http://127.0.0.1:9"},
+        "manager": {"evaluators": {"default": {"scaffold": "mini-swe-agent", "reward": "verifier"}}},
+    }
+    assert rollout_config_problem(parse_config(section)) is None  # the service starts the proxy
