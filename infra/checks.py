@@ -54,7 +54,7 @@ def rollout_config_problem(config: Any) -> str | None:
     """None when `config`'s evaluators, scheduler and pool resolve; else the problem."""
     from rollout.data import ListTaskSource, task_from_dict
     from rollout.errors import RolloutError
-    from rollout.fakes import FakeEnvironments, FakeTokenizer, MemoryPublisher, ScriptedInference
+    from rollout.fakes import FakeCapture, FakeEnvironments, FakeTokenizer, MemoryPublisher, ScriptedInference
     from rollout.manager import RolloutManager
 
     tokenizer = FakeTokenizer()
@@ -66,6 +66,8 @@ def rollout_config_problem(config: Any) -> str | None:
             inference=ScriptedInference(tokenizer, lambda *_: ""),
             publisher=MemoryPublisher(),
             sandbox=FakeEnvironments() if config.sandbox is not None else None,
+            # the rollout service always starts the agent proxy for black-box scaffolds
+            capture=FakeCapture(),  # type: ignore[arg-type]
         )
     except RolloutError as exc:
         return str(exc)

@@ -40,6 +40,7 @@ __all__ = [
     "ServicesConfig",
     "TasksConfig",
     "TinyModelSpec",
+    "TranscriptsConfig",
     "load_spec",
     "parse_spec",
 ]
@@ -106,6 +107,24 @@ class DemonstrationsConfig(_Schema):
     skill_tool_fraction: float = Field(default=0.9, ge=0.0, le=1.0)
     """Tool share during the first `sft.skill_steps` steps, where the tiny model learns the
     skill itself (copying the expression into the call and the tool output into the answer)."""
+
+
+class TranscriptsConfig(_Schema):
+    """SFT transcripts of a black-box scaffold (Harbor or JSONL tasks): each row of a JSONL file
+    is a task instruction and an answer, rendered as the scaffold's first model call
+    (`rollout.blackbox.transcripts`) with the answer as the generated part."""
+
+    path: str
+    """JSONL rows `{"instruction": ..., "answer": ..., "kind": "expert" | "novice"}`: an expert
+    answer solves its task, a novice one does not."""
+    evaluator: str = "default"
+    """The rollout evaluator whose scaffold and `scaffold_options` render the transcripts."""
+    expert_fraction: float = Field(default=0.3, ge=0.0, le=1.0)
+    """Share of expert rows in the final SFT steps: the warm-started policy's habit, hence
+    roughly its success rate before GRPO."""
+    skill_expert_fraction: float = Field(default=0.9, ge=0.0, le=1.0)
+    """Share of expert rows during the first `sft.skill_steps` steps (the skill: the format and
+    copying the task's names into the command)."""
 
 
 class TinyModelSpec(_Schema):
@@ -222,9 +241,12 @@ class PipelineConfig(_Schema):
     tasks: TasksConfig
     """Training (and evaluation) tasks."""
     sft: SFTConfig | None = None
-    """SFT warm start on generated demonstrations (arithmetic tasks only; absent: none)."""
+    """SFT warm start: on generated demonstrations (arithmetic tasks) or on `transcripts`
+    (absent: none)."""
     demonstrations: DemonstrationsConfig = Field(default_factory=lambda: DemonstrationsConfig())
-    """SFT demonstrations."""
+    """SFT demonstrations (arithmetic tasks)."""
+    transcripts: TranscriptsConfig | None = None
+    """SFT transcripts of a black-box scaffold (harbor or jsonl tasks)."""
     services: ServicesConfig = Field(default_factory=lambda: ServicesConfig())
     """Service ports and sizes."""
     evaluation: EvaluationConfig = Field(default_factory=lambda: EvaluationConfig())
@@ -242,11 +264,16 @@ class PipelineConfig(_Schema):
 
     @pydantic.model_validator(mode="after")
     def _sft_needs_demonstrations(self) -> PipelineConfig:
-        if self.sft is not None and self.tasks.arithmetic is None:
+        if self.transcripts is not None and self.tasks.arithmetic is not None:
             raise ValueError(
-                "sft: the SFT warm start trains on generated arithmetic demonstrations; remove "
-                "`pipeline.sft` for harbor, jsonl or topic tasks (start from a model that already "
-                "follows the scaffold's format)"
+                "transcripts: arithmetic tasks have their own generated demonstrations; remove "
+                "`pipeline.transcripts`"
+            )
+        if self.sft is not None and self.tasks.arithmetic is None and self.transcripts is None:
+            raise ValueError(
+                "sft: harbor, jsonl or topic tasks warm-start on scaffold transcripts; set "
+                "`pipeline.transcripts.path`, or remove `pipeline.sft` (start from a model that "
+                "already follows the scaffold's format)"
             )
         return self
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from infra.config import resolve_path
 from infra.pipeline import preflight
 from infra.pipeline.config import PipelineSpec
 from infra.pipeline.errors import PipelineError, ServiceError, StallError
@@ -41,12 +42,13 @@ from infra.pipeline.evaluation import EvalResult, run_evaluation
 from infra.pipeline.layout import RunLayout, rollout_section
 from infra.pipeline.monitor import EvalPoint, RunMetrics, TopicMonitor
 from infra.pipeline.report import plot_curve, write_report
-from infra.pipeline.resolve import base_model_dir, gateway_args, inference_args, plan
+from infra.pipeline.resolve import base_model_dir, gateway_args, inference_args, plan, transcript_adapter
 from infra.pipeline.services import ServiceProcess, ServiceSpec, Supervisor
-from infra.pipeline.sft import DemonstrationEncoder, demonstration_batches, run_sft
+from infra.pipeline.sft import DemonstrationEncoder, demonstration_batches, run_sft, transcript_batches
 from infra.pipeline.stall import Progress, StallWatch, diagnose
 from infra.pipeline.tasks import (
     heldout_rows,
+    jsonl_rows,
     load_task_module,
     publish_tasks,
     task_order,
@@ -219,19 +221,45 @@ class Pipeline:
         return RETOOL_SYSTEM
 
     def _sft(self) -> Path:
-        if self.cfg.sft is None or self.task is None:
+        if self.cfg.sft is None:
             return self._sft_dir  # no warm start: the services start from the model as given
+        if self.task is not None:
+            batches = self._demonstration_batches()
+        elif self.cfg.transcripts is not None:
+            batches = self._transcript_batches()
+        else:
+            return self._sft_dir
+        self._sft_dir = self._two_phase_sft(batches)
+        return self._sft_dir
+
+    def _demonstration_batches(self) -> list[Any]:
+        """The arithmetic task's generated demonstrations, rendered like a ReTool episode."""
         from rollout.tokens import HFTokenizer
 
-        self.metrics.stage = f"SFT warm start ({self.cfg.sft.steps} steps)"
-        sft = self.cfg.sft
+        assert self.task is not None and self.cfg.sft is not None
         tokenizer = HFTokenizer(str(self._sft_dir))
         encoder = DemonstrationEncoder(tokenizer=tokenizer, system_prompt=self._system_prompt())
         end = tokenizer.inner.eos_token or ""
-        batches = demonstration_batches(
-            self.task, encoder, sft, self.cfg.demonstrations, exclude=self._exclude, end_token=end
+        return demonstration_batches(
+            self.task, encoder, self.cfg.sft, self.cfg.demonstrations, exclude=self._exclude, end_token=end
         )
 
+    def _transcript_batches(self) -> list[Any]:
+        """Scaffold transcripts, rendered as the scaffold's first model call through the proxy."""
+        from rollout.blackbox.transcripts import TranscriptRenderer
+        from rollout.tokens import HFTokenizer
+
+        transcripts, sft = self.cfg.transcripts, self.cfg.sft
+        assert transcripts is not None and sft is not None
+        renderer = TranscriptRenderer(transcript_adapter(self.spec), HFTokenizer(str(self._sft_dir)).inner)
+        rows = jsonl_rows(resolve_path(transcripts.path, self.spec.base_dir))
+        return transcript_batches(rows, renderer.encode, sft, transcripts)
+
+    def _two_phase_sft(self, batches: list[Any]) -> Path:
+        """The skill steps at the full learning rate, then the final mixture at a lower one."""
+        sft = self.cfg.sft
+        assert sft is not None
+        self.metrics.stage = f"SFT warm start ({sft.steps} steps)"
         skill, mixture = batches[: sft.skill_steps], batches[sft.skill_steps :]
 
         def progress(offset: int) -> Any:
@@ -242,7 +270,7 @@ class Pipeline:
             return on_step
 
         model = self._sft_dir
-        if skill:  # the skill: tool-heavy demonstrations at the full learning rate
+        if skill:  # the skill: expert-heavy demonstrations at the full learning rate
             model = run_sft(
                 model,
                 self.layout.sft_root,
@@ -263,7 +291,6 @@ class Pipeline:
                 export_name="sft",
                 on_step=progress(len(skill)),
             )
-        self._sft_dir = model
         return model
 
     def _start_serving(self, sft_dir: Path) -> None:

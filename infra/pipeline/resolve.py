@@ -10,6 +10,7 @@ will get. Every problem is one line; all of them are reported at once.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ __all__ = [
     "inference_args",
     "plan",
     "planned_model_dir",
+    "transcript_adapter",
 ]
 
 
@@ -268,6 +270,7 @@ def check_resolved(spec: PipelineSpec) -> None:
         lines += _grouping_problems(spec, built["rollout"], built["assembler"])
     lines += _model_problems(spec)
     lines += _task_problems(spec, layout)
+    lines += _transcript_problems(spec)
     if lines:
         raise PipelineConfigError("\n".join(lines))
 
@@ -329,3 +332,55 @@ def _task_problems(spec: PipelineSpec, layout: RunLayout) -> list[str]:
         check = jsonl_problems if path.is_file() else harbor_problems
         lines += check(path, "pipeline.tasks.heldout")
     return [f"{spec.source}: {line}" for line in lines]
+
+
+def transcript_adapter(spec: PipelineSpec) -> Any:
+    """The black-box scaffold adapter that renders `pipeline.transcripts` (its evaluator's)."""
+    from rollout.blackbox.adapter import build_external, is_external
+
+    transcripts = spec.pipeline.transcripts
+    assert transcripts is not None
+    evaluators = get_path(spec.rollout, ("manager", "evaluators")) or {}
+    evaluator = evaluators.get(transcripts.evaluator)
+    if not isinstance(evaluator, dict):
+        raise ConfigError(
+            f"pipeline.transcripts.evaluator: {transcripts.evaluator!r} is not an evaluator of "
+            f"rollout.manager.evaluators ({sorted(evaluators)})"
+        )
+    scaffold = str(evaluator.get("scaffold", ""))
+    if not is_external(scaffold):
+        raise ConfigError(
+            f"pipeline.transcripts: evaluator {transcripts.evaluator!r} runs scaffold {scaffold!r}; "
+            "transcripts are for black-box scaffolds (e.g. mini-swe-agent)"
+        )
+    return build_external(scaffold, evaluator.get("scaffold_options") or {})
+
+
+def _transcript_problems(spec: PipelineSpec) -> list[str]:
+    """The transcripts file reads, each row has its fields, the first renders as the first call."""
+    from rollout.errors import ConfigError as RolloutConfigError
+
+    transcripts = spec.pipeline.transcripts
+    if transcripts is None:
+        return []
+    path = resolve_path(transcripts.path, spec.base_dir)
+    where = f"{spec.source}: pipeline.transcripts.path: {path}"
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except OSError as exc:
+        return [f"{where}: cannot read it ({exc.strerror})"]
+    except ValueError as exc:
+        return [f"{where}: not JSONL ({exc})"]
+    bad = [
+        i
+        for i, r in enumerate(rows)
+        if not isinstance(r, dict) or not {"instruction", "answer", "kind"} <= set(r)
+    ]
+    if not rows or bad:
+        which = f"row {bad[0] + 1}" if bad else "no rows"
+        return [f"{where}: {which}; each row needs instruction, answer and kind (expert or novice)"]
+    try:
+        transcript_adapter(spec).first_messages(str(rows[0]["instruction"]))
+    except (ConfigError, RolloutConfigError) as exc:
+        return [f"{spec.source}: {exc}"]
+    return []

@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from infra.pipeline.config import DemonstrationsConfig, SFTConfig
+from infra.pipeline.config import DemonstrationsConfig, SFTConfig, TranscriptsConfig
 from schemas.records import TrainingBatch
 
-__all__ = ["DemonstrationEncoder", "demonstration_batches", "run_sft"]
+__all__ = ["DemonstrationEncoder", "demonstration_batches", "run_sft", "transcript_batches"]
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,38 @@ def demonstration_batches(
             rows.append((ids, mask))
             prompt_lengths.append(mask.index(1))
         batches.append(_pack(rows, step=step, prompt_lengths=prompt_lengths))
+    return batches
+
+
+def transcript_batches(
+    rows: Sequence[dict[str, Any]],
+    encode: Callable[[str, str], tuple[list[int], list[int]]],
+    sft: SFTConfig,
+    transcripts: TranscriptsConfig,
+) -> list[TrainingBatch]:
+    """`sft.steps` batches of scaffold transcripts (`encode(instruction, answer)`): each row is an
+    expert one with probability `skill_expert_fraction` in the first `sft.skill_steps` steps,
+    `expert_fraction` after, drawn uniformly among the rows of its kind."""
+    experts = [r for r in rows if r.get("kind") == "expert"]
+    novices = [r for r in rows if r.get("kind") != "expert"]
+    if not experts or not novices:
+        raise ValueError(
+            f"{transcripts.path}: the SFT mixture needs expert and novice rows "
+            f"(found {len(experts)} expert, {len(novices)} other)"
+        )
+    cache: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
+    rng = random.Random(sft.seed)
+    batches = []
+    for step in range(sft.steps):
+        share = transcripts.skill_expert_fraction if step < sft.skill_steps else transcripts.expert_fraction
+        chosen = [rng.choice(experts if rng.random() < share else novices) for _ in range(sft.batch_size)]
+        encoded = []
+        for row in chosen:
+            key = (str(row["instruction"]), str(row["answer"]))
+            if key not in cache:
+                cache[key] = encode(*key)
+            encoded.append(cache[key])
+        batches.append(_pack(encoded, step=step, prompt_lengths=[mask.index(1) for _, mask in encoded]))
     return batches
 
 

@@ -83,6 +83,8 @@ class ExternalScaffold:
     stop: list[str] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
     """`scaffold_options` of the YAML, handed to the driver as `spec.options`."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables of the scaffold process (over the engine's own)."""
 
     def __post_init__(self) -> None:
         if not self.driver_path().is_file():
@@ -100,6 +102,15 @@ class ExternalScaffold:
 
     def observe(self, action: Action, result: ExecResult) -> Observation:
         return Observation(text="")
+
+    def first_messages(self, instruction: str) -> list[Message]:
+        """The chat messages of the scaffold's first model call for a task with `instruction`:
+        what SFT transcripts are rendered from (`rollout.blackbox.transcripts`). Adapters that
+        know their prompt templates override it."""
+        raise ConfigError(
+            f"scaffold {self.name!r} does not say what its first model call looks like, so "
+            "transcripts cannot be rendered for it; use a scaffold whose adapter has first_messages"
+        )
 
     def argv(self, python: str, spec_path: Path) -> list[str]:
         """The command that runs one episode (the spec path also travels as STACX_EPISODE)."""

@@ -96,6 +96,7 @@ class ScaffoldRunner:
     async def _run_process(self, argv: list[str], spec_path: Path, log_path: Path) -> int:
         env = {
             **os.environ,
+            **self.adapter.env,
             "STACX_EPISODE": str(spec_path),
             "PYTHONPATH": str(DRIVERS),  # the drivers' shared helper, and nothing of ours
             "PYTHONUNBUFFERED": "1",

@@ -5,7 +5,7 @@ the task's image must have tmux (a task Dockerfile can `apt-get install tmux`)."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rollout.blackbox.adapter import ExternalScaffold, register
 
@@ -16,3 +16,4 @@ class Terminus2(ExternalScaffold):
     requirements: tuple[str, ...] = ("harbor==0.26.0",)
     python: str = "3.12"
     driver: str = "terminus2.py"
+    env: dict[str, str] = field(default_factory=lambda: {"LITELLM_LOCAL_MODEL_COST_MAP": "True"})

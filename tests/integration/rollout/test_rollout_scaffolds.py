@@ -207,6 +207,41 @@ async def test_mini_swe_agent_episode_is_captured_token_exact(
     _assert_leak_free(gateway[1])
 
 
+async def test_transcripts_render_exactly_the_first_call_mini_swe_agent_sends(
+    gateway: tuple[str, str], capture: CallCapture, model_dir: Path, inference_url: str
+) -> None:
+    """SFT transcripts (`rollout.blackbox.transcripts`) start with the very ids a captured
+    mini-swe-agent episode starts with, under the scaffold GRPO example's options."""
+    import yaml
+    from transformers import AutoTokenizer
+
+    from rollout.blackbox.adapter import build_external
+    from rollout.blackbox.transcripts import TranscriptRenderer
+    from sandbox.tasks import load_task, to_task_sample
+
+    example = Path(__file__).resolve().parents[3] / "examples" / "scaffold_grpo"
+    config = yaml.safe_load((example / "scaffold_grpo.yaml").read_text())
+    options = config["rollout"]["manager"]["evaluators"]["default"]["scaffold_options"]
+    task = to_task_sample(load_task(sorted((example / "heldout").iterdir())[0]))
+    [trajectory] = await _run(
+        gateway,
+        capture,
+        model_dir,
+        inference_url,
+        {"default": _evaluator("mini-swe-agent", scaffold_options=options, max_turns=1)},
+        [task],
+    )
+    assert trajectory.status is TrajectoryStatus.COMPLETED, trajectory.error
+    renderer = TranscriptRenderer(
+        build_external("mini-swe-agent", options), AutoTokenizer.from_pretrained(model_dir)
+    )
+    prompt = renderer.prompt_ids(task.prompt)
+    assert trajectory.prompt_length == len(prompt)
+    assert trajectory.token_ids[: len(prompt)].tolist() == prompt
+    assert trajectory.turns[0].text.endswith(task.prompt + "<|im_end|>\n<|im_start|>assistant\n")
+    _assert_leak_free(gateway[1])
+
+
 def _task_with_tmux(tmp_path: Path) -> TaskSample:
     """simple-task with tmux in its image (Terminus-2 drives a tmux session)."""
     import shutil

@@ -80,6 +80,9 @@ def test_every_shipped_pipeline_config_and_the_starter_parse() -> None:
     load_spec(REPO / "examples" / "quickstart.yaml")
     own = load_spec(REPO / "examples" / "own-tasks.yaml")
     assert own.pipeline.tasks.kind == "harbor" and own.pipeline.model.path
+    scaffold = load_spec(REPO / "examples" / "scaffold_grpo" / "scaffold_grpo.yaml")
+    assert scaffold.pipeline.tasks.kind == "harbor" and scaffold.pipeline.transcripts is not None
+    check_resolved(scaffold)  # the transcripts render as mini-swe-agent's first call
     starter = parse_spec(yaml.safe_load(STARTER_CONFIG), source="starter")
     assert starter.pipeline.tasks.kind == "harbor" and starter.pipeline.sft is None
 
@@ -119,7 +122,9 @@ def test_model_and_tasks_are_required_and_exclusive() -> None:
     (line,) = _errors(_tree(pipeline={"model": {"path": "m", "tiny": {}}}))
     assert "pipeline.model: set exactly one of path" in line
     (line,) = _errors(_tree(pipeline={"tasks": {"harbor": "t"}, "sft": {}}))
-    assert "pipeline: sft: the SFT warm start trains on generated arithmetic demonstrations" in line
+    assert "pipeline: sft: harbor, jsonl or topic tasks warm-start on scaffold transcripts" in line
+    (line,) = _errors(_tree(pipeline={"transcripts": {"path": "t.jsonl"}}))
+    assert "pipeline: transcripts: arithmetic tasks have their own generated demonstrations" in line
 
 
 def test_ints_are_accepted_for_floats() -> None:

@@ -1,0 +1,2 @@
+#!/bin/bash
+echo ocean > /workspace/data.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+echo apple > /workspace/draft.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+echo lemon > /workspace/memo.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+echo sugar > /workspace/todo.txt

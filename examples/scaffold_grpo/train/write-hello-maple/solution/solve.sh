@@ -1,0 +1,2 @@
+#!/bin/bash
+echo maple > /workspace/hello.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+echo robot > /workspace/hello.txt

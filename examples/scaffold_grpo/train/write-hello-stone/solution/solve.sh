@@ -1,0 +1,2 @@
+#!/bin/bash
+echo stone > /workspace/hello.txt

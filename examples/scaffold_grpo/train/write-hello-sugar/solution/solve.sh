@@ -1,0 +1,2 @@
+#!/bin/bash
+echo sugar > /workspace/hello.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+echo tiger > /workspace/hello.txt

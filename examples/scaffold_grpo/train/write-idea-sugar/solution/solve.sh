@@ -1,0 +1,2 @@
+#!/bin/bash
+echo sugar > /workspace/idea.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+echo piano > /workspace/plan.txt
