@@ -284,8 +284,9 @@ class AssemblerApp:
         _BATCHES.add(1)
         _BATCHED_TRAJECTORIES.add(len(batch.trajectory_ids))
         with self.trace_links.batch_span(batch.batch_id, batch.trajectory_ids) as headers:
-            return Output(self.config.batches_topic, batch.batch_id.encode(), self.encoder.encode(batch),
-                          headers=headers)
+            value = self.encoder.encode(batch)
+            return Output(self.config.batches_topic, batch.batch_id.encode(), value,
+                          headers=self._described(value, headers))
 
     def _rejected_output(self, rejected: RejectedGroup) -> list[Output]:
         """One dead letter per sample of a group that could not be packed, with its full record."""
@@ -307,7 +308,8 @@ class AssemblerApp:
                 value=value,
             )
             self.stats.undecodable += 1
-            outputs.append(Output(self.config.dlq_topic, letter.key, self.codec.encode(letter)))
+            encoded = self.codec.encode(letter)
+            outputs.append(Output(self.config.dlq_topic, letter.key, encoded, self._described(encoded)))
         return outputs
 
     async def _weights_stream(self, stream: faust.StreamT) -> AsyncIterator[list[Output]]:
@@ -373,7 +375,15 @@ class AssemblerApp:
         log.warning("dead-lettered %s[%s]@%s: %s", letter.source_topic,
                     letter.source_partition, letter.source_offset, letter.reason)
         trace = [(k, v.encode()) for k, v in letter.headers.items() if k in _TRACE_HEADERS]
-        return Output(self.config.dlq_topic, message.key, self.codec.encode(letter), headers=trace or None)
+        encoded = self.codec.encode(letter)
+        return Output(self.config.dlq_topic, message.key, encoded, headers=self._described(encoded, trace))
+
+    def _described(
+        self, value: bytes, headers: list[tuple[str, bytes]] | None = None
+    ) -> list[tuple[str, bytes]] | None:
+        """`headers` plus the event's `content-type` and schema fingerprint (as every producer
+        writes them: `Codec.content_headers`)."""
+        return [*(headers or []), *self.codec.content_headers(value)] or None
 
     async def _send_ticks(self) -> None:
         value = str(now_ms()).encode()
