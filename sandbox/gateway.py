@@ -233,7 +233,7 @@ class _TraceRequests:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         name = _span_name(scope.get("method", ""), scope.get("path", "")) if scope["type"] == "http" else None
         tracer = self._current_tracer() if name is not None else None
-        if tracer is None:
+        if name is None or tracer is None:
             await self.app(scope, receive, send)
             return
         carrier = {
