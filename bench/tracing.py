@@ -7,8 +7,9 @@ path of the quickstart's rollout: the RolloutManager; every model turn a `/gener
 `stacx serve` process with the quickstart's tiny model (its tokens are then replaced by the scripted
 tool call or answer, so that every episode runs its K tool steps: a freshly made model calls no
 tools); a `stacx gateway` process running each step as `python3 -` in a real sandbox (bubblewrap by
-default); trajectory events published to Kafka. `--policy scripted` drops the model calls (an upper
-bound of the cost). Rounds alternate off / on, each in a fresh process (with
+default); trajectory events published to Kafka (a topic the bench creates and deletes).
+`--policy scripted` drops the model calls (an upper bound of the cost).
+Rounds alternate off / on, each in a fresh process (with
 tracing on, the bench process and its gateway export every span over OTLP to the local Jaeger
 that `stacx infra up` starts).
 
