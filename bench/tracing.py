@@ -7,8 +7,9 @@ path of the quickstart's rollout: the RolloutManager; every model turn a `/gener
 `stacx serve` process with the quickstart's tiny model (its tokens are then replaced by the scripted
 tool call or answer, so that every episode runs its K tool steps: a freshly made model calls no
 tools); a `stacx gateway` process running each step as `python3 -` in a real sandbox (bubblewrap by
-default); trajectory events published to Kafka. `--policy scripted` drops the model calls (an upper
-bound of the cost). Rounds alternate off / on, each in a fresh process (with
+default); trajectory events published to Kafka (a topic the bench creates and deletes).
+`--policy scripted` drops the model calls (an upper bound of the cost).
+Rounds alternate off / on, each in a fresh process (with
 tracing on, the bench process and its gateway export every span over OTLP to the local Jaeger
 that `stacx infra up` starts).
 
@@ -122,6 +123,7 @@ async def _episodes(args: argparse.Namespace) -> dict[str, Any]:
             for name, part in zip(("rollout", "gateway", "server"), parts, strict=False)
         },
         "completed": summary.by_status.get("COMPLETED", 0),
+        "publish_errors": summary.num_publish_errors,
         "episodes": summary.num_episodes,
     }
 
@@ -234,6 +236,26 @@ def _spawn_round(args: argparse.Namespace, tracing: bool) -> dict[str, Any]:
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
+@contextlib.contextmanager
+def _topic(bootstrap: str, name: str) -> Iterator[None]:
+    """The trajectories topic of the run (brokers do not create topics on first use), deleted
+    after the run when this bench created it."""
+    from confluent_kafka.admin import AdminClient
+
+    from infra.services.topics import ensure_topics
+    from schemas.topics import TopicSpec
+
+    (line,) = ensure_topics(bootstrap, (TopicSpec(name),))
+    try:
+        yield
+    finally:
+        if "created" in line:
+            admin = AdminClient({"bootstrap.servers": bootstrap})
+            for future in admin.delete_topics([name]).values():
+                with contextlib.suppress(Exception):  # housekeeping only
+                    future.result(timeout=30)
+
+
 def _check_backend(endpoint: str) -> None:
     import httpx
 
@@ -278,13 +300,20 @@ def main() -> None:
         print(json.dumps(_round(args, args.worker == "on")))
         return
     _check_backend(args.otlp_endpoint)
+    with _topic(args.bootstrap, args.topic):
+        rates, cpu = _rounds(args)
+    _report(args, rates, cpu)
+
+
+def _rounds(args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Episodes/s and CPU seconds per episode of each round, by setting."""
     rates: dict[str, list[float]] = {"off": [], "on": []}
     cpu: dict[str, list[float]] = {"off": [], "on": []}
     for i in range(args.rounds):
         order = ("off", "on") if i % 2 == 0 else ("on", "off")
         for mode in order:
             result = _spawn_round(args, mode == "on")
-            if result["completed"] != result["episodes"]:
+            if result["completed"] != result["episodes"] or result["publish_errors"]:
                 raise SystemExit(f"round {i} ({mode}): {result}")
             rates[mode].append(result["episodes_per_s"])
             cpu[mode].append(result["cpu_s_per_episode"])
@@ -295,6 +324,10 @@ def main() -> None:
                     f"{result['cpu_ms_per_episode_by_process']}",
                     flush=True,
                 )
+    return rates, cpu
+
+
+def _report(args: argparse.Namespace, rates: dict[str, list[float]], cpu: dict[str, list[float]]) -> None:
     cpu_off, cpu_on = statistics.median(cpu["off"]), statistics.median(cpu["on"])
     overhead = 1.0 - cpu_off / cpu_on  # throughput lost where CPU bounds it (2 shared cores)
     wall_pairs = [1.0 - b / a for a, b in zip(rates["off"], rates["on"], strict=True)]

@@ -214,7 +214,7 @@ class EventProducer:
         future: Future[Delivery] = Future()
         callback = functools.partial(_on_delivery, future, rid)
         with publish_span(topic, rid):
-            kafka_headers = self._headers(headers)
+            kafka_headers = self._headers(headers, value)
         while True:
             try:
                 if kafka_headers:
@@ -229,13 +229,16 @@ class EventProducer:
                 future.set_exception(DeliveryError(topic, rid, str(exc)))
                 return future
 
-    def _headers(self, headers: Headers) -> list[tuple[str, str | bytes | None]] | None:
+    def _headers(self, headers: Headers, value: bytes = b"") -> list[tuple[str, str | bytes | None]] | None:
         """The caller's headers, plus the current trace context unless they carry one already
-        (a dead letter or a re-published event keeps its original trace)."""
+        (a dead letter or a re-published event keeps its original trace), plus the value's
+        `content-type` and schema fingerprint unless the caller names them."""
         given = [(k, v.encode() if isinstance(v, str) else v) for k, v in (headers or {}).items()]
         out: list[tuple[str, str | bytes | None]] = []
         if self.config.trace_context and not any(k == TRACEPARENT for k, _ in given):
             out += trace_headers()
+        names = {k for k, _ in given}
+        out += [(k, v) for k, v in self.codec.content_headers(value) if k not in names]
         return (out + given) or None
 
     def _poll_loop(self) -> None:

@@ -208,6 +208,10 @@ def _span_name(method: str, path: str) -> str | None:
     return f"gateway.{parts[3]}"
 
 
+_TRACE_HEADER_NAMES = frozenset({b"traceparent", b"tracestate", b"baggage"})
+"""The W3C trace context and baggage request headers (ASGI names are lower-case bytes)."""
+
+
 class _TraceRequests:
     """ASGI middleware: a SERVER span per session request, continuing the caller's W3C
     `traceparent` (the rollout's episode). Passes requests straight through while no tracing SDK
@@ -215,27 +219,41 @@ class _TraceRequests:
 
     def __init__(self, app: Any) -> None:
         self.app = app
-        self.tracer = trace.get_tracer("stacx.sandbox")
+        self._tracer: tuple[trace.TracerProvider, trace.Tracer] | None = None
+
+    def _current_tracer(self) -> trace.Tracer | None:
+        """The installed provider's tracer, made once per provider (None while tracing is off)."""
+        provider = trace.get_tracer_provider()
+        if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+            return None
+        if self._tracer is None or self._tracer[0] is not provider:
+            self._tracer = (provider, provider.get_tracer("stacx.sandbox"))
+        return self._tracer[1]
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         name = _span_name(scope.get("method", ""), scope.get("path", "")) if scope["type"] == "http" else None
-        provider = trace.get_tracer_provider()
-        if name is None or isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+        tracer = self._current_tracer() if name is not None else None
+        if name is None or tracer is None:
             await self.app(scope, receive, send)
             return
-        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        with self.tracer.start_as_current_span(
+        carrier = {
+            k.decode("latin-1"): v.decode("latin-1")
+            for k, v in scope.get("headers", ())
+            if k in _TRACE_HEADER_NAMES
+        }
+        span = tracer.start_span(
             name,
             context=propagate.extract(carrier),
             kind=trace.SpanKind.SERVER,
             attributes={"http.request.method": scope["method"], "url.path": scope["path"]},
-        ) as span:
+        )
 
-            async def traced_send(message: Any) -> None:
-                if message["type"] == "http.response.start":
-                    span.set_attribute("http.response.status_code", int(message["status"]))
-                await send(message)
+        async def traced_send(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                span.set_attribute("http.response.status_code", int(message["status"]))
+            await send(message)
 
+        with trace.use_span(span, end_on_exit=True):
             await self.app(scope, receive, traced_send)
 
 

@@ -35,7 +35,11 @@ from schemas.errors import CodecError, SchemaError, UnknownSchemaError
 
 __all__ = [
     "BUILTIN_CLASSES",
+    "CONFLUENT_CONTENT_TYPE",
+    "CONTENT_TYPE_HEADER",
     "Codec",
+    "SCHEMA_FINGERPRINT_HEADER",
+    "SINGLE_OBJECT_CONTENT_TYPE",
     "SchemaInfo",
     "SchemaResolver",
     "builtin_schemas",
@@ -51,6 +55,18 @@ T = TypeVar("T")
 SINGLE_OBJECT_MARKER = b"\xc3\x01"
 CONFLUENT_MAGIC = 0
 _SINGLE_OBJECT_HEADER = 10
+
+CONTENT_TYPE_HEADER = "content-type"
+"""Kafka header naming an event's encoding (the CloudEvents Kafka binding's header name)."""
+SCHEMA_FINGERPRINT_HEADER = "stacx-schema-fingerprint"
+"""Kafka header with the writer schema's CRC-64-AVRO fingerprint (16 hex digits, as in the
+schema catalogue's keys): readers can route or filter events without decoding them."""
+SINGLE_OBJECT_CONTENT_TYPE = "avro/binary; framing=single-object"
+"""`content-type` of an Avro single-object encoded event (Avro's media type, with the framing)."""
+CONFLUENT_CONTENT_TYPE = "avro/binary; framing=confluent"
+"""`content-type` of an event in the Confluent wire format (schema registry id in the value)."""
+_SINGLE_OBJECT_TYPE = SINGLE_OBJECT_CONTENT_TYPE.encode()
+_CONFLUENT_TYPE = CONFLUENT_CONTENT_TYPE.encode()
 
 BUILTIN_CLASSES: dict[str, type] = {
     "stacx.Trajectory": records.Trajectory,
@@ -167,6 +183,9 @@ class Codec:
         self._plans: dict[bytes, _DecodePlan] = {}
         self._registry_plans: dict[int, _DecodePlan] = {}
         self._readers: dict[str, Reader] = {}
+        self._fingerprint_by_prefix: dict[bytes, bytes] = {}
+        """Confluent framing prefix (magic byte, registry id) -> fingerprint, of schemas this
+        codec registered."""
         self._lock = threading.Lock()
 
     def add_local_schema(self, info: SchemaInfo) -> None:
@@ -209,6 +228,18 @@ class Codec:
         if expected is not None and not isinstance(record, expected):
             raise CodecError(f"expected {expected.__name__}, got {type(record).__name__}")
         return record
+
+    def content_headers(self, data: bytes) -> list[tuple[str, bytes]]:
+        """The Kafka headers describing an encoded event: `content-type` (its framing) and
+        `stacx-schema-fingerprint` (its writer schema); [] for bytes that are not an event this
+        codec can tell (foreign Confluent framing, garbage)."""
+        if data[:2] == SINGLE_OBJECT_MARKER and len(data) >= _SINGLE_OBJECT_HEADER:
+            fingerprint = bytes(data[2:_SINGLE_OBJECT_HEADER]).hex().encode()
+            return [(CONTENT_TYPE_HEADER, _SINGLE_OBJECT_TYPE), (SCHEMA_FINGERPRINT_HEADER, fingerprint)]
+        known = self._fingerprint_by_prefix.get(bytes(data[:5])) if self._fingerprint_by_prefix else None
+        if known is None:
+            return []
+        return [(CONTENT_TYPE_HEADER, _CONFLUENT_TYPE), (SCHEMA_FINGERPRINT_HEADER, known)]
 
     def writer_info(self, data: bytes) -> SchemaInfo | None:
         """The known writer schema of a single-object encoded event, if any."""
@@ -254,7 +285,9 @@ class Codec:
         from confluent_kafka.schema_registry import Schema
 
         schema_id = self._registry.register_schema(info.name, Schema(info.text, "AVRO"))
-        return bytes([CONFLUENT_MAGIC]) + int(schema_id).to_bytes(4, "big")
+        prefix = bytes([CONFLUENT_MAGIC]) + int(schema_id).to_bytes(4, "big")
+        self._fingerprint_by_prefix[prefix] = info.fingerprint.encode()
+        return prefix
 
     def _plan_for(self, data: bytes) -> tuple[_DecodePlan, int]:
         if data[:2] == SINGLE_OBJECT_MARKER and len(data) >= _SINGLE_OBJECT_HEADER:

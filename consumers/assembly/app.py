@@ -71,7 +71,10 @@ TICK_KEY = b"\x00stacx-assembler-tick"
 """Key of the timer's tick events (informative: ticks are told apart by their topic)."""
 
 _RAW: dict[str, Any] = {
-    "key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"
+    "key_type": bytes,
+    "value_type": bytes,
+    "key_serializer": "raw",
+    "value_serializer": "raw",
 }
 
 
@@ -99,9 +102,7 @@ class AssemblerApp:
     class Config:
         app_id: str = "stacx-assembler"
         """Faust app id: the consumer group and the prefix of internal topics."""
-        bootstrap_servers: str = field(
-            default_factory=topics.default_bootstrap
-        )
+        bootstrap_servers: str = field(default_factory=topics.default_bootstrap)
         """Kafka bootstrap servers (host:port[,host:port])."""
         trajectories_topic: str = topics.TRAJECTORIES
         """Input: `Trajectory` events keyed by group id."""
@@ -166,9 +167,7 @@ class AssemblerApp:
             if self.standby_replicas < 0:
                 raise AssemblyConfigError(f"standby_replicas must be >= 0, got {self.standby_replicas}")
             if self.tick_interval_s <= 0:
-                raise AssemblyConfigError(
-                    f"tick_interval_s must be > 0, got {self.tick_interval_s}"
-                )
+                raise AssemblyConfigError(f"tick_interval_s must be > 0, got {self.tick_interval_s}")
             if self.grouping.max_clock_step_s < 2 * self.tick_interval_s:
                 raise AssemblyConfigError(
                     f"grouping.max_clock_step_s={self.grouping.max_clock_step_s} must be at least "
@@ -202,8 +201,11 @@ class AssemblerApp:
         self.config = config
         self.clock = clock  # epoch ms; tests inject a fake one
         self.codec = codec or catalogue_codec(
-            SchemaCatalogue.Config(bootstrap_servers=config.bootstrap_servers,
-                                   topic=config.schemas_topic, topic_policy=config.topic_policy)
+            SchemaCatalogue.Config(
+                bootstrap_servers=config.bootstrap_servers,
+                topic=config.schemas_topic,
+                topic_policy=config.topic_policy,
+            )
         )
         """Decodes every input and encodes every output (unit tests pass a plain `Codec()`)."""
         self.stats = AssemblyStats()
@@ -224,22 +226,29 @@ class AssemblerApp:
         self.pool_table = app.Table("pool", partitions=1, value_type=bytes)
         self.index_table = app.Table("index", partitions=1)
         self.packed_table = app.Table("packed", partitions=1)
-        self.latest_versions = app.GlobalTable(
-            "latest_versions", partitions=self.config.weights_partitions
-        )
+        self.latest_versions = app.GlobalTable("latest_versions", partitions=self.config.weights_partitions)
 
     def _build_components(self) -> None:
         cfg = self.config
         self.sample_filter = SampleFilter(cfg.filtering, self.latest_versions)
         self.grouper = GroupAssembler(
-            cfg.grouping, sample_filter=self.sample_filter, groups=self.groups_table,
-            payloads=self.payloads_table, stats=self.stats, clocks=self.clocks_table,
+            cfg.grouping,
+            sample_filter=self.sample_filter,
+            groups=self.groups_table,
+            payloads=self.payloads_table,
+            stats=self.stats,
+            clocks=self.clocks_table,
         )
         self.encoder = BatchEncoder(cfg.output, self.codec, topic=cfg.batches_topic)
         self.builder = BatchBuilder(
-            cfg.batching, planner=MixturePlanner(cfg.mixture), sample_filter=self.sample_filter,
-            pool=self.pool_table, index=self.index_table, packed=self.packed_table,
-            stats=self.stats, codec=self.codec,
+            cfg.batching,
+            planner=MixturePlanner(cfg.mixture),
+            sample_filter=self.sample_filter,
+            pool=self.pool_table,
+            index=self.index_table,
+            packed=self.packed_table,
+            stats=self.stats,
+            codec=self.codec,
         )
 
     def _build_agents(self) -> None:
@@ -249,15 +258,9 @@ class AssemblerApp:
         self.groups_topic = app.topic(cfg.groups_topic, **_RAW)
         self.weights_channel = app.topic(cfg.weights_topic, **_RAW)
         sink = [self._publish]
-        self.group_agent = app.agent(self.trajectories_channel, name="group", sink=sink)(
-            self._group_stream
-        )
-        self.batch_agent = app.agent(self.groups_topic, name="batch", sink=sink)(
-            self._batch_stream
-        )
-        self.weights_agent = app.agent(self.weights_channel, name="weights", sink=sink)(
-            self._weights_stream
-        )
+        self.group_agent = app.agent(self.trajectories_channel, name="group", sink=sink)(self._group_stream)
+        self.batch_agent = app.agent(self.groups_topic, name="batch", sink=sink)(self._batch_stream)
+        self.weights_agent = app.agent(self.weights_channel, name="weights", sink=sink)(self._weights_stream)
         app.timer(cfg.tick_interval_s, name="ticks")(self._send_ticks)
         if cfg.stats_interval_s > 0:
             app.timer(cfg.stats_interval_s, name="stats")(self._log_stats)
@@ -284,14 +287,20 @@ class AssemblerApp:
         _BATCHES.add(1)
         _BATCHED_TRAJECTORIES.add(len(batch.trajectory_ids))
         with self.trace_links.batch_span(batch.batch_id, batch.trajectory_ids) as headers:
-            return Output(self.config.batches_topic, batch.batch_id.encode(), self.encoder.encode(batch),
-                          headers=headers)
+            value = self.encoder.encode(batch)
+            return Output(
+                self.config.batches_topic,
+                batch.batch_id.encode(),
+                value,
+                headers=self._described(value, headers),
+            )
 
     def _rejected_output(self, rejected: RejectedGroup) -> list[Output]:
         """One dead letter per sample of a group that could not be packed, with its full record."""
         group = rejected.group
-        log.error("group %s could not be packed, dead-lettering its samples: %s",
-                  group.group_id, rejected.error)
+        log.error(
+            "group %s could not be packed, dead-lettering its samples: %s", group.group_id, rejected.error
+        )
         outputs = []
         for payload in group.payloads:
             value, note = keep_original(
@@ -307,7 +316,8 @@ class AssemblerApp:
                 value=value,
             )
             self.stats.undecodable += 1
-            outputs.append(Output(self.config.dlq_topic, letter.key, self.codec.encode(letter)))
+            encoded = self.codec.encode(letter)
+            outputs.append(Output(self.config.dlq_topic, letter.key, encoded, self._described(encoded)))
         return outputs
 
     async def _weights_stream(self, stream: faust.StreamT) -> AsyncIterator[list[Output]]:
@@ -346,14 +356,16 @@ class AssemblerApp:
         if reason is not None:
             return [self._dead_letter(message, ValueError(reason))]
         self.trace_links.remember(trajectory.group_id, trajectory.trajectory_id, message.headers)
-        group = self.grouper.on_trajectory(
-            trajectory, message.value, partition=message.partition, now_ms=now
-        )
+        group = self.grouper.on_trajectory(trajectory, message.value, partition=message.partition, now_ms=now)
         return [] if group is None else [self._group_output(group)]
 
     def _group_output(self, group: Any) -> Output:
-        return Output(self.config.groups_topic, group.model_name.encode(), encode_group(group),
-                      headers=self.trace_links.group_headers(group.group_id))
+        return Output(
+            self.config.groups_topic,
+            group.model_name.encode(),
+            encode_group(group),
+            headers=self.trace_links.group_headers(group.group_id),
+        )
 
     def _dead_letter(self, message: Any, exc: BaseException) -> Output:
         self.stats.undecodable += 1
@@ -370,10 +382,23 @@ class AssemblerApp:
             value=value,
             headers=_text_headers(message.headers),
         )
-        log.warning("dead-lettered %s[%s]@%s: %s", letter.source_topic,
-                    letter.source_partition, letter.source_offset, letter.reason)
+        log.warning(
+            "dead-lettered %s[%s]@%s: %s",
+            letter.source_topic,
+            letter.source_partition,
+            letter.source_offset,
+            letter.reason,
+        )
         trace = [(k, v.encode()) for k, v in letter.headers.items() if k in _TRACE_HEADERS]
-        return Output(self.config.dlq_topic, message.key, self.codec.encode(letter), headers=trace or None)
+        encoded = self.codec.encode(letter)
+        return Output(self.config.dlq_topic, message.key, encoded, headers=self._described(encoded, trace))
+
+    def _described(
+        self, value: bytes, headers: list[tuple[str, bytes]] | None = None
+    ) -> list[tuple[str, bytes]] | None:
+        """`headers` plus the event's `content-type` and schema fingerprint (as every producer
+        writes them: `Codec.content_headers`)."""
+        return [*(headers or []), *self.codec.content_headers(value)] or None
 
     async def _send_ticks(self) -> None:
         value = str(now_ms()).encode()
@@ -391,15 +416,21 @@ class AssemblerApp:
         if retention_ms is None:
             return
         if retention_ms < 0:
-            log.warning("%s keeps records forever, the assembler remembers closed groups for "
-                        "grouping.closed_ttl_s=%.0fs: a replay from further back is not "
-                        "deduplicated", self.config.trajectories_topic, grouping.closed_ttl_s)
+            log.warning(
+                "%s keeps records forever, the assembler remembers closed groups for "
+                "grouping.closed_ttl_s=%.0fs: a replay from further back is not "
+                "deduplicated",
+                self.config.trajectories_topic,
+                grouping.closed_ttl_s,
+            )
         elif retention_ms / 1000 > grouping.closed_ttl_s:
-            log.info("closed groups are remembered for the retention of %s (%.0fs)",
-                     self.config.trajectories_topic, retention_ms / 1000)
+            log.info(
+                "closed groups are remembered for the retention of %s (%.0fs)",
+                self.config.trajectories_topic,
+                retention_ms / 1000,
+            )
             grouping.closed_ttl_s = retention_ms / 1000
-            self.config.batching.packed_ttl_s = max(self.config.batching.packed_ttl_s,
-                                                    retention_ms / 1000)
+            self.config.batching.packed_ttl_s = max(self.config.batching.packed_ttl_s, retention_ms / 1000)
 
     def worker(self, *, loglevel: str = "info") -> faust.Worker:
         """A Faust worker (`worker.execute_from_commandline()` blocks until it is stopped)."""
@@ -489,9 +520,10 @@ def ensure_internal_topics(cfg: AssemblerApp.Config, timeout_s: float = 30.0) ->
     replicas = cfg.topic_policy.replication_factor
     missing = [
         NewTopic(name, num_partitions=count, replication_factor=replicas, config=config)
-        for name, count in wanted.items() if name not in existing
+        for name, count in wanted.items()
+        if name not in existing
     ]
-    for name, future in (admin.create_topics(missing).items() if missing else []):
+    for name, future in admin.create_topics(missing).items() if missing else []:
         try:
             future.result(timeout=timeout_s)
         except KafkaException as exc:
@@ -550,4 +582,3 @@ def _new_faust_app(cfg: AssemblerApp.Config) -> faust.App:
         autodiscover=False,
         **web,
     )
-

@@ -1,6 +1,7 @@
 """Trace context on the real broker: every event published with tracing on carries `traceparent`
-(raw header read), a replay reads back the same context, and a dead letter keeps the original
-event's context both in its record and in its own Kafka headers."""
+and its content type and schema fingerprint (raw header read), a replay reads back the same
+headers, and a dead letter keeps the original event's context both in its record and in its own
+Kafka headers."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from opentelemetry import trace
 from tracing_fixtures import in_memory_tracing
 
 from producers import EventProducer
+from schemas.codec import SINGLE_OBJECT_CONTENT_TYPE, Codec
+from schemas.records import DeadLetter, Trajectory
 
 TopicFactory = Callable[..., str]
 
@@ -53,12 +56,16 @@ def test_every_event_carries_traceparent_and_a_replay_reads_back_the_same_contex
     assert len(published) == 5
     raw = raw_headers(kafka_bootstrap, topic, 5)
     assert len(raw) == 5 and all(h.get("traceparent", b"").startswith(b"00-") for h in raw), raw
+    fingerprint = Codec().local_schema(Trajectory).fingerprint.encode()
+    assert all(h["content-type"] == SINGLE_OBJECT_CONTENT_TYPE.encode() for h in raw), raw
+    assert all(h["stacx-schema-fingerprint"] == fingerprint for h in raw), raw
     with consumer(kafka_bootstrap, fresh_group, topic, None) as c:
-        first = {e.value.trajectory_id: e.headers["traceparent"] for e in collect(c, 5)}
+        first = {e.value.trajectory_id: e.headers for e in collect(c, 5)}
         c.seek(topic, 0, 0)  # replay the topic from its start
         replayed = collect(c, 5)
-    again = {e.value.trajectory_id: e.headers["traceparent"] for e in replayed}
-    assert len(first) == 5 and again == first
+    again = {e.value.trajectory_id: e.headers for e in replayed}
+    assert len(first) == 5 and again == first  # the trace and the content headers
+    first = {t: h["traceparent"] for t, h in first.items()}
     assert {int(v.split(b"-")[1], 16) for v in first.values()} == published
     assert {
         trace.get_current_span(e.trace_context).get_span_context().trace_id for e in replayed
@@ -82,6 +89,8 @@ def test_a_dead_letter_keeps_the_original_trace_context(
         assert c.num_dead_letters == 1
     (letter_headers,) = raw_headers(kafka_bootstrap, dlq, 1)
     assert letter_headers["traceparent"] == original
+    assert letter_headers["content-type"] == SINGLE_OBJECT_CONTENT_TYPE.encode()  # the letter's own
+    assert letter_headers["stacx-schema-fingerprint"] == Codec().local_schema(DeadLetter).fingerprint.encode()
     with consumer(kafka_bootstrap, fresh_group + "-dlq", dlq, None) as d:
         (letter,) = collect(d, 1)
     assert letter.value.headers["traceparent"] == original.decode()

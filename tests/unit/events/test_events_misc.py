@@ -1,4 +1,4 @@
-"""Confluent wire format, deduplication, validation, trace headers, blob store."""
+"""Confluent wire format, content headers, deduplication, validation, trace headers, blob store."""
 
 from __future__ import annotations
 
@@ -12,7 +12,14 @@ from consumers import Deduplicator
 from producers import FsspecBlobStore, InMemoryPublisher, context_from_headers, trace_headers
 from producers.errors import BlobStoreError
 from producers.event_producer import registry_client
-from schemas.codec import Codec, decode
+from schemas.codec import (
+    CONFLUENT_CONTENT_TYPE,
+    CONTENT_TYPE_HEADER,
+    SCHEMA_FINGERPRINT_HEADER,
+    SINGLE_OBJECT_CONTENT_TYPE,
+    Codec,
+    decode,
+)
 from schemas.errors import CodecError, RecordValidationError
 from schemas.identity import record_id, record_key
 from schemas.records import Feedback, TrainingBatch, Trajectory, logprobs, loss_mask, token_ids
@@ -28,6 +35,22 @@ def test_confluent_wire_format_with_mock_registry() -> None:
     assert Codec(registry=registry).decode(data, Trajectory).trajectory_id == "traj-3"
     with pytest.raises(CodecError, match="schema_registry_url"):
         decode(data)
+
+
+def test_content_headers_name_the_framing_and_the_writer_schema() -> None:
+    codec = Codec()
+    fingerprint = codec.local_schema(Trajectory).fingerprint.encode()
+    assert codec.content_headers(codec.encode(trajectory(1))) == [
+        (CONTENT_TYPE_HEADER, SINGLE_OBJECT_CONTENT_TYPE.encode()),
+        (SCHEMA_FINGERPRINT_HEADER, fingerprint),
+    ]
+    confluent = Codec(registry=registry_client("mock://content-headers"))
+    assert confluent.content_headers(confluent.encode(trajectory(1))) == [
+        (CONTENT_TYPE_HEADER, CONFLUENT_CONTENT_TYPE.encode()),
+        (SCHEMA_FINGERPRINT_HEADER, fingerprint),
+    ]
+    assert codec.content_headers(b"\x00\x00\x00\x00\x07 foreign registry") == []  # id unknown here
+    assert codec.content_headers(b"not an event") == [] and codec.content_headers(b"") == []
 
 
 def test_deduplicator_recognises_ids_and_forgets_the_oldest() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from events_strategies import trajectory
 from opentelemetry import trace
 from tracing_fixtures import in_memory_tracing
 
@@ -13,6 +14,7 @@ from consumers.assembly.tracing import LINKS_HEADER, TraceLinks
 from infra.telemetry import TracingConfig
 from producers import EventProducer
 from producers.tracing import TRACEPARENT, context_from_headers, publish_span, span, tracing_on
+from schemas.records import Trajectory
 
 
 def _producer() -> EventProducer:
@@ -78,6 +80,24 @@ def test_a_traceparent_given_by_the_caller_is_kept_not_replaced() -> None:
             with publish_span("stacx.dlq"):
                 headers = producer._headers({TRACEPARENT: original})
         assert headers == [(TRACEPARENT, original.encode())]
+    finally:
+        producer.close(0)
+
+
+def test_every_event_names_its_content_type_and_schema_unless_the_caller_does() -> None:
+    producer = _producer()
+    try:
+        value = producer.codec.encode(trajectory(1))
+        fingerprint = producer.codec.local_schema(Trajectory).fingerprint.encode()
+        headers = dict(producer._headers(None, value) or [])  # tracing off: no trace context
+        assert headers == {
+            "content-type": b"avro/binary; framing=single-object",
+            "stacx-schema-fingerprint": fingerprint,
+        }
+        kept = producer._headers({"content-type": "application/x-mine"}, value) or []
+        assert [v for k, v in kept if k == "content-type"] == [b"application/x-mine"]
+        assert ("stacx-schema-fingerprint", fingerprint) in kept
+        assert producer._headers(None, b"opaque bytes") is None
     finally:
         producer.close(0)
 
