@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,17 +17,12 @@ from typing import Any
 
 import pytest
 import yaml
+from ports import free_port
 
 from sandbox.backends.docker import LABEL_OWNER
 
 REPO = Path(__file__).resolve().parents[2]
 STACX = str(Path(sys.executable).with_name("stacx"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _short_config(tmp_path: Path, bootstrap: str) -> tuple[Path, str]:
@@ -40,7 +34,7 @@ def _short_config(tmp_path: Path, bootstrap: str) -> tuple[Path, str]:
     p["tasks"]["arithmetic"].update(num_train=64, num_heldout=8)
     p["sft"].update(steps=4, skill_steps=2, batch_size=8)
     p["evaluation"].update(every_versions=0)
-    p["services"].update(gateway_port=_free_port(), inference_port=_free_port(), gateway_warm_pool=2)
+    p["services"].update(gateway_port=free_port(), inference_port=free_port(), gateway_warm_pool=2)
     tree["rollout"]["manager"]["max_concurrent_episodes"] = 8
     path = tmp_path / "short.yaml"
     path.write_text(yaml.safe_dump(tree))

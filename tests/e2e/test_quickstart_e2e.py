@@ -8,23 +8,17 @@ weight version reaches the inference server), not the learning (docs/quickstart.
 from __future__ import annotations
 
 import json
-import socket
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from ports import free_port
 
 from infra.pipeline import load_spec, run_pipeline
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _small(spec: Any, runs_dir: Path) -> Any:
@@ -35,7 +29,7 @@ def _small(spec: Any, runs_dir: Path) -> Any:
     cfg.tasks.arithmetic.num_train, cfg.tasks.arithmetic.num_heldout = 64, 8
     cfg.sft.steps, cfg.sft.batch_size = 10, 16
     cfg.evaluation.every_versions, cfg.evaluation.final_samples_per_problem = 0, 1
-    cfg.services.gateway_port, cfg.services.inference_port = _free_port(), _free_port()
+    cfg.services.gateway_port, cfg.services.inference_port = free_port(), free_port()
     cfg.services.gateway_warm_pool = 0
     spec.rollout["data"]["samples_per_task"] = 4
     spec.rollout["manager"]["train_groups_per_version"] = 2

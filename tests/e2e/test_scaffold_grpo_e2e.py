@@ -10,12 +10,12 @@ version reaches the inference server, held-out episodes run before and after), n
 from __future__ import annotations
 
 import shutil
-import socket
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from ports import free_port
 
 from infra.pipeline import load_spec, run_pipeline
 
@@ -23,12 +23,6 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "scaffold_grpo"
 STEPS = 2
 NUM_HELDOUT = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _small(spec: Any, runs_dir: Path) -> Any:
@@ -42,7 +36,7 @@ def _small(spec: Any, runs_dir: Path) -> Any:
     cfg.transcripts.path = str(EXAMPLE / "transcripts.jsonl")
     cfg.sft.steps, cfg.sft.skill_steps, cfg.sft.batch_size = 12, 8, 8
     cfg.evaluation.final_samples_per_problem = 1
-    cfg.services.gateway_port, cfg.services.inference_port = _free_port(), _free_port()
+    cfg.services.gateway_port, cfg.services.inference_port = free_port(), free_port()
     cfg.services.gateway_warm_pool = 0
     spec.rollout["data"]["samples_per_task"] = 2
     spec.rollout["manager"]["train_groups_per_version"] = 2

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,27 @@ import yaml
 from schemas.codec import decode
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
+COMPACTED = {"cleanup.policy": "compact"}
+
+
+def one_group_config(
+    fresh_topic: Callable[..., str], bootstrap: str, workdir: Path, prefix: str, *, partitions: int = 1
+) -> dict[str, Any]:
+    """An assembler config on fresh topics named after `prefix`: groups of 2 trajectories, one
+    group per batch, 60 s group timeout, ticks every 0.5 s."""
+    return {
+        "app_id": f"test-{prefix}-{uuid.uuid4().hex[:10]}",
+        "bootstrap_servers": bootstrap,
+        "datadir": str(workdir / "data"),
+        "tick_interval_s": 0.5,
+        "grouping": {"group_size": 2, "group_timeout_s": 60.0},
+        "mixture": {"batch_size": 1, "batch_unit": "groups"},
+        "trajectories_topic": fresh_topic(f"{prefix}-traj", partitions=partitions),
+        "batches_topic": fresh_topic(f"{prefix}-batches", config={"max.message.bytes": "8388608"}),
+        "weights_topic": fresh_topic(f"{prefix}-weights"),
+        "dlq_topic": fresh_topic(f"{prefix}-dlq"),
+        "schemas_topic": fresh_topic(f"{prefix}-schemas", config=COMPACTED),
+    }
 
 
 class AssemblerProcess:

@@ -5,11 +5,10 @@ off in it): the dead letters of an invalid trajectory and of an undecodable even
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from assembly_worker import AssemblerProcess, consume_records
+from assembly_worker import AssemblerProcess, consume_records, one_group_config
 from confluent_kafka import Consumer, TopicPartition
 from opentelemetry import trace
 from tracing_fixtures import in_memory_tracing
@@ -19,7 +18,6 @@ from producers import EventProducer
 from schemas.codec import SINGLE_OBJECT_CONTENT_TYPE, Codec, decode
 from schemas.records import DeadLetter, TrainingBatch, Trajectory
 
-COMPACTED = {"cleanup.policy": "compact"}
 AVRO = SINGLE_OBJECT_CONTENT_TYPE.encode()
 
 
@@ -54,26 +52,11 @@ def _fingerprint(record_type: type) -> bytes:
 def test_assembler_dead_letters_keep_the_original_trace_context_and_content_headers(
     kafka_bootstrap: str, fresh_topic: Callable[..., str], tmp_path: Path, app_ids: list[str]
 ) -> None:
-    names = {
-        "trajectories_topic": fresh_topic("trc-traj"),
-        "batches_topic": fresh_topic("trc-batches", config={"max.message.bytes": "8388608"}),
-        "weights_topic": fresh_topic("trc-weights"),
-        "dlq_topic": fresh_topic("trc-dlq"),
-        "schemas_topic": fresh_topic("trc-schemas", config=COMPACTED),
-    }
-    app_ids.append(f"test-trc-{uuid.uuid4().hex[:10]}")
-    config = {
-        "app_id": app_ids[-1],
-        "bootstrap_servers": kafka_bootstrap,
-        "datadir": str(tmp_path / "data"),
-        "tick_interval_s": 0.5,
-        "grouping": {"group_size": 2, "group_timeout_s": 60.0},
-        "mixture": {"batch_size": 1, "batch_unit": "groups"},
-        **names,
-    }
-    trajectories, dlq = names["trajectories_topic"], names["dlq_topic"]
+    config = one_group_config(fresh_topic, kafka_bootstrap, tmp_path, "trc")
+    app_ids.append(config["app_id"])
+    trajectories, dlq = config["trajectories_topic"], config["dlq_topic"]
     producer = EventProducer(
-        EventProducer.Config(bootstrap_servers=kafka_bootstrap, schemas_topic=names["schemas_topic"])
+        EventProducer.Config(bootstrap_servers=kafka_bootstrap, schemas_topic=config["schemas_topic"])
     )
     nan = make_trajectory("g-bad", 0, reward=float("nan"))
     with in_memory_tracing(), producer, AssemblerProcess(config, tmp_path) as worker:
@@ -85,7 +68,7 @@ def test_assembler_dead_letters_keep_the_original_trace_context_and_content_head
         for index in range(2):
             producer.publish(trajectories, make_trajectory("g0", index))
         producer.flush(30)
-        (batch,) = _raw(kafka_bootstrap, names["batches_topic"], 1)
+        (batch,) = _raw(kafka_bootstrap, config["batches_topic"], 1)
         letters = _raw(kafka_bootstrap, dlq, 2)
         code, stats = worker.stop()
     assert code == 0 and stats["undecodable"] == 2

@@ -10,14 +10,13 @@ assembler's ticks are assembled like any other.
 from __future__ import annotations
 
 import io
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import fastavro
 import numpy as np
 import pytest
-from assembly_worker import AssemblerProcess, consume_records
+from assembly_worker import AssemblerProcess, consume_records, one_group_config
 from confluent_kafka import Consumer, TopicPartition
 
 from consumers.assembly import TICK_KEY
@@ -29,8 +28,6 @@ from schemas.errors import RecordValidationError
 from schemas.records import DeadLetter, TrainingBatch, Trajectory, token_ids
 from trainer import SourceConfig, StacxTrainer
 from trainer.testing import tiny_trainer_config
-
-COMPACTED = {"cleanup.policy": "compact"}
 
 
 def _sample(group: str, index: int, **fields: object) -> Trajectory:
@@ -76,29 +73,14 @@ def test_nan_reward_and_nan_batch_are_dead_lettered_and_training_continues(
     tmp_path: Path,
     app_ids: list[str],
 ) -> None:
-    names = {
-        "trajectories_topic": fresh_topic("bad-traj", partitions=2),
-        "batches_topic": fresh_topic("bad-batches", config={"max.message.bytes": "8388608"}),
-        "weights_topic": fresh_topic("bad-weights"),
-        "dlq_topic": fresh_topic("bad-dlq"),
-        "schemas_topic": fresh_topic("bad-schemas", config=COMPACTED),
-    }
-    app_ids.append(f"test-bad-{uuid.uuid4().hex[:10]}")
-    config = {
-        "app_id": app_ids[-1],
-        "bootstrap_servers": kafka_bootstrap,
-        "datadir": str(tmp_path / "data"),
-        "tick_interval_s": 0.5,
-        "grouping": {"group_size": 2, "group_timeout_s": 60.0},
-        "mixture": {"batch_size": 1, "batch_unit": "groups"},
-        **names,
-    }
-    trajectories, batches, dlq = names["trajectories_topic"], names["batches_topic"], names["dlq_topic"]
+    config = one_group_config(fresh_topic, kafka_bootstrap, tmp_path, "bad", partitions=2)
+    app_ids.append(config["app_id"])
+    trajectories, batches, dlq = config["trajectories_topic"], config["batches_topic"], config["dlq_topic"]
     producer = EventProducer(
-        EventProducer.Config(bootstrap_servers=kafka_bootstrap, schemas_topic=names["schemas_topic"])
+        EventProducer.Config(bootstrap_servers=kafka_bootstrap, schemas_topic=config["schemas_topic"])
     )
     catalogue = SchemaCatalogue(
-        SchemaCatalogue.Config(bootstrap_servers=kafka_bootstrap, topic=names["schemas_topic"])
+        SchemaCatalogue.Config(bootstrap_servers=kafka_bootstrap, topic=config["schemas_topic"])
     )
     with producer, AssemblerProcess(config, tmp_path) as worker:
         for traj in (_sample("g0", 0), _sample("g0", 1)):

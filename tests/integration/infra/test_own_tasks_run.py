@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import uuid
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from ports import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 STACX = str(Path(sys.executable).with_name("stacx"))
@@ -31,12 +31,6 @@ SHAPE = {
     "--heads": "4",
     "--kv-heads": "2",
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _model(tmp_path: Path) -> Path:
@@ -70,7 +64,7 @@ def _config(tmp_path: Path, bootstrap: str, model: Path, tasks: Path) -> tuple[P
     )
     p["model"] = {"path": "my-model"}  # relative: resolved against the config file's folder
     p["tasks"] = {"harbor": "my-tasks"}
-    p["services"] = {"gateway_port": _free_port(), "inference_port": _free_port()}
+    p["services"] = {"gateway_port": free_port(), "inference_port": free_port()}
     p["evaluation"] = {"every_versions": 0, "final_samples_per_problem": 1}
     tree["rollout"]["data"]["samples_per_task"] = 2
     tree["rollout"]["manager"]["train_groups_per_version"] = 1

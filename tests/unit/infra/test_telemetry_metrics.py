@@ -4,24 +4,18 @@ tests/unit/rollout/test_rollout_tracing.py)."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from ports import free_port
 
 from infra.telemetry import MetricsConfig, TracingConfig
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_service_serves_its_metrics_for_prometheus_to_scrape() -> None:
-    port = _free_port()
+    port = free_port()
     script = textwrap.dedent(f"""
         import httpx
         from infra.telemetry import MetricsConfig, setup_metrics
