@@ -11,8 +11,10 @@ import json
 import re
 from collections import defaultdict
 from collections.abc import Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import ConsumerGroupState, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
@@ -43,6 +45,8 @@ _GROUP_PREFIXES = (
     "stacx-oncall-join-",
 )
 _TIMEOUT_S = 30.0
+_WAIT_S = _TIMEOUT_S + 15.0
+"""Longest wait for one admin answer (the request's own timeout plus the client's slack)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -142,7 +146,7 @@ def _offsets(admin: AdminClient, parts: dict[str, list[int]], spec: OffsetSpec) 
     out: dict[tuple[str, int], int] = {}
     for tp, future in admin.list_offsets(request, request_timeout=_TIMEOUT_S).items():
         try:
-            out[(tp.topic, tp.partition)] = max(future.result().offset, 0)
+            out[(tp.topic, tp.partition)] = max(_answer(future, f"list offsets of {tp.topic}").offset, 0)
         except KafkaException:  # a topic being deleted: counted as empty
             out[(tp.topic, tp.partition)] = 0
     return out
@@ -171,12 +175,13 @@ def _log_sizes(bootstrap: str, names: list[str], jars: Path | None = None) -> di
 def group_lags(bootstrap: str, *, topics_of_interest: set[str] | None = None) -> list[GroupLag]:
     """Committed offsets and lag of every consumer group on every topic it committed on."""
     admin = _admin(bootstrap)
-    listed = admin.list_consumer_groups(request_timeout=_TIMEOUT_S).result()
+    listed = _answer(admin.list_consumer_groups(request_timeout=_TIMEOUT_S), "list consumer groups")
     ids = sorted(g.group_id for g in listed.valid)
     if not ids:
         return []
     described = {
-        g: f.result() for g, f in admin.describe_consumer_groups(ids, request_timeout=_TIMEOUT_S).items()
+        g: _answer(f, f"describe group {g}")
+        for g, f in admin.describe_consumer_groups(ids, request_timeout=_TIMEOUT_S).items()
     }
     rows: list[GroupLag] = []
     for group in ids:
@@ -208,7 +213,7 @@ def _committed(admin: AdminClient, group: str, wanted: set[str] | None) -> dict[
     future = admin.list_consumer_group_offsets(
         [ConsumerGroupTopicPartitions(group)], request_timeout=_TIMEOUT_S
     )
-    result = future[group].result()
+    result = _answer(future[group], f"list the offsets of group {group}")
     return {
         (tp.topic, tp.partition): tp.offset
         for tp in result.topic_partitions
@@ -261,7 +266,9 @@ def describe(bootstrap: str, run: str, *, sizes: bool = False) -> tuple[RunSumma
 
 
 def _run_groups(bootstrap: str, run: str) -> list[str]:
-    listed = _admin(bootstrap).list_consumer_groups(request_timeout=_TIMEOUT_S).result()
+    listed = _answer(
+        _admin(bootstrap).list_consumer_groups(request_timeout=_TIMEOUT_S), "list consumer groups"
+    )
     return [g.group_id for g in listed.valid if run_of(g.group_id, [run]) == run]
 
 
@@ -273,7 +280,7 @@ def delete_run(bootstrap: str, run: str, *, dry_run: bool = False) -> tuple[list
     described = (
         admin.describe_consumer_groups(summary.groups, request_timeout=_TIMEOUT_S) if summary.groups else {}
     )
-    active = sorted(g for g, f in described.items() if f.result().members)
+    active = sorted(g for g, f in described.items() if _answer(f, f"describe group {g}").members)
     if active:
         raise InfraError(
             f"run {run!r} is still running: groups {', '.join(active)} have members; stop it first"
@@ -282,15 +289,21 @@ def delete_run(bootstrap: str, run: str, *, dry_run: bool = False) -> tuple[list
     if dry_run:
         return names, summary.groups
     for name, future in admin.delete_topics(names, operation_timeout=_TIMEOUT_S).items():
-        _result(future, f"delete topic {name}")
+        _answer(future, f"delete topic {name}", strict=True)
     if summary.groups:
         for group, future in admin.delete_consumer_groups(summary.groups, request_timeout=_TIMEOUT_S).items():
-            _result(future, f"delete group {group}")
+            _answer(future, f"delete group {group}", strict=True)
     return names, summary.groups
 
 
-def _result(future: object, what: str) -> None:
+def _answer(future: Future[Any], what: str, *, strict: bool = False) -> Any:
+    """An admin request's result within a bounded wait: a broker that never answers is an
+    `InfraError` naming the request, not a hang. `strict`: a refusal is one too (else raised)."""
     try:
-        future.result()  # type: ignore[attr-defined]
+        return future.result(timeout=_WAIT_S)
+    except TimeoutError as exc:
+        raise InfraError(f"cannot {what}: the broker did not answer in {_WAIT_S:.0f} s") from exc
     except KafkaException as exc:
-        raise InfraError(f"cannot {what}: {exc}") from exc
+        if strict:
+            raise InfraError(f"cannot {what}: {exc}") from exc
+        raise

@@ -41,9 +41,11 @@ def _short_config(tmp_path: Path, bootstrap: str) -> tuple[Path, str]:
     return path, name
 
 
-def _run_containers(docker_client: Any, name: str) -> list[Any]:
-    found = docker_client.containers.list(all=True, filters={"label": LABEL_OWNER})
-    return [c for c in found if c.labels.get(LABEL_OWNER, "").startswith(f"stacx-{name}-")]
+def _run_containers(docker_client: Any, name: str) -> list[dict[str, Any]]:
+    """The run's containers, from the engine's own list in one call (docker-py's `containers.list`
+    inspects each one afterwards, and a sandbox removed in between raises NotFound)."""
+    found = docker_client.api.containers(all=True, filters={"label": LABEL_OWNER})
+    return [c for c in found if (c.get("Labels") or {}).get(LABEL_OWNER, "").startswith(f"stacx-{name}-")]
 
 
 def _service_pids(log: Path) -> dict[str, int]:
@@ -86,5 +88,5 @@ def test_sigterm_to_stacx_run_leaves_no_process_and_no_container(
     alive = {service: pid for service, pid in pids.items() if _group_alive(pid)}
     assert not alive, f"service process groups still alive after the run stopped: {alive}"
     left = _run_containers(docker_client, name)
-    assert not left, f"{len(left)} sandbox containers of the run remain: {[c.name for c in left]}"
+    assert not left, f"{len(left)} sandbox containers of the run remain: {[c.get('Names') for c in left]}"
     assert (tmp_path / name / "report.json").is_file()  # the partial report is still written
