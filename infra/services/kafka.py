@@ -174,11 +174,20 @@ def write_server_properties(config: KafkaConfig) -> Path:
     return path
 
 
+def new_cluster_id() -> str:
+    """A random KRaft cluster id as Kafka makes them (`Uuid.randomUuid`): 22 URL-safe base64
+    characters, never starting with '-' (the storage tool would read it as an option: one id in 64)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 def format_storage(java: str, libs: Path, properties: Path) -> None:
     """Format the KRaft log directory once (kept across restarts)."""
     if (data_dir() / "meta.properties").exists():
         return
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    cluster_id = new_cluster_id()
     cmd = [
         java,
         "-cp",

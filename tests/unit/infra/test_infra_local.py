@@ -106,3 +106,15 @@ def test_debootstrap_failure_names_the_mirror_and_log(tmp_path: Path, monkeypatc
     message = str(info.value)
     assert "mirror.example" in message and "STACX_DEBIAN_MIRROR" in message
     assert "Failed getting release file" in message
+
+
+def test_cluster_ids_never_start_with_a_dash_the_storage_tool_would_read_as_an_option(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import base64
+    import uuid
+
+    dash_first = uuid.UUID(bytes=base64.urlsafe_b64decode("-" + "A" * 21 + "=="))  # encodes to "-AAA..."
+    draws = iter([dash_first, uuid.UUID(int=1)])
+    monkeypatch.setattr(uuid, "uuid4", lambda: next(draws))
+    cluster_id = kafka.new_cluster_id()
+    assert cluster_id == base64.urlsafe_b64encode(uuid.UUID(int=1).bytes).rstrip(b"=").decode()
+    assert len(cluster_id) == 22 and not cluster_id.startswith("-")
