@@ -74,10 +74,10 @@ async def _round(args: argparse.Namespace, reuse: int, owner: str) -> dict[str, 
 
 def _counter(metrics: str, name: str) -> float:
     """A counter's value in Prometheus text (0 when the gateway has not counted it yet)."""
-    for line in metrics.splitlines():
-        if line.startswith(f"{name} "):
-            return float(line.split()[1])
-    return 0.0
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = (s for family in text_string_to_metric_families(metrics) for s in family.samples)
+    return next((s.value for s in samples if s.name == name), 0.0)
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:

@@ -264,15 +264,22 @@ class SessionManager:
     async def _start_new(self, spec: SandboxSpec) -> tuple[SandboxHandle, _Reuse | None]:
         """Start a sandbox; one that may be reused later is labelled to live the gateway's
         maximum lifetime (each session still ends at its own expiry)."""
-        key = shape_key(spec) if self.config.reuse_pool_size > 0 else None
+        key = self._reuse_key(spec)
         if key is None:
             return await self._start_sandbox(spec), None
         label_expires_at = max(spec.expires_at, time.time() + self.config.max_lifetime_s)
         handle = await self._start_sandbox(dataclasses.replace(spec, expires_at=label_expires_at))
         return handle, _Reuse(key=key, label_expires_at=label_expires_at)
 
+    def _reuse_key(self, spec: SandboxSpec) -> ShapeKey | None:
+        """The reuse key of a sandbox this gateway may reuse: reuse on, a backend that can reset,
+        a shape that qualifies; else None (the sandbox is removed when its session ends)."""
+        if self.config.reuse_pool_size <= 0 or not isinstance(self.backend, Resettable):
+            return None
+        return shape_key(spec)
+
     def _take_reused(self, spec: SandboxSpec, session_id: str) -> tuple[SandboxHandle | None, _Reuse | None]:
-        key = shape_key(spec) if self.config.reuse_pool_size > 0 else None
+        key = self._reuse_key(spec)
         taken = self._reuse.take(key, until=spec.expires_at) if key is not None else None
         if key is None or taken is None:
             return None, None
@@ -399,7 +406,7 @@ class SessionManager:
         self._forget(session_id, reason)
         self.stats["sessions_closed_total"] += 1
         handle = session.handle
-        if session.reuse is not None and self._reuse_room() and isinstance(self.backend, Resettable):
+        if session.reuse is not None and self._reuse_room():
             self.limits.transfer(session_id, handle.session_id)  # the kept sandbox holds its share
             self._returning.add(handle.session_id)
             self._background(self._return_for_reuse(handle, session.reuse))
