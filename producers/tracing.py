@@ -7,6 +7,7 @@ span is made and no header is written.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -27,11 +28,6 @@ __all__ = [
 
 TRACEPARENT = "traceparent"
 
-_tracers: dict[str, trace.Tracer] = {}
-_tracers_provider: list[trace.TracerProvider] = []
-"""The tracers of the installed provider, made once: the SDK's `get_tracer` builds two scope
-objects and resets the warnings filters on every call, a third of a span's cost on hot paths."""
-
 
 def tracing_on() -> bool:
     """True once a service installed a recording TracerProvider (the SDK's)."""
@@ -41,16 +37,14 @@ def tracing_on() -> bool:
 
 def tracer_for(name: str) -> trace.Tracer | None:
     """The installed provider's tracer `name` (cached per provider); None while tracing is off."""
-    provider = trace.get_tracer_provider()
-    if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
-        return None
-    if not _tracers_provider or _tracers_provider[0] is not provider:
-        _tracers.clear()
-        _tracers_provider[:] = [provider]
-    tracer = _tracers.get(name)
-    if tracer is None:
-        tracer = _tracers[name] = provider.get_tracer(name)
-    return tracer
+    return _tracer(trace.get_tracer_provider(), name) if tracing_on() else None
+
+
+@functools.lru_cache(maxsize=64)
+def _tracer(provider: trace.TracerProvider, name: str) -> trace.Tracer:
+    """Made once per (provider, name): the SDK's `get_tracer` builds two scope objects and resets
+    the warnings filters on every call, a third of a span's cost on hot paths."""
+    return provider.get_tracer(name)
 
 
 def trace_headers() -> list[tuple[str, bytes]]:
