@@ -52,9 +52,9 @@ class _Idle:
 
 @dataclass(kw_only=True, slots=True)
 class ReusePool:
-    """Reset sandboxes waiting for their next session, by shape; oldest first out on eviction."""
+    """Reset sandboxes waiting for their next session, by shape; oldest first out on eviction
+    (the session manager bounds how many it keeps)."""
 
-    capacity: int
     clock: Callable[[], float] = time.monotonic
     _idle: dict[ShapeKey, list[_Idle]] = field(default_factory=dict)
 
@@ -64,9 +64,6 @@ class ReusePool:
     @property
     def sandbox_ids(self) -> set[str]:
         return {e.handle.session_id for entries in self._idle.values() for e in entries}
-
-    def has_room(self) -> bool:
-        return len(self) < self.capacity
 
     def put(self, key: ShapeKey, handle: SandboxHandle, *, label_expires_at: float) -> None:
         entry = _Idle(handle=handle, label_expires_at=label_expires_at, idle_since=self.clock())

@@ -142,7 +142,7 @@ class SessionManager:
         self._gone: dict[str, str] = {}
         self._pool: list[tuple[SandboxHandle, float]] = []
         """Warm sandboxes and the expiry written on their labels."""
-        self._reuse = ReusePool(capacity=config.reuse_pool_size)
+        self._reuse = ReusePool()
         """Reset sandboxes of closed sessions, by shape."""
         self._returning: set[str] = set()
         """Sandbox ids being reset on their way into the reuse pool."""

@@ -137,7 +137,7 @@ def _handle(name: str) -> SandboxHandle:
 
 def test_the_pool_hands_out_only_sandboxes_whose_label_outlives_the_session() -> None:
     now = [100.0]
-    pool = ReusePool(capacity=4, clock=lambda: now[0])
+    pool = ReusePool(clock=lambda: now[0])
     key = ("img", "/workspace", 0.5, 256, 64, ())
     pool.put(key, _handle("short"), label_expires_at=1_000.0)
     now[0] = 101.0
