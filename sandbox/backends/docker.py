@@ -62,6 +62,8 @@ HARBOR_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "S
 chmod and switch users, and binding low ports on the sandbox's own loopback. All others dropped."""
 _TMPFS_ROOTS = ("/tmp", "/tests", "/logs", "/solution")
 """Writable tmpfs mounts of every sandbox (plus its workdir unless seeded from the image)."""
+_TMPFS_MODE = "755"
+"""Octal mode of each tmpfs mount at start (what a reset gives back)."""
 _PF_EXITING = 0x4
 """Flag (/proc/PID/stat field 9) of a process that is exiting."""
 _ENTRYPOINT_WAIT_S = 1.0
@@ -164,9 +166,9 @@ class DockerBackend:
         a plain sandbox's tmpfs mounts (a seeded workdir too when the image's is empty)."""
         if spec.harbor or spec.volumes:
             return {}  # a writable root file system: only a new container is as good as new
-        writable = dict.fromkeys(_TMPFS_ROOTS, "755")
+        writable = dict.fromkeys(_TMPFS_ROOTS, _TMPFS_MODE)
         if not spec.seed_workdir:
-            return writable | {spec.workdir: "755"}
+            return writable | {spec.workdir: _TMPFS_MODE}
         if spec.image not in self._seed_modes:  # once per image: is its WORKDIR empty?
             script = '[ -z "$(ls -A -- "$1")" ] && stat -c %a -- "$1"'
             argv = helper_argv(script, spec.workdir)
@@ -236,7 +238,7 @@ class DockerBackend:
         # reclaimed): filling /tmp ends in ENOSPC, not in an OOM kill of the whole sandbox.
         size_mb = max(8, min(self.config.tmpfs_mb, spec.memory_mb // 2))
         # Owned by the sandbox user: Docker drops a tmpfs `mode=1777`; `exec` undoes its noexec.
-        options = f"rw,exec,nosuid,nodev,size={size_mb}m,mode=0755,uid={uid},gid={gid or uid}"
+        options = f"rw,exec,nosuid,nodev,size={size_mb}m,mode=0{_TMPFS_MODE},uid={uid},gid={gid or uid}"
         roots = list(_TMPFS_ROOTS)
         mounts = []
         if spec.seed_workdir:
