@@ -9,17 +9,19 @@ tool call or answer, so that every episode runs its K tool steps: a freshly made
 tools); a `stacx gateway` process running each step as `python3 -` in a real sandbox (bubblewrap by
 default); trajectory events published to Kafka (a topic the bench creates and deletes).
 `--policy scripted` drops the model calls (an upper bound of the cost).
-Rounds alternate off / on, each in a fresh process (with
-tracing on, the bench process and its gateway export every span over OTLP to the local Jaeger
-that `stacx infra up` starts).
+Each round is a pair: tracing off and tracing on, each in a fresh process with its own gateway
+and server, run at the same time and measuring from the same moment after their warm-ups, so
+that whatever else runs on the machine weighs on both alike (`--pairing alternate` runs them one
+after the other instead). With tracing on, the bench process, its gateway and its server export
+every span over OTLP to the local Jaeger that `stacx infra up` starts.
 
 `tracing_overhead` is the throughput lost to tracing where CPU bounds throughput (the quickstart on
-2 cores): `1 - cpu_off / cpu_on`, from the median CPU seconds per episode of the bench process (the
-engine, the Kafka producer, the span exporter thread), its gateway and the gateway's sandboxes
-(limit 0.05). CPU per episode hardly moves with the load other programs put on the machine; the
-wall-clock rates are printed too (`episodes_per_s_*`, `wall_overhead_median_pair`: the median over
-back-to-back off/on pairs of `1 - on / off`), but on a shared machine they swing by more than the
-cost being measured.
+2 cores): `1 - cpu_off / cpu_on` within each pair, from the CPU seconds per episode of the worker
+process (the engine, the Kafka producer, the span exporter thread), its gateway with the gateway's
+sandboxes, and its inference server; then the median over the pairs (limit 0.05). Rounds run one
+after the other swung by ±15 % in CPU per episode on this shared machine, more than the cost being
+measured. The wall-clock rates are printed too (`episodes_per_s_*`, `wall_overhead_median_pair`:
+the median over the pairs of `1 - on / off`).
 
 The last line printed is the figure object.
 """
@@ -65,6 +67,7 @@ def _round(args: argparse.Namespace, tracing: bool) -> dict[str, Any]:
 
 async def _episodes(args: argparse.Namespace) -> dict[str, Any]:
     from bench.rollout import _manager, _policy
+    from infra.heap import freeze_startup_heap
     from rollout.adapters import KafkaTrajectoryPublisher
     from rollout.gateways import GatewayEnvironments
     from rollout.models import make_tokenizer
@@ -107,6 +110,10 @@ async def _episodes(args: argparse.Namespace) -> dict[str, Any]:
             # stay out of the measurement, in both settings
             await manager_of(args.concurrency).run()
             await asyncio.sleep(EXPORT_SETTLE_S)
+            if args.barrier:  # a concurrent pair: both settings start their measurement together
+                print("ready", flush=True)
+                await asyncio.to_thread(sys.stdin.readline)
+            freeze_startup_heap("rollout")  # as `stacx rollout` does once it is set up
             cpu_before = _cpu_s(pids)
             started = time.perf_counter()
             summary = await manager_of(args.episodes).run()
@@ -203,37 +210,61 @@ def _server(args: argparse.Namespace) -> Iterator[tuple[Any, int] | None]:
             proc.wait(timeout=60)
 
 
-def _spawn_round(args: argparse.Namespace, tracing: bool) -> dict[str, Any]:
-    cmd = [
-        sys.executable,
-        __file__,
-        "--worker",
-        "on" if tracing else "off",
-        "--episodes",
-        str(args.episodes),
-        "--steps",
-        str(args.steps),
-        "--concurrency",
-        str(args.concurrency),
-        "--backend",
-        args.backend,
-        "--policy",
-        args.policy,
-        "--sample-ratio",
-        str(args.sample_ratio),
-        "--image",
-        args.image,
-        "--bootstrap",
-        args.bootstrap,
-        "--topic",
-        args.topic,
-        "--otlp-endpoint",
-        args.otlp_endpoint,
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+def _worker_cmd(args: argparse.Namespace, tracing: bool, *, barrier: bool) -> list[str]:
+    cmd = [sys.executable, __file__, "--worker", "on" if tracing else "off"]
+    for flag in ("episodes", "steps", "concurrency", "backend", "policy", "sample_ratio", "image"):
+        cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    cmd += ["--bootstrap", args.bootstrap, "--topic", args.topic, "--otlp-endpoint", args.otlp_endpoint]
+    return cmd + (["--barrier"] if barrier else [])
+
+
+def _start(args: argparse.Namespace, tracing: bool, *, barrier: bool) -> subprocess.Popen[str]:
+    """A worker for one setting; its stderr goes to a file (a pipe nobody reads could fill up)."""
+    return subprocess.Popen(
+        _worker_cmd(args, tracing, barrier=barrier),
+        stdin=subprocess.PIPE if barrier else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=tempfile.TemporaryFile(mode="w+"),
+        text=True,
+    )
+
+
+def _result(proc: subprocess.Popen[str], tracing: bool) -> dict[str, Any]:
+    """The figure object a worker printed last (its round failed: exit with its stderr)."""
+    out, _ = proc.communicate(timeout=1800)
     if proc.returncode != 0:
-        raise SystemExit(f"bench round (tracing {'on' if tracing else 'off'}) failed:\n{proc.stderr[-3000:]}")
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+        raise SystemExit(f"bench round (tracing {'on' if tracing else 'off'}) failed:\n{_stderr(proc)}")
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def _stderr(proc: subprocess.Popen[str]) -> str:
+    stream = proc.stderr
+    assert stream is not None
+    stream.seek(0)
+    return stream.read()[-3000:]
+
+
+def _spawn_round(args: argparse.Namespace, tracing: bool) -> dict[str, Any]:
+    """One setting alone in a fresh process."""
+    return _result(_start(args, tracing, barrier=False), tracing)
+
+
+def _spawn_pair(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Both settings at once, each in a fresh process, measuring from the same moment: whatever
+    else runs on the machine weighs on both alike."""
+    procs = {mode: _start(args, mode == "on", barrier=True) for mode in ("off", "on")}
+    for mode, proc in procs.items():
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != "ready":  # warm-up done, or the worker failed
+            for other in procs.values():
+                other.kill()
+            proc.wait(timeout=60)
+            raise SystemExit(f"bench round (tracing {mode}) failed:\n{_stderr(proc)}")
+    for proc in procs.values():
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()  # `communicate` closes it
+    return {mode: _result(proc, mode == "on") for mode, proc in procs.items()}
 
 
 @contextlib.contextmanager
@@ -276,7 +307,14 @@ def _check_backend(endpoint: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print only JSON")
-    parser.add_argument("--rounds", type=int, default=5, help="off/on pairs (order alternating)")
+    parser.add_argument("--rounds", type=int, default=5, help="off/on pairs")
+    parser.add_argument(
+        "--pairing",
+        choices=("concurrent", "alternate"),
+        default="concurrent",
+        help="concurrent: each pair's two settings run at once, measured from the same moment; "
+        "alternate: one after the other, the order alternating",
+    )
     parser.add_argument("--episodes", type=int, default=96)
     parser.add_argument("--steps", type=int, default=2, help="tool steps per episode")
     parser.add_argument("--concurrency", type=int, default=16)
@@ -295,28 +333,33 @@ def main() -> None:
         "--otlp-endpoint", default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", DEFAULT_OTLP)
     )
     parser.add_argument("--worker", choices=("on", "off"), help=argparse.SUPPRESS)
+    parser.add_argument("--barrier", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(_round(args, args.worker == "on")))
         return
     _check_backend(args.otlp_endpoint)
     with _topic(args.bootstrap, args.topic):
-        rates, cpu = _rounds(args)
-    _report(args, rates, cpu)
+        rounds = _rounds(args)
+    _report(args, rounds)
 
 
-def _rounds(args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Episodes/s and CPU seconds per episode of each round, by setting."""
-    rates: dict[str, list[float]] = {"off": [], "on": []}
-    cpu: dict[str, list[float]] = {"off": [], "on": []}
+Rounds = dict[str, list[dict[str, Any]]]
+
+
+def _rounds(args: argparse.Namespace) -> Rounds:
+    """The figure object of each round, by setting: concurrent pairs, or alternating rounds."""
+    rounds: Rounds = {"off": [], "on": []}
     for i in range(args.rounds):
-        order = ("off", "on") if i % 2 == 0 else ("on", "off")
-        for mode in order:
-            result = _spawn_round(args, mode == "on")
+        if args.pairing == "concurrent":
+            results = _spawn_pair(args)
+        else:
+            order = ("off", "on") if i % 2 == 0 else ("on", "off")
+            results = {mode: _spawn_round(args, mode == "on") for mode in order}
+        for mode, result in results.items():
             if result["completed"] != result["episodes"] or result["publish_errors"]:
                 raise SystemExit(f"round {i} ({mode}): {result}")
-            rates[mode].append(result["episodes_per_s"])
-            cpu[mode].append(result["cpu_s_per_episode"])
+            rounds[mode].append(result)
             if not args.json:
                 print(
                     f"round {i} tracing {mode}: {result['episodes_per_s']:.2f} episodes/s, "
@@ -324,21 +367,26 @@ def _rounds(args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[str,
                     f"{result['cpu_ms_per_episode_by_process']}",
                     flush=True,
                 )
-    return rates, cpu
+    return rounds
 
 
-def _report(args: argparse.Namespace, rates: dict[str, list[float]], cpu: dict[str, list[float]]) -> None:
-    cpu_off, cpu_on = statistics.median(cpu["off"]), statistics.median(cpu["on"])
-    overhead = 1.0 - cpu_off / cpu_on  # throughput lost where CPU bounds it (2 shared cores)
+def _report(args: argparse.Namespace, rounds: Rounds) -> None:
+    cpu = {mode: [r["cpu_s_per_episode"] for r in rounds[mode]] for mode in rounds}
+    rates = {mode: [r["episodes_per_s"] for r in rounds[mode]] for mode in rounds}
+    # throughput lost where CPU bounds it (2 shared cores), within each pair, then the median pair
+    pairs = [1.0 - off / on for off, on in zip(cpu["off"], cpu["on"], strict=True)]
+    overhead = statistics.median(pairs)
     wall_pairs = [1.0 - b / a for a, b in zip(rates["off"], rates["on"], strict=True)]
     figures = {
-        "cpu_ms_per_episode_off": round(cpu_off * 1000, 2),
-        "cpu_ms_per_episode_on": round(cpu_on * 1000, 2),
+        "cpu_ms_per_episode_off": round(statistics.median(cpu["off"]) * 1000, 2),
+        "cpu_ms_per_episode_on": round(statistics.median(cpu["on"]) * 1000, 2),
+        "overhead_by_pair": [round(x, 4) for x in pairs],
         "episodes_per_s_off": round(statistics.median(rates["off"]), 2),
         "episodes_per_s_on": round(statistics.median(rates["on"]), 2),
         "rounds_off": [round(r, 2) for r in rates["off"]],
         "rounds_on": [round(r, 2) for r in rates["on"]],
         "wall_overhead_median_pair": round(statistics.median(wall_pairs), 4),
+        "pairing": args.pairing,
         "episodes": args.episodes,
         "steps_per_episode": args.steps,
         "concurrency": args.concurrency,

@@ -15,9 +15,12 @@ import atexit
 import logging
 import os
 from collections.abc import Mapping
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.sampling import Sampler
 
 __all__ = ["MetricsConfig", "TracingConfig", "setup_metrics", "setup_tracing", "shutdown_tracing"]
 
@@ -100,12 +103,11 @@ def setup_tracing(service: str, config: TracingConfig | None = None) -> bool:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
     name = os.environ.get("OTEL_SERVICE_NAME") or f"stacx-{service}"
     provider = TracerProvider(
         resource=Resource.create({"service.name": name, "service.namespace": "stacx"}),
-        sampler=ParentBased(TraceIdRatioBased(config.sample_ratio)),
+        sampler=sampler(config.sample_ratio),
     )
     traces_url = (
         os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or f"{config.endpoint.rstrip('/')}/v1/traces"
@@ -122,6 +124,14 @@ def setup_tracing(service: str, config: TracingConfig | None = None) -> bool:
         "tracing on: service %s exports OTLP to %s (sample ratio %.2f)", name, traces_url, config.sample_ratio
     )
     return True
+
+
+def sampler(ratio: float) -> Sampler:
+    """Parent-based: a trace is kept or dropped whole, by its root's service. Every root is kept
+    at ratio 1 (the SDK's default sampler, which skips the trace-id arithmetic on each span)."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
+
+    return ParentBased(ALWAYS_ON if ratio >= 1.0 else TraceIdRatioBased(ratio))
 
 
 def shutdown_tracing() -> None:

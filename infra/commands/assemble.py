@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from infra.heap import freeze_startup_heap
+
 _OVERRIDES = {
     "bootstrap": "bootstrap_servers",
     "app_id": "app_id",
@@ -103,4 +105,5 @@ def _assemble(args: argparse.Namespace) -> int:
         for line in str(exc).splitlines():
             print(f"stacx assemble: {line}", file=sys.stderr)
         return 2
+    freeze_startup_heap("assemble")
     return assembler.run(loglevel=args.loglevel)

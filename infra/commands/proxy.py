@@ -7,6 +7,8 @@ import logging
 import sys
 from typing import Any
 
+from infra.heap import freeze_startup_heap
+
 log = logging.getLogger("stacx.proxy")
 
 
@@ -63,5 +65,6 @@ def _proxy(args: argparse.Namespace) -> int:
     except (ConfigError, ProxyError) as exc:
         print(f"stacx proxy: {exc}", file=sys.stderr)
         return 2
+    freeze_startup_heap("proxy")
     server.serve_forever()
     return 0

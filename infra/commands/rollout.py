@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from infra.heap import freeze_startup_heap
+
 
 def register(subparsers: Any) -> None:
     rollout = subparsers.add_parser("rollout", help="run the rollout service from a YAML config")
@@ -68,6 +70,7 @@ def _rollout(args: argparse.Namespace) -> int:
     if args.num_groups is not None:
         config.num_groups = args.num_groups
     tasks = _harbor_tasks(config.data.task_dirs) if config.data.task_dirs else None
+    freeze_startup_heap("rollout")
     summary = asyncio.run(run_rollout(config, tasks=tasks))
     print(json.dumps(_report(summary)))
     return 0 if summary.num_publish_errors == 0 else 1

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from infra.heap import freeze_startup_heap
+
 
 def register(subparsers: Any) -> None:
     gateway = subparsers.add_parser("gateway", help="run the sandbox gateway (HTTP)")
@@ -122,6 +124,7 @@ def _serve_gateway(args: argparse.Namespace, limits: Any) -> int:
     gateway = Gateway(config)
     if config.auth and not (args.token or _env_token()):
         print(f"sandbox gateway token: {gateway.token}", file=sys.stderr)
+    freeze_startup_heap("gateway")
     gateway.run()
     return 0
 

@@ -9,6 +9,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from infra.heap import freeze_startup_heap
+
 log = logging.getLogger(__name__)
 
 
@@ -123,6 +125,7 @@ def _serve_builtin(args: argparse.Namespace) -> int:
         return 2
     # The follower starts before the HTTP server is up; its client retries until it answers.
     stop = _start_follower(args, server.base_url)
+    freeze_startup_heap("serve")
     try:
         server.serve_forever()
     finally:

@@ -150,3 +150,22 @@ def test_the_tracing_section_round_trips_through_the_variables() -> None:
     back = TracingConfig.from_env(section.to_env())
     assert back.enabled and back.endpoint == section.endpoint and back.sample_ratio == 0.25
     assert not TracingConfig.from_env(TracingConfig(enabled=False).to_env()).enabled
+
+
+@pytest.mark.parametrize("ratio", [1.0, 0.5, 0.0])
+def test_the_sampler_keeps_about_the_ratio_of_roots_and_follows_the_parent(ratio: float) -> None:
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context
+
+    from infra.telemetry import sampler
+
+    chosen, ids = sampler(ratio), RandomIdGenerator()
+    roots = [chosen.should_sample(None, ids.generate_trace_id(), "root") for _ in range(2000)]
+    kept = sum(r.decision.is_sampled() for r in roots) / len(roots)
+    assert abs(kept - ratio) < 0.05
+    for flags in (TraceFlags.SAMPLED, TraceFlags.DEFAULT):  # a child follows its parent, whatever the ratio
+        parent = SpanContext(
+            ids.generate_trace_id(), ids.generate_span_id(), is_remote=True, trace_flags=TraceFlags(flags)
+        )
+        child = chosen.should_sample(set_span_in_context(NonRecordingSpan(parent)), parent.trace_id, "child")
+        assert child.decision.is_sampled() == (flags == TraceFlags.SAMPLED)
