@@ -4,10 +4,15 @@ Topology (all values raw bytes, decoded with the schema catalogue's codec like e
 
     trajectories (key: group id) ─┐
     <app>-ticks (same partitions) ─┴▶ group agent ─▶ <app>-groups (1 partition) ─▶ batch agent
-                                       │ tables: groups, payloads                  │ tables: pool,
-                                       └▶ dlq (undecodable, invalid)               │ index, packed
-    weights (key: model) ─▶ weights agent ─▶ global table latest_versions          ▼
-                                                                              batches (key: id)
+                                       │ open groups: memory                       │ tables: pool,
+                                       │ table: groups (closed)                    │ index, packed
+                                       └▶ dlq (undecodable, invalid)               ▼
+    weights (key: model) ─▶ weights agent ─▶ global table latest_versions     batches (key: id)
+
+Open groups live in memory and the trajectories topic is their changelog (`holding`): the group
+agent acknowledges a sample only once its group is closed and its output delivered, so a worker
+that takes a partition over rebuilds the open groups from the redelivered samples. The `groups`
+table gets one record per closed group (duplicate and late detection).
 
 Tables can only change inside stream processing, so group timeouts are driven by tick events
 that a timer writes to every partition of the ticks topic (co-partitioned with trajectories).
@@ -16,14 +21,15 @@ A message is a tick because it arrived on the ticks topic, never because of its 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import faust
 from confluent_kafka import KafkaError, KafkaException
@@ -38,6 +44,7 @@ from consumers.assembly.envelope import encode_group
 from consumers.assembly.errors import AssemblyConfigError, AssemblyError
 from consumers.assembly.filters import SampleFilter, invalid_reason
 from consumers.assembly.grouping import GroupAssembler
+from consumers.assembly.holding import GroupRecords, HeldAcks
 from consumers.assembly.mixture import MixturePlanner
 from consumers.assembly.protocols import Forwarder, Output
 from consumers.assembly.stats import AssemblyStats
@@ -85,14 +92,13 @@ class FaustForwarder:
         self._app = app
         self._topics: dict[str, faust.TopicT] = {}
 
-    async def send(self, output: Output) -> None:
+    async def send(self, output: Output) -> Awaitable[Any]:
         topic = self._topics.get(output.topic)
         if topic is None:
             topic = self._topics[output.topic] = self._app.topic(output.topic, **_RAW)
         if output.headers:
-            await topic.send(key=output.key, value=output.value, headers=output.headers)
-        else:
-            await topic.send(key=output.key, value=output.value)
+            return await topic.send(key=output.key, value=output.value, headers=output.headers)
+        return await topic.send(key=output.key, value=output.value)
 
 
 class AssemblerApp:
@@ -221,8 +227,16 @@ class AssemblerApp:
         app, n = self.app, self.config.partitions
         # Values without a value_type use the json codec; value_type=bytes means raw bytes.
         self.groups_table = app.Table("groups", partitions=n)
-        self.clocks_table = app.Table("clocks", partitions=n)
-        self.payloads_table = app.Table("payloads", partitions=n, value_type=bytes)
+        """Closed groups (duplicate and late detection); open ones are in `group_records`."""
+        self.group_records = GroupRecords(self.groups_table)
+        self.open_payloads: dict[str, bytes] = {}
+        """Trajectory id -> encoded sample, while its group is open."""
+        self.held: HeldAcks[Any] = HeldAcks()
+        """Input events not acknowledged yet (their group is open, or an earlier one is)."""
+        self._deliveries: dict[str, Awaitable[Any] | None] = {}
+        """Closed group id -> delivery of its output (None: nothing to deliver)."""
+        self._unsent: dict[str, Output] = {}
+        """Closed group id -> its output, until it is handed to the forwarder."""
         self.pool_table = app.Table("pool", partitions=1, value_type=bytes)
         self.index_table = app.Table("index", partitions=1)
         self.packed_table = app.Table("packed", partitions=1)
@@ -234,10 +248,9 @@ class AssemblerApp:
         self.grouper = GroupAssembler(
             cfg.grouping,
             sample_filter=self.sample_filter,
-            groups=self.groups_table,
-            payloads=self.payloads_table,
+            groups=self.group_records,
+            payloads=self.open_payloads,
             stats=self.stats,
-            clocks=self.clocks_table,
         )
         self.encoder = BatchEncoder(cfg.output, self.codec, topic=cfg.batches_topic)
         self.builder = BatchBuilder(
@@ -258,10 +271,12 @@ class AssemblerApp:
         self.groups_topic = app.topic(cfg.groups_topic, **_RAW)
         self.weights_channel = app.topic(cfg.weights_topic, **_RAW)
         sink = [self._publish]
-        self.group_agent = app.agent(self.trajectories_channel, name="group", sink=sink)(self._group_stream)
+        # the group agent publishes its own outputs: it needs their deliveries
+        self.group_agent = app.agent(self.trajectories_channel, name="group")(self._group_stream)
         self.batch_agent = app.agent(self.groups_topic, name="batch", sink=sink)(self._batch_stream)
         self.weights_agent = app.agent(self.weights_channel, name="weights", sink=sink)(self._weights_stream)
         app.timer(cfg.tick_interval_s, name="ticks")(self._send_ticks)
+        app.on_partitions_revoked.connect(cast(Any, self._on_partitions_revoked))
         if cfg.stats_interval_s > 0:
             app.timer(cfg.stats_interval_s, name="stats")(self._log_stats)
 
@@ -269,8 +284,18 @@ class AssemblerApp:
     # publishes them, and `agent.test_context().put()` returns once the event is processed.
 
     async def _group_stream(self, stream: faust.StreamT) -> AsyncIterator[list[Output]]:
-        async for event in stream.events():
-            yield self.on_group_event(event.message)
+        async for event in cast(faust.Stream, stream).noack().events():  # acks: `self.held`
+            message = event.message
+            outputs = self.on_group_event(message, self.held.arrived(message.tp, event))
+            deliveries = [await self.forwarder.send(output) for output in outputs]
+            self._expect_deliveries(outputs, deliveries)
+            yield outputs
+            # still in this event's context: the table writes go to its partition
+            failed = self._confirm_delivered(message.partition)
+            if failed is not None:
+                await self.app.crash(failed)
+            for done in self.held.ready():
+                await stream.ack(done)
 
     async def _batch_stream(self, stream: faust.StreamT) -> AsyncIterator[list[Output]]:
         async for event in stream.events():
@@ -340,32 +365,91 @@ class AssemblerApp:
             log.info("latest weights %s=%d", weights.model_name, weights.version)
         return []
 
-    def on_group_event(self, message: Any) -> list[Output]:
-        """Stage 1 for one message of the trajectories topic or the ticks topic."""
+    def on_group_event(self, message: Any, entry: Any = None) -> list[Output]:
+        """Stage 1 for one message of the trajectories topic or the ticks topic; `entry` (its
+        `HeldAcks` entry) stays held while the sample's group is open."""
         now = self.clock()
+        group_id: str | None = None
         if message.topic == self.config.ticks_topic:
             ready = self.grouper.expire(now_ms=now, partition=message.partition)
-            return [self._group_output(g) for g in ready]
+            outputs = [self._group_output(g) for g in ready]
+        else:
+            outputs, group_id = self._on_trajectory_event(message, now)
+        if entry is not None:
+            self._hold_or_release(entry, group_id)
+        return outputs
+
+    def _on_trajectory_event(self, message: Any, now: int) -> tuple[list[Output], str | None]:
         self.stats.trajectories += 1
         self.stats.first_event_ms = self.stats.first_event_ms or now
         try:
             trajectory = decode_trajectory(message.value, self.codec)
         except Exception as exc:  # untrusted bytes: dead-letter them, keep going
-            return [self._dead_letter(message, exc)]
+            return [self._dead_letter(message, exc)], None
         reason = invalid_reason(trajectory)
         if reason is not None:
-            return [self._dead_letter(message, ValueError(reason))]
+            return [self._dead_letter(message, ValueError(reason))], None
         self.trace_links.remember(trajectory.group_id, trajectory.trajectory_id, message.headers)
         group = self.grouper.on_trajectory(trajectory, message.value, partition=message.partition, now_ms=now)
-        return [] if group is None else [self._group_output(group)]
+        return ([] if group is None else [self._group_output(group)]), trajectory.group_id
+
+    def _hold_or_release(self, entry: Any, group_id: str | None) -> None:
+        """Hold the event under its group while the group is open or closing; otherwise (a tick,
+        a duplicate, a late or a dead-lettered sample) it is done."""
+        closed = self.group_records.take_just_closed()
+        for closed_id in closed:
+            self._deliveries.setdefault(closed_id, None)
+        if group_id is not None and (group_id in self.group_records.open or group_id in closed):
+            self.held.hold(group_id, entry)
+        else:
+            self.held.done(entry)
+
+    def _expect_deliveries(self, outputs: list[Output], deliveries: list[Any]) -> None:
+        """Note the delivery of each closed group's output (its held events wait for it)."""
+        sent = {id(output): delivery for output, delivery in zip(outputs, deliveries, strict=True)}
+        for group_id, output in self._unsent.items():
+            self._deliveries[group_id] = sent[id(output)]
+        self._unsent.clear()
+
+    def _confirm_delivered(self, partition: int) -> BaseException | None:
+        """Groups of `partition` whose output is delivered: remember them as closed in the table
+        and release their events. Returns the error of a failed delivery."""
+        for group_id, delivery in list(self._deliveries.items()):
+            record = self.group_records.closing.get(group_id)
+            if record is None:  # its partition was revoked
+                del self._deliveries[group_id]
+                continue
+            if record["partition"] != partition or not _delivered(delivery):
+                continue
+            if isinstance(delivery, asyncio.Future) and delivery.exception() is not None:
+                log.error("group %s was not delivered: %s", group_id, delivery.exception())
+                return delivery.exception()
+            del self._deliveries[group_id]
+            self.group_records.confirm(group_id)
+            self.held.release(group_id)
+        return None
+
+    async def _on_partitions_revoked(self, sender: Any, revoked: set[Any], **kwargs: Any) -> None:
+        """Forget the open groups of revoked partitions, unacknowledged: whoever gets a partition
+        rebuilds them from its committed offset."""
+        partitions = {tp.partition for tp in revoked if tp.topic == self.config.trajectories_topic}
+        for group_id, record in self.group_records.drop_partitions(partitions).items():
+            self._deliveries.pop(group_id, None)
+            for trajectory_id in record["members"]:
+                self.open_payloads.pop(trajectory_id, None)
+        self.held.drop(revoked)
+        if partitions:
+            log.info("revoked partitions %s: their open groups are rebuilt by their next owner", partitions)
 
     def _group_output(self, group: Any) -> Output:
-        return Output(
+        output = Output(
             self.config.groups_topic,
             group.model_name.encode(),
             encode_group(group),
             headers=self.trace_links.group_headers(group.group_id),
         )
+        self._unsent[group.group_id] = output
+        return output
 
     def _dead_letter(self, message: Any, exc: BaseException) -> Output:
         self.stats.undecodable += 1
@@ -458,6 +542,11 @@ class AssemblerApp:
 
 
 _TRACE_HEADERS = ("traceparent", "tracestate", "baggage")
+
+
+def _delivered(delivery: Any) -> bool:
+    """Whether an output's delivery is over (None: nothing was sent, or a test forwarder)."""
+    return not isinstance(delivery, asyncio.Future) or delivery.done()
 
 
 def _text_headers(headers: Any) -> dict[str, str]:
@@ -575,6 +664,9 @@ def _new_faust_app(cfg: AssemblerApp.Config) -> faust.App:
         producer_linger=0.005,
         producer_acks=-1,  # IdempotentApp: acks=all with enable_idempotence
         processing_guarantee="at_least_once",
+        # held acknowledgements (open groups) are normal: never wait for them on a rebalance
+        # or at shutdown, their events are read again by the partition's next owner
+        stream_wait_empty=False,
         broker_session_timeout=cfg.session_timeout_s,
         broker_heartbeat_interval=cfg.heartbeat_interval_s,
         consumer_group_instance_id=cfg.group_instance_id,
