@@ -44,7 +44,7 @@ from consumers.assembly.envelope import encode_group
 from consumers.assembly.errors import AssemblyConfigError, AssemblyError
 from consumers.assembly.filters import SampleFilter, invalid_reason
 from consumers.assembly.grouping import GroupAssembler
-from consumers.assembly.holding import GroupRecords, HeldAcks
+from consumers.assembly.holding import GroupRecords, HeldAcks, PendingMarks, TrackedPool
 from consumers.assembly.mixture import MixturePlanner
 from consumers.assembly.protocols import Forwarder, Output
 from consumers.assembly.stats import AssemblyStats
@@ -237,9 +237,17 @@ class AssemblerApp:
         """Closed group id -> delivery of its output (None: nothing to deliver)."""
         self._unsent: dict[str, Output] = {}
         """Closed group id -> its output, until it is handed to the forwarder."""
-        self.pool_table = app.Table("pool", partitions=1, value_type=bytes)
-        self.index_table = app.Table("index", partitions=1)
+        self.pool = TrackedPool()
+        """Stage 2: group id -> encoded `ReadyGroup`, while it waits for a batch."""
+        self.pool_index: dict[str, list[Any]] = {}
+        """Stage 2: model name -> pooled entries in arrival order."""
         self.packed_table = app.Table("packed", partitions=1)
+        """Packed groups (redelivery detection)."""
+        self.packed_marks = PendingMarks(self.packed_table)
+        self.pool_held: HeldAcks[Any] = HeldAcks()
+        """Groups-topic events not acknowledged yet (their group is pooled, or an earlier one)."""
+        self._batch_deliveries: list[tuple[list[str], list[Any]]] = []
+        """(groups that left the pool, deliveries of the outputs of that event), oldest first."""
         self.latest_versions = app.GlobalTable("latest_versions", partitions=self.config.weights_partitions)
 
     def _build_components(self) -> None:
@@ -257,9 +265,9 @@ class AssemblerApp:
             cfg.batching,
             planner=MixturePlanner(cfg.mixture),
             sample_filter=self.sample_filter,
-            pool=self.pool_table,
-            index=self.index_table,
-            packed=self.packed_table,
+            pool=self.pool,
+            index=self.pool_index,
+            packed=self.packed_marks,
             stats=self.stats,
             codec=self.codec,
         )
@@ -271,9 +279,9 @@ class AssemblerApp:
         self.groups_topic = app.topic(cfg.groups_topic, **_RAW)
         self.weights_channel = app.topic(cfg.weights_topic, **_RAW)
         sink = [self._publish]
-        # the group agent publishes its own outputs: it needs their deliveries
+        # the group and batch agents publish their own outputs: they wait for their deliveries
         self.group_agent = app.agent(self.trajectories_channel, name="group")(self._group_stream)
-        self.batch_agent = app.agent(self.groups_topic, name="batch", sink=sink)(self._batch_stream)
+        self.batch_agent = app.agent(self.groups_topic, name="batch")(self._batch_stream)
         self.weights_agent = app.agent(self.weights_channel, name="weights", sink=sink)(self._weights_stream)
         app.timer(cfg.tick_interval_s, name="ticks")(self._send_ticks)
         app.on_partitions_revoked.connect(cast(Any, self._on_partitions_revoked))
@@ -289,6 +297,7 @@ class AssemblerApp:
             outputs = self.on_group_event(message, self.held.arrived(message.tp, event))
             deliveries = [await self.forwarder.send(output) for output in outputs]
             self._expect_deliveries(outputs, deliveries)
+            _drop_bytes(event)
             yield outputs
             # still in this event's context: the table writes go to its partition
             failed = self._confirm_delivered(message.partition)
@@ -298,8 +307,41 @@ class AssemblerApp:
                 await stream.ack(done)
 
     async def _batch_stream(self, stream: faust.StreamT) -> AsyncIterator[list[Output]]:
-        async for event in stream.events():
-            yield self.on_ready_group(event.value, headers=event.message.headers)
+        async for event in cast(faust.Stream, stream).noack().events():  # acks: `self.pool_held`
+            message = event.message
+            entry = self.pool_held.arrived(message.tp, event)
+            # an empty record is the timer's tick (a group is never empty): it confirms deliveries
+            outputs = self.on_ready_group(event.value, headers=message.headers) if event.value else []
+            entered, left = self.pool.take_changes()
+            for group_id in entered:
+                self.pool_held.hold(group_id, entry)
+            if not entered:
+                self.pool_held.done(entry)
+            deliveries = [await self.forwarder.send(output) for output in outputs]
+            if left:
+                self._batch_deliveries.append((left, deliveries))
+            _drop_bytes(event)
+            yield outputs
+            failed = self._confirm_packed()
+            if failed is not None:
+                await self.app.crash(failed)
+            for done in self.pool_held.ready():
+                await stream.ack(done)
+
+    def _confirm_packed(self) -> BaseException | None:
+        """Groups that left the pool and whose event's outputs are delivered: write their
+        `packed` marks and release their events. Returns the error of a failed delivery."""
+        while self._batch_deliveries and all(_delivered(d) for d in self._batch_deliveries[0][1]):
+            left, deliveries = self._batch_deliveries.pop(0)
+            errors = [d.exception() for d in deliveries if isinstance(d, asyncio.Future)]
+            failed = next((e for e in errors if e is not None), None)
+            if failed is not None:
+                log.error("a batch or dead letter of groups %s was not delivered: %s", left, failed)
+                return failed
+            self.packed_marks.confirm(left)
+            for group_id in left:
+                self.pool_held.release(group_id)
+        return None
 
     def on_ready_group(self, payload: bytes, headers: Any = None) -> list[Output]:
         """Stage 2 for one closed group: the batches it completes, dead letters of rejected ones."""
@@ -440,6 +482,12 @@ class AssemblerApp:
         self.held.drop(revoked)
         if partitions:
             log.info("revoked partitions %s: their open groups are rebuilt by their next owner", partitions)
+        if any(tp.topic == self.config.groups_topic for tp in revoked):
+            self.pool.clear()
+            self.pool_index.clear()
+            self.packed_marks.pending.clear()
+            self._batch_deliveries.clear()
+            self.pool_held.drop(revoked)
 
     def _group_output(self, group: Any) -> Output:
         output = Output(
@@ -488,6 +536,7 @@ class AssemblerApp:
         value = str(now_ms()).encode()
         for partition in range(self.config.partitions or 0):
             await self.ticks_topic.send(key=TICK_KEY, value=value, partition=partition)
+        await self.groups_topic.send(key=TICK_KEY, value=b"", partition=0)
 
     async def _log_stats(self) -> None:
         log.info("assembler stats %s", self.stats.as_dict())
@@ -542,6 +591,13 @@ class AssemblerApp:
 
 
 _TRACE_HEADERS = ("traceparent", "tracestate", "baggage")
+
+
+def _drop_bytes(event: Any) -> None:
+    """A held event is kept for its acknowledgement only: the bytes it carried live on in an open
+    group's payloads or a pooled group as long as they are needed, and no longer."""
+    event.value = None
+    event.message.value = None
 
 
 def _delivered(delivery: Any) -> bool:

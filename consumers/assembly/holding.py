@@ -15,6 +15,10 @@ an event is acknowledged only once every earlier event of its partition is.
 a closed group in memory until its output is delivered, then in the `groups` table. A crash before
 that delivery rebuilds and re-emits the group (stage 2 drops the second copy); its record never
 says "closed" for a group whose output may be lost.
+
+Stage 2 does the same with the single-partition groups topic: the pool is in memory
+(`TrackedPool`), a group's event is held while the group is pooled, and its `packed` mark
+(`PendingMarks`) reaches the table once the batch that took it is delivered.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any, Generic, TypeVar
 
 from consumers.assembly.protocols import StateTable
 
-__all__ = ["GroupRecords", "HeldAcks"]
+__all__ = ["GroupRecords", "HeldAcks", "PendingMarks", "TrackedPool"]
 
 E = TypeVar("E")
 GroupRecord = dict[str, Any]
@@ -152,3 +156,67 @@ class GroupRecords(MutableMapping[str, GroupRecord]):
             for key in [k for k, r in records.items() if r["partition"] in partitions]:
                 dropped[key] = records.pop(key)
         return dropped
+
+
+class TrackedPool(dict[str, bytes]):
+    """Stage 2's pool in memory (the groups topic is its changelog): notes which groups entered
+    and left it, so their events are held while they are pooled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._entered: list[str] = []
+        self._left: list[str] = []
+
+    def __setitem__(self, key: str, value: bytes) -> None:
+        super().__setitem__(key, value)
+        self._entered.append(key)
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        self._left.append(key)
+
+    def take_changes(self) -> tuple[list[str], list[str]]:
+        """(groups that entered, groups that left) since the last call."""
+        changes = (self._entered, self._left)
+        self._entered, self._left = [], []
+        return changes
+
+    def clear(self) -> None:
+        super().clear()
+        self._entered, self._left = [], []
+
+
+class PendingMarks(MutableMapping[str, Any]):
+    """Marks (`packed`: group id -> when) kept in memory until the batch they stand for is
+    delivered, then written to `table`: a crash before that delivery packs the groups again."""
+
+    def __init__(self, table: StateTable[Any]) -> None:
+        self.table = table
+        self.pending: dict[str, Any] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self.pending:
+            return self.pending[key]
+        return self.table[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.pending[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        if key in self.pending:
+            del self.pending[key]
+        else:
+            del self.table[key]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.pending
+        yield from (k for k in self.table if k not in self.pending)
+
+    def __len__(self) -> int:
+        return len(self.pending) + sum(1 for k in self.table if k not in self.pending)
+
+    def confirm(self, keys: Iterable[str]) -> None:
+        """The batch of these groups is delivered: write their marks (one record each)."""
+        for key in keys:
+            if key in self.pending:
+                self.table[key] = self.pending.pop(key)

@@ -11,7 +11,7 @@ from typing import Any
 from faust.types import TP
 
 from consumers.assembly import TICK_KEY, AssemblerApp, GroupAssembler, MixturePlanner, Output
-from consumers.assembly.holding import GroupRecords, HeldAcks
+from consumers.assembly.holding import GroupRecords, HeldAcks, PendingMarks, TrackedPool
 from consumers.assembly.testing import ListForwarder, make_trajectory
 from schemas.codec import Codec, encode
 
@@ -179,3 +179,46 @@ async def test_revoking_a_partition_drops_its_open_groups() -> None:
         await asm._on_partitions_revoked(asm.app, {TP(topic, 0), TP(asm.config.ticks_topic, 0)})
         assert set(asm.group_records.open) == {"h"} and asm.held.num_waiting == 1
         assert list(asm.open_payloads) == [make_trajectory("h", 0).trajectory_id]
+
+
+async def test_pooled_groups_stay_unacknowledged_until_their_batch_is_delivered() -> None:
+    out = HeldDeliveries()
+    asm = _assembler(out)
+    async with asm.group_agent.test_context() as agent:
+        for group in ("g0", "g1", "g2"):
+            for index in range(2):
+                await _put(agent, group, index)
+        out.deliver()
+    groups = out.on(asm.config.groups_topic)
+    async with asm.batch_agent.test_context() as agent:
+        await agent.put(groups[0].value, key=groups[0].key)
+        assert asm.pool_held.num_waiting == 1 and "g0" in asm.pool
+        await agent.put(groups[1].value, key=groups[1].key)  # a batch of g0, g1: not delivered
+        assert len(asm.pool) == 0 and asm.pool_held.num_waiting == 2
+        assert "g0" in asm.packed_marks and "g0" not in asm.packed_table
+        await agent.put(groups[0].value, key=groups[0].key)  # redelivered: done at once
+        assert asm.pool_held.num_waiting == 3 and asm.stats.groups_redelivered == 1
+        out.deliver()
+        await agent.put(b"", key=TICK_KEY)  # the timer's tick on the groups topic
+        assert set(asm.packed_table) == {"g0", "g1"} and asm.pool_held.num_waiting == 0
+        await agent.put(groups[2].value, key=groups[2].key)
+        assert asm.pool_held.num_waiting == 1 and list(asm.pool) == ["g2"]
+    assert len(out.on(asm.config.batches_topic)) == 1
+
+
+def test_pending_marks_reach_the_table_on_confirmation_only() -> None:
+    table = CountingTable()
+    marks = PendingMarks(table)
+    marks["a"], marks["b"] = 1, 2
+    assert "a" in marks and table.writes == 0 and sorted(marks) == ["a", "b"]
+    marks.confirm(["a"])
+    assert table == {"a": 1} and marks.pending == {"b": 2}
+    del marks["a"], marks["b"]
+    assert len(marks) == 0
+
+
+def test_tracked_pool_reports_what_entered_and_left() -> None:
+    pool = TrackedPool()
+    pool["a"], pool["b"] = b"1", b"2"
+    del pool["a"]
+    assert pool.take_changes() == (["a", "b"], ["a"]) and pool.take_changes() == ([], [])
