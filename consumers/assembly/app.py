@@ -4,19 +4,24 @@ Topology (all values raw bytes, decoded with the schema catalogue's codec like e
 
     trajectories (key: group id) ─┐
     <app>-ticks (same partitions) ─┴▶ group agent ─▶ <app>-groups (1 partition) ─▶ batch agent
-                                       │ open groups: memory                       │ tables: pool,
-                                       │ table: groups (closed)                    │ index, packed
+                                       │ open groups: memory                       │ pool: memory
+                                       │ table: groups (closed)                    │ table: packed
                                        └▶ dlq (undecodable, invalid)               ▼
     weights (key: model) ─▶ weights agent ─▶ global table latest_versions     batches (key: id)
 
-Open groups live in memory and the trajectories topic is their changelog (`holding`): the group
-agent acknowledges a sample only once its group is closed and its output delivered, so a worker
-that takes a partition over rebuilds the open groups from the redelivered samples. The `groups`
-table gets one record per closed group (duplicate and late detection).
+Open groups and the pool live in memory, and the topic each agent reads is their changelog
+(`holding`): the group agent acknowledges a sample only once its group is closed and its output
+delivered, the batch agent a group only once it left the pool and the batch that took it is
+delivered. A worker that takes a partition over reads again from the committed offset and
+rebuilds them from the redelivered events. The tables get one record per closed group (`groups`:
+duplicate and late samples) and one per packed group (`packed`: redelivered groups), each
+written once the output it stands for is delivered.
 
 Tables can only change inside stream processing, so group timeouts are driven by tick events
 that a timer writes to every partition of the ticks topic (co-partitioned with trajectories).
-A message is a tick because it arrived on the ticks topic, never because of its key.
+A message is a tick because it arrived on the ticks topic, never because of its key. The same
+timer writes an empty record to the groups topic (a group is never empty), so the batch agent
+confirms its last deliveries without waiting for another group.
 """
 
 from __future__ import annotations
