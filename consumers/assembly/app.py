@@ -19,9 +19,7 @@ written once the output it stands for is delivered.
 
 Tables can only change inside stream processing, so group timeouts are driven by tick events
 that a timer writes to every partition of the ticks topic (co-partitioned with trajectories).
-A message is a tick because it arrived on the ticks topic, never because of its key. The same
-timer writes an empty record to the groups topic (a group is never empty), so the batch agent
-confirms its last deliveries without waiting for another group.
+A message is a tick because it arrived on the ticks topic, never because of its key.
 """
 
 from __future__ import annotations
@@ -251,8 +249,6 @@ class AssemblerApp:
         self.packed_marks = PendingMarks(self.packed_table)
         self.pool_held: HeldAcks[Any] = HeldAcks()
         """Groups-topic events not acknowledged yet (their group is pooled, or an earlier one)."""
-        self._batch_deliveries: list[tuple[list[str], list[Any]]] = []
-        """(groups that left the pool, deliveries of the outputs of that event), oldest first."""
         self.latest_versions = app.GlobalTable("latest_versions", partitions=self.config.weights_partitions)
 
     def _build_components(self) -> None:
@@ -315,38 +311,28 @@ class AssemblerApp:
         async for event in cast(faust.Stream, stream).noack().events():  # acks: `self.pool_held`
             message = event.message
             entry = self.pool_held.arrived(message.tp, event)
-            # an empty record is the timer's tick (a group is never empty): it confirms deliveries
-            outputs = self.on_ready_group(event.value, headers=message.headers) if event.value else []
+            outputs = self.on_ready_group(event.value, headers=message.headers)
             entered, left = self.pool.take_changes()
             for group_id in entered:
                 self.pool_held.hold(group_id, entry)
             if not entered:
                 self.pool_held.done(entry)
             deliveries = [await self.forwarder.send(output) for output in outputs]
-            if left:
-                self._batch_deliveries.append((left, deliveries))
+            # Wait for the batch (one per `batch_size` groups; the group agent goes on meanwhile),
+            # so that its groups' `packed` marks are written with this event: a worker stopped
+            # right after a batch never packs its groups again.
+            failed = await _wait_delivered(deliveries)
             _drop_bytes(event)
             yield outputs
-            failed = self._confirm_packed()
-            if failed is not None:
-                await self.app.crash(failed)
-            for done in self.pool_held.ready():
-                await stream.ack(done)
-
-    def _confirm_packed(self) -> BaseException | None:
-        """Groups that left the pool and whose event's outputs are delivered: write their
-        `packed` marks and release their events. Returns the error of a failed delivery."""
-        while self._batch_deliveries and all(_delivered(d) for d in self._batch_deliveries[0][1]):
-            left, deliveries = self._batch_deliveries.pop(0)
-            errors = [d.exception() for d in deliveries if isinstance(d, asyncio.Future)]
-            failed = next((e for e in errors if e is not None), None)
             if failed is not None:
                 log.error("a batch or dead letter of groups %s was not delivered: %s", left, failed)
-                return failed
+                await self.app.crash(failed)
+                continue
             self.packed_marks.confirm(left)
             for group_id in left:
                 self.pool_held.release(group_id)
-        return None
+            for done in self.pool_held.ready():
+                await stream.ack(done)
 
     def on_ready_group(self, payload: bytes, headers: Any = None) -> list[Output]:
         """Stage 2 for one closed group: the batches it completes, dead letters of rejected ones."""
@@ -491,7 +477,6 @@ class AssemblerApp:
             self.pool.clear()
             self.pool_index.clear()
             self.packed_marks.pending.clear()
-            self._batch_deliveries.clear()
             self.pool_held.drop(revoked)
 
     def _group_output(self, group: Any) -> Output:
@@ -541,7 +526,6 @@ class AssemblerApp:
         value = str(now_ms()).encode()
         for partition in range(self.config.partitions or 0):
             await self.ticks_topic.send(key=TICK_KEY, value=value, partition=partition)
-        await self.groups_topic.send(key=TICK_KEY, value=b"", partition=0)
 
     async def _log_stats(self) -> None:
         log.info("assembler stats %s", self.stats.as_dict())
@@ -603,6 +587,15 @@ def _drop_bytes(event: Any) -> None:
     group's payloads or a pooled group as long as they are needed, and no longer."""
     event.value = None
     event.message.value = None
+
+
+async def _wait_delivered(deliveries: list[Any]) -> BaseException | None:
+    """Wait for the deliveries that are futures; the first error, if any."""
+    futures = [d for d in deliveries if isinstance(d, asyncio.Future)]
+    if not futures:
+        return None
+    await asyncio.wait(futures)
+    return next((f.exception() for f in futures if f.exception() is not None), None)
 
 
 def _delivered(delivery: Any) -> bool:
