@@ -721,6 +721,9 @@ def _new_faust_app(cfg: AssemblerApp.Config) -> faust.App:
         # held acknowledgements (open groups) are normal: never wait for them on a rebalance
         # or at shutdown, their events are read again by the partition's next owner
         stream_wait_empty=False,
+        # the committed offset of a partition stays at its oldest open group, as long as that
+        # group's timeout: not a stuck worker
+        broker_commit_livelock_soft_timeout=max(300.0, 3 * cfg.grouping.group_timeout_s),
         broker_session_timeout=cfg.session_timeout_s,
         broker_heartbeat_interval=cfg.heartbeat_interval_s,
         consumer_group_instance_id=cfg.group_instance_id,
