@@ -289,8 +289,10 @@ class AssemblerApp:
         if cfg.stats_interval_s > 0:
             app.timer(cfg.stats_interval_s, name="stats")(self._log_stats)
 
-    # Each agent yields exactly one list of outputs per event (possibly empty): the sink
-    # publishes them, and `agent.test_context().put()` returns once the event is processed.
+    # Each agent yields exactly one list of outputs per event (possibly empty), so that
+    # `agent.test_context().put()` returns once the event is processed. The group and batch
+    # agents send their outputs themselves (they keep the deliveries), the weights agent's sink
+    # publishes its dead letters.
 
     async def _group_stream(self, stream: faust.StreamT) -> AsyncIterator[list[Output]]:
         async for event in cast(faust.Stream, stream).noack().events():  # acks: `self.held`
