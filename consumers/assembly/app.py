@@ -19,7 +19,9 @@ written once the output it stands for is delivered.
 
 Tables can only change inside stream processing, so group timeouts are driven by tick events
 that a timer writes to every partition of the ticks topic (co-partitioned with trajectories).
-A message is a tick because it arrived on the ticks topic, never because of its key.
+A message is a tick because it arrived on the ticks topic, never because of its key. While a
+batch's delivery is unconfirmed the timer also writes an empty record to the groups topic (a
+group is never empty), so the batch agent confirms it without waiting for another group.
 """
 
 from __future__ import annotations
@@ -221,6 +223,7 @@ class AssemblerApp:
         self.trace_links = TraceLinks()
         """Trajectory trace contexts on their way to the batch span that links them."""
         self.app = _new_faust_app(config)
+        self.app.settle = self.settle
         self.forwarder: Forwarder = forwarder or FaustForwarder(self.app)
         self._build_tables()
         self._build_components()
@@ -249,6 +252,8 @@ class AssemblerApp:
         self.packed_marks = PendingMarks(self.packed_table)
         self.pool_held: HeldAcks[Any] = HeldAcks()
         """Groups-topic events not acknowledged yet (their group is pooled, or an earlier one)."""
+        self._batch_deliveries: list[tuple[list[str], list[Any]]] = []
+        """(groups that left the pool, deliveries of that event's outputs), oldest first."""
         self.latest_versions = app.GlobalTable("latest_versions", partitions=self.config.weights_partitions)
 
     def _build_components(self) -> None:
@@ -313,28 +318,38 @@ class AssemblerApp:
         async for event in cast(faust.Stream, stream).noack().events():  # acks: `self.pool_held`
             message = event.message
             entry = self.pool_held.arrived(message.tp, event)
-            outputs = self.on_ready_group(event.value, headers=message.headers)
+            # an empty record is a tick (a group never is): it confirms the deliveries so far
+            outputs = self.on_ready_group(event.value, headers=message.headers) if event.value else []
             entered, left = self.pool.take_changes()
             for group_id in entered:
                 self.pool_held.hold(group_id, entry)
             if not entered:
                 self.pool_held.done(entry)
             deliveries = [await self.forwarder.send(output) for output in outputs]
-            # Wait for the batch (one per `batch_size` groups; the group agent goes on meanwhile),
-            # so that its groups' `packed` marks are written with this event: a worker stopped
-            # right after a batch never packs its groups again.
-            failed = await _wait_delivered(deliveries)
+            if left:
+                self._batch_deliveries.append((left, deliveries))
             _drop_bytes(event)
             yield outputs
+            failed = self._confirm_packed()
+            if failed is not None:
+                await self.app.crash(failed)
+            for done in self.pool_held.ready():
+                await stream.ack(done)
+
+    def _confirm_packed(self) -> BaseException | None:
+        """Groups that left the pool and whose event's outputs (a batch, dead letters) are
+        delivered: write their `packed` marks, release their events. Returns a delivery's error."""
+        while self._batch_deliveries and all(_delivered(d) for d in self._batch_deliveries[0][1]):
+            left, deliveries = self._batch_deliveries.pop(0)
+            errors = (d.exception() for d in deliveries if isinstance(d, asyncio.Future))
+            failed = next((e for e in errors if e is not None), None)
             if failed is not None:
                 log.error("a batch or dead letter of groups %s was not delivered: %s", left, failed)
-                await self.app.crash(failed)
-                continue
+                return failed
             self.packed_marks.confirm(left)
             for group_id in left:
                 self.pool_held.release(group_id)
-            for done in self.pool_held.ready():
-                await stream.ack(done)
+        return None
 
     def on_ready_group(self, payload: bytes, headers: Any = None) -> list[Output]:
         """Stage 2 for one closed group: the batches it completes, dead letters of rejected ones."""
@@ -479,6 +494,7 @@ class AssemblerApp:
             self.pool.clear()
             self.pool_index.clear()
             self.packed_marks.pending.clear()
+            self._batch_deliveries.clear()
             self.pool_held.drop(revoked)
 
     def _group_output(self, group: Any) -> Output:
@@ -528,6 +544,23 @@ class AssemblerApp:
         value = str(now_ms()).encode()
         for partition in range(self.config.partitions or 0):
             await self.ticks_topic.send(key=TICK_KEY, value=value, partition=partition)
+        if self._batch_deliveries:  # the batch agent confirms them on its next event
+            await self.groups_topic.send(key=TICK_KEY, value=b"", partition=0)
+
+    @property
+    def in_flight(self) -> int:
+        """Closed groups and batches whose delivery is not confirmed yet."""
+        return len(self._deliveries) + len(self._batch_deliveries)
+
+    async def settle(self, timeout_s: float = 10.0) -> None:
+        """Before the worker stops: let the agents confirm the outputs in flight, so that their
+        marks are written and their events acknowledged (a clean stop re-emits nothing)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self.in_flight and asyncio.get_running_loop().time() < deadline:
+            await self._send_ticks()  # the agents confirm on their next event
+            await asyncio.sleep(min(self.config.tick_interval_s, 0.2))
+        if self.in_flight:
+            log.warning("stopping with %d outputs unconfirmed: they are emitted again", self.in_flight)
 
     async def _log_stats(self) -> None:
         log.info("assembler stats %s", self.stats.as_dict())
@@ -694,13 +727,21 @@ class IdempotentProducer(AiokafkaProducer):
 
 
 class IdempotentApp(faust.App):
-    """A Faust app whose producer is an `IdempotentProducer`."""
+    """A Faust app whose producer is an `IdempotentProducer`, and which runs `settle` (when set)
+    before it stops consuming."""
+
+    settle: Callable[[], Awaitable[None]] | None = None
 
     def _new_producer(self) -> ProducerT:
         return IdempotentProducer(self.transport, loop=self.loop, beacon=self.beacon)
 
+    async def on_stop(self) -> None:
+        if self.settle is not None:
+            await self.settle()
+        await super().on_stop()
 
-def _new_faust_app(cfg: AssemblerApp.Config) -> faust.App:
+
+def _new_faust_app(cfg: AssemblerApp.Config) -> IdempotentApp:
     web: dict[str, Any] = {"web_enabled": False}
     if cfg.web_port is not None:
         web = {"web_enabled": True, "web_port": cfg.web_port, "web_bind": "127.0.0.1"}

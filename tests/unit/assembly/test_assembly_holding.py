@@ -189,21 +189,22 @@ async def test_pooled_groups_stay_unacknowledged_until_their_batch_is_delivered(
             for index in range(2):
                 await _put(agent, group, index)
         out.deliver()
+        await _put(agent, "open", 0)  # the closed groups' deliveries are confirmed
     groups = out.on(asm.config.groups_topic)
+    assert asm.in_flight == 0
     async with asm.batch_agent.test_context() as agent:
         await agent.put(groups[0].value, key=groups[0].key)
         assert asm.pool_held.num_waiting == 1 and "g0" in asm.pool
-        put = asyncio.ensure_future(agent.put(groups[1].value, key=groups[1].key))  # g0 + g1
-        while not out.pending:  # the batch agent waits for the batch's delivery
-            await asyncio.sleep(0)
-        assert not put.done() and "g0" not in asm.packed_table and len(asm.pool) == 0
-        out.deliver()
-        await put  # delivered: the marks are written with this event, g0 and g1 acknowledged
-        assert set(asm.packed_table) == {"g0", "g1"} and asm.pool_held.num_waiting == 0
+        await agent.put(groups[1].value, key=groups[1].key)  # a batch of g0, g1: not delivered
+        assert len(asm.pool) == 0 and asm.pool_held.num_waiting == 2 and asm.in_flight == 1
+        assert "g0" in asm.packed_marks and "g0" not in asm.packed_table
         await agent.put(groups[0].value, key=groups[0].key)  # redelivered: done at once
-        assert asm.pool_held.num_waiting == 0 and asm.stats.groups_redelivered == 1
+        assert asm.pool_held.num_waiting == 3 and asm.stats.groups_redelivered == 1
+        out.deliver()
+        await agent.put(b"", key=TICK_KEY)  # the timer's tick on the groups topic
+        assert set(asm.packed_table) == {"g0", "g1"} and asm.pool_held.num_waiting == 0
         await agent.put(groups[2].value, key=groups[2].key)
-        assert asm.pool_held.num_waiting == 1 and list(asm.pool) == ["g2"]
+        assert asm.pool_held.num_waiting == 1 and list(asm.pool) == ["g2"] and asm.in_flight == 0
     assert len(out.on(asm.config.batches_topic)) == 1
 
 
