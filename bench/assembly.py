@@ -261,9 +261,14 @@ def _batch_times(bootstrap: str, topic: str, expected: int, timeout_s: float = 9
 
 def _cpu_seconds(procs: list[subprocess.Popen[bytes]]) -> float:
     """User + system CPU seconds of the worker processes so far."""
+    return sum(_cpu_each(procs))
+
+
+def _cpu_each(procs: list[subprocess.Popen[bytes]]) -> list[float]:
+    """User + system CPU seconds of each worker process so far."""
     import psutil
 
-    return sum(sum(psutil.Process(p.pid).cpu_times()[:2]) for p in procs)
+    return [sum(psutil.Process(p.pid).cpu_times()[:2]) for p in procs]
 
 
 def _broker_process() -> Any:
@@ -276,14 +281,20 @@ def _broker_process() -> Any:
     return None
 
 
-def _cpu_snapshot(procs: list[subprocess.Popen[bytes]], broker: Any) -> tuple[float, float, float, float]:
-    """(workers' CPU s, broker's CPU s, whole machine's busy CPU s, monotonic time)."""
+def _cpu_snapshot(
+    procs: list[subprocess.Popen[bytes]], broker: Any
+) -> tuple[float, float, float, float, float, float]:
+    """(workers' CPU s, broker's CPU s, whole machine's busy CPU s, its iowait s, bytes written to
+    its disks, monotonic time)."""
     import psutil
 
     machine = psutil.cpu_times()
-    busy = sum(machine) - machine.idle - getattr(machine, "iowait", 0.0)
+    iowait = getattr(machine, "iowait", 0.0)
+    busy = sum(machine) - machine.idle - iowait
     broker_s = sum(broker.cpu_times()[:2]) if broker is not None else 0.0
-    return _cpu_seconds(procs), broker_s, busy, time.monotonic()
+    disk = psutil.disk_io_counters()
+    written = float(disk.write_bytes) if disk is not None else 0.0
+    return _cpu_seconds(procs), broker_s, busy, iowait, written, time.monotonic()
 
 
 def run_workers(bootstrap: str, args: argparse.Namespace, num_workers: int) -> dict[str, Any]:
@@ -335,12 +346,14 @@ def run_workers(bootstrap: str, args: argparse.Namespace, num_workers: int) -> d
             _wait_stable(admin, app_id, num_workers)
             time.sleep(3.0)  # let the table recovery of the last assignment finish
             broker = _broker_process()
-            before = _cpu_snapshot(procs, broker)
+            before, each_before = _cpu_snapshot(procs, broker), _cpu_each(procs)
             count = _preload(bootstrap, names["trajectories_topic"], records)
             expected = count // (args.group_size * args.batch_size)
             times = _batch_times(bootstrap, names["batches_topic"], expected)
-            after = _cpu_snapshot(procs, broker)
-            cpu_s, broker_cpu_s, busy_s, wall_s = (a - b for a, b in zip(after, before, strict=True))
+            after, each_after = _cpu_snapshot(procs, broker), _cpu_each(procs)
+            cpu_s, broker_cpu_s, busy_s, iowait_s, written, wall_s = (
+                a - b for a, b in zip(after, before, strict=True)
+            )
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -367,6 +380,12 @@ def run_workers(bootstrap: str, args: argparse.Namespace, num_workers: int) -> d
         # cores in use on the whole machine from the input's first write to the last batch
         "machine_cores_busy": round(busy_s / wall_s, 2),
         "worker_cores_busy": round(cpu_s / wall_s, 2),
+        "cores_busy_by_worker": [
+            round((a - b) / wall_s, 2) for a, b in zip(each_after, each_before, strict=True)
+        ],
+        "measured_s": round(wall_s, 2),
+        "iowait_cores": round(iowait_s / wall_s, 2),
+        "disk_write_mb_per_s": round(written / wall_s / 1e6, 1),
         "cores": os.cpu_count(),
     }
 
@@ -408,6 +427,11 @@ def run_rounds(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "broker_cpu_ms_per_trajectory": {n: r["broker_cpu_ms_per_trajectory"] for n, r in scale.items()},
         "machine_cores_busy": {n: r["machine_cores_busy"] for n, r in scale.items()},
         "worker_cores_busy": {n: r["worker_cores_busy"] for n, r in scale.items()},
+        "cores_busy_by_worker": {n: r["cores_busy_by_worker"] for n, r in scale.items()},
+        "scale_out_seconds": {n: round(r["seconds"], 2) for n, r in scale.items()},
+        "scale_out_measured_s": {n: r["measured_s"] for n, r in scale.items()},
+        "iowait_cores": {n: r["iowait_cores"] for n, r in scale.items()},
+        "disk_write_mb_per_s": {n: r["disk_write_mb_per_s"] for n, r in scale.items()},
         "standby_replicas": args.standby_replicas,
         "rounds": rounds,
         "load_avg_1m": round(os.getloadavg()[0], 1),
