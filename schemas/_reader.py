@@ -74,6 +74,10 @@ class _Generator:
         }
         self.functions: list[str] = []
         self.records: dict[str, str] = {}
+        """Record full name -> the function reading it (top level and recursive records)."""
+        self.record_schemas: dict[str, Mapping[str, Any]] = {}
+        self._open: list[str] = []
+        """Records whose fields are being emitted: a reference to one of them is recursive."""
         self.enums: dict[str, str] = {}
         self.fixed: dict[str, int] = {}
         self._counter = 0
@@ -98,7 +102,8 @@ class _Generator:
         if isinstance(avro, dict):
             kind = avro["type"]
             if kind == "record":
-                return self._call(self.record(avro, ns), target, out, ind)
+                fname = full_name(avro["name"], avro.get("namespace", ns))
+                return self._record_value(fname, avro, target, out, ind)
             if kind == "enum":
                 return self._enum_value(self.enum(avro, ns), target, out, ind)
             if kind == "array":
@@ -132,8 +137,8 @@ class _Generator:
             self._named(full_name(name, ns), target, out, ind)
 
     def _named(self, fname: str, target: str, out: list[str], ind: str) -> None:
-        if fname in self.records:
-            self._call(self.records[fname], target, out, ind)
+        if fname in self.record_schemas:
+            self._record_value(fname, self.record_schemas[fname], target, out, ind)
         elif fname in self.enums:
             self._enum_value(self.enums[fname], target, out, ind)
         elif fname in self.fixed:
@@ -230,27 +235,46 @@ class _Generator:
     # -- named types -------------------------------------------------------------------------
 
     def record(self, avro: Mapping[str, Any], ns: str | None) -> str:
-        fname = full_name(avro["name"], avro.get("namespace", ns))
+        """The function reading the record `avro` (defined in namespace `ns`)."""
+        return self._function(full_name(avro["name"], avro.get("namespace", ns)), avro)
+
+    def _function(self, fname: str, avro: Mapping[str, Any]) -> str:
         if fname in self.records:
             return self.records[fname]
+        function = self.fresh("_read_" + fname.rpartition(".")[2] + "_")
+        self.records[fname] = function
+        body: list[str] = []
+        self._fields(fname, avro, "r", body, "    ")
+        source = [f"def {function}(buf, pos):", "    end = len(buf)", *body, "    return r, pos"]
+        self.functions.append("\n".join(source))
+        return function
+
+    def _record_value(
+        self, fname: str, avro: Mapping[str, Any], target: str, out: list[str], ind: str
+    ) -> None:
+        """A nested record, read inline (no call, no result tuple); a recursive one by a call."""
+        if fname in self._open:
+            self._call(self._function(fname, avro), target, out, ind)
+        else:
+            self._fields(fname, avro, target, out, ind)
+
+    def _fields(self, fname: str, avro: Mapping[str, Any], target: str, out: list[str], ind: str) -> None:
+        """Lines reading every field of the record into fresh locals, then building `target`."""
         cls = self.classes.get(fname)
         if cls is None:
             raise ValueError(
                 f"no Python class for Avro record {fname!r}: pass it in `classes` (full name -> class)"
             )
-        function = self.fresh("_read_" + fname.rpartition(".")[2] + "_")
-        self.records[fname] = function
+        self.record_schemas[fname] = avro
+        self._open.append(fname)
         inner_ns = fname.rpartition(".")[0] or None
-        body: list[str] = []
         fields = avro["fields"]
-        for i, f in enumerate(fields):
-            self.emit(f["type"], f"f{i}", inner_ns, f.get("dtype"), body, "    ")
+        values = [self.fresh("f") for _ in fields]
+        for f, value in zip(fields, values, strict=True):
+            self.emit(f["type"], value, inner_ns, f.get("dtype"), out, ind)
+        self._open.pop()
         names = [f["name"] for f in fields]
-        cls_name = self.constant("cls", cls)
-        source = [f"def {function}(buf, pos):", "    end = len(buf)", *body,
-                  *_construct(cls, cls_name, names), "    return r, pos"]  # fmt: skip
-        self.functions.append("\n".join(source))
-        return function
+        out += _construct(cls, self.constant("cls", cls), dict(zip(names, values, strict=True)), target, ind)
 
     def enum(self, avro: Mapping[str, Any], ns: str | None) -> str:
         fname = full_name(avro["name"], avro.get("namespace", ns))
@@ -273,20 +297,21 @@ class _Generator:
         return int(avro["size"])
 
 
-def _construct(cls: type, cls_name: str, names: list[str]) -> list[str]:
-    """Lines building the record `r` from the locals f0, f1, ... (one per schema field).
+def _construct(cls: type, cls_name: str, values: Mapping[str, str], target: str, ind: str) -> list[str]:
+    """Lines building the record `target` from locals (`values`: schema field -> local name).
 
     A plain dataclass whose fields are exactly the schema's gets its attributes stored
     directly, as `copy` and `pickle` do: a keyword call of a generated `__init__` costs about
     three times as much, and with every field given that `__init__` only stores them too.
     """
+    names = list(values)
     if _stores_fields_only(cls, names):
-        return [f"    r = _new({cls_name})", *(f"    r.{n} = f{i}" for i, n in enumerate(names))]
+        return [f"{ind}{target} = _new({cls_name})", *(f"{ind}{target}.{n} = {v}" for n, v in values.items())]
     if all(n.isidentifier() and not keyword.iskeyword(n) for n in names):
-        kwargs = ", ".join(f"{n}=f{i}" for i, n in enumerate(names))
+        kwargs = ", ".join(f"{n}={v}" for n, v in values.items())
     else:  # a field named like a Python keyword
-        kwargs = "**{" + ", ".join(f"{n!r}: f{i}" for i, n in enumerate(names)) + "}"
-    return [f"    r = {cls_name}({kwargs})"]
+        kwargs = "**{" + ", ".join(f"{n!r}: {v}" for n, v in values.items()) + "}"
+    return [f"{ind}{target} = {cls_name}({kwargs})"]
 
 
 def _stores_fields_only(cls: type, names: list[str]) -> bool:
