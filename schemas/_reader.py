@@ -48,6 +48,12 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
             raise ValueError(f"varint longer than 10 bytes at offset {pos}")
 
 
+_ZIGZAG = tuple((b >> 1) ^ -(b & 1) if b < 128 else None for b in range(256))
+"""First byte -> value of a one-byte zig-zag varint; None: the varint goes on."""
+_LENGTH = tuple(b >> 1 if b < 128 and not b & 1 else None for b in range(256))
+"""Like `_ZIGZAG` for lengths: None also for a negative one (the long path reports it)."""
+
+
 def _empty(dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
     """The one empty array of `dtype` that every empty field shares: read-only like the views."""
     array = np.empty(0, dtype)
@@ -66,6 +72,8 @@ class _Generator:
         self.classes = classes
         self.names: dict[str, Any] = {
             "_varint": _varint,
+            "_ZIGZAG": _ZIGZAG,
+            "_LENGTH": _LENGTH,
             "_frombuffer": np.frombuffer,
             "_new": object.__new__,
             "_bad_size": _bad_size,
@@ -147,26 +155,36 @@ class _Generator:
             raise ValueError(f"schema refers to {fname!r} before defining it")
 
     def _long(self, target: str, out: list[str], ind: str) -> None:
-        """Inline the one- and two-byte varints (counts, lengths below 8 KiB, small ints)."""
-        out += [
-            f"{ind}b = buf[pos]",
-            f"{ind}if b < 128:",
-            f"{ind}    {target} = (b >> 1) ^ -(b & 1)",
-            f"{ind}    pos += 1",
-            f"{ind}elif buf[pos + 1] < 128:",
-            f"{ind}    b = (b & 127) | (buf[pos + 1] << 7)",
-            f"{ind}    {target} = (b >> 1) ^ -(b & 1)",
-            f"{ind}    pos += 2",
-            f"{ind}else:",
-            f"{ind}    {target}, pos = _varint(buf, pos)",
-        ]
+        """One-byte varints by a table look-up, two-byte ones inline, longer ones by a call."""
+        out += [f"{ind}{target} = _ZIGZAG[buf[pos]]",
+                f"{ind}if {target} is not None:",
+                f"{ind}    pos += 1",
+                f"{ind}elif buf[pos + 1] < 128:"]  # fmt: skip
+        self._two_bytes(target, out, ind + "    ")
+        out += [f"{ind}else:", f"{ind}    {target}, pos = _varint(buf, pos)"]
 
     def _sized(self, target: str, out: list[str], ind: str, multiple: int = 1) -> None:
-        """A length prefix, checked to fit the event (and to be a multiple of the item size)."""
-        self._long(target, out, ind)
+        """A length prefix, checked to be >= 0, to fit the event (and to be a multiple of the
+        item size). The common one-byte length is never negative: only the others check it."""
+        out += [f"{ind}{target} = _LENGTH[buf[pos]]",
+                f"{ind}if {target} is not None:",
+                f"{ind}    pos += 1",
+                f"{ind}else:",
+                f"{ind}    if buf[pos] > 127 and buf[pos + 1] < 128:"]  # fmt: skip
+        self._two_bytes(target, out, ind + "        ")
         misfit = f" or {target} % {multiple}" if multiple > 1 else ""
-        out += [f"{ind}if {target} < 0 or pos + {target} > end{misfit}:",
+        out += [f"{ind}    else:",
+                f"{ind}        {target}, pos = _varint(buf, pos)",
+                f"{ind}    if {target} < 0:",
+                f"{ind}        raise _bad_size(pos, {target})",
+                f"{ind}if pos + {target} > end{misfit}:",
                 f"{ind}    raise _bad_size(pos, {target})"]  # fmt: skip
+
+    @staticmethod
+    def _two_bytes(target: str, out: list[str], ind: str) -> None:
+        out += [f"{ind}b = (buf[pos] & 127) | (buf[pos + 1] << 7)",
+                f"{ind}{target} = (b >> 1) ^ -(b & 1)",
+                f"{ind}pos += 2"]  # fmt: skip
 
     def _bytes(self, target: str, dtype: str | None, out: list[str], ind: str) -> None:
         if dtype:
@@ -217,20 +235,27 @@ class _Generator:
 
     def _array(self, items: Any, target: str, ns: str | None, out: list[str], ind: str) -> None:
         values, item = self.fresh("a"), self.fresh("x")
-        out.append(f"{ind}{values} = []")
-        count = self._blocks(out, ind)
-        out.append(f"{ind}    for _ in range({count}):")
-        self.emit(items, item, ns, None, out, ind + "        ")
-        out += [f"{ind}        {values}.append({item})", f"{ind}{target} = {values}"]
+        out += [f"{ind}{values} = []", *self._unless_empty(ind)]
+        inner = ind + "    "
+        count = self._blocks(out, inner)
+        out.append(f"{inner}    for _ in range({count}):")
+        self.emit(items, item, ns, None, out, inner + "        ")
+        out += [f"{inner}        {values}.append({item})", f"{ind}{target} = {values}"]
 
     def _map(self, values_type: Any, target: str, ns: str | None, out: list[str], ind: str) -> None:
         values, key, item = self.fresh("m"), self.fresh("k"), self.fresh("x")
-        out.append(f"{ind}{values} = {{}}")
-        count = self._blocks(out, ind)
-        out.append(f"{ind}    for _ in range({count}):")
-        self.emit("string", key, ns, None, out, ind + "        ")
-        self.emit(values_type, item, ns, None, out, ind + "        ")
-        out += [f"{ind}        {values}[{key}] = {item}", f"{ind}{target} = {values}"]
+        out += [f"{ind}{values} = {{}}", *self._unless_empty(ind)]
+        inner = ind + "    "
+        count = self._blocks(out, inner)
+        out.append(f"{inner}    for _ in range({count}):")
+        self.emit("string", key, ns, None, out, inner + "        ")
+        self.emit(values_type, item, ns, None, out, inner + "        ")
+        out += [f"{inner}        {values}[{key}] = {item}", f"{ind}{target} = {values}"]
+
+    @staticmethod
+    def _unless_empty(ind: str) -> list[str]:
+        """An empty array or map is one 0 byte: skip it, else open the block loop below."""
+        return [f"{ind}if buf[pos] == 0:", f"{ind}    pos += 1", f"{ind}else:"]
 
     # -- named types -------------------------------------------------------------------------
 
