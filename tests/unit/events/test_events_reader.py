@@ -205,7 +205,8 @@ def test_a_negative_length_of_any_width_is_corrupt(prefix: bytes) -> None:
 @pytest.mark.parametrize("value", [0, -1, 63, -64, 64, -65, 8191, -8192, 8192, 2**40, -(2**62), 2**63 - 1])
 def test_longs_of_every_varint_width(value: int) -> None:
     schema = {"type": "record", "name": "L", "namespace": "t",
-              "fields": [{"name": "v", "type": "long"}, {"name": "xs", "type": {"type": "array", "items": "long"}},
+              "fields": [{"name": "v", "type": "long"},
+                         {"name": "xs", "type": {"type": "array", "items": "long"}},
                          {"name": "m", "type": {"type": "map", "values": "long"}}]}  # fmt: skip
     for xs, m in (([], {}), ([value, 1], {"k": value})):
         buf = io.BytesIO()

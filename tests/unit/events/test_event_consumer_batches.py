@@ -1,0 +1,99 @@
+"""EventConsumer.consume over a fake librdkafka consumer: chunked reads, the same events and
+limits as one big read, and the cyclic garbage collector paused only while a batch is built."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Message
+from events_strategies import trajectory
+
+from consumers import EventConsumer
+from consumers.event_consumer import _gc_paused
+from schemas.codec import encode
+
+
+class _FakeKafka:
+    """Stands in for confluent_kafka.Consumer: hands out queued messages, records each call."""
+
+    def __init__(self, messages: list[Any]) -> None:
+        self.queue = list(messages)
+        self.calls: list[int] = []
+
+    def consume(self, num_messages: int, timeout: float) -> list[Any]:
+        self.calls.append(num_messages)
+        taken, self.queue = self.queue[:num_messages], self.queue[num_messages:]
+        return taken
+
+    def close(self) -> None:
+        pass
+
+
+def _messages(count: int, *, bad_at: int | None = None) -> list[Any]:
+    return [
+        Message(topic="t", partition=0, offset=i, key=b"k", timestamp=(1, 1000 + i),
+                value=b"not an event" if i == bad_at else encode(trajectory(i)))
+        for i in range(count)
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def make_consumer() -> Iterator[Any]:
+    made: list[EventConsumer] = []
+
+    def make(messages: list[Any], **config: Any) -> tuple[EventConsumer, _FakeKafka]:
+        consumer = EventConsumer(
+            EventConsumer.Config(bootstrap_servers="127.0.0.1:1", topics=["t"], dlq_topic=None, **config)
+        )
+        consumer._consumer.close()
+        fake = consumer._consumer = _FakeKafka(messages)
+        made.append(consumer)
+        return consumer, fake
+
+    yield make
+    for consumer in made:
+        consumer.close()
+
+
+def test_a_batch_is_read_in_chunks_with_the_same_events_and_limit(make_consumer: Any) -> None:
+    consumer, fake = make_consumer(_messages(200, bad_at=70), decode_chunk=64)
+    events = consumer.consume(150, timeout=1.0)
+    assert fake.calls == [64, 64, 22]  # never more than max_records messages taken
+    assert [e.offset for e in events] == [i for i in range(150) if i != 70]  # the bad one dead-lettered
+    assert events[3].value.trajectory_id == "traj-3" and events[3].timestamp_ms == 1003
+    assert consumer.num_dead_letters == 1
+    rest = consumer.consume(150, timeout=0.0)
+    assert fake.calls[3:] == [64] and [e.offset for e in rest] == list(range(150, 200))  # short: done
+
+
+def test_decode_chunk_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="decode_chunk"):
+        EventConsumer.Config(topics=["t"], decode_chunk=0)
+
+
+def test_the_collector_is_paused_while_a_batch_is_decoded(make_consumer: Any) -> None:
+    seen: list[bool] = []
+    consumer, _ = make_consumer([])
+    consumer._validator = lambda record: seen.append(gc.isenabled())
+    consumer._consumer = _FakeKafka(_messages(3))
+    assert gc.isenabled()
+    assert len(consumer.consume(10, timeout=0.0)) == 3
+    assert seen == [False, False, False] and gc.isenabled()
+
+
+def test_gc_paused_restores_the_state_it_found() -> None:
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), _gc_paused():
+        assert not gc.isenabled()
+        raise RuntimeError("decode failed")
+    assert gc.isenabled()  # re-enabled after an error too
+    gc.disable()
+    try:
+        with _gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the caller's own pause is left alone
+    finally:
+        gc.enable()
