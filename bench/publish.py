@@ -4,7 +4,10 @@ In one run on the local broker (same topic config, same producer settings, acks=
 publish N distinct trajectories of ~1 KB, ~20 KB (2,000 tokens) and ~1 MB (a long agentic
 episode) with our publisher, and N records of the same sizes with
 `org.apache.kafka.tools.ProducerPerformance`; then read the 20 KB topic back with a raw
-confluent-kafka consumer and with EventConsumer (decode).
+confluent-kafka consumer and with EventConsumer (decode). The raw side only checks each
+message's `error()`; EventConsumer builds every field of every record (token arrays as views,
+turns, maps, strings: nothing is deferred to first access), validates it and wraps it in a
+ConsumedEvent, which is all a real reader (assembler, learner) gets.
 
 Equal payload entropy: every trajectory has its own random token ids, a multi-turn loss mask
 (prompt, then assistant turns with sampled logprobs and tool observations without) and its own

@@ -48,6 +48,12 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
             raise ValueError(f"varint longer than 10 bytes at offset {pos}")
 
 
+_ZIGZAG = tuple((b >> 1) ^ -(b & 1) if b < 128 else None for b in range(256))
+"""First byte -> value of a one-byte zig-zag varint; None: the varint goes on."""
+_LENGTH = tuple(b >> 1 if b < 128 and not b & 1 else None for b in range(256))
+"""Like `_ZIGZAG` for lengths: None also for a negative one (the long path reports it)."""
+
+
 def _empty(dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
     """The one empty array of `dtype` that every empty field shares: read-only like the views."""
     array = np.empty(0, dtype)
@@ -66,6 +72,8 @@ class _Generator:
         self.classes = classes
         self.names: dict[str, Any] = {
             "_varint": _varint,
+            "_ZIGZAG": _ZIGZAG,
+            "_LENGTH": _LENGTH,
             "_frombuffer": np.frombuffer,
             "_new": object.__new__,
             "_bad_size": _bad_size,
@@ -74,6 +82,10 @@ class _Generator:
         }
         self.functions: list[str] = []
         self.records: dict[str, str] = {}
+        """Record full name -> the function reading it (top level and recursive records)."""
+        self.record_schemas: dict[str, Mapping[str, Any]] = {}
+        self._open: list[str] = []
+        """Records whose fields are being emitted: a reference to one of them is recursive."""
         self.enums: dict[str, str] = {}
         self.fixed: dict[str, int] = {}
         self._counter = 0
@@ -98,7 +110,8 @@ class _Generator:
         if isinstance(avro, dict):
             kind = avro["type"]
             if kind == "record":
-                return self._call(self.record(avro, ns), target, out, ind)
+                fname = full_name(avro["name"], avro.get("namespace", ns))
+                return self._record_value(fname, avro, target, out, ind)
             if kind == "enum":
                 return self._enum_value(self.enum(avro, ns), target, out, ind)
             if kind == "array":
@@ -132,8 +145,8 @@ class _Generator:
             self._named(full_name(name, ns), target, out, ind)
 
     def _named(self, fname: str, target: str, out: list[str], ind: str) -> None:
-        if fname in self.records:
-            self._call(self.records[fname], target, out, ind)
+        if fname in self.record_schemas:
+            self._record_value(fname, self.record_schemas[fname], target, out, ind)
         elif fname in self.enums:
             self._enum_value(self.enums[fname], target, out, ind)
         elif fname in self.fixed:
@@ -142,26 +155,36 @@ class _Generator:
             raise ValueError(f"schema refers to {fname!r} before defining it")
 
     def _long(self, target: str, out: list[str], ind: str) -> None:
-        """Inline the one- and two-byte varints (counts, lengths below 8 KiB, small ints)."""
-        out += [
-            f"{ind}b = buf[pos]",
-            f"{ind}if b < 128:",
-            f"{ind}    {target} = (b >> 1) ^ -(b & 1)",
-            f"{ind}    pos += 1",
-            f"{ind}elif buf[pos + 1] < 128:",
-            f"{ind}    b = (b & 127) | (buf[pos + 1] << 7)",
-            f"{ind}    {target} = (b >> 1) ^ -(b & 1)",
-            f"{ind}    pos += 2",
-            f"{ind}else:",
-            f"{ind}    {target}, pos = _varint(buf, pos)",
-        ]
+        """One-byte varints by a table look-up, two-byte ones inline, longer ones by a call."""
+        out += [f"{ind}{target} = _ZIGZAG[buf[pos]]",
+                f"{ind}if {target} is not None:",
+                f"{ind}    pos += 1",
+                f"{ind}elif buf[pos + 1] < 128:"]  # fmt: skip
+        self._two_bytes(target, out, ind + "    ")
+        out += [f"{ind}else:", f"{ind}    {target}, pos = _varint(buf, pos)"]
 
     def _sized(self, target: str, out: list[str], ind: str, multiple: int = 1) -> None:
-        """A length prefix, checked to fit the event (and to be a multiple of the item size)."""
-        self._long(target, out, ind)
+        """A length prefix, checked to be >= 0, to fit the event (and to be a multiple of the
+        item size). The common one-byte length is never negative: only the others check it."""
+        out += [f"{ind}{target} = _LENGTH[buf[pos]]",
+                f"{ind}if {target} is not None:",
+                f"{ind}    pos += 1",
+                f"{ind}else:",
+                f"{ind}    if buf[pos] > 127 and buf[pos + 1] < 128:"]  # fmt: skip
+        self._two_bytes(target, out, ind + "        ")
         misfit = f" or {target} % {multiple}" if multiple > 1 else ""
-        out += [f"{ind}if {target} < 0 or pos + {target} > end{misfit}:",
+        out += [f"{ind}    else:",
+                f"{ind}        {target}, pos = _varint(buf, pos)",
+                f"{ind}    if {target} < 0:",
+                f"{ind}        raise _bad_size(pos, {target})",
+                f"{ind}if pos + {target} > end{misfit}:",
                 f"{ind}    raise _bad_size(pos, {target})"]  # fmt: skip
+
+    @staticmethod
+    def _two_bytes(target: str, out: list[str], ind: str) -> None:
+        out += [f"{ind}b = (buf[pos] & 127) | (buf[pos + 1] << 7)",
+                f"{ind}{target} = (b >> 1) ^ -(b & 1)",
+                f"{ind}pos += 2"]  # fmt: skip
 
     def _bytes(self, target: str, dtype: str | None, out: list[str], ind: str) -> None:
         if dtype:
@@ -212,45 +235,71 @@ class _Generator:
 
     def _array(self, items: Any, target: str, ns: str | None, out: list[str], ind: str) -> None:
         values, item = self.fresh("a"), self.fresh("x")
-        out.append(f"{ind}{values} = []")
-        count = self._blocks(out, ind)
-        out.append(f"{ind}    for _ in range({count}):")
-        self.emit(items, item, ns, None, out, ind + "        ")
-        out += [f"{ind}        {values}.append({item})", f"{ind}{target} = {values}"]
+        out += [f"{ind}{values} = []", *self._unless_empty(ind)]
+        inner = ind + "    "
+        count = self._blocks(out, inner)
+        out.append(f"{inner}    for _ in range({count}):")
+        self.emit(items, item, ns, None, out, inner + "        ")
+        out += [f"{inner}        {values}.append({item})", f"{ind}{target} = {values}"]
 
     def _map(self, values_type: Any, target: str, ns: str | None, out: list[str], ind: str) -> None:
         values, key, item = self.fresh("m"), self.fresh("k"), self.fresh("x")
-        out.append(f"{ind}{values} = {{}}")
-        count = self._blocks(out, ind)
-        out.append(f"{ind}    for _ in range({count}):")
-        self.emit("string", key, ns, None, out, ind + "        ")
-        self.emit(values_type, item, ns, None, out, ind + "        ")
-        out += [f"{ind}        {values}[{key}] = {item}", f"{ind}{target} = {values}"]
+        out += [f"{ind}{values} = {{}}", *self._unless_empty(ind)]
+        inner = ind + "    "
+        count = self._blocks(out, inner)
+        out.append(f"{inner}    for _ in range({count}):")
+        self.emit("string", key, ns, None, out, inner + "        ")
+        self.emit(values_type, item, ns, None, out, inner + "        ")
+        out += [f"{inner}        {values}[{key}] = {item}", f"{ind}{target} = {values}"]
+
+    @staticmethod
+    def _unless_empty(ind: str) -> list[str]:
+        """An empty array or map is one 0 byte: skip it, else open the block loop below."""
+        return [f"{ind}if buf[pos] == 0:", f"{ind}    pos += 1", f"{ind}else:"]
 
     # -- named types -------------------------------------------------------------------------
 
     def record(self, avro: Mapping[str, Any], ns: str | None) -> str:
-        fname = full_name(avro["name"], avro.get("namespace", ns))
+        """The function reading the record `avro` (defined in namespace `ns`)."""
+        return self._function(full_name(avro["name"], avro.get("namespace", ns)), avro)
+
+    def _function(self, fname: str, avro: Mapping[str, Any]) -> str:
         if fname in self.records:
             return self.records[fname]
+        function = self.fresh("_read_" + fname.rpartition(".")[2] + "_")
+        self.records[fname] = function
+        body: list[str] = []
+        self._fields(fname, avro, "r", body, "    ")
+        source = [f"def {function}(buf, pos):", "    end = len(buf)", *body, "    return r, pos"]
+        self.functions.append("\n".join(source))
+        return function
+
+    def _record_value(
+        self, fname: str, avro: Mapping[str, Any], target: str, out: list[str], ind: str
+    ) -> None:
+        """A nested record, read inline (no call, no result tuple); a recursive one by a call."""
+        if fname in self._open:
+            self._call(self._function(fname, avro), target, out, ind)
+        else:
+            self._fields(fname, avro, target, out, ind)
+
+    def _fields(self, fname: str, avro: Mapping[str, Any], target: str, out: list[str], ind: str) -> None:
+        """Lines reading every field of the record into fresh locals, then building `target`."""
         cls = self.classes.get(fname)
         if cls is None:
             raise ValueError(
                 f"no Python class for Avro record {fname!r}: pass it in `classes` (full name -> class)"
             )
-        function = self.fresh("_read_" + fname.rpartition(".")[2] + "_")
-        self.records[fname] = function
+        self.record_schemas[fname] = avro
+        self._open.append(fname)
         inner_ns = fname.rpartition(".")[0] or None
-        body: list[str] = []
         fields = avro["fields"]
-        for i, f in enumerate(fields):
-            self.emit(f["type"], f"f{i}", inner_ns, f.get("dtype"), body, "    ")
+        values = [self.fresh("f") for _ in fields]
+        for f, value in zip(fields, values, strict=True):
+            self.emit(f["type"], value, inner_ns, f.get("dtype"), out, ind)
+        self._open.pop()
         names = [f["name"] for f in fields]
-        cls_name = self.constant("cls", cls)
-        source = [f"def {function}(buf, pos):", "    end = len(buf)", *body,
-                  *_construct(cls, cls_name, names), "    return r, pos"]  # fmt: skip
-        self.functions.append("\n".join(source))
-        return function
+        out += _construct(cls, self.constant("cls", cls), dict(zip(names, values, strict=True)), target, ind)
 
     def enum(self, avro: Mapping[str, Any], ns: str | None) -> str:
         fname = full_name(avro["name"], avro.get("namespace", ns))
@@ -273,20 +322,21 @@ class _Generator:
         return int(avro["size"])
 
 
-def _construct(cls: type, cls_name: str, names: list[str]) -> list[str]:
-    """Lines building the record `r` from the locals f0, f1, ... (one per schema field).
+def _construct(cls: type, cls_name: str, values: Mapping[str, str], target: str, ind: str) -> list[str]:
+    """Lines building the record `target` from locals (`values`: schema field -> local name).
 
     A plain dataclass whose fields are exactly the schema's gets its attributes stored
     directly, as `copy` and `pickle` do: a keyword call of a generated `__init__` costs about
     three times as much, and with every field given that `__init__` only stores them too.
     """
+    names = list(values)
     if _stores_fields_only(cls, names):
-        return [f"    r = _new({cls_name})", *(f"    r.{n} = f{i}" for i, n in enumerate(names))]
+        return [f"{ind}{target} = _new({cls_name})", *(f"{ind}{target}.{n} = {v}" for n, v in values.items())]
     if all(n.isidentifier() and not keyword.iskeyword(n) for n in names):
-        kwargs = ", ".join(f"{n}=f{i}" for i, n in enumerate(names))
+        kwargs = ", ".join(f"{n}={v}" for n, v in values.items())
     else:  # a field named like a Python keyword
-        kwargs = "**{" + ", ".join(f"{n!r}: f{i}" for i, n in enumerate(names)) + "}"
-    return [f"    r = {cls_name}({kwargs})"]
+        kwargs = "**{" + ", ".join(f"{n!r}: {v}" for n, v in values.items()) + "}"
+    return [f"{ind}{target} = {cls_name}({kwargs})"]
 
 
 def _stores_fields_only(cls: type, names: list[str]) -> bool:

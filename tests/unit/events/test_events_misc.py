@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from events_strategies import trajectory
@@ -175,3 +177,19 @@ def test_finite_check_is_exact_where_a_float32_sum_overflows() -> None:
 def test_a_field_of_the_wrong_type_is_checked_like_before() -> None:
     """The fast path raises TypeError on None; the full check skips a None reward, as it did."""
     assert record_problems(trajectory(1, reward=None)) == []  # type: ignore[arg-type]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered", "ignore:invalid value encountered")
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_every_non_finite_entry_is_found_in_float_arrays(dtype: Any, bad: float) -> None:
+    from schemas.validation import _non_finite
+
+    largest = np.finfo(dtype).max
+    for values in (np.full(50, largest, dtype), np.full((5, 10), -largest, dtype)):  # sums overflow
+        assert _non_finite("x", values) == []
+        values.flat[37] = bad
+        assert _non_finite("x", values) == [f"x must be finite, got [37]={values.flat[37]}"]
+    assert _non_finite("x", np.zeros(0, dtype)) == [] and _non_finite("x", np.arange(3)) == []
+    assert _non_finite("x", [1.0, bad]) == [f"x must be finite, got [1]={bad}"]
+    assert _non_finite("x", bad) == [f"x must be finite, got [0]={bad}"] and _non_finite("x", 2) == []

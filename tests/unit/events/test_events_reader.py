@@ -173,3 +173,43 @@ def test_empty_packed_arrays_are_read_only_and_typed() -> None:
     decoded = default_codec().decode(encode(empty), Trajectory)
     for array, dtype in ((decoded.token_ids, "<i4"), (decoded.loss_mask, "u1"), (decoded.logprobs, "<f4")):
         assert array.shape == (0,) and array.dtype == np.dtype(dtype) and not array.flags.writeable
+
+
+def test_a_recursive_record_reads_through_a_call_of_its_own_function() -> None:
+    """Nested records are read inline; one that contains itself cannot be, and still reads."""
+    schema = {"type": "record", "name": "Node", "namespace": "t",
+              "fields": [{"name": "label", "type": "string"},
+                         {"name": "children", "type": {"type": "array", "items": "Node"}},
+                         {"name": "next", "type": ["null", "Node"]}]}  # fmt: skip
+    datum = {"label": "a", "children": [{"label": "b", "children": [], "next": None}],
+             "next": {"label": "c", "children": [], "next": None}}  # fmt: skip
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), datum)
+    record, end = compile_reader(schema, {"t.Node": _Packed})(buf.getvalue(), 0)
+    assert (record.label, record.children[0].label, record.next.label) == ("a", "b", "c")
+    assert record.children[0].children == [] and record.next.next is None and end == len(buf.getvalue())
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [b"\x01", b"\x81\x01", b"\xff\x7f", b"\x81\x80\x01", b"\xff\xff\xff\x7f"],
+    ids=["one-byte", "two-byte", "two-byte-largest", "three-byte", "four-byte"],
+)
+def test_a_negative_length_of_any_width_is_corrupt(prefix: bytes) -> None:
+    schema = {"type": "record", "name": "S", "namespace": "t",
+              "fields": [{"name": "s", "type": "string"}]}  # fmt: skip
+    with pytest.raises(ValueError, match="does not fit"):
+        compile_reader(schema, {"t.S": _Packed})(prefix + bytes(20_000), 0)
+
+
+@pytest.mark.parametrize("value", [0, -1, 63, -64, 64, -65, 8191, -8192, 8192, 2**40, -(2**62), 2**63 - 1])
+def test_longs_of_every_varint_width(value: int) -> None:
+    schema = {"type": "record", "name": "L", "namespace": "t",
+              "fields": [{"name": "v", "type": "long"},
+                         {"name": "xs", "type": {"type": "array", "items": "long"}},
+                         {"name": "m", "type": {"type": "map", "values": "long"}}]}  # fmt: skip
+    for xs, m in (([], {}), ([value, 1], {"k": value})):
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), {"v": value, "xs": xs, "m": m})
+        record, end = compile_reader(schema, {"t.L": _Packed})(buf.getvalue(), 0)
+        assert (record.v, record.xs, record.m, end) == (value, xs, m, len(buf.getvalue()))
