@@ -378,6 +378,7 @@ class AssemblerApp:
         )
         outputs = []
         for payload in group.payloads:
+            trace = self.trace_links.take_trajectory(self._trajectory_id(payload))
             value, note = keep_original(
                 payload, dlq_topic=self.config.dlq_topic, store_url=self.config.output.blob_store_url
             )
@@ -389,11 +390,24 @@ class AssemblerApp:
                 error_type=type(rejected.error).__name__,
                 key=group.group_id.encode(),
                 value=value,
+                headers=_text_headers(trace),
             )
             self.stats.undecodable += 1
             encoded = self.codec.encode(letter)
-            outputs.append(Output(self.config.dlq_topic, letter.key, encoded, self._described(encoded)))
+            described = self._described(encoded, trace)
+            outputs.append(Output(self.config.dlq_topic, letter.key, encoded, described))
         return outputs
+
+    def _trajectory_id(self, payload: bytes) -> str:
+        """The trajectory id of a pooled payload (a trajectory or its claim check; no blob is
+        read); "" when the bytes do not decode."""
+        try:
+            record = self.codec.decode(payload)
+        except Exception:  # the payload may be what broke the group
+            return ""
+        if isinstance(record, ClaimCheck):
+            return record.record_id
+        return str(getattr(record, "trajectory_id", ""))
 
     async def _weights_stream(self, stream: faust.StreamT) -> AsyncIterator[list[Output]]:
         async for event in stream.events():

@@ -78,6 +78,12 @@ class TraceLinks:
         while len(self._by_trajectory) > self.max_remembered:
             self._by_trajectory.popitem(last=False)
 
+    def take_trajectory(self, trajectory_id: str) -> list[tuple[str, bytes]]:
+        """The Kafka header carrying a pooled trajectory's own traceparent (for its dead letter
+        when its group cannot be packed); [] when none is known."""
+        parent = self._by_trajectory.pop(trajectory_id, None)
+        return [] if parent is None else [(TRACEPARENT, parent.encode())]
+
     @contextmanager
     def batch_span(
         self, batch_id: str, trajectory_ids: Sequence[str]

@@ -151,3 +151,33 @@ def test_inline_and_undecodable_values_are_kept_as_they_are(tmp_path: Path) -> N
     assert keep_original(raw, dlq_topic="stacx.dlq", store_url=str(tmp_path)) == (raw, "")
     assert keep_original(b"junk", dlq_topic="stacx.dlq", store_url=str(tmp_path)) == (b"junk", "")
     assert keep_original(None, dlq_topic="stacx.dlq") == (None, "")
+
+
+async def test_dead_letters_of_a_group_that_cannot_be_packed_keep_each_trajectorys_trace(
+    tmp_path: Path,
+) -> None:
+    store = FsspecBlobStore(str(tmp_path))
+    asm, out = _assembler(tmp_path)
+    parents: dict[tuple[str, int], str] = {}
+    urls = []
+    async with asm.group_agent.test_context() as agent:
+        for g, group in enumerate(("a", "b", "c")):
+            for index in range(2):
+                parent = parents[group, index] = f"00-{g + 1:016x}{index + 1:016x}-{index + 1:016x}-01"
+                value, url = _claim_checked(store, make_trajectory(group, index))
+                urls.append(url)
+                await agent.put(
+                    value, key=group.encode(), partition=0, headers=[("traceparent", parent.encode())]
+                )
+    groups = out.on(asm.config.groups_topic)
+    store.delete(urls[0])  # group a can no longer be packed
+    out.outputs.clear()
+    async with asm.batch_agent.test_context() as agent:
+        for group_out in groups:
+            await agent.put(group_out.value, key=b"policy", headers=group_out.headers)
+    letters = out.on(asm.config.dlq_topic)
+    assert len(letters) == 2
+    for index, output in enumerate(letters):  # a's two samples, in sample order
+        parent = parents["a", index]
+        assert dict(output.headers or [])["traceparent"] == parent.encode()
+        assert decode(output.value, DeadLetter).headers == {"traceparent": parent}
