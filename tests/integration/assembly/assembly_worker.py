@@ -90,6 +90,8 @@ class AssemblerProcess:
             self.proc.wait()
             raise AssertionError("assembler did not stop within the timeout") from None
         self._reader.join(timeout=10)
+        print(f"--- log of {self.config_path.name} (pytest shows it when the test fails) ---")
+        print("\n".join(self.lines))
         stats_line = self.wait_for_line("assembler final stats", timeout_s=1)
         return code, json.loads(stats_line.split("assembler final stats", 1)[1].strip())
 
