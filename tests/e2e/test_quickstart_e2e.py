@@ -8,12 +8,11 @@ weight version reaches the inference server), not the learning (docs/quickstart.
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from ports import free_port
+from small_runs import shrink
 
 from infra.pipeline import load_spec, run_pipeline
 
@@ -23,20 +22,11 @@ STEPS = 2
 
 def _small(spec: Any, runs_dir: Path) -> Any:
     cfg = spec.pipeline
-    cfg.name, cfg.runs_dir, cfg.steps, cfg.live = f"e2e-{uuid.uuid4().hex[:6]}", str(runs_dir), \
-        STEPS, False
-    cfg.timeout_s = 540.0
     cfg.tasks.arithmetic.num_train, cfg.tasks.arithmetic.num_heldout = 64, 8
     cfg.sft.steps, cfg.sft.batch_size = 10, 16
-    cfg.evaluation.every_versions, cfg.evaluation.final_samples_per_problem = 0, 1
-    cfg.services.gateway_port, cfg.services.inference_port = free_port(), free_port()
-    cfg.services.gateway_warm_pool = 0
-    spec.rollout["data"]["samples_per_task"] = 4
-    spec.rollout["manager"]["train_groups_per_version"] = 2
-    spec.rollout["manager"]["max_concurrent_episodes"] = 16
-    spec.assembler["grouping"]["group_size"] = 4
-    spec.assembler["mixture"]["batch_size"] = 2
-    return spec
+    cfg.evaluation.every_versions = 0
+    return shrink(spec, runs_dir, steps=STEPS, timeout_s=540.0, samples_per_task=4,
+                  max_concurrent_episodes=16, group_size=4)
 
 
 @pytest.mark.slow

@@ -10,12 +10,11 @@ version reaches the inference server, held-out episodes run before and after), n
 from __future__ import annotations
 
 import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from ports import free_port
+from small_runs import shrink
 
 from infra.pipeline import load_spec, run_pipeline
 
@@ -27,23 +26,14 @@ NUM_HELDOUT = 3
 
 def _small(spec: Any, runs_dir: Path) -> Any:
     cfg = spec.pipeline
-    cfg.name, cfg.runs_dir, cfg.steps, cfg.live = f"e2e-{uuid.uuid4().hex[:6]}", str(runs_dir), STEPS, False
-    cfg.timeout_s = 600.0
     heldout = runs_dir / "heldout"
     for task in sorted((EXAMPLE / "heldout").iterdir())[:NUM_HELDOUT]:
         shutil.copytree(task, heldout / task.name)
     cfg.tasks.harbor, cfg.tasks.heldout = str(EXAMPLE / "train"), str(heldout)
     cfg.transcripts.path = str(EXAMPLE / "transcripts.jsonl")
     cfg.sft.steps, cfg.sft.skill_steps, cfg.sft.batch_size = 12, 8, 8
-    cfg.evaluation.final_samples_per_problem = 1
-    cfg.services.gateway_port, cfg.services.inference_port = free_port(), free_port()
-    cfg.services.gateway_warm_pool = 0
-    spec.rollout["data"]["samples_per_task"] = 2
-    spec.rollout["manager"]["train_groups_per_version"] = 2
-    spec.rollout["manager"]["max_concurrent_episodes"] = 4
-    spec.assembler["grouping"]["group_size"] = 2
-    spec.assembler["mixture"]["batch_size"] = 2
-    return spec
+    return shrink(spec, runs_dir, steps=STEPS, timeout_s=600.0, samples_per_task=2,
+                  max_concurrent_episodes=4, group_size=2)
 
 
 @pytest.mark.slow
