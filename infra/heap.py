@@ -5,7 +5,7 @@ for `stacx serve`) is never garbage, yet each full collection walks all of it: ~
 the inference server on the 2-core development machine. Objects that live a little longer than a
 request (spans waiting up to a second for their export batch, in-flight episodes) are what pushes
 the collector into full collections. `gc.freeze()` moves everything alive at that moment into a
-permanent generation that collections skip, as CPython's docs suggest for long-running servers.
+permanent generation that every later collection ignores.
 """
 
 from __future__ import annotations

@@ -22,7 +22,14 @@ from pydantic import BaseModel, ConfigDict, Field
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.sampling import Sampler
 
-__all__ = ["MetricsConfig", "TracingConfig", "setup_metrics", "setup_tracing", "shutdown_tracing"]
+__all__ = [
+    "MetricsConfig",
+    "TracingConfig",
+    "sampler",
+    "setup_metrics",
+    "setup_tracing",
+    "shutdown_tracing",
+]
 
 log = logging.getLogger(__name__)
 
