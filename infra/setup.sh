@@ -84,4 +84,9 @@ if [[ ! -x "$LOCAL/bin/stacx" ]] || ! "$LOCAL/bin/python" -c 'import infra.cli' 
     die "editable install of stacx failed (see above)"
   fi
 fi
+# Avro readers compiled to C (Cython): built once per machine into $STACX_HOME/avro-readers.
+if ! readers="$("$LOCAL/bin/python" -m schemas._native 2>"$LOCAL/readers.log")"; then
+  die "$(tail -n 1 "$LOCAL/readers.log") (build log: .venv/readers.log)"
+fi
+say "$readers"
 say "ready: .venv/bin/python ($("$LOCAL/bin/python" -V)), .venv/bin/stacx"

@@ -1,5 +1,8 @@
 """The compiled reader (schemas/_reader.py): zero-copy array views, and the same records as the
-generic fastavro path, which these tests use as the independent reference."""
+generic fastavro path, which these tests use as the independent reference.
+
+Every test runs twice: the generated source run by Python, and the same source compiled to C
+with Cython (schemas/_native.py), which is what a Codec uses by default."""
 
 from __future__ import annotations
 
@@ -16,12 +19,31 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas._convert import build_converters
-from schemas._reader import compile_reader
-from schemas.codec import BUILTIN_CLASSES, builtin_schemas, default_codec, encode, load_schema
+from schemas._reader import Reader
+from schemas._reader import compile_reader as _compile_reader
+from schemas.codec import BUILTIN_CLASSES, Codec, builtin_schemas, encode, load_schema
 from schemas.errors import CodecError
 from schemas.records import Trajectory, Turn, logprobs, loss_mask, token_ids
 
 HEADER = 10  # single-object marker + fingerprint
+CODECS = {"python": Codec(native_readers=False), "native": Codec()}
+_native = True
+
+
+@pytest.fixture(autouse=True, params=["python", "native"])
+def reader_kind(request: pytest.FixtureRequest) -> str:
+    """Each test once per kind of reader: `compile_reader` and `default_codec` follow it."""
+    global _native
+    _native = request.param == "native"
+    return str(request.param)
+
+
+def compile_reader(schema: dict[str, Any], classes: dict[str, type]) -> Reader:
+    return _compile_reader(schema, classes, native=_native)
+
+
+def default_codec() -> Codec:
+    return CODECS["native" if _native else "python"]
 
 
 def reference_decode(data: bytes) -> Any:
