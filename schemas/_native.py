@@ -31,19 +31,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from schemas.errors import SchemaError
+from schemas.errors import NativeBuildError
 
-__all__ = ["NativeBuildError", "cache_dir", "native_namespace"]
+__all__ = ["cache_dir", "native_namespace"]
 
 log = logging.getLogger(__name__)
 
 _DIRECTIVES = {"language_level": 3, "boundscheck": True, "wraparound": True, "infer_types": None}
 """Bounds-checked indexing: a truncated event raises IndexError (a corrupt body), as in Python."""
 _loaded: dict[str, ModuleType] = {}
-
-
-class NativeBuildError(SchemaError):
-    """A reader could not be compiled (no Cython, no C compiler, no Python headers)."""
 
 
 def cache_dir() -> Path:
@@ -137,7 +133,7 @@ def _run_build(name: str, pyx: Path, tmp: Path) -> Path:
 def _check_toolchain() -> None:
     """A clear one-line error for each missing piece, before a build fails obscurely."""
     if importlib.util.find_spec("Cython") is None:
-        raise NativeBuildError("Cython is not installed: run `make setup` (or pip install 'cython>=3.0')")
+        raise NativeBuildError("Cython is not installed: pip install 'cython>=3.0' (make setup does)")
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(compiler) is None:
         raise NativeBuildError(
@@ -175,7 +171,5 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":  # run as schemas._native, so that its NativeBuildError is the one raised
-    from schemas._native import main as _main
-
-    sys.exit(_main())
+if __name__ == "__main__":
+    sys.exit(main())

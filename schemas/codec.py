@@ -30,10 +30,9 @@ from fastavro.schema import to_parsing_canonical_form
 
 from schemas import records
 from schemas._convert import RecordConverter, build_converters, full_name
-from schemas._native import NativeBuildError
 from schemas._reader import Reader, compile_reader
 from schemas.claimcheck import ClaimCheck
-from schemas.errors import CodecError, SchemaError, UnknownSchemaError
+from schemas.errors import CodecError, NativeBuildError, SchemaError, UnknownSchemaError
 
 __all__ = [
     "BUILTIN_CLASSES",

@@ -13,9 +13,9 @@ from events_strategies import comparable, trajectory
 
 from schemas import _native
 from schemas import codec as codec_module
-from schemas._native import NativeBuildError
 from schemas._reader import compile_reader
 from schemas.codec import Codec, builtin_schemas, encode
+from schemas.errors import NativeBuildError
 from schemas.records import Trajectory
 
 
