@@ -134,7 +134,7 @@ def _check_toolchain() -> None:
     """A clear one-line error for each missing piece, before a build fails obscurely."""
     if importlib.util.find_spec("Cython") is None:
         raise NativeBuildError("Cython is not installed: pip install 'cython>=3.0' (make setup does)")
-    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    compiler = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]  # as setuptools
     if shutil.which(compiler) is None:
         raise NativeBuildError(
             f"no C compiler ({compiler!r} not on PATH): install one (Debian: apt-get install gcc)"
