@@ -26,14 +26,14 @@ import shutil
 import sys
 import sysconfig
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from schemas.errors import NativeBuildError
 
-__all__ = ["cache_dir", "native_namespace"]
+__all__ = ["cache_dir", "native_factory"]
 
 log = logging.getLogger(__name__)
 
@@ -48,18 +48,11 @@ def cache_dir() -> Path:
     return home / "avro-readers"
 
 
-def native_namespace(source: str, names: Mapping[str, Any]) -> dict[str, Any]:
-    """The functions of `source` compiled to C, with `names` as their globals (built once per
-    machine, then loaded from the cache). Raises NativeBuildError when it cannot be built."""
-    module = _module(_module_source(source, names))
-    module._bind(dict(names))
-    return {k: v for k, v in vars(module).items() if k.startswith("_read_")}
-
-
-def _module_source(source: str, names: Mapping[str, Any]) -> str:
-    """A Cython module: the reader functions, their globals declared (bound after import)."""
-    declared = "".join(f"{name} = None\n" for name in sorted(names))
-    return f"import cython\n\n{declared}\n\ndef _bind(names):\n    globals().update(names)\n\n\n{source}\n"
+def native_factory(source: str) -> Callable[[Mapping[str, Any]], Any]:
+    """`_make` of `source` (schemas/_reader.py) compiled to C: built once per machine, then
+    loaded from the cache. Raises NativeBuildError when it cannot be built."""
+    make: Callable[[Mapping[str, Any]], Any] = _module(f"import cython\n\n\n{source}").__dict__["_make"]
+    return make
 
 
 def _module(text: str) -> ModuleType:

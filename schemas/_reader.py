@@ -19,13 +19,14 @@ import dataclasses
 import enum
 import keyword
 import struct
+import textwrap
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from schemas._convert import full_name
-from schemas._native import native_namespace
+from schemas._native import native_factory
 
 __all__ = ["Reader", "compile_reader", "reader_source"]
 
@@ -366,12 +367,17 @@ def _stores_fields_only(cls: type, names: list[str]) -> bool:
     )
 
 
-def _generate(schema: Mapping[str, Any], classes: Mapping[str, type]) -> tuple[str, str, dict[str, Any]]:
+def _generate(schema: Mapping[str, Any], classes: Mapping[str, type]) -> tuple[str, dict[str, Any]]:
+    """The source of `_make(names)`, which binds the constants (classes, dtypes, helpers) as
+    closure variables and returns the reader: readers of one source for different classes
+    share the compiled module, never their bindings."""
     if not isinstance(schema, Mapping) or schema.get("type") != "record":
         raise ValueError("compile_reader needs a record schema at the top level")
     generator = _Generator(classes)
     entry = generator.record(schema, schema.get("namespace"))
-    return "\n\n".join(generator.functions), entry, generator.names
+    functions = "\n\n".join(textwrap.indent(f, "    ") for f in generator.functions)
+    bindings = "".join(f"    {name} = names[{name!r}]\n" for name in sorted(generator.names))
+    return f"def _make(names):\n{bindings}\n{functions}\n\n    return {entry}\n", generator.names
 
 
 def reader_source(schema: Mapping[str, Any], classes: Mapping[str, type]) -> str:
@@ -384,17 +390,18 @@ def compile_reader(schema: Mapping[str, Any], classes: Mapping[str, type], *, na
 
     `classes` maps Avro full names of records and enums to Python classes, as for the
     converters in `schemas._convert`: the reader builds the same objects they do. `native`
-    compiles the generated source to C with Cython (see `schemas._native`, ~3x faster;
+    compiles the generated source to C with Cython (see `schemas._native`, ~2.3x faster;
     raises `NativeBuildError` when it cannot); else Python runs the very same source.
     """
-    source, entry, names = _generate(schema, classes)
+    source, names = _generate(schema, classes)
     if native:
-        namespace = native_namespace(source, names)
+        make = native_factory(source)
     else:
-        namespace = dict(names)
+        namespace: dict[str, Any] = {}
         code = compile(
             source, f"<avro reader {schema.get('name')}>", "exec", flags=_ANNOTATIONS, dont_inherit=True
         )
         exec(code, namespace)  # noqa: S102
-    reader: Reader = namespace[entry]
+        make = namespace["_make"]
+    reader: Reader = make(names)
     return reader

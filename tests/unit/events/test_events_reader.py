@@ -235,3 +235,16 @@ def test_longs_of_every_varint_width(value: int) -> None:
         fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), {"v": value, "xs": xs, "m": m})
         record, end = compile_reader(schema, {"t.L": _Packed})(buf.getvalue(), 0)
         assert (record.v, record.xs, record.m, end) == (value, xs, m, len(buf.getvalue()))
+
+
+class _Other(_Packed):
+    pass
+
+
+def test_readers_of_one_schema_for_different_classes_stay_apart() -> None:
+    """Compiled readers of the same source share one C module: not its bindings."""
+    schema = {"type": "record", "name": "Twice", "namespace": "t",
+              "fields": [{"name": "s", "type": "string"}]}  # fmt: skip
+    first = compile_reader(schema, {"t.Twice": _Packed})
+    second = compile_reader(schema, {"t.Twice": _Other})
+    assert type(first(b"\x02a", 0)[0]) is _Packed and type(second(b"\x02b", 0)[0]) is _Other
