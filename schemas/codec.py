@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from schemas import records
 from schemas._convert import RecordConverter, build_converters, full_name
 from schemas._reader import Reader, compile_reader
 from schemas.claimcheck import ClaimCheck
-from schemas.errors import CodecError, SchemaError, UnknownSchemaError
+from schemas.errors import CodecError, NativeBuildError, SchemaError, UnknownSchemaError
 
 __all__ = [
     "BUILTIN_CLASSES",
@@ -51,6 +52,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 SINGLE_OBJECT_MARKER = b"\xc3\x01"
 CONFLUENT_MAGIC = 0
@@ -159,7 +161,9 @@ class Codec:
     `schemas`/`classes` are the local (reader and writer) schemas and their Python classes;
     `resolver` finds writer schemas this codec has not seen (the Kafka catalogue);
     `on_new_schema` runs once per schema before its first encode (catalogue registration);
-    `registry` switches encoding to the Confluent wire format via a SchemaRegistryClient.
+    `registry` switches encoding to the Confluent wire format via a SchemaRegistryClient;
+    `native_readers=False` decodes with the generated readers run by Python rather than
+    compiled to C (`schemas._native`): same records, about 3x slower.
     """
 
     def __init__(
@@ -170,6 +174,7 @@ class Codec:
         resolver: SchemaResolver | None = None,
         on_new_schema: Callable[[SchemaInfo], None] | None = None,
         registry: Any | None = None,
+        native_readers: bool = True,
     ) -> None:
         self._classes = dict(BUILTIN_CLASSES if classes is None else classes)
         self._local: dict[str, tuple[SchemaInfo, RecordConverter]] = {}
@@ -178,6 +183,7 @@ class Codec:
         self._resolver = resolver
         self._on_new_schema = on_new_schema
         self._registry = registry
+        self._native = native_readers
         self._writers: dict[str, SchemaInfo] = {i.fingerprint: i for i, _ in self._local.values()}
         self._encoders: dict[type, _Encoder] = {}
         self._plans: dict[bytes, _DecodePlan] = {}
@@ -340,7 +346,7 @@ class Codec:
     def _compiled_reader(self, info: SchemaInfo) -> Reader:
         reader = self._readers.get(info.fingerprint)
         if reader is None:
-            reader = self._readers[info.fingerprint] = compile_reader(info.schema, self._classes)
+            reader = self._readers[info.fingerprint] = _reader_for(info.schema, self._classes, self._native)
         return reader
 
     def _local_by_alias(self, name: str) -> tuple[SchemaInfo, RecordConverter] | None:
@@ -348,6 +354,23 @@ class Codec:
             if name in info.aliases:
                 return info, conv
         return None
+
+
+def _reader_for(schema: Mapping[str, Any], classes: Mapping[str, type], native: bool) -> Reader:
+    """The reader compiled to C (`schemas._native`); the same source run by Python when not
+    `native`, or with one warning per process where this machine cannot build it."""
+    global _native_failure
+    if native and _native_failure is None:
+        try:
+            return compile_reader(schema, classes, native=True)
+        except NativeBuildError as exc:
+            _native_failure = str(exc)
+            log.warning("decoding in pure Python, about 3x slower: %s", exc)
+    return compile_reader(schema, classes)
+
+
+_native_failure: str | None = None
+"""Why readers cannot be compiled on this machine (after the first failure: not retried)."""
 
 
 @cache

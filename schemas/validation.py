@@ -18,20 +18,21 @@ from schemas.records import AgentInteraction, Feedback, TrainingBatch, Trajector
 __all__ = ["record_problems", "validate"]
 
 
-_sum = np.add.reduce
+_squares = np.vdot
 _isfinite = math.isfinite
 
 
 def _all_finite(values: object) -> bool:
     """Fast check: True means every entry is finite; False may still mean all finite.
 
-    A sum in the array's own dtype is finite when every entry is (NaN and +-inf propagate);
-    it may overflow on large finite entries (numpy then warns), which only sends the caller to
-    the exact check. Half the cost of a float64 sum, which never overflows.
+    The sum of squares (a BLAS dot product, in the array's own dtype) is finite when every
+    entry is (NaN and +-inf propagate); it may overflow on large finite entries, which only
+    sends the caller to the exact check (BLAS sets no numpy warning). Half the cost of
+    `np.add.reduce`, whose call alone costs more than the dot of 2,000 floats, aligned or not.
     Integers are always finite.
     """
     if type(values) is np.ndarray and values.dtype.kind == "f":  # the common case, first
-        return _isfinite(_sum(values, None))  # an empty array sums to 0.0
+        return _isfinite(_squares(values, values))  # an empty array gives 0.0
     if isinstance(values, float | int):
         return math.isfinite(values)
     array = np.asarray(values)

@@ -1,5 +1,8 @@
 """The compiled reader (schemas/_reader.py): zero-copy array views, and the same records as the
-generic fastavro path, which these tests use as the independent reference."""
+generic fastavro path, which these tests use as the independent reference.
+
+Every test runs twice: the generated source run by Python, and the same source compiled to C
+with Cython (schemas/_native.py), which is what a Codec uses by default."""
 
 from __future__ import annotations
 
@@ -16,12 +19,31 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas._convert import build_converters
-from schemas._reader import compile_reader
-from schemas.codec import BUILTIN_CLASSES, builtin_schemas, default_codec, encode, load_schema
+from schemas._reader import Reader
+from schemas._reader import compile_reader as _compile_reader
+from schemas.codec import BUILTIN_CLASSES, Codec, builtin_schemas, encode, load_schema
 from schemas.errors import CodecError
 from schemas.records import Trajectory, Turn, logprobs, loss_mask, token_ids
 
 HEADER = 10  # single-object marker + fingerprint
+CODECS = {"python": Codec(native_readers=False), "native": Codec()}
+_native = True
+
+
+@pytest.fixture(autouse=True, params=["python", "native"])
+def reader_kind(request: pytest.FixtureRequest) -> str:
+    """Each test once per kind of reader: `compile_reader` and `default_codec` follow it."""
+    global _native
+    _native = request.param == "native"
+    return str(request.param)
+
+
+def compile_reader(schema: dict[str, Any], classes: dict[str, type]) -> Reader:
+    return _compile_reader(schema, classes, native=_native)
+
+
+def default_codec() -> Codec:
+    return CODECS["native" if _native else "python"]
 
 
 def reference_decode(data: bytes) -> Any:
@@ -213,3 +235,16 @@ def test_longs_of_every_varint_width(value: int) -> None:
         fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), {"v": value, "xs": xs, "m": m})
         record, end = compile_reader(schema, {"t.L": _Packed})(buf.getvalue(), 0)
         assert (record.v, record.xs, record.m, end) == (value, xs, m, len(buf.getvalue()))
+
+
+class _Other(_Packed):
+    pass
+
+
+def test_readers_of_one_schema_for_different_classes_stay_apart() -> None:
+    """Compiled readers of the same source share one C module: not its bindings."""
+    schema = {"type": "record", "name": "Twice", "namespace": "t",
+              "fields": [{"name": "s", "type": "string"}]}  # fmt: skip
+    first = compile_reader(schema, {"t.Twice": _Packed})
+    second = compile_reader(schema, {"t.Twice": _Other})
+    assert type(first(b"\x02a", 0)[0]) is _Packed and type(second(b"\x02b", 0)[0]) is _Other
