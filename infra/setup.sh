@@ -84,7 +84,7 @@ if [[ ! -x "$LOCAL/bin/stacx" ]] || ! "$LOCAL/bin/python" -c 'import infra.cli' 
     die "editable install of stacx failed (see above)"
   fi
 fi
-# Avro readers compiled to C (Cython): built once per machine into $STACX_HOME/avro-readers.
+# Avro readers compiled to C (Cython): built once per machine into $STACX_READERS_DIR (default ~/.cache/stacx/avro-readers).
 if ! readers="$("$LOCAL/bin/python" -m schemas._native 2>"$LOCAL/readers.log")"; then
   problem="$(tail -n 1 "$LOCAL/readers.log")"
   die "${problem#error: } (build log: .venv/readers.log)"

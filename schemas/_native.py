@@ -4,7 +4,7 @@ The generated source is plain Python with Cython type annotations on its integer
 (`pos: cython.Py_ssize_t`): Python runs it as is (local annotations are never evaluated), and
 Cython turns the varint arithmetic, bounds checks and loops into C. The same source, so one
 code path to test. A module is built once per machine and cached under
-`$STACX_HOME/avro-readers` (STACX_HOME defaults to ~/.cache/stacx), keyed by the source, the
+`$STACX_READERS_DIR` (default ~/.cache/stacx/avro-readers), keyed by the source, the
 Cython version and the Python ABI; `make setup` builds the readers of the built-in schemas.
 
 Building needs Cython (PyPI `cython`), a C compiler and the Python headers; without them
@@ -43,9 +43,12 @@ _loaded: dict[str, ModuleType] = {}
 
 
 def cache_dir() -> Path:
-    """`$STACX_HOME/avro-readers` (STACX_HOME defaults to ~/.cache/stacx)."""
-    home = Path(os.environ.get("STACX_HOME") or Path.home() / ".cache" / "stacx")
-    return home / "avro-readers"
+    """`$STACX_READERS_DIR`, by default ~/.cache/stacx/avro-readers: one cache per machine, not
+    under `$STACX_HOME`, which tests and services point at private folders (each would compile
+    every reader again, ~10 s each). Safe to share: a module's key names its source, the Cython
+    version and the Python ABI."""
+    folder = os.environ.get("STACX_READERS_DIR")
+    return Path(folder) if folder else Path.home() / ".cache" / "stacx" / "avro-readers"
 
 
 def native_factory(source: str) -> Callable[[Mapping[str, Any]], Any]:

@@ -47,7 +47,7 @@ def test_a_codec_decodes_with_the_reader_compiled_to_c() -> None:
 def test_a_reader_is_built_once_then_loaded_from_the_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("STACX_HOME", str(tmp_path))
+    monkeypatch.setenv("STACX_READERS_DIR", str(tmp_path / "avro-readers"))
     monkeypatch.setattr(_native, "_loaded", {})
     schema = _fresh_schema("Cached")
     read = compile_reader(schema, {"t.FreshCached": _Box}, native=True)
@@ -65,7 +65,7 @@ def _must_not_build(*args: object) -> None:
 
 
 def test_a_missing_compiler_is_one_clear_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("STACX_HOME", str(tmp_path))
+    monkeypatch.setenv("STACX_READERS_DIR", str(tmp_path / "avro-readers"))
     monkeypatch.setattr(_native.shutil, "which", lambda name: None)
     with pytest.raises(NativeBuildError, match=r"no C compiler .*apt-get install gcc") as error:
         compile_reader(_fresh_schema("NoCompiler"), {"t.FreshNoCompiler": _Box}, native=True)
@@ -75,7 +75,7 @@ def test_a_missing_compiler_is_one_clear_line(tmp_path: Path, monkeypatch: pytes
 def test_a_codec_that_cannot_compile_warns_once_and_still_decodes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv("STACX_HOME", str(tmp_path))
+    monkeypatch.setenv("STACX_READERS_DIR", str(tmp_path / "avro-readers"))
     monkeypatch.setattr(_native, "_loaded", {})
     monkeypatch.setattr(_native.shutil, "which", lambda name: None)
     monkeypatch.setattr(codec_module, "_native_failure", None)
@@ -92,7 +92,7 @@ def test_builtin_readers_build_from_the_setup_entry_point(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`make setup` runs `python -m schemas._native`: it fails with one line, naming the fix."""
-    monkeypatch.setenv("STACX_HOME", str(tmp_path))
+    monkeypatch.setenv("STACX_READERS_DIR", str(tmp_path / "avro-readers"))
     monkeypatch.setattr(_native, "_loaded", {})
     monkeypatch.setattr(_native.importlib.util, "find_spec", lambda name: None)
     assert _native.main() == 1
