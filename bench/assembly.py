@@ -13,7 +13,9 @@ stable the trajectories (built and encoded beforehand, written lz4-compressed li
 producer) are written, so no rebalance falls inside the measurement and the writer takes little
 CPU from the workers. Rate: the trajectories of every batch after the first, over the time from
 the first batch to the last.
-`scale_out_ratio` = two workers' rate / one worker's. Last stdout line: the JSON figure object.
+`scale_out_ratio` = two workers' rate / one worker's. Each scale-out run also reports the CPU
+per trajectory of the workers and of the local broker (found by its `kafka.Kafka` JVM), and the
+cores busy on the whole machine meanwhile. Last stdout line: the JSON figure object.
 
     .venv/bin/python bench/assembly.py --json [--trajectories 4096] [--tokens 512] [--runs 3]
 """
@@ -259,9 +261,40 @@ def _batch_times(bootstrap: str, topic: str, expected: int, timeout_s: float = 9
 
 def _cpu_seconds(procs: list[subprocess.Popen[bytes]]) -> float:
     """User + system CPU seconds of the worker processes so far."""
+    return sum(_cpu_each(procs))
+
+
+def _cpu_each(procs: list[subprocess.Popen[bytes]]) -> list[float]:
+    """User + system CPU seconds of each worker process so far."""
     import psutil
 
-    return sum(sum(psutil.Process(p.pid).cpu_times()[:2]) for p in procs)
+    return [sum(psutil.Process(p.pid).cpu_times()[:2]) for p in procs]
+
+
+def _broker_process() -> Any:
+    """The local Kafka broker's process (a JVM running `kafka.Kafka`), or None."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        if "kafka.Kafka" in (proc.info["cmdline"] or []):
+            return proc
+    return None
+
+
+def _cpu_snapshot(
+    procs: list[subprocess.Popen[bytes]], broker: Any
+) -> tuple[float, float, float, float, float, float]:
+    """(workers' CPU s, broker's CPU s, whole machine's busy CPU s, its iowait s, bytes written to
+    its disks, monotonic time)."""
+    import psutil
+
+    machine = psutil.cpu_times()
+    iowait = getattr(machine, "iowait", 0.0)
+    busy = sum(machine) - machine.idle - iowait
+    broker_s = sum(broker.cpu_times()[:2]) if broker is not None else 0.0
+    disk = psutil.disk_io_counters()
+    written = float(disk.write_bytes) if disk is not None else 0.0
+    return _cpu_seconds(procs), broker_s, busy, iowait, written, time.monotonic()
 
 
 def run_workers(bootstrap: str, args: argparse.Namespace, num_workers: int) -> dict[str, Any]:
@@ -312,11 +345,15 @@ def run_workers(bootstrap: str, args: argparse.Namespace, num_workers: int) -> d
             records = _encoded_trajectories(args)
             _wait_stable(admin, app_id, num_workers)
             time.sleep(3.0)  # let the table recovery of the last assignment finish
-            cpu_before = _cpu_seconds(procs)
+            broker = _broker_process()
+            before, each_before = _cpu_snapshot(procs, broker), _cpu_each(procs)
             count = _preload(bootstrap, names["trajectories_topic"], records)
             expected = count // (args.group_size * args.batch_size)
             times = _batch_times(bootstrap, names["batches_topic"], expected)
-            cpu_s = _cpu_seconds(procs) - cpu_before
+            after, each_after = _cpu_snapshot(procs, broker), _cpu_each(procs)
+            cpu_s, broker_cpu_s, busy_s, iowait_s, written, wall_s = (
+                a - b for a, b in zip(after, before, strict=True)
+            )
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -339,6 +376,17 @@ def run_workers(bootstrap: str, args: argparse.Namespace, num_workers: int) -> d
         "seconds": seconds,
         "rate": (len(times) - 1) * per_batch / seconds,
         "cpu_ms_per_trajectory": round(1000 * cpu_s / count, 3),
+        "broker_cpu_ms_per_trajectory": round(1000 * broker_cpu_s / count, 3) if broker else None,
+        # cores in use on the whole machine from the input's first write to the last batch
+        "machine_cores_busy": round(busy_s / wall_s, 2),
+        "worker_cores_busy": round(cpu_s / wall_s, 2),
+        "cores_busy_by_worker": [
+            round((a - b) / wall_s, 2) for a, b in zip(each_after, each_before, strict=True)
+        ],
+        "measured_s": round(wall_s, 2),
+        "iowait_cores": round(iowait_s / wall_s, 2),
+        "disk_write_mb_per_s": round(written / wall_s / 1e6, 1),
+        "cores": os.cpu_count(),
     }
 
 
@@ -376,6 +424,14 @@ def run_rounds(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "one_worker_traj_per_s": round(scale[1]["rate"], 1) if scale else None,
         "two_workers_traj_per_s": round(scale[2]["rate"], 1) if scale else None,
         "cpu_ms_per_trajectory": {n: r["cpu_ms_per_trajectory"] for n, r in scale.items()},
+        "broker_cpu_ms_per_trajectory": {n: r["broker_cpu_ms_per_trajectory"] for n, r in scale.items()},
+        "machine_cores_busy": {n: r["machine_cores_busy"] for n, r in scale.items()},
+        "worker_cores_busy": {n: r["worker_cores_busy"] for n, r in scale.items()},
+        "cores_busy_by_worker": {n: r["cores_busy_by_worker"] for n, r in scale.items()},
+        "scale_out_seconds": {n: round(r["seconds"], 2) for n, r in scale.items()},
+        "scale_out_measured_s": {n: r["measured_s"] for n, r in scale.items()},
+        "iowait_cores": {n: r["iowait_cores"] for n, r in scale.items()},
+        "disk_write_mb_per_s": {n: r["disk_write_mb_per_s"] for n, r in scale.items()},
         "standby_replicas": args.standby_replicas,
         "rounds": rounds,
         "load_avg_1m": round(os.getloadavg()[0], 1),

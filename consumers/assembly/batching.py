@@ -3,7 +3,8 @@
 Runs on a single partition (the internal groups topic), so the pool and the order of groups
 are global and a replay from the same offset rebuilds the same batches. State: `pool` (group
 id -> encoded `ReadyGroup`), `index` (model name -> pooled entries in arrival order) and
-`packed` (group id -> when it was packed, to ignore redelivered groups).
+`packed` (group id -> when it was packed, to ignore redelivered groups). In the worker the pool
+and the index are in memory, rebuilt from the groups topic after a restart (`holding`).
 """
 
 from __future__ import annotations

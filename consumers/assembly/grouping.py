@@ -12,14 +12,16 @@ hence another trajectory id) never adds a second copy of one slot.
 Group timeouts run on a per-partition worker clock, not on wall-clock time: it advances with
 the events (ticks, samples) of the partition, by at most `max_clock_step_s` between two of them.
 While the worker is down nothing advances it, so a restart never turns the groups that were open
-before the crash into timed-out partial groups and their remaining samples into late ones. The
-clock is written to its table on ticks and when a group opens, not for every sample: a restart
-resumes it from the last tick or group opening (at most one tick of running time earlier), never
-behind the opening time of a group.
+before the crash into timed-out partial groups and their remaining samples into late ones.
 
-All state lives in `StateTable`s (Faust tables in the worker): `groups` (group id -> record,
-JSON-able), `payloads` (trajectory id -> encoded bytes, while its group is open) and `clocks`
-(partition -> [worker-clock ms, wall-clock ms of the last event]).
+State lives in `StateTable`s: `groups` (group id -> record, JSON-able), `payloads` (trajectory
+id -> encoded bytes, while its group is open) and `clocks` (partition -> [worker-clock ms,
+wall-clock ms of the last event]; written on ticks and when a group opens, never behind the
+opening of a group). In the worker (`AssemblerApp`) open groups, their payloads and the clocks
+are in memory and the trajectories topic is their changelog (`holding`): a group rebuilt from
+redelivered samples after a restart opens on the new worker's clock, so it gets its whole
+timeout again (it may close later than without the restart, never earlier). Only closed groups
+reach a Faust table.
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ async def test_a_vanished_blob_dead_letters_its_group_and_the_agent_goes_on(tmp_
     kept = decode(letters[1].value)
     assert isinstance(kept, ClaimCheck) and "/stacx.dlq/" in kept.uri
     assert decode(FsspecBlobStore.get(kept.uri, sha256=kept.sha256), Trajectory).sample_index == 1
-    assert asm.stats.groups_rejected == 1 and len(asm.pool_table) == 0
+    assert asm.stats.groups_rejected == 1 and len(asm.pool) == 0
 
 
 def _ready(group_id: str, payloads: list[bytes]) -> bytes:

@@ -179,7 +179,7 @@ async def test_batch_agent_packs_groups_and_ignores_redelivery() -> None:
     expected_ids = [make_trajectory(g, i).trajectory_id for g in ("g0", "g1") for i in range(2)]
     assert batch.trajectory_ids == expected_ids
     assert batch_out.key == batch.batch_id.encode() == batch_id(expected_ids).encode()
-    assert asm.stats.groups_redelivered == 1 and len(asm.pool_table) == 0
+    assert asm.stats.groups_redelivered == 1 and len(asm.pool) == 0
 
 
 async def test_replaying_the_same_groups_yields_the_same_batches() -> None:
