@@ -48,6 +48,7 @@ from consumers.assembly.claims import BatchEncoder, decode_trajectory
 from consumers.assembly.envelope import encode_group
 from consumers.assembly.errors import AssemblyConfigError, AssemblyError
 from consumers.assembly.filters import SampleFilter, invalid_reason
+from consumers.assembly.gaps import GapReader, KafkaGapReader, OffsetGuard
 from consumers.assembly.grouping import GroupAssembler
 from consumers.assembly.holding import GroupRecords, HeldAcks, PendingMarks, TrackedPool
 from consumers.assembly.mixture import MixturePlanner
@@ -205,6 +206,7 @@ class AssemblerApp:
         forwarder: Forwarder | None = None,
         clock: Callable[[], int] = now_ms,
         codec: Codec | None = None,
+        gap_reader: GapReader | None = None,
     ) -> None:
         if config.partitions is None:
             found = topic_partitions(config.bootstrap_servers, config.trajectories_topic)
@@ -219,6 +221,8 @@ class AssemblerApp:
             )
         )
         """Decodes every input and encodes every output (unit tests pass a plain `Codec()`)."""
+        self.gap_reader = gap_reader
+        """Reads what Faust failed to deliver (`gaps`); `run` makes a Kafka one when None."""
         self.stats = AssemblyStats()
         self.trace_links = TraceLinks()
         """Trajectory trace contexts on their way to the batch span that links them."""
@@ -242,6 +246,8 @@ class AssemblerApp:
         self._deliveries: dict[str, Awaitable[Any] | None] = {}
         """Closed group id -> delivery of its output (None: nothing to deliver)."""
         self._unsent: dict[str, Output] = {}
+        self.offsets = OffsetGuard()
+        """The next offset each input partition's agent must see (both agents' partitions)."""
         """Closed group id -> its output, until it is handed to the forwarder."""
         self.pool = TrackedPool()
         """Stage 2: group id -> encoded `ReadyGroup`, while it waits for a batch."""
@@ -302,39 +308,90 @@ class AssemblerApp:
     async def _group_stream(self, stream: faust.StreamT) -> AsyncIterator[list[Output]]:
         async for event in cast(faust.Stream, stream).noack().events():  # acks: `self.held`
             message = event.message
-            outputs = self.on_group_event(message, self.held.arrived(message.tp, event))
-            deliveries = [await self.forwarder.send(output) for output in outputs]
-            self._expect_deliveries(outputs, deliveries)
-            _drop_bytes(event)
+            outputs: list[Output] = []
+            for taken in await self._in_order(event):
+                taken_outputs = self.on_group_event(taken.message, self.held.arrived(message.tp, taken))
+                deliveries = [await self.forwarder.send(output) for output in taken_outputs]
+                self._expect_deliveries(taken_outputs, deliveries)
+                _drop_bytes(taken)
+                outputs += taken_outputs
             yield outputs
             # still in this event's context: the table writes go to its partition
             failed = self._confirm_delivered(message.partition)
             if failed is not None:
                 await self.app.crash(failed)
             for done in self.held.ready():
-                await stream.ack(done)
+                await _ack(stream, done)
+
+    async def _in_order(self, event: Any) -> list[Any]:
+        """The events to process for one delivered `event`, in offset order: none when it was
+        taken before, the events Faust dropped ahead of it (read from Kafka) and then itself.
+        Only the held inputs (trajectories, groups) are checked: a lost tick is harmless."""
+        message = event.message
+        if message.topic not in (self.config.trajectories_topic, self.config.groups_topic):
+            return [event]
+        try:
+            return await self._take_in_order(event)
+        except AssemblyError as exc:  # Kafka did not answer: start over from the committed offset
+            await self.app.crash(exc)
+            return []
+
+    async def _take_in_order(self, event: Any) -> list[Any]:
+        message = event.message
+        tp = message.tp
+        if not self.offsets.knows(tp):
+            reader = self._reader()
+            start = await asyncio.to_thread(reader.start_offset, message.topic, message.partition)
+            self.offsets.start(tp, start)
+        missing = self.offsets.admit(tp, message.offset)
+        if missing is None:
+            log.debug("%s[%s]@%s delivered again: skipped", message.topic, message.partition, message.offset)
+            return []
+        if not missing:
+            return [event]
+        log.warning(
+            "%s[%s]: offsets %d..%d were not delivered by the consumer, reading them from Kafka",
+            message.topic,
+            message.partition,
+            missing.start,
+            missing.stop - 1,
+        )
+        found = await asyncio.to_thread(self._reader().read, message.topic, message.partition, missing)
+        return [*(_Refetched.of(record, message) for record in found), event]
+
+    def _reader(self) -> GapReader:
+        if self.gap_reader is None:
+            self.gap_reader = KafkaGapReader(self.config.bootstrap_servers, self.config.app_id)
+        return self.gap_reader
 
     async def _batch_stream(self, stream: faust.StreamT) -> AsyncIterator[list[Output]]:
         async for event in cast(faust.Stream, stream).noack().events():  # acks: `self.pool_held`
-            message = event.message
-            entry = self.pool_held.arrived(message.tp, event)
-            # an empty record is a tick (a group never is): it confirms the deliveries so far
-            outputs = self.on_ready_group(event.value, headers=message.headers) if event.value else []
-            entered, left = self.pool.take_changes()
-            for group_id in entered:
-                self.pool_held.hold(group_id, entry)
-            if not entered:
-                self.pool_held.done(entry)
-            deliveries = [await self.forwarder.send(output) for output in outputs]
-            if left:
-                self._batch_deliveries.append((left, deliveries))
-            _drop_bytes(event)
+            outputs: list[Output] = []
+            for taken in await self._in_order(event):
+                outputs += await self._on_pooled_event(taken)
             yield outputs
             failed = self._confirm_packed()
             if failed is not None:
                 await self.app.crash(failed)
             for done in self.pool_held.ready():
-                await stream.ack(done)
+                await _ack(stream, done)
+
+    async def _on_pooled_event(self, event: Any) -> list[Output]:
+        """Stage 2 for one event of the groups topic; sends its outputs."""
+        message = event.message
+        entry = self.pool_held.arrived(message.tp, event)
+        # an empty record is a tick (a group never is): it confirms the deliveries so far
+        outputs = self.on_ready_group(message.value, headers=message.headers) if message.value else []
+        entered, left = self.pool.take_changes()
+        for group_id in entered:
+            self.pool_held.hold(group_id, entry)
+        if not entered:
+            self.pool_held.done(entry)
+        deliveries = [await self.forwarder.send(output) for output in outputs]
+        if left:
+            self._batch_deliveries.append((left, deliveries))
+        _drop_bytes(event)
+        return outputs
 
     def _confirm_packed(self) -> BaseException | None:
         """Groups that left the pool and whose event's outputs (a batch, dead letters) are
@@ -502,6 +559,7 @@ class AssemblerApp:
             for trajectory_id in record["members"]:
                 self.open_payloads.pop(trajectory_id, None)
         self.held.drop(revoked)
+        self.offsets.forget(revoked)
         if partitions:
             log.info("revoked partitions %s: their open groups are rebuilt by their next owner", partitions)
         if any(tp.topic == self.config.groups_topic for tp in revoked):
@@ -625,6 +683,8 @@ class AssemblerApp:
             code = exc.code if isinstance(exc.code, int) else 0
         finally:
             log.info("assembler final stats %s", json.dumps(self.stats.as_dict()))
+            if self.gap_reader is not None:
+                self.gap_reader.close()
         return code
 
 
@@ -636,6 +696,40 @@ def _drop_bytes(event: Any) -> None:
     group's payloads or a pooled group as long as they are needed, and no longer."""
     event.value = None
     event.message.value = None
+
+
+@dataclass(slots=True)
+class _Refetched:
+    """An input event Faust dropped, read straight from Kafka (`gaps`): acknowledged through
+    the consumer, like the stream acknowledges the events it delivered."""
+
+    message: faust.types.Message
+    value: bytes | None
+
+    @classmethod
+    def of(cls, record: Any, delivered: Any) -> _Refetched:
+        """From a confluent-kafka `record` of the partition of the `delivered` Faust message."""
+        message = faust.types.Message(
+            record.topic(),
+            record.partition(),
+            record.offset(),
+            record.timestamp()[1] / 1000.0,
+            record.timestamp()[0],
+            record.headers() or [],
+            record.key(),
+            record.value(),
+            None,
+            tp=delivered.tp,
+            generation_id=delivered.generation_id,
+        )
+        return cls(message, record.value())
+
+
+async def _ack(stream: faust.StreamT, event: Any) -> None:
+    if isinstance(event, _Refetched):
+        stream.app.consumer.ack(event.message)
+    else:
+        await stream.ack(event)
 
 
 async def _wait_delivered(deliveries: list[Any]) -> BaseException | None:

@@ -1,6 +1,9 @@
-"""Test support: an in-memory `Forwarder` and a builder of small valid trajectories."""
+"""Test support: an in-memory `Forwarder`, an in-memory `GapReader` and a builder of small
+valid trajectories."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from consumers.assembly.protocols import Output
 from schemas.records import (
@@ -12,7 +15,7 @@ from schemas.records import (
     trajectory_id,
 )
 
-__all__ = ["ListForwarder", "make_trajectory"]
+__all__ = ["ListForwarder", "RecordsReader", "make_trajectory"]
 
 
 class ListForwarder:
@@ -27,6 +30,27 @@ class ListForwarder:
     def on(self, topic: str) -> list[Output]:
         """The outputs sent to `topic`, in order."""
         return [o for o in self.outputs if o.topic == topic]
+
+
+class RecordsReader:
+    """A `GapReader` over records kept in memory: every partition starts at `start`."""
+
+    def __init__(self, records: list[Any] | None = None, *, start: int = 0) -> None:
+        self.records = records or []
+        """confluent-kafka `Message`s (they can be built with keyword arguments)."""
+        self.start = start
+        self.reads: list[tuple[str, int, range]] = []
+
+    def start_offset(self, topic: str, partition: int) -> int:
+        return self.start
+
+    def read(self, topic: str, partition: int, offsets: range) -> list[Any]:
+        self.reads.append((topic, partition, offsets))
+        where = (topic, partition)
+        return [r for r in self.records if (r.topic(), r.partition()) == where and r.offset() in offsets]
+
+    def close(self) -> None:
+        pass
 
 
 def make_trajectory(

@@ -17,7 +17,7 @@ from consumers.assembly import (
     SampleFilter,
     encode_group,
 )
-from consumers.assembly.testing import ListForwarder, make_trajectory
+from consumers.assembly.testing import ListForwarder, RecordsReader, make_trajectory
 from producers.blobs import FsspecBlobStore
 from producers.errors import BlobStoreError
 from schemas.claimcheck import ClaimCheck
@@ -34,7 +34,7 @@ def _assembler(store: Path) -> tuple[AssemblerApp, ListForwarder]:
         mixture=MixturePlanner.Config(batch_size=2),
         output=BatchEncoder.Config(blob_store_url=str(store)),
     )
-    return AssemblerApp(config, forwarder=forwarder), forwarder
+    return AssemblerApp(config, forwarder=forwarder, gap_reader=RecordsReader()), forwarder
 
 
 def _claim_checked(store: FsspecBlobStore, trajectory: Trajectory) -> tuple[bytes, str]:

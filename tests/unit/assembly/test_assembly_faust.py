@@ -10,7 +10,7 @@ import fastavro
 
 from consumers.assembly import TICK_KEY, AssemblerApp, GroupAssembler, MixturePlanner
 from consumers.assembly.packing import batch_id
-from consumers.assembly.testing import ListForwarder, make_trajectory
+from consumers.assembly.testing import ListForwarder, RecordsReader, make_trajectory
 from schemas.codec import SINGLE_OBJECT_MARKER, Codec, SchemaInfo, decode, encode, load_schema
 from schemas.records import DeadLetter, TrainingBatch, Trajectory, WeightVersion
 
@@ -33,7 +33,13 @@ def _assembler(
         grouping=GroupAssembler.Config(group_size=2, **grouping),
         mixture=MixturePlanner.Config(batch_size=2),
     )
-    app = AssemblerApp(config, forwarder=forwarder, clock=clock or FakeClock(), codec=codec or Codec())
+    app = AssemblerApp(
+        config,
+        forwarder=forwarder,
+        clock=clock or FakeClock(),
+        codec=codec or Codec(),
+        gap_reader=RecordsReader(),
+    )
     return app, forwarder
 
 

@@ -8,12 +8,14 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from confluent_kafka import Message
 from faust.types import TP
 
 from consumers.assembly import TICK_KEY, AssemblerApp, GroupAssembler, MixturePlanner, Output
 from consumers.assembly.holding import GroupRecords, HeldAcks, PendingMarks, TrackedPool
-from consumers.assembly.testing import ListForwarder, make_trajectory
+from consumers.assembly.testing import ListForwarder, RecordsReader, make_trajectory
 from schemas.codec import Codec, encode
+from schemas.records import TrainingBatch
 
 
 def test_events_are_acknowledged_in_offset_order_per_partition() -> None:
@@ -104,14 +106,14 @@ class HeldDeliveries(ListForwarder):
         self.pending.clear()
 
 
-def _assembler(forwarder: ListForwarder) -> AssemblerApp:
+def _assembler(forwarder: ListForwarder, reader: RecordsReader | None = None) -> AssemblerApp:
     config = AssemblerApp.Config(
         app_id=f"unit-{uuid.uuid4().hex[:8]}",
         partitions=2,
         grouping=GroupAssembler.Config(group_size=2),
         mixture=MixturePlanner.Config(batch_size=2),
     )
-    return AssemblerApp(config, forwarder=forwarder, codec=Codec())
+    return AssemblerApp(config, forwarder=forwarder, codec=Codec(), gap_reader=reader or RecordsReader())
 
 
 async def _put(agent: Any, group: str, index: int, partition: int = 0) -> None:
@@ -224,3 +226,70 @@ def test_tracked_pool_reports_what_entered_and_left() -> None:
     pool["a"], pool["b"] = b"1", b"2"
     del pool["a"]
     assert pool.take_changes() == (["a", "b"], ["a"]) and pool.take_changes() == ([], [])
+
+
+def _record(topic: str, offset: int, value: bytes, key: bytes = b"") -> Message:
+    return Message(topic=topic, partition=0, offset=offset, key=key, value=value, timestamp=(1, 1000))
+
+
+def _acks(asm: AssemblerApp) -> list[int]:
+    """Offsets acknowledged to the consumer directly from now on."""
+    acked: list[int] = []
+    consumer = asm.app.consumer
+    original = consumer.ack
+
+    def ack(message: Any) -> bool:
+        acked.append(message.offset)
+        return original(message)
+
+    consumer.ack = ack  # type: ignore[method-assign]
+    return acked
+
+
+async def test_an_event_the_consumer_dropped_is_read_from_kafka_and_processed_first() -> None:
+    out, lost = HeldDeliveries(), make_trajectory("g", 0)
+    topic = "stacx.trajectories"
+    reader = RecordsReader([_record(topic, 0, encode(lost), b"g")])
+    asm = _assembler(out, reader)
+    acked = _acks(asm)
+    async with asm.group_agent.test_context() as agent:
+        with _on_topic(agent, topic):
+            agent.sent_offset = 1  # offset 0, the committed one, never reaches the agent
+            await _put(agent, "g", 1)
+            assert reader.reads == [(topic, 0, range(0, 1))]
+            (group,) = out.on(asm.config.groups_topic)  # g closed with its lost sample
+            assert asm.held.num_waiting == 2 and acked == []
+            out.deliver()
+            await _put(agent, "h", 0)  # g is confirmed: both its events are acknowledged, in order
+    # the re-read event through the consumer, the delivered one through the stream
+    assert acked == [0] and asm.held.num_waiting == 1 and asm.stats.trajectories == 3
+
+
+async def test_a_second_delivery_of_a_taken_event_is_skipped() -> None:
+    asm = _assembler(ListForwarder())
+    topic = asm.config.trajectories_topic
+    async with asm.group_agent.test_context() as agent:
+        with _on_topic(agent, topic):
+            await _put(agent, "g", 0)
+            agent.sent_offset = 0  # Faust reads from the committed offset again
+            await _put(agent, "g", 0)
+    assert asm.stats.trajectories == 1 and asm.stats.duplicates == 0 and asm.held.num_waiting == 1
+
+
+async def test_a_group_the_consumer_dropped_is_read_from_kafka_before_the_next() -> None:
+    out = ListForwarder()
+    asm = _assembler(out)
+    async with asm.group_agent.test_context() as agent:
+        for group in ("g0", "g1"):
+            for index in range(2):
+                await _put(agent, group, index)
+    first, second = out.on(asm.config.groups_topic)
+    reader = RecordsReader([_record(asm.config.groups_topic, 0, first.value, first.key or b"")])
+    asm.gap_reader = reader
+    async with asm.batch_agent.test_context() as agent:
+        with _on_topic(agent, asm.config.groups_topic):
+            agent.sent_offset = 1
+            await agent.put(second.value, key=second.key)
+    (batch,) = out.on(asm.config.batches_topic)
+    assert reader.reads == [(asm.config.groups_topic, 0, range(0, 1))]
+    assert set(Codec().decode(batch.value, TrainingBatch).group_ids) == {"g0", "g1"}
