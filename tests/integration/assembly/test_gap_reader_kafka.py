@@ -13,7 +13,8 @@ from consumers.assembly.gaps import KafkaGapReader
 def _produce(bootstrap: str, topic: str, count: int) -> None:
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     for i in range(count):
-        producer.produce(topic, key=b"k", value=f"v{i}".encode(), partition=0, headers=[("n", str(i).encode())])
+        headers = [("n", str(i).encode())]
+        producer.produce(topic, key=b"k", value=f"v{i}".encode(), partition=0, headers=headers)
     assert producer.flush(30) == 0
 
 
