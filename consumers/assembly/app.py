@@ -554,6 +554,7 @@ class AssemblerApp:
         """Forget the open groups of revoked partitions, unacknowledged: whoever gets a partition
         rebuilds them from its committed offset."""
         partitions = {tp.partition for tp in revoked if tp.topic == self.config.trajectories_topic}
+        self.grouper.forget_partitions(partitions)
         for group_id, record in self.group_records.drop_partitions(partitions).items():
             self._deliveries.pop(group_id, None)
             for trajectory_id in record["members"]:
@@ -566,6 +567,7 @@ class AssemblerApp:
             self.pool.clear()
             self.pool_index.clear()
             self.packed_marks.pending.clear()
+            self.builder.forget_marks_order()
             self._batch_deliveries.clear()
             self.pool_held.drop(revoked)
 

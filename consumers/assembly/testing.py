@@ -1,8 +1,9 @@
-"""Test support: an in-memory `Forwarder`, an in-memory `GapReader` and a builder of small
-valid trajectories."""
+"""Test support: an in-memory `Forwarder`, an in-memory `GapReader`, a read-counting table and
+a builder of small valid trajectories."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from consumers.assembly.protocols import Output
@@ -15,7 +16,40 @@ from schemas.records import (
     trajectory_id,
 )
 
-__all__ = ["ListForwarder", "RecordsReader", "make_trajectory"]
+__all__ = ["ListForwarder", "ReadCountingTable", "RecordsReader", "make_trajectory"]
+
+
+class ReadCountingTable(dict[str, Any]):
+    """A dict that counts the records read from it (a lookup, or one per record iterated)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def __getitem__(self, key: str) -> Any:
+        self.reads += 1
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.reads += 1
+        return super().get(key, default)
+
+    def __iter__(self) -> Iterator[str]:
+        for key in super().__iter__():
+            self.reads += 1
+            yield key
+
+    def items(self) -> Any:
+        self.reads += len(self)
+        return super().items()
+
+    def keys(self) -> Any:
+        self.reads += len(self)
+        return super().keys()
+
+    def values(self) -> Any:
+        self.reads += len(self)
+        return super().values()
 
 
 class ListForwarder:
