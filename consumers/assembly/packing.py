@@ -87,7 +87,8 @@ def pack_batch(
     lengths = np.array([len(r.trajectory.token_ids) for r in rows], dtype=np.int32)  # [S]
     offsets = np.zeros(len(rows), dtype=np.int32)  # [S]
     np.cumsum(lengths[:-1], out=offsets[1:])
-    masks = [np.zeros_like(r.trajectory.loss_mask) if r.masked else r.trajectory.loss_mask for r in rows]
+    masks = [np.zeros_like(r.trajectory.loss_mask) if r.masked else r.trajectory.loss_mask
+             for r in rows]
     ids = [r.trajectory_id for r in rows]
     return TrainingBatch(
         batch_id=batch_id(ids),
@@ -115,14 +116,11 @@ def _teacher_logprobs(trajectories: Sequence[Trajectory]) -> np.ndarray | None:
     scored = [len(t.teacher_logprobs) == len(t.token_ids) > 0 for t in trajectories]
     if not any(scored):
         return None
-    return np.concatenate(
-        [
-            np.asarray(t.teacher_logprobs, dtype=np.float32)
-            if ok
-            else np.zeros(len(t.token_ids), dtype=np.float32)
-            for t, ok in zip(trajectories, scored, strict=True)
-        ]
-    )
+    return np.concatenate([
+        np.asarray(t.teacher_logprobs, dtype=np.float32) if ok
+        else np.zeros(len(t.token_ids), dtype=np.float32)
+        for t, ok in zip(trajectories, scored, strict=True)
+    ])
 
 
 def _has_logprobs(trajectory: Trajectory) -> bool:

@@ -40,7 +40,9 @@ def test_large_batches_leave_through_the_blob_store(tmp_path: Path) -> None:
     batch = pack_batch([PackedGroup(group_id="g", trajectories=trajs)], model_name="m")
     small = BatchEncoder(BatchEncoder.Config(blob_store_url=str(tmp_path)))
     assert decode(small.encode(batch), TrainingBatch).batch_id == batch.batch_id
-    tight = BatchEncoder(BatchEncoder.Config(claim_check_threshold_bytes=2048, blob_store_url=str(tmp_path)))
+    tight = BatchEncoder(
+        BatchEncoder.Config(claim_check_threshold_bytes=2048, blob_store_url=str(tmp_path))
+    )
     claim = decode(tight.encode(batch))
     assert isinstance(claim, ClaimCheck) and claim.record_id == batch.batch_id
     stored = decode(FsspecBlobStore.get(claim.uri, sha256=claim.sha256), TrainingBatch)
@@ -48,25 +50,10 @@ def test_large_batches_leave_through_the_blob_store(tmp_path: Path) -> None:
 
 
 def _args(**overrides: object) -> argparse.Namespace:
-    names = [
-        "config",
-        "bootstrap",
-        "app_id",
-        "trajectories_topic",
-        "batches_topic",
-        "weights_topic",
-        "dlq_topic",
-        "partitions",
-        "store",
-        "datadir",
-        "web_port",
-        "group_size",
-        "group_timeout",
-        "partial_policy",
-        "batch_size",
-        "batch_unit",
-        "max_staleness",
-    ]
+    names = ["config", "bootstrap", "app_id", "trajectories_topic", "batches_topic",
+             "weights_topic", "dlq_topic", "partitions", "store", "datadir", "web_port",
+             "group_size", "group_timeout", "partial_policy", "batch_size", "batch_unit",
+             "max_staleness"]
     return argparse.Namespace(**{n: overrides.get(n) for n in names})
 
 
@@ -107,7 +94,8 @@ def test_fast_rejoin_settings_are_validated_and_reach_faust() -> None:
         AssemblerApp.Config(partitions=1, session_timeout_s=6, heartbeat_interval_s=3)
     with pytest.raises(AssemblyConfigError, match="grouping.max_clock_step_s"):
         AssemblerApp.Config(partitions=1, tick_interval_s=5)
-    app = AssemblerApp(AssemblerApp.Config(partitions=2, group_instance_id="assembler-0"), forwarder=None).app
+    app = AssemblerApp(AssemblerApp.Config(partitions=2, group_instance_id="assembler-0"),
+                       forwarder=None).app
     assert app.conf.broker_session_timeout == 10.0
     assert app.conf.consumer_group_instance_id == "assembler-0"
 

@@ -57,9 +57,8 @@ def test_padding_adds_masked_copies_with_the_group_mean_reward() -> None:
 
 def test_masked_flagged_samples_keep_tokens_but_lose_the_loss_mask() -> None:
     ok, failed = make_trajectory("g", 0), make_trajectory("g", 1)
-    group = PackedGroup(
-        group_id="g", trajectories=[ok, failed], flagged_ids=frozenset({failed.trajectory_id})
-    )
+    group = PackedGroup(group_id="g", trajectories=[ok, failed],
+                        flagged_ids=frozenset({failed.trajectory_id}))
     masked = pack_batch([group], model_name="m", mask_flagged=True)
     flagged = pack_batch([group], model_name="m", mask_flagged=False)
     assert masked.loss_mask[5:].sum() == 0 and masked.loss_mask[:5].sum() == 2
