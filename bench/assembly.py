@@ -12,7 +12,7 @@ Scale-out: `stacx assemble` worker processes (one, then two, in one consumer gro
 stable the trajectories (built and encoded once beforehand, written lz4-compressed like every
 STACX producer) are written, so no rebalance falls inside the measurement and the writer takes
 little CPU from the workers. Rate: the trajectories of every batch after the first, over the time
-from the first batch to the last. The window: `--scale-out-trajectories` (16,384 by default,
+from the first batch to the last. The window: `--scale-out-trajectories` (32,768 by default,
 several seconds of work for one worker and for two) per run, `--scale-out-rounds` (3) rounds of
 one worker then two, same work and settings on both sides; `scale_out_ratio` = the best two-worker
 rate / the best one-worker rate (the rates of every run are listed). Each scale-out run also
@@ -21,7 +21,7 @@ JVM), and the cores busy on the whole machine meanwhile. The default run takes a
 Last stdout line: the JSON figure object.
 
     .venv/bin/python bench/assembly.py --json [--trajectories 4096] [--tokens 512] [--runs 3]
-        [--scale-out-trajectories 16384] [--scale-out-rounds 3]
+        [--scale-out-trajectories 32768] [--scale-out-rounds 3]
 """
 
 from __future__ import annotations
@@ -462,7 +462,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3, help="rounds of baseline and assembler")
     parser.add_argument(
-        "--scale-out-trajectories", type=int, default=16384, help="trajectories per scale-out run"
+        "--scale-out-trajectories", type=int, default=32768, help="trajectories per scale-out run"
     )
     parser.add_argument("--scale-out-rounds", type=int, default=3, help="rounds of one and two workers")
     parser.add_argument("--standby-replicas", type=int, default=0, help="scale-out workers (default 0)")

@@ -109,3 +109,12 @@ def test_standby_replicas_are_validated_and_reach_faust() -> None:
     assert default.conf.table_standby_replicas == 0  # Faust's own default is 1
     app = AssemblerApp(AssemblerApp.Config(partitions=2, standby_replicas=1), forwarder=None).app
     assert app.conf.table_standby_replicas == 1
+
+
+def test_consumer_fetch_size_is_validated_and_reaches_faust() -> None:
+    from consumers.assembly import AssemblerApp, AssemblyConfigError
+
+    with pytest.raises(AssemblyConfigError, match="consumer_max_fetch_bytes"):
+        AssemblerApp.Config(partitions=1, consumer_max_fetch_bytes=0)
+    default = AssemblerApp(AssemblerApp.Config(partitions=2), forwarder=None).app
+    assert default.conf.consumer_max_fetch_size == 8 * 1024 * 1024  # Faust's own default is 1 MiB
