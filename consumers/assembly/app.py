@@ -836,6 +836,32 @@ def _stacx_home(*parts: str) -> str:
     return str(home.joinpath(*parts))
 
 
+def use_fast_lz4() -> None:
+    """Make aiokafka compress lz4 at librdkafka's default level (fast LZ4, as every other STACX
+    producer writes it) instead of its own level 9 (LZ4 HC): on trajectory batches HC runs at
+    about 280 MB/s against 5 GB/s and saves 3 % of the bytes; it took a sixth of an assembler
+    worker's CPU. Idempotent; patches aiokafka's record builders (C and Python)."""
+    from aiokafka.record import default_records, legacy_records
+
+    modules: list[Any] = [default_records, legacy_records]
+    try:
+        from aiokafka.record._crecords import default_records as c_default
+        from aiokafka.record._crecords import legacy_records as c_legacy
+
+        modules += [c_default, c_legacy]
+    except ImportError:  # pure-Python aiokafka
+        pass
+    for module in modules:
+        if hasattr(module, "lz4_encode"):
+            module.lz4_encode = _fast_lz4_encode
+
+
+def _fast_lz4_encode(payload: Any) -> bytes:
+    from aiokafka import codec
+
+    return codec.lz4_encode(payload, level=0)
+
+
 class IdempotentProducer(AiokafkaProducer):
     """Faust's aiokafka producer with idempotence on (acks=all, a producer id and sequence numbers
     on every batch): a retried send never writes a batch twice. Faust enables it only in its
@@ -861,6 +887,7 @@ class IdempotentApp(faust.App):
 
 
 def _new_faust_app(cfg: AssemblerApp.Config) -> IdempotentApp:
+    use_fast_lz4()
     web: dict[str, Any] = {"web_enabled": False}
     if cfg.web_port is not None:
         web = {"web_enabled": True, "web_port": cfg.web_port, "web_bind": "127.0.0.1"}
