@@ -17,7 +17,7 @@ several seconds of work for one worker and for two) per run, `--scale-out-rounds
 one worker then two, same work and settings on both sides; `scale_out_ratio` = the best two-worker
 rate / the best one-worker rate (the rates of every run are listed). Each scale-out run also
 reports the CPU per trajectory of the workers and of the local broker (found by its `kafka.Kafka`
-JVM), and the cores busy on the whole machine meanwhile. The default run takes about 5-6 minutes.
+JVM), and the cores busy on the whole machine meanwhile. The default run takes about 2.5 minutes.
 Last stdout line: the JSON figure object.
 
     .venv/bin/python bench/assembly.py --json [--trajectories 4096] [--tokens 512] [--runs 3]

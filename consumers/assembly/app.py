@@ -162,8 +162,8 @@ class AssemblerApp:
         consumer_max_fetch_bytes: int = 8 * 1024 * 1024
         """Most bytes a fetch returns per partition (Faust's `consumer_max_fetch_size`, default
         1 MiB): about 200 trajectories of 512 tokens. With 1 MiB one worker waited on its next
-        fetch (2.7-2.8k trajectories/s, 0.6 of a core busy); with 8 MiB it runs at 4.1-4.7k,
-        0.9 of a core. A record larger than this is still fetched (alone)."""
+        fetch (2.7-2.8k trajectories/s, 0.6 of a core busy); with 8 MiB it is CPU-bound
+        (4.8-5.5k, 0.9-0.98 of a core). A record larger than this is still fetched (alone)."""
         grouping: GroupAssembler.Config = field(default_factory=GroupAssembler.Config)
         """Grouping and partial-group policy."""
         filtering: SampleFilter.Config = field(default_factory=SampleFilter.Config)
