@@ -40,7 +40,7 @@ import faust
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 from faust.transport.drivers.aiokafka import Producer as AiokafkaProducer
-from faust.types import ProducerT
+from faust.types import TP, ProducerT
 from opentelemetry import metrics
 
 from consumers.assembly.batching import BatchBuilder, RejectedGroup
@@ -48,7 +48,7 @@ from consumers.assembly.claims import BatchEncoder, decode_trajectory
 from consumers.assembly.envelope import encode_group
 from consumers.assembly.errors import AssemblyConfigError, AssemblyError
 from consumers.assembly.filters import SampleFilter, invalid_reason
-from consumers.assembly.gaps import GapReader, KafkaGapReader, OffsetGuard
+from consumers.assembly.gaps import GapReader, InputOrder, KafkaGapReader
 from consumers.assembly.grouping import GroupAssembler
 from consumers.assembly.holding import GroupRecords, HeldAcks, PendingMarks, TrackedPool
 from consumers.assembly.mixture import MixturePlanner
@@ -139,6 +139,10 @@ class AssemblerApp:
         """Port of Faust's web server; None disables it."""
         tick_interval_s: float = 1.0
         """How often the group timeouts are checked."""
+        quiet_check_s: float = 5.0
+        """A partition of the trajectories or groups topic that got no event for this long is
+        compared with its end in Kafka, and what its agent never got is read directly: Faust
+        can drop the last events it fetched around a rebalance (`gaps`)."""
         session_timeout_s: float = 10.0
         """Kafka consumer-group session timeout: a worker killed without leaving the group holds
         its partitions this long, so a restarted worker rejoins within about this time (Kafka's
@@ -189,6 +193,8 @@ class AssemblerApp:
                 raise AssemblyConfigError(f"standby_replicas must be >= 0, got {self.standby_replicas}")
             if self.tick_interval_s <= 0:
                 raise AssemblyConfigError(f"tick_interval_s must be > 0, got {self.tick_interval_s}")
+            if self.quiet_check_s <= 0:
+                raise AssemblyConfigError(f"quiet_check_s must be > 0, got {self.quiet_check_s}")
             if self.grouping.max_clock_step_s < 2 * self.tick_interval_s:
                 raise AssemblyConfigError(
                     f"grouping.max_clock_step_s={self.grouping.max_clock_step_s} must be at least "
@@ -255,8 +261,8 @@ class AssemblerApp:
         self._deliveries: dict[str, Awaitable[Any] | None] = {}
         """Closed group id -> delivery of its output (None: nothing to deliver)."""
         self._unsent: dict[str, Output] = {}
-        self.offsets = OffsetGuard()
-        """The next offset each input partition's agent must see (both agents' partitions)."""
+        self.inputs = InputOrder(self._reader, quiet_s=self.config.quiet_check_s)
+        """Each event of the held inputs (trajectories, groups) once, in offset order."""
         """Closed group id -> its output, until it is handed to the forwarder."""
         self.pool = TrackedPool()
         """Stage 2: group id -> encoded `ReadyGroup`, while it waits for a batch."""
@@ -306,6 +312,7 @@ class AssemblerApp:
         self.weights_agent = app.agent(self.weights_channel, name="weights", sink=sink)(self._weights_stream)
         app.timer(cfg.tick_interval_s, name="ticks")(self._send_ticks)
         app.on_partitions_revoked.connect(cast(Any, self._on_partitions_revoked))
+        app.on_partitions_assigned.connect(cast(Any, self._on_partitions_assigned))
         if cfg.stats_interval_s > 0:
             app.timer(cfg.stats_interval_s, name="stats")(self._log_stats)
 
@@ -319,7 +326,7 @@ class AssemblerApp:
             message = event.message
             outputs: list[Output] = []
             for taken in await self._in_order(event):
-                taken_outputs = self.on_group_event(taken.message, self.held.arrived(message.tp, taken))
+                taken_outputs = self.on_group_event(taken.message, self.held.arrived(taken.message.tp, taken))
                 deliveries = [await self.forwarder.send(output) for output in taken_outputs]
                 self._expect_deliveries(taken_outputs, deliveries)
                 _drop_bytes(taken)
@@ -334,39 +341,25 @@ class AssemblerApp:
 
     async def _in_order(self, event: Any) -> list[Any]:
         """The events to process for one delivered `event`, in offset order: none when it was
-        taken before, the events Faust dropped ahead of it (read from Kafka) and then itself.
-        Only the held inputs (trajectories, groups) are checked: a lost tick is harmless."""
+        taken before, else the events Faust dropped ahead of it (read from Kafka) and itself.
+        A tick also brings what a quiet trajectories partition never got; other topics (weights)
+        are not held."""
         message = event.message
-        if message.topic not in (self.config.trajectories_topic, self.config.groups_topic):
-            return [event]
+        source = message.tp
         try:
-            return await self._take_in_order(event)
+            if message.topic == self.config.ticks_topic:
+                source = TP(self.config.trajectories_topic, message.partition)
+                missing: list[Any] | None = await self.inputs.stalled(source)
+            elif message.topic in (self.config.trajectories_topic, self.config.groups_topic):
+                missing = await self.inputs.take(source, message.offset)
+            else:
+                missing = []
         except AssemblyError as exc:  # Kafka did not answer: start over from the committed offset
             await self.app.crash(exc)
             return []
-
-    async def _take_in_order(self, event: Any) -> list[Any]:
-        message = event.message
-        tp = message.tp
-        if not self.offsets.knows(tp):
-            reader = self._reader()
-            start = await asyncio.to_thread(reader.start_offset, message.topic, message.partition)
-            self.offsets.start(tp, start)
-        missing = self.offsets.admit(tp, message.offset)
         if missing is None:
-            log.debug("%s[%s]@%s delivered again: skipped", message.topic, message.partition, message.offset)
             return []
-        if not missing:
-            return [event]
-        log.warning(
-            "%s[%s]: offsets %d..%d were not delivered by the consumer, reading them from Kafka",
-            message.topic,
-            message.partition,
-            missing.start,
-            missing.stop - 1,
-        )
-        found = await asyncio.to_thread(self._reader().read, message.topic, message.partition, missing)
-        return [*(_Refetched.of(record, message) for record in found), event]
+        return [*(_Refetched.of(record, source, message.generation_id) for record in missing), event]
 
     def _reader(self) -> GapReader:
         if self.gap_reader is None:
@@ -569,7 +562,7 @@ class AssemblerApp:
             for trajectory_id in record["members"]:
                 self.open_payloads.pop(trajectory_id, None)
         self.held.drop(revoked)
-        self.offsets.forget(revoked)
+        self.inputs.forget(revoked)
         if partitions:
             log.info("revoked partitions %s: their open groups are rebuilt by their next owner", partitions)
         if any(tp.topic == self.config.groups_topic for tp in revoked):
@@ -579,6 +572,10 @@ class AssemblerApp:
             self.builder.forget_marks_order()
             self._batch_deliveries.clear()
             self.pool_held.drop(revoked)
+
+    async def _on_partitions_assigned(self, sender: Any, assigned: set[Any], **kwargs: Any) -> None:
+        held = (self.config.trajectories_topic, self.config.groups_topic)
+        self.inputs.assigned({tp for tp in assigned if tp.topic in held})
 
     def _group_output(self, group: Any) -> Output:
         output = Output(
@@ -627,8 +624,16 @@ class AssemblerApp:
         value = str(now_ms()).encode()
         for partition in range(self.config.partitions or 0):
             await self.ticks_topic.send(key=TICK_KEY, value=value, partition=partition)
-        if self._batch_deliveries:  # the batch agent confirms them on its next event
+        # the batch agent confirms deliveries on its next event, and checks for dropped ones
+        if self._batch_deliveries or await self._groups_behind():
             await self.groups_topic.send(key=TICK_KEY, value=b"", partition=0)
+
+    async def _groups_behind(self) -> bool:
+        try:
+            return await self.inputs.behind(TP(self.config.groups_topic, 0))
+        except AssemblyError as exc:
+            log.warning("cannot check the groups topic for undelivered events: %s", exc)
+            return False
 
     @property
     def in_flight(self) -> int:
@@ -718,8 +723,8 @@ class _Refetched:
     value: bytes | None
 
     @classmethod
-    def of(cls, record: Any, delivered: Any) -> _Refetched:
-        """From a confluent-kafka `record` of the partition of the `delivered` Faust message."""
+    def of(cls, record: Any, tp: TP, generation_id: int) -> _Refetched:
+        """From a confluent-kafka `record` of `tp`."""
         message = faust.types.Message(
             record.topic(),
             record.partition(),
@@ -730,8 +735,8 @@ class _Refetched:
             record.key(),
             record.value(),
             None,
-            tp=delivered.tp,
-            generation_id=delivered.generation_id,
+            tp=tp,
+            generation_id=generation_id,
         )
         return cls(message, record.value())
 

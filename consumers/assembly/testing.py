@@ -78,6 +78,10 @@ class RecordsReader:
     def start_offset(self, topic: str, partition: int) -> int:
         return self.start
 
+    def end_offset(self, topic: str, partition: int) -> int:
+        offsets = [r.offset() for r in self.records if (r.topic(), r.partition()) == (topic, partition)]
+        return max(offsets, default=self.start - 1) + 1
+
     def read(self, topic: str, partition: int, offsets: range) -> list[Any]:
         self.reads.append((topic, partition, offsets))
         where = (topic, partition)

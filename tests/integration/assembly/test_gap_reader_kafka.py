@@ -49,8 +49,11 @@ def test_read_returns_exactly_the_records_of_the_range(
     try:
         found = reader.read(topic, 0, range(1, 4))
         again = reader.read(topic, 0, range(4, 5))  # the reader can be used again
+        end = reader.end_offset(topic, 0)
+        tail = reader.read(topic, 0, range(4, end + 3))  # up to the end of the partition
     finally:
         reader.close()
+    assert end == 6 and [m.offset() for m in tail] == [4, 5]
     assert [(m.offset(), m.value(), m.headers()) for m in found] == [
         (i, f"v{i}".encode(), [("n", str(i).encode())]) for i in (1, 2, 3)
     ]
