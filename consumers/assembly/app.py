@@ -575,7 +575,10 @@ class AssemblerApp:
 
     async def _on_partitions_assigned(self, sender: Any, assigned: set[Any], **kwargs: Any) -> None:
         held = (self.config.trajectories_topic, self.config.groups_topic)
-        self.inputs.assigned({tp for tp in assigned if tp.topic in held})
+        try:
+            await self.inputs.assigned({tp for tp in assigned if tp.topic in held})
+        except AssemblyError as exc:  # their first event asks again
+            log.warning("cannot read the committed offsets of the assigned partitions: %s", exc)
 
     def _group_output(self, group: Any) -> Output:
         output = Output(

@@ -211,8 +211,12 @@ class InputOrder:
         self._reader = reader
         self._clock = clock
 
-    def assigned(self, sources: set[Any]) -> None:
+    async def assigned(self, sources: set[Any]) -> None:
+        """`sources` were assigned: read where each starts (its first event then goes straight
+        through)."""
         self.guard.assigned(sources, self._clock())
+        for source in sources:
+            await self._ensure_start(source)
 
     def forget(self, sources: set[Any]) -> None:
         self.guard.forget(sources)

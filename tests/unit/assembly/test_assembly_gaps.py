@@ -13,7 +13,8 @@ def test_events_in_order_are_taken_and_nothing_is_missing() -> None:
     guard = OffsetGuard()
     guard.start("p0", 5, now=0)
     assert guard.knows("p0") and not guard.knows("p1")
-    assert [guard.admit("p0", offset, now=0) for offset in (5, 6, 7)] == [range(5, 5), range(6, 6), range(7, 7)]
+    taken = [guard.admit("p0", offset, now=0) for offset in (5, 6, 7)]
+    assert taken == [range(5, 5), range(6, 6), range(7, 7)]
 
 
 def test_an_event_past_the_next_offset_names_the_missing_ones() -> None:
@@ -71,7 +72,7 @@ async def test_the_dropped_tail_of_a_quiet_partition_is_read_from_kafka() -> Non
     tp, clock = TP("traj", 0), Clock()
     reader = RecordsReader(_records("traj", range(0, 6)), start=2)
     order = InputOrder(lambda: reader, quiet_s=5, clock=clock)
-    order.assigned({tp})
+    await order.assigned({tp})
     assert await order.take(tp, 2) == []  # the committed offset arrives; 3..5 are dropped
     clock.now = 4
     assert await order.stalled(tp) == [] and reader.reads == []  # not quiet long enough
@@ -85,7 +86,7 @@ async def test_a_quiet_partition_with_nothing_delivered_is_behind() -> None:
     tp, clock = TP("groups", 0), Clock()
     reader = RecordsReader(_records("groups", range(0, 3)))
     order = InputOrder(lambda: reader, quiet_s=5, clock=clock)
-    order.assigned({tp})
+    await order.assigned({tp})
     clock.now = 6
     assert await order.behind(tp)  # nothing arrived and Kafka has 3 records
     assert not await order.behind(tp)  # checked: quiet again from now
