@@ -249,7 +249,7 @@ class InputOrder:
         if not missing:
             return []
         log.warning(
-            "%s[%s]: nothing arrived for %.0fs, offsets %d..%d were not delivered by the consumer, "
+            "%s[%s]: nothing arrived for %gs, offsets %d..%d were not delivered by the consumer, "
             "reading them from Kafka",
             source.topic, source.partition, self.quiet_s, missing.start, missing.stop - 1,
         )  # fmt: skip

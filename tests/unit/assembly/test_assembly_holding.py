@@ -106,8 +106,11 @@ class HeldDeliveries(ListForwarder):
         self.pending.clear()
 
 
-def _assembler(forwarder: ListForwarder, reader: RecordsReader | None = None) -> AssemblerApp:
+def _assembler(
+    forwarder: ListForwarder, reader: RecordsReader | None = None, *, quiet_check_s: float = 5.0
+) -> AssemblerApp:
     config = AssemblerApp.Config(
+        quiet_check_s=quiet_check_s,
         app_id=f"unit-{uuid.uuid4().hex[:8]}",
         partitions=2,
         grouping=GroupAssembler.Config(group_size=2),
@@ -293,3 +296,22 @@ async def test_a_group_the_consumer_dropped_is_read_from_kafka_before_the_next()
     (batch,) = out.on(asm.config.batches_topic)
     assert reader.reads == [(asm.config.groups_topic, 0, range(0, 1))]
     assert set(Codec().decode(batch.value, TrainingBatch).group_ids) == {"g0", "g1"}
+
+
+async def test_the_dropped_last_sample_of_a_quiet_partition_is_read_on_a_tick() -> None:
+    out, lost = ListForwarder(), make_trajectory("g", 1)
+    topic = "stacx.trajectories"
+    reader = RecordsReader([_record(topic, 1, encode(lost), b"g")])
+    asm = _assembler(out, reader, quiet_check_s=0.05)
+    await asm._on_partitions_assigned(asm.app, {TP(topic, 0)})
+    async with asm.group_agent.test_context() as agent:
+        with _on_topic(agent, topic):
+            await _put(agent, "g", 0)  # offset 0; offset 1, the last one, never arrives
+        with _on_topic(agent, asm.config.ticks_topic):
+            await agent.put(b"0", key=TICK_KEY, partition=0)  # too soon: not quiet yet
+            assert reader.reads == [] and not out.on(asm.config.groups_topic)
+            await asyncio.sleep(0.1)
+            await agent.put(b"0", key=TICK_KEY, partition=0)
+    assert reader.reads == [(topic, 0, range(1, 2))]
+    (group,) = out.on(asm.config.groups_topic)  # g closed with its last sample
+    assert asm.stats.trajectories == 2 and asm.held.num_waiting == 0  # delivered: all acknowledged
