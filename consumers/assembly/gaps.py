@@ -204,10 +204,14 @@ class InputOrder:
         reader: Callable[[], GapReader],
         *,
         quiet_s: float,
+        max_read: int = 1024,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.guard = OffsetGuard()
         self.quiet_s = quiet_s
+        self.max_read = max_read
+        """Most records a quiet check reads at once (a worker far behind gets the rest from
+        Faust, or from the next check)."""
         self._reader = reader
         self._clock = clock
 
@@ -245,6 +249,8 @@ class InputOrder:
         await self._ensure_start(source)
         end = await asyncio.to_thread(self._reader().end_offset, source.topic, source.partition)
         missing = self.guard.stalled(source, end, now, self.quiet_s)
+        if missing:
+            missing = range(missing.start, min(missing.stop, missing.start + self.max_read))
         self.guard.skip_to(source, missing.stop if missing else 0, now)
         if not missing:
             return []

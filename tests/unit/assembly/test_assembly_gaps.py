@@ -93,3 +93,13 @@ async def test_a_quiet_partition_with_nothing_delivered_is_behind() -> None:
     assert [r.offset() for r in await order.take(tp, 3) or []] == [0, 1, 2]  # the poke reveals them
     clock.now = 12
     assert not await order.behind(tp)  # all delivered now
+
+
+async def test_a_quiet_check_reads_at_most_max_read_records() -> None:
+    tp, clock = TP("traj", 0), Clock()
+    reader = RecordsReader(_records("traj", range(0, 10)))
+    order = InputOrder(lambda: reader, quiet_s=5, max_read=4, clock=clock)
+    await order.assigned({tp})
+    clock.now = 6
+    assert [r.offset() for r in await order.stalled(tp)] == [0, 1, 2, 3]
+    assert await order.take(tp, 4) == []  # the next one is expected at 4
