@@ -9,13 +9,19 @@ process's (the assembler's include its start-up and shutdown).
 
 Scale-out: `stacx assemble` worker processes (one, then two, in one consumer group) on a fresh
 `--partitions`-partition topic each; the workers start on the empty topic, and once the group is
-stable the trajectories (built and encoded beforehand, written lz4-compressed like every STACX
-producer) are written, so no rebalance falls inside the measurement and the writer takes little
-CPU from the workers. Rate: the trajectories of every batch after the first, over the time from
-the first batch to the last.
-`scale_out_ratio` = two workers' rate / one worker's. Last stdout line: the JSON figure object.
+stable the trajectories (built and encoded once beforehand, written lz4-compressed like every
+STACX producer) are written, so no rebalance falls inside the measurement and the writer takes
+little CPU from the workers. Rate: the trajectories of every batch after the first, over the time
+from the first batch to the last. The window: `--scale-out-trajectories` (32,768 by default,
+several seconds of work for one worker and for two) per run, `--scale-out-rounds` (3) rounds of
+one worker then two, same work and settings on both sides; `scale_out_ratio` = the best two-worker
+rate / the best one-worker rate (the rates of every run are listed). Each scale-out run also
+reports the CPU per trajectory of the workers and of the local broker (found by its `kafka.Kafka`
+JVM), and the cores busy on the whole machine meanwhile. The default run takes about 2.5 minutes.
+Last stdout line: the JSON figure object.
 
     .venv/bin/python bench/assembly.py --json [--trajectories 4096] [--tokens 512] [--runs 3]
+        [--scale-out-trajectories 32768] [--scale-out-rounds 3]
 """
 
 from __future__ import annotations
@@ -58,10 +64,11 @@ def _create_topics(admin: AdminClient, names: dict[str, int]) -> None:
         future.result(timeout=30)
 
 
-def _encoded_trajectories(args: argparse.Namespace) -> list[tuple[bytes, bytes]]:
-    """(key, value) of every input trajectory, encoded ahead of the measurement."""
+def _encoded_trajectories(args: argparse.Namespace, count: int | None = None) -> list[tuple[bytes, bytes]]:
+    """(key, value) of every input trajectory (`count`, default `--trajectories`), encoded ahead
+    of the measurement."""
     records = []
-    for g in range(args.trajectories // args.group_size):
+    for g in range((count or args.trajectories) // args.group_size):
         for i in range(args.group_size):
             half = args.tokens // 2
             traj = make_trajectory(f"group-{g}", i, num_prompt=half, num_completion=args.tokens - half)
@@ -259,12 +266,45 @@ def _batch_times(bootstrap: str, topic: str, expected: int, timeout_s: float = 9
 
 def _cpu_seconds(procs: list[subprocess.Popen[bytes]]) -> float:
     """User + system CPU seconds of the worker processes so far."""
+    return sum(_cpu_each(procs))
+
+
+def _cpu_each(procs: list[subprocess.Popen[bytes]]) -> list[float]:
+    """User + system CPU seconds of each worker process so far."""
     import psutil
 
-    return sum(sum(psutil.Process(p.pid).cpu_times()[:2]) for p in procs)
+    return [sum(psutil.Process(p.pid).cpu_times()[:2]) for p in procs]
 
 
-def run_workers(bootstrap: str, args: argparse.Namespace, num_workers: int) -> dict[str, Any]:
+def _broker_process() -> Any:
+    """The local Kafka broker's process (a JVM running `kafka.Kafka`), or None."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        if "kafka.Kafka" in (proc.info["cmdline"] or []):
+            return proc
+    return None
+
+
+def _cpu_snapshot(
+    procs: list[subprocess.Popen[bytes]], broker: Any
+) -> tuple[float, float, float, float, float, float]:
+    """(workers' CPU s, broker's CPU s, whole machine's busy CPU s, its iowait s, bytes written to
+    its disks, monotonic time)."""
+    import psutil
+
+    machine = psutil.cpu_times()
+    iowait = getattr(machine, "iowait", 0.0)
+    busy = sum(machine) - machine.idle - iowait
+    broker_s = sum(broker.cpu_times()[:2]) if broker is not None else 0.0
+    disk = psutil.disk_io_counters()
+    written = float(disk.write_bytes) if disk is not None else 0.0
+    return _cpu_seconds(procs), broker_s, busy, iowait, written, time.monotonic()
+
+
+def run_workers(
+    bootstrap: str, args: argparse.Namespace, num_workers: int, records: list[tuple[bytes, bytes]]
+) -> dict[str, Any]:
     """`num_workers` `stacx assemble` processes on a fresh topic: trajectories/s, steady state."""
     run = f"{uuid.uuid4().hex[:8]}-w{num_workers}"
     names = {
@@ -309,14 +349,17 @@ def run_workers(bootstrap: str, args: argparse.Namespace, num_workers: int) -> d
                         stderr=subprocess.STDOUT,
                     )
                 )
-            records = _encoded_trajectories(args)
             _wait_stable(admin, app_id, num_workers)
             time.sleep(3.0)  # let the table recovery of the last assignment finish
-            cpu_before = _cpu_seconds(procs)
+            broker = _broker_process()
+            before, each_before = _cpu_snapshot(procs, broker), _cpu_each(procs)
             count = _preload(bootstrap, names["trajectories_topic"], records)
             expected = count // (args.group_size * args.batch_size)
             times = _batch_times(bootstrap, names["batches_topic"], expected)
-            cpu_s = _cpu_seconds(procs) - cpu_before
+            after, each_after = _cpu_snapshot(procs, broker), _cpu_each(procs)
+            cpu_s, broker_cpu_s, busy_s, iowait_s, written, wall_s = (
+                a - b for a, b in zip(after, before, strict=True)
+            )
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -339,6 +382,17 @@ def run_workers(bootstrap: str, args: argparse.Namespace, num_workers: int) -> d
         "seconds": seconds,
         "rate": (len(times) - 1) * per_batch / seconds,
         "cpu_ms_per_trajectory": round(1000 * cpu_s / count, 3),
+        "broker_cpu_ms_per_trajectory": round(1000 * broker_cpu_s / count, 3) if broker else None,
+        # cores in use on the whole machine from the input's first write to the last batch
+        "machine_cores_busy": round(busy_s / wall_s, 2),
+        "worker_cores_busy": round(cpu_s / wall_s, 2),
+        "cores_busy_by_worker": [
+            round((a - b) / wall_s, 2) for a, b in zip(each_after, each_before, strict=True)
+        ],
+        "measured_s": round(wall_s, 2),
+        "iowait_cores": round(iowait_s / wall_s, 2),
+        "disk_write_mb_per_s": round(written / wall_s / 1e6, 1),
+        "cores": os.cpu_count(),
     }
 
 
@@ -358,15 +412,20 @@ def run_rounds(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     for r in range(args.runs):
         rounds.append(_round_in_child(argv))
         print(f"[bench.assembly] round {r + 1}: {json.dumps(rounds[-1])}", file=sys.stderr, flush=True)
-    scale = {}
+    runs: dict[int, list[dict[str, Any]]] = {1: [], 2: []}
     if not args.no_scale_out:
-        for workers in (1, 2):
-            scale[workers] = run_workers(args.bootstrap, args, workers)
-            print(
-                f"[bench.assembly] {workers} worker process(es): {scale[workers]['rate']:.0f} trajectories/s",
-                file=sys.stderr,
-                flush=True,
-            )
+        records = _encoded_trajectories(args, args.scale_out_trajectories)
+        for r in range(args.scale_out_rounds):
+            for workers in (1, 2):
+                runs[workers].append(run_workers(args.bootstrap, args, workers, records))
+                print(
+                    f"[bench.assembly] scale-out round {r + 1}, {workers} worker process(es): "
+                    f"{runs[workers][-1]['rate']:.0f} trajectories/s "
+                    f"(load {os.getloadavg()[0]:.1f})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    scale = {n: max(found, key=lambda run: run["rate"]) for n, found in runs.items() if found}
     ratios = [r["ratio"] for r in rounds]
     return {
         "ratio": min(ratios, default=None),
@@ -374,8 +433,18 @@ def run_rounds(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "kafka_writes_per_input": rounds[0]["kafka_writes_per_input"] if rounds else None,
         "scale_out_ratio": round(scale[2]["rate"] / scale[1]["rate"], 3) if scale else None,
         "one_worker_traj_per_s": round(scale[1]["rate"], 1) if scale else None,
+        "scale_out_rates": {n: [round(run["rate"], 1) for run in found] for n, found in runs.items()},
+        "scale_out_trajectories": args.scale_out_trajectories if scale else None,
         "two_workers_traj_per_s": round(scale[2]["rate"], 1) if scale else None,
         "cpu_ms_per_trajectory": {n: r["cpu_ms_per_trajectory"] for n, r in scale.items()},
+        "broker_cpu_ms_per_trajectory": {n: r["broker_cpu_ms_per_trajectory"] for n, r in scale.items()},
+        "machine_cores_busy": {n: r["machine_cores_busy"] for n, r in scale.items()},
+        "worker_cores_busy": {n: r["worker_cores_busy"] for n, r in scale.items()},
+        "cores_busy_by_worker": {n: r["cores_busy_by_worker"] for n, r in scale.items()},
+        "scale_out_seconds": {n: round(r["seconds"], 2) for n, r in scale.items()},
+        "scale_out_measured_s": {n: r["measured_s"] for n, r in scale.items()},
+        "iowait_cores": {n: r["iowait_cores"] for n, r in scale.items()},
+        "disk_write_mb_per_s": {n: r["disk_write_mb_per_s"] for n, r in scale.items()},
         "standby_replicas": args.standby_replicas,
         "rounds": rounds,
         "load_avg_1m": round(os.getloadavg()[0], 1),
@@ -392,6 +461,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=512, help="tokens per trajectory")
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3, help="rounds of baseline and assembler")
+    parser.add_argument(
+        "--scale-out-trajectories", type=int, default=32768, help="trajectories per scale-out run"
+    )
+    parser.add_argument("--scale-out-rounds", type=int, default=3, help="rounds of one and two workers")
     parser.add_argument("--standby-replicas", type=int, default=0, help="scale-out workers (default 0)")
     parser.add_argument("--no-scale-out", action="store_true", help="skip the worker-process runs")
     argv = sys.argv[1:]

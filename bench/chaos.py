@@ -10,8 +10,10 @@ After `--minutes` the run finishes (final swap, held-out evaluation, shutdown) a
   trajectories  every (group, sample slot) published to the run's trajectories topic
   batches       every TrainingBatch of the run's batches topic (trajectory ids per batch)
   dlq           dead letters whose source is the run's trajectories topic
-  assembler     the changelogs of its `groups` and `pool` tables (open or pooled groups at the end,
-                and each member's verdict: filtered samples are not lost)
+  assembler     its committed offsets on the trajectories and groups topics (what lies past them is
+                in open or pooled groups at the end: the next worker reads it again) and the
+                changelog of its `groups` table (each closed group's verdicts: filtered samples
+                are not lost)
   trainer       the final checkpoint's lineage (trained batch ids)
   weights       the run's WeightVersion announcements, in order
 
@@ -161,21 +163,42 @@ def _latest_by_key(messages: list[Any]) -> dict[Any, Any]:
     return table
 
 
+def _committed_offsets(bootstrap: str, group: str, topic_names: list[str]) -> dict[tuple[str, int], int]:
+    """(topic, partition) -> the consumer group's committed offset (partitions without one left out)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    known = admin.list_topics(timeout=30).topics
+    parts = [TopicPartition(t, p) for t in topic_names if t in known for p in known[t].partitions]
+    if not parts:
+        return {}
+    answer = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group, parts)])
+    found = answer[group].result(timeout=30).topic_partitions
+    return {(tp.topic, tp.partition): tp.offset for tp in found if tp.offset >= 0}
+
+
 # --------------------------------------------------------------------------------- the audit
 
 
 def audit(pipeline: Pipeline) -> dict[str, Any]:
     """Counts over the run's topics, the assembler's changelogs and the trainer's lineage."""
     from consumers.assembly.claims import decode_trajectory
+    from consumers.assembly.envelope import decode_group
     from schemas import topics
     from schemas.codec import decode
     from schemas.records import DeadLetter, TrainingBatch, WeightVersion
 
     bootstrap, run = pipeline.spec.bootstrap_servers, pipeline.layout
+    app_id = f"stacx-assembler-{run.run_id}"
+    unread = _committed_offsets(bootstrap, app_id, [run.topics.trajectories, f"{app_id}-groups"])
     slots: dict[tuple[str, int], set[str]] = defaultdict(set)
+    pending = set()
     for msg in read_topic(bootstrap, run.topics.trajectories):
         t = decode_trajectory(msg.value())
         slots[(t.group_id, t.sample_index)].add(t.trajectory_id)
+        if msg.offset() >= unread.get((msg.topic(), msg.partition()), 0):
+            pending.add((t.group_id, t.sample_index))  # in an open group, or not read yet
     batches: dict[str, TrainingBatch] = {}
     for msg in read_topic(bootstrap, run.topics.batches):
         batch = decode(msg.value(), TrainingBatch)
@@ -193,14 +216,14 @@ def audit(pipeline: Pipeline) -> dict[str, Any]:
             except Exception:
                 continue
             dead.add((t.group_id, t.sample_index))
-    app_id = f"stacx-assembler-{run.run_id}"
     groups = {k: json.loads(v) for k, v in
               _latest_by_key(read_topic(bootstrap, f"{app_id}-groups-changelog")).items()}
-    pooled = set(_latest_by_key(read_topic(bootstrap, f"{app_id}-pool-changelog")))
-    pending, filtered = set(), set()
+    pooled = {decode_group(m.value()).group_id for m in read_topic(bootstrap, f"{app_id}-groups")
+              if m.value() and m.offset() >= unread.get((m.topic(), m.partition()), 0)}
+    filtered = set()
     for slot in slots:
         record = groups.get(slot[0])
-        if slot[0] in pooled or (record is not None and not record.get("closed_ms")):
+        if slot[0] in pooled:
             pending.add(slot)
         elif record is not None:
             verdicts = {m[0]: m[1] for m in record["members"].values()}

@@ -3,11 +3,14 @@
 Runs on a single partition (the internal groups topic), so the pool and the order of groups
 are global and a replay from the same offset rebuilds the same batches. State: `pool` (group
 id -> encoded `ReadyGroup`), `index` (model name -> pooled entries in arrival order) and
-`packed` (group id -> when it was packed, to ignore redelivered groups).
+`packed` (group id -> when it was packed, to ignore redelivered groups; a heap by packing time,
+indexed once from the table, lets forgetting touch only the marks that are due). In the worker the pool
+and the index are in memory, rebuilt from the groups topic after a restart (`holding`).
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +75,10 @@ class BatchBuilder:
         self._packed = packed
         self._stats = stats
         self._rejected: list[RejectedGroup] = []
+        self._packed_order: list[tuple[int, str]] = []
+        """Heap of (packed at ms, group id): the marks in the order they expire."""
+        self._packed_indexed = False
+        """Whether the marks already in `packed` are in the heap."""
 
     def take_rejected(self) -> list[RejectedGroup]:
         """Groups rejected since the last call (to dead-letter them)."""
@@ -136,6 +143,7 @@ class BatchBuilder:
         for key in keys:
             del self._pool[key]
             self._packed[key] = now_ms
+            heapq.heappush(self._packed_order, (now_ms, key))
         self._index[model_name] = [e for e in self._index[model_name] if e[0] not in keys]
 
     def _reject(self, key: str, exc: Exception) -> None:
@@ -165,9 +173,22 @@ class BatchBuilder:
         self._index[model_name] = fresh
 
     def _forget_packed(self, now_ms: int) -> None:
-        ttl_ms = self.config.packed_ttl_s * 1000
-        for key in [k for k, at in self._packed.items() if now_ms - at >= ttl_ms]:
-            del self._packed[key]
+        """Forget the marks older than `packed_ttl_s` (only the due ones are touched)."""
+        if not self._packed_indexed:  # marks written before this builder (a restart, a takeover)
+            for key, at in list(self._packed.items()):
+                heapq.heappush(self._packed_order, (at, key))
+            self._packed_indexed = True
+        horizon_ms = now_ms - self.config.packed_ttl_s * 1000
+        while self._packed_order and self._packed_order[0][0] <= horizon_ms:
+            at, key = heapq.heappop(self._packed_order)
+            if self._packed.get(key) == at:
+                del self._packed[key]
+
+    def forget_marks_order(self) -> None:
+        """The packed table may have changed under this builder (its partition moved): index the
+        marks again from the table on the next pass."""
+        self._packed_order.clear()
+        self._packed_indexed = False
 
 
 def _decoded(group: ReadyGroup, codec: Codec | None) -> PackedGroup:

@@ -30,8 +30,7 @@ def decode_trajectory(payload: bytes, codec: Codec | None = None) -> Trajectory:
         record = codec.decode(FsspecBlobStore.get(record.uri, sha256=record.sha256))
     if not isinstance(record, Trajectory):
         raise InvalidTrajectoryError(
-            f"expected a Trajectory event, got a {type(record).__name__}: it was published to "
-            "the wrong topic"
+            f"expected a Trajectory event, got a {type(record).__name__}: it was published to the wrong topic"
         )
     return record
 

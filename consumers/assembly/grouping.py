@@ -12,19 +12,29 @@ hence another trajectory id) never adds a second copy of one slot.
 Group timeouts run on a per-partition worker clock, not on wall-clock time: it advances with
 the events (ticks, samples) of the partition, by at most `max_clock_step_s` between two of them.
 While the worker is down nothing advances it, so a restart never turns the groups that were open
-before the crash into timed-out partial groups and their remaining samples into late ones. The
-clock is written to its table on ticks and when a group opens, not for every sample: a restart
-resumes it from the last tick or group opening (at most one tick of running time earlier), never
-behind the opening time of a group.
+before the crash into timed-out partial groups and their remaining samples into late ones.
 
-All state lives in `StateTable`s (Faust tables in the worker): `groups` (group id -> record,
-JSON-able), `payloads` (trajectory id -> encoded bytes, while its group is open) and `clocks`
-(partition -> [worker-clock ms, wall-clock ms of the last event]).
+State lives in `StateTable`s: `groups` (group id -> record, JSON-able), `payloads` (trajectory
+id -> encoded bytes, while its group is open) and `clocks` (partition -> [worker-clock ms,
+wall-clock ms of the last event]; written on ticks and when a group opens, never behind the
+opening of a group). In the worker (`AssemblerApp`) open groups, their payloads and the clocks
+are in memory and the trajectories topic is their changelog (`holding`): a group rebuilt from
+redelivered samples after a restart opens on the new worker's clock, so it gets its whole
+timeout again (it may close later than without the restart, never earlier). Only closed groups
+reach a Faust table.
+
+Expiry passes (a tick per partition) touch only what is due: the assembler keeps, per partition,
+a heap of open groups by opening clock (timeouts) and one of closed groups by close time (the
+TTL). The tables stay the truth: a heap entry is checked against its record when it comes due,
+and a partition's records are indexed once from the table on its first pass (a restart, a
+partition taken over), so a pass costs the groups it closes or forgets, not every remembered one.
 """
 
 from __future__ import annotations
 
 import enum
+import heapq
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +48,8 @@ from schemas.records import Trajectory
 __all__ = ["GroupAssembler", "PartialPolicy"]
 
 GroupRecord = dict[str, Any]
+_Due = tuple[int | float, int, str]
+"""(due key in ms, arrival number, group id): a heap entry."""
 
 
 class PartialPolicy(enum.StrEnum):
@@ -102,6 +114,16 @@ class GroupAssembler:
         self._clocks: StateTable[list[int]] = clocks if clocks is not None else {}
         self._clock_cache: dict[str, tuple[list[int] | None, list[int]]] = {}
         """partition -> (clock last written to the table, clock now)."""
+        self._opened: dict[int, list[_Due]] = {}
+        """partition -> heap of (opening clock ms, arrival, group id) of open groups."""
+        self._closed: dict[int, list[_Due]] = {}
+        """partition -> heap of (closed ms, arrival, group id) of closed groups."""
+        self._open_due: dict[str, tuple[int, int]] = {}
+        """Open group id -> (partition, opening clock ms): tells a live heap entry from a stale one."""
+        self._arrivals = itertools.count()
+        self._indexed: set[int] = set()
+        """Partitions whose table records are in the heaps."""
+        self._indexed_all = False
 
     def advance_clock(self, partition: int, now_ms: int, *, persist: bool = True) -> int:
         """Advance `partition`'s worker clock to wall time `now_ms` (a gap longer than
@@ -142,6 +164,7 @@ class GroupAssembler:
         if record is not None and record["closed_ms"]:
             self._stats.late += 1
             return None
+        opens = record is None
         if record is None:  # a group opens: the clock table never lags an open group
             self._persist_clock(partition)
             record = _new_record(trajectory, partition=partition, now_ms=now_ms, clock_ms=clock)
@@ -159,6 +182,8 @@ class GroupAssembler:
             return self._close(trajectory.group_id, record, now_ms=now_ms, reason="complete", last=last)
         if verdict.trainable:
             self._payloads[trajectory.trajectory_id] = payload
+        if opens:
+            self._track_open(trajectory.group_id, record)
         self._groups[trajectory.group_id] = record
         return None
 
@@ -166,30 +191,109 @@ class GroupAssembler:
         """Close timed-out groups and forget old closed ones (of one partition, or all).
 
         Timeouts are measured on the partition's worker clock (advanced here), the closed-group
-        TTL on wall-clock time."""
+        TTL on wall-clock time. Touches only the groups that are due (and, once per partition,
+        indexes the table's records)."""
+        self._index_table(now_ms, partition)
         timeout_ms = self.config.group_timeout_s * 1000
-        ttl_ms = self.config.closed_ttl_s * 1000
-        clocks = {} if partition is None else {partition: self.advance_clock(partition, now_ms)}
+        horizon_ms = now_ms - self.config.closed_ttl_s * 1000
+        if partition is not None:
+            parts = [partition]
+            self.advance_clock(partition, now_ms)
+        else:
+            parts = sorted(set(self._opened) | set(self._closed))
+        due: dict[str, tuple[GroupRecord, int]] = {}  # a group indexed twice is due once
+        for part in parts:
+            self._forget_closed(part, horizon_ms)
+            timed_out = self._timed_out(part, now_ms, timeout_ms, advance=partition is None)
+            for record, arrival, group_id in timed_out:
+                due.setdefault(group_id, (record, arrival))
         ready: list[ReadyGroup] = []
-        for group_id, record in sorted(self._groups.items(), key=lambda kv: kv[1]["opened_ms"]):
-            if partition is not None and record["partition"] != partition:
-                continue
-            if record["closed_ms"]:
-                if now_ms - record["closed_ms"] >= ttl_ms:
-                    del self._groups[group_id]
-                continue
-            part = record["partition"]
-            if part not in clocks:
-                clocks[part] = self.advance_clock(part, now_ms)
-            if "opened_clock_ms" not in record:  # written before the worker clock existed
-                record["opened_clock_ms"] = clocks[part]
-                self._groups[group_id] = record
-            if clocks[part] - record["opened_clock_ms"] >= timeout_ms:
-                self._stats.groups_timed_out += 1
-                group = self._close(group_id, record, now_ms=now_ms, reason="timeout")
-                if group is not None:
-                    ready.append(group)
+        for group_id, (record, _) in sorted(due.items(), key=lambda d: (d[1][0]["opened_ms"], d[1][1])):
+            self._stats.groups_timed_out += 1
+            group = self._close(group_id, record, now_ms=now_ms, reason="timeout")
+            if group is not None:
+                ready.append(group)
         return ready
+
+    def forget_partitions(self, partitions: set[int]) -> None:
+        """Partitions this worker no longer owns: their heaps go, and a partition that comes back
+        is indexed again from the table."""
+        for part in partitions:
+            self._opened.pop(part, None)
+            self._closed.pop(part, None)
+            self._indexed.discard(part)
+        for group_id in [g for g, (part, _) in self._open_due.items() if part in partitions]:
+            del self._open_due[group_id]
+        self._indexed_all = False
+
+    def _index_table(self, now_ms: int, partition: int | None) -> None:
+        """Put the table's records in the heaps (once per partition): records written by another
+        worker or before a restart are due like this worker's own."""
+        if self._indexed_all or (partition is not None and partition in self._indexed):
+            return
+        for group_id, record in list(self._groups.items()):
+            part = record["partition"]
+            if record["closed_ms"]:
+                self._push(self._closed, part, record["closed_ms"], group_id)
+                continue
+            if "opened_clock_ms" not in record:  # written before the worker clock existed
+                record["opened_clock_ms"] = self.advance_clock(part, now_ms)
+                self._groups[group_id] = record
+            self._track_open(group_id, record)
+        if partition is None:
+            self._indexed_all = True
+        else:
+            self._indexed.add(partition)
+
+    def _track_open(self, group_id: str, record: GroupRecord) -> None:
+        due = (record["partition"], record["opened_clock_ms"])
+        if self._open_due.get(group_id) != due:  # not indexed twice
+            self._open_due[group_id] = due
+            self._push(self._opened, due[0], due[1], group_id)
+
+    def _push(self, heaps: dict[int, list[_Due]], partition: int, due_ms: int | float, group_id: str) -> None:
+        heapq.heappush(heaps.setdefault(partition, []), (due_ms, next(self._arrivals), group_id))
+
+    def _forget_closed(self, partition: int, horizon_ms: float) -> None:
+        """Forget the closed groups of `partition` closed at or before `horizon_ms`."""
+        heap = self._closed.get(partition, [])
+        while heap and heap[0][0] <= horizon_ms:
+            closed_ms, _, group_id = heapq.heappop(heap)
+            record = self._groups.get(group_id)
+            if record is not None and record["closed_ms"] == closed_ms and record["partition"] == partition:
+                del self._groups[group_id]
+
+    def _timed_out(
+        self, partition: int, now_ms: int, timeout_ms: float, *, advance: bool
+    ) -> list[tuple[GroupRecord, int, str]]:
+        """Open groups of `partition` whose timeout has passed on its clock (taken off the heap);
+        with `advance`, the clock is advanced here when the partition has an open group."""
+        heap = self._opened.get(partition, [])
+        if advance:
+            while heap and self._open_record(partition, heap[0]) is None:
+                heapq.heappop(heap)  # a group that closed on its own
+            if not heap:
+                return []
+            clock = self.advance_clock(partition, now_ms)
+        else:
+            clock = self._clock_cache[str(partition)][1][0]
+        due: list[tuple[GroupRecord, int, str]] = []
+        while heap and clock - heap[0][0] >= timeout_ms:
+            entry = heapq.heappop(heap)
+            record = self._open_record(partition, entry)
+            if record is not None:
+                due.append((record, entry[1], entry[2]))
+        return due
+
+    def _open_record(self, partition: int, entry: _Due) -> GroupRecord | None:
+        """The record of a heap entry's group, if that group is still open with that opening
+        (a stale entry costs no table read)."""
+        if self._open_due.get(entry[2]) != (partition, entry[0]):
+            return None
+        record = self._groups.get(entry[2])
+        if record is None or record["closed_ms"]:
+            return None
+        return record
 
     def _count(self, verdict: Verdict) -> None:
         if verdict is Verdict.KEEP:
@@ -218,6 +322,8 @@ class GroupAssembler:
         payloads = [last[tid] if tid in last else self._pop_payload(tid) for tid, _ in trainable]
         record["closed_ms"] = max(now_ms, 1)  # 0 means open
         self._groups[group_id] = record
+        self._push(self._closed, record["partition"], record["closed_ms"], group_id)
+        self._open_due.pop(group_id, None)
         group = ReadyGroup(
             group_id=group_id,
             model_name=record["model_name"],

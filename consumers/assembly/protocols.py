@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Protocol, TypeAlias, TypeVar
+from typing import Any, Protocol, TypeAlias, TypeVar
 
 __all__ = ["Forwarder", "LatestVersions", "Output", "StateTable"]
 
@@ -41,4 +41,7 @@ class Output:
 class Forwarder(Protocol):
     """Publishes agent outputs (Kafka in the worker, a list in unit tests)."""
 
-    async def send(self, output: Output) -> None: ...
+    async def send(self, output: Output) -> Any:
+        """Hand `output` on; returns its delivery (an `asyncio.Future` that completes once Kafka
+        has the record), or None where there is nothing to wait for."""
+        ...

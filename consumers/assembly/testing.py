@@ -1,6 +1,10 @@
-"""Test support: an in-memory `Forwarder` and a builder of small valid trajectories."""
+"""Test support: an in-memory `Forwarder`, an in-memory `GapReader`, a read-counting table and
+a builder of small valid trajectories."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
 
 from consumers.assembly.protocols import Output
 from schemas.records import (
@@ -12,7 +16,40 @@ from schemas.records import (
     trajectory_id,
 )
 
-__all__ = ["ListForwarder", "make_trajectory"]
+__all__ = ["ListForwarder", "ReadCountingTable", "RecordsReader", "make_trajectory"]
+
+
+class ReadCountingTable(dict[str, Any]):
+    """A dict that counts the records read from it (a lookup, or one per record iterated)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def __getitem__(self, key: str) -> Any:
+        self.reads += 1
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.reads += 1
+        return super().get(key, default)
+
+    def __iter__(self) -> Iterator[str]:
+        for key in super().__iter__():
+            self.reads += 1
+            yield key
+
+    def items(self) -> Any:
+        self.reads += len(self)
+        return super().items()
+
+    def keys(self) -> Any:
+        self.reads += len(self)
+        return super().keys()
+
+    def values(self) -> Any:
+        self.reads += len(self)
+        return super().values()
 
 
 class ListForwarder:
@@ -27,6 +64,31 @@ class ListForwarder:
     def on(self, topic: str) -> list[Output]:
         """The outputs sent to `topic`, in order."""
         return [o for o in self.outputs if o.topic == topic]
+
+
+class RecordsReader:
+    """A `GapReader` over records kept in memory: every partition starts at `start`."""
+
+    def __init__(self, records: list[Any] | None = None, *, start: int = 0) -> None:
+        self.records = records or []
+        """confluent-kafka `Message`s (they can be built with keyword arguments)."""
+        self.start = start
+        self.reads: list[tuple[str, int, range]] = []
+
+    def start_offset(self, topic: str, partition: int) -> int:
+        return self.start
+
+    def end_offset(self, topic: str, partition: int) -> int:
+        offsets = [r.offset() for r in self.records if (r.topic(), r.partition()) == (topic, partition)]
+        return max(offsets, default=self.start - 1) + 1
+
+    def read(self, topic: str, partition: int, offsets: range) -> list[Any]:
+        self.reads.append((topic, partition, offsets))
+        where = (topic, partition)
+        return [r for r in self.records if (r.topic(), r.partition()) == where and r.offset() in offsets]
+
+    def close(self) -> None:
+        pass
 
 
 def make_trajectory(

@@ -89,9 +89,7 @@ class AssemblerProcess:
             self.proc.kill()
             self.proc.wait()
             raise AssertionError("assembler did not stop within the timeout") from None
-        self._reader.join(timeout=10)
-        print(f"--- log of {self.config_path.name} (pytest shows it when the test fails) ---")
-        print("\n".join(self.lines))
+        self._print_log()
         stats_line = self.wait_for_line("assembler final stats", timeout_s=1)
         return code, json.loads(stats_line.split("assembler final stats", 1)[1].strip())
 
@@ -102,6 +100,12 @@ class AssemblerProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+            self._print_log()  # the test failed while the worker ran: its log explains why
+
+    def _print_log(self) -> None:
+        self._reader.join(timeout=10)
+        print(f"--- log of {self.config_path.name} (pytest shows it when the test fails) ---")
+        print("\n".join(self.lines))
 
 
 def consume_records(bootstrap: str, topic: str, count: int, timeout_s: float = 120.0,

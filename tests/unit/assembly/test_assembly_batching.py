@@ -12,16 +12,25 @@ from consumers.assembly import (
     SampleFilter,
     encode_group,
 )
-from consumers.assembly.testing import make_trajectory
+from consumers.assembly.testing import ReadCountingTable, make_trajectory
 from schemas.codec import encode
 
 
 def _group(group_id: str, *, model: str = "policy", task: str = "math", version: int = 0) -> bytes:
-    trajs = [make_trajectory(group_id, i, model_name=model, task_type=task,
-                             policy_version=version) for i in range(2)]
-    return encode_group(ReadyGroup(group_id=group_id, model_name=model, task_type=task,
-                                   group_size=2, min_policy_version=version,
-                                   payloads=[encode(t) for t in trajs]))
+    trajs = [
+        make_trajectory(group_id, i, model_name=model, task_type=task, policy_version=version)
+        for i in range(2)
+    ]
+    return encode_group(
+        ReadyGroup(
+            group_id=group_id,
+            model_name=model,
+            task_type=task,
+            group_size=2,
+            min_policy_version=version,
+            payloads=[encode(t) for t in trajs],
+        )
+    )
 
 
 def _builder(latest: dict[str, int] | None = None, **mixture: Any) -> tuple[BatchBuilder, dict]:
@@ -70,3 +79,22 @@ def test_packed_ids_expire_after_the_ttl() -> None:
     builder.on_group(_group("a"), now_ms=1_000)
     builder.on_group(_group("b"), now_ms=20_000)
     assert set(state["packed"]) == {"b"}
+
+
+def test_forgetting_packed_ids_touches_only_the_due_ones() -> None:
+    packed = ReadCountingTable()
+    builder = BatchBuilder(
+        BatchBuilder.Config(packed_ttl_s=10),
+        planner=MixturePlanner(MixturePlanner.Config(batch_size=1)),
+        sample_filter=SampleFilter(SampleFilter.Config(), {}),
+        pool={}, index={}, packed=packed, stats=AssemblyStats(),
+    )  # fmt: skip
+    for g in range(100):
+        builder.on_group(_group(f"g{g}"), now_ms=1_000)
+    packed.reads = 0
+    for g in range(100, 110):  # ten batches, no mark due
+        builder.on_group(_group(f"g{g}"), now_ms=2_000)
+    assert packed.reads <= 2 * 10  # the redelivery check of each group
+    packed.reads = 0
+    builder.on_group(_group("late"), now_ms=11_000)  # the first 100 marks are due
+    assert packed.reads <= 2 + 100 and len(packed) == 11

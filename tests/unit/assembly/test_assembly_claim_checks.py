@@ -17,7 +17,7 @@ from consumers.assembly import (
     SampleFilter,
     encode_group,
 )
-from consumers.assembly.testing import ListForwarder, make_trajectory
+from consumers.assembly.testing import ListForwarder, RecordsReader, make_trajectory
 from producers.blobs import FsspecBlobStore
 from producers.errors import BlobStoreError
 from schemas.claimcheck import ClaimCheck
@@ -34,7 +34,7 @@ def _assembler(store: Path) -> tuple[AssemblerApp, ListForwarder]:
         mixture=MixturePlanner.Config(batch_size=2),
         output=BatchEncoder.Config(blob_store_url=str(store)),
     )
-    return AssemblerApp(config, forwarder=forwarder), forwarder
+    return AssemblerApp(config, forwarder=forwarder, gap_reader=RecordsReader()), forwarder
 
 
 def _claim_checked(store: FsspecBlobStore, trajectory: Trajectory) -> tuple[bytes, str]:
@@ -83,7 +83,7 @@ async def test_a_vanished_blob_dead_letters_its_group_and_the_agent_goes_on(tmp_
     kept = decode(letters[1].value)
     assert isinstance(kept, ClaimCheck) and "/stacx.dlq/" in kept.uri
     assert decode(FsspecBlobStore.get(kept.uri, sha256=kept.sha256), Trajectory).sample_index == 1
-    assert asm.stats.groups_rejected == 1 and len(asm.pool_table) == 0
+    assert asm.stats.groups_rejected == 1 and len(asm.pool) == 0
 
 
 def _ready(group_id: str, payloads: list[bytes]) -> bytes:

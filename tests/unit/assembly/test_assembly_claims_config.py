@@ -109,3 +109,30 @@ def test_standby_replicas_are_validated_and_reach_faust() -> None:
     assert default.conf.table_standby_replicas == 0  # Faust's own default is 1
     app = AssemblerApp(AssemblerApp.Config(partitions=2, standby_replicas=1), forwarder=None).app
     assert app.conf.table_standby_replicas == 1
+
+
+def test_consumer_fetch_size_is_validated_and_reaches_faust() -> None:
+    from consumers.assembly import AssemblerApp, AssemblyConfigError
+
+    with pytest.raises(AssemblyConfigError, match="consumer_max_fetch_bytes"):
+        AssemblerApp.Config(partitions=1, consumer_max_fetch_bytes=0)
+    default = AssemblerApp(AssemblerApp.Config(partitions=2), forwarder=None).app
+    assert default.conf.consumer_max_fetch_size == 8 * 1024 * 1024  # Faust's own default is 1 MiB
+
+
+def test_the_worker_producer_writes_fast_lz4() -> None:
+    from aiokafka import codec
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+    from consumers.assembly import AssemblerApp
+
+    def batch(compression: int) -> bytes:  # a v2 record batch of one record, its 61-byte header cut
+        builder = DefaultRecordBatchBuilder(2, compression, 0, -1, -1, -1, 2**20)
+        builder.append(0, timestamp=1, key=None, value=payload, headers=[])
+        return bytes(builder.build())[61:]
+
+    AssemblerApp(AssemblerApp.Config(partitions=1), forwarder=None)
+    payload = b"".join(i.to_bytes(4, "little") for i in range(20_000)) + b"tail" * 999
+    records = batch(0)
+    assert codec.lz4_encode(records, level=0) != codec.lz4_encode(records, level=9)
+    assert batch(3) == codec.lz4_encode(records, level=0)  # 3: lz4

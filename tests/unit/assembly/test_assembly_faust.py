@@ -10,7 +10,7 @@ import fastavro
 
 from consumers.assembly import TICK_KEY, AssemblerApp, GroupAssembler, MixturePlanner
 from consumers.assembly.packing import batch_id
-from consumers.assembly.testing import ListForwarder, make_trajectory
+from consumers.assembly.testing import ListForwarder, RecordsReader, make_trajectory
 from schemas.codec import SINGLE_OBJECT_MARKER, Codec, SchemaInfo, decode, encode, load_schema
 from schemas.records import DeadLetter, TrainingBatch, Trajectory, WeightVersion
 
@@ -33,7 +33,13 @@ def _assembler(
         grouping=GroupAssembler.Config(group_size=2, **grouping),
         mixture=MixturePlanner.Config(batch_size=2),
     )
-    app = AssemblerApp(config, forwarder=forwarder, clock=clock or FakeClock(), codec=codec or Codec())
+    app = AssemblerApp(
+        config,
+        forwarder=forwarder,
+        clock=clock or FakeClock(),
+        codec=codec or Codec(),
+        gap_reader=RecordsReader(),
+    )
     return app, forwarder
 
 
@@ -179,7 +185,7 @@ async def test_batch_agent_packs_groups_and_ignores_redelivery() -> None:
     expected_ids = [make_trajectory(g, i).trajectory_id for g in ("g0", "g1") for i in range(2)]
     assert batch.trajectory_ids == expected_ids
     assert batch_out.key == batch.batch_id.encode() == batch_id(expected_ids).encode()
-    assert asm.stats.groups_redelivered == 1 and len(asm.pool_table) == 0
+    assert asm.stats.groups_redelivered == 1 and len(asm.pool) == 0
 
 
 async def test_replaying_the_same_groups_yields_the_same_batches() -> None:

@@ -13,7 +13,7 @@ from consumers.assembly import (
     ReadyGroup,
     SampleFilter,
 )
-from consumers.assembly.testing import make_trajectory
+from consumers.assembly.testing import ReadCountingTable, make_trajectory
 from schemas.codec import decode, encode
 from schemas.records import Trajectory, TrajectoryStatus
 
@@ -245,3 +245,26 @@ def test_a_clock_changed_by_another_worker_is_read_back() -> None:
     h.add(make_trajectory("g", 1), now_ms=2_000)  # cached: clock 1,000 in memory
     clocks["0"] = [50_000, 2_500]  # the partition moved away and back: another worker's clock
     assert h.grouper.advance_clock(0, 3_000) == 50_500
+
+
+def test_an_expiry_pass_touches_only_the_groups_that_are_due() -> None:
+    groups = ReadCountingTable()
+    h = Harness(group_size=2, group_timeout_s=10, closed_ttl_s=100)
+    h.grouper = GroupAssembler(
+        h.grouper.config, sample_filter=SampleFilter(SampleFilter.Config(), {}), groups=groups,
+        payloads=h.payloads, stats=h.stats,
+    )  # fmt: skip
+    for g in range(200):  # 200 closed groups, remembered for the TTL
+        h.add(make_trajectory(f"c{g}", 0), now_ms=1_000)
+        h.add(make_trajectory(f"c{g}", 1), now_ms=1_000)
+    h.add(make_trajectory("open", 0), now_ms=1_000)
+    h.grouper.expire(now_ms=2_000, partition=0)  # the first pass indexes the table once
+    groups.reads = 0
+    for t in range(3_000, 11_000, 1_000):  # eight passes, nothing due
+        assert h.grouper.expire(now_ms=t, partition=0) == []
+    assert groups.reads == 0
+    (timed_out,) = h.grouper.expire(now_ms=11_000, partition=0)  # the open group is due
+    assert timed_out.group_id == "open" and groups.reads <= 2
+    groups.reads = 0
+    assert h.grouper.expire(now_ms=101_000, partition=0) == []  # the TTL: 200 groups forgotten
+    assert groups.reads <= 2 * 200 and set(groups) == {"open"}  # at most two heap entries each
