@@ -16,7 +16,23 @@ from schemas.records import (
     trajectory_id,
 )
 
-__all__ = ["ListForwarder", "ReadCountingTable", "RecordsReader", "make_trajectory"]
+__all__ = ["ListForwarder", "ReadCountingTable", "RecordsReader", "WriteCountingTable", "make_trajectory"]
+
+
+class WriteCountingTable(dict[str, Any]):
+    """A dict that counts writes and deletes (each is one changelog record in Faust)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.writes += 1
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self.writes += 1
+        super().__delitem__(key)
 
 
 class ReadCountingTable(dict[str, Any]):

@@ -13,7 +13,7 @@ from consumers.assembly import (
     ReadyGroup,
     SampleFilter,
 )
-from consumers.assembly.testing import ReadCountingTable, make_trajectory
+from consumers.assembly.testing import ReadCountingTable, WriteCountingTable, make_trajectory
 from schemas.codec import decode, encode
 from schemas.records import Trajectory, TrajectoryStatus
 
@@ -169,25 +169,9 @@ def test_a_regenerated_sample_of_a_filled_slot_is_a_duplicate() -> None:
     assert h.stats.late == 0
 
 
-class CountingTable(dict[str, Any]):
-    """A dict that counts writes and deletes (each is one changelog record in Faust)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.writes = 0
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        self.writes += 1
-        super().__setitem__(key, value)
-
-    def __delitem__(self, key: str) -> None:
-        self.writes += 1
-        super().__delitem__(key)
-
-
 def test_the_completing_sample_is_never_written_to_the_payloads_table() -> None:
     h = Harness(group_size=3)
-    h.grouper._payloads = table = CountingTable()
+    h.grouper._payloads = table = WriteCountingTable()
     samples = [make_trajectory("g", i) for i in range(3)]
     h.add(samples[0])
     h.add(samples[1])
@@ -207,7 +191,7 @@ def clocked_harness(clocks: dict[str, Any], groups: dict[str, Any] | None = None
 
 
 def test_samples_joining_an_open_group_write_no_clock_record() -> None:
-    clocks = CountingTable()
+    clocks = WriteCountingTable()
     h = clocked_harness(clocks, group_size=4)
     h.add(make_trajectory("g", 0), now_ms=1_000)  # opens a group: the clock is written
     assert clocks.writes == 1

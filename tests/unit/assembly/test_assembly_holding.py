@@ -13,7 +13,7 @@ from faust.types import TP
 
 from consumers.assembly import TICK_KEY, AssemblerApp, GroupAssembler, MixturePlanner, Output
 from consumers.assembly.holding import GroupRecords, HeldAcks, PendingMarks, TrackedPool
-from consumers.assembly.testing import ListForwarder, RecordsReader, make_trajectory
+from consumers.assembly.testing import ListForwarder, RecordsReader, WriteCountingTable, make_trajectory
 from schemas.codec import Codec, encode
 from schemas.records import TrainingBatch
 
@@ -54,18 +54,8 @@ def test_revoked_partitions_are_forgotten_unacknowledged() -> None:
     assert held.ready() == [] and held.num_waiting == 1
 
 
-class CountingTable(dict[str, Any]):
-    def __init__(self) -> None:
-        super().__init__()
-        self.writes = 0
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        self.writes += 1
-        super().__setitem__(key, value)
-
-
 def test_group_records_write_the_table_once_per_group_after_delivery() -> None:
-    table = CountingTable()
+    table = WriteCountingTable()
     records = GroupRecords(table)
     record = {"partition": 0, "closed_ms": 0, "members": {}}
     for i in range(3):  # samples joining an open group
@@ -214,7 +204,7 @@ async def test_pooled_groups_stay_unacknowledged_until_their_batch_is_delivered(
 
 
 def test_pending_marks_reach_the_table_on_confirmation_only() -> None:
-    table = CountingTable()
+    table = WriteCountingTable()
     marks = PendingMarks(table)
     marks["a"], marks["b"] = 1, 2
     assert "a" in marks and table.writes == 0 and sorted(marks) == ["a", "b"]
