@@ -65,6 +65,43 @@ def fresh_topic(kafka_bootstrap: str) -> Iterator[Callable[..., str]]:
                 pass
 
 
+def _run_ids(bootstrap: str) -> set[str] | None:
+    """The runs with topics on the broker (`stacx.<kind>.<run>`); None when it does not answer."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    from infra.services.topic_admin import run_of
+
+    try:
+        names = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=5).topics
+    except KafkaException:
+        return None
+    return {run for name in names if (run := run_of(name)) is not None}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _runs_started_by_the_tests_are_deleted() -> Iterator[None]:
+    """Pipelines the tests start (quickstart, chaos, own tasks, SIGTERM...) name their topics after
+    a fresh run id. Left on the shared broker they pile up (thousands of topics after a few dozen
+    sessions, and every Faust worker then decodes their metadata), so after the session the runs
+    that did not exist before it are deleted like `stacx topics gc --run` does; a run that still
+    has consumers is left alone. Housekeeping only: without a broker it does nothing."""
+    bootstrap = topics.default_bootstrap()
+    before = _run_ids(bootstrap)
+    yield
+    after = _run_ids(bootstrap) if before is not None else None
+    if after is None or before is None:
+        return
+    from infra.services.errors import InfraError
+    from infra.services.topic_admin import delete_run
+
+    for run in sorted(after - before):
+        try:
+            delete_run(bootstrap, run)
+        except InfraError as exc:  # still running (someone else's), or the broker went away
+            print(f"left run {run} on the broker: {exc}")
+
+
 @pytest.fixture
 def fresh_group() -> str:
     """A consumer group id no other test uses."""
