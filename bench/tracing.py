@@ -48,8 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 LIMIT = 0.05
 DEFAULT_OTLP = "http://127.0.0.1:4318"
-EXPORT_SETTLE_S = 2.0
-"""Longer than the services' export delay (1 s): their buffered spans are exported by then."""
+EXPORT_SETTLE_S = 6.0
+"""Longer than the services' export delay (5 s by default): their buffered spans are exported by then."""
 
 
 def _round(args: argparse.Namespace, tracing: bool) -> dict[str, Any]:
