@@ -123,11 +123,12 @@ def setup_tracing(service: str, config: TracingConfig | None = None) -> bool:
     from opentelemetry import trace
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+    from infra.tracer import FastTracerProvider
+
     name = os.environ.get("OTEL_SERVICE_NAME") or f"stacx-{service}"
-    provider = TracerProvider(
+    provider = FastTracerProvider(
         resource=Resource.create({"service.name": name, "service.namespace": "stacx"}),
         sampler=sampler(config.sample_ratio),
     )
