@@ -13,9 +13,10 @@ disabled tracer, the SDK's own metrics turned on) takes the SDK's path unchanged
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from opentelemetry import trace as trace_api
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Tracer, TracerProvider, _Span
 from opentelemetry.sdk.trace._tracer_metrics import NoOpTracerMetrics
@@ -28,11 +29,37 @@ __all__ = ["FastTracerProvider"]
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
 
+_SCALARS = (str, bool, int, float)
+
+
 class _FinishedAsIs(_Span):
-    """An SDK span handed to the span processors as itself when it ends."""
+    """An SDK span handed to the span processors as itself when it ends, whose plain attributes
+    (strings, booleans and numbers within the limits) skip the SDK's per-value cleaning."""
 
     def _readable_span(self) -> ReadableSpan:
         return self
+
+    def set_attributes(self, attributes: Mapping[str, types.AnyValue]) -> None:
+        if not self._plain(attributes):
+            super().set_attributes(attributes)
+            return
+        with self._lock:
+            if self._end_time is not None:
+                super().set_attributes(attributes)  # the SDK's warning for an ended span
+                return
+            self._attributes._dict.update(attributes)  # type: ignore[union-attr]
+
+    def _plain(self, attributes: Mapping[str, types.AnyValue]) -> bool:
+        """Values the SDK would keep as they are, and room for all of them."""
+        bounded = self._attributes
+        if not isinstance(bounded, BoundedAttributes) or bounded.max_value_len is not None:
+            return False
+        if bounded.maxlen is not None and len(bounded) + len(attributes) > bounded.maxlen:
+            return False
+        for key, value in attributes.items():
+            if type(key) is not str or not key or type(value) not in _SCALARS:
+                return False
+        return True
 
 
 class _FastTracer(Tracer):
@@ -72,7 +99,7 @@ class _FastTracer(Tracer):
             parent=parent,
             sampler=self.sampler,
             resource=self.resource,
-            attributes=attributes,
+            attributes=None,
             span_processor=self.span_processor,
             kind=kind,
             links=links or (),
@@ -82,6 +109,8 @@ class _FastTracer(Tracer):
             limits=self._span_limits,
             instrumentation_scope=self._instrumentation_scope,
         )
+        if attributes:
+            span.set_attributes(attributes)
         span.start(start_time=start_time, parent_context=context)
         return span
 

@@ -42,6 +42,12 @@ def _episode(tracer: trace.Tracer) -> dict[str, str]:
     ):
         with tracer.start_as_current_span("generate", kind=trace.SpanKind.CLIENT, links=[link]) as child:
             child.set_attribute("gen_ai.usage.output_tokens", 7)
+            child.set_attributes(
+                {"gen_ai.response.finish_reasons": ["stop"], "stacx.dropped": None}
+            )  # cleaned
+            child.set_attributes(
+                {"gen_ai.usage.input_tokens": 12, "stacx.sample_index": 4}
+            )  # plain, replaces
             propagate.inject(headers)
     with tracer.start_as_current_span("gateway.exec", context=remote, kind=trace.SpanKind.SERVER):
         pass
