@@ -48,8 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 LIMIT = 0.05
 DEFAULT_OTLP = "http://127.0.0.1:4318"
-EXPORT_SETTLE_S = 2.0
-"""Longer than the services' export delay (1 s): their buffered spans are exported by then."""
+EXPORT_SETTLE_S = 6.0
+"""Longer than the services' export delay (5 s by default): their buffered spans are exported by then."""
 
 
 def _round(args: argparse.Namespace, tracing: bool) -> dict[str, Any]:
@@ -349,8 +349,9 @@ Rounds = dict[str, list[dict[str, Any]]]
 
 def _rounds(args: argparse.Namespace) -> Rounds:
     """The figure object of each round, by setting: concurrent pairs, or alternating rounds."""
-    rounds: Rounds = {"off": [], "on": []}
+    rounds: Rounds = {"off": [], "on": [], "load": []}
     for i in range(args.rounds):
+        rounds["load"].append({"load_average_1m": os.getloadavg()[0]})  # other work on the machine
         if args.pairing == "concurrent":
             results = _spawn_pair(args)
         else:
@@ -371,8 +372,8 @@ def _rounds(args: argparse.Namespace) -> Rounds:
 
 
 def _report(args: argparse.Namespace, rounds: Rounds) -> None:
-    cpu = {mode: [r["cpu_s_per_episode"] for r in rounds[mode]] for mode in rounds}
-    rates = {mode: [r["episodes_per_s"] for r in rounds[mode]] for mode in rounds}
+    cpu = {mode: [r["cpu_s_per_episode"] for r in rounds[mode]] for mode in ("off", "on")}
+    rates = {mode: [r["episodes_per_s"] for r in rounds[mode]] for mode in ("off", "on")}
     # throughput lost where CPU bounds it (2 shared cores), within each pair, then the median pair
     pairs = [1.0 - off / on for off, on in zip(cpu["off"], cpu["on"], strict=True)]
     overhead = statistics.median(pairs)
@@ -386,6 +387,7 @@ def _report(args: argparse.Namespace, rounds: Rounds) -> None:
         "rounds_off": [round(r, 2) for r in rates["off"]],
         "rounds_on": [round(r, 2) for r in rates["on"]],
         "wall_overhead_median_pair": round(statistics.median(wall_pairs), 4),
+        "load_average_by_pair": [round(r["load_average_1m"], 2) for r in rounds["load"]],
         "pairing": args.pairing,
         "episodes": args.episodes,
         "steps_per_episode": args.steps,

@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 DEFAULT_ENDPOINT = "http://127.0.0.1:4318"
 """OTLP/HTTP on the local Jaeger that `stacx infra up` starts."""
 
+DEFAULT_EXPORT_DELAY_MS = 5000
+"""OpenTelemetry's own default: one OTLP request per service every 5 s (or per 512 spans) rather
+than every second: a fifth of the exporter's wake-ups, requests and per-batch encoding."""
+
 _installed: list[object] = []
 
 
@@ -50,8 +54,9 @@ class TracingConfig(BaseModel):
     """OTLP/HTTP base URL (`/v1/traces` is appended), the local Jaeger by default."""
     sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
     """Fraction of traces kept (parent-based: a trace is kept or dropped as a whole)."""
-    export_delay_ms: int = Field(default=1000, ge=10)
-    """Longest time a finished span waits in the batch before it is exported."""
+    export_delay_ms: int = Field(default=DEFAULT_EXPORT_DELAY_MS, ge=10)
+    """Longest time a finished span waits in the batch before it is exported (a full batch of
+    512 spans goes at once)."""
     metrics: Literal["none", "prometheus", "otlp"] = "none"
     """OpenTelemetry metrics of every service (episodes, staleness, tokens, batches, step time, swap
     latency): a Prometheus scrape endpoint per service, or OTLP to `endpoint`."""
@@ -96,7 +101,17 @@ class TracingConfig(BaseModel):
             enabled=enabled,
             endpoint=env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or DEFAULT_ENDPOINT,
             sample_ratio=min(max(ratio, 0.0), 1.0),
+            export_delay_ms=_export_delay_ms(env),
         )
+
+
+def _export_delay_ms(env: Mapping[str, str]) -> int:
+    value = env.get("OTEL_BSP_SCHEDULE_DELAY", "").strip()
+    if not value:
+        return DEFAULT_EXPORT_DELAY_MS
+    if not value.isdigit() or int(value) < 10:
+        raise ValueError(f"OTEL_BSP_SCHEDULE_DELAY={value!r}: give the export delay in milliseconds (>= 10)")
+    return int(value)
 
 
 def setup_tracing(service: str, config: TracingConfig | None = None) -> bool:
@@ -108,11 +123,12 @@ def setup_tracing(service: str, config: TracingConfig | None = None) -> bool:
     from opentelemetry import trace
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+    from infra.tracer import FastTracerProvider
+
     name = os.environ.get("OTEL_SERVICE_NAME") or f"stacx-{service}"
-    provider = TracerProvider(
+    provider = FastTracerProvider(
         resource=Resource.create({"service.name": name, "service.namespace": "stacx"}),
         sampler=sampler(config.sample_ratio),
     )

@@ -37,6 +37,31 @@ def test_no_headers_and_no_spans_while_tracing_is_off() -> None:
         producer.close(0)
 
 
+def test_a_span_is_current_inside_its_block_and_ended_after_it() -> None:
+    with in_memory_tracing() as spans:
+        with span("stacx.test", "outer") as outer:
+            assert outer is not None and trace.get_current_span() is outer
+            with span("stacx.test", "inner") as inner:
+                assert trace.get_current_span() is inner
+            assert trace.get_current_span() is outer and not inner.is_recording()
+        assert not trace.get_current_span().get_span_context().is_valid
+    by_name = {s.name: s for s in spans.get_finished_spans()}
+    assert by_name["inner"].parent is not None
+    assert by_name["inner"].parent.span_id == by_name["outer"].context.span_id
+    assert by_name["outer"].status.status_code is trace.StatusCode.UNSET
+
+
+def test_an_exception_leaving_a_span_is_recorded_as_an_error_and_the_span_still_ends() -> None:
+    with in_memory_tracing() as spans:
+        with pytest.raises(RuntimeError), span("stacx.test", "failing"):
+            raise RuntimeError("sandbox gone")
+        assert not trace.get_current_span().get_span_context().is_valid  # the context is restored
+    (failed,) = spans.get_finished_spans()
+    assert failed.status.status_code is trace.StatusCode.ERROR
+    assert failed.status.description == "RuntimeError: sandbox gone"
+    assert [e.name for e in failed.events] == ["exception"]
+
+
 def test_an_event_outside_any_span_gets_a_publish_span_and_its_traceparent() -> None:
     producer = _producer()
     try:
@@ -145,10 +170,20 @@ def test_tracing_config_from_the_otel_variables() -> None:
         TracingConfig.from_env({"OTEL_TRACES_EXPORTER": "zipkin"})
 
 
+def test_spans_are_exported_every_five_seconds_unless_the_variable_says_otherwise() -> None:
+    assert TracingConfig().export_delay_ms == TracingConfig.from_env({}).export_delay_ms == 5000
+    assert TracingConfig.from_env({"OTEL_BSP_SCHEDULE_DELAY": "250"}).export_delay_ms == 250
+    with pytest.raises(ValueError, match="OTEL_BSP_SCHEDULE_DELAY='1s'"):
+        TracingConfig.from_env({"OTEL_BSP_SCHEDULE_DELAY": "1s"})
+
+
 def test_the_tracing_section_round_trips_through_the_variables() -> None:
-    section = TracingConfig(enabled=True, endpoint="http://127.0.0.1:4318", sample_ratio=0.25)
+    section = TracingConfig(
+        enabled=True, endpoint="http://127.0.0.1:4318", sample_ratio=0.25, export_delay_ms=200
+    )
     back = TracingConfig.from_env(section.to_env())
     assert back.enabled and back.endpoint == section.endpoint and back.sample_ratio == 0.25
+    assert back.export_delay_ms == 200  # a service started with the section's variables exports as often
     assert not TracingConfig.from_env(TracingConfig(enabled=False).to_env()).enabled
 
 

@@ -1,0 +1,135 @@
+"""The short span path of `FastTracerProvider` gives the spans the SDK's own path gives."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from opentelemetry import propagate, trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.util._once import Once
+
+from infra.telemetry import sampler
+from infra.tracer import FastTracerProvider
+
+REMOTE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-{flags}"
+
+
+@contextmanager
+def _installed(provider: TracerProvider) -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    saved = trace._TRACER_PROVIDER, trace._TRACER_PROVIDER_SET_ONCE
+    trace._TRACER_PROVIDER_SET_ONCE = Once()
+    trace.set_tracer_provider(provider)
+    try:
+        yield exporter
+    finally:
+        provider.shutdown()
+        trace._TRACER_PROVIDER, trace._TRACER_PROVIDER_SET_ONCE = saved
+
+
+def _episode(tracer: trace.Tracer) -> dict[str, str]:
+    """A root with attributes, a CLIENT child linked to a remote span, a child of a remote parent
+    carrying tracestate; returns the child's outgoing headers."""
+    remote = propagate.extract({"traceparent": REMOTE.format(flags="01"), "tracestate": "vendor=1"})
+    link = trace.Link(trace.get_current_span(remote).get_span_context(), {"why": "batch"})
+    headers: dict[str, str] = {}
+    with tracer.start_as_current_span(
+        "episode", attributes={"stacx.task_id": "t-1", "stacx.sample_index": 3}
+    ):
+        with tracer.start_as_current_span("generate", kind=trace.SpanKind.CLIENT, links=[link]) as child:
+            child.set_attribute("gen_ai.usage.output_tokens", 7)
+            child.set_attributes(
+                {"gen_ai.response.finish_reasons": ["stop"], "stacx.dropped": None}
+            )  # cleaned
+            child.set_attributes(
+                {"gen_ai.usage.input_tokens": 12, "stacx.sample_index": 4}
+            )  # plain, replaces
+            propagate.inject(headers)
+    with tracer.start_as_current_span("gateway.exec", context=remote, kind=trace.SpanKind.SERVER):
+        pass
+    return headers
+
+
+def _shape(spans: tuple[ReadableSpan, ...]) -> list[tuple[object, ...]]:
+    """What a trace backend sees of each span, ids made relative (they are random)."""
+    ids = {s.context.span_id: s.name for s in spans}
+    return [
+        (
+            s.name,
+            s.kind,
+            ids.get(s.parent.span_id, "remote") if s.parent else None,
+            s.parent.is_remote if s.parent else None,
+            int(s.context.trace_flags),
+            s.context.trace_state.to_header(),
+            dict(s.attributes or {}),
+            [(hex(link.context.span_id), dict(link.attributes or {})) for link in s.links],
+            s.status.status_code,
+            s.resource.attributes.get("service.name"),
+            s.instrumentation_scope.name if s.instrumentation_scope else None,
+        )
+        for s in spans
+    ]
+
+
+def test_the_short_path_makes_the_spans_the_sdk_makes() -> None:
+    shapes = []
+    for provider_type in (TracerProvider, FastTracerProvider):
+        with _installed(provider_type(sampler=sampler(1.0))) as exporter:
+            headers = _episode(trace.get_tracer("stacx.test"))
+        spans = exporter.get_finished_spans()
+        shapes.append(_shape(spans))
+        (episode,) = (s for s in spans if s.name == "episode")
+        (generate,) = (s for s in spans if s.name == "generate")
+        assert headers["traceparent"].split("-")[1] == f"{episode.context.trace_id:032x}"
+        assert headers["traceparent"].split("-")[2] == f"{generate.context.span_id:016x}"
+        (gateway,) = (s for s in spans if s.name == "gateway.exec")
+        assert gateway.context.trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+    assert shapes[0] == shapes[1]
+
+
+def test_an_unsampled_parent_makes_an_unrecorded_child_as_in_the_sdk() -> None:
+    with _installed(FastTracerProvider(sampler=sampler(1.0))) as exporter:
+        unsampled = propagate.extract({"traceparent": REMOTE.format(flags="00")})
+        with trace.get_tracer("stacx.test").start_as_current_span("child", context=unsampled) as child:
+            assert not child.is_recording()
+            assert child.get_span_context().trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+    assert exporter.get_finished_spans() == ()
+
+
+def test_a_ratio_sampler_keeps_the_sdks_decisions() -> None:
+    with _installed(FastTracerProvider(sampler=sampler(0.0))) as exporter:
+        with trace.get_tracer("stacx.test").start_as_current_span("root") as root:
+            assert not root.is_recording()
+    assert exporter.get_finished_spans() == ()
+
+
+class _Keep(SpanExporter):
+    def __init__(self) -> None:
+        self.spans: list[ReadableSpan] = []
+
+    def export(self, spans: object) -> SpanExportResult:
+        self.spans.extend(spans)  # type: ignore[call-overload]
+        return SpanExportResult.SUCCESS
+
+
+def test_a_finished_span_reaches_the_processors_as_itself_and_refuses_changes() -> None:
+    provider = FastTracerProvider(sampler=sampler(1.0))
+    kept = _Keep()
+    provider.add_span_processor(SimpleSpanProcessor(kept))
+    span = provider.get_tracer("stacx.test").start_span("step", attributes={"stacx.step": 1})
+    span.end()
+    assert kept.spans == [span]
+    span.set_attribute("stacx.step", 2)  # an ended span: ignored (the SDK logs a warning)
+    assert kept.spans[0].attributes == {"stacx.step": 1}
+
+
+def test_each_root_starts_its_own_trace() -> None:
+    with _installed(FastTracerProvider(sampler=sampler(1.0))) as exporter:
+        for _ in range(3):
+            with trace.get_tracer("stacx.test").start_as_current_span("episode"):
+                pass
+    assert len({s.context.trace_id for s in exporter.get_finished_spans()}) == 3
