@@ -8,7 +8,9 @@ parent gives a new sampled trace. `FastTracerProvider` makes such spans without 
 its result objects and the tracer's no-op metrics; and a finished span goes to the span processors
 as itself (the SDK copies it into a `ReadableSpan` that shares its attributes, events and links
 anyway; an ended span refuses changes). Anything else (a ratio sampler, an unsampled parent, a
-disabled tracer, the SDK's own metrics turned on) takes the SDK's path unchanged.
+disabled tracer, the SDK's own metrics turned on) takes the SDK's path unchanged, and so does
+every span when an SDK release has moved the internals the short path uses (`_Span`'s constructor,
+`ParentBased`'s delegates, `BoundedAttributes`): the tests compare both paths' spans.
 """
 
 from __future__ import annotations
@@ -47,7 +49,10 @@ class _FinishedAsIs(_Span):
             if self._end_time is not None:
                 super().set_attributes(attributes)  # the SDK's warning for an ended span
                 return
-            self._attributes._dict.update(attributes)  # type: ignore[union-attr]
+            try:
+                self._attributes._dict.update(attributes)  # type: ignore[union-attr]
+            except AttributeError:  # an SDK without that dict: its own path
+                super().set_attributes(attributes)
 
     def _plain(self, attributes: Mapping[str, types.AnyValue]) -> bool:
         """Values the SDK would keep as they are, and room for all of them."""
@@ -93,22 +98,27 @@ class _FastTracer(Tracer):
             trace_flags=flags,
             trace_state=state,
         )
-        span = _FinishedAsIs(
-            name=name,
-            context=span_context,
-            parent=parent,
-            sampler=self.sampler,
-            resource=self.resource,
-            attributes=None,
-            span_processor=self.span_processor,
-            kind=kind,
-            links=links or (),
-            instrumentation_info=self.instrumentation_info,
-            record_exception=record_exception,
-            set_status_on_exception=set_status_on_exception,
-            limits=self._span_limits,
-            instrumentation_scope=self._instrumentation_scope,
-        )
+        try:
+            span = _FinishedAsIs(
+                name=name,
+                context=span_context,
+                parent=parent,
+                sampler=self.sampler,
+                resource=self.resource,
+                attributes=None,
+                span_processor=self.span_processor,
+                kind=kind,
+                links=links or (),
+                instrumentation_info=self.instrumentation_info,
+                record_exception=record_exception,
+                set_status_on_exception=set_status_on_exception,
+                limits=self._span_limits,
+                instrumentation_scope=self._instrumentation_scope,
+            )
+        except (AttributeError, TypeError):  # an SDK whose internals moved: its own path
+            return super().start_span(
+                name, context, kind, attributes, links, start_time, record_exception, set_status_on_exception
+            )
         if attributes:
             span.set_attributes(attributes)
         span.start(start_time=start_time, parent_context=context)
@@ -118,20 +128,22 @@ class _FastTracer(Tracer):
         """The sampler would keep this span, and nothing else needs the SDK's path."""
         if not (_always_on(self.sampler) and self._is_enabled()):
             return False
-        if not isinstance(self._tracer_metrics, NoOpTracerMetrics):
+        if not isinstance(getattr(self, "_tracer_metrics", None), NoOpTracerMetrics):
             return False
         return parent is None or not parent.is_valid or parent.trace_flags.sampled
 
 
 def _always_on(sampler: object) -> bool:
     """`ParentBased(ALWAYS_ON)` with its default delegates: every root kept, children follow."""
+    delegates = {
+        name: getattr(sampler, name, None)
+        for name in ("_root", "_remote_parent_sampled", "_local_parent_sampled")
+    }
     return (
         isinstance(sampler, ParentBased)
-        and sampler._root is ALWAYS_ON
-        and sampler._remote_parent_sampled is ALWAYS_ON
-        and sampler._local_parent_sampled is ALWAYS_ON
-        and sampler._remote_parent_not_sampled is ALWAYS_OFF
-        and sampler._local_parent_not_sampled is ALWAYS_OFF
+        and all(d is ALWAYS_ON for d in delegates.values())
+        and getattr(sampler, "_remote_parent_not_sampled", None) is ALWAYS_OFF
+        and getattr(sampler, "_local_parent_not_sampled", None) is ALWAYS_OFF
     )
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util._once import Once
 
+from infra import tracer as tracer_module
 from infra.telemetry import sampler
 from infra.tracer import FastTracerProvider
 
@@ -133,3 +135,28 @@ def test_each_root_starts_its_own_trace() -> None:
             with trace.get_tracer("stacx.test").start_as_current_span("episode"):
                 pass
     assert len({s.context.trace_id for s in exporter.get_finished_spans()}) == 3
+
+
+
+class _OtherArguments:
+    """A `_Span` of an SDK release that takes other constructor arguments."""
+
+    def __init__(self, **kwargs: object) -> None:
+        raise TypeError("unexpected keyword argument 'instrumentation_info'")
+
+
+def test_an_sdk_whose_span_constructor_moved_gets_its_own_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    with _installed(TracerProvider(sampler=sampler(1.0))) as exporter:
+        _episode(trace.get_tracer("stacx.test"))
+    expected = _shape(exporter.get_finished_spans())
+    monkeypatch.setattr(tracer_module, "_FinishedAsIs", _OtherArguments)
+    with _installed(FastTracerProvider(sampler=sampler(1.0))) as exporter:
+        _episode(trace.get_tracer("stacx.test"))
+    assert _shape(exporter.get_finished_spans()) == expected
+
+
+def test_a_sampler_without_the_known_delegates_is_not_taken_for_always_on() -> None:
+    moved = sampler(1.0)
+    del moved._root  # type: ignore[attr-defined]
+    assert tracer_module._always_on(sampler(1.0)) and not tracer_module._always_on(moved)
+    assert not tracer_module._always_on(sampler(0.5))
