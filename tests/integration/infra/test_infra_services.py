@@ -6,14 +6,30 @@ import subprocess
 import sys
 from pathlib import Path
 
+from confluent_kafka.admin import AdminClient
+
 from infra.services import kafka, smoke
 from schemas import topics
 
 STACX = str(Path(sys.executable).with_name("stacx"))
 
 
+def _smoke_topics(bootstrap: str) -> set[str]:
+    names = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics
+    return {n for n in names if n.startswith("stacx.smoke.")}
+
+
 def test_produce_consume_round_trip(kafka_bootstrap: str) -> None:
     assert "read back one record" in smoke.kafka_round_trip(kafka_bootstrap)
+
+
+def test_the_smoke_command_leaves_no_topic_behind(kafka_bootstrap: str, sandbox_image: str) -> None:
+    """`stacx infra smoke` (and `infra up`, which runs it) deletes its topic before it exits."""
+    before = _smoke_topics(kafka_bootstrap)
+    proc = subprocess.run([STACX, "infra", "smoke"], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "read back one record" in proc.stdout
+    assert _smoke_topics(kafka_bootstrap) == before
 
 
 def test_infra_up_again_is_a_no_op(kafka_bootstrap: str, sandbox_image: str) -> None:
