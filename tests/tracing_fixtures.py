@@ -16,11 +16,12 @@ from opentelemetry.util._once import Once
 
 
 @contextmanager
-def in_memory_tracing() -> Iterator[InMemorySpanExporter]:
-    """Install a recording TracerProvider for the block (what a service's set-up does), then put
-    the previous (no-op) one back so that other tests run with tracing off."""
+def in_memory_tracing(provider: TracerProvider | None = None) -> Iterator[InMemorySpanExporter]:
+    """Install a recording TracerProvider (`provider`, or a default one) for the block (what a
+    service's set-up does), then put the previous (no-op) one back so that other tests run with
+    tracing off."""
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
+    provider = provider or TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     saved = trace._TRACER_PROVIDER, trace._TRACER_PROVIDER_SET_ONCE
     trace._TRACER_PROVIDER_SET_ONCE = Once()

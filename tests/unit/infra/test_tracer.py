@@ -2,35 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import pytest
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.util._once import Once
+from tracing_fixtures import in_memory_tracing
 
 from infra import tracer as tracer_module
 from infra.telemetry import sampler
 from infra.tracer import FastTracerProvider
 
 REMOTE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-{flags}"
-
-
-@contextmanager
-def _installed(provider: TracerProvider) -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    saved = trace._TRACER_PROVIDER, trace._TRACER_PROVIDER_SET_ONCE
-    trace._TRACER_PROVIDER_SET_ONCE = Once()
-    trace.set_tracer_provider(provider)
-    try:
-        yield exporter
-    finally:
-        provider.shutdown()
-        trace._TRACER_PROVIDER, trace._TRACER_PROVIDER_SET_ONCE = saved
 
 
 def _episode(tracer: trace.Tracer) -> dict[str, str]:
@@ -80,7 +62,7 @@ def _shape(spans: tuple[ReadableSpan, ...]) -> list[tuple[object, ...]]:
 def test_the_short_path_makes_the_spans_the_sdk_makes() -> None:
     shapes = []
     for provider_type in (TracerProvider, FastTracerProvider):
-        with _installed(provider_type(sampler=sampler(1.0))) as exporter:
+        with in_memory_tracing(provider_type(sampler=sampler(1.0))) as exporter:
             headers = _episode(trace.get_tracer("stacx.test"))
         spans = exporter.get_finished_spans()
         shapes.append(_shape(spans))
@@ -94,7 +76,7 @@ def test_the_short_path_makes_the_spans_the_sdk_makes() -> None:
 
 
 def test_an_unsampled_parent_makes_an_unrecorded_child_as_in_the_sdk() -> None:
-    with _installed(FastTracerProvider(sampler=sampler(1.0))) as exporter:
+    with in_memory_tracing(FastTracerProvider(sampler=sampler(1.0))) as exporter:
         unsampled = propagate.extract({"traceparent": REMOTE.format(flags="00")})
         with trace.get_tracer("stacx.test").start_as_current_span("child", context=unsampled) as child:
             assert not child.is_recording()
@@ -103,7 +85,7 @@ def test_an_unsampled_parent_makes_an_unrecorded_child_as_in_the_sdk() -> None:
 
 
 def test_a_ratio_sampler_keeps_the_sdks_decisions() -> None:
-    with _installed(FastTracerProvider(sampler=sampler(0.0))) as exporter:
+    with in_memory_tracing(FastTracerProvider(sampler=sampler(0.0))) as exporter:
         with trace.get_tracer("stacx.test").start_as_current_span("root") as root:
             assert not root.is_recording()
     assert exporter.get_finished_spans() == ()
@@ -130,7 +112,7 @@ def test_a_finished_span_reaches_the_processors_as_itself_and_refuses_changes() 
 
 
 def test_each_root_starts_its_own_trace() -> None:
-    with _installed(FastTracerProvider(sampler=sampler(1.0))) as exporter:
+    with in_memory_tracing(FastTracerProvider(sampler=sampler(1.0))) as exporter:
         for _ in range(3):
             with trace.get_tracer("stacx.test").start_as_current_span("episode"):
                 pass
@@ -146,11 +128,11 @@ class _OtherArguments:
 
 
 def test_an_sdk_whose_span_constructor_moved_gets_its_own_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    with _installed(TracerProvider(sampler=sampler(1.0))) as exporter:
+    with in_memory_tracing(TracerProvider(sampler=sampler(1.0))) as exporter:
         _episode(trace.get_tracer("stacx.test"))
     expected = _shape(exporter.get_finished_spans())
     monkeypatch.setattr(tracer_module, "_FinishedAsIs", _OtherArguments)
-    with _installed(FastTracerProvider(sampler=sampler(1.0))) as exporter:
+    with in_memory_tracing(FastTracerProvider(sampler=sampler(1.0))) as exporter:
         _episode(trace.get_tracer("stacx.test"))
     assert _shape(exporter.get_finished_spans()) == expected
 
