@@ -12,16 +12,18 @@ Scale-out: `stacx assemble` worker processes (one, then two, in one consumer gro
 stable the trajectories (built and encoded once beforehand, written lz4-compressed like every
 STACX producer) are written, so no rebalance falls inside the measurement and the writer takes
 little CPU from the workers. Rate: the trajectories of every batch after the first, over the time
-from the first batch to the last. The window: `--scale-out-trajectories` (32,768 by default,
-several seconds of work for one worker and for two) per run, `--scale-out-rounds` (3) rounds of
-one worker then two, same work and settings on both sides; `scale_out_ratio` = the best two-worker
+from the first batch to the last, of the batches written after the input was (the writer's
+and the broker's intake stay out of the window, and the bench reads no batch inside it: it
+polls the batches topic's end offset, and reads the batches' timestamps afterwards). The work:
+`--scale-out-trajectories` (65,536 by default, 7-12 s of work for one worker or two) per run,
+`--scale-out-rounds` (3) rounds of one worker then two, same work and settings on both sides; `scale_out_ratio` = the best two-worker
 rate / the best one-worker rate (the rates of every run are listed). Each scale-out run also
 reports the CPU per trajectory of the workers and of the local broker (found by its `kafka.Kafka`
-JVM), and the cores busy on the whole machine meanwhile. The default run takes about 2.5 minutes.
+JVM), and the cores busy on the whole machine meanwhile. The default run takes about 4 minutes.
 Last stdout line: the JSON figure object.
 
     .venv/bin/python bench/assembly.py --json [--trajectories 4096] [--tokens 512] [--runs 3]
-        [--scale-out-trajectories 32768] [--scale-out-rounds 3]
+        [--scale-out-trajectories 65536] [--scale-out-rounds 3]
 """
 
 from __future__ import annotations
@@ -241,8 +243,24 @@ def _wait_stable(admin: AdminClient, group: str, members: int, timeout_s: float 
     raise SystemExit(f"consumer group {group} never became stable with {members} members")
 
 
+def _wait_for_batches(bootstrap: str, topic: str, expected: int, timeout_s: float = 900.0) -> None:
+    """Until `topic` (one partition) holds `expected` records: its end offset, polled every 0.2 s,
+    so the bench reads no batch while the workers run."""
+    from confluent_kafka import TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}"})
+    deadline = time.monotonic() + timeout_s
+    try:
+        while consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1] < expected:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{topic}: fewer than {expected} batches within {timeout_s:.0f}s")
+            time.sleep(0.2)
+    finally:
+        consumer.close()
+
+
 def _batch_times(bootstrap: str, topic: str, expected: int, timeout_s: float = 900.0) -> list[int]:
-    """Broker timestamps (ms) of the first `expected` batches on `topic`."""
+    """Timestamps (ms) of the first `expected` batches on `topic`."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -352,11 +370,13 @@ def run_workers(
             _wait_stable(admin, app_id, num_workers)
             time.sleep(3.0)  # let the table recovery of the last assignment finish
             broker = _broker_process()
-            before, each_before = _cpu_snapshot(procs, broker), _cpu_each(procs)
             count = _preload(bootstrap, names["trajectories_topic"], records)
+            written_ms = time.time() * 1000
+            before, each_before = _cpu_snapshot(procs, broker), _cpu_each(procs)
             expected = count // (args.group_size * args.batch_size)
-            times = _batch_times(bootstrap, names["batches_topic"], expected)
+            _wait_for_batches(bootstrap, names["batches_topic"], expected)
             after, each_after = _cpu_snapshot(procs, broker), _cpu_each(procs)
+            times = [t for t in _batch_times(bootstrap, names["batches_topic"], expected) if t >= written_ms]
             cpu_s, broker_cpu_s, busy_s, iowait_s, written, wall_s = (
                 a - b for a, b in zip(after, before, strict=True)
             )
@@ -375,10 +395,13 @@ def run_workers(
             except Exception:
                 pass
     per_batch = args.group_size * args.batch_size
+    if len(times) < 2:
+        raise SystemExit(f"{len(times)} batches written after the input: raise --scale-out-trajectories")
     seconds = max((times[-1] - times[0]) / 1000, 1e-3)
     return {
         "workers": num_workers,
         "batches": len(times),
+        "batches_before_window": expected - len(times),
         "seconds": seconds,
         "rate": (len(times) - 1) * per_batch / seconds,
         "cpu_ms_per_trajectory": round(1000 * cpu_s / count, 3),
@@ -442,6 +465,7 @@ def run_rounds(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "worker_cores_busy": {n: r["worker_cores_busy"] for n, r in scale.items()},
         "cores_busy_by_worker": {n: r["cores_busy_by_worker"] for n, r in scale.items()},
         "scale_out_seconds": {n: round(r["seconds"], 2) for n, r in scale.items()},
+        "batches_before_window": {n: r["batches_before_window"] for n, r in scale.items()},
         "scale_out_measured_s": {n: r["measured_s"] for n, r in scale.items()},
         "iowait_cores": {n: r["iowait_cores"] for n, r in scale.items()},
         "disk_write_mb_per_s": {n: r["disk_write_mb_per_s"] for n, r in scale.items()},
@@ -462,7 +486,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--runs", type=int, default=3, help="rounds of baseline and assembler")
     parser.add_argument(
-        "--scale-out-trajectories", type=int, default=32768, help="trajectories per scale-out run"
+        "--scale-out-trajectories", type=int, default=65536, help="trajectories per scale-out run"
     )
     parser.add_argument("--scale-out-rounds", type=int, default=3, help="rounds of one and two workers")
     parser.add_argument("--standby-replicas", type=int, default=0, help="scale-out workers (default 0)")
