@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from assembly_worker import AssemblerProcess, consume_records, one_group_config
 from confluent_kafka import ConsumerGroupState, Producer
 from confluent_kafka.admin import AdminClient
@@ -44,10 +45,12 @@ def _stable_assignment(
     raise AssertionError(f"group {group} never became stable with {members} members: {found}")
 
 
+@pytest.mark.parametrize("standbys", [0, 1])
 def test_the_batch_stage_worker_gets_fewer_trajectories_partitions(
-    kafka_bootstrap: str, fresh_topic: Callable[..., str], tmp_path: Path, app_ids: list[str]
+    kafka_bootstrap: str, fresh_topic: Callable[..., str], tmp_path: Path, app_ids: list[str], standbys: int
 ) -> None:
     config = one_group_config(fresh_topic, kafka_bootstrap, tmp_path, "scale", partitions=PARTITIONS)
+    config["standby_replicas"] = standbys
     app_ids.append(config["app_id"])
     traj_topic, groups_topic = config["trajectories_topic"], f"{config['app_id']}-groups"
     ticks_topic = f"{config['app_id']}-ticks"
@@ -62,6 +65,9 @@ def test_the_batch_stage_worker_gets_fewer_trajectories_partitions(
         assert stage2[traj_topic] | other[traj_topic] == set(range(PARTITIONS))
         for member in members:  # the ticks topic is co-partitioned: it follows
             assert member[ticks_topic] == member[traj_topic], members
+        changelog = f"{config['app_id']}-groups-changelog"
+        for member, peer in ((stage2, other), (other, stage2)):  # a standby mirrors the peer's
+            assert member[changelog] == member[traj_topic] | (peer[traj_topic] if standbys else set())
 
         producer = Producer({"bootstrap.servers": kafka_bootstrap, "compression.type": "lz4"})
         groups = [f"g{n}" for n in range(16)]
