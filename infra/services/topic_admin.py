@@ -35,7 +35,9 @@ __all__ = [
     "topic_infos",
 ]
 
-_RUN_TOPIC = re.compile(r"^stacx\.(?:" + "|".join(re.escape(k) for k in topics.KINDS) + r")\.(?P<run>[^.]+)$")
+_RUN_KINDS = (*topics.KINDS, topics.ONCALL_TRAJECTORIES.removeprefix("stacx."))
+"""The standard kinds, and the on-call join's output (`stacx.oncall.trajectories.<run>`)."""
+_RUN_TOPIC = re.compile(r"^stacx\.(?:" + "|".join(re.escape(k) for k in _RUN_KINDS) + r")\.(?P<run>[^.]+)$")
 _WORKER_PREFIXES = ("stacx-assembler-", "stacx-oncall-join-")
 _GROUP_PREFIXES = (
     "stacx-assembler-",
@@ -43,6 +45,7 @@ _GROUP_PREFIXES = (
     "stacx-rollout-weights-",
     "stacx-rollout-",
     "stacx-oncall-join-",
+    "stacx-oncall-learner-",
 )
 _TIMEOUT_S = 30.0
 _WAIT_S = _TIMEOUT_S + 15.0

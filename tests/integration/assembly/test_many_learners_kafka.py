@@ -43,7 +43,7 @@ def _feed(feed: LearnerFeed, total: int, seen: list[str], kept: list[str]) -> No
 
 
 def test_three_learners_each_read_every_trajectory_once(
-    kafka_bootstrap: str, fresh_topic: Callable[..., str], tmp_path: Path
+    kafka_bootstrap: str, fresh_topic: Callable[..., str], tmp_path: Path, app_ids: list[str]
 ) -> None:
     run = uuid.uuid4().hex[:8]
     topic, batches, weights = (
@@ -57,6 +57,7 @@ def test_three_learners_each_read_every_trajectory_once(
     )
     events = _trajectories()
     groups = {"grpo": f"stacx-assembler-{run}", "reward": f"stacx-reward-{run}", "sft": f"stacx-sft-{run}"}
+    app_ids.append(groups["grpo"])
     config = {
         "app_id": groups["grpo"], "bootstrap_servers": kafka_bootstrap, "trajectories_topic": topic,
         "batches_topic": batches, "weights_topic": weights, "datadir": str(tmp_path / "data"),

@@ -58,13 +58,14 @@ def _wait_committed(bootstrap: str, group: str, topic: str, count: int, timeout_
 
 
 def test_join_worker_emits_rewarded_trajectories_and_dead_letters_late_feedback(
-    kafka_bootstrap: str, fresh_topic: Callable[..., str], tmp_path: Path
+    kafka_bootstrap: str, fresh_topic: Callable[..., str], tmp_path: Path, app_ids: list[str]
 ) -> None:
     logs, feedback = fresh_topic("agent-logs", partitions=2), fresh_topic("feedback", partitions=2)
     dlq = fresh_topic("dlq", partitions=1)
     out = f"test.oncall-trajectories.{uuid.uuid4().hex[:10]}"
     config = tmp_path / "oncall.yaml"
     app_id = f"test-join-{uuid.uuid4().hex[:8]}"
+    app_ids.extend([app_id, out])  # the join worker's own topics and its output go after the test
     config.write_text(
         yaml.safe_dump(
             {

@@ -9,6 +9,9 @@ def test_run_topics_name_their_run_and_workers_belong_to_the_longest_known_run()
     assert run_of("stacx.trajectories.quick-20261130-120000") == "quick-20261130-120000"
     assert run_of("stacx.agent-logs.r1") == "r1"
     assert run_of("stacx.trajectories") is None
+    assert run_of("stacx.oncall.trajectories.r2") == "r2"  # the on-call demo's join output
+    assert run_of("stacx.oncall.trajectories") is None
+    assert run_of("stacx-oncall-learner-r2", ["r2"]) == "r2"
     known = ["quick-1", "quick-1-b"]
     assert run_of("stacx-assembler-quick-1-b-ticks", known) == "quick-1-b"
     assert run_of("stacx-assembler-quick-1-pool-changelog", known) == "quick-1"

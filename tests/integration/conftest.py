@@ -1,4 +1,4 @@
-"""Fixtures of the assembler's Kafka tests."""
+"""Fixtures of the integration tests."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from confluent_kafka.admin import AdminClient
 
 @pytest.fixture
 def app_ids(kafka_bootstrap: str) -> Iterator[list[str]]:
-    """Faust app ids a test uses; their internal topics (ticks, groups, changelogs) are deleted after."""
+    """Faust app ids a test uses; their internal topics (ticks, groups, changelogs) are deleted
+    after, like every topic whose name starts with one of them (a test may add any such prefix)."""
     ids: list[str] = []
     yield ids
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
