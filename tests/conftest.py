@@ -6,6 +6,7 @@ is missing: the message says how to start it.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -131,3 +132,18 @@ def sandbox_image(docker_client) -> str:  # type: ignore[no-untyped-def]
     except docker.errors.ImageNotFound:
         pytest.fail(f"sandbox image {SANDBOX_IMAGE} is missing; {START_HINT}", pytrace=False)
     return SANDBOX_IMAGE
+
+
+@pytest.fixture
+def app_ids(kafka_bootstrap: str) -> Iterator[list[str]]:
+    """Faust app ids a test uses; their internal topics (ticks, groups, changelogs) are deleted
+    after, like every topic whose name starts with one of them (a test may add any such prefix)."""
+    from confluent_kafka.admin import AdminClient
+
+    ids: list[str] = []
+    yield ids
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    doomed = [t for t in admin.list_topics(timeout=10).topics if t.startswith(tuple(ids))]
+    for future in admin.delete_topics(doomed).values() if doomed else []:
+        with contextlib.suppress(Exception):  # housekeeping only: a topic already gone is fine
+            future.result(timeout=30)
