@@ -49,7 +49,7 @@ from consumers.assembly.claims import BatchEncoder, decode_trajectory
 from consumers.assembly.envelope import encode_group
 from consumers.assembly.errors import AssemblyConfigError, AssemblyError
 from consumers.assembly.filters import SampleFilter, invalid_reason
-from consumers.assembly.gaps import GapReader, InputOrder, KafkaGapReader
+from consumers.assembly.gaps import GapReader, InputOrder, KafkaGapReader, Refetched, ack
 from consumers.assembly.grouping import GroupAssembler
 from consumers.assembly.holding import GroupRecords, HeldAcks, PendingMarks, TrackedPool
 from consumers.assembly.mixture import MixturePlanner
@@ -347,7 +347,7 @@ class AssemblerApp:
             if failed is not None:
                 await self.app.crash(failed)
             for done in self.held.ready():
-                await _ack(stream, done)
+                await ack(stream, done)
 
     async def _in_order(self, event: Any) -> list[Any]:
         """The events to process for one delivered `event`, in offset order: none when it was
@@ -369,7 +369,7 @@ class AssemblerApp:
             return []
         if missing is None:
             return []
-        return [*(_Refetched.of(record, source, message.generation_id) for record in missing), event]
+        return [*(Refetched.of(record, source, message.generation_id) for record in missing), event]
 
     def _reader(self) -> GapReader:
         if self.gap_reader is None:
@@ -386,7 +386,7 @@ class AssemblerApp:
             if failed is not None:
                 await self.app.crash(failed)
             for done in self.pool_held.ready():
-                await _ack(stream, done)
+                await ack(stream, done)
 
     async def _on_pooled_event(self, event: Any) -> list[Output]:
         """Stage 2 for one event of the groups topic; sends its outputs."""
@@ -725,40 +725,6 @@ def _drop_bytes(event: Any) -> None:
     group's payloads or a pooled group as long as they are needed, and no longer."""
     event.value = None
     event.message.value = None
-
-
-@dataclass(slots=True)
-class _Refetched:
-    """An input event Faust dropped, read straight from Kafka (`gaps`): acknowledged through
-    the consumer, like the stream acknowledges the events it delivered."""
-
-    message: faust.types.Message
-    value: bytes | None
-
-    @classmethod
-    def of(cls, record: Any, tp: TP, generation_id: int) -> _Refetched:
-        """From a confluent-kafka `record` of `tp`."""
-        message = faust.types.Message(
-            record.topic(),
-            record.partition(),
-            record.offset(),
-            record.timestamp()[1] / 1000.0,
-            record.timestamp()[0],
-            record.headers() or [],
-            record.key(),
-            record.value(),
-            None,
-            tp=tp,
-            generation_id=generation_id,
-        )
-        return cls(message, record.value())
-
-
-async def _ack(stream: faust.StreamT, event: Any) -> None:
-    if isinstance(event, _Refetched):
-        stream.app.consumer.ack(event.message)
-    else:
-        await stream.ack(event)
 
 
 async def _wait_delivered(deliveries: list[Any]) -> BaseException | None:

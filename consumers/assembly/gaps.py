@@ -26,13 +26,16 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+import faust
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
+from faust.types import TP
 
 from consumers.assembly.errors import AssemblyError
 
-__all__ = ["GapReader", "InputOrder", "KafkaGapReader", "OffsetGuard"]
+__all__ = ["GapReader", "InputOrder", "KafkaGapReader", "OffsetGuard", "Refetched", "ack"]
 
 log = logging.getLogger(__name__)
 
@@ -278,3 +281,38 @@ class InputOrder:
             start = await asyncio.to_thread(reader.start_offset, source.topic, source.partition)
             if not self.guard.knows(source):  # another task may have started it meanwhile
                 self.guard.start(source, start, self._clock())
+
+
+@dataclass(slots=True)
+class Refetched:
+    """An input event Faust dropped, read straight from Kafka (`gaps`): acknowledged through
+    the consumer, like the stream acknowledges the events it delivered."""
+
+    message: faust.types.Message
+    value: bytes | None
+
+    @classmethod
+    def of(cls, record: Any, tp: TP, generation_id: int) -> Refetched:
+        """From a confluent-kafka `record` of `tp`."""
+        message = faust.types.Message(
+            record.topic(),
+            record.partition(),
+            record.offset(),
+            record.timestamp()[1] / 1000.0,
+            record.timestamp()[0],
+            record.headers() or [],
+            record.key(),
+            record.value(),
+            None,
+            tp=tp,
+            generation_id=generation_id,
+        )
+        return cls(message, record.value())
+
+
+async def ack(stream: faust.StreamT, event: Any) -> None:
+    """Acknowledge a processed event: through the stream, or the consumer for a `Refetched` one."""
+    if isinstance(event, Refetched):
+        stream.app.consumer.ack(event.message)
+    else:
+        await stream.ack(event)

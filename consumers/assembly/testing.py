@@ -3,8 +3,12 @@ a builder of small valid trajectories."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
+
+from confluent_kafka import Message
+from faust.types import TP
 
 from consumers.assembly.protocols import Output
 from schemas.records import (
@@ -16,7 +20,15 @@ from schemas.records import (
     trajectory_id,
 )
 
-__all__ = ["ListForwarder", "ReadCountingTable", "RecordsReader", "WriteCountingTable", "make_trajectory"]
+__all__ = [
+    "ListForwarder",
+    "ReadCountingTable",
+    "RecordsReader",
+    "WriteCountingTable",
+    "kafka_record",
+    "make_trajectory",
+    "on_topic",
+]
 
 
 class WriteCountingTable(dict[str, Any]):
@@ -105,6 +117,29 @@ class RecordsReader:
 
     def close(self) -> None:
         pass
+
+
+def kafka_record(topic: str, offset: int, value: bytes, key: bytes = b"", partition: int = 0) -> Message:
+    """A confluent-kafka record, as a `GapReader` returns them."""
+    return Message(topic=topic, partition=partition, offset=offset, key=key, value=value, timestamp=(1, 1000))
+
+
+@contextlib.contextmanager
+def on_topic(agent: Any, topic: str) -> Iterator[None]:
+    """Messages put into a Faust agent's `test_context` meanwhile arrive as if on `topic` (the
+    test channel has no name)."""
+    original = agent.to_message
+
+    def to_message(*args: Any, **kwargs: Any) -> Any:
+        message = original(*args, **kwargs)
+        message.topic, message.tp = topic, TP(topic, message.partition)
+        return message
+
+    agent.to_message = to_message
+    try:
+        yield
+    finally:
+        del agent.to_message
 
 
 def make_trajectory(

@@ -17,13 +17,16 @@ import logging
 import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import faust
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
+from faust.types import TP
 
 from consumers.assembly.app import FaustForwarder, IdempotentApp
+from consumers.assembly.errors import AssemblyError
+from consumers.assembly.gaps import GapReader, InputOrder, KafkaGapReader, Refetched, ack
 from consumers.assembly.protocols import Forwarder, Output
 from consumers.oncall.join import FeedbackJoin, Joined, JoinStats, Rejected, feedback_id
 from schemas import topics
@@ -53,9 +56,7 @@ class OncallJoinApp:
     class Config:
         app_id: str = "stacx-oncall-join"
         """Faust app id: the consumer group and the prefix of internal topics."""
-        bootstrap_servers: str = field(
-            default_factory=topics.default_bootstrap
-        )
+        bootstrap_servers: str = field(default_factory=topics.default_bootstrap)
         """Kafka bootstrap servers."""
         agent_logs_topic: str = topics.AGENT_LOGS
         """Input: `AgentInteraction` events keyed by session id."""
@@ -77,6 +78,10 @@ class OncallJoinApp:
         """Worker data directory."""
         tick_interval_s: float = 1.0
         """How often window ends are checked."""
+        quiet_check_s: float = 5.0
+        """An input partition that got no event for this long is compared with its end in Kafka,
+        and what the agent never got is read directly: Faust can drop the last events it fetched
+        around a rebalance (`consumers/assembly/gaps.py`)."""
         stats_interval_s: float = 30.0
         """How often the counters are logged (0: only at shutdown)."""
         join: FeedbackJoin.Config = field(default_factory=FeedbackJoin.Config)
@@ -85,18 +90,29 @@ class OncallJoinApp:
         """Replication, retention and compression of the topics the worker creates."""
 
         def __post_init__(self) -> None:
-            if self.partitions < 1 or self.tick_interval_s <= 0:
-                raise ValueError("oncall join: partitions must be >= 1 and tick_interval_s > 0")
+            if self.partitions < 1 or self.tick_interval_s <= 0 or self.quiet_check_s <= 0:
+                raise ValueError(
+                    "oncall join: partitions must be >= 1, tick_interval_s and quiet_check_s > 0"
+                )
 
         @property
         def ticks_topic(self) -> str:
             return f"{self.app_id}-ticks"
 
     def __init__(
-        self, config: Config, *, forwarder: Forwarder | None = None, clock: Callable[[], int] = now_ms
+        self,
+        config: Config,
+        *,
+        forwarder: Forwarder | None = None,
+        clock: Callable[[], int] = now_ms,
+        gap_reader: GapReader | None = None,
     ) -> None:
         self.config = config
         self.clock = clock
+        self.gap_reader = gap_reader
+        """Reads what Faust failed to deliver (`gaps`); a Kafka one is made when None."""
+        self.inputs = InputOrder(self._reader, quiet_s=config.quiet_check_s)
+        """Each event of the inputs (agent logs, feedback) once, in offset order."""
         self.stats = JoinStats()
         self.app = _faust_app(config)
         self.forwarder: Forwarder = forwarder or FaustForwarder(self.app)
@@ -108,12 +124,60 @@ class OncallJoinApp:
         self.ticks = self.app.topic(config.ticks_topic, **_RAW)
         self.agent = self.app.agent(self.channel, name="join", sink=[self._publish])(self._stream)
         self.app.timer(config.tick_interval_s, name="ticks")(self._send_ticks)
+        self.app.on_partitions_assigned.connect(cast(Any, self._on_partitions_assigned))
+        self.app.on_partitions_revoked.connect(cast(Any, self._on_partitions_revoked))
         if config.stats_interval_s > 0:
             self.app.timer(config.stats_interval_s, name="stats")(self._log_stats)
 
     async def _stream(self, stream: faust.StreamT) -> AsyncIterator[list[Output]]:
-        async for event in stream.events():
-            yield self.on_message(event.message)
+        async for event in cast(faust.Stream, stream).noack().events():
+            taken = await self._in_order(event)
+            outputs: list[Output] = []
+            for each in taken:
+                outputs += self.on_message(each.message)
+            yield outputs
+            for each in taken or [event]:  # a second delivery is acknowledged like the first
+                await ack(stream, each)
+
+    async def _in_order(self, event: Any) -> list[Any]:
+        """The events to process for one delivered `event`, in offset order: none when it was
+        taken before, else the events Faust dropped ahead of it (read from Kafka) and itself.
+        A tick also brings what a quiet input partition never got."""
+        message = event.message
+        inputs = (self.config.agent_logs_topic, self.config.feedback_topic)
+        missing: list[Any] = []
+        try:
+            if message.topic == self.config.ticks_topic:
+                for topic in inputs:
+                    source = TP(topic, message.partition)
+                    missing += [
+                        Refetched.of(r, source, message.generation_id)
+                        for r in await self.inputs.stalled(source)
+                    ]
+            elif message.topic in inputs:
+                found = await self.inputs.take(message.tp, message.offset)
+                if found is None:
+                    return []
+                missing = [Refetched.of(r, message.tp, message.generation_id) for r in found]
+        except AssemblyError as exc:  # Kafka did not answer: start over from the committed offset
+            await self.app.crash(exc)
+            return []
+        return [*missing, event]
+
+    def _reader(self) -> GapReader:
+        if self.gap_reader is None:
+            self.gap_reader = KafkaGapReader(self.config.bootstrap_servers, self.config.app_id)
+        return self.gap_reader
+
+    async def _on_partitions_assigned(self, sender: Any, assigned: set[Any], **kwargs: Any) -> None:
+        inputs = (self.config.agent_logs_topic, self.config.feedback_topic)
+        try:
+            await self.inputs.assigned({tp for tp in assigned if tp.topic in inputs})
+        except AssemblyError as exc:  # their first event asks again
+            log.warning("cannot read the committed offsets of the assigned partitions: %s", exc)
+
+    async def _on_partitions_revoked(self, sender: Any, revoked: set[Any], **kwargs: Any) -> None:
+        self.inputs.forget(set(revoked))
 
     async def _publish(self, outputs: list[Output]) -> None:
         for output in outputs:

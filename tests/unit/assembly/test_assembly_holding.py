@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
-from confluent_kafka import Message
 from faust.types import TP
 
 from consumers.assembly import TICK_KEY, AssemblerApp, GroupAssembler, MixturePlanner, Output
 from consumers.assembly.holding import GroupRecords, HeldAcks, PendingMarks, TrackedPool
-from consumers.assembly.testing import ListForwarder, RecordsReader, WriteCountingTable, make_trajectory
+from consumers.assembly.testing import (
+    ListForwarder,
+    RecordsReader,
+    WriteCountingTable,
+    kafka_record,
+    make_trajectory,
+    on_topic,
+)
 from schemas.codec import Codec, encode
 from schemas.records import TrainingBatch
 
@@ -114,23 +118,6 @@ async def _put(agent: Any, group: str, index: int, partition: int = 0) -> None:
     await agent.put(encode(traj), key=traj.group_id.encode(), partition=partition)
 
 
-@contextlib.contextmanager
-def _on_topic(agent: Any, topic: str) -> Iterator[None]:
-    """Messages put meanwhile arrive as if on `topic` (the test channel has no name)."""
-    original = agent.to_message
-
-    def on_topic(*args: Any, **kwargs: Any) -> Any:
-        message = original(*args, **kwargs)
-        message.topic, message.tp = topic, TP(topic, message.partition)
-        return message
-
-    agent.to_message = on_topic
-    try:
-        yield
-    finally:
-        del agent.to_message
-
-
 async def test_samples_of_an_open_group_stay_unacknowledged_until_its_output_is_delivered() -> None:
     out = HeldDeliveries()
     asm = _assembler(out)
@@ -156,7 +143,7 @@ async def test_ticks_and_duplicates_are_acknowledged_at_once() -> None:
     asm = _assembler(ListForwarder())
     async with asm.group_agent.test_context() as agent:
         await _put(agent, "g", 0, partition=1)
-        with _on_topic(agent, asm.config.ticks_topic):
+        with on_topic(agent, asm.config.ticks_topic):
             await agent.put(b"0", key=TICK_KEY, partition=0)
         assert asm.held.num_waiting == 1  # the tick went through, g's sample is held
         await _put(agent, "g", 1, partition=1)
@@ -168,7 +155,7 @@ async def test_revoking_a_partition_drops_its_open_groups() -> None:
     asm = _assembler(ListForwarder())
     topic = asm.config.trajectories_topic
     async with asm.group_agent.test_context() as agent:
-        with _on_topic(agent, topic):
+        with on_topic(agent, topic):
             await _put(agent, "g", 0, partition=0)
             await _put(agent, "h", 0, partition=1)
         await asm._on_partitions_revoked(asm.app, {TP(topic, 0), TP(asm.config.ticks_topic, 0)})
@@ -221,10 +208,6 @@ def test_tracked_pool_reports_what_entered_and_left() -> None:
     assert pool.take_changes() == (["a", "b"], ["a"]) and pool.take_changes() == ([], [])
 
 
-def _record(topic: str, offset: int, value: bytes, key: bytes = b"") -> Message:
-    return Message(topic=topic, partition=0, offset=offset, key=key, value=value, timestamp=(1, 1000))
-
-
 def _acks(asm: AssemblerApp) -> list[int]:
     """Offsets acknowledged to the consumer directly from now on."""
     acked: list[int] = []
@@ -242,11 +225,11 @@ def _acks(asm: AssemblerApp) -> list[int]:
 async def test_an_event_the_consumer_dropped_is_read_from_kafka_and_processed_first() -> None:
     out, lost = HeldDeliveries(), make_trajectory("g", 0)
     topic = "stacx.trajectories"
-    reader = RecordsReader([_record(topic, 0, encode(lost), b"g")])
+    reader = RecordsReader([kafka_record(topic, 0, encode(lost), b"g")])
     asm = _assembler(out, reader)
     acked = _acks(asm)
     async with asm.group_agent.test_context() as agent:
-        with _on_topic(agent, topic):
+        with on_topic(agent, topic):
             agent.sent_offset = 1  # offset 0, the committed one, never reaches the agent
             await _put(agent, "g", 1)
             assert reader.reads == [(topic, 0, range(0, 1))]
@@ -262,7 +245,7 @@ async def test_a_second_delivery_of_a_taken_event_is_skipped() -> None:
     asm = _assembler(ListForwarder())
     topic = asm.config.trajectories_topic
     async with asm.group_agent.test_context() as agent:
-        with _on_topic(agent, topic):
+        with on_topic(agent, topic):
             await _put(agent, "g", 0)
             agent.sent_offset = 0  # Faust reads from the committed offset again
             await _put(agent, "g", 0)
@@ -277,10 +260,10 @@ async def test_a_group_the_consumer_dropped_is_read_from_kafka_before_the_next()
             for index in range(2):
                 await _put(agent, group, index)
     first, second = out.on(asm.config.groups_topic)
-    reader = RecordsReader([_record(asm.config.groups_topic, 0, first.value, first.key or b"")])
+    reader = RecordsReader([kafka_record(asm.config.groups_topic, 0, first.value, first.key or b"")])
     asm.gap_reader = reader
     async with asm.batch_agent.test_context() as agent:
-        with _on_topic(agent, asm.config.groups_topic):
+        with on_topic(agent, asm.config.groups_topic):
             agent.sent_offset = 1
             await agent.put(second.value, key=second.key)
     (batch,) = out.on(asm.config.batches_topic)
@@ -291,13 +274,13 @@ async def test_a_group_the_consumer_dropped_is_read_from_kafka_before_the_next()
 async def test_the_dropped_last_sample_of_a_quiet_partition_is_read_on_a_tick() -> None:
     out, lost = ListForwarder(), make_trajectory("g", 1)
     topic = "stacx.trajectories"
-    reader = RecordsReader([_record(topic, 1, encode(lost), b"g")])
+    reader = RecordsReader([kafka_record(topic, 1, encode(lost), b"g")])
     asm = _assembler(out, reader, quiet_check_s=0.05)
     await asm._on_partitions_assigned(asm.app, {TP(topic, 0)})
     async with asm.group_agent.test_context() as agent:
-        with _on_topic(agent, topic):
+        with on_topic(agent, topic):
             await _put(agent, "g", 0)  # offset 0; offset 1, the last one, never arrives
-        with _on_topic(agent, asm.config.ticks_topic):
+        with on_topic(agent, asm.config.ticks_topic):
             await agent.put(b"0", key=TICK_KEY, partition=0)  # too soon: not quiet yet
             assert reader.reads == [] and not out.on(asm.config.groups_topic)
             await asyncio.sleep(0.1)

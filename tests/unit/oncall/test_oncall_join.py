@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
+from faust.types import TP
 from oncall_fixtures import call, rating
 
-from consumers.assembly.testing import ListForwarder
+from consumers.assembly.testing import ListForwarder, RecordsReader, kafka_record, on_topic
 from consumers.oncall import FeedbackJoin, Joined, OncallJoinApp, Rejected
+from consumers.oncall.app import ONCALL_TICK_KEY
 from schemas.codec import decode, encode
 from schemas.records import DeadLetter, Trajectory
 
@@ -129,3 +132,57 @@ async def test_faust_agent_joins_and_dead_letters_late_feedback() -> None:
     letters = [decode(o.value, DeadLetter) for o in forwarder.on(app.config.dlq_topic)]
     assert sorted(d.error_type for d in letters) == ["CodecError", "LateFeedback"]
     assert app.stats.feedback_late == 1 and app.stats.invalid == 1
+
+
+def _join_app(reader: RecordsReader, *, quiet_check_s: float = 5.0) -> tuple[OncallJoinApp, ListForwarder]:
+    forwarder = ListForwarder()
+    config = OncallJoinApp.Config(
+        app_id=f"unit-{uuid.uuid4().hex[:8]}",
+        partitions=2,
+        quiet_check_s=quiet_check_s,
+        join=FeedbackJoin.Config(window_s=WINDOW_S),
+    )
+    return OncallJoinApp(config, forwarder=forwarder, clock=_Clock(), gap_reader=reader), forwarder
+
+
+async def test_an_interaction_the_consumer_dropped_is_read_from_kafka_and_joined_first() -> None:
+    logs = OncallJoinApp.Config().agent_logs_topic
+    reader = RecordsReader([kafka_record(logs, 0, encode(call("s", "c1", [1, 2], [3], at_ms=T0)), b"s", 1)])
+    app, forwarder = _join_app(reader)
+    async with app.agent.test_context() as agent:
+        with on_topic(agent, app.config.agent_logs_topic):
+            agent.sent_offset = 1  # offset 0, the committed one, never reaches the agent
+            await agent.put(encode(call("s", "c2", [1, 2, 3], [4], at_ms=T0 + 5)), key=b"s", partition=1)
+        assert reader.reads == [(logs, 1, range(0, 1))]
+        with on_topic(agent, app.config.feedback_topic):
+            agent.sent_offset = 0
+            await agent.put(encode(rating("s", 1.0, at_ms=T0 + 10)), key=b"s", partition=1)
+    (out,) = forwarder.on(app.config.trajectories_topic)
+    assert app.stats.interactions == 2 and app.stats.feedback_joined == 1
+    assert decode(out.value, Trajectory).metadata["session_id"] == "s"
+
+
+async def test_a_second_delivery_of_an_interaction_is_skipped() -> None:
+    app, _ = _join_app(RecordsReader())
+    async with app.agent.test_context() as agent:
+        with on_topic(agent, app.config.agent_logs_topic):
+            await agent.put(encode(call("s", "c1", [1, 2], [3], at_ms=T0)), key=b"s", partition=0)
+            agent.sent_offset = 0  # Faust reads from the committed offset again
+            await agent.put(encode(call("s", "c1", [1, 2], [3], at_ms=T0)), key=b"s", partition=0)
+    assert app.stats.interactions == 1 and app.stats.duplicate_interactions == 0
+
+
+async def test_the_dropped_last_feedback_of_a_quiet_partition_is_read_on_a_tick() -> None:
+    feedback = OncallJoinApp.Config().feedback_topic
+    lost = kafka_record(feedback, 0, encode(rating("s", 1.0, at_ms=T0 + 10)), b"s", 1)
+    reader = RecordsReader([lost])
+    app, forwarder = _join_app(reader, quiet_check_s=0.05)
+    await app._on_partitions_assigned(app.app, {TP(feedback, 1)})
+    async with app.agent.test_context() as agent:
+        with on_topic(agent, app.config.agent_logs_topic):
+            await agent.put(encode(call("s", "c1", [1, 2], [3], at_ms=T0)), key=b"s", partition=1)
+        await asyncio.sleep(0.1)  # the feedback partition stays quiet
+        with on_topic(agent, app.config.ticks_topic):
+            await agent.put(str(T0 + 20).encode(), key=ONCALL_TICK_KEY, partition=1)
+    assert (feedback, 1, range(0, 1)) in reader.reads
+    assert app.stats.feedback_joined == 1 and len(forwarder.on(app.config.trajectories_topic)) == 1
