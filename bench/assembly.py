@@ -16,8 +16,9 @@ from the first batch to the last, of the batches written after the input was (th
 and the broker's intake stay out of the window, and the bench reads no batch inside it: it
 polls the batches topic's end offset, and reads the batches' timestamps afterwards). The work:
 `--scale-out-trajectories` (65,536 by default, 7-12 s of work for one worker or two) per run,
-`--scale-out-rounds` (3) rounds of one worker then two, same work and settings on both sides; `scale_out_ratio` = the best two-worker
-rate / the best one-worker rate (the rates of every run are listed). Each scale-out run also
+`--scale-out-rounds` (3) rounds of one worker then two, same work and settings on both sides;
+`scale_out_ratio` = the best two-worker rate / the best one-worker rate (the rates of every run
+are listed). Each scale-out run also
 reports the CPU per trajectory of the workers and of the local broker (found by its `kafka.Kafka`
 JVM), and the cores busy on the whole machine meanwhile. The default run takes about 4 minutes.
 Last stdout line: the JSON figure object.
