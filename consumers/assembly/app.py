@@ -584,11 +584,7 @@ class AssemblerApp:
             self.pool_held.drop(revoked)
 
     async def _on_partitions_assigned(self, sender: Any, assigned: set[Any], **kwargs: Any) -> None:
-        held = (self.config.trajectories_topic, self.config.groups_topic)
-        try:
-            await self.inputs.assigned({tp for tp in assigned if tp.topic in held})
-        except AssemblyError as exc:  # their first event asks again
-            log.warning("cannot read the committed offsets of the assigned partitions: %s", exc)
+        await self.inputs.assigned_of(assigned, (self.config.trajectories_topic, self.config.groups_topic))
 
     def _group_output(self, group: Any) -> Output:
         output = Output(

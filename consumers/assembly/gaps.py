@@ -225,6 +225,14 @@ class InputOrder:
         for source in sources:
             await self._ensure_start(source)
 
+    async def assigned_of(self, assigned: set[Any], topics: tuple[str, ...]) -> None:
+        """`assigned` (a rebalance's partitions): those of `topics` start now; a start Kafka
+        does not give is logged and asked again at the partition's first event."""
+        try:
+            await self.assigned({tp for tp in assigned if tp.topic in topics})
+        except AssemblyError as exc:
+            log.warning("cannot read the committed offsets of the assigned partitions: %s", exc)
+
     def forget(self, sources: set[Any]) -> None:
         self.guard.forget(sources)
 

@@ -170,11 +170,7 @@ class OncallJoinApp:
         return self.gap_reader
 
     async def _on_partitions_assigned(self, sender: Any, assigned: set[Any], **kwargs: Any) -> None:
-        inputs = (self.config.agent_logs_topic, self.config.feedback_topic)
-        try:
-            await self.inputs.assigned({tp for tp in assigned if tp.topic in inputs})
-        except AssemblyError as exc:  # their first event asks again
-            log.warning("cannot read the committed offsets of the assigned partitions: %s", exc)
+        await self.inputs.assigned_of(assigned, (self.config.agent_logs_topic, self.config.feedback_topic))
 
     async def _on_partitions_revoked(self, sender: Any, revoked: set[Any], **kwargs: Any) -> None:
         self.inputs.forget(set(revoked))
