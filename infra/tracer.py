@@ -5,17 +5,22 @@ and ~30 µs to end it (a tenth of that in a tight loop: hot paths run it with co
 it in machinery that decides nothing for STACX's sampler. With every root kept (`sampler(1.0)`:
 parent-based, always on), the decision is the parent's: a sampled parent gives a sampled child, no
 parent gives a new sampled trace. `FastTracerProvider` makes such spans without the sampler call,
-its result objects and the tracer's no-op metrics; and a finished span goes to the span processors
-as itself (the SDK copies it into a `ReadableSpan` that shares its attributes, events and links
-anyway; an ended span refuses changes). Anything else (a ratio sampler, an unsampled parent, a
-disabled tracer, the SDK's own metrics turned on) takes the SDK's path unchanged, and so does
-every span when an SDK release has moved the internals the short path uses (`_Span`'s constructor,
+its result objects and the tracer's no-op metrics, and without the span constructor's four
+`__init__` levels: a tracer copies the state the constructor gave one span (made once) and fills
+in the per-span fields. Plain attributes (strings, booleans, numbers) skip the SDK's per-value
+cleaning, and a finished span goes to the span processors as itself (the SDK copies it into a
+`ReadableSpan` that shares its attributes, events and links anyway; an ended span refuses
+changes). Anything else (a ratio sampler, an unsampled parent, a disabled tracer, the SDK's own
+metrics turned on) takes the SDK's path unchanged, and so does every span when an SDK release has
+moved the internals the short path uses (`_Span`'s constructor and the fields it sets,
 `ParentBased`'s delegates, `BoundedAttributes`): the tests compare both paths' spans.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
+from time import time_ns
 
 from opentelemetry import trace as trace_api
 from opentelemetry.attributes import BoundedAttributes
@@ -23,13 +28,11 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Tracer, TracerProvider, _Span
 from opentelemetry.sdk.trace._tracer_metrics import NoOpTracerMetrics
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
+from opentelemetry.sdk.util import BoundedList
 from opentelemetry.trace import SpanKind, TraceFlags
 from opentelemetry.util import types
 
 __all__ = ["FastTracerProvider"]
-
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-
 
 _SCALARS = (str, bool, int, float)
 
@@ -42,32 +45,47 @@ class _FinishedAsIs(_Span):
         return self
 
     def set_attributes(self, attributes: Mapping[str, types.AnyValue]) -> None:
-        if not self._plain(attributes):
+        if not self._set_plain(attributes):
             super().set_attributes(attributes)
-            return
-        with self._lock:
-            if self._end_time is not None:
-                super().set_attributes(attributes)  # the SDK's warning for an ended span
-                return
-            try:
-                self._attributes._dict.update(attributes)  # type: ignore[union-attr]
-            except AttributeError:  # an SDK without that dict: its own path
-                super().set_attributes(attributes)
 
-    def _plain(self, attributes: Mapping[str, types.AnyValue]) -> bool:
-        """Values the SDK would keep as they are, and room for all of them."""
+    def set_attribute(self, key: str, value: types.AnyValue) -> None:
+        if not self._set_plain({key: value}):
+            super().set_attribute(key, value)
+
+    def _set_plain(self, attributes: Mapping[str, types.AnyValue]) -> bool:
+        """Set plain values as the SDK would (a key set again moves to the end); False: the
+        SDK's path must (other values, no room, an ended span and its warning)."""
         bounded = self._attributes
-        if not isinstance(bounded, BoundedAttributes) or bounded.max_value_len is not None:
+        if not isinstance(bounded, BoundedAttributes) or not _plain(bounded, attributes):
             return False
-        if bounded.maxlen is not None and len(bounded) + len(attributes) > bounded.maxlen:
-            return False
-        for key, value in attributes.items():
-            if type(key) is not str or not key or type(value) not in _SCALARS:
+        with self._lock:
+            values = getattr(bounded, "_dict", None)
+            if self._end_time is not None or getattr(bounded, "_immutable", True) or type(values) is not dict:
                 return False
+            for key in attributes:
+                values.pop(key, None)
+            values.update(attributes)
         return True
 
 
+def _plain(bounded: BoundedAttributes, attributes: Mapping[str, types.AnyValue]) -> bool:
+    """Values the SDK would keep as they are, and room for all of them."""
+    if bounded.max_value_len is not None:
+        return False
+    if bounded.maxlen is not None and len(bounded) + len(attributes) > bounded.maxlen:
+        return False
+    for key, value in attributes.items():
+        if type(key) is not str or not key or type(value) not in _SCALARS:
+            return False
+    return True
+
+
 class _FastTracer(Tracer):
+    _stacx_fast: tuple[object, object, bool] | None = None
+    """(sampler, tracer metrics, whether they let spans take the short path), as last checked."""
+    _stacx_template: tuple[tuple[object, ...], dict[str, object] | None] | None = None
+    """(what it was made from, the state every span of this tracer starts from), as last made."""
+
     def start_span(  # noqa: PLR0913 - the API's signature
         self,
         name: str,
@@ -80,57 +98,124 @@ class _FastTracer(Tracer):
         set_status_on_exception: bool = True,
     ) -> trace_api.Span:
         parent: trace_api.SpanContext | None = trace_api.get_current_span(context).get_span_context()
-        if not self._takes_fast_path(parent):
+        template = self._template() if self._takes_fast_path(parent) else None
+        if template is None:
             return super().start_span(
                 name, context, kind, attributes, links, start_time, record_exception, set_status_on_exception
             )
-        if parent is not None and parent.is_valid:
-            trace_id, state = parent.trace_id, parent.trace_state
-            flags = TraceFlags(TraceFlags.SAMPLED | (parent.trace_flags & TraceFlags.RANDOM_TRACE_ID))
-        else:
-            parent, trace_id, state = None, self.id_generator.generate_trace_id(), None
-            random_id = TraceFlags.RANDOM_TRACE_ID if self.id_generator.is_trace_id_random() else 0
-            flags = TraceFlags(TraceFlags.SAMPLED | random_id)
-        span_context = trace_api.SpanContext(
-            trace_id,
-            self.id_generator.generate_span_id(),
-            is_remote=False,
-            trace_flags=flags,
-            trace_state=state,
+        span = _FinishedAsIs.__new__(_FinishedAsIs)
+        state = span.__dict__
+        state.update(template)
+        state["_name"], state["_kind"], state["_context"] = name, kind, self._span_context(parent)
+        state["_parent"] = parent if parent is not None and parent.is_valid else None
+        if not (record_exception and set_status_on_exception):
+            state["_record_exception"], state["_set_status_on_exception"] = (
+                record_exception,
+                set_status_on_exception,
+            )
+        limits = self._span_limits
+        state["_lock"] = threading.Lock()
+        state["_attributes"] = bounded = BoundedAttributes(
+            limits.max_span_attributes, None, immutable=False, max_value_len=limits.max_span_attribute_length
         )
-        try:
-            span = _FinishedAsIs(
-                name=name,
-                context=span_context,
-                parent=parent,
-                sampler=self.sampler,
-                resource=self.resource,
-                attributes=None,
-                span_processor=self.span_processor,
-                kind=kind,
-                links=links or (),
-                instrumentation_info=self.instrumentation_info,
-                record_exception=record_exception,
-                set_status_on_exception=set_status_on_exception,
-                limits=self._span_limits,
-                instrumentation_scope=self._instrumentation_scope,
-            )
-        except (AttributeError, TypeError):  # an SDK whose internals moved: its own path
-            return super().start_span(
-                name, context, kind, attributes, links, start_time, record_exception, set_status_on_exception
-            )
         if attributes:
-            span.set_attributes(attributes)
-        span.start(start_time=start_time, parent_context=context)
+            if _plain(bounded, attributes):
+                bounded._dict.update(attributes)
+            else:  # the SDK's cleaning, as its constructor does it
+                state["_attributes"] = BoundedAttributes(
+                    limits.max_span_attributes,
+                    attributes,
+                    immutable=False,
+                    max_value_len=limits.max_span_attribute_length,
+                )
+        state["_events"] = BoundedList(limits.max_events)
+        state["_links"] = span._new_links(links or ())
+        state["_start_time"] = start_time if start_time is not None else time_ns()
+        self.span_processor.on_start(span, parent_context=context)
         return span
+
+    def _span_context(self, parent: trace_api.SpanContext | None) -> trace_api.SpanContext:
+        """A sampled child of a valid parent (its trace), else the root of a new trace."""
+        if parent is not None and parent.is_valid:
+            flags = TraceFlags(TraceFlags.SAMPLED | (parent.trace_flags & TraceFlags.RANDOM_TRACE_ID))
+            return trace_api.SpanContext(
+                parent.trace_id, self.id_generator.generate_span_id(), False, flags, parent.trace_state
+            )
+        random_id = TraceFlags.RANDOM_TRACE_ID if self.id_generator.is_trace_id_random() else 0
+        return trace_api.SpanContext(
+            self.id_generator.generate_trace_id(),
+            self.id_generator.generate_span_id(),
+            False,
+            TraceFlags(TraceFlags.SAMPLED | random_id),
+        )
 
     def _takes_fast_path(self, parent: trace_api.SpanContext | None) -> bool:
         """The sampler would keep this span, and nothing else needs the SDK's path."""
-        if not (_always_on(self.sampler) and self._is_enabled()):
+        if not self._is_enabled():
             return False
-        if not isinstance(getattr(self, "_tracer_metrics", None), NoOpTracerMetrics):
+        known = self._stacx_fast
+        metrics = getattr(self, "_tracer_metrics", None)
+        if known is None or known[0] is not self.sampler or known[1] is not metrics:
+            fast = _always_on(self.sampler) and isinstance(metrics, NoOpTracerMetrics)
+            self._stacx_fast = known = (self.sampler, metrics, fast)
+        if not known[2]:
             return False
         return parent is None or not parent.is_valid or parent.trace_flags.sampled
+
+    def _template(self) -> dict[str, object] | None:
+        """The state the SDK's constructor gives a span of this tracer, made once (None when the
+        constructor or the state it makes is not the one this path was written for)."""
+        known = self._stacx_template
+        sources = (
+            self.span_processor,
+            self.resource,
+            self.sampler,
+            self._span_limits,
+            self._instrumentation_scope,
+        )
+        if known is None or any(a is not b for a, b in zip(known[0], sources, strict=True)):
+            self._stacx_template = known = (sources, _template(self))
+        return known[1]
+
+
+_SPAN_STATE = frozenset(
+    {
+        "_name", "_context", "_kind", "_instrumentation_info", "_instrumentation_scope", "_parent",
+        "_start_time", "_end_time", "_attributes", "_events", "_links", "_resource", "_status",
+        "_sampler", "_trace_config", "_record_exception", "_set_status_on_exception",
+        "_span_processor", "_limits", "_lock", "_record_end_metrics",
+    }
+)  # fmt: skip
+"""What an SDK span holds, as of the releases this path was written against; the short path fills
+in the per-span ones (name, kind, context, parent, lock, attributes, events, links, start time)."""
+
+
+def _template(tracer: Tracer) -> dict[str, object] | None:
+    try:
+        span = _FinishedAsIs(
+            name="",
+            context=trace_api.INVALID_SPAN_CONTEXT,
+            parent=None,
+            sampler=tracer.sampler,
+            resource=tracer.resource,
+            attributes=None,
+            span_processor=tracer.span_processor,
+            kind=SpanKind.INTERNAL,
+            links=(),
+            instrumentation_info=tracer.instrumentation_info,
+            record_exception=True,
+            set_status_on_exception=True,
+            limits=tracer._span_limits,
+            instrumentation_scope=tracer._instrumentation_scope,
+        )
+    except (AttributeError, TypeError):  # an SDK whose internals moved: its own path
+        return None
+    state = dict(getattr(span, "__dict__", {}))
+    if set(state) != _SPAN_STATE or not isinstance(getattr(state["_attributes"], "_dict", None), dict):
+        return None
+    if not hasattr(span, "_new_links") or not isinstance(state["_events"], BoundedList):
+        return None
+    return state
 
 
 def _always_on(sampler: object) -> bool:
