@@ -25,7 +25,7 @@ from time import time_ns
 from opentelemetry import trace as trace_api
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
-from opentelemetry.sdk.trace import ReadableSpan, Tracer, TracerProvider, _Span
+from opentelemetry.sdk.trace import Event, ReadableSpan, Tracer, TracerProvider, _Span
 from opentelemetry.sdk.trace._tracer_metrics import NoOpTracerMetrics
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
 from opentelemetry.sdk.util import BoundedList
@@ -37,12 +37,45 @@ __all__ = ["FastTracerProvider"]
 _SCALARS = (str, bool, int, float)
 
 
+class _NoneYet(BoundedList):
+    """The events or links of a span that has none yet: one shared empty list, which a span
+    replaces by its own before its first event or link (and which refuses additions)."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+    def append(self, item: object) -> None:
+        raise RuntimeError("a span added to the shared empty list instead of its own")
+
+    def extend(self, seq: object) -> None:
+        raise RuntimeError("a span added to the shared empty list instead of its own")
+
+
+_NONE_YET = _NoneYet()
+
+
 class _FinishedAsIs(_Span):
     """An SDK span handed to the span processors as itself when it ends, whose plain attributes
-    (strings, booleans and numbers within the limits) skip the SDK's per-value cleaning."""
+    (strings, booleans and numbers within the limits) skip the SDK's per-value cleaning, and whose
+    events and links lists are made at the first event or link."""
 
     def _readable_span(self) -> ReadableSpan:
         return self
+
+    def get_span_context(self) -> trace_api.SpanContext:
+        return self._context  # type: ignore[return-value]  # the SDK's, without its `typing.cast` call
+
+    def _add_event(self, event: Event) -> None:
+        with self._lock:
+            if self._events is _NONE_YET:
+                self._events = BoundedList(self._limits.max_events)
+        super()._add_event(event)
+
+    def _add_link(self, link: trace_api.Link) -> None:
+        with self._lock:
+            if self._links is _NONE_YET:
+                self._links = BoundedList(self._limits.max_links)
+        super()._add_link(link)
 
     def set_attributes(self, attributes: Mapping[str, types.AnyValue]) -> None:
         if not self._set_plain(attributes):
@@ -81,10 +114,9 @@ def _plain(bounded: BoundedAttributes, attributes: Mapping[str, types.AnyValue])
 
 
 class _FastTracer(Tracer):
-    _stacx_fast: tuple[object, object, bool] | None = None
-    """(sampler, tracer metrics, whether they let spans take the short path), as last checked."""
-    _stacx_template: tuple[tuple[object, ...], dict[str, object] | None] | None = None
-    """(what it was made from, the state every span of this tracer starts from), as last made."""
+    _stacx_state: tuple[object, ...] | None = None
+    """What the short path was last checked against (sampler, span processor, resource, limits,
+    scope, tracer metrics), then the state its spans start from (None: the SDK's path)."""
 
     def start_span(  # noqa: PLR0913 - the API's signature
         self,
@@ -98,7 +130,9 @@ class _FastTracer(Tracer):
         set_status_on_exception: bool = True,
     ) -> trace_api.Span:
         parent: trace_api.SpanContext | None = trace_api.get_current_span(context).get_span_context()
-        template = self._template() if self._takes_fast_path(parent) else None
+        if parent is not None and not parent.is_valid:
+            parent = None
+        template = self._short_path(parent)
         if template is None:
             return super().start_span(
                 name, context, kind, attributes, links, start_time, record_exception, set_status_on_exception
@@ -106,8 +140,8 @@ class _FastTracer(Tracer):
         span = _FinishedAsIs.__new__(_FinishedAsIs)
         state = span.__dict__
         state.update(template)
-        state["_name"], state["_kind"], state["_context"] = name, kind, self._span_context(parent)
-        state["_parent"] = parent if parent is not None and parent.is_valid else None
+        state["_name"], state["_kind"], state["_parent"] = name, kind, parent
+        state["_context"] = self._span_context(parent)
         if not (record_exception and set_status_on_exception):
             state["_record_exception"], state["_set_status_on_exception"] = (
                 record_exception,
@@ -128,15 +162,15 @@ class _FastTracer(Tracer):
                     immutable=False,
                     max_value_len=limits.max_span_attribute_length,
                 )
-        state["_events"] = BoundedList(limits.max_events)
-        state["_links"] = span._new_links(links or ())
+        state["_events"] = _NONE_YET
+        state["_links"] = span._new_links(links) if links else _NONE_YET
         state["_start_time"] = start_time if start_time is not None else time_ns()
         self.span_processor.on_start(span, parent_context=context)
         return span
 
     def _span_context(self, parent: trace_api.SpanContext | None) -> trace_api.SpanContext:
-        """A sampled child of a valid parent (its trace), else the root of a new trace."""
-        if parent is not None and parent.is_valid:
+        """A sampled child of a (valid) parent, in its trace; else the root of a new trace."""
+        if parent is not None:
             flags = TraceFlags(TraceFlags.SAMPLED | (parent.trace_flags & TraceFlags.RANDOM_TRACE_ID))
             return trace_api.SpanContext(
                 parent.trace_id, self.id_generator.generate_span_id(), False, flags, parent.trace_state
@@ -149,33 +183,27 @@ class _FastTracer(Tracer):
             TraceFlags(TraceFlags.SAMPLED | random_id),
         )
 
-    def _takes_fast_path(self, parent: trace_api.SpanContext | None) -> bool:
-        """The sampler would keep this span, and nothing else needs the SDK's path."""
-        if not self._is_enabled():
-            return False
-        known = self._stacx_fast
+    def _short_path(self, parent: trace_api.SpanContext | None) -> dict[str, object] | None:
+        """The state a span starts from when the sampler would keep it and nothing else needs the
+        SDK's path (None otherwise)."""
+        if parent is not None and not parent.trace_flags.sampled:
+            return None
+        known = self._stacx_state
         metrics = getattr(self, "_tracer_metrics", None)
-        if known is None or known[0] is not self.sampler or known[1] is not metrics:
+        if (
+            known is None
+            or known[0] is not self.sampler
+            or known[1] is not self.span_processor
+            or known[2] is not self.resource
+            or known[3] is not self._span_limits
+            or known[4] is not self._instrumentation_scope
+            or known[5] is not metrics
+        ):
             fast = _always_on(self.sampler) and isinstance(metrics, NoOpTracerMetrics)
-            self._stacx_fast = known = (self.sampler, metrics, fast)
-        if not known[2]:
-            return False
-        return parent is None or not parent.is_valid or parent.trace_flags.sampled
-
-    def _template(self) -> dict[str, object] | None:
-        """The state the SDK's constructor gives a span of this tracer, made once (None when the
-        constructor or the state it makes is not the one this path was written for)."""
-        known = self._stacx_template
-        sources = (
-            self.span_processor,
-            self.resource,
-            self.sampler,
-            self._span_limits,
-            self._instrumentation_scope,
-        )
-        if known is None or any(a is not b for a, b in zip(known[0], sources, strict=True)):
-            self._stacx_template = known = (sources, _template(self))
-        return known[1]
+            sources = (self.sampler, self.span_processor, self.resource, self._span_limits)
+            known = (*sources, self._instrumentation_scope, metrics, _template(self) if fast else None)
+            self._stacx_state = known
+        return known[6] if self._is_enabled() else None  # type: ignore[return-value]
 
 
 _SPAN_STATE = frozenset(
@@ -214,6 +242,8 @@ def _template(tracer: Tracer) -> dict[str, object] | None:
     if set(state) != _SPAN_STATE or not isinstance(getattr(state["_attributes"], "_dict", None), dict):
         return None
     if not hasattr(span, "_new_links") or not isinstance(state["_events"], BoundedList):
+        return None
+    if not all(callable(getattr(span, name, None)) for name in ("_add_event", "_add_link")):
         return None
     return state
 

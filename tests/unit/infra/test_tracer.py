@@ -149,8 +149,9 @@ def _state(span: object) -> dict[str, object]:
     """A span's state, its per-span containers by content (locks by type)."""
     state = dict(vars(span))
     state["_lock"] = type(state["_lock"])
-    for name in ("_attributes", "_events", "_links"):
-        state[name] = (type(state[name]), list(state[name].items() if name == "_attributes" else state[name]))
+    state["_attributes"] = (type(state["_attributes"]), list(state["_attributes"].items()))
+    for name in ("_events", "_links"):  # the short path's span shares one empty list until it adds one
+        state[name] = (list(state[name]), state[name].dropped)
     return state
 
 
@@ -197,3 +198,22 @@ def test_an_sdk_whose_spans_hold_more_gets_its_own_path(monkeypatch: pytest.Monk
     spans = exporter.get_finished_spans()
     assert _shape(spans) == expected
     assert not any(isinstance(s, tracer_module._FinishedAsIs) for s in spans)  # the SDK made them
+
+
+def test_events_and_links_added_later_go_to_each_spans_own_list() -> None:
+    provider = FastTracerProvider(sampler=sampler(1.0))
+    kept = _Keep()
+    provider.add_span_processor(SimpleSpanProcessor(kept))
+    tracer = provider.get_tracer("stacx.test")
+    remote = trace.get_current_span(propagate.extract({"traceparent": REMOTE.format(flags="01")}))
+    first, second, third = (tracer.start_span(name) for name in ("first", "second", "third"))
+    first.add_event("started", {"n": 1})
+    first.record_exception(ValueError("boom"))
+    second.add_link(remote.get_span_context(), {"why": "batch"})
+    for span in (first, second, third):
+        span.end()
+    first.add_event("too late")  # an ended span: ignored, as in the SDK
+    events = {s.name: [e.name for e in s.events] for s in kept.spans}
+    links = {s.name: [link.context.span_id for link in s.links] for s in kept.spans}
+    assert events == {"first": ["started", "exception"], "second": [], "third": []}
+    assert links == {"first": [], "second": [0xB7AD6B7169203331], "third": []}
