@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import pytest
+import requests
 from opentelemetry import propagate, trace
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
@@ -139,3 +142,37 @@ def test_what_only_the_sdks_encoder_writes_is_left_to_it() -> None:
     assert body == sdk_encoding(spans)
     (span,) = ExportTraceServiceRequest.FromString(body).resource_spans[0].scope_spans[0].spans
     assert [kv.key for kv in span.attributes] == ["ok"]
+
+
+def _transport(exporter: FastOTLPSpanExporter) -> str:
+    return type(exporter._client._transport).__name__
+
+
+def test_the_local_receiver_is_posted_to_through_urllib3_unless_requests_could_send_otherwise(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "NETRC"):
+        monkeypatch.delenv(name, raising=False)
+    local = "http://127.0.0.1:4318/v1/traces"
+    assert _transport(FastOTLPSpanExporter(endpoint=local)) == "Urllib3HTTPTransport"
+    assert _transport(FastOTLPSpanExporter(endpoint="http://localhost:4318/v1/traces", timeout=5)) == (
+        "Urllib3HTTPTransport"
+    )
+    assert (
+        _transport(FastOTLPSpanExporter(endpoint="http://collector:4318/v1/traces"))
+        == "RequestsHTTPTransport"
+    )
+    assert (
+        _transport(FastOTLPSpanExporter(endpoint="https://127.0.0.1:4318/v1/traces"))
+        == "RequestsHTTPTransport"
+    )
+    assert (
+        _transport(FastOTLPSpanExporter(endpoint=local, session=requests.Session()))
+        == "RequestsHTTPTransport"
+    )
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy:3128")
+    assert _transport(FastOTLPSpanExporter(endpoint=local)) == "RequestsHTTPTransport"
+    monkeypatch.delenv("HTTP_PROXY")
+    (tmp_path / ".netrc").write_text("machine 127.0.0.1 login a password b\n")
+    assert _transport(FastOTLPSpanExporter(endpoint=local)) == "RequestsHTTPTransport"
