@@ -89,28 +89,42 @@ class _FinishedAsIs(_Span):
         """Set plain values as the SDK would (a key set again moves to the end); False: the
         SDK's path must (other values, no room, an ended span and its warning)."""
         bounded = self._attributes
-        if not isinstance(bounded, BoundedAttributes) or not _plain(bounded, attributes):
+        plain = _plain(bounded, attributes) if isinstance(bounded, BoundedAttributes) else None
+        if plain is None:
             return False
         with self._lock:
             values = getattr(bounded, "_dict", None)
             if self._end_time is not None or getattr(bounded, "_immutable", True) or type(values) is not dict:
                 return False
-            for key in attributes:
+            for key in plain:
                 values.pop(key, None)
-            values.update(attributes)
+            values.update(plain)
         return True
 
 
-def _plain(bounded: BoundedAttributes, attributes: Mapping[str, types.AnyValue]) -> bool:
-    """Values the SDK would keep as they are, and room for all of them."""
+def _plain(
+    bounded: BoundedAttributes, attributes: Mapping[str, types.AnyValue]
+) -> Mapping[str, types.AnyValue] | None:
+    """The values as the SDK's cleaning would leave them, when that is all it would do: strings,
+    booleans and numbers as they are, lists and tuples of strings as tuples, and room for all
+    of them (None: the SDK's path must clean them)."""
     if bounded.max_value_len is not None:
-        return False
+        return None
     if bounded.maxlen is not None and len(bounded) + len(attributes) > bounded.maxlen:
-        return False
+        return None
+    plain = attributes
     for key, value in attributes.items():
-        if type(key) is not str or not key or type(value) not in _SCALARS:
-            return False
-    return True
+        if type(key) is not str or not key:
+            return None
+        kind = type(value)
+        if kind in _SCALARS:
+            continue
+        if (kind is list or kind is tuple) and all(type(v) is str for v in value):  # type: ignore[union-attr]
+            plain = dict(plain) if plain is attributes else plain
+            plain[key] = tuple(value)  # type: ignore[index, arg-type]
+            continue
+        return None
+    return plain
 
 
 class _FastTracer(Tracer):
@@ -152,16 +166,16 @@ class _FastTracer(Tracer):
         state["_attributes"] = bounded = BoundedAttributes(
             limits.max_span_attributes, None, immutable=False, max_value_len=limits.max_span_attribute_length
         )
-        if attributes:
-            if _plain(bounded, attributes):
-                bounded._dict.update(attributes)
-            else:  # the SDK's cleaning, as its constructor does it
-                state["_attributes"] = BoundedAttributes(
-                    limits.max_span_attributes,
-                    attributes,
-                    immutable=False,
-                    max_value_len=limits.max_span_attribute_length,
-                )
+        plain = _plain(bounded, attributes) if attributes else None
+        if plain is not None:
+            bounded._dict.update(plain)
+        elif attributes:  # the SDK's cleaning, as its constructor does it
+            state["_attributes"] = BoundedAttributes(
+                limits.max_span_attributes,
+                attributes,
+                immutable=False,
+                max_value_len=limits.max_span_attribute_length,
+            )
         state["_events"] = _NONE_YET
         state["_links"] = span._new_links(links) if links else _NONE_YET
         state["_start_time"] = start_time if start_time is not None else time_ns()

@@ -23,7 +23,7 @@ def _episode(tracer: trace.Tracer) -> dict[str, str]:
     link = trace.Link(trace.get_current_span(remote).get_span_context(), {"why": "batch"})
     headers: dict[str, str] = {}
     with tracer.start_as_current_span(
-        "episode", attributes={"stacx.task_id": "t-1", "stacx.sample_index": 3}
+        "episode", attributes={"stacx.task_id": "t-1", "stacx.sample_index": 3, "stacx.tags": ("a", "b")}
     ):
         with tracer.start_as_current_span("generate", kind=trace.SpanKind.CLIENT, links=[link]) as child:
             child.set_attribute("gen_ai.usage.output_tokens", 7)
@@ -34,6 +34,7 @@ def _episode(tracer: trace.Tracer) -> dict[str, str]:
                 {"gen_ai.usage.input_tokens": 12, "stacx.sample_index": 4}
             )  # plain, replaces
             child.set_attribute("gen_ai.usage.output_tokens", 8)  # set again: moves to the end
+            child.set_attributes({"stacx.reasons": ["stop", "length"], "stacx.empty": []})  # kept as tuples
             propagate.inject(headers)
     with tracer.start_as_current_span("gateway.exec", context=remote, kind=trace.SpanKind.SERVER):
         pass
