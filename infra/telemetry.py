@@ -2,11 +2,12 @@
 
 Library code (rollout, sandbox, producers, consumers, trainer) only calls the OpenTelemetry API;
 this module installs the SDK in a service's process: a TracerProvider with the resource
-`service.name`, a batching OTLP/HTTP exporter and the sampler. Tracing is on when the pipeline's
-`tracing:` section says so (it is passed to each service as the standard variables) or when the
-environment asks for OTLP: `OTEL_TRACES_EXPORTER=otlp` or an `OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`;
-`OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none` turn it off. Off, nothing is installed and
-the API's no-op tracer costs nothing.
+`service.name`, a batching OTLP/HTTP exporter (`infra/otlp.py`), the sampler and the W3C
+propagator (`infra/propagator.py`). Tracing is on when the pipeline's `tracing:` section says so
+(it is passed to each service as the standard variables) or when the environment asks for OTLP:
+`OTEL_TRACES_EXPORTER=otlp` or an `OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`; `OTEL_SDK_DISABLED=true`
+or `OTEL_TRACES_EXPORTER=none` turn it off. Off, nothing is installed and the API's no-op tracer
+costs nothing.
 """
 
 from __future__ import annotations
@@ -121,10 +122,11 @@ def setup_tracing(service: str, config: TracingConfig | None = None) -> bool:
     if not config.enabled or _installed:
         return bool(_installed)
     from opentelemetry import trace
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+    from infra.otlp import FastOTLPSpanExporter
+    from infra.propagator import install_propagator
     from infra.tracer import FastTracerProvider
 
     name = os.environ.get("OTEL_SERVICE_NAME") or f"stacx-{service}"
@@ -137,10 +139,11 @@ def setup_tracing(service: str, config: TracingConfig | None = None) -> bool:
     )
     provider.add_span_processor(
         BatchSpanProcessor(
-            OTLPSpanExporter(endpoint=traces_url), schedule_delay_millis=config.export_delay_ms
+            FastOTLPSpanExporter(endpoint=traces_url), schedule_delay_millis=config.export_delay_ms
         )
     )
     trace.set_tracer_provider(provider)
+    install_propagator()
     _installed.append(provider)
     atexit.register(shutdown_tracing)
     log.info(

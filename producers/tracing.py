@@ -33,15 +33,18 @@ __all__ = [
 TRACEPARENT = "traceparent"
 
 
+_NOT_RECORDING = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+
+
 def tracing_on() -> bool:
     """True once a service installed a recording TracerProvider (the SDK's)."""
-    provider = trace.get_tracer_provider()
-    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+    return not isinstance(trace.get_tracer_provider(), _NOT_RECORDING)
 
 
 def tracer_for(name: str) -> trace.Tracer | None:
     """The installed provider's tracer `name` (cached per provider); None while tracing is off."""
-    return _tracer(trace.get_tracer_provider(), name) if tracing_on() else None
+    provider = trace.get_tracer_provider()
+    return None if isinstance(provider, _NOT_RECORDING) else _tracer(provider, name)
 
 
 @functools.lru_cache(maxsize=64)

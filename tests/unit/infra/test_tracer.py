@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from opentelemetry import propagate, trace
+from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from tracing_fixtures import in_memory_tracing
@@ -22,7 +23,7 @@ def _episode(tracer: trace.Tracer) -> dict[str, str]:
     link = trace.Link(trace.get_current_span(remote).get_span_context(), {"why": "batch"})
     headers: dict[str, str] = {}
     with tracer.start_as_current_span(
-        "episode", attributes={"stacx.task_id": "t-1", "stacx.sample_index": 3}
+        "episode", attributes={"stacx.task_id": "t-1", "stacx.sample_index": 3, "stacx.tags": ("a", "b")}
     ):
         with tracer.start_as_current_span("generate", kind=trace.SpanKind.CLIENT, links=[link]) as child:
             child.set_attribute("gen_ai.usage.output_tokens", 7)
@@ -32,6 +33,8 @@ def _episode(tracer: trace.Tracer) -> dict[str, str]:
             child.set_attributes(
                 {"gen_ai.usage.input_tokens": 12, "stacx.sample_index": 4}
             )  # plain, replaces
+            child.set_attribute("gen_ai.usage.output_tokens", 8)  # set again: moves to the end
+            child.set_attributes({"stacx.reasons": ["stop", "length"], "stacx.empty": []})  # kept as tuples
             propagate.inject(headers)
     with tracer.start_as_current_span("gateway.exec", context=remote, kind=trace.SpanKind.SERVER):
         pass
@@ -49,7 +52,7 @@ def _shape(spans: tuple[ReadableSpan, ...]) -> list[tuple[object, ...]]:
             s.parent.is_remote if s.parent else None,
             int(s.context.trace_flags),
             s.context.trace_state.to_header(),
-            dict(s.attributes or {}),
+            list((s.attributes or {}).items()),  # in order
             [(hex(link.context.span_id), dict(link.attributes or {})) for link in s.links],
             s.status.status_code,
             s.resource.attributes.get("service.name"),
@@ -119,7 +122,6 @@ def test_each_root_starts_its_own_trace() -> None:
     assert len({s.context.trace_id for s in exporter.get_finished_spans()}) == 3
 
 
-
 class _OtherArguments:
     """A `_Span` of an SDK release that takes other constructor arguments."""
 
@@ -142,3 +144,77 @@ def test_a_sampler_without_the_known_delegates_is_not_taken_for_always_on() -> N
     del moved._root  # type: ignore[attr-defined]
     assert tracer_module._always_on(sampler(1.0)) and not tracer_module._always_on(moved)
     assert not tracer_module._always_on(sampler(0.5))
+
+
+def _state(span: object) -> dict[str, object]:
+    """A span's state, its per-span containers by content (locks by type)."""
+    state = dict(vars(span))
+    state["_lock"] = type(state["_lock"])
+    state["_attributes"] = (type(state["_attributes"]), list(state["_attributes"].items()))
+    for name in ("_events", "_links"):  # the short path's span shares one empty list until it adds one
+        state[name] = (list(state[name]), state[name].dropped)
+    return state
+
+
+def test_a_span_of_the_short_path_holds_what_the_sdks_constructor_gives_it() -> None:
+    provider = FastTracerProvider(sampler=sampler(1.0))
+    tracer = provider.get_tracer("stacx.test")
+    remote = propagate.extract({"traceparent": REMOTE.format(flags="01")})
+    link = trace.Link(trace.get_current_span(remote).get_span_context(), {"why": "batch"})
+    attributes = {"stacx.task_id": "t-1", "list": ["a"]}
+    span = tracer.start_span("step", remote, trace.SpanKind.CLIENT, attributes, [link], start_time=5)
+    made = tracer_module._FinishedAsIs(
+        name="step",
+        context=span.get_span_context(),
+        parent=trace.get_current_span(remote).get_span_context(),
+        sampler=tracer.sampler,  # type: ignore[attr-defined]
+        resource=tracer.resource,  # type: ignore[attr-defined]
+        attributes=attributes,
+        span_processor=tracer.span_processor,  # type: ignore[attr-defined]
+        kind=trace.SpanKind.CLIENT,
+        links=[link],
+        instrumentation_info=tracer.instrumentation_info,  # type: ignore[attr-defined]
+        limits=tracer._span_limits,  # type: ignore[attr-defined]
+        instrumentation_scope=tracer._instrumentation_scope,  # type: ignore[attr-defined]
+    )
+    made.start(start_time=5)
+    assert type(span) is tracer_module._FinishedAsIs
+    assert _state(span) == _state(made)
+
+
+def test_an_sdk_whose_spans_hold_more_gets_its_own_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A release whose span constructor sets a field the short path does not know of."""
+    with in_memory_tracing(TracerProvider(sampler=sampler(1.0))) as exporter:
+        _episode(trace.get_tracer("stacx.test"))
+    expected = _shape(exporter.get_finished_spans())
+    constructor = sdk_trace.Span.__init__
+
+    def more(self: sdk_trace.Span, *args: object, **kwargs: object) -> None:
+        constructor(self, *args, **kwargs)  # type: ignore[arg-type]
+        self._new_in_this_release = True  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(sdk_trace.Span, "__init__", more)
+    with in_memory_tracing(FastTracerProvider(sampler=sampler(1.0))) as exporter:
+        _episode(trace.get_tracer("stacx.test"))
+    spans = exporter.get_finished_spans()
+    assert _shape(spans) == expected
+    assert not any(isinstance(s, tracer_module._FinishedAsIs) for s in spans)  # the SDK made them
+
+
+def test_events_and_links_added_later_go_to_each_spans_own_list() -> None:
+    provider = FastTracerProvider(sampler=sampler(1.0))
+    kept = _Keep()
+    provider.add_span_processor(SimpleSpanProcessor(kept))
+    tracer = provider.get_tracer("stacx.test")
+    remote = trace.get_current_span(propagate.extract({"traceparent": REMOTE.format(flags="01")}))
+    first, second, third = (tracer.start_span(name) for name in ("first", "second", "third"))
+    first.add_event("started", {"n": 1})
+    first.record_exception(ValueError("boom"))
+    second.add_link(remote.get_span_context(), {"why": "batch"})
+    for span in (first, second, third):
+        span.end()
+    first.add_event("too late")  # an ended span: ignored, as in the SDK
+    events = {s.name: [e.name for e in s.events] for s in kept.spans}
+    links = {s.name: [link.context.span_id for link in s.links] for s in kept.spans}
+    assert events == {"first": ["started", "exception"], "second": [], "third": []}
+    assert links == {"first": [], "second": [0xB7AD6B7169203331], "third": []}
