@@ -132,17 +132,22 @@ class OncallJoinApp:
     async def _stream(self, stream: faust.StreamT) -> AsyncIterator[list[Output]]:
         async for event in cast(faust.Stream, stream).noack().events():
             taken = await self._in_order(event)
+            if taken is None:  # a second delivery of an event taken before: acknowledged like it
+                yield []
+                await ack(stream, event)
+                continue
             outputs: list[Output] = []
             for each in taken:
                 outputs += self.on_message(each.message)
             yield outputs
-            for each in taken or [event]:  # a second delivery is acknowledged like the first
+            for each in taken:
                 await ack(stream, each)
 
-    async def _in_order(self, event: Any) -> list[Any]:
-        """The events to process for one delivered `event`, in offset order: none when it was
-        taken before, else the events Faust dropped ahead of it (read from Kafka) and itself.
-        A tick also brings what a quiet input partition never got."""
+    async def _in_order(self, event: Any) -> list[Any] | None:
+        """The events to process for one delivered `event`, in offset order: None when it was
+        taken before, else the events Faust dropped ahead of it (read from Kafka) and itself
+        (none when Kafka did not answer: the worker crashes, nothing is acknowledged). A tick
+        also brings what a quiet input partition never got."""
         message = event.message
         inputs = (self.config.agent_logs_topic, self.config.feedback_topic)
         missing: list[Any] = []
@@ -157,7 +162,7 @@ class OncallJoinApp:
             elif message.topic in inputs:
                 found = await self.inputs.take(message.tp, message.offset)
                 if found is None:
-                    return []
+                    return None
                 missing = [Refetched.of(r, message.tp, message.generation_id) for r in found]
         except AssemblyError as exc:  # Kafka did not answer: start over from the committed offset
             await self.app.crash(exc)
@@ -315,6 +320,10 @@ def _faust_app(cfg: OncallJoinApp.Config) -> faust.App:
         producer_acks=-1,
         producer_linger=0.005,
         processing_guarantee="at_least_once",
+        # an event left unacknowledged (the worker crashed before its missing records could be
+        # read) is read again by the partition's next owner: never wait for it on a rebalance or
+        # at shutdown, and a second delivery is recognised (`gaps`)
+        stream_wait_empty=False,
         autodiscover=False,
         web_enabled=False,
     )

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
 
 from faust.types import TP
 from oncall_fixtures import call, rating
 
+from consumers.assembly.errors import AssemblyError
 from consumers.assembly.testing import ListForwarder, RecordsReader, kafka_record, on_topic
 from consumers.oncall import FeedbackJoin, Joined, OncallJoinApp, Rejected
 from consumers.oncall.app import ONCALL_TICK_KEY
@@ -186,3 +190,51 @@ async def test_the_dropped_last_feedback_of_a_quiet_partition_is_read_on_a_tick(
             await agent.put(str(T0 + 20).encode(), key=ONCALL_TICK_KEY, partition=1)
     assert (feedback, 1, range(0, 1)) in reader.reads
     assert app.stats.feedback_joined == 1 and len(forwarder.on(app.config.trajectories_topic)) == 1
+
+
+class _BrokenReader(RecordsReader):
+    def read(self, topic: str, partition: int, offsets: range) -> list[Any]:
+        raise AssemblyError("the broker did not answer")
+
+
+class _Stream:
+    """What the join agent reads of a Faust stream: its events, and what it acknowledges."""
+
+    def __init__(self, events: list[Any]) -> None:
+        self._events = events
+        self.acked: list[Any] = []
+
+    def noack(self) -> _Stream:
+        return self
+
+    async def events(self) -> AsyncIterator[Any]:
+        for event in self._events:
+            yield event
+
+    async def ack(self, event: Any) -> None:
+        self.acked.append(event)
+
+
+def _event(topic: str, offset: int, value: bytes) -> Any:
+    message = SimpleNamespace(
+        topic=topic, partition=0, tp=TP(topic, 0), offset=offset, generation_id=1, key=b"s", value=value
+    )
+    return SimpleNamespace(message=message)
+
+
+async def test_an_event_whose_missing_records_cannot_be_read_is_not_acknowledged() -> None:
+    app, _ = _join_app(_BrokenReader())
+    crashed: list[BaseException] = []
+
+    async def crash(exc: BaseException) -> None:
+        crashed.append(exc)
+
+    app.app.crash = crash  # type: ignore[method-assign,assignment]
+    app.join = FeedbackJoin(app.config.join, {}, app.stats)  # a Faust table changes only in its stream
+    logs = app.config.agent_logs_topic
+    first = _event(logs, 0, encode(call("s", "c1", [1, 2], [3], at_ms=T0)))
+    second = _event(logs, 2, encode(call("s", "c2", [1, 2], [3], at_ms=T0)))  # offset 1 cannot be read
+    stream = _Stream([first, second])
+    outputs = [out async for out in app._stream(stream)]  # type: ignore[arg-type]
+    assert stream.acked == [first] and outputs == [[], []]  # a lone call emits nothing yet
+    assert len(crashed) == 1 and app.stats.interactions == 1
