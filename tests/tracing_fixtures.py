@@ -1,10 +1,13 @@
-"""An in-memory OpenTelemetry SDK for tests: spans are kept in a list instead of exported."""
+"""An in-memory OpenTelemetry SDK for tests: spans are kept in a list instead of exported; and the
+local Jaeger the tracing integration tests export to."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import httpx
+import pytest
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import _internal as metrics_internal
 from opentelemetry.sdk.metrics import MeterProvider
@@ -13,6 +16,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util._once import Once
+
+from infra.services.jaeger import JaegerConfig
 
 
 @contextmanager
@@ -56,3 +61,17 @@ def metric_points(reader: InMemoryMetricReader) -> dict[str, list]:
             for metric in scope.metrics:
                 found.setdefault(metric.name, []).extend(metric.data.data_points)
     return found
+
+
+def running_jaeger() -> JaegerConfig:
+    """The local Jaeger's settings once its query API answers; fails the test with the fix if not."""
+    config = JaegerConfig()
+    try:
+        httpx.get(f"{config.query_url}/api/services", timeout=5).raise_for_status()
+    except httpx.HTTPError as exc:
+        pytest.fail(
+            f"no Jaeger query API answers at {config.query_url} ({type(exc).__name__}): the tracing "
+            "tests need the local trace backend; start it with `stacx infra up` (it builds Jaeger once)",
+            pytrace=False,
+        )
+    return config

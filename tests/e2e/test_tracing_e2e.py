@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from test_quickstart_e2e import REPO, _small
+from tracing_fixtures import running_jaeger
 
 from infra.pipeline import load_spec, run_pipeline
 from infra.services.jaeger import JaegerConfig
@@ -30,16 +30,7 @@ STEPS = 2
 
 @pytest.fixture(scope="module")
 def jaeger() -> JaegerConfig:
-    config = JaegerConfig()
-    try:
-        httpx.get(f"{config.query_url}/api/services", timeout=5).raise_for_status()
-    except httpx.HTTPError as exc:
-        pytest.fail(
-            f"no Jaeger query API answers at {config.query_url} ({type(exc).__name__}): the tracing "
-            "test needs the local trace backend; start it with `stacx infra up` (it builds Jaeger once)",
-            pytrace=False,
-        )
-    return config
+    return running_jaeger()
 
 
 def _raw_records(bootstrap: str, topic: str) -> list[tuple[bytes | None, dict[str, bytes]]]:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import time
 import uuid
 
-import httpx
 import pytest
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from tracing_fixtures import running_jaeger
 
 from infra.otlp import FastOTLPSpanExporter
 from infra.services.jaeger import JaegerConfig
@@ -24,16 +24,7 @@ LINKED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 @pytest.fixture(scope="module")
 def jaeger() -> JaegerConfig:
-    config = JaegerConfig()
-    try:
-        httpx.get(f"{config.query_url}/api/services", timeout=5).raise_for_status()
-    except httpx.HTTPError as exc:
-        pytest.fail(
-            f"no Jaeger query API answers at {config.query_url} ({type(exc).__name__}): start the "
-            "local trace backend with `stacx infra up`",
-            pytrace=False,
-        )
-    return config
+    return running_jaeger()
 
 
 def _exported(jaeger: JaegerConfig, trace_id: str, count: int) -> Trace:
