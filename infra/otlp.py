@@ -23,7 +23,6 @@ from opentelemetry.exporter.otlp.proto.common._internal import (
     _encode_instrumentation_scope,
     _encode_resource,
 )
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode_spans
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
@@ -377,8 +376,3 @@ _CREDENTIAL_PROVIDERS = (
     "OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER",
 )
 """A `requests` session from a credential provider: the exporter's own transport."""
-
-
-def sdk_encoding(spans: Sequence[ReadableSpan]) -> bytes:
-    """The SDK's bytes for `spans` (what `encode_spans` must equal)."""
-    return bytes(sdk_encode_spans(spans).SerializeToString())

@@ -9,15 +9,22 @@ from typing import Any
 import pytest
 import requests
 from opentelemetry import propagate, trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExportResult
 from tracing_fixtures import in_memory_tracing
 
-from infra.otlp import FastOTLPSpanExporter, encode_spans, sdk_encoding
+from infra.otlp import FastOTLPSpanExporter, encode_spans
 from infra.telemetry import sampler
 from infra.tracer import FastTracerProvider
+
+
+def sdk_encoding(spans: Sequence[ReadableSpan]) -> bytes:
+    """The SDK's bytes for `spans` (what `encode_spans` must equal)."""
+    return bytes(sdk_encode_spans(spans).SerializeToString())
+
 
 REMOTE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 SCALARS: dict[str, Any] = {
