@@ -49,7 +49,7 @@ from consumers.assembly.claims import BatchEncoder, decode_trajectory
 from consumers.assembly.envelope import encode_group
 from consumers.assembly.errors import AssemblyConfigError, AssemblyError
 from consumers.assembly.filters import SampleFilter, invalid_reason
-from consumers.assembly.gaps import GapReader, InputOrder, KafkaGapReader, Refetched, ack
+from consumers.assembly.gaps import GapReader, InputOrder, KafkaGapReader, ack
 from consumers.assembly.grouping import GroupAssembler
 from consumers.assembly.holding import GroupRecords, HeldAcks, PendingMarks, TrackedPool
 from consumers.assembly.mixture import MixturePlanner
@@ -354,22 +354,18 @@ class AssemblerApp:
         taken before, else the events Faust dropped ahead of it (read from Kafka) and itself.
         A tick also brings what a quiet trajectories partition never got; other topics (weights)
         are not held."""
-        message = event.message
-        source = message.tp
+        cfg = self.config
         try:
-            if message.topic == self.config.ticks_topic:
-                source = TP(self.config.trajectories_topic, message.partition)
-                missing: list[Any] | None = await self.inputs.stalled(source)
-            elif message.topic in (self.config.trajectories_topic, self.config.groups_topic):
-                missing = await self.inputs.take(source, message.offset)
-            else:
-                missing = []
+            taken = await self.inputs.events(
+                event,
+                held=(cfg.trajectories_topic, cfg.groups_topic),
+                ticks=cfg.ticks_topic,
+                ticked=(cfg.trajectories_topic,),
+            )
         except AssemblyError as exc:  # Kafka did not answer: start over from the committed offset
             await self.app.crash(exc)
             return []
-        if missing is None:
-            return []
-        return [*(Refetched.of(record, source, message.generation_id) for record in missing), event]
+        return taken or []  # taken before: skipped, its first delivery is the one acknowledged
 
     def _reader(self) -> GapReader:
         if self.gap_reader is None:

@@ -225,6 +225,29 @@ class InputOrder:
         for source in sources:
             await self._ensure_start(source)
 
+    async def events(
+        self, event: Any, *, held: tuple[str, ...], ticks: str, ticked: tuple[str, ...]
+    ) -> list[Any] | None:
+        """The events to process for one delivered Faust `event`, in offset order. For an event
+        of a `held` topic: None when it was taken before, else the records Faust dropped ahead of
+        it (read from Kafka, as `Refetched`) and itself. A tick (an event of `ticks`) also brings
+        what the quiet partitions of `ticked` with its partition number never got; an event of
+        any other topic comes alone. Raises `AssemblyError` when Kafka does not answer."""
+        message = event.message
+        if message.topic == ticks:
+            missing: list[Any] = []
+            for topic in ticked:
+                source = TP(topic, message.partition)
+                stalled = await self.stalled(source)
+                missing += [Refetched.of(r, source, message.generation_id) for r in stalled]
+            return [*missing, event]
+        if message.topic not in held:
+            return [event]
+        found = await self.take(message.tp, message.offset)
+        if found is None:
+            return None
+        return [*(Refetched.of(r, message.tp, message.generation_id) for r in found), event]
+
     async def assigned_of(self, assigned: set[Any], topics: tuple[str, ...]) -> None:
         """`assigned` (a rebalance's partitions): those of `topics` start now; a start Kafka
         does not give is logged and asked again at the partition's first event."""

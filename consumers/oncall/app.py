@@ -22,11 +22,10 @@ from typing import Any, cast
 import faust
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
-from faust.types import TP
 
 from consumers.assembly.app import FaustForwarder, IdempotentApp
 from consumers.assembly.errors import AssemblyError
-from consumers.assembly.gaps import GapReader, InputOrder, KafkaGapReader, Refetched, ack
+from consumers.assembly.gaps import GapReader, InputOrder, KafkaGapReader, ack
 from consumers.assembly.protocols import Forwarder, Output
 from consumers.oncall.join import FeedbackJoin, Joined, JoinStats, Rejected, feedback_id
 from schemas import topics
@@ -148,26 +147,12 @@ class OncallJoinApp:
         taken before, else the events Faust dropped ahead of it (read from Kafka) and itself
         (none when Kafka did not answer: the worker crashes, nothing is acknowledged). A tick
         also brings what a quiet input partition never got."""
-        message = event.message
         inputs = (self.config.agent_logs_topic, self.config.feedback_topic)
-        missing: list[Any] = []
         try:
-            if message.topic == self.config.ticks_topic:
-                for topic in inputs:
-                    source = TP(topic, message.partition)
-                    missing += [
-                        Refetched.of(r, source, message.generation_id)
-                        for r in await self.inputs.stalled(source)
-                    ]
-            elif message.topic in inputs:
-                found = await self.inputs.take(message.tp, message.offset)
-                if found is None:
-                    return None
-                missing = [Refetched.of(r, message.tp, message.generation_id) for r in found]
+            return await self.inputs.events(event, held=inputs, ticks=self.config.ticks_topic, ticked=inputs)
         except AssemblyError as exc:  # Kafka did not answer: start over from the committed offset
             await self.app.crash(exc)
             return []
-        return [*missing, event]
 
     def _reader(self) -> GapReader:
         if self.gap_reader is None:
