@@ -39,8 +39,10 @@ from typing import Any, cast
 import faust
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
+from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+from faust.transport.drivers.aiokafka import Consumer as AiokafkaConsumer
 from faust.transport.drivers.aiokafka import Producer as AiokafkaProducer
-from faust.types import TP, ProducerT
+from faust.types import TP, ConsumerT, ProducerT
 from opentelemetry import metrics
 
 from consumers.assembly.assignor import make_assignor
@@ -82,6 +84,8 @@ _BATCHED_TRAJECTORIES = _meter.create_counter(
 log = logging.getLogger(__name__)
 
 TICK_KEY = b"\x00stacx-assembler-tick"
+FETCH_MAX_WAIT_MS = 100
+"""How long a fetch waits on quiet partitions, by default (`AssemblerApp.Config.fetch_max_wait_ms`)."""
 """Key of the timer's tick events (informative: ticks are told apart by their topic)."""
 
 _RAW: dict[str, Any] = {
@@ -174,6 +178,11 @@ class AssemblerApp:
         1 MiB): about 200 trajectories of 512 tokens. With 1 MiB one worker waited on its next
         fetch (2.7-2.8k trajectories/s, 0.6 of a core busy); with 8 MiB it is CPU-bound
         (4.8-5.5k, 0.9-0.98 of a core). A record larger than this is still fetched (alone)."""
+        fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS
+        """Longest time the broker holds a fetch whose partitions have no new records (Faust sets
+        1,500 ms). The consumer keeps one fetch in flight per broker, so a fetch waiting on quiet
+        partitions (ticks, a drained groups partition) keeps the busy ones from being fetched
+        again: with 1,500 ms two workers idled in turns (0.75-0.80 of a core each)."""
         grouping: GroupAssembler.Config = field(default_factory=GroupAssembler.Config)
         """Grouping and partial-group policy."""
         filtering: SampleFilter.Config = field(default_factory=SampleFilter.Config)
@@ -194,6 +203,10 @@ class AssemblerApp:
             if self.consumer_max_fetch_bytes < 1024:
                 raise AssemblyConfigError(
                     f"consumer_max_fetch_bytes must be >= 1024, got {self.consumer_max_fetch_bytes}"
+                )
+            if not 1 <= self.fetch_max_wait_ms <= 1500:
+                raise AssemblyConfigError(
+                    f"fetch_max_wait_ms must be between 1 and 1500, got {self.fetch_max_wait_ms}"
                 )
             if not 0 <= self.batch_stage_share < 1:
                 raise AssemblyConfigError(
@@ -847,14 +860,42 @@ class IdempotentProducer(AiokafkaProducer):
         return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
 
 
+class ShortFetchConsumerThread(AIOKafkaConsumerThread):
+    """Faust's consumer thread, whose Kafka consumer's fetches wait at most the app's
+    `fetch_max_wait_ms` on quiet partitions (Faust fixes 1,500 ms)."""
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        # read by AIOKafkaConsumer.start when it builds its fetcher (checked by an integration test)
+        consumer._fetch_max_wait_ms = cast(IdempotentApp, self.app).fetch_max_wait_ms
+        return consumer
+
+
+class ShortFetchConsumer(AiokafkaConsumer):
+    def _new_consumer_thread(self) -> AIOKafkaConsumerThread:
+        return ShortFetchConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+
 class IdempotentApp(faust.App):
-    """A Faust app whose producer is an `IdempotentProducer`, and which runs `settle` (when set)
-    before it stops consuming."""
+    """A Faust app whose producer is an `IdempotentProducer`, whose consumer's fetches wait at
+    most `fetch_max_wait_ms` on quiet partitions, and which runs `settle` (when set) before it
+    stops consuming."""
 
     settle: Callable[[], Awaitable[None]] | None = None
+    fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS
 
     def _new_producer(self) -> ProducerT:
         return IdempotentProducer(self.transport, loop=self.loop, beacon=self.beacon)
+
+    def _new_consumer(self) -> ConsumerT:  # Faust's own, with ShortFetchConsumer
+        return ShortFetchConsumer(
+            self.transport,
+            callback=self.topics.on_message,
+            loop=self.loop,
+            on_partitions_revoked=self._on_partitions_revoked,
+            on_partitions_assigned=self._on_partitions_assigned,
+            beacon=self.beacon,
+        )
 
     async def on_stop(self) -> None:
         if self.settle is not None:
@@ -867,7 +908,7 @@ def _new_faust_app(cfg: AssemblerApp.Config) -> IdempotentApp:
     web: dict[str, Any] = {"web_enabled": False}
     if cfg.web_port is not None:
         web = {"web_enabled": True, "web_port": cfg.web_port, "web_bind": "127.0.0.1"}
-    return IdempotentApp(
+    app = IdempotentApp(
         cfg.app_id,
         broker=[f"kafka://{host}" for host in cfg.bootstrap_servers.split(",")],
         store=cfg.store,
@@ -898,3 +939,5 @@ def _new_faust_app(cfg: AssemblerApp.Config) -> IdempotentApp:
         autodiscover=False,
         **web,
     )
+    app.fetch_max_wait_ms = cfg.fetch_max_wait_ms
+    return app

@@ -120,6 +120,30 @@ def test_consumer_fetch_size_is_validated_and_reaches_faust() -> None:
     assert default.conf.consumer_max_fetch_size == 8 * 1024 * 1024  # Faust's own default is 1 MiB
 
 
+@pytest.mark.parametrize("wait_ms", [0, 1501])
+def test_the_fetch_wait_is_validated(wait_ms: int) -> None:
+    from consumers.assembly import AssemblerApp, AssemblyConfigError
+
+    with pytest.raises(AssemblyConfigError, match="fetch_max_wait_ms"):
+        AssemblerApp.Config(partitions=1, fetch_max_wait_ms=wait_ms)
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [({}, 100), ({"fetch_max_wait_ms": 250}, 250)])
+async def test_the_workers_kafka_consumer_waits_at_most_the_configured_time(
+    overrides: dict[str, int], expected: int
+) -> None:
+    from consumers.assembly import AssemblerApp
+
+    config = AssemblerApp.Config(partitions=2, **overrides)
+    app = AssemblerApp(config, forwarder=None).app
+    consumer = app.consumer._thread._create_worker_consumer(app.transport)  # type: ignore[attr-defined]
+    try:
+        assert consumer._fetch_max_wait_ms == expected  # Faust's own is 1,500 ms
+        assert consumer._max_partition_fetch_bytes == config.consumer_max_fetch_bytes  # Faust's settings stay
+    finally:
+        await consumer.stop()
+
+
 def test_the_worker_producer_writes_fast_lz4() -> None:
     from aiokafka import codec
     from aiokafka.record.default_records import DefaultRecordBatchBuilder
