@@ -339,6 +339,33 @@ def _spec(args: argparse.Namespace) -> Any:
     return spec
 
 
+def _on_signals(stop: threading.Event) -> list[signal.Signals]:
+    """SIGINT and SIGTERM end the strikes and stop the run (the main thread's pipeline stops its
+    services on the way out); a second signal does not cut that short. Returns the signals seen."""
+    received: list[signal.Signals] = []
+
+    def interrupt(signum: int, frame: Any) -> None:
+        if received:
+            return
+        received.append(signal.Signals(signum))
+        stop.set()
+        raise KeyboardInterrupt
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, interrupt)
+    return received
+
+
+def _strike_then_finish(pipeline: Pipeline, chaos: Chaos, minutes: float, stop: threading.Event) -> None:
+    """Once the pipeline trains through Kafka, strike for `minutes`, then let the run finish (final
+    swap, held-out evaluation)."""
+    while not stop.wait(1.0) and not pipeline.metrics.stage.startswith("GRPO through Kafka"):
+        pass
+    chaos.run(time.monotonic() + minutes * 60, stop)
+    if not stop.is_set():  # time is up: finish now (final swap, evaluation)
+        pipeline.cfg.steps = max(1, pipeline.metrics.policy_version)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(REPO / "examples" / "quickstart.yaml"))
@@ -354,27 +381,28 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING if args.json else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     pipeline = Pipeline(_spec(args))
+    chaos = Chaos(pipeline, seed=args.seed, interval_s=args.interval_s, broker=not args.no_broker)
+    stop = threading.Event()
+    striker = threading.Thread(target=_strike_then_finish, args=(pipeline, chaos, args.minutes, stop),
+                               name="chaos")
     report: dict[str, Any] = {}
     failure: list[BaseException] = []
-    stop = threading.Event()
-
-    def drive() -> None:
-        try:
-            report.update(pipeline.run())
-        except BaseException as exc:  # reported below
-            failure.append(exc)
-        finally:
-            stop.set()  # no strikes once the run is over
-
-    runner = threading.Thread(target=drive, name="pipeline")
-    runner.start()
-    while runner.is_alive() and not pipeline.metrics.stage.startswith("GRPO through Kafka"):
-        time.sleep(1.0)
-    chaos = Chaos(pipeline, seed=args.seed, interval_s=args.interval_s, broker=not args.no_broker)
-    started = time.monotonic()
-    chaos.run(started + args.minutes * 60, stop)
-    pipeline.cfg.steps = pipeline.metrics.policy_version  # finish now: final swap, evaluation
-    runner.join()
+    received = _on_signals(stop)
+    striker.start()
+    try:  # the pipeline runs here, in the main thread: a signal stops it and its services
+        report.update(pipeline.run())
+    except KeyboardInterrupt:
+        if not received:
+            raise
+    except BaseException as exc:  # reported below
+        failure.append(exc)
+    finally:
+        stop.set()  # no strikes once the run is over
+        striker.join()
+    if received:
+        print(f"bench/chaos.py: stopped by {received[0].name}; the run's services are stopped",
+              file=sys.stderr, flush=True)
+        return 128 + received[0].value
     time.sleep(2.0)
     result = {
         "minutes": args.minutes, "seed": args.seed,
