@@ -7,6 +7,7 @@ is missing: the message says how to start it.
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -96,11 +97,36 @@ def _runs_started_by_the_tests_are_deleted() -> Iterator[None]:
     from infra.services.errors import InfraError
     from infra.services.topic_admin import delete_run
 
-    for run in sorted(after - before):
-        try:
-            delete_run(bootstrap, run)
-        except InfraError as exc:  # still running (someone else's), or the broker went away
-            print(f"left run {run} on the broker: {exc}")
+    waiting = sorted(after - before)
+    deadline = time.monotonic() + STALE_MEMBER_WAIT_S
+    while waiting:
+        left = []
+        for run in waiting:
+            try:
+                delete_run(bootstrap, run)
+            except InfraError as exc:  # still running (someone else's), or the broker went away
+                left.append((run, exc))
+        # a member killed with -9 (the chaos tests) stays in its group until its session times out
+        waiting = [run for run, _ in left if not _processes_of_run(run) and time.monotonic() < deadline]
+        for run, exc in left:
+            if run not in waiting:
+                print(f"left run {run} on the broker: {exc}")
+        if waiting:
+            time.sleep(5.0)
+
+
+STALE_MEMBER_WAIT_S = 60.0
+"""Longest wait for the consumer-group members of killed processes to time out (45 s at most)."""
+
+
+def _processes_of_run(run: str) -> bool:
+    """Whether a live process on this machine belongs to `run` (the pipeline sets STACX_RUN_ID)."""
+    needle = f"STACX_RUN_ID={run}".encode()
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if proc.name.isdigit() and needle in (proc / "environ").read_bytes().split(b"\0"):
+                return True
+    return False
 
 
 @pytest.fixture
