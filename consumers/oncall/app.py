@@ -83,6 +83,12 @@ class OncallJoinApp:
         around a rebalance (`consumers/assembly/gaps.py`)."""
         stats_interval_s: float = 30.0
         """How often the counters are logged (0: only at shutdown)."""
+        session_timeout_s: float = 10.0
+        """Kafka consumer-group session timeout: a worker killed without leaving the group holds
+        its partitions this long (Faust's default, 60 s, made a restarted worker wait a minute).
+        Brokers accept 6-300 s."""
+        heartbeat_interval_s: float = 3.0
+        """Consumer heartbeats; at most a third of `session_timeout_s`."""
         join: FeedbackJoin.Config = field(default_factory=FeedbackJoin.Config)
         """Window, unrewarded policy, trajectory limits."""
         topic_policy: topics.TopicPolicy = field(default_factory=topics.TopicPolicy)
@@ -92,6 +98,11 @@ class OncallJoinApp:
             if self.partitions < 1 or self.tick_interval_s <= 0 or self.quiet_check_s <= 0:
                 raise ValueError(
                     "oncall join: partitions must be >= 1, tick_interval_s and quiet_check_s > 0"
+                )
+            if not 0 < 3 * self.heartbeat_interval_s <= self.session_timeout_s:
+                raise ValueError(
+                    f"oncall join: heartbeat_interval_s={self.heartbeat_interval_s} must be > 0 and at "
+                    f"most a third of session_timeout_s={self.session_timeout_s}"
                 )
 
         @property
@@ -309,6 +320,8 @@ def _faust_app(cfg: OncallJoinApp.Config) -> faust.App:
         # read) is read again by the partition's next owner: never wait for it on a rebalance or
         # at shutdown, and a second delivery is recognised (`gaps`)
         stream_wait_empty=False,
+        broker_session_timeout=cfg.session_timeout_s,
+        broker_heartbeat_interval=cfg.heartbeat_interval_s,
         autodiscover=False,
         web_enabled=False,
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from oncall_fixtures import call, rating
+from oncall_fixtures import call, rating, wait_committed
 
 from consumers import EventConsumer
 from producers import EventProducer
@@ -36,25 +36,6 @@ def _read(bootstrap: str, topics: list[str], count: int, timeout_s: float = 120)
     finally:
         consumer.close()
     return events
-
-
-def _wait_committed(bootstrap: str, group: str, topic: str, count: int, timeout_s: float = 120) -> None:
-    from confluent_kafka import ConsumerGroupTopicPartitions
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        request = [ConsumerGroupTopicPartitions(group)]
-        try:
-            result = next(iter(admin.list_consumer_group_offsets(request).values())).result(timeout=10)
-            done = sum(max(tp.offset, 0) for tp in result.topic_partitions if tp.topic == topic)
-        except Exception:  # the group does not exist yet
-            done = 0
-        if done >= count:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"the join worker did not consume {count} calls within {timeout_s:.0f} s")
 
 
 def test_join_worker_emits_rewarded_trajectories_and_dead_letters_late_feedback(
@@ -98,7 +79,7 @@ def test_join_worker_emits_rewarded_trajectories_and_dead_letters_late_feedback(
             producer.flush(30)
             # feedback comes after the calls (seconds later, as from users): both topics are read
             # at once, so wait until the worker has consumed the calls
-            _wait_committed(kafka_bootstrap, app_id, logs, 3)
+            wait_committed(kafka_bootstrap, app_id, logs, 3)
             producer.publish(feedback, rating("s1", 1.0, at_ms=t0 + 2_000))
             producer.publish(feedback, rating("s2", 1.0, at_ms=t0 + 61_000))  # after the window
             producer.flush(30)

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from faust.types import TP
 from oncall_fixtures import call, rating
 
@@ -238,3 +239,12 @@ async def test_an_event_whose_missing_records_cannot_be_read_is_not_acknowledged
     outputs = [out async for out in app._stream(stream)]  # type: ignore[arg-type]
     assert stream.acked == [first] and outputs == [[], []]  # a lone call emits nothing yet
     assert len(crashed) == 1 and app.stats.interactions == 1
+
+
+def test_the_session_settings_are_checked_and_reach_faust() -> None:
+    with pytest.raises(ValueError, match="heartbeat_interval_s=3.0 must be > 0 and at most a third"):
+        OncallJoinApp.Config(session_timeout_s=6.0, heartbeat_interval_s=3.0)
+    app = OncallJoinApp(OncallJoinApp.Config(partitions=2), forwarder=ListForwarder()).app
+    assert app.conf.broker_session_timeout == 10.0  # Faust's own is 60 s: a restart waited a minute
+    assert app.conf.broker_heartbeat_interval == 3.0
+    assert app.fetch_max_wait_ms == 100  # type: ignore[attr-defined]
