@@ -84,9 +84,9 @@ _BATCHED_TRAJECTORIES = _meter.create_counter(
 log = logging.getLogger(__name__)
 
 TICK_KEY = b"\x00stacx-assembler-tick"
+"""Key of the timer's tick events (informative: ticks are told apart by their topic)."""
 FETCH_MAX_WAIT_MS = 100
 """How long a fetch waits on quiet partitions, by default (`AssemblerApp.Config.fetch_max_wait_ms`)."""
-"""Key of the timer's tick events (informative: ticks are told apart by their topic)."""
 
 _RAW: dict[str, Any] = {
     "key_type": bytes,
