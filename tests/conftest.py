@@ -87,13 +87,19 @@ def _runs_started_by_the_tests_are_deleted() -> Iterator[None]:
     a fresh run id. Left on the shared broker they pile up (thousands of topics after a few dozen
     sessions, and every Faust worker then decodes their metadata), so after the session the runs
     that did not exist before it are deleted like `stacx topics gc --run` does; a run that still
-    has consumers is left alone. Housekeeping only: without a broker it does nothing."""
+    has consumers is left alone, and so is every run while another test session on this machine
+    is running (its runs appeared meanwhile too, and may be between two stages). Housekeeping
+    only: without a broker it does nothing."""
     bootstrap = topics.default_bootstrap()
     before = _run_ids(bootstrap)
-    yield
-    after = _run_ids(bootstrap) if before is not None else None
-    if after is None or before is None:
-        return
+    with _test_session_lock() as alone:
+        yield
+        after = _run_ids(bootstrap) if before is not None else None
+        if after is None or before is None:
+            return
+        if after - before and not alone():
+            print(f"another test session is running: runs left on the broker: {sorted(after - before)}")
+            return
     from infra.services.errors import InfraError
     from infra.services.topic_admin import delete_run
 
@@ -117,6 +123,29 @@ def _runs_started_by_the_tests_are_deleted() -> Iterator[None]:
 
 STALE_MEMBER_WAIT_S = 60.0
 """Longest wait for the consumer-group members of killed processes to time out (45 s at most)."""
+
+
+@contextlib.contextmanager
+def _test_session_lock() -> Iterator[Callable[[], bool]]:
+    """A shared lock held while this session runs; yields a check whether this session is the only
+    one (it gets the lock exclusively)."""
+    import fcntl
+
+    from infra.paths import stacx_home
+
+    path = stacx_home() / "test-sessions.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_SH)
+
+        def alone() -> bool:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return True
+
+        yield alone
 
 
 def _processes_of_run(run: str) -> bool:
