@@ -25,7 +25,15 @@ from time import time_ns
 from opentelemetry import trace as trace_api
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
-from opentelemetry.sdk.trace import Event, ReadableSpan, Tracer, TracerProvider, _Span
+from opentelemetry.sdk.trace import (
+    Event,
+    ReadableSpan,
+    SpanProcessor,
+    SynchronousMultiSpanProcessor,
+    Tracer,
+    TracerProvider,
+    _Span,
+)
 from opentelemetry.sdk.trace._tracer_metrics import NoOpTracerMetrics
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
 from opentelemetry.sdk.util import BoundedList
@@ -130,7 +138,8 @@ def _plain(
 class _FastTracer(Tracer):
     _stacx_state: tuple[object, ...] | None = None
     """What the short path was last checked against (sampler, span processor, resource, limits,
-    scope, tracer metrics), then the state its spans start from (None: the SDK's path)."""
+    scope, tracer metrics, the multi-processor's processors), then the state its spans start from
+    (None: the SDK's path)."""
 
     def start_span(  # noqa: PLR0913 - the API's signature
         self,
@@ -179,7 +188,7 @@ class _FastTracer(Tracer):
         state["_events"] = _NONE_YET
         state["_links"] = span._new_links(links) if links else _NONE_YET
         state["_start_time"] = start_time if start_time is not None else time_ns()
-        self.span_processor.on_start(span, parent_context=context)
+        template["_span_processor"].on_start(span, parent_context=context)  # type: ignore[attr-defined]
         return span
 
     def _span_context(self, parent: trace_api.SpanContext | None) -> trace_api.SpanContext:
@@ -204,6 +213,7 @@ class _FastTracer(Tracer):
             return None
         known = self._stacx_state
         metrics = getattr(self, "_tracer_metrics", None)
+        processors = getattr(self.span_processor, "_span_processors", None)
         if (
             known is None
             or known[0] is not self.sampler
@@ -212,12 +222,24 @@ class _FastTracer(Tracer):
             or known[3] is not self._span_limits
             or known[4] is not self._instrumentation_scope
             or known[5] is not metrics
+            or known[6] is not processors
         ):
             fast = _always_on(self.sampler) and isinstance(metrics, NoOpTracerMetrics)
             sources = (self.sampler, self.span_processor, self.resource, self._span_limits)
-            known = (*sources, self._instrumentation_scope, metrics, _template(self) if fast else None)
+            template = _template(self, _target(self.span_processor)) if fast else None
+            known = (*sources, self._instrumentation_scope, metrics, processors, template)
             self._stacx_state = known
-        return known[6] if self._is_enabled() else None  # type: ignore[return-value]
+        return known[7] if self._is_enabled() else None  # type: ignore[return-value]
+
+
+def _target(processor: SpanProcessor) -> SpanProcessor:
+    """Where a span's start and end go: the provider's one span processor itself when it has
+    exactly one (no loop through the SDK's multi-processor), else the multi-processor."""
+    if type(processor) is SynchronousMultiSpanProcessor:
+        processors = getattr(processor, "_span_processors", None)
+        if type(processors) is tuple and len(processors) == 1:
+            return processors[0]  # type: ignore[no-any-return]
+    return processor
 
 
 _SPAN_STATE = frozenset(
@@ -232,7 +254,7 @@ _SPAN_STATE = frozenset(
 in the per-span ones (name, kind, context, parent, lock, attributes, events, links, start time)."""
 
 
-def _template(tracer: Tracer) -> dict[str, object] | None:
+def _template(tracer: Tracer, processor: SpanProcessor) -> dict[str, object] | None:
     try:
         span = _FinishedAsIs(
             name="",
@@ -241,7 +263,7 @@ def _template(tracer: Tracer) -> dict[str, object] | None:
             sampler=tracer.sampler,
             resource=tracer.resource,
             attributes=None,
-            span_processor=tracer.span_processor,
+            span_processor=processor,
             kind=SpanKind.INTERNAL,
             links=(),
             instrumentation_info=tracer.instrumentation_info,

@@ -218,3 +218,18 @@ def test_events_and_links_added_later_go_to_each_spans_own_list() -> None:
     links = {s.name: [link.context.span_id for link in s.links] for s in kept.spans}
     assert events == {"first": ["started", "exception"], "second": [], "third": []}
     assert links == {"first": [], "second": [0xB7AD6B7169203331], "third": []}
+
+
+def test_a_lone_processor_gets_spans_directly_and_one_added_later_gets_them_too() -> None:
+    provider = FastTracerProvider(sampler=sampler(1.0))
+    first, second = _Keep(), _Keep()
+    lone = SimpleSpanProcessor(first)
+    provider.add_span_processor(lone)
+    tracer = provider.get_tracer("stacx.test")
+    span = tracer.start_span("before")
+    span.end()
+    assert span._span_processor is lone  # type: ignore[attr-defined]  # no multi-processor loop
+    provider.add_span_processor(SimpleSpanProcessor(second))
+    tracer.start_span("after").end()
+    assert [s.name for s in first.spans] == ["before", "after"]
+    assert [s.name for s in second.spans] == ["after"]
