@@ -13,7 +13,8 @@ Each round is a pair: tracing off and tracing on, each in a fresh process with i
 and server, run at the same time and measuring from the same moment after their warm-ups, so
 that whatever else runs on the machine weighs on both alike (`--pairing alternate` runs them one
 after the other instead). With tracing on, the bench process, its gateway and its server export
-every span over OTLP to the local Jaeger that `stacx infra up` starts.
+every span over OTLP to the local Jaeger that `stacx infra up` starts; a round in which the bench
+process dropped a span (its export queue full) fails.
 
 `tracing_overhead` is the throughput lost to tracing where CPU bounds throughput (the quickstart on
 2 cores): `1 - cpu_off / cpu_on` within each pair, from the CPU seconds per episode of the worker
@@ -68,6 +69,7 @@ def _round(args: argparse.Namespace, tracing: bool) -> dict[str, Any]:
 async def _episodes(args: argparse.Namespace) -> dict[str, Any]:
     from bench.rollout import _manager, _policy
     from infra.heap import freeze_startup_heap
+    from infra.telemetry import dropped_spans
     from rollout.adapters import KafkaTrajectoryPublisher
     from rollout.gateways import GatewayEnvironments
     from rollout.models import make_tokenizer
@@ -119,6 +121,7 @@ async def _episodes(args: argparse.Namespace) -> dict[str, Any]:
             summary = await manager_of(args.episodes).run()
             wall = time.perf_counter() - started
             _flush_spans()  # the spans of the measured episodes are exported inside the window
+            dropped = dropped_spans()
             await asyncio.sleep(EXPORT_SETTLE_S)  # and the gateway's and the server's too
             parts = [b - a for a, b in zip(cpu_before, _cpu_s(pids), strict=True)]
             await publisher.close()
@@ -131,6 +134,7 @@ async def _episodes(args: argparse.Namespace) -> dict[str, Any]:
         },
         "completed": summary.by_status.get("COMPLETED", 0),
         "publish_errors": summary.num_publish_errors,
+        "spans_dropped": dropped,
         "episodes": summary.num_episodes,
     }
 
@@ -249,10 +253,12 @@ def _spawn_round(args: argparse.Namespace, tracing: bool) -> dict[str, Any]:
     return _result(_start(args, tracing, barrier=False), tracing)
 
 
-def _spawn_pair(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+def _spawn_pair(args: argparse.Namespace, first: str = "off") -> dict[str, dict[str, Any]]:
     """Both settings at once, each in a fresh process, measuring from the same moment: whatever
-    else runs on the machine weighs on both alike."""
-    procs = {mode: _start(args, mode == "on", barrier=True) for mode in ("off", "on")}
+    else runs on the machine weighs on both alike. `first` is started and let go first (the
+    rounds alternate it)."""
+    order = (first, "on" if first == "off" else "off")
+    procs = {mode: _start(args, mode == "on", barrier=True) for mode in order}
     for mode, proc in procs.items():
         assert proc.stdout is not None
         if proc.stdout.readline().strip() != "ready":  # warm-up done, or the worker failed
@@ -307,7 +313,7 @@ def _check_backend(endpoint: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print only JSON")
-    parser.add_argument("--rounds", type=int, default=5, help="off/on pairs")
+    parser.add_argument("--rounds", type=int, default=7, help="off/on pairs")
     parser.add_argument(
         "--pairing",
         choices=("concurrent", "alternate"),
@@ -315,7 +321,7 @@ def main() -> None:
         help="concurrent: each pair's two settings run at once, measured from the same moment; "
         "alternate: one after the other, the order alternating",
     )
-    parser.add_argument("--episodes", type=int, default=96)
+    parser.add_argument("--episodes", type=int, default=256, help="measured episodes per round and setting")
     parser.add_argument("--steps", type=int, default=2, help="tool steps per episode")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--backend", choices=("docker", "process"), default="process")
@@ -352,13 +358,18 @@ def _rounds(args: argparse.Namespace) -> Rounds:
     rounds: Rounds = {"off": [], "on": [], "load": []}
     for i in range(args.rounds):
         rounds["load"].append({"load_average_1m": os.getloadavg()[0]})  # other work on the machine
+        order = ("off", "on") if i % 2 == 0 else ("on", "off")
         if args.pairing == "concurrent":
-            results = _spawn_pair(args)
+            results = _spawn_pair(args, first=order[0])
         else:
-            order = ("off", "on") if i % 2 == 0 else ("on", "off")
             results = {mode: _spawn_round(args, mode == "on") for mode in order}
-        for mode, result in results.items():
-            if result["completed"] != result["episodes"] or result["publish_errors"]:
+        for mode in ("off", "on"):
+            result = results[mode]
+            if (
+                result["completed"] != result["episodes"]
+                or result["publish_errors"]
+                or result["spans_dropped"]
+            ):
                 raise SystemExit(f"round {i} ({mode}): {result}")
             rounds[mode].append(result)
             if not args.json:

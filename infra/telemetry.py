@@ -24,9 +24,12 @@ from pydantic import BaseModel, ConfigDict, Field
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.sampling import Sampler
 
+    from infra.processor import BufferedSpanProcessor
+
 __all__ = [
     "MetricsConfig",
     "TracingConfig",
+    "dropped_spans",
     "sampler",
     "setup_metrics",
     "setup_tracing",
@@ -43,6 +46,7 @@ DEFAULT_EXPORT_DELAY_MS = 5000
 than every second: a fifth of the exporter's wake-ups, requests and per-batch encoding."""
 
 _installed: list[object] = []
+_processors: list[BufferedSpanProcessor] = []
 
 
 class TracingConfig(BaseModel):
@@ -148,15 +152,15 @@ def setup_tracing(service: str, config: TracingConfig | None = None) -> bool:
     traces_url = (
         os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or f"{config.endpoint.rstrip('/')}/v1/traces"
     )
-    provider.add_span_processor(
-        BufferedSpanProcessor(
-            FastOTLPSpanExporter(endpoint=traces_url),
-            schedule_delay_millis=config.export_delay_ms,
-            max_export_batch_size=_env_size("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512),
-            max_queue_size=_env_size("OTEL_BSP_MAX_QUEUE_SIZE", 2048),
-        )
+    processor = BufferedSpanProcessor(
+        FastOTLPSpanExporter(endpoint=traces_url),
+        schedule_delay_millis=config.export_delay_ms,
+        max_export_batch_size=_env_size("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512),
+        max_queue_size=_env_size("OTEL_BSP_MAX_QUEUE_SIZE", 2048),
     )
+    provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
+    _processors.append(processor)
     install_propagator()
     _installed.append(provider)
     atexit.register(shutdown_tracing)
@@ -164,6 +168,11 @@ def setup_tracing(service: str, config: TracingConfig | None = None) -> bool:
         "tracing on: service %s exports OTLP to %s (sample ratio %.2f)", name, traces_url, config.sample_ratio
     )
     return True
+
+
+def dropped_spans() -> int:
+    """Spans this process's span processor dropped so far (a full queue, or after shutdown)."""
+    return sum(processor.dropped for processor in _processors)
 
 
 def sampler(ratio: float) -> Sampler:
@@ -176,6 +185,7 @@ def sampler(ratio: float) -> Sampler:
 
 def shutdown_tracing() -> None:
     """Export what is still buffered (called at exit; safe to call twice)."""
+    _processors.clear()
     while _installed:
         provider = _installed.pop()
         try:
@@ -254,6 +264,7 @@ def setup_metrics(service: str, config: MetricsConfig | None = None) -> str | No
 
 
 _metrics_installed: list[object] = []
+_processors: list[BufferedSpanProcessor] = []
 
 
 def setup_rank(service: str) -> None:

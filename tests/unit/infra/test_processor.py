@@ -207,4 +207,4 @@ def test_the_standard_queue_variables_size_the_services_processor(monkeypatch: p
     monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "lots")
     with pytest.raises(ValueError, match="^OTEL_BSP_MAX_QUEUE_SIZE='lots': give a number of spans"):
         telemetry.setup_tracing("test", telemetry.TracingConfig(enabled=True))
-    assert not telemetry._installed
+    assert not telemetry._installed and telemetry.dropped_spans() == 0
