@@ -130,7 +130,7 @@ async def _episodes(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_s_per_episode": sum(parts) / max(1, summary.num_episodes),
         "cpu_ms_per_episode_by_process": {
             name: round(part * 1000 / max(1, summary.num_episodes), 2)
-            for name, part in zip(("rollout", "gateway", "server"), parts, strict=False)
+            for name, part in zip(("rollout", "gateway", "sandboxes", "server"), parts, strict=False)
         },
         "completed": summary.by_status.get("COMPLETED", 0),
         "publish_errors": summary.num_publish_errors,
@@ -149,14 +149,16 @@ def _flush_spans() -> None:
 
 def _cpu_s(pids: list[int]) -> list[float]:
     """CPU seconds used so far by this process (its threads: the engine, the producer, the span
-    exporter), the gateway with the sandboxes it has reaped, and the inference server."""
+    exporter), the gateway, the sandboxes it has reaped, and the inference server."""
     import psutil
 
     own = psutil.Process().cpu_times()
     parts = [own.user + own.system]
-    for pid in pids:
+    for i, pid in enumerate(pids):
         t = psutil.Process(pid).cpu_times()
-        parts.append(t.user + t.system + t.children_user + t.children_system)
+        parts.append(t.user + t.system)
+        if i == 0:  # the gateway: its sandboxes apart
+            parts.append(t.children_user + t.children_system)
     return parts
 
 
