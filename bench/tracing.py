@@ -394,6 +394,8 @@ def _report(args: argparse.Namespace, rounds: Rounds) -> None:
     figures = {
         "cpu_ms_per_episode_off": round(statistics.median(cpu["off"]) * 1000, 2),
         "cpu_ms_per_episode_on": round(statistics.median(cpu["on"]) * 1000, 2),
+        "cpu_ms_per_episode_by_process_off": _by_process(rounds["off"]),
+        "cpu_ms_per_episode_by_process_on": _by_process(rounds["on"]),
         "overhead_by_pair": [round(x, 4) for x in pairs],
         "episodes_per_s_off": round(statistics.median(rates["off"]), 2),
         "episodes_per_s_on": round(statistics.median(rates["on"]), 2),
@@ -413,6 +415,15 @@ def _report(args: argparse.Namespace, rounds: Rounds) -> None:
         "ok": overhead <= LIMIT,
     }
     print(json.dumps(figures))
+
+
+def _by_process(results: list[dict[str, Any]]) -> dict[str, float]:
+    """The median over the rounds of each process's CPU ms per episode."""
+    names = results[0]["cpu_ms_per_episode_by_process"]
+    return {
+        name: round(statistics.median(r["cpu_ms_per_episode_by_process"][name] for r in results), 2)
+        for name in names
+    }
 
 
 if __name__ == "__main__":
