@@ -10,10 +10,14 @@ its result objects and the tracer's no-op metrics, and without the span construc
 in the per-span fields. Plain attributes (strings, booleans, numbers) skip the SDK's per-value
 cleaning, and a finished span goes to the span processors as itself (the SDK copies it into a
 `ReadableSpan` that shares its attributes, events and links anyway; an ended span refuses
-changes). Anything else (a ratio sampler, an unsampled parent, a disabled tracer, the SDK's own
-metrics turned on) takes the SDK's path unchanged, and so does every span when an SDK release has
-moved the internals the short path uses (`_Span`'s constructor and the fields it sets,
-`ParentBased`'s delegates, `BoundedAttributes`): the tests compare both paths' spans.
+changes), straight to the provider's span processor when it has only one (no loop through the
+SDK's multi-processor). The current span's context is read with a type check against the span
+classes already met rather than `isinstance` against the API's abstract `Span`
+(`current_span_context`, also used by the propagator). Anything else (a ratio sampler, an
+unsampled parent, a disabled tracer, the SDK's own metrics turned on) takes the SDK's path
+unchanged, and so does every span when an SDK release has moved the internals the short path uses
+(`_Span`'s constructor and the fields it sets, `ParentBased`'s delegates, `BoundedAttributes`):
+the tests compare both paths' spans.
 """
 
 from __future__ import annotations
