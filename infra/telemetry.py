@@ -264,7 +264,6 @@ def setup_metrics(service: str, config: MetricsConfig | None = None) -> str | No
 
 
 _metrics_installed: list[object] = []
-_processors: list[BufferedSpanProcessor] = []
 
 
 def setup_rank(service: str) -> None:

@@ -154,7 +154,7 @@ def current_span_context(context: Context | None = None) -> trace_api.SpanContex
         if not isinstance(span, trace_api.Span):
             return trace_api.INVALID_SPAN_CONTEXT
         _SPAN_TYPES.add(kind)
-    return span.get_span_context()  # type: ignore[union-attr]
+    return span.get_span_context()  # type: ignore[attr-defined]
 
 
 class _FastTracer(Tracer):
