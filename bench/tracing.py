@@ -18,8 +18,9 @@ process dropped a span (its export queue full) fails.
 
 `tracing_overhead` is the throughput lost to tracing where CPU bounds throughput (the quickstart on
 2 cores): `1 - cpu_off / cpu_on` within each pair, from the CPU seconds per episode of the worker
-process (the engine, the Kafka producer, the span exporter thread), its gateway with the gateway's
-sandboxes, and its inference server; then the median over the pairs (limit 0.05). Rounds run one
+process (the engine, the Kafka producer, the span exporter thread), its gateway, the gateway's
+sandboxes and its inference server (each also printed apart, `cpu_ms_per_episode_by_process_*`);
+then the median over the pairs (limit 0.05). Rounds run one
 after the other swung by ±15 % in CPU per episode on this shared machine, more than the cost being
 measured. The wall-clock rates are printed too (`episodes_per_s_*`, `wall_overhead_median_pair`:
 the median over the pairs of `1 - on / off`).
