@@ -13,12 +13,14 @@ Each round is a pair: tracing off and tracing on, each in a fresh process with i
 and server, run at the same time and measuring from the same moment after their warm-ups, so
 that whatever else runs on the machine weighs on both alike (`--pairing alternate` runs them one
 after the other instead). With tracing on, the bench process, its gateway and its server export
-every span over OTLP to the local Jaeger that `stacx infra up` starts.
+every span over OTLP to the local Jaeger that `stacx infra up` starts; a round in which the bench
+process dropped a span (its export queue full) fails.
 
 `tracing_overhead` is the throughput lost to tracing where CPU bounds throughput (the quickstart on
 2 cores): `1 - cpu_off / cpu_on` within each pair, from the CPU seconds per episode of the worker
-process (the engine, the Kafka producer, the span exporter thread), its gateway with the gateway's
-sandboxes, and its inference server; then the median over the pairs (limit 0.05). Rounds run one
+process (the engine, the Kafka producer, the span exporter thread), its gateway, the gateway's
+sandboxes and its inference server (each also printed apart, `cpu_ms_per_episode_by_process_*`);
+then the median over the pairs (limit 0.05). Rounds run one
 after the other swung by ±15 % in CPU per episode on this shared machine, more than the cost being
 measured. The wall-clock rates are printed too (`episodes_per_s_*`, `wall_overhead_median_pair`:
 the median over the pairs of `1 - on / off`).
@@ -68,6 +70,7 @@ def _round(args: argparse.Namespace, tracing: bool) -> dict[str, Any]:
 async def _episodes(args: argparse.Namespace) -> dict[str, Any]:
     from bench.rollout import _manager, _policy
     from infra.heap import freeze_startup_heap
+    from infra.telemetry import dropped_spans
     from rollout.adapters import KafkaTrajectoryPublisher
     from rollout.gateways import GatewayEnvironments
     from rollout.models import make_tokenizer
@@ -119,6 +122,7 @@ async def _episodes(args: argparse.Namespace) -> dict[str, Any]:
             summary = await manager_of(args.episodes).run()
             wall = time.perf_counter() - started
             _flush_spans()  # the spans of the measured episodes are exported inside the window
+            dropped = dropped_spans()
             await asyncio.sleep(EXPORT_SETTLE_S)  # and the gateway's and the server's too
             parts = [b - a for a, b in zip(cpu_before, _cpu_s(pids), strict=True)]
             await publisher.close()
@@ -127,10 +131,11 @@ async def _episodes(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_s_per_episode": sum(parts) / max(1, summary.num_episodes),
         "cpu_ms_per_episode_by_process": {
             name: round(part * 1000 / max(1, summary.num_episodes), 2)
-            for name, part in zip(("rollout", "gateway", "server"), parts, strict=False)
+            for name, part in zip(("rollout", "gateway", "sandboxes", "server"), parts, strict=False)
         },
         "completed": summary.by_status.get("COMPLETED", 0),
         "publish_errors": summary.num_publish_errors,
+        "spans_dropped": dropped,
         "episodes": summary.num_episodes,
     }
 
@@ -145,14 +150,16 @@ def _flush_spans() -> None:
 
 def _cpu_s(pids: list[int]) -> list[float]:
     """CPU seconds used so far by this process (its threads: the engine, the producer, the span
-    exporter), the gateway with the sandboxes it has reaped, and the inference server."""
+    exporter), the gateway, the sandboxes it has reaped, and the inference server."""
     import psutil
 
     own = psutil.Process().cpu_times()
     parts = [own.user + own.system]
-    for pid in pids:
+    for i, pid in enumerate(pids):
         t = psutil.Process(pid).cpu_times()
-        parts.append(t.user + t.system + t.children_user + t.children_system)
+        parts.append(t.user + t.system)
+        if i == 0:  # the gateway: its sandboxes apart
+            parts.append(t.children_user + t.children_system)
     return parts
 
 
@@ -249,10 +256,12 @@ def _spawn_round(args: argparse.Namespace, tracing: bool) -> dict[str, Any]:
     return _result(_start(args, tracing, barrier=False), tracing)
 
 
-def _spawn_pair(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+def _spawn_pair(args: argparse.Namespace, first: str = "off") -> dict[str, dict[str, Any]]:
     """Both settings at once, each in a fresh process, measuring from the same moment: whatever
-    else runs on the machine weighs on both alike."""
-    procs = {mode: _start(args, mode == "on", barrier=True) for mode in ("off", "on")}
+    else runs on the machine weighs on both alike. `first` is started and let go first (the
+    rounds alternate it)."""
+    order = (first, "on" if first == "off" else "off")
+    procs = {mode: _start(args, mode == "on", barrier=True) for mode in order}
     for mode, proc in procs.items():
         assert proc.stdout is not None
         if proc.stdout.readline().strip() != "ready":  # warm-up done, or the worker failed
@@ -307,7 +316,7 @@ def _check_backend(endpoint: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print only JSON")
-    parser.add_argument("--rounds", type=int, default=5, help="off/on pairs")
+    parser.add_argument("--rounds", type=int, default=7, help="off/on pairs")
     parser.add_argument(
         "--pairing",
         choices=("concurrent", "alternate"),
@@ -315,7 +324,7 @@ def main() -> None:
         help="concurrent: each pair's two settings run at once, measured from the same moment; "
         "alternate: one after the other, the order alternating",
     )
-    parser.add_argument("--episodes", type=int, default=96)
+    parser.add_argument("--episodes", type=int, default=256, help="measured episodes per round and setting")
     parser.add_argument("--steps", type=int, default=2, help="tool steps per episode")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--backend", choices=("docker", "process"), default="process")
@@ -352,13 +361,18 @@ def _rounds(args: argparse.Namespace) -> Rounds:
     rounds: Rounds = {"off": [], "on": [], "load": []}
     for i in range(args.rounds):
         rounds["load"].append({"load_average_1m": os.getloadavg()[0]})  # other work on the machine
+        order = ("off", "on") if i % 2 == 0 else ("on", "off")
         if args.pairing == "concurrent":
-            results = _spawn_pair(args)
+            results = _spawn_pair(args, first=order[0])
         else:
-            order = ("off", "on") if i % 2 == 0 else ("on", "off")
             results = {mode: _spawn_round(args, mode == "on") for mode in order}
-        for mode, result in results.items():
-            if result["completed"] != result["episodes"] or result["publish_errors"]:
+        for mode in ("off", "on"):
+            result = results[mode]
+            if (
+                result["completed"] != result["episodes"]
+                or result["publish_errors"]
+                or result["spans_dropped"]
+            ):
                 raise SystemExit(f"round {i} ({mode}): {result}")
             rounds[mode].append(result)
             if not args.json:
@@ -381,6 +395,8 @@ def _report(args: argparse.Namespace, rounds: Rounds) -> None:
     figures = {
         "cpu_ms_per_episode_off": round(statistics.median(cpu["off"]) * 1000, 2),
         "cpu_ms_per_episode_on": round(statistics.median(cpu["on"]) * 1000, 2),
+        "cpu_ms_per_episode_by_process_off": _by_process(rounds["off"]),
+        "cpu_ms_per_episode_by_process_on": _by_process(rounds["on"]),
         "overhead_by_pair": [round(x, 4) for x in pairs],
         "episodes_per_s_off": round(statistics.median(rates["off"]), 2),
         "episodes_per_s_on": round(statistics.median(rates["on"]), 2),
@@ -400,6 +416,15 @@ def _report(args: argparse.Namespace, rounds: Rounds) -> None:
         "ok": overhead <= LIMIT,
     }
     print(json.dumps(figures))
+
+
+def _by_process(results: list[dict[str, Any]]) -> dict[str, float]:
+    """The median over the rounds of each process's CPU ms per episode."""
+    names = results[0]["cpu_ms_per_episode_by_process"]
+    return {
+        name: round(statistics.median(r["cpu_ms_per_episode_by_process"][name] for r in results), 2)
+        for name in names
+    }
 
 
 if __name__ == "__main__":

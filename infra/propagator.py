@@ -18,8 +18,9 @@ import re
 from collections.abc import Mapping
 
 from opentelemetry import baggage, propagate, trace
+from opentelemetry.baggage import _BAGGAGE_KEY
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
-from opentelemetry.context import Context
+from opentelemetry.context import Context, get_current
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.propagators.textmap import (
     CarrierT,
@@ -30,6 +31,8 @@ from opentelemetry.propagators.textmap import (
     default_setter,
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from infra.tracer import current_span_context
 
 __all__ = ["W3CPropagator", "install_propagator"]
 
@@ -50,12 +53,12 @@ class W3CPropagator(TextMapPropagator):
     def inject(
         self, carrier: CarrierT, context: Context | None = None, setter: Setter[CarrierT] = default_setter
     ) -> None:
-        span_context = trace.get_current_span(context).get_span_context()
+        span_context = current_span_context(context)
         if span_context != trace.INVALID_SPAN_CONTEXT:
             setter.set(carrier, TRACEPARENT, self._traceparent(span_context))
             if span_context.trace_state:
                 setter.set(carrier, TRACESTATE, span_context.trace_state.to_header())
-        if baggage.get_all(context):
+        if _has_baggage(context):
             self._baggage.inject(carrier, context, setter)
 
     def _traceparent(self, span_context: trace.SpanContext) -> str:
@@ -95,6 +98,14 @@ class W3CPropagator(TextMapPropagator):
     @property
     def fields(self) -> set[str]:
         return self._composite.fields
+
+
+def _has_baggage(context: Context | None) -> bool:
+    """`bool(baggage.get_all(context))` without its read-only copy when there is none."""
+    entries = (context if context is not None else get_current()).get(_BAGGAGE_KEY)
+    if entries is None:
+        return False
+    return bool(entries) if type(entries) is dict else bool(baggage.get_all(context))
 
 
 DEFAULT_PROPAGATORS = ["tracecontext", "baggage"]

@@ -2,11 +2,12 @@
 
 Library code (rollout, sandbox, producers, consumers, trainer) only calls the OpenTelemetry API;
 this module installs the SDK in a service's process: a TracerProvider with the resource
-`service.name`, a batching OTLP/HTTP exporter (`infra/otlp.py`), the sampler and the W3C
-propagator (`infra/propagator.py`). Tracing is on when the pipeline's `tracing:` section says so
-(it is passed to each service as the standard variables) or when the environment asks for OTLP:
-`OTEL_TRACES_EXPORTER=otlp` or an `OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`; `OTEL_SDK_DISABLED=true`
-or `OTEL_TRACES_EXPORTER=none` turn it off. Off, nothing is installed and the API's no-op tracer
+`service.name` (`infra/tracer.py`), a batching span processor (`infra/processor.py`) with the
+OTLP/HTTP exporter (`infra/otlp.py`), the sampler and the W3C propagator (`infra/propagator.py`).
+Tracing is on when the pipeline's `tracing:` section says so (it is passed to each service as the
+standard variables) or when the environment asks for OTLP: `OTEL_TRACES_EXPORTER=otlp` or an
+`OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`; `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none`
+turn it off. Off, nothing is installed and the API's no-op tracer
 costs nothing.
 """
 
@@ -23,9 +24,12 @@ from pydantic import BaseModel, ConfigDict, Field
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.sampling import Sampler
 
+    from infra.processor import BufferedSpanProcessor
+
 __all__ = [
     "MetricsConfig",
     "TracingConfig",
+    "dropped_spans",
     "sampler",
     "setup_metrics",
     "setup_tracing",
@@ -42,6 +46,7 @@ DEFAULT_EXPORT_DELAY_MS = 5000
 than every second: a fifth of the exporter's wake-ups, requests and per-batch encoding."""
 
 _installed: list[object] = []
+_processors: list[BufferedSpanProcessor] = []
 
 
 class TracingConfig(BaseModel):
@@ -115,6 +120,16 @@ def _export_delay_ms(env: Mapping[str, str]) -> int:
     return int(value)
 
 
+def _env_size(name: str, default: int) -> int:
+    """A positive count from the standard variable `name` (unset or empty: `default`)."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{name}={value!r}: give a number of spans (>= 1)")
+    return int(value)
+
+
 def setup_tracing(service: str, config: TracingConfig | None = None) -> bool:
     """Install the SDK for `service` (resource `service.name`, OTEL_SERVICE_NAME wins) when tracing
     is on; True if it was installed. Idempotent within a process."""
@@ -123,9 +138,9 @@ def setup_tracing(service: str, config: TracingConfig | None = None) -> bool:
         return bool(_installed)
     from opentelemetry import trace
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     from infra.otlp import FastOTLPSpanExporter
+    from infra.processor import BufferedSpanProcessor
     from infra.propagator import install_propagator
     from infra.tracer import FastTracerProvider
 
@@ -137,12 +152,15 @@ def setup_tracing(service: str, config: TracingConfig | None = None) -> bool:
     traces_url = (
         os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or f"{config.endpoint.rstrip('/')}/v1/traces"
     )
-    provider.add_span_processor(
-        BatchSpanProcessor(
-            FastOTLPSpanExporter(endpoint=traces_url), schedule_delay_millis=config.export_delay_ms
-        )
+    processor = BufferedSpanProcessor(
+        FastOTLPSpanExporter(endpoint=traces_url),
+        schedule_delay_millis=config.export_delay_ms,
+        max_export_batch_size=_env_size("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512),
+        max_queue_size=_env_size("OTEL_BSP_MAX_QUEUE_SIZE", 2048),
     )
+    provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
+    _processors.append(processor)
     install_propagator()
     _installed.append(provider)
     atexit.register(shutdown_tracing)
@@ -150,6 +168,11 @@ def setup_tracing(service: str, config: TracingConfig | None = None) -> bool:
         "tracing on: service %s exports OTLP to %s (sample ratio %.2f)", name, traces_url, config.sample_ratio
     )
     return True
+
+
+def dropped_spans() -> int:
+    """Spans this process's span processor dropped so far (a full queue, or after shutdown)."""
+    return sum(processor.dropped for processor in _processors)
 
 
 def sampler(ratio: float) -> Sampler:
@@ -162,6 +185,7 @@ def sampler(ratio: float) -> Sampler:
 
 def shutdown_tracing() -> None:
     """Export what is still buffered (called at exit; safe to call twice)."""
+    _processors.clear()
     while _installed:
         provider = _installed.pop()
         try:

@@ -10,10 +10,14 @@ its result objects and the tracer's no-op metrics, and without the span construc
 in the per-span fields. Plain attributes (strings, booleans, numbers) skip the SDK's per-value
 cleaning, and a finished span goes to the span processors as itself (the SDK copies it into a
 `ReadableSpan` that shares its attributes, events and links anyway; an ended span refuses
-changes). Anything else (a ratio sampler, an unsampled parent, a disabled tracer, the SDK's own
-metrics turned on) takes the SDK's path unchanged, and so does every span when an SDK release has
-moved the internals the short path uses (`_Span`'s constructor and the fields it sets,
-`ParentBased`'s delegates, `BoundedAttributes`): the tests compare both paths' spans.
+changes), straight to the provider's span processor when it has only one (no loop through the
+SDK's multi-processor). The current span's context is read with a type check against the span
+classes already met rather than `isinstance` against the API's abstract `Span`
+(`current_span_context`, also used by the propagator). Anything else (a ratio sampler, an
+unsampled parent, a disabled tracer, the SDK's own metrics turned on) takes the SDK's path
+unchanged, and so does every span when an SDK release has moved the internals the short path uses
+(`_Span`'s constructor and the fields it sets, `ParentBased`'s delegates, `BoundedAttributes`):
+the tests compare both paths' spans.
 """
 
 from __future__ import annotations
@@ -24,15 +28,24 @@ from time import time_ns
 
 from opentelemetry import trace as trace_api
 from opentelemetry.attributes import BoundedAttributes
-from opentelemetry.context import Context
-from opentelemetry.sdk.trace import Event, ReadableSpan, Tracer, TracerProvider, _Span
+from opentelemetry.context import Context, get_current
+from opentelemetry.sdk.trace import (
+    Event,
+    ReadableSpan,
+    SpanProcessor,
+    SynchronousMultiSpanProcessor,
+    Tracer,
+    TracerProvider,
+    _Span,
+)
 from opentelemetry.sdk.trace._tracer_metrics import NoOpTracerMetrics
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.trace import SpanKind, TraceFlags
+from opentelemetry.trace.propagation import _SPAN_KEY
 from opentelemetry.util import types
 
-__all__ = ["FastTracerProvider"]
+__all__ = ["FastTracerProvider", "current_span_context"]
 
 _SCALARS = (str, bool, int, float)
 
@@ -89,7 +102,7 @@ class _FinishedAsIs(_Span):
         """Set plain values as the SDK would (a key set again moves to the end); False: the
         SDK's path must (other values, no room, an ended span and its warning)."""
         bounded = self._attributes
-        plain = _plain(bounded, attributes) if isinstance(bounded, BoundedAttributes) else None
+        plain = _plain(bounded, attributes) if type(bounded) is BoundedAttributes else None
         if plain is None:
             return False
         with self._lock:
@@ -127,10 +140,28 @@ def _plain(
     return plain
 
 
+_SPAN_TYPES: set[type] = {_FinishedAsIs, _Span, trace_api.NonRecordingSpan}
+"""Span classes met in contexts, known to be `Span`s (a type check is a tenth of `isinstance`
+against the API's abstract `Span`); others are checked with `isinstance` and added."""
+
+
+def current_span_context(context: Context | None = None) -> trace_api.SpanContext:
+    """`trace.get_current_span(context).get_span_context()`, without the abstract-class check for
+    the span classes already met."""
+    span = (context if context is not None else get_current()).get(_SPAN_KEY)
+    kind = type(span)
+    if kind not in _SPAN_TYPES:
+        if not isinstance(span, trace_api.Span):
+            return trace_api.INVALID_SPAN_CONTEXT
+        _SPAN_TYPES.add(kind)
+    return span.get_span_context()  # type: ignore[attr-defined]
+
+
 class _FastTracer(Tracer):
     _stacx_state: tuple[object, ...] | None = None
     """What the short path was last checked against (sampler, span processor, resource, limits,
-    scope, tracer metrics), then the state its spans start from (None: the SDK's path)."""
+    scope, tracer metrics, the multi-processor's processors), then the state its spans start from
+    (None: the SDK's path)."""
 
     def start_span(  # noqa: PLR0913 - the API's signature
         self,
@@ -143,7 +174,7 @@ class _FastTracer(Tracer):
         record_exception: bool = True,
         set_status_on_exception: bool = True,
     ) -> trace_api.Span:
-        parent: trace_api.SpanContext | None = trace_api.get_current_span(context).get_span_context()
+        parent: trace_api.SpanContext | None = current_span_context(context)
         if parent is not None and not parent.is_valid:
             parent = None
         template = self._short_path(parent)
@@ -179,7 +210,7 @@ class _FastTracer(Tracer):
         state["_events"] = _NONE_YET
         state["_links"] = span._new_links(links) if links else _NONE_YET
         state["_start_time"] = start_time if start_time is not None else time_ns()
-        self.span_processor.on_start(span, parent_context=context)
+        template["_span_processor"].on_start(span, parent_context=context)  # type: ignore[attr-defined]
         return span
 
     def _span_context(self, parent: trace_api.SpanContext | None) -> trace_api.SpanContext:
@@ -204,6 +235,7 @@ class _FastTracer(Tracer):
             return None
         known = self._stacx_state
         metrics = getattr(self, "_tracer_metrics", None)
+        processors = getattr(self.span_processor, "_span_processors", None)
         if (
             known is None
             or known[0] is not self.sampler
@@ -212,12 +244,24 @@ class _FastTracer(Tracer):
             or known[3] is not self._span_limits
             or known[4] is not self._instrumentation_scope
             or known[5] is not metrics
+            or known[6] is not processors
         ):
             fast = _always_on(self.sampler) and isinstance(metrics, NoOpTracerMetrics)
             sources = (self.sampler, self.span_processor, self.resource, self._span_limits)
-            known = (*sources, self._instrumentation_scope, metrics, _template(self) if fast else None)
+            template = _template(self, _target(self.span_processor)) if fast else None
+            known = (*sources, self._instrumentation_scope, metrics, processors, template)
             self._stacx_state = known
-        return known[6] if self._is_enabled() else None  # type: ignore[return-value]
+        return known[7] if self._is_enabled() else None  # type: ignore[return-value]
+
+
+def _target(processor: SpanProcessor) -> SpanProcessor:
+    """Where a span's start and end go: the provider's one span processor itself when it has
+    exactly one (no loop through the SDK's multi-processor), else the multi-processor."""
+    if type(processor) is SynchronousMultiSpanProcessor:
+        processors = getattr(processor, "_span_processors", None)
+        if type(processors) is tuple and len(processors) == 1:
+            return processors[0]  # type: ignore[no-any-return]
+    return processor
 
 
 _SPAN_STATE = frozenset(
@@ -232,7 +276,7 @@ _SPAN_STATE = frozenset(
 in the per-span ones (name, kind, context, parent, lock, attributes, events, links, start time)."""
 
 
-def _template(tracer: Tracer) -> dict[str, object] | None:
+def _template(tracer: Tracer, processor: SpanProcessor) -> dict[str, object] | None:
     try:
         span = _FinishedAsIs(
             name="",
@@ -241,7 +285,7 @@ def _template(tracer: Tracer) -> dict[str, object] | None:
             sampler=tracer.sampler,
             resource=tracer.resource,
             attributes=None,
-            span_processor=tracer.span_processor,
+            span_processor=processor,
             kind=SpanKind.INTERNAL,
             links=(),
             instrumentation_info=tracer.instrumentation_info,

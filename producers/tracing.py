@@ -7,7 +7,6 @@ span is made and no header is written.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from types import TracebackType
@@ -42,16 +41,20 @@ def tracing_on() -> bool:
 
 
 def tracer_for(name: str) -> trace.Tracer | None:
-    """The installed provider's tracer `name` (cached per provider); None while tracing is off."""
+    """The installed provider's tracer `name` (made once per provider); None while tracing is off."""
     provider = trace.get_tracer_provider()
-    return None if isinstance(provider, _NOT_RECORDING) else _tracer(provider, name)
+    known = _TRACERS.get(name)
+    if known is not None and known[0] is provider:
+        return known[1]
+    tracer = None if isinstance(provider, _NOT_RECORDING) else provider.get_tracer(name)
+    _TRACERS[name] = (provider, tracer)
+    return tracer
 
 
-@functools.lru_cache(maxsize=64)
-def _tracer(provider: trace.TracerProvider, name: str) -> trace.Tracer:
-    """Made once per (provider, name): the SDK's `get_tracer` builds two scope objects and resets
-    the warnings filters on every call, a third of a span's cost on hot paths."""
-    return provider.get_tracer(name)
+_TRACERS: dict[str, tuple[trace.TracerProvider, trace.Tracer | None]] = {}
+"""Each tracer name's provider when last asked, and its tracer: the SDK's `get_tracer` builds two
+scope objects and resets the warnings filters on every call, and `isinstance` against the API's
+abstract provider classes is a tenth of a span's cost on hot paths."""
 
 
 def trace_headers() -> list[tuple[str, bytes]]:

@@ -221,15 +221,15 @@ class _TraceRequests:
 
     def __init__(self, app: Any) -> None:
         self.app = app
-        self._tracer: tuple[trace.TracerProvider, trace.Tracer] | None = None
+        self._tracer: tuple[trace.TracerProvider, trace.Tracer | None] | None = None
 
     def _current_tracer(self) -> trace.Tracer | None:
-        """The installed provider's tracer, made once per provider (None while tracing is off)."""
+        """The installed provider's tracer, made once per provider (None while tracing is off;
+        the provider's class is checked once per provider, not per request)."""
         provider = trace.get_tracer_provider()
-        if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
-            return None
         if self._tracer is None or self._tracer[0] is not provider:
-            self._tracer = (provider, provider.get_tracer("stacx.sandbox"))
+            off = isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+            self._tracer = (provider, None if off else provider.get_tracer("stacx.sandbox"))
         return self._tracer[1]
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:

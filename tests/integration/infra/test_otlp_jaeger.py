@@ -1,5 +1,5 @@
-"""The span exporter's own encoder, read by the real trace backend: spans exported to the local
-Jaeger (`stacx infra up`) come back from its query API with their parents, links, attributes,
+"""The span processor and exporter of every service, read by the real trace backend: spans exported
+to the local Jaeger (`stacx infra up`) come back from its query API with their parents, links, attributes,
 events and statuses. Fails, never skips, when Jaeger is missing."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import uuid
 import pytest
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from tracing_fixtures import running_jaeger
 
 from infra.otlp import FastOTLPSpanExporter
+from infra.processor import BufferedSpanProcessor
 from infra.services.jaeger import JaegerConfig
 from infra.telemetry import sampler
 from infra.tracer import FastTracerProvider
@@ -41,7 +41,7 @@ def test_jaeger_reads_the_spans_the_exporter_encodes(jaeger: JaegerConfig) -> No
     service = f"stacx-otlp-test-{uuid.uuid4().hex[:8]}"
     provider = FastTracerProvider(resource=Resource.create({"service.name": service}), sampler=sampler(1.0))
     provider.add_span_processor(
-        BatchSpanProcessor(FastOTLPSpanExporter(endpoint=f"{jaeger.otlp_http_endpoint}/v1/traces"))
+        BufferedSpanProcessor(FastOTLPSpanExporter(endpoint=f"{jaeger.otlp_http_endpoint}/v1/traces"))
     )
     tracer = provider.get_tracer("stacx.test")
     link = trace.Link(trace.get_current_span(propagate.extract({"traceparent": LINKED})).get_span_context())

@@ -13,7 +13,7 @@ from tracing_fixtures import in_memory_tracing
 from consumers.assembly.tracing import LINKS_HEADER, TraceLinks
 from infra.telemetry import TracingConfig
 from producers import EventProducer
-from producers.tracing import TRACEPARENT, context_from_headers, publish_span, span, tracing_on
+from producers.tracing import TRACEPARENT, context_from_headers, publish_span, span, tracer_for, tracing_on
 from schemas.records import Trajectory
 
 
@@ -204,3 +204,18 @@ def test_the_sampler_keeps_about_the_ratio_of_roots_and_follows_the_parent(ratio
         )
         child = chosen.should_sample(set_span_in_context(NonRecordingSpan(parent)), parent.trace_id, "child")
         assert child.decision.is_sampled() == (flags == TraceFlags.SAMPLED)
+
+
+def test_each_installed_provider_gets_its_own_tracer_and_none_while_tracing_is_off() -> None:
+    assert tracer_for("stacx.test") is None
+    seen = []
+    for _ in range(2):  # two providers one after the other, as two services' set-ups would be
+        with in_memory_tracing() as exporter:
+            tracer = tracer_for("stacx.test")
+            assert tracer is not None and tracer_for("stacx.test") is tracer  # made once
+            seen.append(tracer)
+            with span("stacx.test", "step"):
+                pass
+            assert [s.name for s in exporter.get_finished_spans()] == ["step"]
+    assert seen[0] is not seen[1]
+    assert tracer_for("stacx.test") is None

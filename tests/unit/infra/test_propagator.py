@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from opentelemetry import baggage, propagate, trace
+from opentelemetry.baggage import _BAGGAGE_KEY
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.context import Context
 from opentelemetry.propagators.composite import CompositePropagator
@@ -143,3 +144,13 @@ def test_it_becomes_the_global_propagator_only_where_the_default_is_asked_for(
         assert install_propagator(env) is False  # already installed, or another one is
     finally:
         propagate.set_global_textmap(saved)
+
+
+def test_baggage_that_is_not_a_mapping_writes_what_the_composite_writes() -> None:
+    for value in ("not a dict", {}, {"k": "v"}):
+        context = Context({_BAGGAGE_KEY: value})
+        ours: dict[str, str] = {}
+        theirs: dict[str, str] = {}
+        W3CPropagator().inject(ours, context)
+        SDK.inject(theirs, context)
+        assert ours == theirs

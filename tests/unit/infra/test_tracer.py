@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from opentelemetry import propagate, trace
+from opentelemetry.context import Context, attach, detach
 from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
@@ -218,3 +219,45 @@ def test_events_and_links_added_later_go_to_each_spans_own_list() -> None:
     links = {s.name: [link.context.span_id for link in s.links] for s in kept.spans}
     assert events == {"first": ["started", "exception"], "second": [], "third": []}
     assert links == {"first": [], "second": [0xB7AD6B7169203331], "third": []}
+
+
+def test_a_lone_processor_gets_spans_directly_and_one_added_later_gets_them_too() -> None:
+    provider = FastTracerProvider(sampler=sampler(1.0))
+    first, second = _Keep(), _Keep()
+    lone = SimpleSpanProcessor(first)
+    provider.add_span_processor(lone)
+    tracer = provider.get_tracer("stacx.test")
+    span = tracer.start_span("before")
+    span.end()
+    assert span._span_processor is lone  # type: ignore[attr-defined]  # no multi-processor loop
+    provider.add_span_processor(SimpleSpanProcessor(second))
+    tracer.start_span("after").end()
+    assert [s.name for s in first.spans] == ["before", "after"]
+    assert [s.name for s in second.spans] == ["after"]
+
+
+class _OwnSpan(trace.NonRecordingSpan):
+    """A `Span` class of some other library, met in a context."""
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        "not a span",
+        trace.INVALID_SPAN,
+        trace.NonRecordingSpan(trace.SpanContext(1, 2, is_remote=True)),
+        _OwnSpan(trace.SpanContext(3, 4, is_remote=False)),
+    ],
+)
+def test_the_current_span_context_is_the_apis(value: object) -> None:
+    context = Context({tracer_module._SPAN_KEY: value}) if value is not None else Context()
+    expected = trace.get_current_span(context).get_span_context()
+    for _ in range(2):  # the second time, the span's class is known
+        assert tracer_module.current_span_context(context) == expected
+    token = attach(context)
+    try:
+        assert tracer_module.current_span_context() == expected
+    finally:
+        detach(token)
+    assert str not in tracer_module._SPAN_TYPES
