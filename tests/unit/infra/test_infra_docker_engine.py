@@ -47,9 +47,7 @@ def test_status_says_wedged_and_how_to_fix(wedged_docker: Path) -> None:
     assert "not answering within" in line and "wedged?" in line and "restart dockerd" in line
 
 
-def test_up_restarts_a_wedged_dockerd_it_started(
-    wedged_docker: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # noqa: E501
+def test_up_restarts_a_wedged_dockerd_it_started(wedged_docker: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: E501
     stand_in = subprocess.Popen(["sleep", "600"], start_new_session=True)  # "our" wedged dockerd
     docker_engine.pid_file().parent.mkdir(parents=True, exist_ok=True)
     docker_engine.pid_file().write_text(str(stand_in.pid))
