@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from schemas.records import AgentInteraction, Feedback, logprobs, loss_mask, token_ids
 
@@ -71,3 +79,33 @@ def _committed(admin: Any, group: str, topic: str) -> int:
     except Exception:  # the group does not exist yet
         return 0
     return sum(max(tp.offset, 0) for tp in partitions if tp.topic == topic)
+
+
+def join_config(
+    bootstrap: str, fresh_topic: Callable[..., str], tmp_path: Path, app_ids: list[str], *, window_s: float
+) -> tuple[Path, dict[str, str]]:
+    """A join worker's config file on fresh topics (agent logs and feedback with 2 partitions, a
+    DLQ, an output the worker creates); returns it with the app id and topic names. The app's
+    topics and the output are deleted after the test (`app_ids`)."""
+    names = {
+        "app_id": f"test-join-{uuid.uuid4().hex[:8]}",
+        "agent_logs_topic": fresh_topic("agent-logs", partitions=2),
+        "feedback_topic": fresh_topic("feedback", partitions=2),
+        "trajectories_topic": f"test.oncall-trajectories.{uuid.uuid4().hex[:10]}",
+        "dlq_topic": fresh_topic("dlq", partitions=1),
+    }
+    app_ids.extend([names["app_id"], names["trajectories_topic"]])
+    join = {**names, "partitions": 2, "datadir": str(tmp_path / "join"), "join": {"window_s": window_s}}
+    config = tmp_path / "oncall.yaml"
+    config.write_text(yaml.safe_dump({"bootstrap_servers": bootstrap, "join": join}))
+    return config, names
+
+
+def join_worker(config: Path, log: Path) -> subprocess.Popen[bytes]:
+    """`stacx oncall-join` on `config`, its output appended to `log`."""
+    return subprocess.Popen(
+        [str(Path(sys.executable).with_name("stacx")), "oncall-join", str(config), "--loglevel", "warning"],
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )

@@ -20,15 +20,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _chaos(name: str, *flags: str) -> list[str]:
+    """`bench/chaos.py --quick` for run `name`: tiny SFT, tasks and batches."""
+    return [sys.executable, str(REPO / "bench" / "chaos.py"), "--quick", "--name", name, *flags]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_a_short_soak_under_kills_loses_nothing_and_leaves_nothing(
         kafka_bootstrap: str, docker_client: Any, sandbox_image: str, tmp_path: Path) -> None:
     name = f"chaos-{uuid.uuid4().hex[:6]}"
-    out = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "chaos.py"), "--json", "--quick", "--minutes", "3",
-         "--interval-s", "20", "--seed", "1", "--name", name],
-        cwd=tmp_path, capture_output=True, text=True, timeout=1400)
+    out = subprocess.run(_chaos(name, "--json", "--minutes", "3", "--interval-s", "20", "--seed", "1"),
+                         cwd=tmp_path, capture_output=True, text=True, timeout=1400)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["pipeline_error"] is None, result
@@ -57,10 +60,8 @@ def _processes_of_runs(prefix: str) -> list[int]:
 def test_sigterm_mid_soak_stops_every_service_and_sandbox(
         kafka_bootstrap: str, docker_client: Any, sandbox_image: str, tmp_path: Path) -> None:
     name = f"chaos-term-{uuid.uuid4().hex[:6]}"
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "bench" / "chaos.py"), "--quick", "--no-broker", "--minutes", "5",
-         "--interval-s", "5", "--seed", "2", "--name", name],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(_chaos(name, "--no-broker", "--minutes", "5", "--interval-s", "5", "--seed", "2"),
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     lines = []
     for line in proc.stderr:  # until the first strike: the services run and episodes are in flight

@@ -3,8 +3,6 @@ trajectories and dead-letters late feedback with the reason."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import time
 import uuid
@@ -12,8 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-from oncall_fixtures import call, rating, wait_committed
+from oncall_fixtures import call, join_config, join_worker, rating, wait_committed
 
 from consumers import EventConsumer
 from producers import EventProducer
@@ -41,35 +38,10 @@ def _read(bootstrap: str, topics: list[str], count: int, timeout_s: float = 120)
 def test_join_worker_emits_rewarded_trajectories_and_dead_letters_late_feedback(
     kafka_bootstrap: str, fresh_topic: Callable[..., str], tmp_path: Path, app_ids: list[str]
 ) -> None:
-    logs, feedback = fresh_topic("agent-logs", partitions=2), fresh_topic("feedback", partitions=2)
-    dlq = fresh_topic("dlq", partitions=1)
-    out = f"test.oncall-trajectories.{uuid.uuid4().hex[:10]}"
-    config = tmp_path / "oncall.yaml"
-    app_id = f"test-join-{uuid.uuid4().hex[:8]}"
-    app_ids.extend([app_id, out])  # the join worker's own topics and its output go after the test
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "bootstrap_servers": kafka_bootstrap,
-                "join": {
-                    "app_id": app_id,
-                    "agent_logs_topic": logs,
-                    "feedback_topic": feedback,
-                    "trajectories_topic": out,
-                    "dlq_topic": dlq,
-                    "partitions": 2,
-                    "datadir": str(tmp_path / "join"),
-                    "join": {"window_s": 60.0},
-                },
-            }
-        )
-    )
-    worker = subprocess.Popen(
-        [STACX, "oncall-join", str(config), "--loglevel", "warning"],
-        stdout=(tmp_path / "join.log").open("wb"),
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    config, names = join_config(kafka_bootstrap, fresh_topic, tmp_path, app_ids, window_s=60.0)
+    logs, feedback, out = names["agent_logs_topic"], names["feedback_topic"], names["trajectories_topic"]
+    dlq, app_id = names["dlq_topic"], names["app_id"]
+    worker = join_worker(config, tmp_path / "join.log")
     try:
         t0 = now_ms()
         with EventProducer(EventProducer.Config(bootstrap_servers=kafka_bootstrap)) as producer:

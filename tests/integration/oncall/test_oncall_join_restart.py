@@ -7,18 +7,14 @@ next one rebuilds the table and reads those calls again, and must not add a turn
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import yaml
-from oncall_fixtures import call, committed, rating, wait_committed
+from oncall_fixtures import call, committed, join_config, join_worker, rating, wait_committed
 
 from consumers import EventConsumer
 from producers import EventProducer
@@ -26,15 +22,6 @@ from schemas.records import Trajectory, now_ms
 
 STACX = str(Path(sys.executable).with_name("stacx"))
 SESSIONS = 24
-
-
-def _worker(config: Path, log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [STACX, "oncall-join", str(config), "--loglevel", "warning"],
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
 
 
 class _Ends:
@@ -76,25 +63,12 @@ def _joined(bootstrap: str, topic: str, timeout_s: float = 180) -> dict[str, lis
 def test_a_killed_join_worker_is_replaced_and_joins_every_call_once(
     kafka_bootstrap: str, fresh_topic: Callable[..., str], tmp_path: Path, app_ids: list[str]
 ) -> None:
-    logs, feedback = fresh_topic("agent-logs", partitions=2), fresh_topic("feedback", partitions=2)
-    out = f"test.oncall-trajectories.{uuid.uuid4().hex[:10]}"
-    app_id = f"test-join-restart-{uuid.uuid4().hex[:8]}"
-    app_ids.extend([app_id, out])
-    config = tmp_path / "oncall.yaml"
-    join: dict[str, Any] = {
-        "app_id": app_id,
-        "agent_logs_topic": logs,
-        "feedback_topic": feedback,
-        "trajectories_topic": out,
-        "dlq_topic": fresh_topic("dlq"),
-        "partitions": 2,
-        "datadir": str(tmp_path / "join"),
-        "join": {"window_s": 600.0},
-    }
-    config.write_text(yaml.safe_dump({"bootstrap_servers": kafka_bootstrap, "join": join}))
+    config, names = join_config(kafka_bootstrap, fresh_topic, tmp_path, app_ids, window_s=600.0)
+    logs, feedback, out = names["agent_logs_topic"], names["feedback_topic"], names["trajectories_topic"]
+    app_id = names["app_id"]
     log = tmp_path / "join.log"
     t0 = now_ms()
-    first = _worker(config, log)
+    first = join_worker(config, log)
     with EventProducer(EventProducer.Config(bootstrap_servers=kafka_bootstrap)) as producer:
         for i in range(SESSIONS):  # a first call per session, read and committed
             producer.publish(logs, call(f"s{i}", f"a{i}", [1, i], [3], at_ms=t0))
@@ -113,7 +87,7 @@ def test_a_killed_join_worker_is_replaced_and_joins_every_call_once(
         first.wait(timeout=30)
         changelog.close()
         redelivered = 2 * SESSIONS - committed(kafka_bootstrap, app_id, logs)
-        second = _worker(config, log)
+        second = join_worker(config, log)
         try:
             wait_committed(kafka_bootstrap, app_id, logs, 2 * SESSIONS)
             for i in range(SESSIONS):
