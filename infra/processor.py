@@ -58,15 +58,14 @@ class BufferedSpanProcessor(SpanProcessor):
         self.dropped = 0
         """Spans dropped: the queue was full, or the processor was shut down."""
         self._start_worker()
-        if hasattr(os, "register_at_fork"):
-            ref = weakref.ref(self)
+        ref = weakref.ref(self)
 
-            def after_in_child() -> None:
-                processor = ref()
-                if processor is not None:
-                    processor._start_worker()
+        def after_in_child() -> None:
+            processor = ref()
+            if processor is not None:
+                processor._start_worker()
 
-            os.register_at_fork(after_in_child=after_in_child)
+        os.register_at_fork(after_in_child=after_in_child)
 
     def _start_worker(self) -> None:
         """A fresh queue, wake-up event, export lock and worker thread (at start and in a forked

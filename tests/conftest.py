@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from process_checks import run_processes
 
 from schemas import topics
 
@@ -113,7 +114,7 @@ def _runs_started_by_the_tests_are_deleted() -> Iterator[None]:
             except InfraError as exc:  # still running (someone else's), or the broker went away
                 left.append((run, exc))
         # a member killed with -9 (the chaos tests) stays in its group until its session times out
-        waiting = [run for run, _ in left if not _processes_of_run(run) and time.monotonic() < deadline]
+        waiting = [run for run, _ in left if not run_processes(run) and time.monotonic() < deadline]
         for run, exc in left:
             if run not in waiting:
                 print(f"left run {run} on the broker: {exc}")
@@ -146,16 +147,6 @@ def _test_session_lock() -> Iterator[Callable[[], bool]]:
             return True
 
         yield alone
-
-
-def _processes_of_run(run: str) -> bool:
-    """Whether a live process on this machine belongs to `run` (the pipeline sets STACX_RUN_ID)."""
-    needle = f"STACX_RUN_ID={run}".encode()
-    for proc in Path("/proc").iterdir():
-        with contextlib.suppress(OSError):
-            if proc.name.isdigit() and needle in (proc / "environ").read_bytes().split(b"\0"):
-                return True
-    return False
 
 
 @pytest.fixture

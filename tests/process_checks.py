@@ -25,3 +25,18 @@ async def gone(pid: int) -> bool:
             return True
         await asyncio.sleep(0.05)
     return False
+
+
+def run_processes(run_prefix: str) -> list[int]:
+    """Live processes of the pipeline runs whose id starts with `run_prefix` (the pipeline sets
+    STACX_RUN_ID on every process it starts)."""
+    needle = f"STACX_RUN_ID={run_prefix}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0") if proc.name.isdigit() else []
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if any(v.startswith(needle) for v in env) and alive(int(proc.name)):
+            found.append(int(proc.name))
+    return found

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from process_checks import run_processes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,20 +42,6 @@ def test_a_short_soak_under_kills_loses_nothing_and_leaves_nothing(
     assert result["broker_restarts"] >= 1 and result["batches"] >= 2, result
 
 
-def _processes_of_runs(prefix: str) -> list[int]:
-    """Live processes whose STACX_RUN_ID starts with `prefix` (the pipeline sets it on all it starts)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            env = (proc / "environ").read_bytes().split(b"\0") if proc.name.isdigit() else []
-            if any(v.startswith(f"STACX_RUN_ID={prefix}".encode()) for v in env):
-                if (proc / "stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z":
-                    found.append(int(proc.name))
-        except OSError:
-            continue
-    return found
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_sigterm_mid_soak_stops_every_service_and_sandbox(
@@ -69,14 +56,14 @@ def test_sigterm_mid_soak_stops_every_service_and_sandbox(
         if "chaos: " in line and " at policy version " in line:
             break
     assert proc.poll() is None, "".join(lines[-30:])
-    assert _processes_of_runs(f"{name}-"), "the run's services should be running"
+    assert run_processes(f"{name}-"), "the run's services should be running"
     proc.terminate()
     _, rest = proc.communicate(timeout=300)
     stderr = "".join(lines) + rest
     assert proc.returncode == 128 + 15, stderr[-3000:]
     assert stderr.count("stopped by SIGTERM") == 1, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[stderr.index("Traceback") - 1000:][:4000]
-    assert _processes_of_runs(f"{name}-") == []
+    assert run_processes(f"{name}-") == []
     owners = [c.labels.get("stacx.sandbox.owner", "")
               for c in docker_client.containers.list(all=True, filters={"label": "stacx.sandbox.owner"})]
     assert not [o for o in owners if o.startswith(f"stacx-{name}-")]

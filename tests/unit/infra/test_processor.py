@@ -180,7 +180,6 @@ def test_bad_sizes_are_refused_naming_the_field(options: dict[str, float], field
         BufferedSpanProcessor(_Kept(), **options)  # type: ignore[arg-type]
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_has_its_own_worker_and_an_empty_queue() -> None:
     kept = _Kept()
     processor = BufferedSpanProcessor(kept, schedule_delay_millis=600_000)
