@@ -256,11 +256,10 @@ def _spawn_round(args: argparse.Namespace, tracing: bool) -> dict[str, Any]:
     return _result(_start(args, tracing, barrier=False), tracing)
 
 
-def _spawn_pair(args: argparse.Namespace, first: str = "off") -> dict[str, dict[str, Any]]:
+def _spawn_pair(args: argparse.Namespace, order: tuple[str, str]) -> dict[str, dict[str, Any]]:
     """Both settings at once, each in a fresh process, measuring from the same moment: whatever
-    else runs on the machine weighs on both alike. `first` is started and let go first (the
+    else runs on the machine weighs on both alike. They are started and let go in `order` (the
     rounds alternate it)."""
-    order = (first, "on" if first == "off" else "off")
     procs = {mode: _start(args, mode == "on", barrier=True) for mode in order}
     for mode, proc in procs.items():
         assert proc.stdout is not None
@@ -363,7 +362,7 @@ def _rounds(args: argparse.Namespace) -> Rounds:
         rounds["load"].append({"load_average_1m": os.getloadavg()[0]})  # other work on the machine
         order = ("off", "on") if i % 2 == 0 else ("on", "off")
         if args.pairing == "concurrent":
-            results = _spawn_pair(args, first=order[0])
+            results = _spawn_pair(args, order)
         else:
             results = {mode: _spawn_round(args, mode == "on") for mode in order}
         for mode in ("off", "on"):
