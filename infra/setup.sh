@@ -84,22 +84,4 @@ if [[ ! -x "$LOCAL/bin/stacx" ]] || ! "$LOCAL/bin/python" -c 'import infra.cli' 
     die "editable install of stacx failed (see above)"
   fi
 fi
-# Avro readers compiled to C (Cython): built once per machine into $STACX_READERS_DIR (default ~/.cache/stacx/avro-readers).
-# They need a C compiler and the interpreter's headers: installed from Debian's packages when
-# missing (as root, like `stacx infra up` installs its tools); elsewhere the build names the fix.
-apt_install() {
-  [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null || return 0
-  say "installing $* (Debian packages) to compile the Avro readers"
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null \
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null \
-    || die "apt-get install $* failed: install them by hand and rerun make setup"
-}
-command -v "${CC:-cc}" >/dev/null || command -v gcc >/dev/null || apt_install gcc libc6-dev
-"$LOCAL/bin/python" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
-  || apt_install "python$("$LOCAL/bin/python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')-dev"
-if ! readers="$("$LOCAL/bin/python" -m schemas._native 2>"$LOCAL/readers.log")"; then
-  problem="$(tail -n 1 "$LOCAL/readers.log")"
-  die "${problem#error: } (build log: .venv/readers.log)"
-fi
-say "$readers"
 say "ready: .venv/bin/python ($("$LOCAL/bin/python" -V)), .venv/bin/stacx"
