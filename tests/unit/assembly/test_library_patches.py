@@ -13,6 +13,7 @@ from aiokafka.record import default_records
 from consumers import library_patches
 from consumers.library_patches import IdempotentApp, LibraryMoved, use_fast_lz4
 
+
 def _text(seed: int = 0) -> bytes:
     """Text with repeats in it, which LZ4 HC (level 9) and fast LZ4 compress differently."""
     rng = random.Random(seed)
