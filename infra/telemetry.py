@@ -188,17 +188,23 @@ def dropped_spans() -> int:
 
 
 def _dropped(reader: InMemoryMetricReader) -> int:
+    from opentelemetry.sdk.metrics.export import NumberDataPoint
+
     data = reader.get_metrics_data()
     if data is None:
         return 0
-    return sum(
-        int(point.value)
+    points = [
+        point
         for resource in data.resource_metrics
         for scope in resource.scope_metrics
         for metric in scope.metrics
         if metric.name == PROCESSED_SPANS
-        for point in metric.data.data_points  # type: ignore[union-attr]
-        if point.attributes and point.attributes.get("error.type")
+        for point in metric.data.data_points
+    ]
+    return sum(
+        int(point.value)
+        for point in points
+        if isinstance(point, NumberDataPoint) and point.attributes and point.attributes.get("error.type")
     )
 
 
