@@ -1,5 +1,5 @@
 # STACX: two commands for a fresh machine.
-#   make demo   installs everything, starts the local services, runs the quickstart
+#   make demo   installs everything, starts the local services the quickstart needs, runs it
 #   make test   installs everything, starts the services, runs the whole test suite
 # Both are idempotent and fast once everything is installed.
 
@@ -15,7 +15,8 @@ setup:
 services: setup
 	@$(STACX) infra up
 
-demo: services
+demo: setup
+	@$(STACX) infra up --no-trace-backend
 	@$(STACX) quickstart
 
 test: services

@@ -40,8 +40,21 @@ import tomllib
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
 print("\n".join(project["dependencies"] + project["optional-dependencies"]["dev"]))
 PY
-  "$SHARED/bin/python" -m pip install --progress-bar off -r "$SHARED/requirements.txt" \
-    || die "pip could not install the dependencies (see above). Check that the package index is reachable (pip config list) and retry 'make setup'."
+  local log="$STACX_HOME/logs/setup-pip.log" started=$SECONDS
+  mkdir -p "$STACX_HOME/logs"
+  say "installing the dependencies (log: $log)"
+  "$SHARED/bin/python" -m pip install --progress-bar off -r "$SHARED/requirements.txt" >"$log" 2>&1 &
+  local pip_pid=$!
+  while kill -0 "$pip_pid" 2>/dev/null; do
+    sleep 15
+    kill -0 "$pip_pid" 2>/dev/null || break
+    say "  ... $((SECONDS - started)) s, $(grep -c '^Collecting' "$log") packages resolved, $(du -sh "$SHARED" 2>/dev/null | cut -f1) installed"
+  done
+  if ! wait "$pip_pid"; then
+    tail -n 15 "$log" >&2
+    die "pip could not install the dependencies (last lines above, all in $log). Check that the package index is reachable (pip config list) and retry 'make setup'."
+  fi
+  say "dependencies installed in $((SECONDS - started)) s"
   touch "$SHARED/.stacx-complete"
 }
 

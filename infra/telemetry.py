@@ -1,9 +1,10 @@
 """OpenTelemetry SDK set-up for every `stacx` service, from one config section or the OTEL_* variables.
 
 Library code (rollout, sandbox, producers, consumers, trainer) only calls the OpenTelemetry API;
-this module installs the SDK in a service's process: a TracerProvider with the resource
-`service.name` (`infra/tracer.py`), a batching span processor (`infra/processor.py`) with the
-OTLP/HTTP exporter (`infra/otlp.py`), the sampler and the W3C propagator (`infra/propagator.py`).
+this module installs the plain OpenTelemetry SDK in a service's process: a `TracerProvider` with
+the resource `service.name`, the SDK's `BatchSpanProcessor` with its OTLP/HTTP exporter, and a
+parent-based ratio sampler (head sampling: `OTEL_TRACES_SAMPLER_ARG` or `tracing.sample_ratio`).
+Context travels with the SDK's default propagators (W3C trace context and baggage).
 Tracing is on when the pipeline's `tracing:` section says so (it is passed to each service as the
 standard variables) or when the environment asks for OTLP: `OTEL_TRACES_EXPORTER=otlp` or an
 `OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`; `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none`
@@ -22,9 +23,9 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.sdk.trace.sampling import Sampler
-
-    from infra.processor import BufferedSpanProcessor
 
 __all__ = [
     "MetricsConfig",
@@ -45,8 +46,11 @@ DEFAULT_EXPORT_DELAY_MS = 5000
 """OpenTelemetry's own default: one OTLP request per service every 5 s (or per 512 spans) rather
 than every second: a fifth of the exporter's wake-ups, requests and per-batch encoding."""
 
+PROCESSED_SPANS = "otel.sdk.processor.span.processed"
+"""The SDK span processor's own counter (semantic conventions); `error.type` marks dropped spans."""
+
 _installed: list[object] = []
-_processors: list[BufferedSpanProcessor] = []
+_processor_readers: list[InMemoryMetricReader] = []
 
 
 class TracingConfig(BaseModel):
@@ -137,31 +141,31 @@ def setup_tracing(service: str, config: TracingConfig | None = None) -> bool:
     if not config.enabled or _installed:
         return bool(_installed)
     from opentelemetry import trace
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from opentelemetry.sdk.resources import Resource
-
-    from infra.otlp import FastOTLPSpanExporter
-    from infra.processor import BufferedSpanProcessor
-    from infra.propagator import install_propagator
-    from infra.tracer import FastTracerProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     name = os.environ.get("OTEL_SERVICE_NAME") or f"stacx-{service}"
-    provider = FastTracerProvider(
+    provider = TracerProvider(
         resource=Resource.create({"service.name": name, "service.namespace": "stacx"}),
         sampler=sampler(config.sample_ratio),
     )
     traces_url = (
         os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or f"{config.endpoint.rstrip('/')}/v1/traces"
     )
-    processor = BufferedSpanProcessor(
-        FastOTLPSpanExporter(endpoint=traces_url),
+    reader = InMemoryMetricReader()  # the processor's own counters: what `dropped_spans` reads
+    processor = BatchSpanProcessor(
+        _exporter(traces_url),
         schedule_delay_millis=config.export_delay_ms,
         max_export_batch_size=_env_size("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512),
         max_queue_size=_env_size("OTEL_BSP_MAX_QUEUE_SIZE", 2048),
+        meter_provider=MeterProvider(metric_readers=[reader]),
     )
     provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
-    _processors.append(processor)
-    install_propagator()
+    _processor_readers.append(reader)
     _installed.append(provider)
     atexit.register(shutdown_tracing)
     log.info(
@@ -170,9 +174,38 @@ def setup_tracing(service: str, config: TracingConfig | None = None) -> bool:
     return True
 
 
+def _exporter(traces_url: str) -> SpanExporter:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter(endpoint=traces_url)
+
+
 def dropped_spans() -> int:
-    """Spans this process's span processor dropped so far (a full queue, or after shutdown)."""
-    return sum(processor.dropped for processor in _processors)
+    """Spans this process's span processor dropped so far (its queue full), from the SDK's own
+    `otel.sdk.processor.span.processed` counter: counted when the standard variable
+    OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED=true turns the SDK's own metrics on (0 otherwise)."""
+    return sum(_dropped(reader) for reader in _processor_readers)
+
+
+def _dropped(reader: InMemoryMetricReader) -> int:
+    from opentelemetry.sdk.metrics.export import NumberDataPoint
+
+    data = reader.get_metrics_data()
+    if data is None:
+        return 0
+    points = [
+        point
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == PROCESSED_SPANS
+        for point in metric.data.data_points
+    ]
+    return sum(
+        int(point.value)
+        for point in points
+        if isinstance(point, NumberDataPoint) and point.attributes and point.attributes.get("error.type")
+    )
 
 
 def sampler(ratio: float) -> Sampler:
@@ -185,7 +218,7 @@ def sampler(ratio: float) -> Sampler:
 
 def shutdown_tracing() -> None:
     """Export what is still buffered (called at exit; safe to call twice)."""
-    _processors.clear()
+    _processor_readers.clear()
     while _installed:
         provider = _installed.pop()
         try:

@@ -30,7 +30,7 @@ import inspect
 import logging
 import os
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +40,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from opentelemetry import context as context_api
 from opentelemetry import propagate, trace
 from opentelemetry.trace.status import Status, StatusCode
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from pydantic import BaseModel
 
 from sandbox.errors import AuthError, RequestTooLarge, SandboxError, SessionNotFound
@@ -297,16 +300,26 @@ async def _send_too_large(send: Any, limit: int) -> None:
     await send({"type": "http.response.body", "body": bytes(response.body)})
 
 
+class _SessionCollector(Collector):
+    """The session manager's figures, read at each scrape (`prometheus_client` exposition)."""
+
+    def __init__(self, manager: SessionManager) -> None:
+        self.manager = manager
+
+    def collect(self) -> Iterator[Metric]:
+        manager = self.manager
+        yield GaugeMetricFamily("stacx_sandbox_sessions_active", "open sessions", value=len(manager.list()))
+        yield GaugeMetricFamily(
+            "stacx_sandbox_reusable", "warm sandboxes kept for reuse", value=manager.reusable
+        )
+        for name, value in sorted(manager.stats.items()):
+            yield CounterMetricFamily(f"stacx_sandbox_{name.removesuffix('_total')}", name, value=value)
+
+
 def _metrics_text(manager: SessionManager) -> str:
-    lines = [
-        "# TYPE stacx_sandbox_sessions_active gauge",
-        f"stacx_sandbox_sessions_active {len(manager.list())}",
-        "# TYPE stacx_sandbox_reusable gauge",
-        f"stacx_sandbox_reusable {manager.reusable}",
-    ]
-    for name, value in sorted(manager.stats.items()):
-        lines += [f"# TYPE stacx_sandbox_{name} counter", f"stacx_sandbox_{name} {value:g}"]
-    return "\n".join(lines) + "\n"
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_SessionCollector(manager))
+    return generate_latest(registry).decode()
 
 
 def create_app(

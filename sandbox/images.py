@@ -131,10 +131,6 @@ class TaskImageBuilder:
         async with lock:
             return await asyncio.to_thread(self.resolve_sync, task)
 
-    def ensure_sync(self, task: HarborTask) -> str:
-        """Blocking form of `ensure`."""
-        return self.resolve_sync(task).tag
-
     def resolve_sync(self, task: HarborTask) -> ImageChoice:
         """Blocking form of `resolve`."""
         choice = ImageChoice(tag=task.built_tag)

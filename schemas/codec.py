@@ -30,9 +30,8 @@ from fastavro.schema import to_parsing_canonical_form
 
 from schemas import records
 from schemas._convert import RecordConverter, build_converters, full_name
-from schemas._reader import Reader, compile_reader
 from schemas.claimcheck import ClaimCheck
-from schemas.errors import CodecError, NativeBuildError, SchemaError, UnknownSchemaError
+from schemas.errors import CodecError, SchemaError, UnknownSchemaError
 
 __all__ = [
     "BUILTIN_CLASSES",
@@ -151,8 +150,6 @@ class _DecodePlan:
     reader: dict[str, Any] | None
     """None when the writer schema is the local one (no resolution needed)."""
     from_avro: Callable[[dict[str, Any]], Any]
-    read: Reader | None = None
-    """Compiled reader straight to the typed record (writer == local schema); None: fastavro."""
 
 
 class Codec:
@@ -161,9 +158,8 @@ class Codec:
     `schemas`/`classes` are the local (reader and writer) schemas and their Python classes;
     `resolver` finds writer schemas this codec has not seen (the Kafka catalogue);
     `on_new_schema` runs once per schema before its first encode (catalogue registration);
-    `registry` switches encoding to the Confluent wire format via a SchemaRegistryClient;
-    `native_readers=False` decodes with the generated readers run by Python rather than
-    compiled to C (`schemas._native`): same records, about 3x slower.
+    `registry` switches encoding to the Confluent wire format via a SchemaRegistryClient.
+    Bodies are read by fastavro (resolving an older or newer writer against the local schema).
     """
 
     def __init__(
@@ -174,7 +170,6 @@ class Codec:
         resolver: SchemaResolver | None = None,
         on_new_schema: Callable[[SchemaInfo], None] | None = None,
         registry: Any | None = None,
-        native_readers: bool = True,
     ) -> None:
         self._classes = dict(BUILTIN_CLASSES if classes is None else classes)
         self._local: dict[str, tuple[SchemaInfo, RecordConverter]] = {}
@@ -183,12 +178,10 @@ class Codec:
         self._resolver = resolver
         self._on_new_schema = on_new_schema
         self._registry = registry
-        self._native = native_readers
         self._writers: dict[str, SchemaInfo] = {i.fingerprint: i for i, _ in self._local.values()}
         self._encoders: dict[type, _Encoder] = {}
         self._plans: dict[bytes, _DecodePlan] = {}
         self._registry_plans: dict[int, _DecodePlan] = {}
-        self._readers: dict[str, Reader] = {}
         self._fingerprint_by_prefix: dict[bytes, bytes] = {}
         """Confluent framing prefix (magic byte, registry id) -> fingerprint, of schemas this
         codec registered."""
@@ -257,9 +250,6 @@ class Codec:
 
     @staticmethod
     def _read(plan: _DecodePlan, data: bytes, offset: int) -> object:
-        if plan.read is not None:  # packed arrays become read-only views over `data`
-            record, _ = plan.read(data, offset)
-            return record
         buf = io.BytesIO(data)
         buf.seek(offset)
         datum: Any = fastavro.schemaless_reader(buf, plan.writer, plan.reader)
@@ -340,37 +330,14 @@ class Codec:
             raise UnknownSchemaError(writer.fingerprint, f"no local record type for {writer.name}")
         info, conv = local
         if info.fingerprint == writer.fingerprint:
-            return _DecodePlan(writer.parsed, None, conv.from_avro, self._compiled_reader(info))
+            return _DecodePlan(writer.parsed, None, conv.from_avro)
         return _DecodePlan(writer.parsed, info.parsed, conv.from_avro)
-
-    def _compiled_reader(self, info: SchemaInfo) -> Reader:
-        reader = self._readers.get(info.fingerprint)
-        if reader is None:
-            reader = self._readers[info.fingerprint] = _reader_for(info.schema, self._classes, self._native)
-        return reader
 
     def _local_by_alias(self, name: str) -> tuple[SchemaInfo, RecordConverter] | None:
         for info, conv in self._local.values():
             if name in info.aliases:
                 return info, conv
         return None
-
-
-def _reader_for(schema: Mapping[str, Any], classes: Mapping[str, type], native: bool) -> Reader:
-    """The reader compiled to C (`schemas._native`); the same source run by Python when not
-    `native`, or with one warning per process where this machine cannot build it."""
-    global _native_failure
-    if native and _native_failure is None:
-        try:
-            return compile_reader(schema, classes, native=True)
-        except NativeBuildError as exc:
-            _native_failure = str(exc)
-            log.warning("decoding in pure Python, about 3x slower: %s", exc)
-    return compile_reader(schema, classes)
-
-
-_native_failure: str | None = None
-"""Why readers cannot be compiled on this machine (after the first failure: not retried)."""
 
 
 @cache

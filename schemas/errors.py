@@ -5,7 +5,6 @@ from __future__ import annotations
 __all__ = [
     "CodecError",
     "IncompatibleSchemaError",
-    "NativeBuildError",
     "RecordValidationError",
     "SchemaError",
     "UnknownSchemaError",
@@ -41,10 +40,6 @@ class IncompatibleSchemaError(SchemaError):
         self.name = name
         self.problems = problems
         super().__init__(f"schema {name} is incompatible: " + "; ".join(problems))
-
-
-class NativeBuildError(SchemaError):
-    """An Avro reader could not be compiled to C (no Cython, no C compiler, no Python headers)."""
 
 
 class RecordValidationError(SchemaError):

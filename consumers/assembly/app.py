@@ -31,7 +31,7 @@ import dataclasses
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -39,10 +39,7 @@ from typing import Any, cast
 import faust
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
-from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
-from faust.transport.drivers.aiokafka import Consumer as AiokafkaConsumer
-from faust.transport.drivers.aiokafka import Producer as AiokafkaProducer
-from faust.types import TP, ConsumerT, ProducerT
+from faust.types import TP
 from opentelemetry import metrics
 
 from consumers.assembly.assignor import make_assignor
@@ -59,6 +56,7 @@ from consumers.assembly.protocols import Forwarder, Output
 from consumers.assembly.stats import AssemblyStats
 from consumers.assembly.tracing import TraceLinks
 from consumers.dead_letters import keep_original
+from consumers.library_patches import FETCH_MAX_WAIT_MS, IdempotentApp, use_fast_lz4
 from schemas import topics
 from schemas.catalogue import SchemaCatalogue, catalogue_codec
 from schemas.claimcheck import ClaimCheck
@@ -85,8 +83,6 @@ log = logging.getLogger(__name__)
 
 TICK_KEY = b"\x00stacx-assembler-tick"
 """Key of the timer's tick events (informative: ticks are told apart by their topic)."""
-FETCH_MAX_WAIT_MS = 100
-"""How long a fetch waits on quiet partitions, by default (`AssemblerApp.Config.fetch_max_wait_ms`)."""
 
 _RAW: dict[str, Any] = {
     "key_type": bytes,
@@ -732,15 +728,6 @@ def _drop_bytes(event: Any) -> None:
     event.message.value = None
 
 
-async def _wait_delivered(deliveries: list[Any]) -> BaseException | None:
-    """Wait for the deliveries that are futures; the first error, if any."""
-    futures = [d for d in deliveries if isinstance(d, asyncio.Future)]
-    if not futures:
-        return None
-    await asyncio.wait(futures)
-    return next((f.exception() for f in futures if f.exception() is not None), None)
-
-
 def _delivered(delivery: Any) -> bool:
     """Whether an output's delivery is over (None: nothing was sent, or a test forwarder)."""
     return not isinstance(delivery, asyncio.Future) or delivery.done()
@@ -823,84 +810,6 @@ _INTERNAL_CONFIG = {"max.message.bytes": str(topics.BATCHES_MAX_MESSAGE_BYTES)}
 def _stacx_home(*parts: str) -> str:
     home = Path(os.environ.get("STACX_HOME", Path.home() / ".cache" / "stacx"))
     return str(home.joinpath(*parts))
-
-
-def use_fast_lz4() -> None:
-    """Make aiokafka compress lz4 at librdkafka's default level (fast LZ4, as every other STACX
-    producer writes it) instead of its own level 9 (LZ4 HC): on trajectory batches HC runs at
-    about 280 MB/s against 5 GB/s and saves 3 % of the bytes; it took a sixth of an assembler
-    worker's CPU. Idempotent; patches aiokafka's record builders (C and Python)."""
-    from aiokafka.record import default_records, legacy_records
-
-    modules: list[Any] = [default_records, legacy_records]
-    try:
-        from aiokafka.record._crecords import default_records as c_default
-        from aiokafka.record._crecords import legacy_records as c_legacy
-
-        modules += [c_default, c_legacy]
-    except ImportError:  # pure-Python aiokafka
-        pass
-    for module in modules:
-        if hasattr(module, "lz4_encode"):
-            module.lz4_encode = _fast_lz4_encode
-
-
-def _fast_lz4_encode(payload: Any) -> bytes:
-    from aiokafka import codec
-
-    return codec.lz4_encode(payload, level=0)
-
-
-class IdempotentProducer(AiokafkaProducer):
-    """Faust's aiokafka producer with idempotence on (acks=all, a producer id and sequence numbers
-    on every batch): a retried send never writes a batch twice. Faust enables it only in its
-    exactly-once mode, which the assembler does not use (ARCHITECTURE.md, delivery semantics)."""
-
-    def _settings_extra(self) -> Mapping[str, Any]:
-        return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
-
-
-class ShortFetchConsumerThread(AIOKafkaConsumerThread):
-    """Faust's consumer thread, whose Kafka consumer's fetches wait at most the app's
-    `fetch_max_wait_ms` on quiet partitions (Faust fixes 1,500 ms)."""
-
-    def _create_worker_consumer(self, transport: Any) -> Any:
-        consumer = super()._create_worker_consumer(transport)
-        # read by AIOKafkaConsumer.start when it builds its fetcher (checked by an integration test)
-        consumer._fetch_max_wait_ms = cast(IdempotentApp, self.app).fetch_max_wait_ms
-        return consumer
-
-
-class ShortFetchConsumer(AiokafkaConsumer):
-    def _new_consumer_thread(self) -> AIOKafkaConsumerThread:
-        return ShortFetchConsumerThread(self, loop=self.loop, beacon=self.beacon)
-
-
-class IdempotentApp(faust.App):
-    """A Faust app whose producer is an `IdempotentProducer`, whose consumer's fetches wait at
-    most `fetch_max_wait_ms` on quiet partitions, and which runs `settle` (when set) before it
-    stops consuming."""
-
-    settle: Callable[[], Awaitable[None]] | None = None
-    fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS
-
-    def _new_producer(self) -> ProducerT:
-        return IdempotentProducer(self.transport, loop=self.loop, beacon=self.beacon)
-
-    def _new_consumer(self) -> ConsumerT:  # Faust's own, with ShortFetchConsumer
-        return ShortFetchConsumer(
-            self.transport,
-            callback=self.topics.on_message,
-            loop=self.loop,
-            on_partitions_revoked=self._on_partitions_revoked,
-            on_partitions_assigned=self._on_partitions_assigned,
-            beacon=self.beacon,
-        )
-
-    async def on_stop(self) -> None:
-        if self.settle is not None:
-            await self.settle()
-        await super().on_stop()
 
 
 def _new_faust_app(cfg: AssemblerApp.Config) -> IdempotentApp:

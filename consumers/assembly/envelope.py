@@ -43,10 +43,6 @@ class ReadyGroup:
     def num_sequences(self) -> int:
         return max(len(self.payloads), self.pad_to)
 
-    @property
-    def is_partial(self) -> bool:
-        return len(self.payloads) < self.group_size
-
 
 def encode_group(group: ReadyGroup) -> bytes:
     header = {

@@ -23,10 +23,11 @@ import faust
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from consumers.assembly.app import FaustForwarder, IdempotentApp
+from consumers.assembly.app import FaustForwarder
 from consumers.assembly.errors import AssemblyError
 from consumers.assembly.gaps import GapReader, InputOrder, KafkaGapReader, ack
 from consumers.assembly.protocols import Forwarder, Output
+from consumers.library_patches import IdempotentApp
 from consumers.oncall.join import FeedbackJoin, Joined, JoinStats, Rejected, feedback_id
 from schemas import topics
 from schemas.codec import decode, encode

@@ -1,8 +1,8 @@
-"""Proxy metrics in the Prometheus text format (`GET /metrics`), safe to update from any thread."""
+"""Proxy metrics on `prometheus_client` (`GET /metrics`), safe to update from any thread."""
 
 from __future__ import annotations
 
-from rollout.inference.metrics import LATENCY_BUCKETS_S, Histogram, PrometheusMetrics
+from rollout.inference.metrics import LATENCY_BUCKETS_S, PrometheusMetrics
 
 __all__ = ["ProxyMetrics"]
 
@@ -25,7 +25,7 @@ class ProxyMetrics(PrometheusMetrics):
     PREFIX = "stacx_proxy_"
 
     def __init__(self) -> None:
-        super().__init__(_COUNTERS, _GAUGES, {"request_latency_seconds": Histogram(LATENCY_BUCKETS_S)})
+        super().__init__(_COUNTERS, _GAUGES, {"request_latency_seconds": LATENCY_BUCKETS_S})
 
     def observe_latency(self, seconds: float) -> None:
         self.observe("request_latency_seconds", seconds)

@@ -9,14 +9,14 @@ import uuid
 
 import pytest
 from opentelemetry import propagate, trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from tracing_fixtures import running_jaeger
 
-from infra.otlp import FastOTLPSpanExporter
-from infra.processor import BufferedSpanProcessor
 from infra.services.jaeger import JaegerConfig
 from infra.telemetry import sampler
-from infra.tracer import FastTracerProvider
 from infra.traces import Trace, fetch_trace
 
 LINKED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -39,9 +39,9 @@ def _exported(jaeger: JaegerConfig, trace_id: str, count: int) -> Trace:
 
 def test_jaeger_reads_the_spans_the_exporter_encodes(jaeger: JaegerConfig) -> None:
     service = f"stacx-otlp-test-{uuid.uuid4().hex[:8]}"
-    provider = FastTracerProvider(resource=Resource.create({"service.name": service}), sampler=sampler(1.0))
+    provider = TracerProvider(resource=Resource.create({"service.name": service}), sampler=sampler(1.0))
     provider.add_span_processor(
-        BufferedSpanProcessor(FastOTLPSpanExporter(endpoint=f"{jaeger.otlp_http_endpoint}/v1/traces"))
+        BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{jaeger.otlp_http_endpoint}/v1/traces"))
     )
     tracer = provider.get_tracer("stacx.test")
     link = trace.Link(trace.get_current_span(propagate.extract({"traceparent": LINKED})).get_span_context())

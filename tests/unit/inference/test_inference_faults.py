@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from rollout.inference import BatchingEngine, InferenceServer, SamplingParams, load_model
 from rollout.inference.errors import RequestFailedError
@@ -172,8 +173,11 @@ def test_http_poisoned_request_in_a_batch_of_eight(poisoned_server: InferenceSer
     tiny = responses[-1].json()  # temperature 1e-45 is served greedily, as by SGLang
     greedy = httpx.post(f"{poisoned_server.base_url}/generate", json=body([60, 61]), timeout=60).json()
     assert tiny["output_ids"] == greedy["output_ids"]
-    metrics = httpx.get(f"{poisoned_server.base_url}/metrics").text
-    assert "stacx_inference_requests_failed_total 1\n" in metrics
+    metrics = text_string_to_metric_families(httpx.get(f"{poisoned_server.base_url}/metrics").text)
+    failed = {s.name: s.value for family in metrics for s in family.samples}[
+        "stacx_inference_requests_failed_total"
+    ]
+    assert failed == 1
     poisoned_server.stop()  # clean shutdown
     assert not poisoned_server.engine.is_alive()
 

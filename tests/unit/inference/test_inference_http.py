@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 from inference_fixtures import serve_tiny
+from prometheus_client.parser import text_string_to_metric_families
 
 from rollout.inference import (
     InferenceClient,
@@ -162,6 +163,15 @@ def test_openai_routes_answer_with_logprobs(http: httpx.Client) -> None:
     assert bad.status_code == 400 and "messages" in _error(bad)
 
 
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The exposition as Prometheus' own parser reads it: (name, labels) -> value."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
 def test_metrics_show_batched_decoding(server: InferenceServer, http: httpx.Client) -> None:
     async def burst() -> list[int]:
         async with InferenceClient(InferenceClient.Config(base_url=server.base_url)) as client:
@@ -170,14 +180,9 @@ def test_metrics_show_batched_decoding(server: InferenceServer, http: httpx.Clie
         return [len(r.output_ids) for r in results]
 
     assert asyncio.run(burst()) == [16] * 8
-    text = http.get("/metrics").text
-    values = {
-        line.split(" ")[0]: float(line.split(" ")[1])
-        for line in text.splitlines()
-        if line and not line.startswith("#")
-    }
-    steps = values["stacx_inference_batch_size_count"]
-    single = values['stacx_inference_batch_size_bucket{le="1"}']
+    values = _samples(http.get("/metrics").text)
+    steps = values[("stacx_inference_batch_size_count", ())]
+    single = values[("stacx_inference_batch_size_bucket", (("le", "1.0"),))]
     assert steps > 0 and single < steps  # some steps decoded several requests together
 
 
