@@ -61,11 +61,6 @@ def run_replay(spec: ReplayFile, *, base_dir: Path) -> dict[str, Any]:
     check_role_options(spec.trainer)
     run = RunTopics.for_run(cfg.name, fresh=True)
     _refuse_existing(bootstrap, [run.batches, run.weights], cfg.name)
-    ensure_topics(
-        bootstrap,
-        tuple(s for s in run.specs(spec.topics) if s.name in (run.batches, run.weights)),
-        spec.topics,
-    )
     source = ReplayRange(
         topic=cfg.source_topic, from_offset=cfg.from_offset, to_offset=cfg.to_offset,
         from_timestamp_ms=cfg.from_timestamp_ms, to_timestamp_ms=cfg.to_timestamp_ms,
@@ -75,6 +70,11 @@ def run_replay(spec: ReplayFile, *, base_dir: Path) -> dict[str, Any]:
     if not batches:
         raise ValueError(f"the range of {cfg.source_topic} gave no batch ({num_records} records): widen it")
     check_vocabulary(spec.trainer, result.max_token_id, cfg.source_topic)
+    ensure_topics(  # after the checks: a refused replay leaves nothing behind
+        bootstrap,
+        tuple(s for s in run.specs(spec.topics) if s.name in (run.batches, run.weights)),
+        spec.topics,
+    )
     _publish(bootstrap, run.batches, batches, result.headers)
     root = Path(cfg.runs_dir) / cfg.name
     trainer = _trainer_config(spec, bootstrap, run, root, num_batches=len(batches))
