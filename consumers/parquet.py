@@ -2,19 +2,26 @@
 `datasets` read directly; `stacx import` publishes such a table back as events.
 
 One row per event. Every field of the record is a column: token ids, loss masks and logprobs as
-lists of their numpy dtype, rewards and metadata as maps, turns as lists of structs, enums as
-their names. Four `kafka_*` columns keep where the event came from (partition, offset,
-timestamp, key). The column types are derived from the record dataclass, so a field added to a
+lists of their numpy dtype, rewards and metadata as lists of `{key, value}` structs (Arrow maps
+have no Hugging Face `datasets` type), turns as lists of structs, enums as their names. Five
+`kafka_*` columns keep where the event came from (partition, offset, timestamp, key, headers:
+trace context, content type), and `stacx import` publishes each event with its key, headers and
+timestamp again. The column types are derived from the record dataclass, so a field added to a
 schema is exported without a change here.
+
+Records of the range that do not decode, or are no trajectory, are left out and counted
+(`ExportResult`), each logged with its partition and offset.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 import types
 import typing
 from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -26,9 +33,20 @@ from consumers.replay import RangeRecord, ReplayRange, read_range
 from schemas.codec import Codec, encode
 from schemas.records import Trajectory
 
-__all__ = ["KAFKA_COLUMNS", "export_topic", "import_file", "records_from_table", "table_from_records"]
+__all__ = [
+    "KAFKA_COLUMNS",
+    "ExportResult",
+    "ImportRow",
+    "export_topic",
+    "import_file",
+    "import_rows",
+    "records_from_table",
+    "table_from_records",
+]
 
-KAFKA_COLUMNS = ("kafka_partition", "kafka_offset", "kafka_timestamp_ms", "kafka_key")
+log = logging.getLogger(__name__)
+
+KAFKA_COLUMNS = ("kafka_partition", "kafka_offset", "kafka_timestamp_ms", "kafka_key", "kafka_headers")
 
 
 def _pa() -> Any:
@@ -49,6 +67,7 @@ def arrow_schema(cls: type) -> Any:
         pa.field("kafka_offset", pa.int64()),
         pa.field("kafka_timestamp_ms", pa.int64()),
         pa.field("kafka_key", pa.binary()),
+        pa.field("kafka_headers", _pairs(pa.string(), pa.binary())),
     ]
     return pa.schema(fields + kafka)
 
@@ -71,7 +90,7 @@ def _hint_type(hint: Any) -> Any:
     if origin is list:
         return pa.list_(_hint_type(args[0]))
     if origin is dict:
-        return pa.map_(_hint_type(args[0]), _hint_type(args[1]))
+        return _pairs(_hint_type(args[0]), _hint_type(args[1]))
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return pa.struct([pa.field(f.name, _arrow_type(hint, f)) for f in dataclasses.fields(hint)])
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
@@ -80,6 +99,18 @@ def _hint_type(hint: Any) -> Any:
     if hint in simple:
         return simple[hint]
     raise ConsumerError(f"no Parquet column type for {hint!r}")
+
+
+def _pairs(key: Any, value: Any) -> Any:
+    """A mapping's column type: a list of `{key, value}` structs, in insertion order."""
+    pa = _pa()
+    return pa.list_(pa.struct([pa.field("key", key), pa.field("value", value)]))
+
+
+def _items(value: Any) -> list[tuple[Any, Any]]:
+    """(key, value) pairs of a mapping column's cell: `{key, value}` structs, or the tuples of
+    an Arrow map (files written before mappings were struct lists)."""
+    return [(v["key"], v["value"]) if isinstance(v, dict) else (v[0], v[1]) for v in value or []]
 
 
 def _to_plain(value: Any) -> Any:
@@ -92,7 +123,7 @@ def _to_plain(value: Any) -> Any:
     if isinstance(value, list):
         return [_to_plain(v) for v in value]
     if isinstance(value, dict):
-        return [(k, _to_plain(v)) for k, v in value.items()]  # Arrow maps keep insertion order
+        return [{"key": k, "value": _to_plain(v)} for k, v in value.items()]
     return value
 
 
@@ -120,7 +151,7 @@ def _value(hint: Any, value: Any) -> Any:
     if origin is list:
         return [_value(args[0], v) for v in value]
     if origin is dict:
-        return {k: _value(args[1], v) for k, v in value}
+        return {k: _value(args[1], v) for k, v in _items(value)}
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _from_plain(hint, value)
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
@@ -138,50 +169,123 @@ def table_from_records(records: Iterable[tuple[RangeRecord, Any]], cls: type = T
             kafka_offset=source.offset,
             kafka_timestamp_ms=source.timestamp_ms,
             kafka_key=source.key,
+            kafka_headers=[{"key": k, "value": v} for k, v in source.headers],
         )
         rows.append(row)
     return _pa().Table.from_pylist(rows, schema=arrow_schema(cls))
 
 
-def records_from_table(table: Any, cls: type = Trajectory) -> list[tuple[bytes | None, Any]]:
-    """(Kafka key, event) per row of a table `table_from_records` wrote."""
+@dataclass(frozen=True, slots=True)
+class ImportRow:
+    """One row of an exported table: the event and how it was stored in Kafka."""
+
+    event: Any
+    key: bytes | None
+    partition: int | None
+    timestamp_ms: int | None
+    headers: list[tuple[str, bytes | None]]
+
+
+def import_rows(table: Any, cls: type = Trajectory) -> list[ImportRow]:
+    """The rows of a table `table_from_records` wrote (tables without the `kafka_*` columns are
+    read too: their events get no key, partition, timestamp or headers)."""
     missing = {f.name for f in dataclasses.fields(cls)} - set(table.column_names)
     if missing:
         raise ConsumerError(f"the table has no column(s) {sorted(missing)} of {cls.__name__}")
-    out = []
-    for row in table.to_pylist():
-        out.append((row.get("kafka_key"), _from_plain(cls, row)))
-    return out
+    return [
+        ImportRow(
+            event=_from_plain(cls, row),
+            key=row.get("kafka_key"),
+            partition=row.get("kafka_partition"),
+            timestamp_ms=row.get("kafka_timestamp_ms"),
+            headers=_items(row.get("kafka_headers")),
+        )
+        for row in table.to_pylist()
+    ]
 
 
-def export_topic(bootstrap: str, spec: ReplayRange, dest: Path, *, codec: Codec | None = None) -> int:
-    """Write the trajectories of `spec`'s range to the Parquet file `dest`; rows written."""
+def records_from_table(table: Any, cls: type = Trajectory) -> list[tuple[bytes | None, Any]]:
+    """(Kafka key, event) per row of a table `table_from_records` wrote."""
+    return [(row.key, row.event) for row in import_rows(table, cls)]
+
+
+@dataclass(kw_only=True, slots=True)
+class ExportResult:
+    """What `export_topic` wrote and what it left out."""
+
+    rows: int = 0
+    undecodable: int = 0
+    """Records that are no event this codec can read (each logged with its coordinates)."""
+    other_records: int = 0
+    """Events of other types than Trajectory."""
+    first_undecodable: str = ""
+    """Where the first undecodable record is and why (`partition P offset O: reason`)."""
+
+
+def export_topic(
+    bootstrap: str, spec: ReplayRange, dest: Path, *, codec: Codec | None = None
+) -> ExportResult:
+    """Write the trajectories of `spec`'s range to the Parquet file `dest`."""
     import pyarrow.parquet as pq
 
     codec = codec or Codec()
+    result = ExportResult()
     decoded = []
     for record in read_range(bootstrap, spec):
-        event = codec.decode(record.value)
+        try:
+            event = codec.decode(record.value)
+        except Exception as exc:  # untrusted bytes: left out and counted, as a replay does
+            where = f"partition {record.partition} offset {record.offset}: {exc}"
+            log.warning("export: undecodable record of %s at %s", spec.topic, where)
+            result.undecodable += 1
+            result.first_undecodable = result.first_undecodable or where
+            continue
         if isinstance(event, Trajectory):
             decoded.append((record, event))
+        else:
+            result.other_records += 1
     dest.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table_from_records(decoded), dest)
-    return len(decoded)
+    result.rows = len(decoded)
+    return result
 
 
 def import_file(bootstrap: str, source: Path, topic: str) -> int:
-    """Publish every row of the Parquet file `source` to `topic` as an event (keyed as
-    exported, else by group id); returns the count."""
+    """Publish every row of the Parquet file `source` to `topic` as an event, with the key,
+    headers and timestamp it was exported with (else keyed by group id), to the partition it
+    came from when `topic` has that many partitions (else by key); returns the count."""
     import pyarrow.parquet as pq
     from confluent_kafka import Producer
 
-    rows = records_from_table(pq.read_table(source))
+    rows = import_rows(pq.read_table(source))
     producer = Producer(
-        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "compression.type": "lz4"}
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "compression.type": "lz4",
+        }
     )
-    for key, event in rows:
-        producer.produce(topic, key=key or event.group_id.encode(), value=encode(event))
+    keep_partitions = _fits(producer, topic, rows)
+    for row in rows:
+        extra: dict[str, Any] = {}
+        if keep_partitions and row.partition is not None:
+            extra["partition"] = row.partition
+        if row.timestamp_ms is not None and row.timestamp_ms > 0:
+            extra["timestamp"] = row.timestamp_ms
+        if row.headers:
+            extra["headers"] = row.headers
+        producer.produce(topic, key=row.key or row.event.group_id.encode(), value=encode(row.event), **extra)
         producer.poll(0)
     if producer.flush(60) != 0:
         raise ConsumerError(f"could not publish every row of {source} to {topic} within 60 s")
     return len(rows)
+
+
+def _fits(producer: Any, topic: str, rows: list[ImportRow]) -> bool:
+    """Whether `topic` has every partition the rows were exported from."""
+    wanted = max((r.partition for r in rows if r.partition is not None), default=None)
+    if wanted is None:
+        return False
+    meta = producer.list_topics(timeout=30).topics.get(topic)  # all topics: naming one may create it
+    return meta is not None and meta.error is None and wanted < len(meta.partitions)

@@ -8,7 +8,10 @@ orders it by (timestamp, partition, offset), and runs the assembler's own stages
 `GroupAssembler`, `BatchBuilder`, `BatchEncoder` — in memory with the records' timestamps as
 the clock. Same range and settings: same batch ids, same batch bytes. Groups still open at the
 end of the range close as timed out (then follow the partial-group policy); groups the mixture
-could not fit in a whole batch are left out (`ReplayResult.stats`).
+could not fit in a whole batch are left out (`ReplayResult.stats`). Each batch comes with the
+headers the live assembler gives it: its content type and schema fingerprint, and (tracing on)
+the context of an `assembler.batch` span that continues its first trajectory's trace and links
+to every other trajectory's.
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ from typing import Any
 
 from consumers.assembly.batching import BatchBuilder
 from consumers.assembly.claims import BatchEncoder, decode_trajectory
-from consumers.assembly.envelope import encode_group
+from consumers.assembly.envelope import ReadyGroup, encode_group
 from consumers.assembly.filters import SampleFilter, invalid_reason
 from consumers.assembly.grouping import GroupAssembler
 from consumers.assembly.mixture import MixturePlanner
 from consumers.assembly.stats import AssemblyStats
+from consumers.assembly.tracing import TraceLinks
 from consumers.errors import ConsumerError
 from schemas import topics
 from schemas.codec import Codec
@@ -44,6 +48,8 @@ class RangeRecord:
     timestamp_ms: int
     key: bytes | None
     value: bytes
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+    """The record's Kafka headers (trace context, content type), in order."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -154,7 +160,8 @@ def _read_all(
             p = msg.partition()
             if msg.error() is not None or p not in todo or msg.offset() >= bounds[p][1]:
                 continue
-            out.append(RangeRecord(p, msg.offset(), msg.timestamp()[1], msg.key(), msg.value()))
+            headers = tuple(msg.headers() or ())
+            out.append(RangeRecord(p, msg.offset(), msg.timestamp()[1], msg.key(), msg.value(), headers))
             if msg.offset() + 1 >= bounds[p][1]:
                 del todo[p]
         # compaction and transaction markers leave offset gaps: the position says where a partition is
@@ -171,8 +178,13 @@ class ReplayResult:
 
     batches: list[tuple[str, bytes]] = field(default_factory=list)
     """(batch id, encoded value) as published to the batches topic."""
+    headers: dict[str, list[tuple[str, bytes]]] = field(default_factory=dict)
+    """Kafka headers of each batch, by batch id: content type, schema, trace context."""
     stats: dict[str, Any] = field(default_factory=dict)
     undecodable: int = 0
+    """Records left out because they do not decode or are not valid trajectories."""
+    max_token_id: int = -1
+    """Largest token id of the valid trajectories (-1: none): the model's vocabulary must hold it."""
 
 
 class ReplayAssembler:
@@ -216,6 +228,7 @@ class ReplayAssembler:
             codec=codec,
         )  # fmt: skip
         self._encoder = BatchEncoder(config.output, codec, topic=batches_topic)
+        self._links = TraceLinks()
 
     def assemble(self, records: Iterable[RangeRecord]) -> ReplayResult:
         """Batches from `records` (in the order given), then from the groups open at the end."""
@@ -239,16 +252,25 @@ class ReplayAssembler:
                 record.offset,
                 exc,
             )
-            result.undecodable += 1
+            self._left_out(result)
             return
         if invalid_reason(trajectory) is not None:
-            result.undecodable += 1
+            self._left_out(result)
             return
+        self._links.remember(trajectory.group_id, trajectory.trajectory_id, record.headers)
+        if len(trajectory.token_ids):
+            result.max_token_id = max(result.max_token_id, int(trajectory.token_ids.max()))
         ready = self._grouper.on_trajectory(
             trajectory, record.value, partition=record.partition, now_ms=record.timestamp_ms
         )
         if ready is not None:
-            self._emit(encode_group(ready), record.timestamp_ms, result)
+            self._emit(ready, record.timestamp_ms, result)
+
+    def _left_out(self, result: ReplayResult) -> None:
+        """A record that is no trajectory to train on: counted where the live assembler counts
+        the events it dead-letters."""
+        result.undecodable += 1
+        self.stats.undecodable += 1
 
     def _close_open_groups(self, last_ms: int, result: ReplayResult) -> None:
         """Advance every partition's clock past the group timeout: open groups close as timed out."""
@@ -257,9 +279,13 @@ class ReplayAssembler:
         for i in range(1, steps + 1):
             now = last_ms + i * step_ms
             for ready in self._grouper.expire(now_ms=now):
-                self._emit(encode_group(ready), now, result)
+                self._emit(ready, now, result)
 
-    def _emit(self, group_payload: bytes, now_ms: int, result: ReplayResult) -> None:
-        for batch in self._builder.on_group(group_payload, now_ms=now_ms):
+    def _emit(self, ready: ReadyGroup, now_ms: int, result: ReplayResult) -> None:
+        self._links.take_group(self._links.group_headers(ready.group_id))
+        for batch in self._builder.on_group(encode_group(ready), now_ms=now_ms):
             batch = dataclasses.replace(batch, created_at_ms=now_ms)  # record time, not wall time
-            result.batches.append((batch.batch_id, self._encoder.encode(batch)))
+            with self._links.batch_span(batch.batch_id, batch.trajectory_ids) as trace_headers:
+                value = self._encoder.encode(batch)
+            result.batches.append((batch.batch_id, value))
+            result.headers[batch.batch_id] = [*(trace_headers or []), *self.codec.content_headers(value)]

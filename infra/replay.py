@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from consumers.replay import ReplayAssembler, ReplayRange
+from consumers.replay import ReplayAssembler, ReplayRange, ReplayResult
 from schemas.topics import TopicPolicy
 
 
@@ -58,21 +58,24 @@ def run_replay(spec: ReplayFile, *, base_dir: Path) -> dict[str, Any]:
 
     bootstrap = str(spec.bootstrap_servers or bootstrap_servers({}))
     cfg = spec.replay
+    check_role_options(spec.trainer)
     run = RunTopics.for_run(cfg.name, fresh=True)
     _refuse_existing(bootstrap, [run.batches, run.weights], cfg.name)
-    ensure_topics(
-        bootstrap,
-        tuple(s for s in run.specs(spec.topics) if s.name in (run.batches, run.weights)),
-        spec.topics,
-    )
     source = ReplayRange(
         topic=cfg.source_topic, from_offset=cfg.from_offset, to_offset=cfg.to_offset,
         from_timestamp_ms=cfg.from_timestamp_ms, to_timestamp_ms=cfg.to_timestamp_ms,
     )  # fmt: skip
-    batches, stats, num_records = _assemble(bootstrap, source, spec.assembler, run.batches)
+    result, num_records = _assemble(bootstrap, source, spec.assembler, run.batches)
+    batches = result.batches
     if not batches:
         raise ValueError(f"the range of {cfg.source_topic} gave no batch ({num_records} records): widen it")
-    _publish(bootstrap, run.batches, batches)
+    check_vocabulary(spec.trainer, result.max_token_id, cfg.source_topic)
+    ensure_topics(  # after the checks: a refused replay leaves nothing behind
+        bootstrap,
+        tuple(s for s in run.specs(spec.topics) if s.name in (run.batches, run.weights)),
+        spec.topics,
+    )
+    _publish(bootstrap, run.batches, batches, result.headers)
     root = Path(cfg.runs_dir) / cfg.name
     trainer = _trainer_config(spec, bootstrap, run, root, num_batches=len(batches))
     from trainer import StacxTrainer
@@ -82,6 +85,7 @@ def run_replay(spec: ReplayFile, *, base_dir: Path) -> dict[str, Any]:
         "run": cfg.name,
         "source_topic": cfg.source_topic,
         "records": num_records,
+        "undecodable": result.undecodable,
         "batches": len(batches),
         "batch_ids": [b for b, _ in batches],
         "batch_sha256": [hashlib.sha256(v).hexdigest() for _, v in batches],
@@ -89,11 +93,98 @@ def run_replay(spec: ReplayFile, *, base_dir: Path) -> dict[str, Any]:
         "seed": trainer.seed,
         "weights_topic": run.weights,
         "final_weights": _final_weights(bootstrap, run.weights, trainer.export.model_name),
-        "assembler_stats": stats,
+        "assembler_stats": result.stats,
     }
     root.mkdir(parents=True, exist_ok=True)
     (root / "replay.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def check_role_options(trainer: dict[str, Any]) -> None:
+    """Every `trainer.role_options` entry names a role of the recipe and a field of that role's
+    specialization (else one line naming it, before anything runs)."""
+    name = str(trainer.get("recipe", "grpo"))
+    roles = _recipe_options(name)
+    if roles is None:  # not a registered name (a plug-in path): the trainer checks it itself
+        return
+    for role, options in (trainer.get("role_options") or {}).items():
+        if role not in roles:
+            raise ValueError(f"trainer.role_options.{role}: recipe {name!r} has no role {role!r} "
+                             f"(its roles: {', '.join(sorted(roles))})")  # fmt: skip
+        for option in options or {}:
+            if option not in roles[role]:
+                raise ValueError(
+                    f"trainer.role_options.{role}.{option}: recipe {name!r} has no such option for "
+                    f"role {role} (its options: {', '.join(sorted(roles[role]))}); remove it"
+                )
+
+
+def role_options_for(recipe: str, options: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The `role_options` of another recipe's config that `recipe` accepts, and the dropped ones
+    (`role.option`): what `--recipe` keeps of the file's options."""
+    roles = _recipe_options(recipe)
+    if roles is None:
+        return options, []
+    kept: dict[str, Any] = {}
+    dropped: list[str] = []
+    for role, values in options.items():
+        accepted = roles.get(role, set())
+        kept_values = {k: v for k, v in (values or {}).items() if k in accepted}
+        dropped += [f"{role}.{k}" for k in (values or {}) if k not in accepted]
+        if kept_values:
+            kept[role] = kept_values
+    return kept, dropped
+
+
+def _recipe_options(recipe: str) -> dict[str, set[str]] | None:
+    """The option names (specialization fields) of each role of a registered recipe; None when
+    `recipe` is no registered name."""
+    from trainer.errors import TrainerError
+    from trainer.recipe import get_recipe
+
+    try:
+        roles = get_recipe(recipe).roles
+    except TrainerError:
+        return None
+    specializations: dict[str, Any] = {r.name: r.specialization for r in roles}
+    return {name: {f.name for f in dataclasses.fields(spec)} for name, spec in specializations.items()}
+
+
+def check_vocabulary(trainer: dict[str, Any], max_token_id: int, source: str) -> None:
+    """Every token model of the trainer has room for the replayed token ids (else one line)."""
+    from infra.config import build
+    from trainer import TrainerConfig
+    from trainer.errors import TrainerError
+    from trainer.recipe import get_recipe
+
+    config = build(TrainerConfig, dict(trainer), where="trainer")
+    try:
+        slots = get_recipe(config.recipe).models
+    except TrainerError:
+        return
+    for slot in slots:
+        model = config.models.get(slot.init)
+        if slot.head == "flow" or model is None:
+            continue
+        vocab = _vocab_size(model)
+        if vocab is not None and max_token_id >= vocab:
+            raise ValueError(
+                f"trainer.models.{slot.init}: its vocabulary has {vocab} tokens but {source} holds token "
+                f"id {max_token_id}: train a model with the source run's tokenizer (`path:` its base "
+                f"model, or `tiny: {{vocab_size: {max_token_id + 1}}}` at least)"
+            )
+
+
+def _vocab_size(model: Any) -> int | None:
+    if model.tiny is not None:
+        from trainer.models import TINY_QWEN2
+
+        return int({**TINY_QWEN2, **model.tiny}["vocab_size"])
+    config = Path(str(model.path)) / "config.json"
+    try:
+        return int(json.loads(config.read_text())["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):  # the trainer reports a bad model path itself
+        return None
 
 
 def _refuse_existing(bootstrap: str, names: list[str], run: str) -> None:
@@ -111,17 +202,19 @@ def _refuse_existing(bootstrap: str, names: list[str], run: str) -> None:
 
 def _assemble(
     bootstrap: str, source: ReplayRange, config: ReplayAssembler.Config, batches_topic: str
-) -> tuple[list[tuple[str, bytes]], dict[str, Any], int]:
+) -> tuple[ReplayResult, int]:
     from consumers.replay import read_range
     from schemas.catalogue import SchemaCatalogue, catalogue_codec
 
     records = read_range(bootstrap, source)
     codec = catalogue_codec(SchemaCatalogue.Config(bootstrap_servers=bootstrap))
     result = ReplayAssembler(config, codec, batches_topic=batches_topic).assemble(records)
-    return result.batches, result.stats, len(records)
+    return result, len(records)
 
 
-def _publish(bootstrap: str, topic: str, batches: list[tuple[str, bytes]]) -> None:
+def _publish(
+    bootstrap: str, topic: str, batches: list[tuple[str, bytes]], headers: dict[str, list[tuple[str, bytes]]]
+) -> None:
     from confluent_kafka import Producer
 
     from schemas.topics import BATCHES_MAX_MESSAGE_BYTES
@@ -136,7 +229,8 @@ def _publish(bootstrap: str, topic: str, batches: list[tuple[str, bytes]]) -> No
         }
     )
     for batch_id, value in batches:
-        producer.produce(topic, key=batch_id.encode(), value=value)
+        described: Any = headers.get(batch_id) or None
+        producer.produce(topic, key=batch_id.encode(), value=value, headers=described)
     if producer.flush(60) != 0:
         raise ValueError(f"could not publish every batch to {topic} within 60 s")
 

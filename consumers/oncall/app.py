@@ -7,11 +7,13 @@
 The three inputs are co-partitioned (same partition count, keyed by session id), so one
 partition's agent sees every event of its sessions in order, and the `sessions` table (changelog
 backed) survives restarts. Window ends are driven by tick events a timer writes to every
-partition of the ticks topic, since tables change only inside stream processing.
+partition of the ticks topic, since tables change only inside stream processing; a tick ends the
+windows its partition's event-time watermark passed (`consumers/oncall/clock.py`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -22,12 +24,14 @@ from typing import Any, cast
 import faust
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
+from faust.types import TP
 
 from consumers.assembly.app import FaustForwarder
 from consumers.assembly.errors import AssemblyError
 from consumers.assembly.gaps import GapReader, InputOrder, KafkaGapReader, ack
 from consumers.assembly.protocols import Forwarder, Output
 from consumers.library_patches import IdempotentApp
+from consumers.oncall.clock import EventClock
 from consumers.oncall.join import FeedbackJoin, Joined, JoinStats, Rejected, feedback_id
 from schemas import topics
 from schemas.codec import decode, encode
@@ -129,6 +133,8 @@ class OncallJoinApp:
         self.forwarder: Forwarder = forwarder or FaustForwarder(self.app)
         self.sessions = self.app.Table("sessions", partitions=config.partitions, value_type=bytes)
         self.join = FeedbackJoin(config.join, self.sessions, self.stats)
+        self.event_clock = EventClock(self._input_topics, grace_ms=int(config.join.grace_s * 1000))
+        """When windows end: the inputs' event times, per partition."""
         self.channel = self.app.topic(
             config.agent_logs_topic, config.feedback_topic, config.ticks_topic, **_RAW
         )
@@ -149,6 +155,8 @@ class OncallJoinApp:
                 continue
             outputs: list[Output] = []
             for each in taken:
+                if self._is_tick(each.message):
+                    await self._check_inputs(int(each.message.partition or 0))
                 outputs += self.on_message(each.message)
             yield outputs
             for each in taken:
@@ -165,6 +173,28 @@ class OncallJoinApp:
         except AssemblyError as exc:  # Kafka did not answer: start over from the committed offset
             await self.app.crash(exc)
             return []
+
+    @property
+    def _input_topics(self) -> tuple[str, str]:
+        return (self.config.agent_logs_topic, self.config.feedback_topic)
+
+    def _is_tick(self, message: Any) -> bool:
+        return bool(message.topic == self.config.ticks_topic and message.key == ONCALL_TICK_KEY)
+
+    async def _check_inputs(self, partition: int) -> None:
+        """Before a tick: whether each input of `partition` has anything left to read in Kafka
+        (a caught-up input's clock is the wall clock, a lagging one's its newest event)."""
+        for topic in self._input_topics:
+            expected = self.inputs.guard.next_offset(TP(topic, partition))
+            caught_up = False
+            if expected is not None:
+                try:
+                    end = await asyncio.to_thread(self._reader().end_offset, topic, partition)
+                except AssemblyError as exc:  # unknown: the input holds the windows open
+                    log.warning("cannot read the end of %s[%d]: %s", topic, partition, exc)
+                else:
+                    caught_up = expected >= end
+            self.event_clock.caught_up(partition, topic, caught_up)
 
     def _reader(self) -> GapReader:
         if self.gap_reader is None:
@@ -185,13 +215,18 @@ class OncallJoinApp:
         """One message of any input topic -> the records to publish."""
         partition = int(message.partition or 0)
         if message.key == ONCALL_TICK_KEY:
-            return self._outputs(message, self.join.on_tick(self.clock(), partition=partition))
+            watermark = self.event_clock.watermark(partition, self.clock())
+            if watermark is None:  # an input's position is unknown yet: no window can end
+                return []
+            return self._outputs(message, self.join.on_tick(watermark, partition=partition))
         try:
             record = decode(message.value)
             validate(record)
         except Exception as exc:  # untrusted bytes: dead-letter them, keep going
             self.stats.invalid += 1
             return [self._dead_letter(message, str(exc), type(exc).__name__)]
+        if isinstance(record, AgentInteraction | Feedback):
+            self.event_clock.observe(partition, str(message.topic), int(record.created_at_ms))
         if isinstance(record, AgentInteraction):
             return self._safe(message, lambda: self.join.on_interaction(record, partition=partition))
         if isinstance(record, Feedback):

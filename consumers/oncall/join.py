@@ -15,8 +15,10 @@ Per session (both topics are keyed by session id, so one partition holds all of 
 - at each tick, trajectories whose window ended without feedback are *unrewarded*: dropped or
   emitted with `default_reward` (`unrewarded`), counted either way.
 
-Times are event times (`created_at_ms`) for the window test of a feedback event, and the
-tick's clock for expiring windows. Emitted trajectories have deterministic ids and the join
+Times are event times (`created_at_ms`): for the window test of a feedback event, and for
+expiring windows, which a tick ends at its partition's watermark (`consumers/oncall/clock.py`:
+the slowest input's event time, less `grace_s`), so a lagging or restarted worker loses no
+feedback that was on time. Emitted trajectories have deterministic ids and the join
 is at-least-once: consumers drop duplicates by trajectory id.
 """
 
@@ -146,6 +148,9 @@ class FeedbackJoin:
         """Emit at the window's end, combining every feedback of the window (False: at the first)."""
         unrewarded: Unrewarded = "drop"
         """Trajectories without feedback at the window's end: `drop` or emit with `default_reward`."""
+        grace_s: float = 10.0
+        """How far behind the newest event of its input an event may still arrive (several
+        producers, retries): windows end this long after the event-time watermark passes them."""
         default_reward: float = 0.0
         """Reward of unrewarded trajectories under `unrewarded: default`."""
         forget_after_s: float = 24 * 3600.0
@@ -159,6 +164,8 @@ class FeedbackJoin:
         def __post_init__(self) -> None:
             if self.window_s <= 0:
                 raise ValueError(f"join.window_s={self.window_s}: use a positive number of seconds")
+            if self.grace_s < 0:
+                raise ValueError(f"join.grace_s={self.grace_s}: use a non-negative number of seconds")
             if self.unrewarded not in ("drop", "default"):
                 raise ValueError(f"join.unrewarded={self.unrewarded!r}: use drop or default")
 
@@ -218,7 +225,8 @@ class FeedbackJoin:
         return out
 
     def on_tick(self, now_ms: int, *, partition: int | None = None) -> list[Joined | Rejected]:
-        """End the windows that are over (of one partition's sessions, or all)."""
+        """End the windows over at `now_ms` (event time: the partition's watermark), of one
+        partition's sessions or all."""
         out: list[Joined | Rejected] = []
         for session_id, raw in list(self.sessions.items()):
             state = SessionState.from_bytes(raw)

@@ -13,6 +13,9 @@ Otherwise the open trajectory is closed and a new one starts, and `reasons` coun
   completion's tokens (the client re-rendered the answer, e.g. re-serialised a tool call, or
   this is another sample of the same prompt);
 - `model_changed`: another served model answered;
+- `temperature_changed`: the call was sampled at another temperature than the open trajectory's
+  calls (a trajectory has one temperature: the trainer rescales its logits by it, and the
+  logprobs of every merged call must have been taken at it);
 - `max_length`: merging would exceed `max_tokens`.
 
 Legend: P = prompt tokens of a call, C = its completion tokens, L = tokens of the open trajectory.
@@ -36,6 +39,7 @@ REASONS = (
     "history_changed",
     "response_rerendered",
     "model_changed",
+    "temperature_changed",
     "max_length",
 )
 
@@ -199,6 +203,8 @@ class TrajectoryBuilder:
             return "session_start"
         if interaction.model_name != current.model_name:
             return "model_changed"
+        if _temperature(interaction.metadata.get("temperature")) != current.temperature:
+            return "temperature_changed"
         context = current.token_ids  # [L]
         if prompt[: len(context)] != context:
             return (

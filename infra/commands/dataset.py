@@ -48,11 +48,22 @@ def _export(args: argparse.Namespace) -> int:
             from_timestamp_ms=epoch_ms(args.from_time) if args.from_time else None,
             to_timestamp_ms=epoch_ms(args.to_time) if args.to_time else None,
         )  # fmt: skip
-        rows = export_topic(_bootstrap(args), spec, Path(args.dest))
+        result = export_topic(_bootstrap(args), spec, Path(args.dest))
     except (ConsumerError, ValueError) as exc:
         print(f"stacx export: {exc}", file=sys.stderr)
         return 2
-    print(f"exported {rows} trajectories of {args.topic} to {args.dest}")
+    print(f"exported {result.rows} trajectories of {args.topic} to {args.dest}")
+    if result.undecodable:
+        print(
+            f"stacx export: left out {result.undecodable} undecodable record(s) of {args.topic} "
+            f"(the first at {result.first_undecodable})",
+            file=sys.stderr,
+        )
+    if result.other_records:
+        print(
+            f"stacx export: left out {result.other_records} event(s) that are not trajectories",
+            file=sys.stderr,
+        )
     return 0
 
 

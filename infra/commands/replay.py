@@ -35,7 +35,7 @@ def epoch_ms(value: str) -> int:
 
 def load(args: argparse.Namespace) -> Any:
     from infra.config import build, load_yaml
-    from infra.replay import ReplayFile
+    from infra.replay import ReplayFile, role_options_for
 
     tree = load_yaml(args.config)
     section = dict(tree.get("replay") or {})
@@ -49,8 +49,16 @@ def load(args: argparse.Namespace) -> Any:
     }
     section.update({k: v for k, v in overrides.items() if v is not None})
     trainer = dict(tree.get("trainer") or {})
-    if args.recipe:
+    if args.recipe and args.recipe != trainer.get("recipe", "grpo"):
+        # the file's role options were written for its own recipe: keep those the new one has
         trainer["recipe"] = args.recipe
+        options = dict(trainer.get("role_options") or {})
+        kept, dropped = role_options_for(args.recipe, options)
+        if options:
+            trainer["role_options"] = kept
+        for option in dropped:
+            print(f"stacx replay: --recipe {args.recipe}: trainer.role_options.{option} is not an "
+                  f"option of {args.recipe}, left out", file=sys.stderr)  # fmt: skip
     if args.seed is not None:
         trainer["seed"] = args.seed
     return build(ReplayFile, {**tree, "replay": section, "trainer": trainer}, where=args.config)

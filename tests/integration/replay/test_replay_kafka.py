@@ -82,3 +82,51 @@ def test_two_replays_are_identical_and_another_recipe_completes(
     assert other["batch_ids"] == first["batch_ids"] and other["recipe"] == "sft"
     assert other["final_weights"] is not None
     assert other["final_weights"]["content_hash"] != first["final_weights"]["content_hash"]
+
+
+def test_replayed_batches_carry_headers_and_the_trainer_steps_continue_the_source_traces(
+    kafka_bootstrap: str, fresh_topic: Callable[..., str], tmp_path: Path, replay_runs: list[str]
+) -> None:
+    from opentelemetry import trace
+    from tracing_fixtures import in_memory_tracing
+
+    from consumers.replay import ReplayRange, read_range
+    from producers.tracing import TRACEPARENT, context_from_headers
+    from schemas.codec import CONTENT_TYPE_HEADER, SINGLE_OBJECT_CONTENT_TYPE
+
+    source = fresh_topic("replay-traced", partitions=2)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    episodes: dict[str, str] = {}  # trajectory id -> trace id of the episode that made it
+    with in_memory_tracing() as spans:
+        tracer = trace.get_tracer("test.rollout")
+        for s in range(4):
+            for g in range(2):
+                t = make_trajectory(f"g{g}", s)
+                with tracer.start_as_current_span("episode") as episode:
+                    headers = [(TRACEPARENT, _traceparent(episode))]
+                episodes[t.trajectory_id] = f"{episode.get_span_context().trace_id:032x}"
+                producer.produce(source, key=t.group_id.encode(), value=encode(t), headers=headers)
+        producer.produce(source, key=b"g0", value=b"\xc3\x01 garbage")  # left out, counted
+        assert producer.flush(30) == 0
+        replay_runs.append(f"replay-traced-{uuid.uuid4().hex[:6]}")
+        summary = _replay(kafka_bootstrap, source, replay_runs[-1], tmp_path)
+        finished = spans.get_finished_spans()
+    assert summary["undecodable"] == 1 and summary["assembler_stats"]["undecodable"] == 1
+    batches = read_range(kafka_bootstrap, ReplayRange(topic=f"stacx.batches.{replay_runs[-1]}"))
+    assert len(batches) == summary["batches"] == 1  # both groups of 4 in one batch of 2 groups
+    batch_spans = {f"{s.context.span_id:016x}": s for s in finished if s.name == "assembler.batch"}
+    for record in batches:
+        headers = dict(record.headers)
+        assert headers[CONTENT_TYPE_HEADER] == SINGLE_OBJECT_CONTENT_TYPE.encode()
+        carried = trace.get_current_span(context_from_headers([(TRACEPARENT, headers[TRACEPARENT])]))
+        span = batch_spans[f"{carried.get_span_context().span_id:016x}"]
+        traces = {f"{span.context.trace_id:032x}"} | {f"{link.context.trace_id:032x}" for link in span.links}
+        assert traces == set(episodes.values())  # continues one episode's trace, links the 7 others
+    steps = [s for s in finished if s.name == "trainer.step"]
+    assert steps and all(s.parent is not None for s in steps)  # no new root traces
+    assert {f"{s.context.trace_id:032x}" for s in steps} <= set(episodes.values())
+
+
+def _traceparent(span: Any) -> bytes:
+    context = span.get_span_context()
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-01".encode()

@@ -58,3 +58,49 @@ def test_shipped_replay_and_many_learner_configs_load() -> None:
     learners = [build(LearnerFeed.Config, v, where=k) for k, v in many["learners"].items()]
     assert [f.keep for f in learners] == [KeepRule.ALL, KeepRule.SUCCESSFUL]
     assert len({f.group_id for f in learners} | {many["assembler"]["app_id"]}) == 3
+
+
+def test_records_left_out_are_counted_in_the_stats_the_summary_shows() -> None:
+    records = _records()
+    garbage = RangeRecord(0, 99, 1_005, b"g0", b"not an event")
+    config = build(
+        ReplayAssembler.Config, {"grouping": {"group_size": 2}, "mixture": {"batch_size": 1}}, where="x"
+    )
+    result = ReplayAssembler(config, Codec()).assemble([records[0], garbage, *records[1:]])
+    assert result.undecodable == 1 and result.stats["undecodable"] == 1
+    assert [b for b, _ in result.batches] == [b for b, _ in _assemble(records)]  # the rest as before
+
+
+def test_replayed_batches_carry_their_content_type_and_a_span_linked_to_every_trajectory() -> None:
+    from opentelemetry import trace
+    from tracing_fixtures import in_memory_tracing
+
+    from producers.tracing import TRACEPARENT, context_from_headers, trace_headers
+    from schemas.codec import CONTENT_TYPE_HEADER, SINGLE_OBJECT_CONTENT_TYPE
+
+    config = build(
+        ReplayAssembler.Config, {"grouping": {"group_size": 2}, "mixture": {"batch_size": 2}}, where="x"
+    )
+    with in_memory_tracing() as spans:
+        tracer = trace.get_tracer("test.rollout")
+        records = []
+        sources: dict[str, trace.SpanContext] = {}
+        for i, record in enumerate(_records()[:4]):  # g0 whole, g1 and g2 with one sample each
+            with tracer.start_as_current_span(f"episode {i}") as episode:
+                headers = tuple(trace_headers())
+            trajectory = decode(record.value)
+            sources[trajectory.trajectory_id] = episode.get_span_context()
+            records.append(RangeRecord(record.partition, record.offset, record.timestamp_ms,
+                                       record.key, record.value, headers))  # fmt: skip
+        result = ReplayAssembler(config, Codec()).assemble(records)
+    ((batch_id, value),) = result.batches
+    headers = dict(result.headers[batch_id])
+    assert headers[CONTENT_TYPE_HEADER] == SINGLE_OBJECT_CONTENT_TYPE.encode()
+    carried = trace.get_current_span(context_from_headers([(TRACEPARENT, headers[TRACEPARENT])]))
+    (span,) = [s for s in spans.get_finished_spans() if s.name == "assembler.batch"]
+    assert carried.get_span_context().span_id == span.context.span_id
+    batch = decode(value)
+    first, *others = batch.trajectory_ids
+    assert span.parent is not None and span.parent.trace_id == sources[first].trace_id
+    assert {link.context.span_id for link in span.links} == {sources[t].span_id for t in others}
+    assert len(others) == 2  # g0 complete, with g1's first sample (timed out at the range end)

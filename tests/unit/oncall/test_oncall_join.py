@@ -16,6 +16,7 @@ from consumers.assembly.errors import AssemblyError
 from consumers.assembly.testing import ListForwarder, RecordsReader, kafka_record, on_topic
 from consumers.oncall import FeedbackJoin, Joined, OncallJoinApp, Rejected
 from consumers.oncall.app import ONCALL_TICK_KEY
+from consumers.oncall.clock import EventClock
 from schemas.codec import decode, encode
 from schemas.records import DeadLetter, Trajectory
 
@@ -248,3 +249,57 @@ def test_the_session_settings_are_checked_and_reach_faust() -> None:
     assert app.conf.broker_session_timeout == 10.0  # Faust's own is 60 s: a restart waited a minute
     assert app.conf.broker_heartbeat_interval == 3.0
     assert app.fetch_max_wait_ms == 100  # type: ignore[attr-defined]
+
+
+async def test_a_lagging_join_keeps_windows_open_until_the_feedback_on_time_is_read() -> None:
+    """The worker's clock is 100 s past a 60 s window, but the feedback sent 5 s after the call
+    is still unread in Kafka: the tick must not end the window (event time), the feedback joins."""
+    logs, feedback = OncallJoinApp.Config().agent_logs_topic, OncallJoinApp.Config().feedback_topic
+    timely = kafka_record(feedback, 0, encode(rating("s", 1.0, at_ms=T0 + 5_000)), b"s", 0)
+    app, forwarder = _join_app(RecordsReader([timely]))
+    app.clock.now_ms = T0 + 100_000  # type: ignore[attr-defined]
+    await app._on_partitions_assigned(app.app, {TP(logs, 0), TP(feedback, 0)})
+    async with app.agent.test_context() as agent:
+        with on_topic(agent, logs):
+            await agent.put(encode(call("s", "c1", [1, 2], [3], at_ms=T0)), key=b"s", partition=0)
+        with on_topic(agent, app.config.ticks_topic):
+            await agent.put(str(T0 + 100_000).encode(), key=ONCALL_TICK_KEY, partition=0)
+        assert app.stats.unrewarded_dropped == 0  # the feedback topic is behind: the window stays open
+        with on_topic(agent, feedback):
+            agent.sent_offset = 0
+            await agent.put(timely.value(), key=b"s", partition=0)
+    assert app.stats.feedback_joined == 1 and app.stats.feedback_late == 0
+    assert forwarder.on(app.config.dlq_topic) == []
+    (out,) = forwarder.on(app.config.trajectories_topic)
+    assert decode(out.value, Trajectory).reward == 1.0
+
+
+async def test_a_caught_up_join_ends_windows_on_the_wall_clock_less_the_grace() -> None:
+    logs, feedback = OncallJoinApp.Config().agent_logs_topic, OncallJoinApp.Config().feedback_topic
+    app, _ = _join_app(RecordsReader())
+    await app._on_partitions_assigned(app.app, {TP(logs, 0), TP(feedback, 0)})
+    grace_ms = int(app.config.join.grace_s * 1000)
+    async with app.agent.test_context() as agent:
+        with on_topic(agent, logs):
+            await agent.put(encode(call("s", "c1", [1, 2], [3], at_ms=T0)), key=b"s", partition=0)
+        for now, dropped in ((T0 + 60_001, 0), (T0 + 60_001 + grace_ms, 1)):
+            app.clock.now_ms = now  # type: ignore[attr-defined]
+            with on_topic(agent, app.config.ticks_topic):
+                await agent.put(str(now).encode(), key=ONCALL_TICK_KEY, partition=0)
+            assert app.stats.unrewarded_dropped == dropped
+
+
+def test_the_event_clock_follows_the_slowest_input_less_the_grace() -> None:
+    clock = EventClock(("logs", "feedback"), grace_ms=1_000)
+    assert clock.watermark(0, 50_000) is None  # nothing known of either input
+    clock.observe(0, "logs", 20_000)
+    clock.caught_up(0, "logs", True)
+    assert clock.watermark(0, 50_000) is None  # the feedback input's position is unknown
+    clock.observe(0, "feedback", 12_000)
+    clock.observe(0, "feedback", 9_000)  # out of order: the newest counts
+    assert clock.watermark(0, 50_000) == 11_000
+    clock.caught_up(0, "feedback", True)
+    assert clock.watermark(0, 50_000) == 49_000
+    assert clock.watermark(1, 50_000) is None  # partitions are apart
+    with pytest.raises(ValueError, match="grace"):
+        EventClock(("logs",), grace_ms=-1)

@@ -61,3 +61,22 @@ def test_inconsistent_events_are_refused() -> None:
     bad.metadata["prompt_length"] = "7"
     with pytest.raises(ValueError, match="prompt_length"):
         interaction_split(bad)
+
+
+def test_a_temperature_change_starts_a_new_trajectory_at_the_new_temperature() -> None:
+    builder = TrajectoryBuilder()
+    hot = call("s", "c1", [1, 2, 3], [10, 11])
+    cool = call("s", "c2", [1, 2, 3, 10, 11, 50], [12])  # extends the prompt, sampled at 0.3
+    cool.metadata["temperature"] = "0.3"
+    traj, _ = builder.add(None, hot)
+    fresh, closed = builder.add(traj, cool)
+    assert closed is traj and closed.interaction_ids == ["c1"] and closed.temperature == 1.0
+    assert fresh.interaction_ids == ["c2"] and fresh.start_reason == "temperature_changed"
+    assert builder.reasons["temperature_changed"] == 1 and builder.num_merged == 0
+    record = fresh.to_trajectory(sample_index=1, reward=0.0, rewards={}, metadata={})
+    assert record.temperature == pytest.approx(0.3)
+    # the same temperature (however written) still merges
+    same = call("s", "c3", [1, 2, 3, 10, 11, 50, 12, 60], [13])
+    same.metadata["temperature"] = "0.30"
+    merged, closed = builder.add(fresh, same)
+    assert closed is None and merged is fresh and merged.interaction_ids == ["c2", "c3"]
