@@ -20,6 +20,7 @@ from typing import Any
 
 from sandbox.errors import BackendError, BaseImageMissing, ImageBuildError
 from sandbox.tasks import HarborTask
+from sandbox.terminal import clean_text
 
 __all__ = [
     "DEFAULT_BASE_IMAGES",
@@ -253,7 +254,8 @@ class TaskImageBuilder:
             for entry in stream:
                 log.append(_log_text(entry))
                 if isinstance(entry, dict) and entry.get("error"):
-                    raise ImageBuildError(f"{where} failed: {entry['error'].strip()}\n{_tail(log)}")
+                    error = clean_text(entry["error"]).strip()
+                    raise ImageBuildError(f"{where} failed: {error}\n{_tail(log)}")
                 if time.monotonic() > deadline:
                     raise ImageBuildError(_timeout_message(where, task, log))
         except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, TimeoutError) as exc:
@@ -274,7 +276,7 @@ def _timeout_message(where: str, task: HarborTask, log: list[str]) -> str:
 
 
 def _tail(log: list[str]) -> str:
-    return "".join(log)[-1500:]
+    return clean_text("".join(log))[-1500:]
 
 
 def _log_text(entry: Any) -> str:

@@ -136,17 +136,25 @@ def _env_token() -> str | None:
 
 
 def _base_images(pairs: list[str]) -> dict[str, str]:
+    """The base-image map: the `--base-image FROM=LOCAL` pairs in the order given (FROM may be an
+    fnmatch pattern such as `python:*`; the first match wins), then the defaults they do not
+    replace."""
     from sandbox.images import DEFAULT_BASE_IMAGES
 
-    mapping = dict(DEFAULT_BASE_IMAGES)
+    given: dict[str, str] = {}
     for pair in pairs:
         source, sep, local = pair.partition("=")
         if not sep or not source or not local:
             raise ValueError(
-                f"--base-image takes FROM=LOCAL (e.g. ubuntu:24.04=my/ubuntu:24.04), got {pair!r}"
+                f"--base-image takes FROM=LOCAL (e.g. ubuntu:24.04=my/ubuntu:24.04 or python:*=my/python), "
+                f"got {pair!r}"
             )
-        mapping = {source: local, **mapping}
-    return mapping
+        if any(c in local for c in "*?["):
+            raise ValueError(
+                f"--base-image {pair!r}: LOCAL must be one image, not a pattern; only FROM may hold * ? [...]"
+            )
+        given.setdefault(source, local)
+    return given | {k: v for k, v in DEFAULT_BASE_IMAGES.items() if k not in given}
 
 
 def _tasks_check(args: argparse.Namespace) -> int:
