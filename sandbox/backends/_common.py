@@ -8,12 +8,15 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox.errors import BackendError, SandboxFileNotFound
+from sandbox.errors import BackendError, FileOperationFailed, SandboxFileNotFound
 from sandbox.models import ExecResult
 from sandbox.protocols import HostCapacity
 
 NOT_FOUND_EXIT = 44
 """Exit status of READ_FILE_SCRIPT when the file is missing."""
+
+TOOL_FAILURE_EXITS = (1, 2)
+"""Exit statuses of `mkdir`, `tar` and `cat` failing on their own (their stderr says why)."""
 
 READ_FILE_SCRIPT = f'[ -f "$1" ] || exit {NOT_FOUND_EXIT}; exec cat -- "$1"'
 READ_DIR_SCRIPT = f'[ -d "$1" ] || exit {NOT_FOUND_EXIT}; exec tar -c -C "$1" .'
@@ -201,9 +204,17 @@ def to_result(run: RawRun, timeout_s: float, *, oom_killed: bool = False) -> Exe
 
 
 def check_helper(run: RawRun, what: str, path: str) -> None:
-    """Raise the right error when a helper script (read/write files) failed."""
+    """Raise the right error when a helper script (read/write files) failed: a missing path is
+    `SandboxFileNotFound`; the tool's own failure (`mkdir`, `tar`, `cat` exit 1 or 2: a file in
+    the way, no permission, a full tmpfs) is the client's `FileOperationFailed`; anything else
+    (the helper could not run) is the backend's."""
     if run.exit_code == NOT_FOUND_EXIT:
         raise SandboxFileNotFound(f"{path} does not exist in the sandbox (or is not a {what})")
+    if run.exit_code in TOOL_FAILURE_EXITS:
+        detail = run.stderr.text().strip()[-500:]
+        raise FileOperationFailed(
+            f"{what} {path!r} could not be used in the sandbox: {detail or f'exit {run.exit_code}'}"
+        )
     if run.exit_code != 0:
         detail = run.stderr.text().strip()[-500:]
         raise BackendError(f"{what} {path!r} failed with exit {run.exit_code}: {detail}")

@@ -19,7 +19,7 @@ from sandbox.backends._common import (
     parse_oom_kills,
     to_result,
 )
-from sandbox.errors import BackendError, SandboxFileNotFound
+from sandbox.errors import BackendError, FileOperationFailed, SandboxFileNotFound
 
 
 def test_exec_argv_kills_the_process_group_at_the_timeout() -> None:
@@ -143,9 +143,15 @@ def test_downloaded_missing_path_is_file_not_found() -> None:
         downloaded(_read_run(NOT_FOUND_EXIT, b""), "directory", "out", 10)
 
 
-def test_downloaded_failed_helper_reports_its_stderr() -> None:
-    with pytest.raises(BackendError, match="tar: boom"):
+def test_a_tool_failing_in_the_sandbox_is_the_clients_error_with_its_stderr() -> None:
+    with pytest.raises(FileOperationFailed, match="tar: boom") as caught:
         downloaded(_read_run(2, b""), "directory", "out", 10)
+    assert caught.value.status == 409 and not caught.value.retriable
+
+
+def test_a_helper_that_could_not_run_is_the_backends_error() -> None:
+    with pytest.raises(BackendError, match="exit 126"):
+        downloaded(_read_run(126, b""), "directory", "out", 10)
 
 
 def test_downloaded_over_the_limit_is_an_error_not_a_short_file() -> None:
