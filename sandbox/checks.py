@@ -18,7 +18,7 @@ from sandbox.terminal import clean_text
 from sandbox.trials import TrialOutcome, run_trial
 from sandbox.verifier import run_oracle, timeout_source
 
-__all__ = ["TaskCheck", "check_path", "check_task", "network_hint", "ran_to_assertions"]
+__all__ = ["TaskCheck", "check_path", "check_task", "network_hint", "python_hint", "ran_to_assertions"]
 
 _NETWORK = re.compile(
     r"could not resolve host|temporary failure (in name )?resolution|temporary failure resolving|"
@@ -29,12 +29,31 @@ _NETWORK = re.compile(
 _ASSERTION_FAILED = re.compile(
     r"^E\s+(assert\b|AssertionError)|^AssertionError\b|\bAssertionError:", re.MULTILINE
 )
+_NO_PYTHON = re.compile(r"No interpreter found for (?:Python )?(\S+?)(?: in |\s*$)", re.MULTILINE)
+"""uv's words when no interpreter of the version asked for is there (and downloads are off)."""
+_PYTHON_ASKED = re.compile(r"^.*(?:\s-p\s*|--python[ =])['\"]?[\w.+-]+.*$", re.MULTILINE)
 _TAIL_CHARS = 1200
 
 
 def network_hint(text: str) -> str | None:
     """The first line of `text` that shows a command failing for want of network, if any."""
     return next((line.strip()[:200] for line in text.splitlines() if _NETWORK.search(line)), None)
+
+
+def python_hint(output: str, test_sh: str) -> str | None:
+    """One line naming the Python version test.sh asked uv for and how to provide it offline,
+    when uv found none (None otherwise)."""
+    missing = _NO_PYTHON.search(output)
+    if missing is None:
+        return None
+    version = missing.group(1)
+    asked = _PYTHON_ASKED.search(test_sh)
+    where = f" (`{asked.group(0).strip()[:120]}`)" if asked else ""
+    return (
+        f"test.sh asks for Python {version}{where}, which no interpreter in the sandbox provides and "
+        f"sandboxes cannot download: map a directory of Python installations with --python-dir DIR "
+        f"(made where there is internet, e.g. `uv python install --install-dir DIR {version}`)"
+    )
 
 
 def ran_to_assertions(text: str) -> bool:
@@ -64,6 +83,8 @@ class TaskCheck:
     """Last lines of test.sh's output in the run whose reward parity did not expect."""
     oracle_exit_codes: dict[str, int] = field(default_factory=dict)
     """Exit status of solution/solve.sh per step where it was not 0 (the step was verified anyway)."""
+    needs_python: str | None = None
+    """The Python version test.sh asked for that no interpreter provides, and how to provide it."""
     needs_network: str | None = None
     """The output line showing the task failed for want of network."""
     duration_s: float = 0.0
@@ -128,7 +149,9 @@ def _explain(check: TaskCheck, result: VerifyResult, task: HarborTask) -> None:
     if result.timed_out:
         step = next((s for s in task.steps if s.name == result.step), task.steps[-1])
         check.warnings.append(f"test.sh timed out ({timeout_source('verifier', task, step)})")
-    hint = None if ran_to_assertions(output) else network_hint(output)
+    test_sh = task.tests_dir / "test.sh"
+    check.needs_python = python_hint(output, test_sh.read_text(errors="replace") if test_sh.is_file() else "")
+    hint = None if ran_to_assertions(output) or check.needs_python else network_hint(output)
     if hint:
         internet = " (it asks for internet)" if task.wants_internet else ""
         check.needs_network = f"test.sh needs network{internet}, sandboxes have none: {hint}"

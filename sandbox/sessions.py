@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sandbox.errors import CapacityExceeded, InvalidSpec, SessionExpired, SessionNotFound, TaskUnsupported
-from sandbox.images import TOOLS_DIR, TaskImageBuilder
+from sandbox.images import PYTHON_DIR, TOOLS_DIR, TaskImageBuilder
 from sandbox.limits import Reservation, SessionLimits
 from sandbox.models import (
     DEFAULT_WORKDIR,
@@ -354,7 +354,11 @@ class SessionManager:
                 f"verifier tools image {self.images.config.tools_image} is not built: a test.sh that "
                 "installs uv/pytest at verify time needs network (`stacx tasks images build`)"
             )
-        return choice.tag, warnings, {volume: TOOLS_DIR} if volume else {}
+        volumes = {volume: TOOLS_DIR} if volume else {}
+        python = await asyncio.to_thread(self.images.python_volume)
+        if python is not None:
+            volumes[python] = PYTHON_DIR
+        return choice.tag, warnings, volumes
 
     def _load_task(self, task_dir: str) -> HarborTask:
         path = Path(task_dir).resolve()

@@ -19,7 +19,7 @@ from sandbox.errors import (
     RewardFileMissing,
     SandboxFileNotFound,
 )
-from sandbox.images import TOOLS_DIR
+from sandbox.images import PYTHON_DIR, TOOLS_DIR
 from sandbox.models import ExecResult, VerifyResult
 from sandbox.paths import tar_directory
 from sandbox.protocols import SandboxOps
@@ -62,6 +62,10 @@ fi"""
 _RUN_TESTS = f"""if [ -d {TOOLS_DIR}/bin ]; then
   export PATH="$PATH:{TOOLS_DIR}/bin:{TOOLS_DIR}/python/bin" UV_OFFLINE=1 UV_FIND_LINKS={TOOLS_DIR}/wheels \
     UV_PYTHON_DOWNLOADS=never UV_CACHE_DIR=/tmp/stacx-uv-cache UV_NO_PROGRESS=1
+fi
+if [ -d {PYTHON_DIR} ]; then
+  export UV_PYTHON_INSTALL_DIR={PYTHON_DIR}
+  for _bin in {PYTHON_DIR}/*/bin; do [ -d "$_bin" ] && PATH="$PATH:$_bin"; done
 fi
 exec bash {TESTS_DIR}/test.sh"""
 

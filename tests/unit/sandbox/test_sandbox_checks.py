@@ -5,6 +5,7 @@ base-image map of `--base-image`."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -178,3 +179,65 @@ def test_a_base_image_pattern_replaces_the_default_entry() -> None:
 def test_a_pattern_as_the_local_image_is_refused() -> None:
     with pytest.raises(ValueError, match="LOCAL must be one image, not a pattern"):
         commands._base_images(["python:*=my/python:*"])
+
+
+UV_NO_PYTHON = (
+    "error: No interpreter found for Python 3.13 in managed installations or search path\n\n"
+    "hint: A managed Python download is available for Python 3.13, but Python downloads are set to 'never'\n"
+)
+"""What uv 0.13.9 prints for `uvx -p 3.13` with downloads off and no 3.13 about."""
+
+
+def _uvx_task(tmp_path: Path) -> Path:
+    root = tmp_path / "uvx-task"
+    shutil.copytree(TASK, root)
+    (root / "tests" / "test.sh").write_text(
+        "#!/bin/bash\ncurl -LsSf https://astral.sh/uv/0.9.5/install.sh | sh\nsource $HOME/.local/bin/env\n"
+        "uvx -p 3.13 --with pytest==8.4.1 pytest /tests/test_outputs.py -rA\n"
+        "if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt\n"
+        "else echo 0 > /logs/verifier/reward.txt; fi\n"
+    )
+    return root
+
+
+async def test_a_missing_python_is_one_line_naming_the_version_asked_and_how_to_provide_it(
+    tmp_path: Path,
+) -> None:
+    def no_python(sandbox: FakeSandbox, request: ExecRequest) -> ExecResult:
+        if request.command.endswith("bash /tests/test.sh"):
+            sandbox.files["/logs/verifier/reward.txt"] = b"0"
+            return ExecResult(
+                exit_code=0, stdout="", stderr=NETWORK_LINE + "\n" + UV_NO_PYTHON, duration_s=0.1
+            )
+        return _Task()(sandbox, request)
+
+    backend = FakeBackend(no_python)
+    images: Any = FakeTaskImages()
+    async with SessionManager(SessionManager.Config(owner="t"), backend, images=images) as manager:
+        check = await check_task(manager, load_task(_uvx_task(tmp_path)))
+    assert check.oracle_reward == 0.0
+    hint = check.needs_python or ""
+    assert "asks for Python 3.13 (`uvx -p 3.13 --with pytest==8.4.1" in hint, hint
+    assert "--python-dir DIR" in hint and "uv python install --install-dir DIR 3.13" in hint
+    assert "\n" not in hint
+    assert check.needs_network is None  # the stubbed installer's curl is not why it failed
+    assert "asks for Python 3.13" in commands._describe(check)
+
+
+async def test_a_python_dir_reaches_task_sessions_and_their_verifier() -> None:
+    seen: list[ExecRequest] = []
+
+    def record(sandbox: FakeSandbox, request: ExecRequest) -> ExecResult:
+        seen.append(request)
+        return _Task()(sandbox, request)
+
+    backend = FakeBackend(record)
+    images: Any = FakeTaskImages(python_volume="python-vol")
+    async with SessionManager(SessionManager.Config(owner="t"), backend, images=images) as manager:
+        session = await manager.create(SessionSpec(task_dir=str(TASK)))
+        (sandbox,) = backend.sandboxes.values()
+        assert sandbox.spec.volumes == {"tools-vol": "/opt/stacx-tools", "python-vol": "/opt/stacx-python"}
+        await manager.verify(session.id, TASK)
+    (run,) = [r for r in seen if r.command.endswith("bash /tests/test.sh")]
+    assert "export UV_PYTHON_INSTALL_DIR=/opt/stacx-python" in run.command
+    assert 'for _bin in /opt/stacx-python/*/bin; do [ -d "$_bin" ] && PATH="$PATH:$_bin"; done' in run.command
