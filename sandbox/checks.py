@@ -31,7 +31,8 @@ _ASSERTION_FAILED = re.compile(
 )
 _NO_PYTHON = re.compile(r"No interpreter found for (?:Python )?(\S+?)(?: in |\s*$)", re.MULTILINE)
 """uv's words when no interpreter of the version asked for is there (and downloads are off)."""
-_PYTHON_ASKED = re.compile(r"^.*(?:\s-p\s*|--python[ =])['\"]?[\w.+-]+.*$", re.MULTILINE)
+_PYTHON_ASKED = re.compile(r"^.*\buvx?\b.*(?:\s-p\s*|--python[ =])['\"]?[\w.+-]+.*$", re.MULTILINE)
+"""A test.sh line asking uv/uvx for a Python version (`uvx -p 3.12 ...`, `uv run --python 3.13`)."""
 _TAIL_CHARS = 1200
 
 

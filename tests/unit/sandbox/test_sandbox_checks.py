@@ -192,7 +192,8 @@ def _uvx_task(tmp_path: Path) -> Path:
     root = tmp_path / "uvx-task"
     shutil.copytree(TASK, root)
     (root / "tests" / "test.sh").write_text(
-        "#!/bin/bash\ncurl -LsSf https://astral.sh/uv/0.9.5/install.sh | sh\nsource $HOME/.local/bin/env\n"
+        "#!/bin/bash\nmkdir -p logs\ncurl -LsSf https://astral.sh/uv/0.9.5/install.sh | sh\n"
+        "source $HOME/.local/bin/env\n"
         "uvx -p 3.13 --with pytest==8.4.1 pytest /tests/test_outputs.py -rA\n"
         "if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt\n"
         "else echo 0 > /logs/verifier/reward.txt; fi\n"
