@@ -136,11 +136,9 @@ class HostTrust:
 
 
 def host_trust(env: Mapping[str, str] = os.environ) -> HostTrust:
-    """The CA bundle ($SSL_CERT_FILE, else the first of `HOST_CA_BUNDLES`) and pip configuration
-    of this machine."""
-    bundles = [env.get("SSL_CERT_FILE", ""), *HOST_CA_BUNDLES]
-    bundle = next((Path(b) for b in bundles if b and Path(b).is_file()), None)
-    certificates = tuple(_PEM.findall(bundle.read_bytes())) if bundle else ()
+    """The certificates this machine trusts (its CA bundle, the first of `HOST_CA_BUNDLES`, and
+    any bundle named by $SSL_CERT_FILE, $REQUESTS_CA_BUNDLE, $PIP_CERT or pip's `cert`) and its
+    pip configuration."""
     config = configparser.ConfigParser(interpolation=None)
     files = [Path(f).expanduser() for f in (*PIP_CONFIGS, env.get("PIP_CONFIG_FILE", "")) if f]
     config.read([f for f in files if f.is_file()])
@@ -148,11 +146,19 @@ def host_trust(env: Mapping[str, str] = os.environ) -> HostTrust:
         if env.get(variable):
             config.setdefault("global", {})
             config["global"][option] = env[variable]
+    named = [env.get(v, "") for v in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT")]
+    named += [config.get(section, "cert", fallback="") for section in config.sections()]
+    system = next((b for b in HOST_CA_BUNDLES if Path(b).is_file()), "")
+    certificates: list[bytes] = []
+    for bundle in dict.fromkeys(b for b in (system, *named) if b and Path(b).is_file()):
+        certificates += _PEM.findall(Path(bundle).read_bytes())
     for section in config.sections():
         config.remove_option(section, "cert")
+        if not config.options(section):
+            config.remove_section(section)
     text = io.StringIO()
     config.write(text)
-    return HostTrust(certificates=certificates, pip_conf=text.getvalue().strip())
+    return HostTrust(certificates=tuple(dict.fromkeys(certificates)), pip_conf=text.getvalue().strip())
 
 
 def install_host_trust(rootfs: Path, trust: HostTrust) -> None:

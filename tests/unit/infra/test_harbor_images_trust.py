@@ -38,6 +38,18 @@ def test_host_trust_reads_the_bundle_and_merges_pip_config_and_variables(
     assert trust.digest != HostTrust().digest
 
 
+def test_a_bundle_named_only_in_pip_config_counts_and_an_empty_pip_config_is_none(
+    tmp_path: Path, no_host_files: None
+) -> None:
+    pip_bundle = tmp_path / "pip-ca.pem"
+    pip_bundle.write_bytes(_pem("PIP-ONLY-CA") + b"\n")
+    pip_conf = tmp_path / "pip.conf"
+    pip_conf.write_text(f"[global]\ncert = {pip_bundle}\n")
+    trust = host_trust({"PIP_CONFIG_FILE": str(pip_conf)})
+    assert trust.certificates == (_pem("PIP-ONLY-CA"),)
+    assert trust.pip_conf == ""  # only `cert` was set: nothing for the image's pip.conf
+
+
 def test_install_host_trust_adds_the_missing_certificates_and_pip_conf(tmp_path: Path) -> None:
     rootfs = tmp_path / "rootfs"
     (rootfs / "etc/ssl/certs").mkdir(parents=True)
