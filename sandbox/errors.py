@@ -13,6 +13,7 @@ __all__ = [
     "BaseImageMissing",
     "CapacityExceeded",
     "EngineWedged",
+    "FileOperationFailed",
     "GatewayConfigError",
     "HealthcheckFailed",
     "ImageBuildError",
@@ -76,6 +77,14 @@ class PathRejected(SandboxError):
     """A file path escapes the sandbox's writable roots (absolute elsewhere, `..`, links)."""
 
     status = 400
+
+
+class FileOperationFailed(SandboxError):
+    """A file operation the client asked for failed inside the sandbox for a reason of the
+    sandbox's state (a path that is a file where a directory is needed, no permission, a full
+    tmpfs); the message carries the tool's own words."""
+
+    status = 409
 
 
 class SessionNotFound(SandboxError):
@@ -180,6 +189,7 @@ _ALL: dict[str, type[SandboxError]] = {
         RequestTooLarge,
         GatewayConfigError,
         PathRejected,
+        FileOperationFailed,
         SessionNotFound,
         SessionExpired,
         SandboxFileNotFound,

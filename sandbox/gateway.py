@@ -487,6 +487,9 @@ class Gateway:
         backend: str = "docker"
         """`docker` or `process`."""
         sessions: SessionManager.Config = field(default_factory=SessionManager.Config)
+        python_dir: str | None = None
+        """Host directory of Python installations that Harbor sandboxes see (read-only) at
+        `sandbox.images.PYTHON_DIR` (`TaskImageBuilder.Config.python_dir`)."""
         log_level: str = "info"
 
     def __init__(self, config: Config, *, backend: SandboxBackend | None = None) -> None:
@@ -499,7 +502,7 @@ class Gateway:
         if self.backend.name == "docker":
             from sandbox.images import TaskImageBuilder
 
-            images = TaskImageBuilder()
+            images = TaskImageBuilder(TaskImageBuilder.Config(python_dir=config.python_dir))
         self.manager = SessionManager(config.sessions, self.backend, images=images)
         from_env = [t for t in os.environ.get(CLIENT_TOKENS_ENV, "").split(",") if t.strip()]
         self.app = create_app(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import hashlib
 import re
 import tempfile
 import time
@@ -18,11 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandbox.errors import BackendError, BaseImageMissing, ImageBuildError
+from sandbox.errors import BackendError, BaseImageMissing, ImageBuildError, InvalidSpec
 from sandbox.tasks import HarborTask
+from sandbox.terminal import clean_text
 
 __all__ = [
     "DEFAULT_BASE_IMAGES",
+    "PYTHON_DIR",
     "ImageChoice",
     "TaskImageBuilder",
     "from_images",
@@ -39,6 +42,9 @@ TOOLS_IMAGE = "stacx/harbor-tools:1"
 """Offline verifier tools (uv/uvx, pytest wheels, relocatable python3 and curl)."""
 TOOLS_DIR = "/opt/stacx-tools"
 """Where Harbor task sandboxes see the tools image's content (read-only)."""
+PYTHON_DIR = "/opt/stacx-python"
+"""Where Harbor task sandboxes see the operator's extra Python interpreters (read-only): uv's
+managed-Python layout, `<name>/bin/python3.X` per installation."""
 
 
 DEFAULT_BASE_IMAGES: dict[str, str] = {
@@ -110,6 +116,10 @@ class TaskImageBuilder:
         """FROM image pattern -> local image, used when the FROM image is not present locally."""
         tools_image: str = TOOLS_IMAGE
         """Offline verifier tools mounted at TOOLS_DIR in Harbor sandboxes ('' : none)."""
+        python_dir: str | None = None
+        """Host directory of relocatable Python installations mounted at PYTHON_DIR in Harbor
+        sandboxes, for a test.sh asking `uvx -p 3.12` (e.g. made on a machine with internet by
+        `uv python install --install-dir DIR 3.12 3.13`; None: the tools' Python only)."""
 
     def __init__(self, config: Config | None = None, *, client: Any = None) -> None:
         import docker
@@ -208,6 +218,29 @@ class TaskImageBuilder:
         filler.remove(force=True)
         return name
 
+    def python_volume(self) -> str | None:
+        """Name of a volume that shows `python_dir` (a bind of the host directory, made once);
+        None when no python_dir is configured."""
+        import docker.errors
+
+        if not self.config.python_dir:
+            return None
+        source = Path(self.config.python_dir).expanduser().resolve()
+        if not source.is_dir():
+            raise InvalidSpec(
+                f"python_dir {self.config.python_dir!r} is not a directory on the gateway host; give a "
+                "directory of Python installations (`uv python install --install-dir DIR 3.12`)"
+            )
+        name = f"stacx-python-{hashlib.sha256(str(source).encode()).hexdigest()[:12]}"
+        try:
+            self._client.volumes.get(name)
+        except docker.errors.NotFound:
+            options = {"type": "none", "o": "bind", "device": str(source)}
+            self._client.volumes.create(
+                name, driver="local", driver_opts=options, labels={"stacx.python": str(source)}
+            )
+        return name
+
     def _exists(self, image: str) -> bool:
         import docker.errors
 
@@ -249,7 +282,8 @@ class TaskImageBuilder:
             for entry in stream:
                 log.append(_log_text(entry))
                 if isinstance(entry, dict) and entry.get("error"):
-                    raise ImageBuildError(f"{where} failed: {entry['error'].strip()}\n{_tail(log)}")
+                    error = clean_text(entry["error"]).strip()
+                    raise ImageBuildError(f"{where} failed: {error}\n{_tail(log)}")
                 if time.monotonic() > deadline:
                     raise ImageBuildError(_timeout_message(where, task, log))
         except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, TimeoutError) as exc:
@@ -270,7 +304,7 @@ def _timeout_message(where: str, task: HarborTask, log: list[str]) -> str:
 
 
 def _tail(log: list[str]) -> str:
-    return "".join(log)[-1500:]
+    return clean_text("".join(log))[-1500:]
 
 
 def _log_text(entry: Any) -> str:

@@ -25,6 +25,16 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _check_env(env: dict[str, str]) -> dict[str, str]:
+    """Names a process environment can hold: not empty, no `=` and no NUL; values without NUL."""
+    for name, value in env.items():
+        if not name or "=" in name or "\0" in name:
+            raise ValueError(f"env name {name!r} must be non-empty without '=' or NUL characters")
+        if "\0" in value:
+            raise ValueError(f"env value of {name!r} holds a NUL character, which no environment can")
+    return env
+
+
 class SessionSpec(_Model):
     """What to start: an image or a Harbor task directory, plus limits. Unset limits take defaults."""
 
@@ -48,6 +58,11 @@ class SessionSpec(_Model):
     """Network policy; only `none` (no interface but loopback) is supported."""
     workdir: str | None = None
     """Writable working directory (default: the task image's WORKDIR, else /workspace)."""
+
+    @field_validator("env")
+    @classmethod
+    def _valid_env(cls, value: dict[str, str]) -> dict[str, str]:
+        return _check_env(value)
 
     @field_validator("workdir")
     @classmethod
@@ -94,6 +109,18 @@ class ExecRequest(_Model):
     """Directory to run in (default: the session's workdir)."""
     max_output_bytes: int | None = Field(default=None, ge=0)
     """Per-stream cap (bytes) below the gateway's own; longer output is cut and flagged."""
+
+    @field_validator("env")
+    @classmethod
+    def _valid_env(cls, value: dict[str, str]) -> dict[str, str]:
+        return _check_env(value)
+
+    @field_validator("command", "workdir")
+    @classmethod
+    def _no_nul(cls, value: str | None) -> str | None:
+        if value is not None and "\0" in value:
+            raise ValueError("holds a NUL character, which no command line or path can")
+        return value
 
 
 class ExecResult(_Model):

@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from sandbox.errors import CapacityExceeded, InvalidSpec, SessionExpired, SessionNotFound, TaskUnsupported
-from sandbox.images import TOOLS_DIR, TaskImageBuilder
+from sandbox.images import PYTHON_DIR, TOOLS_DIR, TaskImageBuilder
 from sandbox.limits import Reservation, SessionLimits
 from sandbox.models import (
     DEFAULT_WORKDIR,
@@ -304,6 +306,12 @@ class SessionManager:
         else:
             workdir = spec.workdir or (image_workdir if image_workdir != "/" else None) or DEFAULT_WORKDIR
         lifetime = min(spec.lifetime_s or self.config.max_lifetime_s, self.config.max_lifetime_s)
+        if spec.lifetime_s is not None and spec.lifetime_s > self.config.max_lifetime_s:
+            warnings = [
+                *warnings,
+                f"lifetime_s {spec.lifetime_s:g} is above this gateway's maximum "
+                f"({self.config.max_lifetime_s:g} s): the session ends after {lifetime:g} s",
+            ]
         sandbox = SandboxSpec(
             session_id=session_id,
             owner=self.config.owner,
@@ -346,7 +354,11 @@ class SessionManager:
                 f"verifier tools image {self.images.config.tools_image} is not built: a test.sh that "
                 "installs uv/pytest at verify time needs network (`stacx tasks images build`)"
             )
-        return choice.tag, warnings, {volume: TOOLS_DIR} if volume else {}
+        volumes = {volume: TOOLS_DIR} if volume else {}
+        python = await asyncio.to_thread(self.images.python_volume)
+        if python is not None:
+            volumes[python] = PYTHON_DIR
+        return choice.tag, warnings, volumes
 
     def _load_task(self, task_dir: str) -> HarborTask:
         path = Path(task_dir).resolve()
@@ -473,9 +485,7 @@ class SessionManager:
         async with self._use(session_id) as session:
             if workdir is not None:
                 workdir = resolve_path(workdir, session.info.workdir, anywhere=session.info.harbor)
-            request = ExecRequest(
-                command=command, timeout_s=timeout_s, stdin=stdin, env=env or {}, workdir=workdir
-            )
+            request = _exec_request(command, timeout_s, stdin, env or {}, workdir)
             cap = min(max_output_bytes or self.config.max_output_bytes, self.config.max_output_bytes)
             started = time.monotonic()
             result = await self.backend.exec(session.handle, request, max_output_bytes=cap)
@@ -640,3 +650,15 @@ class SessionManager:
 
 def _reservation(spec: SandboxSpec) -> Reservation:
     return Reservation(cpus=spec.cpus, memory_mb=spec.memory_mb, pids=spec.pids)
+
+
+def _exec_request(
+    command: str, timeout_s: float, stdin: str | None, env: dict[str, str], workdir: str | None
+) -> ExecRequest:
+    """The backend's request; a bad field is `InvalidSpec` naming it (the gateway's route checks
+    the same model first and answers 422)."""
+    try:
+        return ExecRequest(command=command, timeout_s=timeout_s, stdin=stdin, env=env, workdir=workdir)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise InvalidSpec(f"exec request: {problems}") from exc

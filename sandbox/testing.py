@@ -155,9 +155,10 @@ def _healthy(httpx: Any, url: str) -> bool:
 class FakeTaskImages:
     """Stands in for `TaskImageBuilder`: every task resolves to its own tag, nothing is built."""
 
-    def __init__(self, tools_volume: str | None = "tools-vol") -> None:
+    def __init__(self, tools_volume: str | None = "tools-vol", python_volume: str | None = None) -> None:
         self.built: list[str] = []
         self.volume = tools_volume
+        self.python = python_volume
         self.config = TaskImageBuilder.Config()
 
     async def resolve(self, task: HarborTask) -> ImageChoice:
@@ -166,3 +167,6 @@ class FakeTaskImages:
 
     def tools_volume(self) -> str | None:
         return self.volume
+
+    def python_volume(self) -> str | None:
+        return self.python

@@ -19,14 +19,17 @@ from sandbox.errors import (
     RewardFileMissing,
     SandboxFileNotFound,
 )
-from sandbox.images import TOOLS_DIR
+from sandbox.images import PYTHON_DIR, TOOLS_DIR
 from sandbox.models import ExecResult, VerifyResult
 from sandbox.paths import tar_directory
 from sandbox.protocols import SandboxOps
 from sandbox.task_config import resolve_env
 from sandbox.tasks import HarborTask, TaskStep
+from sandbox.terminal import clean_text
 
 __all__ = [
+    "ORACLE_COMMAND",
+    "ORACLE_ENV",
     "REWARD_JSON",
     "REWARD_TXT",
     "parse_reward_json",
@@ -34,6 +37,7 @@ __all__ = [
     "SOLUTION_DIR",
     "run_oracle",
     "scalar_reward",
+    "timeout_source",
     "verify",
 ]
 
@@ -41,6 +45,10 @@ REWARD_JSON = "/logs/verifier/reward.json"
 REWARD_TXT = "/logs/verifier/reward.txt"
 SOLUTION_DIR = "/solution"
 TESTS_DIR = "/tests"
+ORACLE_COMMAND = f"chmod +x {SOLUTION_DIR}/solve.sh && {SOLUTION_DIR}/solve.sh"
+"""Harbor's OracleAgent runs solve.sh itself (its shebang picks the interpreter), not `bash solve.sh`."""
+ORACLE_ENV = {"DEBIAN_FRONTEND": "noninteractive"}
+"""What Harbor's OracleAgent sets for solve.sh; `[solution.env]` comes on top."""
 _RESET = (
     "rm -rf /tests/* /logs/verifier && mkdir -p /tests /logs/verifier /logs/agent /logs/artifacts"
     " && chmod 777 /logs/verifier"
@@ -54,6 +62,10 @@ fi"""
 _RUN_TESTS = f"""if [ -d {TOOLS_DIR}/bin ]; then
   export PATH="$PATH:{TOOLS_DIR}/bin:{TOOLS_DIR}/python/bin" UV_OFFLINE=1 UV_FIND_LINKS={TOOLS_DIR}/wheels \
     UV_PYTHON_DOWNLOADS=never UV_CACHE_DIR=/tmp/stacx-uv-cache UV_NO_PROGRESS=1
+fi
+if [ -d {PYTHON_DIR} ]; then
+  export UV_PYTHON_INSTALL_DIR={PYTHON_DIR}
+  for _bin in {PYTHON_DIR}/*/bin; do [ -d "$_bin" ] && PATH="$PATH:$_bin"; done
 fi
 exec bash {TESTS_DIR}/test.sh"""
 
@@ -103,7 +115,7 @@ def scalar_reward(rewards: dict[str, float]) -> float:
     return sum(rewards.values()) / len(rewards)
 
 
-async def _read_rewards(ops: SandboxOps, session_id: str, run: ExecResult) -> dict[str, float]:
+async def _read_rewards(ops: SandboxOps, session_id: str, run: ExecResult, limit: str) -> dict[str, float]:
     try:
         return parse_reward_json(await ops.download(session_id, REWARD_JSON))
     except SandboxFileNotFound:
@@ -111,11 +123,20 @@ async def _read_rewards(ops: SandboxOps, session_id: str, run: ExecResult) -> di
     try:
         return {"reward": parse_reward_text(await ops.download(session_id, REWARD_TXT))}
     except SandboxFileNotFound:
-        tail = (run.stdout + run.stderr).strip()[-600:]
-        state = "timed out" if run.timed_out else f"exited {run.exit_code}"
+        tail = clean_text(run.stdout + run.stderr).strip()[-600:]
+        state = f"timed out ({limit})" if run.timed_out else f"exited {run.exit_code}"
         raise RewardFileMissing(
             f"test.sh {state} and wrote neither {REWARD_JSON} nor {REWARD_TXT}; output: {tail!r}"
         ) from None
+
+
+def timeout_source(section: str, task: HarborTask, step: TaskStep) -> str:
+    """The `agent` or `verifier` time limit of `step` and where it is set, e.g.
+    `[verifier] timeout_sec = 30 s of tasks/x/task.toml`."""
+    own = step.config.agent_timeout_s if section == "agent" else step.config.verifier_timeout_s
+    timeout = own or (task.agent_timeout_s if section == "agent" else task.verifier_timeout_s)
+    where = f"step {step.name}" if own else str(task.path / "task.toml")
+    return f"[{section}] timeout_sec = {timeout:g} s of {where}"
 
 
 def _step(task: HarborTask, step: TaskStep | None, *, last: bool) -> TaskStep:
@@ -138,7 +159,7 @@ async def verify(
     env = resolve_env({**task.verifier_env, **step.config.verifier_env}, where)
     timeout = step.config.verifier_timeout_s or task.verifier_timeout_s
     run = await ops.exec(session_id, _RUN_TESTS, timeout_s=timeout, env=env)
-    rewards = await _read_rewards(ops, session_id, run)
+    rewards = await _read_rewards(ops, session_id, run, timeout_source("verifier", task, step))
     return VerifyResult(
         reward=scalar_reward(rewards),
         rewards=rewards,
@@ -154,12 +175,14 @@ async def verify(
 async def run_oracle(
     ops: SandboxOps, session_id: str, task: HarborTask, step: TaskStep | None = None
 ) -> ExecResult:
-    """Apply the reference solution of `step` (default: the first) at /solution, as an agent would."""
+    """Apply the reference solution of `step` (default: the first) at /solution, as an agent would
+    (and as Harbor's OracleAgent does: solve.sh run directly, DEBIAN_FRONTEND=noninteractive). Its
+    exit status is the caller's to record: a non-zero one does not void the trial."""
     step = _step(task, step, last=False)
     if not step.has_solution:
         raise FileNotFoundError(f"{step.solution_dir / 'solve.sh'} does not exist")
     await ops.exec(session_id, f"rm -rf {SOLUTION_DIR}/* && mkdir -p {SOLUTION_DIR}", timeout_s=60)
     await ops.upload_archive(session_id, SOLUTION_DIR, tar_directory(step.solution_dir))
-    env = resolve_env(task.solution_env, f"{task.path}/task.toml [solution.env]")
+    env = {**ORACLE_ENV, **resolve_env(task.solution_env, f"{task.path}/task.toml [solution.env]")}
     timeout = step.config.agent_timeout_s or task.agent_timeout_s
-    return await ops.exec(session_id, f"bash {SOLUTION_DIR}/solve.sh", timeout_s=timeout, env=env)
+    return await ops.exec(session_id, ORACLE_COMMAND, timeout_s=timeout, env=env)

@@ -29,6 +29,11 @@ def register(subparsers: Any) -> None:
     gateway.add_argument("--max-lifetime", type=float, default=12 * 3600.0, help="seconds")
     gateway.add_argument("--warm-pool", type=int, default=0, help="pre-started sandboxes")
     gateway.add_argument(
+        "--python-dir",
+        metavar="DIR",
+        help="directory of Python installations for Harbor verifiers (read-only)",
+    )
+    gateway.add_argument(
         "--reuse-pool",
         type=int,
         default=0,
@@ -61,6 +66,11 @@ def register(subparsers: Any) -> None:
         default=[],
         metavar="FROM=LOCAL",
         help="map a FROM image to a local one (repeatable; adds to the default map)",
+    )
+    check.add_argument(
+        "--python-dir",
+        metavar="DIR",
+        help="Python installations for test.sh's `uvx -p 3.12` (`uv python install --install-dir DIR`)",
     )
     check.set_defaults(func=_tasks_check)
     imp = sub.add_parser("import", help="normalise task directories into TaskSample rows")
@@ -119,6 +129,7 @@ def _serve_gateway(args: argparse.Namespace, limits: Any) -> int:
         client_tokens=tuple(args.client_token),
         auth=not args.no_auth,
         backend=args.backend,
+        python_dir=args.python_dir,
         sessions=sessions,
     )
     gateway = Gateway(config)
@@ -136,17 +147,25 @@ def _env_token() -> str | None:
 
 
 def _base_images(pairs: list[str]) -> dict[str, str]:
+    """The base-image map: the `--base-image FROM=LOCAL` pairs in the order given (FROM may be an
+    fnmatch pattern such as `python:*`; the first match wins), then the defaults they do not
+    replace."""
     from sandbox.images import DEFAULT_BASE_IMAGES
 
-    mapping = dict(DEFAULT_BASE_IMAGES)
+    given: dict[str, str] = {}
     for pair in pairs:
         source, sep, local = pair.partition("=")
         if not sep or not source or not local:
             raise ValueError(
-                f"--base-image takes FROM=LOCAL (e.g. ubuntu:24.04=my/ubuntu:24.04), got {pair!r}"
+                f"--base-image takes FROM=LOCAL (e.g. ubuntu:24.04=my/ubuntu:24.04 or python:*=my/python), "
+                f"got {pair!r}"
             )
-        mapping = {source: local, **mapping}
-    return mapping
+        if any(c in local for c in "*?["):
+            raise ValueError(
+                f"--base-image {pair!r}: LOCAL must be one image, not a pattern; only FROM may hold * ? [...]"
+            )
+        given.setdefault(source, local)
+    return given | {k: v for k, v in DEFAULT_BASE_IMAGES.items() if k not in given}
 
 
 def _tasks_check(args: argparse.Namespace) -> int:
@@ -158,7 +177,9 @@ def _tasks_check(args: argparse.Namespace) -> int:
         directories = find_task_dirs(args.dir)
         if args.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
-        checks = asyncio.run(_run_checks(directories, base_images, args.jobs, as_json=args.json))
+        checks = asyncio.run(
+            _run_checks(directories, base_images, args.jobs, as_json=args.json, python_dir=args.python_dir)
+        )
     except (SandboxError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -169,7 +190,7 @@ def _tasks_check(args: argparse.Namespace) -> int:
 
 
 async def _run_checks(
-    directories: list[Path], base_images: dict[str, str], jobs: int, *, as_json: bool
+    directories: list[Path], base_images: dict[str, str], jobs: int, *, as_json: bool, python_dir: str | None
 ) -> list[Any]:
     from sandbox.backends import DockerBackend
     from sandbox.checks import check_path
@@ -181,7 +202,7 @@ async def _run_checks(
         # lets any gateway's reaper remove what a killed check left behind.
         SessionManager.Config(owner=f"stacx-tasks-check-{os.getpid()}", max_lifetime_s=3600.0),
         DockerBackend(),
-        images=TaskImageBuilder(TaskImageBuilder.Config(base_images=base_images)),
+        images=TaskImageBuilder(TaskImageBuilder.Config(base_images=base_images, python_dir=python_dir)),
     )
     limit = asyncio.Semaphore(jobs)
 
@@ -216,6 +237,8 @@ def _describe(check: Any) -> str:
     lines += [f"    warning: {w}" for w in check.warnings]
     if check.error:
         lines.append(f"    error: {check.error}")
+    if check.needs_python:
+        lines.append(f"    {check.needs_python}")
     if check.needs_network:
         lines.append(f"    {check.needs_network}")
     if check.output_tail and not check.passed:

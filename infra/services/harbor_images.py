@@ -7,14 +7,25 @@ this machine's apt uses), with that mirror in its apt sources so task Dockerfile
 the standard Harbor `tests/test.sh` downloads at verify time (uv/uvx, pytest wheels, a relocatable
 python3 and curl) so that verifiers run without internet; sessions mount it at
 `sandbox.images.TOOLS_DIR`.
+
+The stand-ins trust what this machine trusts: the certificates of the host's CA bundle that Debian's
+lacks (a TLS-intercepting proxy's) join the image's bundle, and the host's pip configuration
+(index, trusted hosts) becomes the image's /etc/pip.conf, so `pip install` in a task Dockerfile
+works where it works on the host. An image built for another host trust is rebuilt.
 """
 
 from __future__ import annotations
 
+import configparser
+import hashlib
+import io
+import os
+import re
 import subprocess
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from infra import paths
@@ -23,7 +34,16 @@ from infra.services.errors import InfraError
 from infra.services.sandbox_image import debian_mirror, image_exists
 from sandbox.images import STAND_IN_DEBIAN, STAND_IN_PYTHON, TOOLS_DIR, TOOLS_IMAGE
 
-__all__ = ["STAND_INS", "TOOLS_REQUIREMENTS", "build", "build_stand_in", "build_tools"]
+__all__ = [
+    "STAND_INS",
+    "TOOLS_REQUIREMENTS",
+    "HostTrust",
+    "build",
+    "build_stand_in",
+    "build_tools",
+    "host_trust",
+    "install_host_trust",
+]
 
 SUITE = "bookworm"
 TOOLS_REQUIREMENTS = ("pytest==8.4.1", "pytest-json-ctrf==0.3.5", "pytest", "exceptiongroup", "tomli")
@@ -79,14 +99,113 @@ STAND_INS: dict[str, str] = {
 }
 
 
+CA_BUNDLE = "etc/ssl/certs/ca-certificates.crt"
+"""Debian's CA bundle (relative to the root file system)."""
+HOST_CA_BUNDLES = (
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/cert.pem",
+)
+"""Where hosts keep their CA bundle, in the order looked at (after $SSL_CERT_FILE)."""
+PIP_CONFIGS = ("/etc/pip.conf", "/etc/xdg/pip/pip.conf", "~/.config/pip/pip.conf", "~/.pip/pip.conf")
+"""pip's configuration files, lowest precedence first (pip's own order; $PIP_CONFIG_FILE last)."""
+TRUST_LABEL = "org.stacx.host-trust"
+_PIP_ENV = {
+    "PIP_INDEX_URL": "index-url",
+    "PIP_EXTRA_INDEX_URL": "extra-index-url",
+    "PIP_TRUSTED_HOST": "trusted-host",
+}
+_PEM = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class HostTrust:
+    """What this machine trusts that a fresh Debian image does not know."""
+
+    certificates: tuple[bytes, ...] = ()
+    """PEM certificates of the host's CA bundle."""
+    pip_conf: str = ""
+    """The host's effective pip configuration (files and PIP_* variables merged), `cert` left out:
+    the image's own bundle holds the host's certificates."""
+
+    @property
+    def digest(self) -> str:
+        """Identifies this trust (the label a stand-in built for it carries)."""
+        text = b"".join(self.certificates) + self.pip_conf.encode()
+        return hashlib.sha256(text).hexdigest()[:16]
+
+
+def host_trust(env: Mapping[str, str] = os.environ) -> HostTrust:
+    """The certificates this machine trusts (its CA bundle, the first of `HOST_CA_BUNDLES`, and
+    any bundle named by $SSL_CERT_FILE, $REQUESTS_CA_BUNDLE, $PIP_CERT or pip's `cert`) and its
+    pip configuration."""
+    config = configparser.ConfigParser(interpolation=None)
+    files = [Path(f).expanduser() for f in (*PIP_CONFIGS, env.get("PIP_CONFIG_FILE", "")) if f]
+    config.read([f for f in files if f.is_file()])
+    for variable, option in _PIP_ENV.items():
+        if env.get(variable):
+            config.setdefault("global", {})
+            config["global"][option] = env[variable]
+    named = [env.get(v, "") for v in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT")]
+    named += [config.get(section, "cert", fallback="") for section in config.sections()]
+    system = next((b for b in HOST_CA_BUNDLES if Path(b).is_file()), "")
+    certificates: list[bytes] = []
+    for bundle in dict.fromkeys(b for b in (system, *named) if b and Path(b).is_file()):
+        certificates += _PEM.findall(Path(bundle).read_bytes())
+    for section in config.sections():
+        config.remove_option(section, "cert")
+        if not config.options(section):
+            config.remove_section(section)
+    text = io.StringIO()
+    config.write(text)
+    return HostTrust(certificates=tuple(dict.fromkeys(certificates)), pip_conf=text.getvalue().strip())
+
+
+def install_host_trust(rootfs: Path, trust: HostTrust) -> None:
+    """Add to the root file system `rootfs` the host certificates its bundle lacks (also under
+    /usr/local/share/ca-certificates, so a later `update-ca-certificates` keeps them) and the
+    host's pip configuration as /etc/pip.conf."""
+    bundle = rootfs / CA_BUNDLE
+    known = set(_PEM.findall(bundle.read_bytes())) if bundle.is_file() else set()
+    extra = [c for c in dict.fromkeys(trust.certificates) if c not in known]
+    if extra:
+        local = rootfs / "usr/local/share/ca-certificates"
+        local.mkdir(parents=True, exist_ok=True)
+        for number, certificate in enumerate(extra):
+            (local / f"stacx-host-{number}.crt").write_bytes(certificate + b"\n")
+        bundle.parent.mkdir(parents=True, exist_ok=True)
+        with bundle.open("ab") as out:
+            out.write(b"".join(c + b"\n" for c in extra))
+    if trust.pip_conf:
+        (rootfs / "etc/pip.conf").write_text(trust.pip_conf + "\n")
+
+
+def _trust_of(image: str) -> str:
+    proc = subprocess.run(
+        ["docker", "image", "inspect", "--format", f'{{{{index .Config.Labels "{TRUST_LABEL}"}}}}', image],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return proc.stdout.strip()
+
+
 def build(names: list[str] | None = None, *, say: Callable[[str], None] = print, force: bool = False) -> None:
-    """Build the named local images (default: all of `STAND_INS`), skipping present ones."""
+    """Build the named local images (default: all of `STAND_INS`), skipping present ones (the
+    Debian stand-in and its python child are rebuilt when this machine's trust changed)."""
+    trust = host_trust().digest
+    follow = False  # the python stand-in is rebuilt after the Debian one it starts FROM
     for name in names or list(STAND_INS):
         if name not in STAND_INS:
             raise InfraError(f"{name!r} is not an image stacx builds; choose from {', '.join(STAND_INS)}")
-        if image_exists(name) and not force:
+        present = image_exists(name)
+        stale = present and name in (STAND_IN_DEBIAN, STAND_IN_PYTHON) and _trust_of(name) != trust
+        if present and not (force or stale or (follow and name == STAND_IN_PYTHON)):
             say(f"{name}: present")
             continue
+        if stale:
+            say(f"{name}: built for another CA bundle or pip configuration than this machine's: rebuilding")
+        follow = follow or name == STAND_IN_DEBIAN
         say(f"{name}: building ({STAND_INS[name]}; log {_log()})")
         if name == STAND_IN_DEBIAN:
             build_stand_in()
@@ -116,6 +235,8 @@ def build_stand_in() -> None:
         cmd = ["debootstrap", "--variant=minbase", "--include=ca-certificates", SUITE, str(rootfs), mirror]
         _run(cmd, "debootstrap")
         (rootfs / "etc/apt/sources.list").write_text(f"deb {mirror} {SUITE} main\n")
+        trust = host_trust()
+        install_host_trust(rootfs, trust)
         _run(
             ["rm", "-rf", str(rootfs / "var/cache/apt/archives"), str(rootfs / "var/lib/apt/lists")], "clean"
         )
@@ -123,7 +244,14 @@ def build_stand_in() -> None:
         tar = subprocess.Popen(
             ["tar", "-C", str(rootfs), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE
         )
-        changes = ['CMD ["/bin/bash"]', "ENV LANG=C.UTF-8", "LABEL org.stacx.image=stand-in"]
+        changes = [
+            'CMD ["/bin/bash"]',
+            "ENV LANG=C.UTF-8",
+            # uv (rustls) and requests (certifi) read these instead of the system bundle
+            f"ENV SSL_CERT_FILE=/{CA_BUNDLE} REQUESTS_CA_BUNDLE=/{CA_BUNDLE}",
+            "LABEL org.stacx.image=stand-in",
+            f"LABEL {TRUST_LABEL}={trust.digest}",
+        ]
         cmd = ["docker", "import", *(x for c in changes for x in ("--change", c)), "-", STAND_IN_DEBIAN]
         proc = subprocess.run(cmd, stdin=tar.stdout, capture_output=True, text=True)
         tar.wait()

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import math
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox.errors import BackendError, SandboxFileNotFound
+from sandbox.errors import BackendError, FileOperationFailed, SandboxFileNotFound
 from sandbox.models import ExecResult
 from sandbox.protocols import HostCapacity
 
 NOT_FOUND_EXIT = 44
 """Exit status of READ_FILE_SCRIPT when the file is missing."""
+
+TOOL_FAILURE_EXITS = (1, 2)
+"""Exit statuses of `mkdir`, `tar` and `cat` failing on their own (their stderr says why)."""
 
 READ_FILE_SCRIPT = f'[ -f "$1" ] || exit {NOT_FOUND_EXIT}; exec cat -- "$1"'
 READ_DIR_SCRIPT = f'[ -d "$1" ] || exit {NOT_FOUND_EXIT}; exec tar -c -C "$1" .'
@@ -61,38 +65,82 @@ TIMEOUT_GRACE_S = 5.0
 """Extra time the host waits for an exec past its in-sandbox `timeout` before giving up on it."""
 
 
-EXEC_SCRIPT = """bash -c "$1"
+EXEC_MARK_ENV = "STACX_EXEC_ID"
+"""Environment variable that marks every process of one exec (its value is unique per exec): a
+process that left the exec's process group (`setsid -f`, a daemon's double fork) still carries it."""
+
+_MARKED = r"""_marked() {  # whether process $1 carries this exec's mark in its environment
+  local _v _env
+  mapfile -d '' -t _env 2>/dev/null < "/proc/$1/environ" || return 1
+  for _v in "${_env[@]}"; do [ "$_v" = "$_mark" ] && return 0; done
+  return 1
+}
+_nap() {  # sleep 50 ms without a process: `read -t` on a pipe opened read-write
+  [ -n "$_napfd" ] || exec {_napfd}<> <(:)
+  read -t 0.05 -u "$_napfd"
+}"""
+
+EXEC_SCRIPT = (
+    """bash -c "$1"
 _rc=$?
+_mark="STACX_EXEC_ID=$2"
+"""
+    + _MARKED
+    + """
 _left() {
-  local f s
+  local f s p
   for f in /proc/[0-9]*/stat; do
     read -r s 2>/dev/null < "$f" || continue
     s=${s##*) }
     set -- $s
-    [ "$3" = "$_group" ] && [ "$1" != Z ] || continue
-    f=${f#/proc/}; f=${f%/stat}
-    [ "$f" != "$$" ] && [ "$f" != "$PPID" ] && return 0
+    [ "$1" != Z ] || continue
+    p=${f#/proc/}; p=${p%/stat}
+    [ "$p" != "$$" ] && [ "$p" != "$PPID" ] || continue
+    { [ "$3" = "$_group" ] || _marked "$p"; } && return 0
   done
   return 1
 }
 read -r _s < /proc/$$/stat; _s=${_s##*) }; set -- $_s; _group=$3
-if _left; then
-  exec {_nap}<> <(:)
-  while _left; do read -t 0.05 -u "$_nap"; done
-fi
+while _left; do _nap; done
 exit $_rc"""
-"""Runs the command (`$1`), then waits until no other process of its process group is left: an
-exec lasts as long as anything it started (`cmd &`, a fork bomb) and ends with the command's exit
-status. Only bash builtins run after the command starts, so a sandbox at its pids limit cannot
-stall it. (`read -t` on a pipe opened read-write is a sleep that needs no process.)"""
+)
+"""Runs the command (`$1`), then waits until no other process of its process group, and none that
+carries the exec's mark (`$2`), is left: an exec lasts as long as anything it started (`cmd &`,
+`setsid -f cmd`, a fork bomb) and ends with the command's exit status. Only bash builtins run
+after the command starts, so a sandbox at its pids limit cannot stall it."""
+
+EXEC_OUTER_SCRIPT = (
+    """STACX_EXEC_ID="$3" timeout -s KILL "$2" bash -c "$4" stacx "$1" "$3" <&0 &
+wait $! 2>/dev/null  # no "Killed" notice of bash's on the exec's stderr
+_rc=$?
+_mark="STACX_EXEC_ID=$3"
+"""
+    + _MARKED
+    + """
+for _round in {1..200}; do
+  _n=0
+  for _d in /proc/[0-9]*; do
+    _p=${_d#/proc/}
+    [ "$_p" != "$$" ] && _marked "$_p" && kill -9 "$_p" 2>/dev/null && _n=$((_n+1))
+  done
+  [ "$_n" = 0 ] && break
+  _nap
+done
+exit $_rc"""
+)
+"""Leads one exec: `timeout` runs `EXEC_SCRIPT` with the mark in its environment; after it ends
+(at the deadline: killed with its process group), every process that still carries the mark
+(escaped the group with `setsid`) is killed too, so nothing an exec started outlives it."""
 
 
 def exec_argv(command: str, timeout_s: float) -> list[str]:
     """argv of one exec: `timeout -s KILL` leads a new process group that holds the command and
-    everything it starts; `EXEC_SCRIPT` keeps the exec open while any of them runs, and at the
-    deadline the whole group is killed at once (background children included: exit 137)."""
+    everything it starts; `EXEC_SCRIPT` keeps the exec open while any of them runs (in the group
+    or marked by `EXEC_MARK_ENV`); at the deadline the whole group is killed at once, and then
+    every marked process that left it (exit 137)."""
     seconds = f"{max(timeout_s, 0.01):.3f}"
-    return ["timeout", "-s", "KILL", seconds, "bash", "-c", EXEC_SCRIPT, "stacx", command]
+    mark = uuid.uuid4().hex
+    return ["bash", "-c", EXEC_OUTER_SCRIPT, "stacx", command, seconds, mark, EXEC_SCRIPT]
 
 
 def helper_argv(script: str, *args: str) -> list[str]:
@@ -156,9 +204,17 @@ def to_result(run: RawRun, timeout_s: float, *, oom_killed: bool = False) -> Exe
 
 
 def check_helper(run: RawRun, what: str, path: str) -> None:
-    """Raise the right error when a helper script (read/write files) failed."""
+    """Raise the right error when a helper script (read/write files) failed: a missing path is
+    `SandboxFileNotFound`; the tool's own failure (`mkdir`, `tar`, `cat` exit 1 or 2: a file in
+    the way, no permission, a full tmpfs) is the client's `FileOperationFailed`; anything else
+    (the helper could not run) is the backend's."""
     if run.exit_code == NOT_FOUND_EXIT:
         raise SandboxFileNotFound(f"{path} does not exist in the sandbox (or is not a {what})")
+    if run.exit_code in TOOL_FAILURE_EXITS:
+        detail = run.stderr.text().strip()[-500:]
+        raise FileOperationFailed(
+            f"{what} {path!r} could not be used in the sandbox: {detail or f'exit {run.exit_code}'}"
+        )
     if run.exit_code != 0:
         detail = run.stderr.text().strip()[-500:]
         raise BackendError(f"{what} {path!r} failed with exit {run.exit_code}: {detail}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import socket
 import struct
 import time
@@ -43,7 +44,7 @@ from sandbox.backends._common import (
     to_result,
 )
 from sandbox.backends.lifecycle import LifecycleGuard
-from sandbox.errors import BackendError, BaseImageMissing, SandboxStopped
+from sandbox.errors import BackendError, BaseImageMissing, PathRejected, SandboxStopped
 from sandbox.models import ExecRequest, ExecResult
 from sandbox.protocols import HostCapacity, SandboxHandle, SandboxSpec
 
@@ -344,6 +345,8 @@ class DockerBackend:
         )
         if run.exit_code >= 126:  # 126/137 also when the container itself died during the exec
             await self._run(self._check_running, handle.ref)
+        if run.exit_code == 126:
+            _check_started(run, request.workdir or handle.workdir)
         oom = run.exit_code == 137 and await self._new_oom_kill(handle)
         return to_result(run, request.timeout_s, oom_killed=oom)
 
@@ -474,6 +477,21 @@ class DockerBackend:
                 return int(info["ExitCode"])
             time.sleep(0.02)
         raise BackendError(f"exec {exec_id[:12]} ended its output but never reported an exit code")
+
+
+_CHDIR_FAILED = re.compile(r"OCI runtime exec failed: .*chdir to cwd .*? failed: ([^:]+)")
+"""The runtime's words when an exec's working directory is missing or not a directory."""
+
+
+def _check_started(run: RawRun, workdir: str) -> None:
+    """Raise `PathRejected` when the exec never started because its workdir is unusable (the
+    engine answers that as exit 126 with the runtime's message on stdout)."""
+    found = _CHDIR_FAILED.search(run.stdout.text())
+    if found:
+        raise PathRejected(
+            f"workdir {workdir!r} cannot be entered in the sandbox ({found.group(1).strip()}); "
+            "create it first or give an existing directory"
+        )
 
 
 def _harbor_kwargs(kwargs: dict[str, Any], spec: SandboxSpec) -> dict[str, Any]:

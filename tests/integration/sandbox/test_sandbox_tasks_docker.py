@@ -44,6 +44,29 @@ async def test_builtin_task_oracle_scores_1_noop_scores_0(manager: SessionManage
     assert (check.oracle_reward, check.noop_reward) == (1.0, 0.0)
 
 
+async def test_the_oracle_runs_solve_sh_by_its_shebang_and_a_failing_exit_is_verified_anyway(
+    manager: SessionManager, tmp_path: Path
+) -> None:
+    """Like Harbor's OracleAgent: solve.sh is run directly (here a Python script, which
+    `bash solve.sh` cannot run), non-interactively, and its exit status is recorded, not fatal."""
+    root = tmp_path / "python-oracle"
+    shutil.copytree(EXAMPLES / "write-file", root)
+    (root / "solution" / "solve.sh").write_text(
+        "#!/usr/bin/env python3\nimport os, sys\n"
+        "open('/app/greeting.txt', 'w').write('Hello, STACX!\\n')\n"
+        "sys.exit(0 if os.environ.get('DEBIAN_FRONTEND') == 'noninteractive' else 5)\n"
+    )
+    check = await check_task(manager, load_task(root))
+    assert check.error is None, check.error
+    assert (check.oracle_reward, check.noop_reward, check.oracle_exit_codes) == (1.0, 0.0, {})
+    (root / "solution" / "solve.sh").write_text(  # the same work, then exit 3
+        (root / "solution" / "solve.sh").read_text().replace("sys.exit(0 if", "sys.exit(3 if")
+    )
+    failing = await check_task(manager, load_task(root))
+    assert (failing.oracle_reward, failing.passed) == (1.0, True), failing
+    assert failing.oracle_exit_codes == {"stacx-write-file": 3}
+
+
 async def test_task_session_through_the_gateway(sandbox_image: str) -> None:
     config = SessionManager.Config(owner=f"test-tasks-{uuid.uuid4().hex[:8]}", default_image=sandbox_image)
     task_dir = str(EXAMPLES / "json-to-csv")

@@ -95,5 +95,5 @@ async def test_oracle_uploads_and_runs_solve_sh() -> None:
         result = await run_oracle(manager, session.id, load_task(TASK))
         sandbox = backend.sandboxes[f"fake-{session.id}"]
         assert result.ok
-        assert sandbox.commands[-1] == "bash /solution/solve.sh"  # Harbor mounts it at /solution
+        assert sandbox.commands[-1] == "chmod +x /solution/solve.sh && /solution/solve.sh"  # at /solution
         assert b"Hello, STACX!" in sandbox.files["/solution/solve.sh"]
