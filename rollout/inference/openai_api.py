@@ -2,9 +2,9 @@
 
 Fields follow the OpenAI API; the sampling extensions vLLM and SGLang accept (`top_k`, `min_p`,
 `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `skip_special_tokens`,
-`no_stop_trim`, `return_token_ids`) are accepted too. Unknown fields are ignored with a logged
-warning (clients send newer options); options that would change the answer and cannot be honoured
-(`suffix`, `best_of` != `n`) are refused by name. Chat's `response_format` (`json_object`,
+`no_stop_trim`, `return_token_ids`, SGLang's `regex`) are accepted too. Unknown fields are ignored
+with a logged warning (clients send newer options); options that would change the answer and cannot
+be honoured (`suffix`, `best_of` != `n`) are refused by name. Chat's `response_format` (`json_object`,
 `json_schema`) constrains decoding (rollout/inference/grammar.py).
 """
 
@@ -60,6 +60,8 @@ class _Sampling(_Body):
     no_stop_trim: bool = False
     return_token_ids: bool = False
     """Also return prompt and completion token ids (vLLM's extension)."""
+    regex: str | None = None
+    """Constrain the output to this regular expression (SGLang's extension)."""
 
     def grammar_schema(self) -> str | None:
         """A JSON schema the output must follow (chat's `response_format`)."""
@@ -87,6 +89,7 @@ class _Sampling(_Body):
             skip_special_tokens=self.skip_special_tokens,
             no_stop_trim=self.no_stop_trim,
             sampling_seed=self.seed,
+            regex=self.regex,
             json_schema=self.grammar_schema(),
         )
 
@@ -178,6 +181,8 @@ class ChatCompletionRequest(_Sampling):
             )
         if kind == "json_schema" and not isinstance(self._schema(), dict):
             raise ValueError("response_format json_schema needs json_schema.schema (an object)")
+        if kind != "text" and self.regex is not None:
+            raise ValueError("send either regex or a JSON response_format, not both")
         if self.tool_choice not in (None, "none", "auto") and not self.tools:
             raise ValueError("tool_choice other than 'none'/'auto' needs tools")
         return self

@@ -49,7 +49,7 @@ from rollout.proxy.render import (
     RenderedPrompt,
     chat_message,
     request_messages_json,
-    visible_text,
+    streamed_content,
 )
 from rollout.proxy.routing import SessionRouter
 from rollout.proxy.upstream import Generation, UpstreamClient
@@ -301,7 +301,7 @@ class AgentProxy:
             "usage": _usage(len(prompt.ids), usage_out, gens[0].cached_tokens),
             "metadata": {"weight_version": gens[0].weight_version, "session_id": call.session_id},
         }
-        self._remember_chat(call, body, prompt, gens, choices)
+        self._remember_chat(call, body, prompt, gens[0], choices[0]["message"]["content"] or "")
         self._done(call)
         return JSONResponse(answer, headers=self._response_headers(call))
 
@@ -318,14 +318,14 @@ class AgentProxy:
         call: _Call,
         body: ChatCompletionRequest,
         prompt: RenderedPrompt,
-        gens: list[Generation],
-        choices: list[dict[str, Any]],
+        gen: Generation,
+        content: str,
     ) -> None:
+        """Remember a single answer's sampled ids, so the session's next call can continue them."""
         if self.continuations is None or body.uses_tools or body.n != 1:
             return
         messages = [m.for_template(i) for i, m in enumerate(body.messages)]
-        content = choices[0]["message"]["content"] or ""
-        self.continuations.remember(call.session_id, messages, prompt.ids, gens[0].output_ids, content)
+        self.continuations.remember(call.session_id, messages, prompt.ids, gen.output_ids, content)
 
     async def _completions(self, call: _Call, body: CompletionRequest) -> Response:
         body.warn_unknown("/v1/completions")
@@ -417,7 +417,7 @@ class AgentProxy:
         if body.n != 1:
             raise UnsupportedRequestError("n", "must be 1 when streaming through the proxy")
         body.warn_unknown("/v1/chat/completions")
-        prompt = self.renderer.chat(body)
+        prompt = self._render_chat(call, body)
         payload = {**self._chat_payload(body, prompt), "input_ids": prompt.ids}
         events = await self._open_stream(call, payload)
         return StreamingResponse(
@@ -458,12 +458,10 @@ class AgentProxy:
                 lp = self._chat_logprobs(gen, sent_ids) if body.logprobs else None
                 sent_ids = len(gen.output_ids)
                 if gen.finish_reason is None:
-                    visible = visible_text(body, gen.text, prompt.primer)
-                    if visible > sent_text or lp:
-                        yield chunk(
-                            {"content": gen.text[sent_text:visible]} if visible > sent_text else {}, None, lp
-                        )
-                        sent_text = max(sent_text, visible)
+                    new_text = streamed_content(body, gen.text, prompt.primer)[sent_text:]
+                    if new_text or lp:
+                        yield chunk({"content": new_text} if new_text else {}, None, lp)
+                        sent_text += len(new_text)
                     continue
                 _check_finished(gen)
                 message, calls = chat_message(body, gen.text, prompt.primer)
@@ -474,6 +472,7 @@ class AgentProxy:
                 if calls:
                     delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
                 yield chunk(delta, _finish(gen, bool(calls)), lp)
+                self._remember_chat(call, body, prompt, gen, content)
                 self._record(
                     call,
                     body_messages=request_messages_json(body),

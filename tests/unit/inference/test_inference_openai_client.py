@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -200,3 +201,79 @@ def test_bad_values_are_400_with_the_field(server: InferenceServer, client: open
         timeout=30,
     )
     assert raw.status_code == 400 and "temperature" in raw.json()["error"]["message"]
+
+
+def _literal(text: str) -> str:
+    """A regex (SGLang's `regex` extension) matching exactly `text`."""
+    return re.escape(text)
+
+
+CALC_CALL = '<tool_call>\n{"name": "calc", "arguments": {"expr":"1+1"}}\n</tool_call>'
+"""What a model emits when it writes JSON its own way (no space after the colon)."""
+
+
+def _tool_markers(server: InferenceServer) -> dict[str, int]:
+    """Favour the one-token tool tags, so the grammar picks them over their bytes."""
+    tok = server.state.tokenizer
+    return {str(tok.convert_tokens_to_ids(t)): 100 for t in ("<tool_call>", "</tool_call>")}
+
+
+def test_tool_call_arguments_are_the_models_own_text(server: InferenceServer, client: openai.OpenAI) -> None:
+    """An agent sends the call back; the next prompt extends the sampled tokens exactly."""
+    messages: list[dict[str, object]] = [{"role": "user", "content": "1+1?"}]
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny",
+        messages=messages,  # type: ignore[arg-type]
+        tools=TOOLS,  # type: ignore[arg-type]
+        max_tokens=64,
+        temperature=0,
+        logit_bias=_tool_markers(server),
+        extra_body={"regex": _literal(CALC_CALL), "return_token_ids": True},
+    )
+    first = json.loads(raw.text)
+    call = raw.parse().choices[0].message.tool_calls[0]  # type: ignore[index]
+    assert call.function.arguments == '{"expr":"1+1"}'
+    messages += [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "2"},
+    ]
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny",
+        messages=messages,  # type: ignore[arg-type]
+        tools=TOOLS,  # type: ignore[arg-type]
+        max_tokens=1,
+        extra_body={"return_token_ids": True},
+    )
+    sampled = first["prompt_token_ids"] + first["choices"][0]["token_ids"]
+    assert json.loads(raw.text)["prompt_token_ids"][: len(sampled)] == sampled
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        "  ab<tool",
+        "ab \n" + CALC_CALL + "  cd ",
+        " x <tool_call>not json</tool_call> y",
+        "<tool_c",
+    ],
+)
+def test_streamed_content_equals_the_plain_answer_with_tools(
+    server: InferenceServer, client: openai.OpenAI, output: str
+) -> None:
+    options: dict[str, object] = {
+        "model": "tiny",
+        "messages": HELLO,
+        "tools": TOOLS,
+        "max_tokens": 64,
+        "temperature": 0,
+        "logit_bias": _tool_markers(server),
+        "extra_body": {"regex": _literal(output)},
+    }
+    plain = client.chat.completions.create(**options).choices[0]  # type: ignore[call-overload]
+    chunks = list(client.chat.completions.create(stream=True, **options))  # type: ignore[call-overload]
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == (plain.message.content or "")
+    calls = [t.function for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
+    assert [(f.name, f.arguments) for f in calls] == [
+        (t.function.name, t.function.arguments) for t in plain.message.tool_calls or []
+    ]
