@@ -1,0 +1,191 @@
+"""The agent proxy driven by the official `openai` client, in front of the real built-in server:
+answers equal the server's own (streamed or not), the recorded token ids line up from call to
+call, and logprob bytes are the tokens' own. Events go to an in-memory publisher (the Kafka path
+is tested in tests/integration/oncall)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from inference_fixtures import serve_tiny
+
+from producers import InMemoryPublisher
+from rollout.inference import InferenceServer
+from rollout.proxy import AgentProxy, ProxyServer
+from schemas import topics
+from schemas.records import AgentInteraction
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calc",
+            "description": "evaluate arithmetic",
+            "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}},
+        },
+    }
+]
+CALC_CALL = '<tool_call>\n{"name": "calc", "arguments": {"expr":"1+1"}}\n</tool_call>'
+"""What a model emits when it writes JSON its own way (no space after the colon)."""
+HALF_CHARACTER = 0xC3
+"""Byte token 195: the first half of 'é', text U+FFFD on its own."""
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir: Path) -> Iterator[InferenceServer]:
+    with serve_tiny(tiny_model_dir, served_model_name="tiny", context_length=4096) as srv:
+        yield srv
+
+
+class _Proxy:
+    def __init__(self, server: InferenceServer, **config: Any) -> None:
+        self.publisher = InMemoryPublisher()
+        self.service = ProxyServer(
+            ProxyServer.Config(proxy=AgentProxy.Config(upstreams=[server.base_url], **config), port=0),
+            publisher=self.publisher,
+        )
+        self.client = openai.OpenAI(
+            base_url=f"{self.service.start()}/s/sess-1/v1", api_key="unused", max_retries=0
+        )
+
+    def logged(self) -> list[AgentInteraction]:
+        assert self.service.recorder.flush(30)
+        return [r for r in self.publisher.records(topics.AGENT_LOGS) if isinstance(r, AgentInteraction)]
+
+    def close(self) -> None:
+        self.client.close()
+        self.service.stop()
+
+
+@pytest.fixture
+def proxy(server: InferenceServer) -> Iterator[_Proxy]:
+    p = _Proxy(server)
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def continuing_proxy(server: InferenceServer) -> Iterator[_Proxy]:
+    p = _Proxy(server, exact_continuation=True)
+    yield p
+    p.close()
+
+
+def _tool_markers(server: InferenceServer) -> dict[str, int]:
+    """Favour the one-token tool tags, so the grammar picks them over their bytes."""
+    tok = server.state.tokenizer
+    return {str(tok.convert_tokens_to_ids(t)): 100 for t in ("<tool_call>", "</tool_call>")}
+
+
+def _ids(interaction: AgentInteraction) -> list[int]:
+    return [int(t) for t in interaction.token_ids]
+
+
+def _content(answer: Any, stream: bool) -> tuple[str, list[Any]]:
+    """(content, tool calls) of a plain answer or of a stream's chunks."""
+    if not stream:
+        message = answer.choices[0].message
+        return message.content or "", list(message.tool_calls or [])
+    chunks = [c for c in answer if c.choices]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    return text, [t for c in chunks for t in c.choices[0].delta.tool_calls or []]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_arguments_come_back_as_sampled_and_the_next_call_extends_the_tokens(
+    server: InferenceServer, proxy: _Proxy, stream: bool
+) -> None:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "1+1?"}]
+    answer = proxy.client.chat.completions.create(
+        model="tiny",
+        messages=messages,  # type: ignore[arg-type]
+        tools=TOOLS,  # type: ignore[arg-type]
+        max_tokens=64,
+        temperature=0,
+        logit_bias=_tool_markers(server),
+        stream=stream,  # type: ignore[call-overload]
+        extra_body={"regex": re.escape(CALC_CALL)},
+    )
+    _, calls = _content(answer, stream)
+    (call,) = calls
+    assert call.function.arguments == '{"expr":"1+1"}'
+    back = {"id": call.id, "type": "function", "function": call.function.model_dump()}
+    messages += [
+        {"role": "assistant", "content": None, "tool_calls": [back]},
+        {"role": "tool", "tool_call_id": call.id, "content": "2"},
+    ]
+    proxy.client.chat.completions.create(
+        model="tiny", messages=messages, tools=TOOLS, max_tokens=1  # type: ignore[arg-type]
+    )
+    first, second = proxy.logged()
+    assert _ids(second)[: len(_ids(first))] == _ids(first)
+
+
+@pytest.mark.parametrize(
+    "output", ["  ab<tool", "ab \n" + CALC_CALL + "  cd ", " x <tool_call>bad</tool_call>"]
+)
+def test_streamed_content_equals_the_plain_answer_with_tools(
+    server: InferenceServer, proxy: _Proxy, output: str
+) -> None:
+    options: dict[str, Any] = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hello"}],
+        "tools": TOOLS,
+        "max_tokens": 64,
+        "temperature": 0,
+        "logit_bias": _tool_markers(server),
+        "extra_body": {"regex": re.escape(output)},
+    }
+    plain, plain_calls = _content(proxy.client.chat.completions.create(**options), False)
+    streamed, streamed_calls = _content(proxy.client.chat.completions.create(stream=True, **options), True)
+    assert streamed == plain
+    assert [c.function.arguments for c in streamed_calls] == [c.function.arguments for c in plain_calls]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_exact_continuation_holds_for_plain_and_streamed_chat(continuing_proxy: _Proxy, stream: bool) -> None:
+    """Two half characters decode to two U+FFFD, which re-encode to other bytes: only the
+    continuation keeps the second prompt on the sampled ids."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
+    answer = continuing_proxy.client.chat.completions.create(
+        model="tiny",
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=2,
+        temperature=0,
+        logit_bias={str(HALF_CHARACTER): 100},
+        stream=stream,  # type: ignore[call-overload]
+    )
+    content, _ = _content(answer, stream)
+    assert content == "\ufffd\ufffd"
+    messages += [{"role": "assistant", "content": content}, {"role": "user", "content": "and?"}]
+    again = continuing_proxy.client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=1, stream=stream  # type: ignore[call-overload]
+    )
+    _content(again, stream)  # a stream is recorded once it has been read to its end
+    first, second = continuing_proxy.logged()
+    assert _ids(first)[-2:] == [HALF_CHARACTER, HALF_CHARACTER]
+    assert _ids(second)[: len(_ids(first))] == _ids(first)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprob_bytes_are_the_raw_token_bytes(proxy: _Proxy, stream: bool) -> None:
+    answer = proxy.client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=2,
+        logprobs=True,
+        logit_bias={str(HALF_CHARACTER): 100},
+        temperature=0,
+        stream=stream,  # type: ignore[call-overload]
+    )
+    if stream:
+        chunks = [c.choices[0].logprobs for c in answer if c.choices and c.choices[0].logprobs]
+        tokens = [t for logprobs in chunks for t in logprobs.content or []]
+    else:
+        tokens = answer.choices[0].logprobs.content
+    assert [t.bytes for t in tokens] == [[HALF_CHARACTER], [HALF_CHARACTER]]
