@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -277,3 +279,33 @@ def test_streamed_content_equals_the_plain_answer_with_tools(
     assert [(f.name, f.arguments) for f in calls] == [
         (t.function.name, t.function.arguments) for t in plain.message.tool_calls or []
     ]
+
+
+def test_abort_all_ends_openai_requests_too(server: InferenceServer, client: openai.OpenAI) -> None:
+    """OpenAI requests carry no client rid; `abort_all` (before a weight swap) must end them."""
+    outcome: dict[str, object] = {}
+
+    def long_chat() -> None:
+        try:
+            client.chat.completions.create(
+                model="tiny",
+                messages=HELLO,  # type: ignore[arg-type]
+                max_tokens=3000,
+                extra_body={"ignore_eos": True},
+            )
+        except openai.APIStatusError as exc:
+            outcome["error"] = exc
+        else:
+            outcome["error"] = None
+
+    thread = threading.Thread(target=long_chat)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while server.engine.metrics.gauges["running_requests"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    aborted = httpx.post(f"{server.base_url}/abort_request", json={"abort_all": True}, timeout=30)
+    thread.join(timeout=60)
+    assert aborted.json()["num_aborted"] == 1
+    error = outcome["error"]
+    assert isinstance(error, openai.APIStatusError) and error.status_code == 503, error
+    assert "aborted" in str(error)
