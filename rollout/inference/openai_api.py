@@ -15,7 +15,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rollout.inference.api import MAX_N, NullMeansDefault, as_list, parse_logit_bias, warn_unknown
+from rollout.inference.api import (
+    MAX_N,
+    SEED_RANGE,
+    NullMeansDefault,
+    as_list,
+    parse_logit_bias,
+    warn_unknown,
+)
 from rollout.inference.errors import InvalidRequestError
 from rollout.inference.sampling import SAMPLING_EPS, SamplingParams
 
@@ -47,7 +54,7 @@ class _Sampling(_Body):
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     user: str | None = None
     # extensions (vLLM / SGLang)
     top_k: int = Field(default=-1, ge=-1)

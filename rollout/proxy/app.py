@@ -173,10 +173,19 @@ class AgentProxy:
 
         @app.exception_handler(RequestValidationError)
         async def _invalid(_: Request, exc: RequestValidationError) -> Response:
+            self.metrics.inc("requests_invalid_total")
             return _validation_response(list(exc.errors()))
 
+        @app.exception_handler(Exception)
+        async def _unexpected(_: Request, exc: Exception) -> Response:
+            """A bug: one JSON error for the client, counted, the traceback in the log."""
+            log.error("proxy request failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
+            return self._error_response(ProxyError(f"internal error: {type(exc).__name__}: {exc}"))
+
     def _error_response(self, exc: ProxyError | InferenceError) -> Response:
-        self.metrics.inc("requests_failed_total")
+        status = exc.status_code
+        invalid = 400 <= status < 500 and status != 429
+        self.metrics.inc("requests_invalid_total" if invalid else "requests_failed_total")
         headers: dict[str, str] = {}
         if isinstance(exc, UpstreamError) and exc.retriable:
             headers["Retry-After"] = f"{max(1, round(exc.retry_after_s or 1))}"
@@ -676,6 +685,8 @@ async def _parse(request: Request, model: type[Any]) -> Any:
         return model.model_validate(data)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors()) from exc
+    except InferenceError as exc:  # the request models refuse some values by name (lone surrogates)
+        raise _as_proxy_error(exc) from exc
 
 
 def _as_proxy_error(exc: InferenceError) -> ProxyError:
@@ -726,15 +737,14 @@ def _sse(payload: dict[str, Any]) -> str:
 
 
 def _validation_response(errors: list[Any]) -> JSONResponse:
-    problems = [
-        f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body')}: {e.get('msg')}" for e in errors
-    ]
+    fields = [".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body" for e in errors]
+    problems = [f"{name}: {e.get('msg')}" for name, e in zip(fields, errors, strict=True)]
     return JSONResponse(
         {
             "error": {
                 "message": "; ".join(problems),
                 "type": "invalid_request_error",
-                "param": None,
+                "param": fields[0] if fields else None,
                 "code": 400,
             }
         },

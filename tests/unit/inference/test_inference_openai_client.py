@@ -309,3 +309,49 @@ def test_abort_all_ends_openai_requests_too(server: InferenceServer, client: ope
     error = outcome["error"]
     assert isinstance(error, openai.APIStatusError) and error.status_code == 503, error
     assert "aborted" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("options", "param"),
+    [
+        ({"logit_bias": {"65": 1e308}}, "logit_bias.65"),
+        ({"logit_bias": {"65": -1e308}}, "logit_bias.65"),
+        ({"seed": 2**70}, "seed"),
+    ],
+)
+def test_values_no_model_can_take_are_400_naming_the_field_and_counted(
+    server: InferenceServer, client: openai.OpenAI, options: dict[str, object], param: str
+) -> None:
+    before = server.engine.metrics.counters["requests_invalid_total"]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=2, **options)  # type: ignore[call-overload]
+    assert caught.value.param == param and caught.value.type is not None
+    assert server.engine.metrics.counters["requests_invalid_total"] == before + 1
+    metrics = httpx.get(f"{server.base_url}/metrics", timeout=30).text
+    assert f"stacx_inference_requests_invalid_total {before + 1:g}\n" in metrics
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/generate", b'{"text": "a\\ud800", "sampling_params": {"max_new_tokens": 2}}', "text"),
+        ("/generate", b'{"text": "a", "sampling_params": {"sampling_seed": 1180591620717411303424}}',
+         "sampling_params.sampling_seed"),
+        ("/v1/completions", b'{"prompt": "a\\udfff", "max_tokens": 2}', "prompt"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}',
+         "messages[0].content"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', "body"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user",, }]}', "body"),
+    ],
+)
+def test_raw_bodies_get_openai_error_bodies(
+    server: InferenceServer, path: str, body: bytes, param: str
+) -> None:
+    """Bodies the `openai` client cannot send: lone surrogates (it encodes UTF-8), bad bytes, bad JSON."""
+    before = server.engine.metrics.counters["requests_invalid_total"]
+    answer = httpx.post(f"{server.base_url}{path}", content=body, timeout=30)
+    assert answer.status_code == 400, answer.text
+    assert server.engine.metrics.counters["requests_invalid_total"] == before + 1
+    error = answer.json()["error"]
+    assert error["param"] == param and error["code"] == 400
+    assert error["message"].startswith(f"{param}: ")

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from inference_fixtures import serve_tiny
@@ -189,3 +190,31 @@ def test_logprob_bytes_are_the_raw_token_bytes(proxy: _Proxy, stream: bool) -> N
     else:
         tokens = answer.choices[0].logprobs.content
     assert [t.bytes for t in tokens] == [[HALF_CHARACTER], [HALF_CHARACTER]]
+
+
+@pytest.mark.parametrize(
+    "options", [{"logit_bias": {"65": 1e308}}, {"logit_bias": {"65": -1e308}}, {"seed": 2**70}]
+)
+def test_values_no_model_can_take_are_400_and_counted(proxy: _Proxy, options: dict[str, Any]) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        proxy.client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2, **options
+        )
+    assert caught.value.param in ("logit_bias.65", "seed")
+    assert proxy.service.recorder.metrics.snapshot()["requests_invalid_total"] == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}', "messages[0].content"),
+        (b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', "body"),
+        (b'{"messages": [{"role": "user",, }]}', "body"),
+    ],
+)
+def test_raw_bodies_get_openai_error_bodies(proxy: _Proxy, body: bytes, param: str) -> None:
+    """Bodies the `openai` client cannot send: lone surrogates (it encodes UTF-8), bad bytes, bad JSON."""
+    answer = httpx.post(f"{proxy.service.base_url}/v1/chat/completions", content=body, timeout=30)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == param
+    assert proxy.service.recorder.metrics.snapshot()["requests_invalid_total"] == 1
