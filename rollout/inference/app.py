@@ -139,8 +139,11 @@ class JsonBodyMiddleware:
 def _install_service_routes(app: FastAPI, state: ServingState) -> None:
     @app.get("/health")
     async def health() -> JSONResponse:
-        alive = state.engine.is_alive()
-        return JSONResponse({"status": "ok" if alive else "stopped"}, status_code=200 if alive else 503)
+        if not state.engine.is_alive():
+            return JSONResponse({"status": "stopped"}, status_code=503)
+        if state.not_ready is not None:
+            return JSONResponse({"status": "starting", "message": state.not_ready}, status_code=503)
+        return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:

@@ -226,6 +226,8 @@ def install(app: FastAPI, state: ServingState) -> None:
 
     @app.get("/health_generate")
     async def health_generate() -> Response:
+        if state.not_ready is not None:
+            return JSONResponse({"status": "starting", "message": state.not_ready}, status_code=503)
         params = SamplingParams(max_new_tokens=1, temperature=0.0, ignore_eos=True)
         try:
             future = state.engine.submit([state.engine.vocab_size - 1], params)
