@@ -6,6 +6,7 @@ is tested in tests/integration/oncall)."""
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,37 +45,66 @@ def server(tiny_model_dir: Path) -> Iterator[InferenceServer]:
 
 
 class _Proxy:
+    """One proxy service per module; each test talks to it as a session of its own."""
+
     def __init__(self, server: InferenceServer, **config: Any) -> None:
         self.publisher = InMemoryPublisher()
         self.service = ProxyServer(
             ProxyServer.Config(proxy=AgentProxy.Config(upstreams=[server.base_url], **config), port=0),
             publisher=self.publisher,
         )
+        self.base_url = self.service.start()
+        self.client: openai.OpenAI = openai.OpenAI(base_url=self.base_url, api_key="unused")
+
+    def new_session(self) -> _Proxy:
+        """A client on a fresh session; what is recorded and counted from now on is the test's."""
+        self.session = f"sess-{uuid.uuid4().hex[:8]}"
         self.client = openai.OpenAI(
-            base_url=f"{self.service.start()}/s/sess-1/v1", api_key="unused", max_retries=0
+            base_url=f"{self.base_url}/s/{self.session}/v1", api_key="unused", max_retries=0
         )
+        self.invalid_before = self.metrics()["requests_invalid_total"]
+        return self
+
+    def metrics(self) -> dict[str, float]:
+        return self.service.recorder.metrics.snapshot()
+
+    def num_invalid(self) -> float:
+        return self.metrics()["requests_invalid_total"] - self.invalid_before
 
     def logged(self) -> list[AgentInteraction]:
         assert self.service.recorder.flush(30)
-        return [r for r in self.publisher.records(topics.AGENT_LOGS) if isinstance(r, AgentInteraction)]
+        records = self.publisher.records(topics.AGENT_LOGS)
+        return [r for r in records if isinstance(r, AgentInteraction) and r.session_id == self.session]
 
     def close(self) -> None:
         self.client.close()
         self.service.stop()
 
 
-@pytest.fixture
-def proxy(server: InferenceServer) -> Iterator[_Proxy]:
+@pytest.fixture(scope="module")
+def proxy_service(server: InferenceServer) -> Iterator[_Proxy]:
     p = _Proxy(server)
     yield p
     p.close()
 
 
-@pytest.fixture
-def continuing_proxy(server: InferenceServer) -> Iterator[_Proxy]:
+@pytest.fixture(scope="module")
+def continuing_service(server: InferenceServer) -> Iterator[_Proxy]:
     p = _Proxy(server, exact_continuation=True)
     yield p
     p.close()
+
+
+@pytest.fixture
+def proxy(proxy_service: _Proxy) -> Iterator[_Proxy]:
+    yield proxy_service.new_session()
+    proxy_service.client.close()
+
+
+@pytest.fixture
+def continuing_proxy(continuing_service: _Proxy) -> Iterator[_Proxy]:
+    yield continuing_service.new_session()
+    continuing_service.client.close()
 
 
 def _tool_markers(server: InferenceServer) -> dict[str, int]:
@@ -201,7 +231,7 @@ def test_values_no_model_can_take_are_400_and_counted(proxy: _Proxy, options: di
             model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2, **options
         )
     assert caught.value.param in ("logit_bias.65", "seed")
-    assert proxy.service.recorder.metrics.snapshot()["requests_invalid_total"] == 1
+    assert proxy.num_invalid() == 1
 
 
 @pytest.mark.parametrize(
@@ -214,7 +244,7 @@ def test_values_no_model_can_take_are_400_and_counted(proxy: _Proxy, options: di
 )
 def test_raw_bodies_get_openai_error_bodies(proxy: _Proxy, body: bytes, param: str) -> None:
     """Bodies the `openai` client cannot send: lone surrogates (it encodes UTF-8), bad bytes, bad JSON."""
-    answer = httpx.post(f"{proxy.service.base_url}/v1/chat/completions", content=body, timeout=30)
+    answer = httpx.post(f"{proxy.base_url}/v1/chat/completions", content=body, timeout=30)
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["param"] == param
-    assert proxy.service.recorder.metrics.snapshot()["requests_invalid_total"] == 1
+    assert proxy.num_invalid() == 1
