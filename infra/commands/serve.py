@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,10 +77,14 @@ def _models_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
-def _start_follower(args: argparse.Namespace, base_url: str) -> threading.Event | None:
+def _start_follower(
+    args: argparse.Namespace, base_url: str, on_caught_up: Callable[[], None] | None = None
+) -> threading.Event | None:
+    """Follow the weight topic from a thread; `on_caught_up` runs once the newest version is
+    loaded (or catching up failed, which is logged: the server then serves what it has)."""
     if not args.follow_weights:
         return None
-    from consumers.weights import WeightSubscriber
+    from consumers.weights import WeightSubscriber, WeightUpdateError
 
     kwargs = {"bootstrap_servers": args.bootstrap_servers} if args.bootstrap_servers else {}
     if args.weights_topic:
@@ -88,7 +93,18 @@ def _start_follower(args: argparse.Namespace, base_url: str) -> threading.Event 
         WeightSubscriber.Config(model_name=args.follow_weights, server_url=base_url, **kwargs)
     )
     stop = threading.Event()
-    threading.Thread(target=subscriber.run, args=(stop,), name="stacx-weights", daemon=True).start()
+
+    def follow() -> None:
+        try:
+            subscriber.catch_up()
+        except WeightUpdateError as exc:
+            log.error("catching up on weight versions failed: %s", exc)
+        finally:
+            if on_caught_up is not None:
+                on_caught_up()
+        subscriber.run(stop)
+
+    threading.Thread(target=follow, name="stacx-weights", daemon=True).start()
     return stop
 
 
@@ -117,6 +133,7 @@ def _serve_builtin(args: argparse.Namespace) -> int:
         context_length=args.context_length,
         torch_threads=args.threads,
         engine=BatchingEngine.Config(max_batch_size=args.max_batch_size),
+        wait_for_weights=bool(args.follow_weights),
     )
     try:
         server = InferenceServer(config)
@@ -124,7 +141,7 @@ def _serve_builtin(args: argparse.Namespace) -> int:
         print(f"stacx serve: {exc}", file=sys.stderr)
         return 2
     # The follower starts before the HTTP server is up; its client retries until it answers.
-    stop = _start_follower(args, server.base_url)
+    stop = _start_follower(args, server.base_url, server.mark_weights_current)
     freeze_startup_heap("serve")
     try:
         server.serve_forever()

@@ -21,13 +21,17 @@ from rollout.inference.errors import InvalidRequestError
 from rollout.inference.sampling import SAMPLING_EPS, SamplingParams
 
 __all__ = [
+    "MAX_LOGIT_BIAS",
     "NullMeansDefault",
+    "SEED_RANGE",
+    "UnicodeBody",
     "GenerateRequest",
     "AbortRequest",
     "NativeItem",
     "SamplingParamsBody",
     "UpdateWeightsRequest",
     "as_list",
+    "check_unicode",
     "check_not_supported",
     "warn_unknown",
 ]
@@ -133,7 +137,43 @@ def warn_unknown(extra: dict[str, Any] | None, known: frozenset[str], route: str
         log.warning("%s: ignoring unknown fields %s", route, unknown)
 
 
-class NullMeansDefault(BaseModel):
+MAX_LOGIT_BIAS = 100.0
+"""Largest |logit_bias| value (OpenAI's range): beyond it a bias only overflows the logits."""
+SEED_RANGE = (-(2**63), 2**63 - 1)
+"""Seeds a torch generator takes (a signed 64-bit integer, as in vLLM)."""
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_unicode(data: Any, path: str = "") -> None:
+    """Raise `InvalidRequestError` naming the first string (or key) of a JSON body that holds a
+    lone UTF-16 surrogate (`"\\ud800"` decodes to one): no tokenizer can encode it."""
+    if isinstance(data, str):
+        if not data.isascii() and _SURROGATE.search(data):
+            raise InvalidRequestError(
+                path or "body", "holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape); "
+                "send valid Unicode text"
+            )
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            name = f"{path}.{key}" if path else str(key)
+            check_unicode(key, name)
+            check_unicode(value, name)
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            check_unicode(value, f"{path}[{i}]")
+
+
+class UnicodeBody(BaseModel):
+    """A request body whose text must be valid Unicode (checked before any field)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        check_unicode(data)
+        return data
+
+
+class NullMeansDefault(UnicodeBody):
     """A request body where an explicit null means "use the default" (SGLang and OpenAI alike)."""
 
     @model_validator(mode="before")
@@ -169,7 +209,7 @@ class SamplingParamsBody(_Body):
     """Accepted; fast tokenizers decode the same either way."""
     no_stop_trim: bool = False
     n: int = Field(default=1, ge=1, le=MAX_N)
-    sampling_seed: int | None = None
+    sampling_seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     logit_bias: dict[str, float] | None = None
     stream_interval: int | None = Field(default=None, ge=1)
     custom_params: dict[str, Any] | None = None
@@ -238,6 +278,10 @@ def parse_logit_bias(bias: dict[str, float] | None, vocab_size: int, field: str)
             raise InvalidRequestError(field, f"key {key!r} is not a token id") from None
         if not 0 <= token < vocab_size:
             raise InvalidRequestError(field, f"token id {token} is outside the vocabulary [0, {vocab_size})")
+        if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+            raise InvalidRequestError(
+                f"{field}.{key}", f"is {value:g}; a bias lies in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]"
+            )
         out[token] = float(value)
     return out
 
@@ -259,7 +303,7 @@ class NativeItem:
     """Which of the n samples of its prompt; with `sampling_seed`, sample i uses seed + i."""
 
 
-class GenerateRequest(BaseModel):
+class GenerateRequest(UnicodeBody):
     """SGLang `POST /generate`: single or batch input, `n` samples each, optional streaming."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)

@@ -8,12 +8,14 @@ valid JSON), a failed request is 500, a full queue 429 and a stopping engine 503
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rollout.inference import native_routes, openai_routes
 from rollout.inference.errors import InferenceError
@@ -29,21 +31,33 @@ ours (`inference.generate`, `inference.swap_weights`, `proxy.chat`): off."""
 
 __all__ = ["ServingState", "build_app"]
 
+log = logging.getLogger(__name__)
 
-def _install_error_handlers(app: FastAPI) -> None:
+
+def _install_error_handlers(app: FastAPI, state: ServingState) -> None:
+    metrics = state.engine.metrics
+
+    def answer(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> JSONResponse:
+        """The error response; a request refused as invalid (4xx but 429) is counted here (the
+        engine counts the requests it failed)."""
+        if 400 <= status < 500 and status != 429:
+            metrics.inc("requests_invalid_total")
+        return JSONResponse(body, status_code=status, headers=headers)
+
     @app.exception_handler(InferenceError)
     async def _inference_error(_: Request, exc: InferenceError) -> Response:
         if isinstance(exc, ClientDisconnected):
             return Response(status_code=exc.status_code)  # nobody is listening
         headers = {"Retry-After": "1"} if exc.retriable else None
-        return JSONResponse(native_routes.error_body(exc), status_code=exc.status_code, headers=headers)
+        return answer(exc.status_code, native_routes.error_body(exc), headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = list(exc.errors())
-        problems = [f"{_field_name(e['loc'])}: {e['msg']}" for e in errors]
+        problems = [_problem(e) for e in errors]
         first = _field_name(errors[0]["loc"]) if errors else None
-        return JSONResponse(
+        return answer(
+            400,
             {
                 "error": {
                     "message": "; ".join(problems),
@@ -53,12 +67,44 @@ def _install_error_handlers(app: FastAPI) -> None:
                 },
                 "detail": [_safe_detail(e) for e in errors],
             },
-            status_code=400,
         )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Starlette's own answers (a body that is not UTF-8, an unknown route) in our shape."""
+        status = exc.status_code
+        unreadable = status == 400  # Starlette's only 400: the body could not be decoded
+        error = {
+            "message": "body: is not valid JSON (not UTF-8 text)" if unreadable else str(exc.detail),
+            "type": "invalid_request_error" if status < 500 else "server_error",
+            "param": "body" if unreadable else None,
+            "code": status,
+        }
+        return answer(status, {"error": error}, dict(exc.headers or {}) or None)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        """A bug: one JSON error for the client, counted, the traceback in the server log."""
+        log.error("request failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
+        metrics.inc("requests_failed_total")
+        error = {"message": f"internal error: {type(exc).__name__}: {exc}", "type": "server_error"}
+        return answer(500, {"error": {**error, "param": None, "code": 500}})
+
+
+def _problem(error: Any) -> str:
+    """One line for a validation error; a body that is not JSON names where it breaks."""
+    if error.get("type") == "json_invalid":
+        at = error.get("loc", ("body", "?"))[-1]
+        reason = (error.get("ctx") or {}).get("error") or error.get("msg")
+        return f"body: is not valid JSON ({reason} at character {at})"
+    return f"{_field_name(error['loc'])}: {error['msg']}"
 
 
 def _field_name(loc: tuple[Any, ...] | list[Any]) -> str:
-    """Dotted field name; union-branch labels pydantic adds (`list[int]`, class names) are dropped."""
+    """Dotted field name; union-branch labels pydantic adds (`list[int]`, class names) are dropped,
+    and so is the character offset of a JSON syntax error (`("body", 15)` is the body)."""
+    if len(loc) == 2 and loc[0] == "body" and isinstance(loc[1], int):
+        return "body"
     parts = [str(part) for part in loc if part != "body"]
     parts = [p for p in parts if "[" not in p and not p[:1].isupper() and not p.startswith("function-")]
     return ".".join(parts) or "body"
@@ -93,8 +139,11 @@ class JsonBodyMiddleware:
 def _install_service_routes(app: FastAPI, state: ServingState) -> None:
     @app.get("/health")
     async def health() -> JSONResponse:
-        alive = state.engine.is_alive()
-        return JSONResponse({"status": "ok" if alive else "stopped"}, status_code=200 if alive else 503)
+        if not state.engine.is_alive():
+            return JSONResponse({"status": "stopped"}, status_code=503)
+        if state.not_ready is not None:
+            return JSONResponse({"status": "starting", "message": state.not_ready}, status_code=503)
+        return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
@@ -105,7 +154,7 @@ def build_app(state: ServingState) -> FastAPI:
     """The app serving `state` (the caller starts and stops the engine)."""
     app = FastAPI(title="stacx inference", docs_url=None, redoc_url=None, **FRAMEWORK_TELEMETRY)
     app.add_middleware(JsonBodyMiddleware)
-    _install_error_handlers(app)
+    _install_error_handlers(app, state)
     _install_service_routes(app, state)
     native_routes.install(app, state)
     openai_routes.install(app, state)

@@ -185,12 +185,17 @@ class BatchingEngine:
         return job.future
 
     def abort(self, rid: str | None = None, abort_all: bool = False, message: str = "aborted") -> int:
-        """End the request `rid` (or all): waiting ones at once, running ones at the next step.
+        """End the request `rid`, or with `abort_all` every unfinished request (with or without
+        a client rid: OpenAI routes set none): waiting ones at once, running ones at the next step.
 
         They finish with `finish_reason` {"type": "abort"}; returns how many were found.
         """
         with self._cond:
-            jobs = list(self._live.values()) if abort_all else [j for j in [self._live.get(rid or "")] if j]
+            if abort_all:
+                jobs = _unique([*self._waiting, *self._in_flight, *self._running()])
+            else:
+                jobs = [j for j in [self._live.get(rid or "")] if j is not None]
+            jobs = [j for j in jobs if not j.done]
             waiting = [j for j in jobs if j in self._waiting]
             for job in waiting:
                 self._waiting.remove(job)
@@ -670,6 +675,11 @@ def _top_lists(result: SampleResult) -> list[list[tuple[float, int]]] | None:
         list(zip(values, ids, strict=True))
         for values, ids in zip(result.top_logprobs.tolist(), result.top_ids.tolist(), strict=True)
     ]
+
+
+def _unique(jobs: list[Job]) -> list[Job]:
+    """`jobs` without repeats, in order (a job being admitted is also in the new batch)."""
+    return list({id(job): job for job in jobs}.values())
 
 
 def _join(old: _Batch, new: _Batch) -> _Batch:

@@ -85,6 +85,7 @@ class Metrics(PrometheusMetrics):
             (
                 "requests_total",
                 "requests_failed_total",
+                "requests_invalid_total",
                 "requests_aborted_total",
                 "prompt_tokens_total",
                 "generated_tokens_total",

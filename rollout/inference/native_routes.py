@@ -189,8 +189,9 @@ def install(app: FastAPI, state: ServingState) -> None:
                   context=propagate.extract(request.headers)):
             return await _generate(state, request, body)
 
-    @app.get("/get_model_info")
-    async def get_model_info() -> dict[str, Any]:
+    @app.get("/model_info")
+    @app.get("/get_model_info")  # SGLang's older name, still served by SGLang
+    async def model_info() -> dict[str, Any]:
         config = state.engine.model.config
         return {
             "model_path": state.model_path,
@@ -203,8 +204,9 @@ def install(app: FastAPI, state: ServingState) -> None:
             "max_context_length": state.context_length,
         }
 
-    @app.get("/get_server_info")
-    async def get_server_info() -> dict[str, Any]:
+    @app.get("/server_info")
+    @app.get("/get_server_info")  # SGLang's older name, still served by SGLang
+    async def server_info() -> dict[str, Any]:
         return _server_info(state)
 
     @app.get("/get_weight_version")
@@ -224,6 +226,8 @@ def install(app: FastAPI, state: ServingState) -> None:
 
     @app.get("/health_generate")
     async def health_generate() -> Response:
+        if state.not_ready is not None:
+            return JSONResponse({"status": "starting", "message": state.not_ready}, status_code=503)
         params = SamplingParams(max_new_tokens=1, temperature=0.0, ignore_eos=True)
         try:
             future = state.engine.submit([state.engine.vocab_size - 1], params)

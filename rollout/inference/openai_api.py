@@ -2,9 +2,9 @@
 
 Fields follow the OpenAI API; the sampling extensions vLLM and SGLang accept (`top_k`, `min_p`,
 `repetition_penalty`, `min_tokens`, `ignore_eos`, `stop_token_ids`, `skip_special_tokens`,
-`no_stop_trim`, `return_token_ids`) are accepted too. Unknown fields are ignored with a logged
-warning (clients send newer options); options that would change the answer and cannot be honoured
-(`suffix`, `best_of` != `n`) are refused by name. Chat's `response_format` (`json_object`,
+`no_stop_trim`, `return_token_ids`, SGLang's `regex`) are accepted too. Unknown fields are ignored
+with a logged warning (clients send newer options); options that would change the answer and cannot
+be honoured (`suffix`, `best_of` != `n`) are refused by name. Chat's `response_format` (`json_object`,
 `json_schema`) constrains decoding (rollout/inference/grammar.py).
 """
 
@@ -15,7 +15,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rollout.inference.api import MAX_N, NullMeansDefault, as_list, parse_logit_bias, warn_unknown
+from rollout.inference.api import (
+    MAX_N,
+    SEED_RANGE,
+    NullMeansDefault,
+    as_list,
+    parse_logit_bias,
+    warn_unknown,
+)
 from rollout.inference.errors import InvalidRequestError
 from rollout.inference.sampling import SAMPLING_EPS, SamplingParams
 
@@ -47,7 +54,7 @@ class _Sampling(_Body):
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     user: str | None = None
     # extensions (vLLM / SGLang)
     top_k: int = Field(default=-1, ge=-1)
@@ -60,6 +67,8 @@ class _Sampling(_Body):
     no_stop_trim: bool = False
     return_token_ids: bool = False
     """Also return prompt and completion token ids (vLLM's extension)."""
+    regex: str | None = None
+    """Constrain the output to this regular expression (SGLang's extension)."""
 
     def grammar_schema(self) -> str | None:
         """A JSON schema the output must follow (chat's `response_format`)."""
@@ -87,6 +96,7 @@ class _Sampling(_Body):
             skip_special_tokens=self.skip_special_tokens,
             no_stop_trim=self.no_stop_trim,
             sampling_seed=self.seed,
+            regex=self.regex,
             json_schema=self.grammar_schema(),
         )
 
@@ -178,6 +188,8 @@ class ChatCompletionRequest(_Sampling):
             )
         if kind == "json_schema" and not isinstance(self._schema(), dict):
             raise ValueError("response_format json_schema needs json_schema.schema (an object)")
+        if kind != "text" and self.regex is not None:
+            raise ValueError("send either regex or a JSON response_format, not both")
         if self.tool_choice not in (None, "none", "auto") and not self.tools:
             raise ValueError("tool_choice other than 'none'/'auto' needs tools")
         return self

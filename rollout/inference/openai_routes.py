@@ -28,7 +28,15 @@ from rollout.inference.openai_api import ChatCompletionRequest, CompletionReques
 from rollout.inference.sampling import SamplingParams
 from rollout.inference.state import Generation, ServingState
 
-__all__ = ["ModelNotFoundError", "forced_call_text", "install", "parse_tool_calls"]
+__all__ = [
+    "ModelNotFoundError",
+    "chat_message",
+    "forced_call_text",
+    "install",
+    "parse_tool_calls",
+    "streamed_content",
+    "tool_primer",
+]
 
 DEFAULT_CHAT_MAX_TOKENS = 256
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
@@ -48,33 +56,67 @@ class ModelNotFoundError(InferenceError):
 def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
     """Split `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks out of `text`.
 
-    A block that is not valid JSON with a string `name` stays in the content: model output is
-    untrusted and must not fail the request.
+    A call's `arguments` is the model's own text of the value, byte for byte (not parsed and
+    dumped again): an agent that sends the call back gets a prompt that extends the sampled
+    tokens. A block that is not valid JSON with a string `name` stays in the content: model
+    output is untrusted and must not fail the request.
     """
     calls: list[dict[str, Any]] = []
 
     def take(match: re.Match[str]) -> str:
+        block = match.group(1)
         try:
-            payload = json.loads(match.group(1))
+            payload = json.loads(block)
         except json.JSONDecodeError:
             return match.group(0)
         if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
             return match.group(0)
-        arguments = payload.get("arguments", {})
         calls.append(
             {
                 "id": f"call_{uuid.uuid4().hex[:24]}",
                 "type": "function",
-                "function": {
-                    "name": payload["name"],
-                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
-                },
+                "function": {"name": payload["name"], "arguments": _arguments_text(block, payload)},
             }
         )
         return ""
 
     content = _TOOL_CALL.sub(take, text).strip()
     return content, calls
+
+
+_JSON = json.JSONDecoder()
+
+
+def _arguments_text(block: str, payload: dict[str, Any]) -> str:
+    """The raw text of the `arguments` member of the JSON object `block` (a string value is
+    the arguments text itself; no member means no arguments)."""
+    arguments = payload.get("arguments")
+    if arguments is None or isinstance(arguments, str):
+        return "{}" if arguments is None else arguments
+    start, end = _member_spans(block)["arguments"]
+    return block[start:end]
+
+
+def _member_spans(block: str) -> dict[str, tuple[int, int]]:
+    """Where each member's value lies in the (valid) JSON object `block`; the last of duplicate
+    keys wins, as in `json.loads`."""
+    spans: dict[str, tuple[int, int]] = {}
+    at = _skip_space(block, block.index("{") + 1)
+    while block[at] != "}":
+        key, at = _JSON.raw_decode(block, at)
+        at = _skip_space(block, block.index(":", at) + 1)
+        _, end = _JSON.raw_decode(block, at)
+        spans[key] = (at, end)
+        at = _skip_space(block, end)
+        if block[at] == ",":
+            at = _skip_space(block, at + 1)
+    return spans
+
+
+def _skip_space(text: str, at: int) -> int:
+    while at < len(text) and text[at] in " \t\n\r":
+        at += 1
+    return at
 
 
 def tool_primer(body: ChatCompletionRequest) -> str:
@@ -380,20 +422,30 @@ class _ChatStream:
     started: bool = False
 
 
-def visible_text(body: ChatCompletionRequest, text: str, primer: str) -> int:
-    """How much of a streamed text may be sent as content: from `<tool_call>` on it is held back
-    (tool calls are sent whole in the last chunk), as is a partial opening tag at the end."""
+def streamed_content(body: ChatCompletionRequest, text: str, primer: str) -> str:
+    """The content a stream may show for `text`, the output so far: always a prefix of the
+    content `chat_message` gives for the whole output, so streamed and plain answers agree.
+
+    With tools, everything from `<tool_call>` on is held back (tool calls are sent whole in the
+    last chunk), as is a partial opening tag at the end and whitespace at either end (the
+    content is stripped); a primed call shows nothing until the end.
+    """
     if not body.uses_tools:
-        return len(text)
+        return text
     if primer:
-        return 0
+        return ""
     at = text.find(TOOL_OPEN)
-    if at >= 0:
-        return at
-    for keep in range(min(len(TOOL_OPEN) - 1, len(text)), 0, -1):  # a partial opening tag
+    if at < 0:
+        at = len(text) - _partial_tag(text)
+    return text[:at].strip()
+
+
+def _partial_tag(text: str) -> int:
+    """Length of the longest end of `text` that begins `<tool_call>`."""
+    for keep in range(min(len(TOOL_OPEN) - 1, len(text)), 0, -1):
         if TOOL_OPEN.startswith(text[-keep:]):
-            return len(text) - keep
-    return len(text)
+            return keep
+    return 0
 
 
 async def _stream_chat(
@@ -431,9 +483,9 @@ async def _stream_chat(
             logprobs = _chat_logprobs(state, chunk.output_ids, chunk.logprobs, chunk.top_logprobs or None)
         if chunk.output is None:
             stream.text += chunk.text
-            visible = visible_text(body, stream.text, primer)
-            new_text = stream.text[stream.sent : visible] if visible > stream.sent else ""
-            stream.sent = max(stream.sent, visible)
+            shown = streamed_content(body, stream.text, primer)
+            new_text = shown[stream.sent :]
+            stream.sent = max(stream.sent, len(shown))
             if new_text or logprobs:
                 yield event(index, {"content": new_text} if new_text else {}, None, logprobs)
             continue

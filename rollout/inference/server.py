@@ -105,6 +105,9 @@ class InferenceServer:
         """Prompt + completion limit; defaults to the model's max_position_embeddings."""
         engine: BatchingEngine.Config = field(default_factory=BatchingEngine.Config)
         """Batching engine settings."""
+        wait_for_weights: bool = False
+        """Answer `/health` 503 until `mark_weights_current()`: a server that follows a weight
+        topic is ready once it serves the newest version, not while on its base weights."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -121,10 +124,17 @@ class InferenceServer:
             model_path=str(config.model_path),
             served_model_name=config.served_model_name or Path(config.model_path).name,
             context_length=context,
+            not_ready="loading the newest weight version" if config.wait_for_weights else None,
         )
         self.app = build_app(self.state)
         self._uvicorn: Any = None
         self._thread: threading.Thread | None = None
+
+    def mark_weights_current(self) -> None:
+        """The newest weight version is loaded (or there is none): `/health` answers ready."""
+        if self.state.not_ready is not None:
+            log.info("ready: serving weight version %s", self.engine.weight_version)
+        self.state.not_ready = None
 
     @property
     def base_url(self) -> str:

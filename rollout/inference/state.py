@@ -49,6 +49,8 @@ class ServingState:
     served_model_name: str
     context_length: int
     swap_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    not_ready: str | None = None
+    """Why the server is not ready yet (`/health` answers 503 with it); None once it is."""
 
     def check_prompt(self, ids: list[int], params: SamplingParams, field_name: str, limit_name: str) -> None:
         """Raise `InvalidRequestError` naming the field for empty, out-of-vocab or long input."""

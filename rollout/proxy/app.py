@@ -49,7 +49,7 @@ from rollout.proxy.render import (
     RenderedPrompt,
     chat_message,
     request_messages_json,
-    visible_text,
+    streamed_content,
 )
 from rollout.proxy.routing import SessionRouter
 from rollout.proxy.upstream import Generation, UpstreamClient
@@ -173,10 +173,19 @@ class AgentProxy:
 
         @app.exception_handler(RequestValidationError)
         async def _invalid(_: Request, exc: RequestValidationError) -> Response:
+            self.metrics.inc("requests_invalid_total")
             return _validation_response(list(exc.errors()))
 
+        @app.exception_handler(Exception)
+        async def _unexpected(_: Request, exc: Exception) -> Response:
+            """A bug: one JSON error for the client, counted, the traceback in the log."""
+            log.error("proxy request failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
+            return self._error_response(ProxyError(f"internal error: {type(exc).__name__}: {exc}"))
+
     def _error_response(self, exc: ProxyError | InferenceError) -> Response:
-        self.metrics.inc("requests_failed_total")
+        status = exc.status_code
+        invalid = 400 <= status < 500 and status != 429
+        self.metrics.inc("requests_invalid_total" if invalid else "requests_failed_total")
         headers: dict[str, str] = {}
         if isinstance(exc, UpstreamError) and exc.retriable:
             headers["Retry-After"] = f"{max(1, round(exc.retry_after_s or 1))}"
@@ -301,7 +310,7 @@ class AgentProxy:
             "usage": _usage(len(prompt.ids), usage_out, gens[0].cached_tokens),
             "metadata": {"weight_version": gens[0].weight_version, "session_id": call.session_id},
         }
-        self._remember_chat(call, body, prompt, gens, choices)
+        self._remember_chat(call, body, prompt, gens[0], choices[0]["message"]["content"] or "")
         self._done(call)
         return JSONResponse(answer, headers=self._response_headers(call))
 
@@ -318,14 +327,14 @@ class AgentProxy:
         call: _Call,
         body: ChatCompletionRequest,
         prompt: RenderedPrompt,
-        gens: list[Generation],
-        choices: list[dict[str, Any]],
+        gen: Generation,
+        content: str,
     ) -> None:
+        """Remember a single answer's sampled ids, so the session's next call can continue them."""
         if self.continuations is None or body.uses_tools or body.n != 1:
             return
         messages = [m.for_template(i) for i, m in enumerate(body.messages)]
-        content = choices[0]["message"]["content"] or ""
-        self.continuations.remember(call.session_id, messages, prompt.ids, gens[0].output_ids, content)
+        self.continuations.remember(call.session_id, messages, prompt.ids, gen.output_ids, content)
 
     async def _completions(self, call: _Call, body: CompletionRequest) -> Response:
         body.warn_unknown("/v1/completions")
@@ -417,7 +426,7 @@ class AgentProxy:
         if body.n != 1:
             raise UnsupportedRequestError("n", "must be 1 when streaming through the proxy")
         body.warn_unknown("/v1/chat/completions")
-        prompt = self.renderer.chat(body)
+        prompt = self._render_chat(call, body)
         payload = {**self._chat_payload(body, prompt), "input_ids": prompt.ids}
         events = await self._open_stream(call, payload)
         return StreamingResponse(
@@ -458,12 +467,10 @@ class AgentProxy:
                 lp = self._chat_logprobs(gen, sent_ids) if body.logprobs else None
                 sent_ids = len(gen.output_ids)
                 if gen.finish_reason is None:
-                    visible = visible_text(body, gen.text, prompt.primer)
-                    if visible > sent_text or lp:
-                        yield chunk(
-                            {"content": gen.text[sent_text:visible]} if visible > sent_text else {}, None, lp
-                        )
-                        sent_text = max(sent_text, visible)
+                    new_text = streamed_content(body, gen.text, prompt.primer)[sent_text:]
+                    if new_text or lp:
+                        yield chunk({"content": new_text} if new_text else {}, None, lp)
+                        sent_text += len(new_text)
                     continue
                 _check_finished(gen)
                 message, calls = chat_message(body, gen.text, prompt.primer)
@@ -474,6 +481,7 @@ class AgentProxy:
                 if calls:
                     delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
                 yield chunk(delta, _finish(gen, bool(calls)), lp)
+                self._remember_chat(call, body, prompt, gen, content)
                 self._record(
                     call,
                     body_messages=request_messages_json(body),
@@ -677,6 +685,8 @@ async def _parse(request: Request, model: type[Any]) -> Any:
         return model.model_validate(data)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors()) from exc
+    except InferenceError as exc:  # the request models refuse some values by name (lone surrogates)
+        raise _as_proxy_error(exc) from exc
 
 
 def _as_proxy_error(exc: InferenceError) -> ProxyError:
@@ -727,15 +737,14 @@ def _sse(payload: dict[str, Any]) -> str:
 
 
 def _validation_response(errors: list[Any]) -> JSONResponse:
-    problems = [
-        f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body')}: {e.get('msg')}" for e in errors
-    ]
+    fields = [".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body" for e in errors]
+    problems = [f"{name}: {e.get('msg')}" for name, e in zip(fields, errors, strict=True)]
     return JSONResponse(
         {
             "error": {
                 "message": "; ".join(problems),
                 "type": "invalid_request_error",
-                "param": None,
+                "param": fields[0] if fields else None,
                 "code": 400,
             }
         },

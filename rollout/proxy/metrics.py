@@ -9,6 +9,7 @@ __all__ = ["ProxyMetrics"]
 _COUNTERS = (
     "requests_total",
     "requests_failed_total",
+    "requests_invalid_total",
     "upstream_retried_total",
     "sessions_repinned_total",
     "events_recorded_total",

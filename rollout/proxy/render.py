@@ -12,11 +12,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from rollout.inference.detokenize import token_bytes
 from rollout.inference.openai_api import ChatCompletionRequest, CompletionRequest
-from rollout.inference.openai_routes import chat_message, tool_primer, visible_text
+from rollout.inference.openai_routes import chat_message, streamed_content, tool_primer
 from rollout.proxy.errors import UnsupportedRequestError
 
-__all__ = ["PromptRenderer", "RenderedPrompt", "chat_message", "visible_text"]
+__all__ = ["PromptRenderer", "RenderedPrompt", "chat_message", "streamed_content"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +71,8 @@ class PromptRenderer:
         return self.decode([token])
 
     def token_bytes(self, token: int) -> list[int]:
-        return list(self.token_text(token).encode("utf-8"))
+        """The token's own bytes (half a character stays half: not the text's U+FFFD)."""
+        return list(token_bytes(self.tokenizer, token))
 
 
 def request_messages_json(body: ChatCompletionRequest) -> str:

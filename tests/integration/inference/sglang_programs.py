@@ -38,8 +38,13 @@ def fork_program(s):
 
 
 def main() -> None:
-    sgl.set_default_backend(sgl.RuntimeEndpoint(sys.argv[1]))
-    out: dict[str, object] = {}
+    endpoint = sgl.RuntimeEndpoint(sys.argv[1])
+    sgl.set_default_backend(endpoint)
+    out: dict[str, object] = {"model": endpoint.get_model_name()}
+    try:
+        out["server_info"] = endpoint.get_server_info()
+    except RuntimeError as exc:  # the frontend's answer to a non-200: reported, the programs go on
+        out["server_info"] = {"frontend_error": str(exc)}
     state = stop_program.run()
     out["stop"] = {"answer": state["answer"], "meta": state.get_meta_info("answer")}
     out["regex"] = [regex_program.run(seed=i)["code"] for i in range(4)]

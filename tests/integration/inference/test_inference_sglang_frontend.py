@@ -87,3 +87,18 @@ def test_select_picks_the_best_normalized_choice(results: dict) -> None:
 def test_fork_branches_equal_the_native_greedy_outputs(server: InferenceServer, results: dict) -> None:
     expected = [_greedy(server, f"Start. Branch {i}: ", max_new_tokens=6)["text"] for i in range(2)]
     assert results["fork"]["branches"] == expected
+
+
+def test_server_and_model_info_answer_under_sglangs_current_names(
+    server: InferenceServer, results: dict
+) -> None:
+    """`RuntimeEndpoint.get_server_info()` asks `/server_info`; SGLang's routes today are
+    `/server_info` and `/model_info` (the `get_` names are its deprecated aliases)."""
+    info = results["server_info"]
+    assert "frontend_error" not in info, info["frontend_error"]
+    assert info["weight_version"] == "0" and info["model_path"] == server.state.model_path
+    assert isinstance(info["version"], str) and isinstance(info["internal_states"], list)
+    assert results["model"] == server.state.model_path
+    for path in ("/model_info", "/get_model_info"):
+        model = httpx.get(f"{server.base_url}{path}", timeout=30).json()
+        assert model["weight_version"] == "0" and model["model_path"] == server.state.model_path

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from inference_fixtures import serve_tiny
+from ports import free_port
 
 from consumers.weights import WeightSubscriber
 from producers import EventProducer
@@ -18,6 +25,7 @@ from schemas.records import WeightVersion
 from schemas.topics import TOPICS, WEIGHTS
 
 WEIGHTS_CONFIG = next(spec.config for spec in TOPICS if spec.name == WEIGHTS)
+STACX = str(Path(sys.executable).with_name("stacx"))
 
 
 @pytest.fixture
@@ -91,3 +99,61 @@ def test_subscriber_applies_latest_then_follows_newer_versions(
         subscriber.close()
         producer.close()
     assert subscriber.num_ignored >= 1
+
+
+def _delete_groups_of(bootstrap: str, model: str) -> None:
+    """The subscriber's consumer group (named after the model) goes with the test."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    listed = admin.list_consumer_groups(request_timeout=10).result()
+    ours = [g.group_id for g in listed.valid if model in g.group_id]
+    for future in admin.delete_consumer_groups(ours, request_timeout=10).values() if ours else []:
+        with contextlib.suppress(Exception):  # housekeeping: already gone is fine
+            future.result()
+
+
+def test_a_restarted_server_is_ready_only_once_it_serves_the_newest_version(
+    kafka_bootstrap: str,
+    fresh_topic: Callable[..., str],
+    tiny_model_dir: Path,
+    other_model_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """`stacx serve --follow-weights` after a restart: every moment /health says ready, the
+    server already answers with the newest published version, never its base weights."""
+    topic = fresh_topic("weights", partitions=1, config=WEIGHTS_CONFIG)
+    model = f"policy-{uuid.uuid4().hex[:8]}"
+    with EventProducer(EventProducer.Config(bootstrap_servers=kafka_bootstrap)) as producer:
+        record = WeightVersion(model_name=model, version=5, path=str(other_model_dir))
+        producer.publish(topic, record, key=model).result(timeout=30)
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    log = (tmp_path / "serve.log").open("w")
+    serve = subprocess.Popen(
+        [STACX, "serve", "--model", str(tiny_model_dir), "--port", str(port), "--threads", "1",
+         "--follow-weights", model, "--weights-topic", topic, "--bootstrap-servers", kafka_bootstrap],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    answers: list[tuple[int, str]] = []  # (/health status, weight_version) from start-up on
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and serve.poll() is None and (200, "5") not in answers:
+            try:
+                health = httpx.get(f"{base_url}/health", timeout=5)
+                version = httpx.get(f"{base_url}/model_info", timeout=5).json()["weight_version"]
+            except httpx.TransportError:
+                time.sleep(0.02)
+                continue
+            answers.append((health.status_code, version))
+            if health.status_code != 200:
+                assert health.json()["status"] == "starting"
+        assert (200, "5") in answers, (answers[-5:], (tmp_path / "serve.log").read_text()[-2000:])
+        assert all(version == "5" for status, version in answers if status == 200), answers
+        _, version = _generate(base_url)
+        assert version == "5"
+    finally:
+        os.killpg(serve.pid, signal.SIGTERM)
+        serve.wait(timeout=60)
+        log.close()
+        _delete_groups_of(kafka_bootstrap, model)

@@ -214,3 +214,14 @@ def test_health_and_model_info(http: httpx.Client) -> None:
     assert http.get("/health").status_code == 200
     info = http.get("/get_model_info").json()
     assert info["is_generation"] is True and info["model_type"] == "qwen2"
+
+
+def test_a_server_waiting_for_weights_is_not_ready_until_they_are_current(tiny_model_dir: Path) -> None:
+    """A server that follows a weight topic must not look ready on its base weights."""
+    with serve_tiny(tiny_model_dir, wait_for_weights=True) as srv:
+        for path in ("/health", "/health_generate"):
+            waiting = httpx.get(f"{srv.base_url}{path}", timeout=30)
+            assert waiting.status_code == 503 and waiting.json()["status"] == "starting", path
+        srv.mark_weights_current()
+        assert httpx.get(f"{srv.base_url}/health", timeout=30).json() == {"status": "ok"}
+        assert httpx.get(f"{srv.base_url}/health_generate", timeout=60).status_code == 200

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -200,3 +203,155 @@ def test_bad_values_are_400_with_the_field(server: InferenceServer, client: open
         timeout=30,
     )
     assert raw.status_code == 400 and "temperature" in raw.json()["error"]["message"]
+
+
+def _literal(text: str) -> str:
+    """A regex (SGLang's `regex` extension) matching exactly `text`."""
+    return re.escape(text)
+
+
+CALC_CALL = '<tool_call>\n{"name": "calc", "arguments": {"expr":"1+1"}}\n</tool_call>'
+"""What a model emits when it writes JSON its own way (no space after the colon)."""
+
+
+def _tool_markers(server: InferenceServer) -> dict[str, int]:
+    """Favour the one-token tool tags, so the grammar picks them over their bytes."""
+    tok = server.state.tokenizer
+    return {str(tok.convert_tokens_to_ids(t)): 100 for t in ("<tool_call>", "</tool_call>")}
+
+
+def test_tool_call_arguments_are_the_models_own_text(server: InferenceServer, client: openai.OpenAI) -> None:
+    """An agent sends the call back; the next prompt extends the sampled tokens exactly."""
+    messages: list[dict[str, object]] = [{"role": "user", "content": "1+1?"}]
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny",
+        messages=messages,  # type: ignore[arg-type]
+        tools=TOOLS,  # type: ignore[arg-type]
+        max_tokens=64,
+        temperature=0,
+        logit_bias=_tool_markers(server),
+        extra_body={"regex": _literal(CALC_CALL), "return_token_ids": True},
+    )
+    first = json.loads(raw.text)
+    call = raw.parse().choices[0].message.tool_calls[0]  # type: ignore[index]
+    assert call.function.arguments == '{"expr":"1+1"}'
+    messages += [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "2"},
+    ]
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny",
+        messages=messages,  # type: ignore[arg-type]
+        tools=TOOLS,  # type: ignore[arg-type]
+        max_tokens=1,
+        extra_body={"return_token_ids": True},
+    )
+    sampled = first["prompt_token_ids"] + first["choices"][0]["token_ids"]
+    assert json.loads(raw.text)["prompt_token_ids"][: len(sampled)] == sampled
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        "  ab<tool",
+        "ab \n" + CALC_CALL + "  cd ",
+        " x <tool_call>not json</tool_call> y",
+        "<tool_c",
+    ],
+)
+def test_streamed_content_equals_the_plain_answer_with_tools(
+    server: InferenceServer, client: openai.OpenAI, output: str
+) -> None:
+    options: dict[str, object] = {
+        "model": "tiny",
+        "messages": HELLO,
+        "tools": TOOLS,
+        "max_tokens": 64,
+        "temperature": 0,
+        "logit_bias": _tool_markers(server),
+        "extra_body": {"regex": _literal(output)},
+    }
+    plain = client.chat.completions.create(**options).choices[0]  # type: ignore[call-overload]
+    chunks = list(client.chat.completions.create(stream=True, **options))  # type: ignore[call-overload]
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == (plain.message.content or "")
+    calls = [t.function for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
+    assert [(f.name, f.arguments) for f in calls] == [
+        (t.function.name, t.function.arguments) for t in plain.message.tool_calls or []
+    ]
+
+
+def test_abort_all_ends_openai_requests_too(server: InferenceServer, client: openai.OpenAI) -> None:
+    """OpenAI requests carry no client rid; `abort_all` (before a weight swap) must end them."""
+    outcome: dict[str, object] = {}
+
+    def long_chat() -> None:
+        try:
+            client.chat.completions.create(
+                model="tiny",
+                messages=HELLO,  # type: ignore[arg-type]
+                max_tokens=3000,
+                extra_body={"ignore_eos": True},
+            )
+        except openai.APIStatusError as exc:
+            outcome["error"] = exc
+        else:
+            outcome["error"] = None
+
+    thread = threading.Thread(target=long_chat)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while server.engine.metrics.gauges["running_requests"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    aborted = httpx.post(f"{server.base_url}/abort_request", json={"abort_all": True}, timeout=30)
+    thread.join(timeout=60)
+    assert aborted.json()["num_aborted"] == 1
+    error = outcome["error"]
+    assert isinstance(error, openai.APIStatusError) and error.status_code == 503, error
+    assert "aborted" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("options", "param"),
+    [
+        ({"logit_bias": {"65": 1e308}}, "logit_bias.65"),
+        ({"logit_bias": {"65": -1e308}}, "logit_bias.65"),
+        ({"seed": 2**70}, "seed"),
+    ],
+)
+def test_values_no_model_can_take_are_400_naming_the_field_and_counted(
+    server: InferenceServer, client: openai.OpenAI, options: dict[str, object], param: str
+) -> None:
+    before = server.engine.metrics.counters["requests_invalid_total"]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=2, **options)  # type: ignore[call-overload]
+    assert caught.value.param == param and caught.value.type is not None
+    assert server.engine.metrics.counters["requests_invalid_total"] == before + 1
+    metrics = httpx.get(f"{server.base_url}/metrics", timeout=30).text
+    assert f"stacx_inference_requests_invalid_total {before + 1:g}\n" in metrics
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/generate", b'{"text": "a\\ud800", "sampling_params": {"max_new_tokens": 2}}', "text"),
+        ("/generate", b'{"text": "a", "sampling_params": {"sampling_seed": 1180591620717411303424}}',
+         "sampling_params.sampling_seed"),
+        ("/v1/completions", b'{"prompt": "a\\udfff", "max_tokens": 2}', "prompt"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}',
+         "messages[0].content"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', "body"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user",, }]}', "body"),
+    ],
+)
+def test_raw_bodies_get_openai_error_bodies(
+    server: InferenceServer, path: str, body: bytes, param: str
+) -> None:
+    """Bodies the `openai` client cannot send: lone surrogates (it encodes UTF-8), bad bytes, bad JSON."""
+    before = server.engine.metrics.counters["requests_invalid_total"]
+    answer = httpx.post(f"{server.base_url}{path}", content=body, timeout=30)
+    assert answer.status_code == 400, answer.text
+    assert server.engine.metrics.counters["requests_invalid_total"] == before + 1
+    error = answer.json()["error"]
+    assert error["param"] == param and error["code"] == 400
+    assert error["message"].startswith(f"{param}: ")
