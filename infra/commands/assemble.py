@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from infra.heap import freeze_startup_heap
@@ -50,11 +51,17 @@ def register(subparsers: Any) -> None:
 def build_config(args: argparse.Namespace) -> Any:
     """AssemblerApp.Config from the YAML file (if any) and the command-line overrides."""
     from consumers.assembly import AssemblerApp
-    from infra.config import bootstrap_servers, build, load_yaml
+    from infra.config import ConfigError, bootstrap_servers, build, load_yaml
 
     tree = load_yaml(args.config) if args.config else {}
     source = args.config or "command line"
-    data = dict(tree.get("assembler") or {})
+    section = tree.get("assembler") or {}
+    if not isinstance(section, Mapping):
+        raise ConfigError(
+            f"{source}: section `assembler` must be a mapping of AssemblerApp.Config fields, "
+            f"got {type(section).__name__} ({section!r})"
+        )
+    data = dict(section)
     data.setdefault("bootstrap_servers", bootstrap_servers(tree))
     for flag, key in _OVERRIDES.items():
         if getattr(args, flag, None) is not None:
