@@ -31,6 +31,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,7 @@ from consumers.assembly.mixture import MixturePlanner
 from consumers.assembly.protocols import Forwarder, Output
 from consumers.assembly.stats import AssemblyStats
 from consumers.assembly.tracing import TraceLinks
+from consumers.assembly.worker import SignalledWorker
 from consumers.dead_letters import keep_original
 from schemas import topics
 from schemas.catalogue import SchemaCatalogue, catalogue_codec
@@ -695,31 +697,34 @@ class AssemblerApp:
             grouping.closed_ttl_s = retention_ms / 1000
             self.config.batching.packed_ttl_s = max(self.config.batching.packed_ttl_s, retention_ms / 1000)
 
-    def worker(self, *, loglevel: str = "info") -> faust.Worker:
-        """A Faust worker (`worker.execute_from_commandline()` blocks until it is stopped)."""
-        worker = faust.Worker(self.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    def worker(self, *, loglevel: str = "info") -> SignalledWorker:
+        """A Faust worker (`worker.run()` blocks until it is stopped)."""
+        worker = SignalledWorker(self.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
         # Faust's terminal spinner sets the root logger to DEBUG whenever loglevel >= WARNING,
         # which makes every aiokafka send build a log record: a large CPU cost per message.
         worker.spinner = None
         return worker
 
-    def run(self, *, loglevel: str = "info") -> int:
+    def run(self, *, loglevel: str = "info") -> signal.Signals | None:
         """Create the internal topics, register the output schemas, run the worker until
-        SIGINT/SIGTERM; exit status."""
+        SIGINT/SIGTERM: the signal that stopped it. A crash of the worker is raised as
+        `AssemblyError`."""
         ensure_internal_topics(self.config)
         for record_type in (TrainingBatch, ClaimCheck, DeadLetter):  # not inside the event loop
             self.codec.local_schema(record_type)
         self._cover_retention()
-        code = 0
+        worker = self.worker(loglevel=loglevel)
         try:
-            self.worker(loglevel=loglevel).execute_from_commandline()
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 0
+            worker.run()
+        except AssemblyError:
+            raise
+        except Exception as exc:  # the worker crashed (`app.crash`): Faust re-raises the reason
+            raise AssemblyError(f"the assembler stopped on an error: {type(exc).__name__}: {exc}") from exc
         finally:
             log.info("assembler final stats %s", json.dumps(self.stats.as_dict()))
             if self.gap_reader is not None:
                 self.gap_reader.close()
-        return code
+        return worker.stopped_by
 
 
 _TRACE_HEADERS = ("traceparent", "tracestate", "baggage")

@@ -113,4 +113,12 @@ def _assemble(args: argparse.Namespace) -> int:
             print(f"stacx assemble: {line}", file=sys.stderr)
         return 2
     freeze_startup_heap("assemble")
-    return assembler.run(loglevel=args.loglevel)
+    try:
+        stopped_by = assembler.run(loglevel=args.loglevel)
+    except AssemblyError as exc:
+        print(f"stacx assemble: {exc}", file=sys.stderr)
+        return 1
+    if stopped_by is None:
+        return 0
+    print(f"stacx assemble: stopped by {stopped_by.name}", file=sys.stderr, flush=True)
+    return 128 + stopped_by.value
