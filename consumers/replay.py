@@ -263,3 +263,4 @@ class ReplayAssembler:
         for batch in self._builder.on_group(group_payload, now_ms=now_ms):
             batch = dataclasses.replace(batch, created_at_ms=now_ms)  # record time, not wall time
             result.batches.append((batch.batch_id, self._encoder.encode(batch)))
+            self.stats.batch_sent(batch)

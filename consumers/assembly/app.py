@@ -61,6 +61,7 @@ from consumers.assembly.stats import AssemblyStats
 from consumers.assembly.tracing import TraceLinks
 from consumers.assembly.worker import SignalledWorker
 from consumers.dead_letters import keep_original
+from producers.errors import BlobStoreError
 from schemas import topics
 from schemas.catalogue import SchemaCatalogue, catalogue_codec
 from schemas.claimcheck import ClaimCheck
@@ -79,6 +80,11 @@ __all__ = [
 
 _meter = metrics.get_meter("stacx.assembler")
 _BATCHES = _meter.create_counter("stacx.assembler.batches", unit="{batch}", description="batches emitted")
+_BLOB_STORE_DOWN = _meter.create_up_down_counter(
+    "stacx.assembler.blob_store_down",
+    unit="1",
+    description="1 while batches wait because the claim-check blob store cannot be written",
+)
 _BATCHED_TRAJECTORIES = _meter.create_counter(
     "stacx.assembler.batched_trajectories", unit="{trajectory}", description="trajectories in batches"
 )
@@ -264,6 +270,10 @@ class AssemblerApp:
         self.gap_reader = gap_reader
         """Reads what Faust failed to deliver (`gaps`); `run` makes a Kafka one when None."""
         self.stats = AssemblyStats()
+        self.unwritten: list[TrainingBatch] = []
+        """Packed batches waiting for the claim-check blob store, oldest first."""
+        self.blob_store_problem: str | None = None
+        """Why the blob store cannot be written now (None: it can); a health signal."""
         self.trace_links = TraceLinks()
         """Trajectory trace contexts on their way to the batch span that links them."""
         self.app = _new_faust_app(config)
@@ -405,6 +415,8 @@ class AssemblerApp:
         entry = self.pool_held.arrived(message.tp, event)
         # an empty record is a tick (a group never is): it confirms the deliveries so far
         outputs = self.on_ready_group(message.value, headers=message.headers) if message.value else []
+        if self.unwritten:
+            outputs += await self._write_waiting()
         entered, left = self.pool.take_changes()
         for group_id in entered:
             self.pool_held.hold(group_id, entry)
@@ -432,17 +444,65 @@ class AssemblerApp:
         return None
 
     def on_ready_group(self, payload: bytes, headers: Any = None) -> list[Output]:
-        """Stage 2 for one closed group: the batches it completes, dead letters of rejected ones."""
+        """Stage 2 for one closed group: the batches it completes, dead letters of rejected ones.
+        A batch the blob store cannot take now waits in `unwritten` (`_write_waiting`)."""
         self.trace_links.take_group(headers)
         batches = self.builder.on_group(payload, now_ms=self.clock())
         letters = [o for r in self.builder.take_rejected() for o in self._rejected_output(r)]
-        return letters + [self._batch_output(b) for b in batches]
+        self.unwritten += batches
+        return letters + self._write_unwritten()
+
+    def _write_unwritten(self) -> list[Output]:
+        """Outputs of the waiting batches, oldest first, up to the first one whose claim-check
+        blob cannot be written (it and the later ones keep waiting)."""
+        outputs: list[Output] = []
+        while self.unwritten:
+            try:
+                outputs.append(self._batch_output(self.unwritten[0]))
+            except BlobStoreError as exc:
+                self._blob_store_down(exc)
+                break
+            self.unwritten.pop(0)
+        else:
+            self._blob_store_up()
+        return outputs
+
+    async def _write_waiting(self) -> list[Output]:
+        """Wait (backing off) until the blob store takes every waiting batch: the batch stage
+        holds its groups meanwhile, nothing is counted or acknowledged that was not sent."""
+        outputs: list[Output] = []
+        delay = 1.0
+        while True:
+            outputs += self._write_unwritten()
+            if not self.unwritten:
+                return outputs
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 30.0)
+
+    def _blob_store_down(self, exc: BaseException) -> None:
+        if self.blob_store_problem is None:
+            log.error(
+                "%d batch(es) wait: the claim-check blob store %s cannot be written (%s); "
+                "retrying with backoff, the batch stage holds its groups meanwhile",
+                len(self.unwritten),
+                self.config.output.blob_store_url,
+                exc,
+            )
+            _BLOB_STORE_DOWN.add(1)
+        self.blob_store_problem = str(exc)
+
+    def _blob_store_up(self) -> None:
+        if self.blob_store_problem is not None:
+            log.warning("the claim-check blob store takes batches again")
+            _BLOB_STORE_DOWN.add(-1)
+        self.blob_store_problem = None
 
     def _batch_output(self, batch: Any) -> Output:
+        value = self.encoder.encode(batch)  # first: a blob that cannot be written sends nothing
+        self.stats.batch_sent(batch)
         _BATCHES.add(1)
         _BATCHED_TRAJECTORIES.add(len(batch.trajectory_ids))
         with self.trace_links.batch_span(batch.batch_id, batch.trajectory_ids) as headers:
-            value = self.encoder.encode(batch)
             return Output(
                 self.config.batches_topic,
                 batch.batch_id.encode(),
