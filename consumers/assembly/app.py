@@ -380,16 +380,27 @@ class AssemblerApp:
         A tick also brings what a quiet trajectories partition never got; other topics (weights)
         are not held."""
         cfg = self.config
-        try:
-            taken = await self.inputs.events(
-                event,
-                held=(cfg.trajectories_topic, cfg.groups_topic),
-                ticks=cfg.ticks_topic,
-                ticked=(cfg.trajectories_topic,),
-            )
-        except AssemblyError as exc:  # Kafka did not answer: start over from the committed offset
-            await self.app.crash(exc)
-            return []
+        delay, failing = 0.5, False
+        while True:
+            try:
+                taken = await self.inputs.events(
+                    event,
+                    held=(cfg.trajectories_topic, cfg.groups_topic),
+                    ticks=cfg.ticks_topic,
+                    ticked=(cfg.trajectories_topic,),
+                )
+                break
+            except AssemblyError as exc:
+                if not exc.retriable:  # start over from the committed offset
+                    await self.app.crash(exc)
+                    return []
+                if not failing:
+                    log.warning("Kafka is settling (%s); retrying with backoff", exc)
+                failing = True
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 10.0)
+        if failing:
+            log.info("Kafka answers again")
         return taken or []  # taken before: skipped, its first delivery is the one acknowledged
 
     def _reader(self) -> GapReader:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["AssemblyConfigError", "AssemblyError", "InvalidTrajectoryError"]
+__all__ = ["AssemblyConfigError", "AssemblyError", "BrokerUnavailableError", "InvalidTrajectoryError"]
 
 
 class AssemblyError(Exception):
@@ -18,3 +18,10 @@ class AssemblyConfigError(AssemblyError, ValueError):
 
 class InvalidTrajectoryError(AssemblyError):
     """A decoded trajectory cannot be packed (inconsistent token arrays, missing ids)."""
+
+
+class BrokerUnavailableError(AssemblyError):
+    """Kafka did not answer, or answered with a transient error (a broker restarting, a
+    partition changing leader): the same request succeeds once the cluster settles."""
+
+    retriable = True
