@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import faust
+from aiokafka.errors import UnknownTopicOrPartitionError
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
@@ -50,11 +51,12 @@ from consumers.assembly.assignor import make_assignor
 from consumers.assembly.batching import BatchBuilder, RejectedGroup
 from consumers.assembly.claims import BatchEncoder, decode_trajectory
 from consumers.assembly.envelope import encode_group
-from consumers.assembly.errors import AssemblyConfigError, AssemblyError
+from consumers.assembly.errors import AssemblyConfigError, AssemblyError, OutputTopicMissing
 from consumers.assembly.filters import SampleFilter, invalid_reason
 from consumers.assembly.gaps import GapReader, InputOrder, KafkaGapReader, ack
 from consumers.assembly.grouping import GroupAssembler
 from consumers.assembly.holding import GroupRecords, HeldAcks, PendingMarks, TrackedPool
+from consumers.assembly.missing import quiet_missing_topics
 from consumers.assembly.mixture import MixturePlanner
 from consumers.assembly.protocols import Forwarder, Output
 from consumers.assembly.stats import AssemblyStats
@@ -115,9 +117,12 @@ class FaustForwarder:
         topic = self._topics.get(output.topic)
         if topic is None:
             topic = self._topics[output.topic] = self._app.topic(output.topic, **_RAW)
-        if output.headers:
-            return await topic.send(key=output.key, value=output.value, headers=output.headers)
-        return await topic.send(key=output.key, value=output.value)
+        try:
+            if output.headers:
+                return await topic.send(key=output.key, value=output.value, headers=output.headers)
+            return await topic.send(key=output.key, value=output.value)
+        except UnknownTopicOrPartitionError as exc:
+            raise OutputTopicMissing(output.topic) from exc
 
 
 class AssemblerApp:
@@ -362,7 +367,7 @@ class AssemblerApp:
             outputs: list[Output] = []
             for taken in await self._in_order(event):
                 taken_outputs = self.on_group_event(taken.message, self.held.arrived(taken.message.tp, taken))
-                deliveries = [await self.forwarder.send(output) for output in taken_outputs]
+                deliveries = [await self._send(output) for output in taken_outputs]
                 self._expect_deliveries(taken_outputs, deliveries)
                 _drop_bytes(taken)
                 outputs += taken_outputs
@@ -433,7 +438,7 @@ class AssemblerApp:
             self.pool_held.hold(group_id, entry)
         if not entered:
             self.pool_held.done(entry)
-        deliveries = [await self.forwarder.send(output) for output in outputs]
+        deliveries = [await self._send(output) for output in outputs]
         if left:
             self._batch_deliveries.append((left, deliveries))
         _drop_bytes(event)
@@ -566,7 +571,29 @@ class AssemblerApp:
 
     async def _publish(self, outputs: list[Output]) -> None:
         for output in outputs:
-            await self.forwarder.send(output)
+            await self._send(output)
+
+    async def _send(self, output: Output) -> Awaitable[Any]:
+        """Hand `output` to the forwarder; while its topic does not exist (deleted under the
+        worker), say so once and wait, backing off: the agent holds its events meanwhile."""
+        delay, waited = 1.0, False
+        while True:
+            try:
+                delivery = await self.forwarder.send(output)
+            except OutputTopicMissing as exc:
+                if not waited:
+                    log.error(
+                        "%s; outputs to it wait (retrying with backoff) until it is created again "
+                        "(`stacx infra up` creates the standard topics)",
+                        exc,
+                    )
+                waited = True
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 30.0)
+                continue
+            if waited:
+                log.warning("topic %s exists again: its outputs go out", output.topic)
+            return delivery
 
     def on_weights_event(self, message: Any) -> list[Output]:
         """Remember the newest version per model (drives the staleness filter)."""
@@ -981,6 +1008,7 @@ class IdempotentApp(faust.App):
 
 def _new_faust_app(cfg: AssemblerApp.Config) -> IdempotentApp:
     use_fast_lz4()
+    quiet_missing_topics()
     web: dict[str, Any] = {"web_enabled": False}
     if cfg.web_port is not None:
         web = {"web_enabled": True, "web_port": cfg.web_port, "web_bind": "127.0.0.1"}
