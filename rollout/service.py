@@ -80,7 +80,9 @@ def build_environments(config: RolloutConfig, closers: list[Any]) -> GatewayEnvi
     sandbox = config.sandbox
     clients = []
     for url in sandbox.gateway_urls():
-        client = SandboxClient(SandboxClient.Config(base_url=url, token=sandbox.token()))
+        client = SandboxClient(
+            SandboxClient.Config(base_url=url, token=sandbox.token(), timeout_s=sandbox.request_timeout_s)
+        )
         closers.append(client)
         clients.append(client)
     options = GatewayEnvironments.Config(
@@ -88,6 +90,7 @@ def build_environments(config: RolloutConfig, closers: list[Any]) -> GatewayEnvi
         idle_timeout_s=sandbox.idle_timeout_s,
         max_sessions_per_gateway=sandbox.max_sessions_per_gateway,
         down_for_s=sandbox.down_for_s,
+        unresponsive_after_s=sandbox.unresponsive_after_s,
     )
     environments = GatewayEnvironments(clients, options)
     closers.append(environments)
