@@ -101,9 +101,14 @@ def _dlq_problem(config: Any) -> str | None:
 def _assemble(args: argparse.Namespace) -> int:
     from consumers.assembly import AssemblerApp, AssemblyError
     from infra.config import ConfigError
+    from infra.services.reachability import kafka_problem
 
     try:
         config = build_config(args)
+        unreachable = kafka_problem(config.bootstrap_servers)
+        if unreachable:
+            print(f"stacx assemble: {unreachable}", file=sys.stderr)
+            return 1
         problem = _dlq_problem(config)
         if problem:
             raise ConfigError(problem)
