@@ -204,13 +204,14 @@ def run_assembler(
     )
     watcher.start()
     cpu0 = time.process_time()
-    code = assembler.run(loglevel="warning")
+    stopped_by = assembler.run(loglevel="warning")  # the watcher's SIGTERM
     cpu_s = time.process_time() - cpu0
     watcher.join(timeout=30)
     stats = assembler.stats
-    if code != 0 or watched.get("batches", 0) < expected_batches or not stats.first_event_ms:
+    complete = watched.get("batches", 0) >= expected_batches and stats.first_event_ms
+    if stopped_by is not signal.SIGTERM or not complete:
         raise SystemExit(
-            f"assembler failed (exit {code}, {watched.get('batches')} of "
+            f"assembler failed (stopped by {stopped_by}, {watched.get('batches')} of "
             f"{expected_batches} batches, stats {stats.as_dict()})"
         )
     elapsed = (watched["last_ms"] - stats.first_event_ms) / 1000

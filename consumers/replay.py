@@ -289,3 +289,4 @@ class ReplayAssembler:
                 value = self._encoder.encode(batch)
             result.batches.append((batch.batch_id, value))
             result.headers[batch.batch_id] = [*(trace_headers or []), *self.codec.content_headers(value)]
+            self.stats.batch_sent(batch)

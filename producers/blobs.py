@@ -11,9 +11,11 @@ gc` removes blobs no retained record of the topic refers to any more.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,10 +74,29 @@ class FsspecBlobStore:
         path = f"{folder}/{digest}{_SUFFIX}"
         try:
             self._fs.makedirs(folder, exist_ok=True)
-            self._fs.pipe_file(path, data)
+            self._write(path, data)
         except Exception as exc:  # fsspec backends raise OSError and their own errors
             raise BlobStoreError(f"cannot write blob {path} under {self.root_url!r}: {exc}") from exc
         return self._fs.unstrip_protocol(path), digest
+
+    def _write(self, path: str, data: bytes) -> None:
+        """Write `path` whole or not at all. On a local file system a write that fails half way
+        (a full disk) would leave a partial blob under the final name: write a temporary file
+        beside it and rename it into place. Object stores only ever show complete objects."""
+        from fsspec.implementations.local import LocalFileSystem
+
+        if not isinstance(self._fs, LocalFileSystem):
+            self._fs.pipe_file(path, data)
+            return
+        partial = f"{path}.partial-{uuid.uuid4().hex[:12]}"
+        try:
+            with open(partial, "wb") as out:
+                out.write(data)
+            os.replace(partial, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(partial)
+            raise
 
     def copy(self, url: str, *, prefix: str, sha256: str | None = None) -> tuple[str, str]:
         """Copy the blob at `url` (checked against `sha256`) under `prefix`: (url, sha256)."""

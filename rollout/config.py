@@ -87,8 +87,15 @@ class SandboxConfig:
     """Sessions one gateway gets from this worker at most (None: as many as it accepts)."""
     down_for_s: float = 30.0
     """A gateway that failed is left alone this long, then probed and used again."""
+    request_timeout_s: float = 120.0
+    """HTTP timeout of gateway calls other than exec (a session start may build an image)."""
+    unresponsive_after_s: float = 10.0
+    """A gateway whose oldest request has waited this long is asked /healthz; if that does not
+    answer either, it is marked down and new episodes go to the other gateways."""
 
     def __post_init__(self) -> None:
+        if self.request_timeout_s <= 0:
+            raise ConfigError(f"sandbox.request_timeout_s = {self.request_timeout_s}; use > 0 seconds")
         if self.url and self.urls:
             raise ConfigError("sandbox: set `url` (one gateway) or `urls` (several), not both")
         bad = [u for u in self.gateway_urls() if not u.startswith(("http://", "https://"))]

@@ -20,8 +20,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from rollout.errors import ConfigError, EnvironmentStepError, RewardError
@@ -79,10 +79,31 @@ class _Gateway:
     """Its backend (`docker`, `process`), learnt from /healthz; None until probed."""
     problem: str | None = None
     """Why it was last marked down."""
+    waiting: dict[object, float] = field(default_factory=dict)
+    """Requests of ours in flight there (create, exec, verify): id -> monotonic start time."""
+    creating: int = 0
+    """Session creations in flight: they count as load before the session exists."""
+    checked_at: float = 0.0
+    """When it last answered (or failed) a responsiveness probe."""
+
+    @contextlib.contextmanager
+    def request(self, clock: Callable[[], float]) -> Iterator[None]:
+        """Note one request in flight while the block runs."""
+        token = object()
+        self.waiting[token] = clock()
+        try:
+            yield
+        finally:
+            del self.waiting[token]
+
+    def oldest_wait(self, now: float) -> float:
+        """How long its oldest request in flight has waited (0: none)."""
+        return now - min(self.waiting.values()) if self.waiting else 0.0
 
     def load(self) -> dict[str, Any]:
         return {
             "active": self.active,
+            "creating": self.creating,
             "opened": self.opened,
             "failures": self.failures,
             "up": self.problem is None,
@@ -104,8 +125,10 @@ class GatewaySession:
         sleep: Sleep = asyncio.sleep,
         on_gateway_failure: Callable[[BaseException], None] | None = None,
         on_close: Callable[[], None] | None = None,
+        track: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
     ) -> None:
         self.client = client
+        self._track = track or contextlib.nullcontext
         self.session_id = session_id
         self.task = task
         self.num_renewals = 0
@@ -125,9 +148,10 @@ class GatewaySession:
         self, command: str, *, stdin: str | None = None, timeout_s: float | None = None
     ) -> ExecResult:
         try:
-            result = await self.client.exec(
-                self.session_id, command, stdin=stdin, timeout_s=timeout_s or 60.0
-            )
+            with self._track():
+                result = await self.client.exec(
+                    self.session_id, command, stdin=stdin, timeout_s=timeout_s or 60.0
+                )
         except Exception as exc:
             self._failed(exc)
             raise EnvironmentStepError(f"exec in {self.session_id}: {type(exc).__name__}: {exc}") from exc
@@ -147,7 +171,8 @@ class GatewaySession:
                 "Harbor task (or configure a reward function)"
             )
         try:
-            result = await self.client.verify_remote(self.session_id)
+            with self._track():
+                result = await self.client.verify_remote(self.session_id)
         except Exception as exc:
             self._failed(exc)
             raise RewardError(f"verifier of {self.task.task_id}: {type(exc).__name__}: {exc}") from exc
@@ -204,8 +229,19 @@ class GatewayEnvironments:
         full_wait_s: float = 600.0
         """When every gateway is up but full, wait (backing off) this long for room before the
         episode fails: a full gateway is back-pressure, not an error."""
+        unresponsive_after_s: float = 10.0
+        """A gateway whose oldest request of ours has waited this long is asked `/healthz`
+        (at most once per this interval); one that does not answer within `health_timeout_s`
+        is marked down, and new episodes go elsewhere while its requests wait."""
+        health_timeout_s: float = 5.0
+        """How long a `/healthz` probe waits for its answer."""
 
         def __post_init__(self) -> None:
+            if self.unresponsive_after_s <= 0 or self.health_timeout_s <= 0:
+                raise ConfigError(
+                    f"sandbox.unresponsive_after_s = {self.unresponsive_after_s}, health_timeout_s = "
+                    f"{self.health_timeout_s}; both must be > 0"
+                )
             if self.idle_timeout_s <= 0 or self.down_for_s < 0:
                 raise ConfigError(
                     f"sandbox.idle_timeout_s = {self.idle_timeout_s}, down_for_s = {self.down_for_s}; "
@@ -268,8 +304,10 @@ class GatewayEnvironments:
         errors: list[str] = []
         all_full = True
         for gateway in await self._candidates(task):
+            gateway.creating += 1
             try:
-                info = await gateway.client.create_session(**spec)
+                with gateway.request(self._clock):
+                    info = await gateway.client.create_session(**spec)
             except Exception as exc:
                 if _gateway_full(exc):  # healthy, just full: try the next one
                     errors.append(f"{gateway.url}: full ({exc})")
@@ -282,6 +320,8 @@ class GatewayEnvironments:
                 errors.append(f"{gateway.url}: {type(exc).__name__}: {exc}")
                 all_full = False
                 continue
+            finally:
+                gateway.creating -= 1
             return self._session(gateway, info, task, lifetime), errors, all_full
         return None, errors, all_full
 
@@ -319,6 +359,7 @@ class GatewayEnvironments:
             sleep=self._sleep,
             on_gateway_failure=lambda exc: self._mark_down(gateway, exc),
             on_close=lambda: self._closed(gateway),
+            track=lambda: gateway.request(self._clock),
         )
 
     @staticmethod
@@ -331,13 +372,28 @@ class GatewayEnvironments:
         revived = [g for g in self.gateways if g.backend is None or (g.problem and now >= g.down_until)]
         if revived:
             await asyncio.gather(*(self._probe(g) for g in revived))
+        await self._check_waiting(now)
         limit = self.config.max_sessions_per_gateway
         usable = [
             g
             for g in self.gateways
-            if g.problem is None and (limit is None or g.active < limit) and _serves(g, task)
+            if g.problem is None and (limit is None or g.active + g.creating < limit) and _serves(g, task)
         ]
-        return sorted(usable, key=lambda g: (g.active, g.opened))
+        return sorted(usable, key=lambda g: (g.active + g.creating, g.opened))
+
+    async def _check_waiting(self, now: float) -> None:
+        """Probe the up gateways whose requests have waited `unresponsive_after_s`: a hung one
+        (no answer to /healthz either) is marked down instead of drawing every new episode."""
+        after = self.config.unresponsive_after_s
+        suspects = [
+            g
+            for g in self.gateways
+            if g.problem is None and g.oldest_wait(now) >= after and now - g.checked_at >= after
+        ]
+        for gateway in suspects:
+            gateway.checked_at = now
+        if suspects:
+            await asyncio.gather(*(self._probe(g) for g in suspects))
 
     async def _probe(self, gateway: _Gateway) -> bool:
         """One /healthz per gateway at a time, however many episodes ask."""
@@ -349,7 +405,17 @@ class GatewayEnvironments:
 
     async def _health(self, gateway: _Gateway) -> bool:
         try:
-            health = await gateway.client.health()
+            health = await asyncio.wait_for(gateway.client.health(), self.config.health_timeout_s)
+        except TimeoutError:
+            waited = gateway.oldest_wait(self._clock())
+            self._mark_down(
+                gateway,
+                TimeoutError(
+                    f"/healthz did not answer within {self.config.health_timeout_s:g} s"
+                    + (f" while a request has waited {waited:.0f} s" if waited else "")
+                ),
+            )
+            return False
         except Exception as exc:
             self._mark_down(gateway, exc)
             return False

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -60,6 +61,8 @@ class RolloutSummary:
     num_publish_errors: int = 0
     max_concurrent_episodes: int = 0
     wall_s: float = 0.0
+    stopped_by: signal.Signals | None = None
+    """The signal that stopped the run early (None: it ran to its end)."""
 
     def mean_reward_by_type(self) -> dict[str, float]:
         return {t: self.reward_sum_by_type[t] / n for t, n in self.episodes_by_type.items() if n}

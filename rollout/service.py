@@ -80,7 +80,9 @@ def build_environments(config: RolloutConfig, closers: list[Any]) -> GatewayEnvi
     sandbox = config.sandbox
     clients = []
     for url in sandbox.gateway_urls():
-        client = SandboxClient(SandboxClient.Config(base_url=url, token=sandbox.token()))
+        client = SandboxClient(
+            SandboxClient.Config(base_url=url, token=sandbox.token(), timeout_s=sandbox.request_timeout_s)
+        )
         closers.append(client)
         clients.append(client)
     options = GatewayEnvironments.Config(
@@ -88,6 +90,7 @@ def build_environments(config: RolloutConfig, closers: list[Any]) -> GatewayEnvi
         idle_timeout_s=sandbox.idle_timeout_s,
         max_sessions_per_gateway=sandbox.max_sessions_per_gateway,
         down_for_s=sandbox.down_for_s,
+        unresponsive_after_s=sandbox.unresponsive_after_s,
     )
     environments = GatewayEnvironments(clients, options)
     closers.append(environments)
@@ -220,27 +223,33 @@ async def _close(resource: Any) -> None:
             return
 
 
-def _install_signals(manager: RolloutManager) -> None:
-    """First Ctrl-C drains (running episodes finish), the second cancels them."""
+def _install_signals(manager: RolloutManager, received: list[signal.Signals]) -> None:
+    """SIGTERM (a service manager, `stacx run`) cancels the running episodes at once; the
+    first Ctrl-C drains them (they finish), the second cancels them. `received` gets the
+    first signal."""
     loop = asyncio.get_running_loop()
-    presses = {"n": 0}
 
-    def on_signal() -> None:
-        presses["n"] += 1
-        mode = "drain" if presses["n"] == 1 else "cancel"
-        log.warning("stopping (%s); press Ctrl-C again to cancel running episodes", mode)
-        manager.stop(mode)
+    def on_signal(signum: signal.Signals) -> None:
+        received.append(signum)
+        if signum is signal.SIGTERM or len(received) > 1:
+            log.warning("stopping on %s: cancelling the running episodes", signum.name)
+            manager.stop("cancel")
+            return
+        log.warning("stopping (drain); press Ctrl-C again to cancel running episodes")
+        manager.stop("drain")
 
     with contextlib.suppress(NotImplementedError, RuntimeError):
-        loop.add_signal_handler(signal.SIGINT, on_signal)
-        loop.add_signal_handler(signal.SIGTERM, on_signal)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, on_signal, signum)
 
 
 async def run_rollout(config: RolloutConfig, **seams: Any) -> RolloutSummary:
     """Build, run `config.num_groups` groups (or the whole source) with progress, close."""
+    received: list[signal.Signals] = []
     async with open_manager(config, **seams) as manager:
-        _install_signals(manager)
+        _install_signals(manager, received)
         async with live_progress(manager, enabled=config.progress):
             summary = await manager.run(config.num_groups)
         log.info("rollout finished: %s", metrics_line(manager.metrics()))
+        summary.stopped_by = received[0] if received else None
         return summary

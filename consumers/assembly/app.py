@@ -31,12 +31,14 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 import faust
+from aiokafka.errors import UnknownTopicOrPartitionError
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 from faust.types import TP
@@ -46,17 +48,20 @@ from consumers.assembly.assignor import make_assignor
 from consumers.assembly.batching import BatchBuilder, RejectedGroup
 from consumers.assembly.claims import BatchEncoder, decode_trajectory
 from consumers.assembly.envelope import encode_group
-from consumers.assembly.errors import AssemblyConfigError, AssemblyError
+from consumers.assembly.errors import AssemblyConfigError, AssemblyError, OutputTopicMissing
 from consumers.assembly.filters import SampleFilter, invalid_reason
 from consumers.assembly.gaps import GapReader, InputOrder, KafkaGapReader, ack
 from consumers.assembly.grouping import GroupAssembler
 from consumers.assembly.holding import GroupRecords, HeldAcks, PendingMarks, TrackedPool
+from consumers.assembly.missing import quiet_missing_topics
 from consumers.assembly.mixture import MixturePlanner
 from consumers.assembly.protocols import Forwarder, Output
 from consumers.assembly.stats import AssemblyStats
 from consumers.assembly.tracing import TraceLinks
+from consumers.assembly.worker import SignalledWorker
 from consumers.dead_letters import keep_original
 from consumers.library_patches import FETCH_MAX_WAIT_MS, IdempotentApp, use_fast_lz4
+from producers.errors import BlobStoreError
 from schemas import topics
 from schemas.catalogue import SchemaCatalogue, catalogue_codec
 from schemas.claimcheck import ClaimCheck
@@ -75,6 +80,11 @@ __all__ = [
 
 _meter = metrics.get_meter("stacx.assembler")
 _BATCHES = _meter.create_counter("stacx.assembler.batches", unit="{batch}", description="batches emitted")
+_BLOB_STORE_DOWN = _meter.create_up_down_counter(
+    "stacx.assembler.blob_store_down",
+    unit="1",
+    description="1 while batches wait because the claim-check blob store cannot be written",
+)
 _BATCHED_TRAJECTORIES = _meter.create_counter(
     "stacx.assembler.batched_trajectories", unit="{trajectory}", description="trajectories in batches"
 )
@@ -103,9 +113,12 @@ class FaustForwarder:
         topic = self._topics.get(output.topic)
         if topic is None:
             topic = self._topics[output.topic] = self._app.topic(output.topic, **_RAW)
-        if output.headers:
-            return await topic.send(key=output.key, value=output.value, headers=output.headers)
-        return await topic.send(key=output.key, value=output.value)
+        try:
+            if output.headers:
+                return await topic.send(key=output.key, value=output.value, headers=output.headers)
+            return await topic.send(key=output.key, value=output.value)
+        except UnknownTopicOrPartitionError as exc:
+            raise OutputTopicMissing(output.topic) from exc
 
 
 class AssemblerApp:
@@ -258,6 +271,10 @@ class AssemblerApp:
         self.gap_reader = gap_reader
         """Reads what Faust failed to deliver (`gaps`); `run` makes a Kafka one when None."""
         self.stats = AssemblyStats()
+        self.unwritten: list[TrainingBatch] = []
+        """Packed batches waiting for the claim-check blob store, oldest first."""
+        self.blob_store_problem: str | None = None
+        """Why the blob store cannot be written now (None: it can); a health signal."""
         self.trace_links = TraceLinks()
         """Trajectory trace contexts on their way to the batch span that links them."""
         self.app = _new_faust_app(config)
@@ -346,7 +363,7 @@ class AssemblerApp:
             outputs: list[Output] = []
             for taken in await self._in_order(event):
                 taken_outputs = self.on_group_event(taken.message, self.held.arrived(taken.message.tp, taken))
-                deliveries = [await self.forwarder.send(output) for output in taken_outputs]
+                deliveries = [await self._send(output) for output in taken_outputs]
                 self._expect_deliveries(taken_outputs, deliveries)
                 _drop_bytes(taken)
                 outputs += taken_outputs
@@ -364,16 +381,27 @@ class AssemblerApp:
         A tick also brings what a quiet trajectories partition never got; other topics (weights)
         are not held."""
         cfg = self.config
-        try:
-            taken = await self.inputs.events(
-                event,
-                held=(cfg.trajectories_topic, cfg.groups_topic),
-                ticks=cfg.ticks_topic,
-                ticked=(cfg.trajectories_topic,),
-            )
-        except AssemblyError as exc:  # Kafka did not answer: start over from the committed offset
-            await self.app.crash(exc)
-            return []
+        delay, failing = 0.5, False
+        while True:
+            try:
+                taken = await self.inputs.events(
+                    event,
+                    held=(cfg.trajectories_topic, cfg.groups_topic),
+                    ticks=cfg.ticks_topic,
+                    ticked=(cfg.trajectories_topic,),
+                )
+                break
+            except AssemblyError as exc:
+                if not exc.retriable:  # start over from the committed offset
+                    await self.app.crash(exc)
+                    return []
+                if not failing:
+                    log.warning("Kafka is settling (%s); retrying with backoff", exc)
+                failing = True
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 10.0)
+        if failing:
+            log.info("Kafka answers again")
         return taken or []  # taken before: skipped, its first delivery is the one acknowledged
 
     def _reader(self) -> GapReader:
@@ -399,12 +427,14 @@ class AssemblerApp:
         entry = self.pool_held.arrived(message.tp, event)
         # an empty record is a tick (a group never is): it confirms the deliveries so far
         outputs = self.on_ready_group(message.value, headers=message.headers) if message.value else []
+        if self.unwritten:
+            outputs += await self._write_waiting()
         entered, left = self.pool.take_changes()
         for group_id in entered:
             self.pool_held.hold(group_id, entry)
         if not entered:
             self.pool_held.done(entry)
-        deliveries = [await self.forwarder.send(output) for output in outputs]
+        deliveries = [await self._send(output) for output in outputs]
         if left:
             self._batch_deliveries.append((left, deliveries))
         _drop_bytes(event)
@@ -426,17 +456,65 @@ class AssemblerApp:
         return None
 
     def on_ready_group(self, payload: bytes, headers: Any = None) -> list[Output]:
-        """Stage 2 for one closed group: the batches it completes, dead letters of rejected ones."""
+        """Stage 2 for one closed group: the batches it completes, dead letters of rejected ones.
+        A batch the blob store cannot take now waits in `unwritten` (`_write_waiting`)."""
         self.trace_links.take_group(headers)
         batches = self.builder.on_group(payload, now_ms=self.clock())
         letters = [o for r in self.builder.take_rejected() for o in self._rejected_output(r)]
-        return letters + [self._batch_output(b) for b in batches]
+        self.unwritten += batches
+        return letters + self._write_unwritten()
+
+    def _write_unwritten(self) -> list[Output]:
+        """Outputs of the waiting batches, oldest first, up to the first one whose claim-check
+        blob cannot be written (it and the later ones keep waiting)."""
+        outputs: list[Output] = []
+        while self.unwritten:
+            try:
+                outputs.append(self._batch_output(self.unwritten[0]))
+            except BlobStoreError as exc:
+                self._blob_store_down(exc)
+                break
+            self.unwritten.pop(0)
+        else:
+            self._blob_store_up()
+        return outputs
+
+    async def _write_waiting(self) -> list[Output]:
+        """Wait (backing off) until the blob store takes every waiting batch: the batch stage
+        holds its groups meanwhile, nothing is counted or acknowledged that was not sent."""
+        outputs: list[Output] = []
+        delay = 1.0
+        while True:
+            outputs += self._write_unwritten()
+            if not self.unwritten:
+                return outputs
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 30.0)
+
+    def _blob_store_down(self, exc: BaseException) -> None:
+        if self.blob_store_problem is None:
+            log.error(
+                "%d batch(es) wait: the claim-check blob store %s cannot be written (%s); "
+                "retrying with backoff, the batch stage holds its groups meanwhile",
+                len(self.unwritten),
+                self.config.output.blob_store_url,
+                exc,
+            )
+            _BLOB_STORE_DOWN.add(1)
+        self.blob_store_problem = str(exc)
+
+    def _blob_store_up(self) -> None:
+        if self.blob_store_problem is not None:
+            log.warning("the claim-check blob store takes batches again")
+            _BLOB_STORE_DOWN.add(-1)
+        self.blob_store_problem = None
 
     def _batch_output(self, batch: Any) -> Output:
+        value = self.encoder.encode(batch)  # first: a blob that cannot be written sends nothing
+        self.stats.batch_sent(batch)
         _BATCHES.add(1)
         _BATCHED_TRAJECTORIES.add(len(batch.trajectory_ids))
         with self.trace_links.batch_span(batch.batch_id, batch.trajectory_ids) as headers:
-            value = self.encoder.encode(batch)
             return Output(
                 self.config.batches_topic,
                 batch.batch_id.encode(),
@@ -489,7 +567,29 @@ class AssemblerApp:
 
     async def _publish(self, outputs: list[Output]) -> None:
         for output in outputs:
-            await self.forwarder.send(output)
+            await self._send(output)
+
+    async def _send(self, output: Output) -> Awaitable[Any]:
+        """Hand `output` to the forwarder; while its topic does not exist (deleted under the
+        worker), say so once and wait, backing off: the agent holds its events meanwhile."""
+        delay, waited = 1.0, False
+        while True:
+            try:
+                delivery = await self.forwarder.send(output)
+            except OutputTopicMissing as exc:
+                if not waited:
+                    log.error(
+                        "%s; outputs to it wait (retrying with backoff) until it is created again "
+                        "(`stacx infra up` creates the standard topics)",
+                        exc,
+                    )
+                waited = True
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 30.0)
+                continue
+            if waited:
+                log.warning("topic %s exists again: its outputs go out", output.topic)
+            return delivery
 
     def on_weights_event(self, message: Any) -> list[Output]:
         """Remember the newest version per model (drives the staleness filter)."""
@@ -691,31 +791,34 @@ class AssemblerApp:
             grouping.closed_ttl_s = retention_ms / 1000
             self.config.batching.packed_ttl_s = max(self.config.batching.packed_ttl_s, retention_ms / 1000)
 
-    def worker(self, *, loglevel: str = "info") -> faust.Worker:
-        """A Faust worker (`worker.execute_from_commandline()` blocks until it is stopped)."""
-        worker = faust.Worker(self.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    def worker(self, *, loglevel: str = "info") -> SignalledWorker:
+        """A Faust worker (`worker.run()` blocks until it is stopped)."""
+        worker = SignalledWorker(self.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
         # Faust's terminal spinner sets the root logger to DEBUG whenever loglevel >= WARNING,
         # which makes every aiokafka send build a log record: a large CPU cost per message.
         worker.spinner = None
         return worker
 
-    def run(self, *, loglevel: str = "info") -> int:
+    def run(self, *, loglevel: str = "info") -> signal.Signals | None:
         """Create the internal topics, register the output schemas, run the worker until
-        SIGINT/SIGTERM; exit status."""
+        SIGINT/SIGTERM: the signal that stopped it. A crash of the worker is raised as
+        `AssemblyError`."""
         ensure_internal_topics(self.config)
         for record_type in (TrainingBatch, ClaimCheck, DeadLetter):  # not inside the event loop
             self.codec.local_schema(record_type)
         self._cover_retention()
-        code = 0
+        worker = self.worker(loglevel=loglevel)
         try:
-            self.worker(loglevel=loglevel).execute_from_commandline()
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 0
+            worker.run()
+        except AssemblyError:
+            raise
+        except Exception as exc:  # the worker crashed (`app.crash`): Faust re-raises the reason
+            raise AssemblyError(f"the assembler stopped on an error: {type(exc).__name__}: {exc}") from exc
         finally:
             log.info("assembler final stats %s", json.dumps(self.stats.as_dict()))
             if self.gap_reader is not None:
                 self.gap_reader.close()
-        return code
+        return worker.stopped_by
 
 
 _TRACE_HEADERS = ("traceparent", "tracestate", "baggage")
@@ -814,6 +917,7 @@ def _stacx_home(*parts: str) -> str:
 
 def _new_faust_app(cfg: AssemblerApp.Config) -> IdempotentApp:
     use_fast_lz4()
+    quiet_missing_topics()
     web: dict[str, Any] = {"web_enabled": False}
     if cfg.web_port is not None:
         web = {"web_enabled": True, "web_port": cfg.web_port, "web_bind": "127.0.0.1"}

@@ -134,8 +134,6 @@ class BatchBuilder:
             mask_flagged=self._filter.config.failure_policy is FailurePolicy.MASK,
         )
         self._remove(model_name, {e.key for e in chosen}, now_ms)
-        self._stats.batches += 1
-        self._stats.sequences += batch.num_sequences
         return batch
 
     def _remove(self, model_name: str, keys: set[str], now_ms: int) -> None:

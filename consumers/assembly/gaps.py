@@ -33,11 +33,41 @@ import faust
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
 from faust.types import TP
 
-from consumers.assembly.errors import AssemblyError
+from consumers.assembly.errors import AssemblyError, BrokerUnavailableError
 
 __all__ = ["GapReader", "InputOrder", "KafkaGapReader", "OffsetGuard", "Refetched", "ack"]
 
 log = logging.getLogger(__name__)
+
+TRANSIENT_CODES = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.REBALANCE_IN_PROGRESS,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.KAFKA_STORAGE_ERROR,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._WAIT_COORD,
+    }
+)
+"""Errors of a cluster that is settling (a broker restart, a leader moving), not of the request."""
+
+
+def kafka_failure(what: str, error: KafkaError) -> AssemblyError:
+    """`AssemblyError` for a Kafka error: retriable (`BrokerUnavailableError`) when transient."""
+    if error.retriable() or error.code() in TRANSIENT_CODES:
+        return BrokerUnavailableError(f"{what}: {error}")
+    return AssemblyError(f"{what}: {error}")
 
 
 class GapReader(Protocol):
@@ -155,7 +185,8 @@ class KafkaGapReader:
             (committed,) = self._group.committed([where], timeout=self.timeout_s)
             low, _ = self._group.get_watermark_offsets(where, timeout=self.timeout_s)
         except KafkaException as exc:
-            raise AssemblyError(f"cannot read the committed offset of {topic}[{partition}]: {exc}") from exc
+            what = f"cannot read the committed offset of {topic}[{partition}]"
+            raise kafka_failure(what, exc.args[0]) from exc
         if committed.offset == OFFSET_INVALID or committed.offset < low:
             return int(low)
         return int(committed.offset)
@@ -166,7 +197,7 @@ class KafkaGapReader:
             where = TopicPartition(topic, partition)
             _, high = self._group.get_watermark_offsets(where, timeout=self.timeout_s)
         except KafkaException as exc:
-            raise AssemblyError(f"cannot read the end offset of {topic}[{partition}]: {exc}") from exc
+            raise kafka_failure(f"cannot read the end offset of {topic}[{partition}]", exc.args[0]) from exc
         return int(high)
 
     def read(self, topic: str, partition: int, offsets: range) -> list[Any]:
@@ -177,13 +208,15 @@ class KafkaGapReader:
             while True:
                 message = self._reader.poll(self.timeout_s)
                 if message is None:
-                    raise AssemblyError(
+                    raise BrokerUnavailableError(
                         f"records {offsets.start}..{offsets.stop - 1} of {topic}[{partition}] did not "
                         f"arrive within {self.timeout_s:.0f}s"
                     )
                 error = message.error()
                 if error is not None and error.code() == KafkaError._PARTITION_EOF:
                     return found
+                if error is not None and (error.retriable() or error.code() in TRANSIENT_CODES):
+                    continue  # the consumer recovers by itself; the poll timeout bounds the wait
                 if error is not None:
                     raise AssemblyError(f"cannot read {topic}[{partition}]: {error}")
                 offset = message.offset()
@@ -263,17 +296,20 @@ class InputOrder:
         """An event of `source` at `offset` arrived. None: skip it, it was taken before;
         otherwise the records Faust dropped before it, to process first (usually none)."""
         await self._ensure_start(source)
-        missing = self.guard.admit(source, offset, self._clock())
-        if missing is None:
+        expected = self.guard.next_offset(source)
+        if expected is not None and offset < expected:
             log.debug("%s[%s]@%s delivered again: skipped", source.topic, source.partition, offset)
             return None
-        if not missing:
-            return []
-        log.warning(
-            "%s[%s]: offsets %d..%d were not delivered by the consumer, reading them from Kafka",
-            source.topic, source.partition, missing.start, missing.stop - 1,
-        )  # fmt: skip
-        return await asyncio.to_thread(self._reader().read, source.topic, source.partition, missing)
+        found: list[Any] = []
+        if expected is not None and expected < offset:
+            log.warning(
+                "%s[%s]: offsets %d..%d were not delivered by the consumer, reading them from Kafka",
+                source.topic, source.partition, expected, offset - 1,
+            )  # fmt: skip
+            missing = range(expected, offset)
+            found = await asyncio.to_thread(self._reader().read, source.topic, source.partition, missing)
+        self.guard.admit(source, offset, self._clock())  # after the read: a failed one is asked again
+        return found
 
     async def stalled(self, source: Any) -> list[Any]:
         """The records of a quiet `source` that Kafka has and its agent never got (read now)."""
@@ -283,17 +319,18 @@ class InputOrder:
         await self._ensure_start(source)
         end = await asyncio.to_thread(self._reader().end_offset, source.topic, source.partition)
         missing = self.guard.stalled(source, end, now, self.quiet_s)
-        if missing:
-            missing = range(missing.start, min(missing.stop, missing.start + self.max_read))
-        self.guard.skip_to(source, missing.stop if missing else 0, now)
         if not missing:
+            self.guard.skip_to(source, 0, now)
             return []
+        missing = range(missing.start, min(missing.stop, missing.start + self.max_read))
         log.warning(
             "%s[%s]: nothing arrived for %gs, offsets %d..%d were not delivered by the consumer, "
             "reading them from Kafka",
             source.topic, source.partition, self.quiet_s, missing.start, missing.stop - 1,
         )  # fmt: skip
-        return await asyncio.to_thread(self._reader().read, source.topic, source.partition, missing)
+        found = await asyncio.to_thread(self._reader().read, source.topic, source.partition, missing)
+        self.guard.skip_to(source, missing.stop, now)  # after the read: a failed one is asked again
+        return found
 
     async def behind(self, source: Any) -> bool:
         """Whether a quiet `source` may have records its agent never got (then an event on it

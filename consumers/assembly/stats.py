@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from schemas.records import TrainingBatch
+
 __all__ = ["AssemblyStats"]
 
 
@@ -38,11 +40,16 @@ class AssemblyStats:
     groups_redelivered: int = 0
     """Groups seen again by the packing stage (at-least-once redelivery) and ignored."""
     batches: int = 0
-    """Training batches emitted."""
+    """Training batches emitted (encoded and handed to the producer)."""
     sequences: int = 0
     """Sequences packed into emitted batches (padding included)."""
     first_event_ms: int = 0
     """Wall-clock time of the first trajectory event this process saw."""
+
+    def batch_sent(self, batch: TrainingBatch) -> None:
+        """Count a batch once it is encoded and handed on (not when it is packed)."""
+        self.batches += 1
+        self.sequences += batch.num_sequences
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from infra.heap import freeze_startup_heap
@@ -50,11 +51,17 @@ def register(subparsers: Any) -> None:
 def build_config(args: argparse.Namespace) -> Any:
     """AssemblerApp.Config from the YAML file (if any) and the command-line overrides."""
     from consumers.assembly import AssemblerApp
-    from infra.config import bootstrap_servers, build, load_yaml
+    from infra.config import ConfigError, bootstrap_servers, build, load_yaml
 
     tree = load_yaml(args.config) if args.config else {}
     source = args.config or "command line"
-    data = dict(tree.get("assembler") or {})
+    section = tree.get("assembler") or {}
+    if not isinstance(section, Mapping):
+        raise ConfigError(
+            f"{source}: section `assembler` must be a mapping of AssemblerApp.Config fields, "
+            f"got {type(section).__name__} ({section!r})"
+        )
+    data = dict(section)
     data.setdefault("bootstrap_servers", bootstrap_servers(tree))
     for flag, key in _OVERRIDES.items():
         if getattr(args, flag, None) is not None:
@@ -94,9 +101,14 @@ def _dlq_problem(config: Any) -> str | None:
 def _assemble(args: argparse.Namespace) -> int:
     from consumers.assembly import AssemblerApp, AssemblyError
     from infra.config import ConfigError
+    from infra.services.reachability import kafka_problem
 
     try:
         config = build_config(args)
+        unreachable = kafka_problem(config.bootstrap_servers)
+        if unreachable:
+            print(f"stacx assemble: {unreachable}", file=sys.stderr)
+            return 1
         problem = _dlq_problem(config)
         if problem:
             raise ConfigError(problem)
@@ -106,4 +118,12 @@ def _assemble(args: argparse.Namespace) -> int:
             print(f"stacx assemble: {line}", file=sys.stderr)
         return 2
     freeze_startup_heap("assemble")
-    return assembler.run(loglevel=args.loglevel)
+    try:
+        stopped_by = assembler.run(loglevel=args.loglevel)
+    except AssemblyError as exc:
+        print(f"stacx assemble: {exc}", file=sys.stderr)
+        return 1
+    if stopped_by is None:
+        return 0
+    print(f"stacx assemble: stopped by {stopped_by.name}", file=sys.stderr, flush=True)
+    return 128 + stopped_by.value

@@ -69,10 +69,21 @@ def _rollout(args: argparse.Namespace) -> int:
         return 2
     if args.num_groups is not None:
         config.num_groups = args.num_groups
+    kafka = config.kafka
+    if kafka.publish or kafka.follow_weights or config.data.topic:
+        from infra.services.reachability import kafka_problem
+
+        unreachable = kafka_problem(kafka.bootstrap_servers)
+        if unreachable:
+            print(f"stacx rollout: {unreachable}", file=sys.stderr)
+            return 1
     tasks = _harbor_tasks(config.data.task_dirs) if config.data.task_dirs else None
     freeze_startup_heap("rollout")
     summary = asyncio.run(run_rollout(config, tasks=tasks))
     print(json.dumps(_report(summary)))
+    if summary.stopped_by is not None:
+        print(f"stacx rollout: stopped by {summary.stopped_by.name}", file=sys.stderr, flush=True)
+        return 128 + summary.stopped_by.value
     return 0 if summary.num_publish_errors == 0 else 1
 
 

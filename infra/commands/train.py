@@ -95,6 +95,13 @@ def _train(args: argparse.Namespace) -> int:
         for line in str(exc).splitlines():
             print(f"stacx train: {line}", file=sys.stderr)
         return 2
+    if config.source.kind == "kafka":
+        from infra.services.reachability import kafka_problem
+
+        unreachable = kafka_problem(config.source.bootstrap_servers)
+        if unreachable:
+            print(f"stacx train: {unreachable}", file=sys.stderr)
+            return 1
     try:
         spawns = config.backend.kind == "fsdp2" and config.backend.world_size > 1 and "RANK" not in os.environ
         if not spawns:

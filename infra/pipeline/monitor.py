@@ -11,12 +11,17 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from consumers.assembly.filters import SampleFilter, invalid_reason
 from schemas.records import TrainingBatch, Trajectory, TrajectoryStatus, WeightVersion
 
-__all__ = ["EvalPoint", "RunMetrics", "TopicMonitor", "VersionStats"]
+__all__ = ["EvalPoint", "RunMetrics", "TopicMonitor", "VersionStats", "assembler_keeps"]
+
+Keeps = Callable[[Trajectory, int], bool]
+"""Whether the assembler would put a trajectory in a batch, given the newest policy version."""
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +59,19 @@ class EvalPoint:
     """Seconds since the run started."""
 
 
+def assembler_keeps(filtering: SampleFilter.Config) -> Keeps:
+    """The assembler's own decision with its `filtering` section: a valid sample that is neither
+    dropped as failed nor as too stale (the others never reach a batch)."""
+
+    def keeps(trajectory: Trajectory, latest_version: int) -> bool:
+        if invalid_reason(trajectory) is not None:
+            return False
+        sample_filter = SampleFilter(filtering, {trajectory.model_name: latest_version})
+        return sample_filter.verdict(trajectory).trainable
+
+    return keeps
+
+
 def _used_tool(trajectory: Trajectory) -> bool:
     return int(trajectory.metadata.get("num_tool_calls", "0") or 0) > 0
 
@@ -70,6 +88,11 @@ class RunMetrics:
     stage: str = "starting"
     """What the pipeline is doing now."""
     num_trajectories: int = 0
+    num_usable_trajectories: int = 0
+    """Trajectories the assembler would put in a batch (`keeps`): failed, stale or invalid ones
+    are dropped or dead-lettered, and never make a batch come."""
+    keeps: Keeps = field(default_factory=lambda: assembler_keeps(SampleFilter.Config()))
+    """The assembler's filter (its `filtering` section; the default one unless told)."""
     num_batches: int = 0
     by_version: dict[int, VersionStats] = field(default_factory=dict)
     evals: list[EvalPoint] = field(default_factory=list)
@@ -89,6 +112,7 @@ class RunMetrics:
         now = time.monotonic() if now is None else now
         with self.lock:
             self.num_trajectories += 1
+            self.num_usable_trajectories += self.keeps(trajectory, self.policy_version)
             stats = self.by_version.setdefault(trajectory.policy_version, VersionStats())
             stats.num += 1
             stats.trace_id = stats.trace_id or trace_id

@@ -34,13 +34,13 @@ from typing import Any
 
 import yaml
 
-from infra.config import resolve_path
+from infra.config import build, resolve_path
 from infra.pipeline import preflight
 from infra.pipeline.config import PipelineSpec
 from infra.pipeline.errors import PipelineError, ServiceError, StallError
 from infra.pipeline.evaluation import EvalResult, run_evaluation
 from infra.pipeline.layout import RunLayout, rollout_section
-from infra.pipeline.monitor import EvalPoint, RunMetrics, TopicMonitor
+from infra.pipeline.monitor import EvalPoint, RunMetrics, TopicMonitor, assembler_keeps
 from infra.pipeline.report import plot_curve, write_report
 from infra.pipeline.resolve import base_model_dir, gateway_args, inference_args, plan, transcript_adapter
 from infra.pipeline.services import ServiceProcess, ServiceSpec, Supervisor
@@ -73,7 +73,7 @@ class Pipeline:
         self.spec = spec
         self.cfg = spec.pipeline
         self.layout = layout or RunLayout.create(spec)
-        self.metrics = RunMetrics()
+        self.metrics = RunMetrics(keeps=assembler_keeps(_assembler_filtering(spec)))
         self.services: dict[str, ServiceProcess] = {}
         self.supervisor = Supervisor(self.cfg.services.restarts)
         self.task = load_task_module() if self.cfg.tasks.arithmetic is not None else None
@@ -366,7 +366,12 @@ class Pipeline:
 
     def _progress(self) -> Progress:
         m = self.metrics
-        return Progress(trajectories=m.num_trajectories, batches=m.num_batches, versions=m.policy_version)
+        return Progress(
+            trajectories=m.num_trajectories,
+            batches=m.num_batches,
+            versions=m.policy_version,
+            usable=m.num_usable_trajectories,
+        )
 
     def _check_progress(self, watch: StallWatch) -> None:
         progress = self._progress()
@@ -640,6 +645,13 @@ class Pipeline:
             "curve_png": str(self.layout.curve_path),
             "logs": str(self.layout.logs_dir),
         }
+
+
+def _assembler_filtering(spec: PipelineSpec) -> Any:
+    """The assembler's `filtering` section (what decides which trajectories make batches)."""
+    from consumers.assembly import SampleFilter
+
+    return build(SampleFilter.Config, spec.assembler.get("filtering") or {}, where="assembler.filtering")
 
 
 def run_pipeline(spec: PipelineSpec) -> dict[str, Any]:

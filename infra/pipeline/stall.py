@@ -23,6 +23,9 @@ class Progress:
     trajectories: int
     batches: int
     versions: int
+    usable: int | None = None
+    """Trajectories the assembler would put in a batch (None: every one): failed or stale
+    ones are dropped there and never make a batch come."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -53,13 +56,20 @@ def likely_stuck(
     if progress.batches > progress.versions:
         waiting = progress.batches - progress.versions
         return "trainer", f"{waiting} batch(es) on the batches topic have not become a policy version"
-    if progress.trajectories >= (progress.batches + 1) * max(1, trajectories_per_batch):
+    usable = progress.trajectories if progress.usable is None else progress.usable
+    if usable >= (progress.batches + 1) * max(1, trajectories_per_batch):
         return "assembler", (
-            f"{progress.trajectories} trajectories are on the topic, enough for batch "
+            f"{usable} usable trajectories are on the topic, enough for batch "
             f"{progress.batches + 1} ({trajectories_per_batch} trajectories each), but no batch came"
         )
     if progress.trajectories == 0:
         return "rollout", "no trajectory was ever published (rollout -> inference server / sandbox gateway)"
+    if usable < progress.trajectories:
+        return "rollout", (
+            f"{progress.trajectories - usable} of {progress.trajectories} trajectories on the topic "
+            "failed or were too stale, and the assembler drops those: too few usable ones for a "
+            f"batch of {trajectories_per_batch} (see why the episodes fail in rollout.log)"
+        )
     return "rollout", (
         "no new trajectory for a batch (rollout -> inference server / sandbox gateway; the rollout "
         "also waits when it is max_staleness versions ahead of the trainer)"

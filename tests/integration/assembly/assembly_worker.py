@@ -19,6 +19,8 @@ import yaml
 from schemas.codec import decode
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
+STOPPED_BY_SIGTERM = 128 + signal.SIGTERM
+"""Exit status of a worker that `stop()` stopped (SIGTERM), as of every `stacx` command."""
 COMPACTED = {"cleanup.policy": "compact"}
 
 
@@ -80,7 +82,8 @@ class AssemblerProcess:
                 self._changed.wait(timeout=0.5)
 
     def stop(self, timeout_s: float = 60.0) -> tuple[int, dict[str, int]]:
-        """SIGTERM, wait for a clean exit; returns (exit status, final stats)."""
+        """SIGTERM, wait for a clean exit; returns (exit status, final stats). A clean stop
+        says so in its last line."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
@@ -90,6 +93,8 @@ class AssemblerProcess:
             self.proc.wait()
             raise AssertionError("assembler did not stop within the timeout") from None
         self._print_log()
+        if code == STOPPED_BY_SIGTERM:
+            assert self.lines[-1] == "stacx assemble: stopped by SIGTERM", self.lines[-5:]
         stats_line = self.wait_for_line("assembler final stats", timeout_s=1)
         return code, json.loads(stats_line.split("assembler final stats", 1)[1].strip())
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from assembly_worker import AssemblerProcess, consume_records
+from assembly_worker import STOPPED_BY_SIGTERM, AssemblerProcess, consume_records
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from consumers.assembly import batch_id
@@ -109,7 +109,7 @@ def test_worker_emits_exactly_the_expected_batches(
         third = consume_records(kafka_bootstrap, names["batches_topic"], 3)[2]
         code, stats = worker.stop()
 
-    assert code == 0
+    assert code == STOPPED_BY_SIGTERM
     _assert_batch(first[1], g0 + g1)
     _assert_batch(second[1], [g2_ok, g3_first])
     _assert_batch(third[1], g4 + g5)
@@ -136,7 +136,7 @@ def test_restart_recovers_state_and_replay_rebuilds_the_same_batches(
              _trajectories(*groups["a"], *groups["b"]))
     with AssemblerProcess(config, tmp_path) as worker:
         consume_records(kafka_bootstrap, names["batches_topic"], 1)
-        assert worker.stop()[0] == 0
+        assert worker.stop()[0] == STOPPED_BY_SIGTERM
 
     # same app id: tables come back from their changelogs, so redelivered samples are dropped
     _produce(kafka_bootstrap, names["trajectories_topic"],
@@ -146,7 +146,7 @@ def test_restart_recovers_state_and_replay_rebuilds_the_same_batches(
         code, stats = worker.stop()
     # at least the two re-sent samples are duplicates; more if the first worker's last offsets
     # were not committed (at-least-once redelivery), which must not change the batches either
-    assert code == 0 and stats["duplicates"] >= 2 and stats["batches"] == 1
+    assert code == STOPPED_BY_SIGTERM and stats["duplicates"] >= 2 and stats["batches"] == 1
     _assert_batch(batches[0][1], groups["a"] + groups["b"])
     _assert_batch(batches[1][1], groups["c"] + groups["d"])
     assert _end_offset(kafka_bootstrap, names["batches_topic"]) == 2
@@ -157,5 +157,5 @@ def test_restart_recovers_state_and_replay_rebuilds_the_same_batches(
     replay["grouping"]["group_timeout_s"] = 60.0
     with AssemblerProcess(replay, tmp_path) as worker:
         replayed = consume_records(kafka_bootstrap, replay_names["batches_topic"], 2)
-        assert worker.stop()[0] == 0
+        assert worker.stop()[0] == STOPPED_BY_SIGTERM
     assert [r[0] for r in replayed] == [b[0] for b in batches]

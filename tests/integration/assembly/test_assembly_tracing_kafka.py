@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from assembly_worker import AssemblerProcess, consume_records, one_group_config
+from assembly_worker import STOPPED_BY_SIGTERM, AssemblerProcess, consume_records, one_group_config
 from confluent_kafka import Consumer, TopicPartition
 from opentelemetry import trace
 from tracing_fixtures import in_memory_tracing
@@ -71,7 +71,7 @@ def test_assembler_dead_letters_keep_the_original_trace_context_and_content_head
         (batch,) = _raw(kafka_bootstrap, config["batches_topic"], 1)
         letters = _raw(kafka_bootstrap, dlq, 2)
         code, stats = worker.stop()
-    assert code == 0 and stats["undecodable"] == 2
+    assert code == STOPPED_BY_SIGTERM and stats["undecodable"] == 2
     sent = _raw(kafka_bootstrap, trajectories, 4)
     nan_sent, junk_sent = sent[0][1], sent[1][1]
     assert _trace_id(nan_sent) == nan_episode.get_span_context().trace_id

@@ -16,7 +16,7 @@ from pathlib import Path
 import fastavro
 import numpy as np
 import pytest
-from assembly_worker import AssemblerProcess, consume_records, one_group_config
+from assembly_worker import STOPPED_BY_SIGTERM, AssemblerProcess, consume_records, one_group_config
 from confluent_kafka import Consumer, TopicPartition
 
 from consumers.assembly import TICK_KEY
@@ -105,7 +105,7 @@ def test_nan_reward_and_nan_batch_are_dead_lettered_and_training_continues(
         records = consume_records(kafka_bootstrap, batches, 4, idle_s=2.0)
         code, stats = worker.stop()
     catalogue.close()
-    assert code == 0 and stats["undecodable"] == 1 and stats["batches"] == 3
+    assert code == STOPPED_BY_SIGTERM and stats["undecodable"] == 1 and stats["batches"] == 3
     order = [value.batch_id for _key, value, _ts in records]
     assert len(order) == 4 and order[1] == "nan-batch"  # B0, the bad batch, then B2 and B3
 

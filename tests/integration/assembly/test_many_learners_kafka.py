@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from assembly_worker import AssemblerProcess, consume_records
+from assembly_worker import STOPPED_BY_SIGTERM, AssemblerProcess, consume_records
 from confluent_kafka import Producer
 
 from consumers.assembly.testing import make_trajectory
@@ -87,7 +87,7 @@ def test_three_learners_each_read_every_trajectory_once(
         for t in threads:
             t.join(timeout=60)
         code, stats = assembler.stop()
-    assert code == 0 and stats["trajectories"] == len(events)
+    assert code == STOPPED_BY_SIGTERM and stats["trajectories"] == len(events)
     successful = {
         t.trajectory_id for t in events if t.status is TrajectoryStatus.COMPLETED and t.reward >= 1.0
     }

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from assembly_worker import AssemblerProcess, consume_records, one_group_config
+from assembly_worker import STOPPED_BY_SIGTERM, AssemblerProcess, consume_records, one_group_config
 from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
@@ -85,7 +85,7 @@ def test_a_killed_worker_loses_no_half_full_group_and_emits_none_twice(
         records = consume_records(kafka_bootstrap, config["batches_topic"], len(samples), idle_s=5.0)
         code, stats = worker.stop()
 
-    assert code == 0
+    assert code == STOPPED_BY_SIGTERM
     batches = [r[1] for r in records]
     assert all(isinstance(b, TrainingBatch) for b in batches)
     emitted = Counter(g for b in batches for g in set(b.group_ids))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from assembly_worker import AssemblerProcess, consume_records, one_group_config
+from assembly_worker import STOPPED_BY_SIGTERM, AssemblerProcess, consume_records, one_group_config
 from confluent_kafka import ConsumerGroupState, Producer
 from confluent_kafka.admin import AdminClient
 
@@ -76,6 +76,6 @@ def test_the_batch_stage_worker_gets_fewer_trajectories_partitions(
                 producer.produce(traj_topic, key=group.encode(), value=encode(make_trajectory(group, i)))
         assert producer.flush(30) == 0
         batches = consume_records(kafka_bootstrap, config["batches_topic"], len(groups), idle_s=3.0)
-        assert first.stop()[0] == 0 and second.stop()[0] == 0
+        assert first.stop()[0] == STOPPED_BY_SIGTERM and second.stop()[0] == STOPPED_BY_SIGTERM
     packed = Counter(g for _, batch, _ in batches for g in set(batch.group_ids))
     assert packed == Counter(groups)

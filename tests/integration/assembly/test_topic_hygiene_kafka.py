@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from assembly_worker import AssemblerProcess, consume_records
+from assembly_worker import STOPPED_BY_SIGTERM, AssemblerProcess, consume_records
 from confluent_kafka import Consumer, Producer
 
 from consumers.assembly.testing import make_trajectory
@@ -120,7 +120,7 @@ def test_idempotent_batches_named_groups_and_no_auto_created_topics(
         except AssertionError as exc:
             raise AssertionError(f"{exc}; assembler log tail:\n" + "\n".join(worker.lines[-40:])) from None
         code, stats = worker.stop()
-    assert code == 0 and stats["batches"] == 1
+    assert code == STOPPED_BY_SIGTERM and stats["batches"] == 1
     assert isinstance(batch, TrainingBatch) and key == batch.batch_id.encode()
 
     producers = kafka_tools.describe_producers(bootstrap, run.batches)

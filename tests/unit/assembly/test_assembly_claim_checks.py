@@ -3,8 +3,11 @@ agent, and dead letters keep the full original record (a copy under the DLQ's bl
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
+
+import pytest
 
 from consumers.assembly import (
     AssemblerApp,
@@ -181,3 +184,35 @@ async def test_dead_letters_of_a_group_that_cannot_be_packed_keep_each_trajector
         parent = parents["a", index]
         assert dict(output.headers or [])["traceparent"] == parent.encode()
         assert decode(output.value, DeadLetter).headers == {"traceparent": parent}
+
+
+async def test_an_unwritable_blob_store_holds_the_batch_counts_nothing_and_recovers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Batches above the claim-check threshold need the blob store. While it cannot be written
+    the batch waits (nothing sent, nothing counted), one error line says why and the health
+    signal is set; once the store takes blobs again the batch goes out."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the store's root should be")
+    store = blocker / "blobs"
+    asm, out = _assembler(store)
+    asm.encoder.config.claim_check_threshold_bytes = 1024
+    events = [(g, encode(make_trajectory(g, i, num_completion=200))) for g in ("a", "b") for i in range(2)]
+    groups = await _groups(asm, out, events)
+    out.outputs.clear()
+    async with asm.batch_agent.test_context() as agent:
+        await agent.put(groups[0], key=b"policy")
+        second = asyncio.ensure_future(agent.put(groups[1], key=b"policy"))  # completes the batch
+        await asyncio.sleep(2.5)  # two retries
+        assert not second.done()
+        assert out.on(asm.config.batches_topic) == [] and asm.stats.batches == 0
+        assert asm.blob_store_problem is not None and "cannot write blob" in asm.blob_store_problem
+        down = [r for r in caplog.records if "blob store" in r.getMessage() and r.levelname == "ERROR"]
+        assert len(down) == 1 and down[0].exc_info is None
+        assert len(asm.unwritten) == 1
+        blocker.unlink()  # the store is writable again
+        await asyncio.wait_for(second, timeout=10)
+    (batch_out,) = out.on(asm.config.batches_topic)
+    claim = decode(batch_out.value, ClaimCheck)
+    assert FsspecBlobStore.get(claim.uri, sha256=claim.sha256)
+    assert asm.stats.batches == 1 and asm.blob_store_problem is None and asm.unwritten == []

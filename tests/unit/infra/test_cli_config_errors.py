@@ -230,6 +230,7 @@ def test_assemble_refuses_a_dead_letter_topic_that_does_not_exist(
         return [n for n in names if n != "stacx.dlq"]
 
     monkeypatch.setattr("infra.services.topics.missing_topics", missing)
+    monkeypatch.setattr("infra.services.reachability.kafka_problem", lambda *a, **k: None)  # it answers
     path = tmp_path / "asm.yaml"
     path.write_text("bootstrap_servers: k:9092\nassembler: {dlq_topic: stacx.dql}\n")
     code, lines = _stacx(["assemble", "--config", str(path)], capsys)

@@ -6,12 +6,16 @@ from pathlib import Path
 
 import pytest
 
+from consumers.assembly import FailurePolicy, SampleFilter
+from consumers.assembly.testing import make_trajectory
 from infra.pipeline.config import load_spec, parse_spec
 from infra.pipeline.errors import PipelineConfigError, ServiceError, StallError
+from infra.pipeline.monitor import RunMetrics, assembler_keeps
 from infra.pipeline.orchestrator import Pipeline
 from infra.pipeline.stall import Progress, StallWatch, diagnose, error_tail, likely_stuck
 from sandbox.sessions import SessionManager
 from sandbox.testing import WedgingBackend, serve_gateway
+from schemas.records import TrajectoryStatus, WeightVersion
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -33,10 +37,39 @@ def test_watch_counts_seconds_since_the_last_change() -> None:
         (Progress(200, 2, 2), None, "assembler"),  # 200 >= 3 batches of 64
         (Progress(0, 0, 0), None, "rollout"),
         (Progress(150, 2, 2), None, "rollout"),  # a partial batch: the assembler waits for more
+        (Progress(200, 2, 2, usable=150), None, "rollout"),  # 50 failed: dropped by the assembler
+        (Progress(250, 2, 2, usable=200), None, "assembler"),
     ],
 )
 def test_likely_stuck_stage(progress: Progress, gateway_problem: str | None, service: str) -> None:
     assert likely_stuck(progress, trajectories_per_batch=64, gateway_problem=gateway_problem)[0] == service
+
+
+def test_failed_trajectories_the_assembler_drops_do_not_blame_the_assembler() -> None:
+    """A deleted task folder: every episode fails, the assembler drops them all (its default
+    failure policy), so the stage to look at is the rollout, not the assembler."""
+    metrics = RunMetrics()
+    for index in range(200):
+        failed = make_trajectory(f"g{index // 8}", index % 8, status=TrajectoryStatus.FAILED)
+        metrics.observe_trajectory(failed)
+    for index in range(8):
+        metrics.observe_trajectory(make_trajectory("ok", index))
+    progress = Progress(metrics.num_trajectories, 0, 0, usable=metrics.num_usable_trajectories)
+    assert (progress.trajectories, progress.usable) == (208, 8)
+    service, why = likely_stuck(progress, trajectories_per_batch=64, gateway_problem=None)
+    assert service == "rollout", why
+    assert "200 of 208 trajectories on the topic failed or were too stale" in why
+
+
+def test_the_usable_count_follows_the_assembler_filtering_section() -> None:
+    """Flagged failures are trained on (counted); stale samples are dropped (not counted)."""
+    keeps = assembler_keeps(SampleFilter.Config(failure_policy=FailurePolicy.FLAG, max_staleness=1))
+    metrics = RunMetrics(keeps=keeps)
+    metrics.observe_trajectory(make_trajectory("a", 0, status=TrajectoryStatus.FAILED))
+    metrics.observe_weights(WeightVersion(model_name="policy", version=3, path="/w/3"))
+    metrics.observe_trajectory(make_trajectory("b", 0, policy_version=1))  # lag 2 > 1: stale
+    metrics.observe_trajectory(make_trajectory("c", 0, policy_version=2))
+    assert (metrics.num_trajectories, metrics.num_usable_trajectories) == (3, 2)
 
 
 def test_error_tail_prefers_error_lines(tmp_path: Path) -> None:

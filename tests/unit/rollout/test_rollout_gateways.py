@@ -266,6 +266,7 @@ async def test_sessions_go_to_the_least_loaded_gateway() -> None:
     assert len(a.sessions) == 2 and envs.load()["http://a"]["active"] == 2
     assert envs.load()["http://b"] == {
         "active": 2,
+        "creating": 0,
         "opened": 2,
         "failures": 0,
         "up": True,
@@ -390,3 +391,66 @@ async def test_a_gateway_full_past_the_wait_fails_the_episode_with_the_reason() 
             break
     with pytest.raises(EnvironmentStepError, match="no gateway could take it .*full"):
         await opening
+
+
+class _HungGateway(FakeGateway):
+    """Accepts connections and never answers: its engine or event loop is wedged."""
+
+    async def health(self) -> _Health:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def create_session(self, **spec: Any) -> _Info:
+        self.created.append(spec)
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def _open_within(envs: GatewayEnvironments, seconds: float) -> Any:
+    """An episode's session, or a failure (not a hang) when it waits on a hung gateway."""
+    try:
+        return await asyncio.wait_for(envs.open(_task(), cpus=1, memory_mb=256), seconds)
+    except TimeoutError:
+        pytest.fail(f"the session was not opened within {seconds} s: it went to the hung gateway")
+
+
+async def test_a_hung_gateway_counts_its_waiting_requests_and_is_routed_around() -> None:
+    clock = FakeClock()
+    hung, b = FakeGateway("a"), FakeGateway("b")
+    envs = _envs(hung, b, clock=clock, unresponsive_after_s=10, health_timeout_s=0.05)
+    await envs.open(_task(), cpus=1, memory_mb=256)  # both probed and up; this one on a
+    await envs.open(_task(), cpus=1, memory_mb=256)  # on b
+    hung.__class__ = _HungGateway  # a wedges now
+    waiting = [asyncio.ensure_future(envs.open(_task(), cpus=1, memory_mb=256))]
+    await clock.advance(0)
+    assert len(hung.created) == 2 and envs.load()["http://a"]["creating"] == 1
+    # its waiting request counts as load: the next episode goes to b, not to the hung gateway
+    assert (await _open_within(envs, 5)).session_id.startswith("b")
+    assert len(hung.created) == 2
+    # once its request has waited unresponsive_after_s, /healthz is asked; no answer: down
+    await clock.advance(11)
+    for _ in range(4):
+        assert (await _open_within(envs, 5)).session_id.startswith("b")
+    load = envs.load()["http://a"]
+    assert load["up"] is False and "/healthz did not answer within 0.05 s" in load["problem"]
+    assert len(hung.created) == 2
+    for task in waiting:
+        task.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+    assert envs.load()["http://a"]["creating"] == 0
+
+
+def test_the_gateway_request_timeout_is_set_in_the_sandbox_section() -> None:
+    from infra.config import build
+    from rollout.config import RolloutConfig
+    from rollout.service import build_environments
+
+    config = build(
+        RolloutConfig,
+        {"data": {"path": "tasks.jsonl"}, "sandbox": {"request_timeout_s": 7.5, "unresponsive_after_s": 3}},
+        where="rollout.yaml",
+    )
+    closers: list[Any] = []
+    envs = build_environments(config, closers)
+    assert envs.config.unresponsive_after_s == 3
+    assert envs.client.config.timeout_s == 7.5

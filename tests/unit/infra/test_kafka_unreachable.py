@@ -1,0 +1,47 @@
+"""Kafka unreachable: `stacx assemble` and `stacx train` say so in one line and stop (exit 1)
+within a bounded wait, with none of librdkafka's per-attempt FAIL lines."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _unused_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _stacx(args: list[str], cwd: Path) -> tuple[int, list[str], float]:
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "infra.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    return done.returncode, lines, time.monotonic() - started
+
+
+@pytest.mark.parametrize("command", ["assemble", "train"])
+def test_an_unreachable_broker_is_one_line_and_exit_1(command: str, tmp_path: Path) -> None:
+    bootstrap = f"127.0.0.1:{_unused_port()}"
+    if command == "assemble":
+        args = ["assemble", "--bootstrap", bootstrap]
+    else:
+        config = tmp_path / "trainer.yaml"
+        config.write_text("recipe: grpo\nmodels: {policy: {tiny: {}}}\n")
+        args = ["train", str(config), "--bootstrap", bootstrap]
+    code, lines, wall_s = _stacx(args, tmp_path)
+    assert code == 1, lines
+    assert not [line for line in lines if "FAIL" in line or "Traceback" in line], lines
+    expected = f"stacx {command}: Kafka at {bootstrap} did not answer within 10s"
+    assert [line for line in lines if line.startswith(expected)], lines
+    assert lines[-1].startswith(expected), lines
+    assert wall_s < 100  # the 10 s check plus start-up (torch for train) on a loaded machine
