@@ -419,9 +419,11 @@ def value_loss(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, 
     return loss, {"value_loss": loss.item(), "value_mean": masked_mean(values.detach(), mask).item()}
 
 
-def mse_loss(pred: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, Metrics]:
-    """Mean squared error: pred, target [B]."""
-    loss = F.mse_loss(pred, target)
+def mse_loss(pred: torch.Tensor, target: torch.Tensor, *,
+             norm: Normaliser | None = None) -> tuple[torch.Tensor, Metrics]:
+    """Mean squared error over the sequences of the global batch (with `norm`: the count is
+    summed over its ranks, as `pair_mean`): pred, target [B]."""
+    loss = pair_mean((pred - target.to(pred.dtype)) ** 2, norm)
     return loss, {"mse": loss.item()}
 
 
