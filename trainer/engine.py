@@ -29,7 +29,7 @@ from opentelemetry import metrics as otel_metrics
 
 from schemas.records import TrainingBatch, WeightVersion
 from trainer.backends import Backend, build_backend
-from trainer.batch import TensorBatch, to_tensor_batch, validate_batch
+from trainer.batch import TensorBatch, check_vocabulary, to_tensor_batch, validate_batch
 from trainer.checkpoint import CheckpointManager
 from trainer.config import TrainerConfig
 from trainer.distributed import place_groups, spawn
@@ -86,6 +86,8 @@ class StacxTrainer:
         self.placement = place_groups(self.recipe.groups, self.backend.world_size)
         self.models = {s.name: self._build_worker(s) for s in self.recipe.models}
         self.roles = self._build_roles()
+        self.vocab_size = self._vocab_size()
+        """Smallest vocabulary of the recipe's token models (None: none reads token ids)."""
         self.is_leader = self.backend.rank == 0
         self.source = source if source is not None or not self.is_leader else self._kafka_source()
         self.publisher = publisher
@@ -166,6 +168,13 @@ class StacxTrainer:
                               f"recipe {self.config.recipe!r} has {sorted(groups)}")
         return roles
 
+    def _vocab_size(self) -> int | None:
+        """The smallest `vocab_size` of any model on any rank (collective over all ranks)."""
+        local = [int(v) for w in self.models.values() if w.module is not None
+                 if (v := getattr(w.module.config, "vocab_size", None)) is not None]
+        sizes = [v for part in self.backend.all_gather_object(local) for v in part]
+        return min(sizes) if sizes else None
+
     def _kafka_source(self) -> BatchSource:
         return build_source(self.config.source)
 
@@ -235,6 +244,8 @@ class StacxTrainer:
             return ("skip", (None, position))
         try:
             validate_batch(sourced.batch)
+            if self.vocab_size is not None:
+                check_vocabulary(sourced.batch, self.vocab_size)
         except BatchValidationError as exc:
             self._reject(sourced, exc)
             return ("skip", (None, position))
