@@ -29,7 +29,13 @@ from opentelemetry import metrics as otel_metrics
 
 from schemas.records import TrainingBatch, WeightVersion
 from trainer.backends import Backend, build_backend
-from trainer.batch import TensorBatch, check_vocabulary, to_tensor_batch, validate_batch
+from trainer.batch import (
+    TensorBatch,
+    check_greedy_rows,
+    check_vocabulary,
+    to_tensor_batch,
+    validate_batch,
+)
 from trainer.checkpoint import CheckpointManager
 from trainer.config import TrainerConfig
 from trainer.distributed import place_groups, spawn
@@ -246,6 +252,8 @@ class StacxTrainer:
             validate_batch(sourced.batch)
             if self.vocab_size is not None:
                 check_vocabulary(sourced.batch, self.vocab_size)
+            if self.recipe.needs_greedy_row:
+                check_greedy_rows(sourced.batch)
         except BatchValidationError as exc:
             self._reject(sourced, exc)
             return ("skip", (None, position))

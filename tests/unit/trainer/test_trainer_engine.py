@@ -85,6 +85,18 @@ def test_token_ids_past_the_vocabulary_are_set_aside_and_training_continues(
     assert trainer.num_rejected_batches == 1 and source.committed == {"memory/0": 2}
 
 
+def test_remax_sets_aside_a_batch_without_a_greedy_row_and_trains_on() -> None:
+    """ReMax's baseline is each group's greedy sample: a batch without one is rejected with that
+    reason (never a failed step that would repeat on every restart); the next batch trains."""
+    source = InMemoryBatchSource([synthetic_batch(0), synthetic_batch(1, greedy_first=True)])
+    trainer = StacxTrainer(tiny_trainer_config("remax"), source=source)
+    (result,) = trainer.run(3)
+    assert result.batch_id == synthetic_batch(1, greedy_first=True).batch_id
+    ((sourced, error),) = source.rejected
+    assert sourced.offset == 0 and isinstance(error, BatchValidationError)
+    assert "needs one greedy sample (temperature 0) per prompt group" in str(error)
+
+
 class _CheckingSource(InMemoryBatchSource):
     """Records, at each commit, what the latest checkpoint on disk says."""
 
