@@ -15,7 +15,8 @@ from schemas.records import TrainingBatch
 from trainer.errors import BatchValidationError
 from trainer.losses import Normaliser
 
-__all__ = ["TensorBatch", "to_tensor_batch", "validate_batch"]
+__all__ = ["TensorBatch", "check_greedy_rows", "check_vocabulary", "to_tensor_batch",
+           "validate_batch"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -142,6 +143,27 @@ def validate_batch(batch: TrainingBatch) -> None:
         raise _fail(batch, "teacher_logprobs contain NaN/inf")
     if not np.isfinite(batch.rewards).all() or not np.isfinite(batch.logprobs).all():
         raise _fail(batch, "rewards or logprobs contain NaN/inf")
+
+
+def check_vocabulary(batch: TrainingBatch, vocab_size: int) -> None:
+    """Raise BatchValidationError unless every token id is in [0, vocab_size): a batch from
+    another tokenizer (or model) would index past the embedding."""
+    ids = np.asarray(batch.token_ids)
+    if ids.size == 0:
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab_size:
+        bad = ids[(ids < 0) | (ids >= vocab_size)]
+        raise _fail(batch, f"token ids {sorted(set(bad.tolist()))[:5]} are outside the model's "
+                    f"vocabulary [0, {vocab_size}): it was tokenized for another model; check "
+                    "the rollout's model and the trainer's models.* paths")
+
+
+def check_greedy_rows(batch: TrainingBatch) -> None:
+    """Raise BatchValidationError unless some row was decoded greedily (temperature 0)."""
+    if batch.temperatures is None or not (np.asarray(batch.temperatures) == 0).any():
+        raise _fail(batch, "the recipe needs one greedy sample (temperature 0) per prompt group "
+                    "as its baseline and this batch has none; its producer must sample one")
 
 
 def to_tensor_batch(batch: TrainingBatch) -> TensorBatch:

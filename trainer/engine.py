@@ -29,7 +29,13 @@ from opentelemetry import metrics as otel_metrics
 
 from schemas.records import TrainingBatch, WeightVersion
 from trainer.backends import Backend, build_backend
-from trainer.batch import TensorBatch, to_tensor_batch, validate_batch
+from trainer.batch import (
+    TensorBatch,
+    check_greedy_rows,
+    check_vocabulary,
+    to_tensor_batch,
+    validate_batch,
+)
 from trainer.checkpoint import CheckpointManager
 from trainer.config import TrainerConfig
 from trainer.distributed import place_groups, spawn
@@ -86,6 +92,8 @@ class StacxTrainer:
         self.placement = place_groups(self.recipe.groups, self.backend.world_size)
         self.models = {s.name: self._build_worker(s) for s in self.recipe.models}
         self.roles = self._build_roles()
+        self.vocab_size = self._vocab_size()
+        """Smallest vocabulary of the recipe's token models (None: none reads token ids)."""
         self.is_leader = self.backend.rank == 0
         self.source = source if source is not None or not self.is_leader else self._kafka_source()
         self.publisher = publisher
@@ -166,6 +174,13 @@ class StacxTrainer:
                               f"recipe {self.config.recipe!r} has {sorted(groups)}")
         return roles
 
+    def _vocab_size(self) -> int | None:
+        """The smallest `vocab_size` of any model on any rank (collective over all ranks)."""
+        local = [int(v) for w in self.models.values() if w.module is not None
+                 if (v := getattr(w.module.config, "vocab_size", None)) is not None]
+        sizes = [v for part in self.backend.all_gather_object(local) for v in part]
+        return min(sizes) if sizes else None
+
     def _kafka_source(self) -> BatchSource:
         return build_source(self.config.source)
 
@@ -235,6 +250,10 @@ class StacxTrainer:
             return ("skip", (None, position))
         try:
             validate_batch(sourced.batch)
+            if self.vocab_size is not None:
+                check_vocabulary(sourced.batch, self.vocab_size)
+            if self.recipe.needs_greedy_row:
+                check_greedy_rows(sourced.batch)
         except BatchValidationError as exc:
             self._reject(sourced, exc)
             return ("skip", (None, position))
@@ -294,16 +313,23 @@ class StacxTrainer:
     # ----------------------------------------------------------------------------- one step
 
     def _rows(self, full: TensorBatch, group: str, whole: bool) -> torch.Tensor | None:
-        """Sequence rows this rank computes for `group` (None: not a member)."""
+        """Sequence rows this rank computes for `group` (None: not a member): whole prompt groups
+        per rank, or every row when the group's ranks replicate the step (`_replicated`)."""
         ranks = self.placement[group]
         if self.backend.rank not in ranks:
             return None
-        if whole or len(ranks) == 1:
+        if whole or self._replicated(full, group):
             return torch.arange(full.num_sequences)
         n, i = len(ranks), ranks.index(self.backend.rank)
-        num_groups = int(full.group_index.max().item()) + 1
-        key = full.group_index if num_groups >= n else torch.arange(full.num_sequences)
-        return torch.nonzero(key % n == i).squeeze(-1)
+        return torch.nonzero(full.group_index % n == i).squeeze(-1)
+
+    def _replicated(self, full: TensorBatch, group: str) -> bool:
+        """Every rank of `group` computes the whole batch: one rank, or fewer prompt groups than
+        ranks. Losses built from groups (advantages of learned scores, preference pairs) need
+        whole groups, and a rank cannot run a model on zero rows; each rank then computes the
+        one-process loss and FSDP's gradient mean over identical gradients is that gradient."""
+        num_ranks = len(self.placement[group])
+        return num_ranks == 1 or int(full.group_index.max().item()) + 1 < num_ranks
 
     def forward_backward(self, record: TrainingBatch) -> tuple[float, dict[str, float]]:
         """Forward and backward passes of one step on `record` (all ranks), without the optimizer
@@ -328,13 +354,14 @@ class StacxTrainer:
                     bases[key] = full.select(rows).to(device)
                 extras = {f: t[rows.to(t.device)].to(device)
                           for f, t in synced.get(rw.role.name, {}).items()}
+                whole = rw.full_batch or self._replicated(full, rw.group)
                 batch = bases[key].with_extras(**extras).with_normaliser(
-                    self._normaliser(rw, bases[key]))
+                    self._normaliser(rw, bases[key], whole))
                 with self.backend.autocast():
                     outputs, loss, role_metrics = rw.run(batch)
                 if loss is not None:
                     losses.append(loss)
-                    reported += loss.item() * self._report_weight(rw)
+                    reported += loss.item() * self._report_weight(rw, whole)
                     metrics.update({f"{rw.role.name}/{k}": v for k, v in role_metrics.items()})
             for sync in (s for s in self.recipe.syncs if s.source == rw.role.name):
                 value = self._sync(rw, sync, outputs, rows, full.num_sequences)
@@ -347,15 +374,15 @@ class StacxTrainer:
         total = self.backend.all_reduce_sum(torch.tensor([reported], dtype=torch.float64))
         return float(total[0]), merge_metrics(self.backend.all_gather_object(metrics))
 
-    def _normaliser(self, rw: RoleWorker, batch: TensorBatch) -> Normaliser | None:
+    def _normaliser(self, rw: RoleWorker, batch: TensorBatch, whole: bool) -> Normaliser | None:
         """Global denominators of a trainable role: its ranks' token and sequence counts summed.
 
-        A role computing the whole batch on each of its ranks (full_batch) needs no sum."""
+        A role computing the whole batch on each of its ranks (`whole`) needs no sum."""
         if not rw.trainable:
             return None
         mask = batch.loss_mask
         counts = torch.stack([mask.sum(), (mask.sum(-1) > 0).sum()]).to(torch.float64).cpu()
-        dp = 1 if rw.full_batch else len(rw.ranks)
+        dp = 1 if whole else len(rw.ranks)
         if dp == 1:
             return Normaliser(num_tokens=float(counts[0]), num_sequences=float(counts[1]))
         ranks = rw.ranks
@@ -364,9 +391,9 @@ class StacxTrainer:
                           dp_size=dp,
                           all_reduce=lambda t: self.backend.all_reduce_sum(t, ranks=ranks))
 
-    def _report_weight(self, rw: RoleWorker) -> float:
+    def _report_weight(self, rw: RoleWorker, whole: bool) -> float:
         """Share of this rank's loss in the reported global loss (the sum over ranks)."""
-        if rw.full_batch:
+        if whole:
             return 1.0 if self.backend.rank == rw.ranks[0] else 0.0
         return 1.0 / len(rw.ranks)
 

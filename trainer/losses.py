@@ -419,9 +419,11 @@ def value_loss(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, 
     return loss, {"value_loss": loss.item(), "value_mean": masked_mean(values.detach(), mask).item()}
 
 
-def mse_loss(pred: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, Metrics]:
-    """Mean squared error: pred, target [B]."""
-    loss = F.mse_loss(pred, target)
+def mse_loss(pred: torch.Tensor, target: torch.Tensor, *,
+             norm: Normaliser | None = None) -> tuple[torch.Tensor, Metrics]:
+    """Mean squared error over the sequences of the global batch (with `norm`: the count is
+    summed over its ranks, as `pair_mean`): pred, target [B]."""
+    loss = pair_mean((pred - target.to(pred.dtype)) ** 2, norm)
     return loss, {"mse": loss.item()}
 
 
@@ -529,21 +531,35 @@ def simpo_loss(chosen_avg: torch.Tensor, rejected_avg: torch.Tensor, *, beta: fl
                   "reward_accuracy": (margin > 0).float().mean().item() if margin.numel() else 0.0}
 
 
-def orpo_loss(chosen_avg: torch.Tensor, rejected_avg: torch.Tensor, chosen_nll: torch.Tensor, *,
-              lam: float = 0.1, norm: Normaliser | None = None) -> tuple[torch.Tensor, Metrics]:
-    """ORPO (Hong et al.; TRL `ORPOTrainer`), with p = exp(avg log pi(y)) per sequence:
+def _log1mexp(x: torch.Tensor) -> torch.Tensor:
+    """log(1 - e^x) for x < 0, accurate at both ends (as TRL's `log1mexp`)."""
+    return torch.where(x > -0.6931471805599453, torch.log(-torch.expm1(x)),
+                       torch.log1p(-torch.exp(x)))
 
-        log odds(y) = avg log pi(y) - log(1 - p)
-        L = mean_pairs [ nll(y_c) - lam * log sigma(log odds(y_c) - log odds(y_r)) ]
 
-    `chosen_nll` [P] is the chosen response's token-mean NLL; inputs [P]."""
-    log_odds = (chosen_avg - rejected_avg) - (torch.log1p(-torch.exp(chosen_avg))
-                                              - torch.log1p(-torch.exp(rejected_avg)))
+def orpo_loss(chosen_avg: torch.Tensor, rejected_avg: torch.Tensor, chosen_logp: torch.Tensor,
+              chosen_mask: torch.Tensor, *, lam: float = 0.1,
+              norm: Normaliser | None = None) -> tuple[torch.Tensor, Metrics]:
+    """ORPO (Hong et al.) as TRL's `ORPOTrainer` computes it, with a(y) = avg log pi(y):
+
+        log odds(y) = a(y) - log(1 - e^a(y))
+        L = sum_c,t -log pi(y_ct) / sum_c n_c - lam * mean_pairs log sigma(log odds(y_c) - log odds(y_r))
+
+    The NLL is one token mean over every chosen response of the (global) batch, not a mean of
+    per-response means. chosen_avg, rejected_avg: [P]; chosen_logp, chosen_mask: [P, T] (the
+    chosen rows' token logprobs and the tokens their NLL counts)."""
+    log_odds = (chosen_avg - rejected_avg) - (_log1mexp(chosen_avg) - _log1mexp(rejected_avg))
     ratio = F.logsigmoid(log_odds)  # [P]
-    loss = pair_mean(chosen_nll - lam * ratio, norm)
+    nll_sum = -(chosen_logp * chosen_mask).sum()
+    count = chosen_mask.sum().to(torch.float64).reshape(1)
+    dp = 1 if norm is None else norm.dp_size
+    if norm is not None:
+        count = norm.sum(count)
+    nll = _divide(nll_sum, count[0]) * dp
+    loss = nll - lam * pair_mean(ratio, norm)
     return loss, {"orpo_loss": loss.item(),
                   "log_odds_ratio": log_odds.detach().mean().item() if log_odds.numel() else 0.0,
-                  "nll_chosen": chosen_nll.detach().mean().item() if log_odds.numel() else 0.0}
+                  "nll_chosen": nll.item()}
 
 
 def bradley_terry_loss(score_chosen: torch.Tensor, score_rejected: torch.Tensor, *,

@@ -81,6 +81,10 @@ class TrainingConfig:
     """Ranks per worker group; 0 = all ranks left over. Too few ranks: everything is colocated."""
     publish: str = "policy"
     """Slot whose weights are exported and announced as a WeightVersion."""
+    needs_greedy_row: bool = False
+    """Every prompt group must carry one greedily decoded sample (recorded temperature 0), e.g.
+    ReMax's baseline: a batch without any is set aside, and a pipeline whose rollout samples
+    none is refused at validation."""
 
     def slot(self, name: str) -> ModelSlot:
         for s in self.models:

@@ -624,7 +624,7 @@ class AssemblerApp:
             trajectory = decode_trajectory(message.value, self.codec)
         except Exception as exc:  # untrusted bytes: dead-letter them, keep going
             return [self._dead_letter(message, exc)], None
-        reason = invalid_reason(trajectory)
+        reason = invalid_reason(trajectory, self.config.filtering.vocab_size)
         if reason is not None:
             return [self._dead_letter(message, ValueError(reason))], None
         self.trace_links.remember(trajectory.group_id, trajectory.trajectory_id, message.headers)

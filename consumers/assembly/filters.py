@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+import numpy as np
+
 from consumers.assembly.errors import AssemblyConfigError
 from consumers.assembly.protocols import LatestVersions
 from schemas.records import Trajectory
@@ -39,11 +41,17 @@ def oldest_policy_version(trajectory: Trajectory) -> int:
     return min([trajectory.policy_version, *turn_versions])
 
 
-def invalid_reason(trajectory: Trajectory) -> str | None:
-    """Why the sample cannot be packed (the shared record invariants), or None when it can."""
+def invalid_reason(trajectory: Trajectory, vocab_size: int | None = None) -> str | None:
+    """Why the sample cannot be packed (the shared record invariants, and token ids inside
+    `vocab_size` when it is given), or None when it can."""
     problems = record_problems(trajectory)
     if not trajectory.group_id:
         problems.append("group_id is empty")
+    ids = np.asarray(trajectory.token_ids)
+    if vocab_size is not None and ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        bad = sorted(set(ids[(ids < 0) | (ids >= vocab_size)].tolist()))[:5]
+        problems.append(f"token ids {bad} are outside the vocabulary [0, {vocab_size}) of "
+                        "filtering.vocab_size (tokenized for another model)")
     return "; ".join(problems) or None
 
 
@@ -58,6 +66,9 @@ class SampleFilter:
         """Statuses that count as successful episodes."""
         max_staleness: int | None = 4
         """Largest allowed lag (latest policy version minus the sample's); None: no limit."""
+        vocab_size: int | None = None
+        """Vocabulary size of the trained model: a sample with a token id outside [0, vocab_size)
+        is dead-lettered (None: not checked)."""
 
         def __post_init__(self) -> None:
             self.failure_policy = FailurePolicy(self.failure_policy)
@@ -65,6 +76,10 @@ class SampleFilter:
             if self.max_staleness is not None and self.max_staleness < 0:
                 raise AssemblyConfigError(
                     f"filtering.max_staleness must be >= 0 or null, got {self.max_staleness}"
+                )
+            if self.vocab_size is not None and self.vocab_size < 1:
+                raise AssemblyConfigError(
+                    f"filtering.vocab_size must be >= 1 or null, got {self.vocab_size}"
                 )
 
     def __init__(self, config: Config, latest_versions: LatestVersions) -> None:

@@ -4,7 +4,10 @@ student on the corridor task (corridor.py) from a trained teacher, under the sam
     .venv/bin/python examples/teacher_student/run.py [--seeds 3] [--out DIR]
 
 Every strategy gets the same number of iterations, episodes per iteration (the teacher's for
-SFT, the student's otherwise) and optimizer steps. Rows are Trajectory records, packed by the
+SFT, the student's otherwise) and optimizer steps; the table also reports each strategy's
+effective supervised tokens (loss-masked tokens trained on), which these equal budgets do not
+equalise. The teacher is trained on the training tasks only; success is measured on the
+held-out tasks, which no policy trains on. Rows are Trajectory records, packed by the
 assembler's `pack_batch` into TrainingBatches and trained by StacxTrainer with the shipped
 recipes `sft`, `opd`, `dagger`, `aggrevate`; DAgger rows come from `rollout.teacher.dagger_rows`.
 Writes results.json, table.md and curves.png under --out and prints the table.
@@ -25,7 +28,15 @@ import torch
 
 from consumers.assembly.packing import PackedGroup, pack_batch
 from rollout.teacher import BetaSchedule, dagger_rows
-from schemas.records import Trajectory, Turn, logprobs, loss_mask, token_ids, trajectory_id
+from schemas.records import (
+    TrainingBatch,
+    Trajectory,
+    Turn,
+    logprobs,
+    loss_mask,
+    token_ids,
+    trajectory_id,
+)
 from trainer import InMemoryBatchSource, ModelConfig, StacxTrainer
 from trainer.models import build_model
 from trainer.testing import tiny_trainer_config
@@ -37,6 +48,10 @@ STEPS = 16
 ROWS = 32
 LR = 3e-3
 Group = list[Trajectory]
+TRAIN_TASKS = cd.tasks("train")
+"""Tasks every policy trains on, the teacher included."""
+HELDOUT_TASKS = cd.tasks("heldout")
+"""Tasks only evaluation sees."""
 
 
 def to_trajectory(e: cd.Episode, key: str, reward: float | None = None) -> Trajectory:
@@ -138,8 +153,10 @@ def trainer_for(recipe: str, seed: int, teacher_dir: Path, lr: float = LR) -> St
     return StacxTrainer(config, source=InMemoryBatchSource([]))
 
 
-def train_steps(trainer: StacxTrainer, data: list[Group], steps: int, rng: random.Random) -> float:
-    loss = float("nan")
+def train_steps(trainer: StacxTrainer, data: list[Group], steps: int, rng: random.Random) -> int:
+    """Train `steps` steps on up to ROWS rows each; returns the effective supervised tokens: the
+    loss-masked tokens of every trained row (what a budget in tokens compares)."""
+    tokens = 0
     for _ in range(steps):
         picked, rows = [], 0
         for group in rng.sample(data, len(data)):
@@ -147,22 +164,33 @@ def train_steps(trainer: StacxTrainer, data: list[Group], steps: int, rng: rando
                 break
             picked.append(PackedGroup(group_id=group[0].group_id, trajectories=group))
             rows += len(group)
-        loss = trainer.train_step(pack_batch(picked, model_name="student")).loss
-    return loss
+        batch = pack_batch(picked, model_name="student")
+        trainer.train_step(batch)
+        tokens += supervised_tokens(batch)
+    return tokens
+
+
+def supervised_tokens(batch: TrainingBatch) -> int:
+    """Loss-masked tokens of a batch, the first token of each row excluded (it is never a
+    target)."""
+    mask = np.asarray(batch.loss_mask, dtype=np.float64)
+    firsts = np.asarray(batch.offsets, dtype=np.int64)
+    return int(mask.sum() - mask[firsts].sum())
 
 
 def train_teacher(out: Path) -> Path:
-    """A tiny policy trained on expert labels of noisy roll-outs (all tasks): the teacher."""
+    """A tiny policy trained on expert labels of noisy roll-outs of the training tasks only (the
+    held-out tasks stay unseen by the teacher too): the teacher."""
     path = out / "teacher"
     if (path / "config.json").is_file():
         return path
     config = tiny_trainer_config("sft", lr=3e-3, models={"policy": ModelConfig(
         tiny={}, seed=100, attn_implementation="eager")})
     trainer = StacxTrainer(config, source=InMemoryBatchSource([]))
-    rng, every = random.Random(100), cd.tasks("train") + cd.tasks("heldout")
+    rng = random.Random(100)
     data: list[Group] = []
     for k in range(400):
-        e = cd.Episode.start(rng.choice(every))
+        e = cd.Episode.start(rng.choice(TRAIN_TASKS))
         while not e.done:
             label = cd.expert_action(e.x, e.goal)
             e.labels.append(label)
@@ -174,12 +202,11 @@ def train_teacher(out: Path) -> Path:
     return path
 
 
-TRAIN_TASKS = cd.tasks("train")
-HELDOUT_TASKS = cd.tasks("heldout")
 
-
-def run(strategy: str, seed: int, teacher_dir: Path, teacher: torch.nn.Module) -> list[float]:
-    """Held-out success after each iteration (index 0: before training)."""
+def run(strategy: str, seed: int, teacher_dir: Path,
+        teacher: torch.nn.Module) -> tuple[list[float], int]:
+    """(held-out success after each iteration (index 0: before training), effective supervised
+    tokens trained on)."""
     torch.manual_seed(seed)
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
     trainer = trainer_for(strategy, seed, teacher_dir)
@@ -187,24 +214,27 @@ def run(strategy: str, seed: int, teacher_dir: Path, teacher: torch.nn.Module) -
     assert student is not None
     curve = [cd.success_rate(student, HELDOUT_TASKS)]
     data: list[Group] = []
+    tokens = 0
     for it in range(ITERATIONS):
         new = collect(strategy, student, teacher, it, rng, gen)
         data = data + new if strategy in ("sft", "dagger") else new  # DAgger aggregates
-        train_steps(trainer, data, STEPS, rng)
+        tokens += train_steps(trainer, data, STEPS, rng)
         curve.append(cd.success_rate(student, HELDOUT_TASKS))
     trainer.close()
-    return curve
+    return curve, tokens
 
 
-def table(results: dict[str, list[list[float]]], teacher_rate: float) -> str:
-    lines = ["| strategy | held-out success (mean ± std over seeds) | per seed |",
-             "|---|---|---|"]
+def table(results: dict[str, list[list[float]]], tokens: dict[str, list[int]],
+          teacher_rate: float) -> str:
+    lines = ["| strategy | held-out success (mean ± std over seeds) | per seed "
+             "| supervised tokens (mean per seed) |", "|---|---|---|---|"]
     for s in STRATEGIES:
         finals = [c[-1] for c in results[s]]
         spread = statistics.stdev(finals) if len(finals) > 1 else 0.0
         lines.append(f"| {s} | {100 * statistics.mean(finals):.1f}% ± {100 * spread:.1f} | "
-                     + ", ".join(f"{100 * f:.1f}%" for f in finals) + " |")
-    lines.append(f"| teacher | {100 * teacher_rate:.1f}% | |")
+                     + ", ".join(f"{100 * f:.1f}%" for f in finals)
+                     + f" | {round(statistics.mean(tokens[s])):,} |")
+    lines.append(f"| teacher (trained on the training tasks) | {100 * teacher_rate:.1f}% | | |")
     return "\n".join(lines)
 
 
@@ -238,11 +268,14 @@ def main(argv: list[str] | None = None) -> None:
     teacher_dir = train_teacher(args.out)
     teacher = build_model(ModelConfig(path=str(teacher_dir), attn_implementation="eager")).eval()
     teacher_rate = cd.success_rate(teacher, HELDOUT_TASKS)
-    results = {s: [run(s, seed, teacher_dir, teacher) for seed in range(args.seeds)]
-               for s in STRATEGIES}
-    text = table(results, teacher_rate)
+    runs = {s: [run(s, seed, teacher_dir, teacher) for seed in range(args.seeds)]
+            for s in STRATEGIES}
+    results = {s: [curve for curve, _ in runs[s]] for s in STRATEGIES}
+    tokens = {s: [n for _, n in runs[s]] for s in STRATEGIES}
+    text = table(results, tokens, teacher_rate)
     (args.out / "results.json").write_text(json.dumps(
-        {"teacher": teacher_rate, "curves": results, "iterations": ITERATIONS,
+        {"teacher": teacher_rate, "curves": results, "supervised_tokens": tokens,
+         "iterations": ITERATIONS,
          "episodes_per_iteration": EPISODES, "steps_per_iteration": STEPS}, indent=1))
     (args.out / "table.md").write_text(text + "\n")
     plot(results, args.out / "curves.png")

@@ -28,7 +28,7 @@ class RewardModel(TokenLogprobs):
 
     def compute_loss(self, outputs: dict[str, torch.Tensor],
                      batch: TensorBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        return mse_loss(outputs["scores"], batch.rewards)
+        return mse_loss(outputs["scores"], batch.rewards, norm=batch.normaliser)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -41,4 +41,5 @@ def remax() -> TrainingConfig:
     return TrainingConfig(
         models=[ModelSlot(name="policy")],
         roles=[Role(name="policy", specialization=ReMax(aggregation="seq-mean-token-mean"))],
+        needs_greedy_row=True,
     )

@@ -95,6 +95,34 @@ async def test_invalid_trajectory_is_dead_lettered() -> None:
     assert asm.stats.undecodable == 1 and len(asm.groups_table) == 0
 
 
+async def test_token_ids_outside_the_models_vocabulary_are_dead_lettered() -> None:
+    """With `filtering.vocab_size`, a sample tokenized for a bigger vocabulary never reaches a
+    batch: it is dead-lettered with its reason, and its group stays incomplete."""
+    import numpy as np
+
+    from consumers.assembly import SampleFilter
+
+    forwarder = ListForwarder()
+    config = AssemblerApp.Config(
+        app_id=f"unit-{uuid.uuid4().hex[:8]}", partitions=2,
+        grouping=GroupAssembler.Config(group_size=2), mixture=MixturePlanner.Config(batch_size=2),
+        filtering=SampleFilter.Config(vocab_size=256))
+    asm = AssemblerApp(config, forwarder=forwarder, clock=FakeClock(), codec=Codec(),
+                       gap_reader=RecordsReader())
+    good, foreign = make_trajectory("g0", 0), make_trajectory("g0", 1)
+    ids = np.asarray(foreign.token_ids).copy()
+    ids[-1] = 263
+    foreign.token_ids = ids.astype(np.asarray(foreign.token_ids).dtype)
+    assert int(np.asarray(good.token_ids).max()) < 256
+    async with asm.group_agent.test_context() as agent:
+        await _put_trajectory(agent, good)
+        await _put_trajectory(agent, foreign)
+    (letter,) = forwarder.on(asm.config.dlq_topic)
+    reason = decode(letter.value, DeadLetter).reason
+    assert "token ids [263] are outside the vocabulary [0, 256)" in reason
+    assert forwarder.on(asm.config.groups_topic) == [] and asm.stats.undecodable == 1
+
+
 async def test_tick_events_close_timed_out_groups() -> None:
     clock = FakeClock()
     asm, out = _assembler(clock, group_timeout_s=5)

@@ -253,6 +253,14 @@ def test_recipe_scaffold_reward_and_strategy_are_resolved_up_front() -> None:
     assert "scheduler.strategy = 'lifo'; use one of fifo, priority, fair_share, task_aware" in line
 
 
+def test_a_recipe_needing_greedy_rows_is_refused_in_one_line() -> None:
+    """ReMax needs a greedy sample per group, which the pipeline's rollout never samples: the
+    config is refused before anything starts, not by every batch at the trainer."""
+    (line,) = _check_lines(_tree(trainer={"recipe": "remax"}))
+    assert line.startswith("f.yaml: trainer.recipe: 'remax' needs one greedy (temperature 0) "
+                           "sample per prompt group")
+
+
 def test_the_group_size_set_in_one_place_holds_in_both() -> None:
     spec = parse_spec(_tree(rollout=None, assembler={"grouping": {"group_size": 6}}))
     services = plan(spec, RunLayout.create(spec, now=0.0), model_dir=Path("m"))

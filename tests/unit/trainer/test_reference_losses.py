@@ -626,15 +626,24 @@ def test_simpo(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_orpo(seed: int) -> None:
-    """TRL ORPO: log_odds = (a_c - a_r) - (log1p(-e^a_c) - log1p(-e^a_r)) on average logps;
-    loss = mean(nll_c) - beta * mean(log sigma(log_odds))."""
+@pytest.mark.parametrize("nll_on_prompt", [True, False])
+def test_orpo(seed: int, nll_on_prompt: bool) -> None:
+    """TRL `ORPOTrainer.get_batch_loss_metrics`: log_odds = (a_c - a_r) - (log1mexp(a_c) -
+    log1mexp(a_r)) on average logps; loss = nll - beta * mean(log sigma(log_odds)), where nll is
+    `CrossEntropyLoss` (one token mean) over the chosen rows' real tokens (prompt included, as
+    TRL) or, by default, over their trained tokens only. Rows are ragged, so a mean of per-row
+    means would differ."""
     case = ragged_case(seed, fully_masked=False)
-    spec = policy_spec("orpo", lam=0.25)
+    spec = policy_spec("orpo", lam=0.25, nll_on_prompt=nll_on_prompt)
 
     def fn(logp: torch.Tensor) -> torch.Tensor:
         pairs = ref_pairs(case)
-        nll = torch.stack([-ref_seq(logp, case, c, mean=True) for c, _ in pairs]).mean()
+        if nll_on_prompt:  # every target position of a chosen row: all of them are real tokens
+            tokens = [logp[c, :] for c, _ in pairs]
+        else:
+            tokens = [logp[c, case.rows[c][0]:case.rows[c][0] + case.rows[c][1]] for c, _ in pairs]
+        flat = torch.cat(tokens)
+        nll = -flat.sum() / flat.numel()
         ratios = []
         for c, r in pairs:
             a_c, a_r = ref_seq(logp, case, c, mean=True), ref_seq(logp, case, r, mean=True)

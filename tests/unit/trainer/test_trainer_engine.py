@@ -63,6 +63,40 @@ def test_per_sequence_field_mismatch_names_the_field() -> None:
     assert "len(rewards)" in str(source.rejected[0][1])
 
 
+def test_token_ids_past_the_vocabulary_are_set_aside_and_training_continues(
+        tmp_path: Path) -> None:
+    """A batch tokenized for a bigger vocabulary (id 200 on a 64-token model) would index past
+    the embedding: it is rejected with its reason, its offset is committed, the next batch
+    trains."""
+    config = tiny_trainer_config("sft", tmp_path)
+    config.export.dir = None
+    batch = synthetic_batch(0)
+    ids = batch.token_ids.copy()
+    ids[5] = 200
+    foreign = dataclasses.replace(batch, token_ids=ids)
+    source = InMemoryBatchSource([foreign, synthetic_batch(1)])
+    trainer = StacxTrainer(config, source=source)
+    assert trainer.vocab_size == 64
+    (result,) = trainer.run(3)
+    assert result.batch_id == synthetic_batch(1).batch_id and np.isfinite(result.loss)
+    ((sourced, error),) = source.rejected
+    assert sourced.offset == 0 and isinstance(error, BatchValidationError)
+    assert "token ids [200] are outside the model's vocabulary [0, 64)" in str(error)
+    assert trainer.num_rejected_batches == 1 and source.committed == {"memory/0": 2}
+
+
+def test_remax_sets_aside_a_batch_without_a_greedy_row_and_trains_on() -> None:
+    """ReMax's baseline is each group's greedy sample: a batch without one is rejected with that
+    reason (never a failed step that would repeat on every restart); the next batch trains."""
+    source = InMemoryBatchSource([synthetic_batch(0), synthetic_batch(1, greedy_first=True)])
+    trainer = StacxTrainer(tiny_trainer_config("remax"), source=source)
+    (result,) = trainer.run(3)
+    assert result.batch_id == synthetic_batch(1, greedy_first=True).batch_id
+    ((sourced, error),) = source.rejected
+    assert sourced.offset == 0 and isinstance(error, BatchValidationError)
+    assert "needs one greedy sample (temperature 0) per prompt group" in str(error)
+
+
 class _CheckingSource(InMemoryBatchSource):
     """Records, at each commit, what the latest checkpoint on disk says."""
 

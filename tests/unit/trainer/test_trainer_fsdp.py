@@ -92,3 +92,44 @@ def test_fsdp2_loss_and_gradients_equal_one_process_for_every_aggregation(tmp_pa
         for key, grad in one["grads"].items():
             torch.testing.assert_close(two["grads"][key], grad, rtol=1e-4, atol=1e-7,
                                        msg=lambda m, k=key, w=what: f"{w} {k}: {m}")
+
+
+def _compare_with_one_process(tmp_path: Path, cases: list[tuple[str, TrainingBatch]]) -> None:
+    """One forward/backward of each (recipe, batch) in one process and on 2 gloo ranks: the same
+    loss and the same full gradient of every trainable parameter."""
+    backend = BackendConfig(kind="fsdp2", world_size=2, device="cpu")
+    jobs = []
+    for i, (recipe, batch) in enumerate(cases):
+        run_gradients(tiny_trainer_config(recipe), batch, str(tmp_path / f"single{i}.pt"))
+        jobs.append((tiny_trainer_config(recipe, backend=backend), [batch], 0,
+                     str(tmp_path / f"fsdp{i}.pt")))
+    spawn(run_jobs, 2, jobs)
+    for i, (recipe, _) in enumerate(cases):
+        one, two = (torch.load(tmp_path / f"{kind}{i}.pt") for kind in ("single", "fsdp"))
+        assert two["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-7), recipe
+        assert one["grads"].keys() == two["grads"].keys() and one["grads"], recipe
+        for key, grad in one["grads"].items():
+            torch.testing.assert_close(two["grads"][key], grad, rtol=1e-4, atol=1e-7,
+                                       msg=lambda m, k=key, r=recipe: f"{r} {k}: {m}")
+
+
+def test_online_reward_model_mse_is_the_global_mean_on_two_ranks(tmp_path: Path) -> None:
+    """The reward model's regression loss divides by the sequences of the whole batch (counts
+    all-reduced), not by each rank's: with 4 rows on rank 0 and 2 on rank 1, 2 ranks give the
+    one-process loss and gradients of both the reward model and the policy."""
+    _compare_with_one_process(tmp_path, [("online_reward", _uneven_batch())])
+
+
+def test_fewer_groups_than_ranks_keep_whole_groups(tmp_path: Path) -> None:
+    """One prompt group on 2 ranks: recipes that build advantages or preference pairs from
+    groups see the whole group (never two half-groups), so 2 ranks equal one process."""
+    from trainer.flow import point_batch
+
+    one_group = synthetic_batch(0, num_groups=1, group_size=4, response_length=7,
+                                recorded_logprobs=True)
+    gen = torch.Generator().manual_seed(0)
+    points = torch.randn(4, 2, generator=gen)
+    flow = point_batch("one-group", points, -(points ** 2).sum(-1), group_size=4)
+    recipes = ["grpo_rm", "online_reward", "dpo", "simpo", "orpo", "reward_bt"]
+    _compare_with_one_process(tmp_path, [(r, one_group) for r in recipes]
+                              + [("diffusion_dpo", flow)])
