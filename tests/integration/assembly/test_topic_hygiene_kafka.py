@@ -84,7 +84,7 @@ def _subscribe_weights(bootstrap: str, topic: str) -> tuple[str, str]:
     finally:
         subscriber.close()
         follower.close()
-    return subscriber_group("policy", "http://127.0.0.1:1"), follower.group_id
+    return subscriber_group("policy", "http://127.0.0.1:1", topic), follower.group_id
 
 
 def test_idempotent_batches_named_groups_and_no_auto_created_topics(
