@@ -239,7 +239,8 @@ def restart_broker(down_s: float = 5.0) -> None:
     stop_pid(pid, timeout_s=60)
     kafka.pid_file().unlink(missing_ok=True)
     time.sleep(down_s)
-    log.warning("chaos: %s", kafka.up(kafka.KafkaConfig()))
+    # a loaded machine can take minutes to bring a broker back: wait as long as it takes
+    log.warning("chaos: %s", kafka.up(kafka.KafkaConfig(start_timeout_s=600.0)))
 
 
 # --------------------------------------------------------------------------------- reading topics
