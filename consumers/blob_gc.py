@@ -23,7 +23,7 @@ from schemas.claimcheck import ClaimCheck
 from schemas.codec import decode
 from schemas.records import DeadLetter
 
-__all__ = ["GcReport", "TopicUnreadable", "collect", "referenced_in_topic"]
+__all__ = ["GcReport", "TopicUnreadable", "collect", "delete_topic_blobs", "referenced_in_topic"]
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def referenced_in_value(value: bytes | None, decode_value: Decode = decode) -> s
 
 def referenced_in_topic(bootstrap_servers: str, topic: str, *, timeout_s: float = 30.0) -> set[str]:
     """Digests of every blob a retained record of `topic` refers to (reads it to its end)."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
     from schemas import topics
     from schemas.catalogue import SchemaCatalogue
@@ -88,13 +88,20 @@ def referenced_in_topic(bootstrap_servers: str, topic: str, *, timeout_s: float 
         }
     )
     try:
-        meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
-        if meta is None or meta.error is not None:
-            raise TopicUnreadable(f"topic {topic!r} does not exist")
-        partitions = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.partitions]
-        ends = {p.partition: consumer.get_watermark_offsets(p, timeout=timeout_s)[1] for p in partitions}
+        try:
+            meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+            error = meta.error if meta is not None else None
+            if error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                return set()  # a deleted topic refers to nothing: its blobs are orphans
+            if meta is None or meta.error is not None:
+                raise TopicUnreadable(f"topic {topic!r}: {meta.error if meta else 'no metadata'}")
+            partitions = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.partitions]
+            marks = {p.partition: consumer.get_watermark_offsets(p, timeout=timeout_s) for p in partitions}
+        except KafkaException as exc:
+            raise TopicUnreadable(f"topic {topic!r}: {exc}") from exc
         consumer.assign(partitions)
-        wanted = {p: end for p, end in ends.items() if end > 0}
+        # a partition that retention emptied (start == end) has nothing left to refer to a blob
+        wanted = {p: high for p, (low, high) in marks.items() if high > low}
         return _read_to_end(consumer, topic, wanted, codec.decode, timeout_s)
     finally:
         consumer.close()
@@ -166,10 +173,23 @@ def _sweep(
     for blob in blobs:
         if blob.sha256 in in_use:
             report.kept += 1
-        elif blob.modified is None or now - blob.modified < grace_s:
+        elif grace_s > 0 and (blob.modified is None or now - blob.modified < grace_s):
             report.young += 1
         else:
             if not dry_run:
                 store.delete(blob.url)
             report.deleted.append(blob.url)
             report.deleted_bytes += blob.size
+
+
+def delete_topic_blobs(
+    store: FsspecBlobStore, topics: Iterable[str], *, dry_run: bool = False
+) -> list[GcReport]:
+    """Delete every blob of `topics`, deleted topics (`stacx topics gc --run`): no record refers
+    to them any more, whatever their age."""
+    reports = []
+    for topic in topics:
+        report = GcReport(topic=topic)
+        _sweep(store, store.list_blobs(topic), set(), report, grace_s=0.0, now=time.time(), dry_run=dry_run)
+        reports.append(report)
+    return reports

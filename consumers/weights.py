@@ -89,7 +89,7 @@ class WeightSubscriber:
         """Compacted topic of `WeightVersion` events."""
         group_id: str | None = None
         """Consumer group, one per subscriber (the weights topic has one partition); None:
-        `stacx-weights-<model>-<host>-<server port>` (see `subscriber_group`). The subscriber
+        `stacx-weights-<run>-<model>-<host>-<server port>` (see `subscriber_group`). The subscriber
         commits what it handled, so operators see its lag, and rereads the compacted topic from
         its start at every start-up."""
         abort_running: bool = False
@@ -134,7 +134,9 @@ class WeightSubscriber:
     def _default_source(self) -> EventSource:
         from consumers.event_consumer import EventConsumer
 
-        group = self.config.group_id or subscriber_group(self.config.model_name, self.config.server_url)
+        group = self.config.group_id or subscriber_group(
+            self.config.model_name, self.config.server_url, self.config.topic
+        )
         consumer = EventConsumer(
             EventConsumer.Config(
                 bootstrap_servers=self.config.bootstrap_servers,
@@ -347,11 +349,16 @@ class WeightSubscriber:
         )
 
 
-def subscriber_group(model_name: str, server_url: str) -> str:
-    """`stacx-weights-<model>-<host>-<port>`: one group per inference server, named so operators
-    find it (`stacx topics describe`, kafka-consumer-groups.sh), the same after a restart."""
+def subscriber_group(model_name: str, server_url: str, topic: str = topics.WEIGHTS) -> str:
+    """`stacx-weights-<run>-<model>-<host>-<port>` for a run's topic (`stacx.weights.<run>`),
+    `stacx-weights-<model>-<host>-<port>` for the shared one: one group per inference server and
+    run, named so operators find it (`stacx topics describe`, kafka-consumer-groups.sh), the same
+    after a restart. The run is in the name so that deleting one run's groups (`stacx topics gc
+    --run`) never touches another run's server on the same port."""
     port = urlsplit(server_url).port or 0
-    return f"stacx-weights-{model_name}-{socket.gethostname()}-{port}"
+    run = topic.removeprefix(topics.WEIGHTS + ".") if topic != topics.WEIGHTS else ""
+    scope = f"{run}-" if run else ""
+    return f"stacx-weights-{scope}{model_name}-{socket.gethostname()}-{port}"
 
 
 def _inject_trace_context(request: httpx.Request) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from process_checks import run_processes
+from run_names import SESSION_PREFIX
 
 from schemas import topics
 
@@ -84,36 +85,33 @@ def _run_ids(bootstrap: str) -> set[str] | None:
 
 @pytest.fixture(scope="session", autouse=True)
 def _runs_started_by_the_tests_are_deleted() -> Iterator[None]:
-    """Pipelines the tests start (quickstart, chaos, own tasks, SIGTERM...) name their topics after
-    a fresh run id. Left on the shared broker they pile up (thousands of topics after a few dozen
-    sessions, and every Faust worker then decodes their metadata), so after the session the runs
-    that did not exist before it are deleted like `stacx topics gc --run` does; a run that still
-    has consumers is left alone, and so is every run while another test session on this machine
-    is running (its runs appeared meanwhile too, and may be between two stages). Housekeeping
-    only: without a broker it does nothing."""
-    bootstrap = topics.default_bootstrap()
-    before = _run_ids(bootstrap)
-    with _test_session_lock() as alone:
-        yield
-        after = _run_ids(bootstrap) if before is not None else None
-        if after is None or before is None:
-            return
-        if after - before and not alone():
-            print(f"another test session is running: runs left on the broker: {sorted(after - before)}")
-            return
+    """Pipelines the tests start (quickstart, own tasks, SIGTERM, replay...) are named with
+    `run_names.run_name`, under this session's prefix. Left on the broker they pile up
+    (thousands of topics after a few dozen sessions, and every Faust worker then decodes their
+    metadata), so after the session the runs under that prefix are deleted like `stacx topics gc
+    --run` does. Nothing else is touched: a user's runs, and another session's, keep their
+    topics and groups. Housekeeping only: without a broker it does nothing."""
+    yield
+    sweep_session_runs(topics.default_bootstrap(), SESSION_PREFIX)
+
+
+def sweep_session_runs(bootstrap: str, prefix: str) -> None:
+    """Delete the runs whose id starts with `prefix` (a session's own). A run whose group still
+    has members is retried while no process of that run is alive and for at most
+    STALE_MEMBER_WAIT_S (a member killed with -9 stays until its session times out)."""
     from infra.services.errors import InfraError
     from infra.services.topic_admin import delete_run
 
-    waiting = sorted(after - before)
+    found = _run_ids(bootstrap)
+    waiting = sorted(run for run in found or () if run.startswith(prefix))
     deadline = time.monotonic() + STALE_MEMBER_WAIT_S
     while waiting:
         left = []
         for run in waiting:
             try:
                 delete_run(bootstrap, run)
-            except InfraError as exc:  # still running (someone else's), or the broker went away
+            except InfraError as exc:  # still running, or the broker went away
                 left.append((run, exc))
-        # a member killed with -9 (the chaos tests) stays in its group until its session times out
         waiting = [run for run, _ in left if not run_processes(run) and time.monotonic() < deadline]
         for run, exc in left:
             if run not in waiting:
@@ -124,29 +122,6 @@ def _runs_started_by_the_tests_are_deleted() -> Iterator[None]:
 
 STALE_MEMBER_WAIT_S = 60.0
 """Longest wait for the consumer-group members of killed processes to time out (45 s at most)."""
-
-
-@contextlib.contextmanager
-def _test_session_lock() -> Iterator[Callable[[], bool]]:
-    """A shared lock held while this session runs; yields a check whether this session is the only
-    one (it gets the lock exclusively)."""
-    import fcntl
-
-    from infra.paths import stacx_home
-
-    path = stacx_home() / "test-sessions.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_SH)
-
-        def alone() -> bool:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False
-            return True
-
-        yield alone
 
 
 @pytest.fixture

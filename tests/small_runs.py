@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 from typing import Any
 
 from ports import free_port
+from run_names import run_name
 
 
 def shrink(
@@ -24,7 +24,7 @@ def shrink(
     """`spec` with a fresh run name under `runs_dir`, `steps` policy versions, no live view, one
     final held-out sample per problem, its own ports, no warm sandboxes, and small groups."""
     cfg = spec.pipeline
-    cfg.name, cfg.runs_dir, cfg.steps, cfg.live = f"e2e-{uuid.uuid4().hex[:6]}", str(runs_dir), steps, False
+    cfg.name, cfg.runs_dir, cfg.steps, cfg.live = run_name("e2e"), str(runs_dir), steps, False
     cfg.timeout_s = timeout_s
     cfg.evaluation.final_samples_per_problem = 1
     cfg.services.gateway_port, cfg.services.inference_port = free_port(), free_port()

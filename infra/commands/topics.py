@@ -116,8 +116,10 @@ def _gc(args: argparse.Namespace) -> int:
 
 
 def _gc_runs(args: argparse.Namespace) -> int:
+    from consumers.blob_gc import delete_topic_blobs
     from infra.services import topic_admin
     from infra.services.errors import InfraError
+    from producers.blobs import FsspecBlobStore
 
     verb = "would delete" if args.dry_run else "deleted"
     code = 0
@@ -128,10 +130,14 @@ def _gc_runs(args: argparse.Namespace) -> int:
             print(f"stacx topics gc: {exc}")
             code = 1
             continue
+        blobs = delete_topic_blobs(FsspecBlobStore(args.store), names, dry_run=args.dry_run)
+        num_blobs, num_bytes = sum(len(r.deleted) for r in blobs), sum(r.deleted_bytes for r in blobs)
         if args.json:
-            print(json.dumps({"run": run, "topics": names, "groups": groups, "dry_run": args.dry_run}))
+            print(json.dumps({"run": run, "topics": names, "groups": groups, "blobs": num_blobs,
+                              "blob_bytes": num_bytes, "dry_run": args.dry_run}))
         else:
-            print(f"{run}: {verb} {len(names)} topics ({', '.join(names)}) and {len(groups)} groups")
+            print(f"{run}: {verb} {len(names)} topics ({', '.join(names)}), {len(groups)} groups "
+                  f"and {num_blobs} blobs ({num_bytes / 1e6:.1f} MB)")
     return code
 
 

@@ -46,6 +46,7 @@ _GROUP_PREFIXES = (
     "stacx-rollout-",
     "stacx-oncall-join-",
     "stacx-oncall-learner-",
+    "stacx-weights-",
 )
 _TIMEOUT_S = 30.0
 _WAIT_S = _TIMEOUT_S + 15.0
@@ -269,9 +270,9 @@ def describe(bootstrap: str, run: str, *, sizes: bool = False) -> tuple[RunSumma
 
 
 def _run_groups(bootstrap: str, run: str) -> list[str]:
-    listed = _answer(
-        _admin(bootstrap).list_consumer_groups(request_timeout=_TIMEOUT_S), "list consumer groups"
-    )
+    """The groups named after `run` (those without committed offsets too)."""
+    admin = _admin(bootstrap)  # held until the answer arrives: a dropped client cancels it
+    listed = _answer(admin.list_consumer_groups(request_timeout=_TIMEOUT_S), "list consumer groups")
     return [g.group_id for g in listed.valid if run_of(g.group_id, [run]) == run]
 
 

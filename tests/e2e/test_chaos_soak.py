@@ -1,9 +1,13 @@
-"""The chaos soak, short: `bench/chaos.py --quick` kills services (and restarts the broker) while
-the pipeline trains, then audits the topics, the assembler's state and the trainer's lineage.
+"""The chaos soak, short: `bench/chaos.py --quick` kills services (whole process groups, the
+trainer's launcher alone, one trainer rank alone) and restarts the broker while the pipeline
+trains, then audits the topics, the assembler's state, the trainer's lineage and dead letters and
+the versions the server loaded.
 
-Needs Kafka (started by `stacx infra up`: the broker restart uses its pid file), Docker and the
-sandbox image. Checks that nothing is lost or trained twice and that nothing is left behind; the
-learning under fire is measured by the full benchmark (docs/performance.md), not here.
+The soak runs on a broker of its own (the jars `stacx infra up` installed, its own STACX_HOME,
+ports and data): a user's run on the local broker, started first, keeps its topics, its group
+and its broker. Needs Kafka, Docker and the sandbox image. Checks that nothing is lost or trained
+twice and that nothing is left behind; the learning under fire is measured by the full benchmark
+(docs/performance.md), not here.
 """
 
 from __future__ import annotations
@@ -11,12 +15,21 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from process_checks import run_processes
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient
+from process_checks import alive, run_processes
+from run_names import run_name
+
+from infra.pipeline.layout import RunTopics
+from infra.services import kafka, topic_admin
+from infra.services.topics import ensure_topics
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,27 +39,74 @@ def _chaos(name: str, *flags: str) -> list[str]:
     return [sys.executable, str(REPO / "bench" / "chaos.py"), "--quick", "--name", name, *flags]
 
 
+@pytest.fixture
+def users_run(kafka_bootstrap: str) -> Iterator[tuple[str, RunTopics, Consumer]]:
+    """A run a user has going on the local broker: its topics, a record, and its trainer's group
+    with a committed offset and a live member."""
+    run_id = f"users-own-{uuid.uuid4().hex[:6]}"
+    run = RunTopics.for_run(run_id, fresh=True)
+    ensure_topics(kafka_bootstrap, run.specs())
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer.produce(run.batches, key=b"b0", value=b"a batch")
+    assert producer.flush(30) == 0
+    member = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": f"stacx-trainer-{run_id}",
+                       "auto.offset.reset": "earliest", "session.timeout.ms": 45000})
+    member.subscribe([run.batches])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        msg = member.poll(0.5)
+        if msg is not None and not msg.error():
+            member.commit(message=msg, asynchronous=False)
+            break
+    yield run_id, run, member
+    member.close()
+    topic_admin.delete_run(kafka_bootstrap, run_id)
+
+
+def _untouched(bootstrap: str, run_id: str, run: RunTopics, member: Consumer) -> None:
+    member.poll(0.1)  # a live member: still in its group
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    assert {t.name for t in run.specs()} <= set(admin.list_topics(timeout=30).topics)
+    group = f"stacx-trainer-{run_id}"
+    (described,) = admin.describe_consumer_groups([group]).values()
+    assert len(described.result(timeout=60).members) == 1
+    (committed,) = member.committed(member.assignment(), timeout=30)
+    assert committed.offset == 1
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_a_short_soak_under_kills_loses_nothing_and_leaves_nothing(
-        kafka_bootstrap: str, docker_client: Any, sandbox_image: str, tmp_path: Path) -> None:
-    name = f"chaos-{uuid.uuid4().hex[:6]}"
+        kafka_bootstrap: str, docker_client: Any, sandbox_image: str, tmp_path: Path,
+        users_run: tuple[str, RunTopics, Consumer]) -> None:
+    shared_broker = kafka.running_pid()
+    assert shared_broker is not None and alive(shared_broker), "the local broker of `stacx infra up`"
+    name = run_name("chaos")
     out = subprocess.run(_chaos(name, "--json", "--minutes", "3", "--interval-s", "20", "--seed", "1"),
                          cwd=tmp_path, capture_output=True, text=True, timeout=1400)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["pipeline_error"] is None, result
-    assert result["kills"] >= 3 and result["policy_versions"] >= 2, result
-    for key in ("lost", "trained_twice", "version_regressions", "orphans", "leaked_containers"):
+    assert result["broker"] == "private" and result["broker_restarts"] >= 1, result
+    assert result["kills"] >= 3 and result["kills_by_victim"].get("trainer-rank", 0) >= 1, result
+    assert result["policy_versions"] >= 2 and result["trained_batches"] >= 2, result
+    for key in ("lost", "trained_twice", "trainer_dead_letters", "version_regressions",
+                "served_regressions", "served_unannounced", "served_behind", "orphans",
+                "leaked_containers"):
         assert result[key] == 0, (key, result)
-    assert result["broker_restarts"] >= 1 and result["batches"] >= 2, result
+    assert result["server_loads"] >= 1, result
+    # the user's broker was never restarted, and their run kept its topics, group and member
+    assert kafka.running_pid() == shared_broker and alive(shared_broker)
+    _untouched(kafka_bootstrap, *users_run)
+    shared = set(AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=30).topics)
+    assert not [t for t in shared if result["run_id"] in t], "the soak's topics are on its own broker"
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_sigterm_mid_soak_stops_every_service_and_sandbox(
         kafka_bootstrap: str, docker_client: Any, sandbox_image: str, tmp_path: Path) -> None:
-    name = f"chaos-term-{uuid.uuid4().hex[:6]}"
+    name = run_name("chaos-term")
     proc = subprocess.Popen(_chaos(name, "--no-broker", "--minutes", "5", "--interval-s", "5", "--seed", "2"),
                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None

@@ -11,13 +11,13 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from ports import free_port
+from run_names import run_name
 
 from sandbox.backends.docker import LABEL_OWNER
 
@@ -27,7 +27,7 @@ STACX = str(Path(sys.executable).with_name("stacx"))
 
 def _short_config(tmp_path: Path, bootstrap: str) -> tuple[Path, str]:
     tree: dict[str, Any] = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
-    name = f"sigterm-{uuid.uuid4().hex[:6]}"
+    name = run_name("sigterm")
     tree["bootstrap_servers"] = bootstrap
     p = tree["pipeline"]
     p.update(name=name, runs_dir=str(tmp_path), steps=50, live=False, timeout_s=600)

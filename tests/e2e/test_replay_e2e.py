@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from run_names import run_name
 from test_quickstart_e2e import REPO, _small
 
 from infra.config import build
@@ -46,7 +47,7 @@ def test_replays_of_a_real_run_are_identical(
     source = f"stacx.trajectories.{run_id}"
     model = tmp_path / spec.pipeline.name / "models" / "base"
     tag = uuid.uuid4().hex[:6]
-    names = [f"replay-a-{tag}", f"replay-b-{tag}", f"replay-sft-{tag}"]
+    names = [run_name(f"replay-a-{tag}"), run_name(f"replay-b-{tag}"), run_name(f"replay-sft-{tag}")]
     try:
         first = _replay(kafka_bootstrap, source, names[0], model, tmp_path / "replays", "grpo")
         second = _replay(kafka_bootstrap, source, names[1], model, tmp_path / "replays", "grpo")

@@ -113,6 +113,6 @@ def test_three_learners_each_read_every_trajectory_once(
         assert r["LAG"] == "0", r
         committed[r["GROUP"]] += int(r["CURRENT-OFFSET"])
     assert committed == {g: len(events) for g in groups.values()}
-    assert {*groups.values(), subscriber_group("critic", "http://127.0.0.1:1")} <= set(
+    assert {*groups.values(), subscriber_group("critic", "http://127.0.0.1:1", weights)} <= set(
         kafka_tools.consumer_groups(kafka_bootstrap)
     )

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from assembly_worker import STOPPED_BY_SIGTERM, AssemblerProcess, consume_records
 from confluent_kafka import Consumer, Producer
+from run_names import run_name
 
 from consumers.assembly.testing import make_trajectory
 from consumers.weights import WeightSubscriber, subscriber_group
@@ -84,7 +85,7 @@ def _subscribe_weights(bootstrap: str, topic: str) -> tuple[str, str]:
     finally:
         subscriber.close()
         follower.close()
-    return subscriber_group("policy", "http://127.0.0.1:1"), follower.group_id
+    return subscriber_group("policy", "http://127.0.0.1:1", topic), follower.group_id
 
 
 def test_idempotent_batches_named_groups_and_no_auto_created_topics(
@@ -92,7 +93,7 @@ def test_idempotent_batches_named_groups_and_no_auto_created_topics(
 ) -> None:
     bootstrap, data_dir = private_broker
     ensure_topics(bootstrap)  # what `stacx infra up` does
-    run = RunTopics.for_run(f"hygiene-{uuid.uuid4().hex[:6]}", fresh=True)
+    run = RunTopics.for_run(run_name("hygiene"), fresh=True)
     ensure_topics(bootstrap, run.specs())
     app_id = f"stacx-assembler-{uuid.uuid4().hex[:6]}"
     config = {

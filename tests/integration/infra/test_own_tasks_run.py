@@ -13,13 +13,13 @@ import json
 import shutil
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from ports import free_port
+from run_names import run_name
 
 REPO = Path(__file__).resolve().parents[3]
 STACX = str(Path(sys.executable).with_name("stacx"))
@@ -51,7 +51,7 @@ def _tasks(tmp_path: Path) -> Path:
 
 def _config(tmp_path: Path, bootstrap: str, model: Path, tasks: Path) -> tuple[Path, str]:
     tree: dict[str, Any] = yaml.safe_load((REPO / "examples" / "own-tasks.yaml").read_text())
-    name = f"own-{uuid.uuid4().hex[:6]}"
+    name = run_name("own")
     tree["bootstrap_servers"] = bootstrap
     p = tree["pipeline"]
     p.update(

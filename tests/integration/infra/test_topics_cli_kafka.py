@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from run_names import run_name
 
 from infra.pipeline.layout import RunTopics
 from infra.services.topics import ensure_topics
@@ -29,7 +29,7 @@ def _stacx(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_list_describe_and_delete_a_finished_run(kafka_bootstrap: str) -> None:
-    run_id = f"topics-cli-{uuid.uuid4().hex[:8]}"
+    run_id = run_name("topics-cli")
     run = RunTopics.for_run(run_id, fresh=True)
     ensure_topics(kafka_bootstrap, run.specs())
     internal = f"stacx-assembler-{run_id}-ticks"  # a Faust worker's own topic

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
+from run_names import run_name
 
 from consumers.assembly.testing import make_trajectory
 from infra.config import build
@@ -67,7 +68,7 @@ def test_two_replays_are_identical_and_another_recipe_completes(
     source = fresh_topic("replay-traj", partitions=4)
     _publish_groups(kafka_bootstrap, source, num_groups=6, group_size=4)
     tag = uuid.uuid4().hex[:6]
-    replay_runs += [f"replay-a-{tag}", f"replay-b-{tag}", f"replay-sft-{tag}"]
+    replay_runs += [run_name(f"replay-a-{tag}"), run_name(f"replay-b-{tag}"), run_name(f"replay-sft-{tag}")]
 
     first = _replay(kafka_bootstrap, source, replay_runs[0], tmp_path)
     second = _replay(kafka_bootstrap, source, replay_runs[1], tmp_path)

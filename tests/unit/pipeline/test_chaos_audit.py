@@ -1,0 +1,86 @@
+"""The chaos soak's audit helpers (bench/chaos.py), on fakes: the versions a server loaded are read
+from its weight subscriber's own log lines; a lone-rank strike finds the ranks; the schedule
+passes over a victim whose restart budget one more kill would spend."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import multiprocessing
+import os
+import sys
+import time
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+
+from consumers import weights
+from infra.pipeline.services import RestartPolicy
+from schemas.records import WeightVersion
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def chaos() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_chaos", REPO / "bench" / "chaos.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_chaos"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _subscriber_line(version: int, path: str) -> str:
+    """The line the weight subscriber logs after a confirmed load (its own logger and format)."""
+    record = logging.LogRecord(weights.log.name, logging.INFO, "", 0, "server %s now serves %s v%s (%s)",
+                               ("http://127.0.0.1:1", "policy", version, path), None)
+    return logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s").format(record)
+
+
+def test_served_versions_counts_regressions_unannounced_loads_and_lag(
+    chaos: ModuleType, tmp_path: Path
+) -> None:
+    announced = [WeightVersion(model_name="policy", version=v, path=f"/w/v{v}") for v in (1, 2, 3, 4)]
+    log_path = tmp_path / "inference.log"
+    log_path.write_text("\n".join([
+        "$ stacx serve ...", _subscriber_line(1, "/w/v1"), _subscriber_line(2, "/w/v2"),
+        "$ stacx serve ...",  # restarted: catches up to the newest again
+        _subscriber_line(2, "/w/v2"), _subscriber_line(3, "/w/v3"),
+    ]) + "\n")
+    clean = chaos.served_versions(log_path, "policy", announced)
+    assert clean == {"server_loads": 4, "served_last": 3, "served_regressions": 0,
+                     "served_unannounced": 0, "served_behind": 1}
+    with log_path.open("a") as out:
+        out.write(_subscriber_line(1, "/w/v1") + "\n" + _subscriber_line(4, "/elsewhere/v4") + "\n")
+    bad = chaos.served_versions(log_path, "policy", announced)
+    assert (bad["served_regressions"], bad["served_unannounced"], bad["served_behind"]) == (1, 1, 0)
+
+
+def _sleep() -> None:
+    time.sleep(30)
+
+
+def test_rank_pids_finds_spawned_ranks_not_the_resource_tracker(chaos: ModuleType) -> None:
+    context = multiprocessing.get_context("spawn")
+    ranks = [context.Process(target=_sleep) for _ in range(2)]
+    for rank in ranks:
+        rank.start()
+    try:
+        assert sorted(chaos.rank_pids(os.getpid())) == sorted(r.pid for r in ranks)
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.join()
+
+
+def test_the_schedule_respects_the_restart_budget(chaos: ModuleType) -> None:
+    pipeline: Any = SimpleNamespace(supervisor=SimpleNamespace(policy=RestartPolicy(max_restarts=3)))
+    schedule = chaos.Chaos(pipeline, seed=0, interval_s=1.0, broker=False,
+                           victims=("trainer", "trainer-rank", "assembler"))
+    now = time.monotonic()
+    schedule._recent["trainer"].extend([now, now])  # a third kill would leave no restart
+    assert {schedule._within_budget("trainer-rank") for _ in range(20)} == {"assembler"}
+    assert schedule._within_budget("assembler") == "assembler"
