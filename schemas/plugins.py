@@ -236,5 +236,7 @@ class Registry(Generic[T]):
 
 
 def _summary(obj: Any) -> str:
-    doc = inspect.getdoc(obj) or ""
-    return doc.strip().splitlines()[0] if doc.strip() else ""
+    doc = (inspect.getdoc(obj) or "").strip()
+    line = doc.splitlines()[0] if doc else ""
+    name = getattr(obj, "__name__", "")
+    return "" if name and line.startswith(f"{name}(") else line  # a dataclass's generated signature
