@@ -510,7 +510,7 @@ def _spec(args: argparse.Namespace, bootstrap: str | None) -> Any:
     if args.sft_steps is not None:
         cfg.sft.steps, cfg.sft.skill_steps = args.sft_steps, int(args.sft_steps * 0.9)
     if args.quick:  # the slow test: plumbing under fire, not learning
-        cfg.tasks.arithmetic.num_train, cfg.tasks.arithmetic.num_heldout = 256, 8
+        cfg.tasks.options.update(num_train=256, num_heldout=8)
         cfg.sft.steps, cfg.sft.skill_steps, cfg.sft.batch_size = 10, 8, 16
         cfg.evaluation.every_versions = 0
         spec.rollout["data"]["samples_per_task"] = 4

@@ -6,6 +6,7 @@ rollout manager's scaffolds, rewards, strategy and budget. Each problem is one l
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ __all__ = [
     "harbor_problems",
     "jsonl_problems",
     "model_problem",
+    "plugin_problems",
     "rollout_config_problem",
     "rollout_problems",
     "tokenizer_problem",
@@ -48,6 +50,40 @@ def tokenizer_problem(path: Path, what: str) -> str | None:
 
 _PROBE_TASK = {"task_id": "check", "task_type": "check", "prompt": "check"}
 """Stands in for the real tasks while the manager is built (never run)."""
+
+
+def plugin_problems(config: Any) -> list[str]:
+    """One `field.path: problem` line per plug-in of a `RolloutConfig` that does not resolve:
+    each evaluator's scaffold, reward, verifier; the scheduler's strategy; the data source."""
+    from rollout.blackbox.adapter import build_external, is_external
+    from rollout.errors import ConfigError as RolloutConfigError
+    from rollout.rewards import get_reward, get_verifier
+    from rollout.scaffolds import build_scaffold
+    from rollout.scheduler import build_strategy
+
+    checks: list[tuple[str, Any]] = []
+    for name, e in config.manager.evaluators.items():
+        where = f"manager.evaluators.{name}"
+        if is_external(e.scaffold):
+            checks.append((f"{where}.scaffold", partial(build_external, e.scaffold, e.scaffold_options)))
+        else:
+            checks.append((f"{where}.scaffold", partial(build_scaffold, e.scaffold, **e.scaffold_options)))
+        if e.reward == "verifier":
+            checks.append((f"{where}.verifier", partial(get_verifier, e.verifier, e.verifier_options)))
+        else:
+            checks.append((f"{where}.reward", partial(get_reward, e.reward, e.reward_options)))
+    checks.append(("manager.scheduler.strategy", lambda: build_strategy(config.manager.scheduler)))
+    if config.data.source:
+        from rollout.data import build_task_set
+
+        checks.append(("data.source", lambda: build_task_set(config.data.source, config.data.source_options)))
+    lines = []
+    for field, check in checks:
+        try:
+            check()
+        except RolloutConfigError as exc:
+            lines.append(f"{field}: {exc}")
+    return lines
 
 
 def rollout_config_problem(config: Any) -> str | None:
@@ -122,9 +158,9 @@ def jsonl_problems(path: Path, what: str) -> list[str]:
 
 
 def rollout_problems(config: Any, where: str) -> list[str]:
-    """Everything a `RolloutConfig` points at: evaluators, tokenizer, task file or folder."""
-    lines = []
-    problem = rollout_config_problem(config)
+    """Everything a `RolloutConfig` points at: plug-ins, evaluators, tokenizer, task file or folder."""
+    lines = [f"{where}: {line}" for line in plugin_problems(config)]
+    problem = None if lines else rollout_config_problem(config)
     if problem:
         lines.append(f"{where}: manager: {problem}")
     if not config.inference.tokenizer:

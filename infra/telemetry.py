@@ -210,7 +210,7 @@ def _dropped(reader: InMemoryMetricReader) -> int:
 
 def sampler(ratio: float) -> Sampler:
     """Parent-based: a trace is kept or dropped whole, by its root's service. Every root is kept
-    at ratio 1 (the SDK's default sampler, which skips the trace-id arithmetic on each span)."""
+    at ratio 1 (the SDK's default sampler, which skips the per-span trace-id ratio test)."""
     from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
 
     return ParentBased(ALWAYS_ON if ratio >= 1.0 else TraceIdRatioBased(ratio))

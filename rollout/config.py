@@ -30,7 +30,8 @@ __all__ = [
 
 @dataclass(kw_only=True, slots=True)
 class DataConfig:
-    """Where tasks come from: a tasks.jsonl, Harbor task directories, or the tasks topic."""
+    """Where tasks come from: a tasks.jsonl, Harbor task directories, the tasks topic, or a
+    task-source plug-in."""
 
     path: str | None = None
     """tasks.jsonl of TaskSample rows."""
@@ -38,6 +39,11 @@ class DataConfig:
     """Directory of Harbor-format tasks (each becomes a TaskSample)."""
     topic: str | None = None
     """Kafka topic of TaskSample events (e.g. stacx.tasks), read through a consumer group."""
+    source: str | None = None
+    """A task-source plug-in: registered name, `package.module:Factory`, or an entry point in
+    `stacx.task_sources` (its `train_tasks()`; see rollout.data)."""
+    source_options: dict[str, Any] = field(default_factory=dict)
+    """Keyword options of the task source."""
     consumer_group: str = "stacx-rollout"
     """Consumer group shared by rollout workers reading `topic`."""
     samples_per_task: int = 1
@@ -50,9 +56,9 @@ class DataConfig:
     """Shuffle seed."""
 
     def __post_init__(self) -> None:
-        chosen = [name for name in ("path", "task_dirs", "topic") if getattr(self, name)]
+        chosen = [name for name in ("path", "task_dirs", "topic", "source") if getattr(self, name)]
         if len(chosen) != 1:
-            raise ConfigError(f"data: set exactly one of path, task_dirs, topic (got {chosen or 'none'})")
+            raise ConfigError(f"set exactly one of path, task_dirs, topic, source (got {chosen or 'none'})")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -1,4 +1,12 @@
-"""DataSource: task groups from a `tasks.jsonl` file or from the `stacx.tasks` topic."""
+"""DataSource: task groups from a `tasks.jsonl` file, the `stacx.tasks` topic, or a task-source
+plug-in (`data.source`: a registered name, `package.module:Factory`, or an entry point in
+`stacx.task_sources`).
+
+A task source plug-in is `Factory(**options)` whose object has `train_tasks()` (TaskSample rows
+or `TaskSample`s), optionally `heldout_tasks()` (evaluation, never trained on) and
+`demonstration(rng, *, skill)` -> `(prompt, segments)` for an SFT warm start: segments alternate
+policy text (trained on) and observations (not trained on), as a rollout episode does.
+"""
 
 from __future__ import annotations
 
@@ -14,12 +22,15 @@ from typing import Any
 
 from rollout.errors import ConfigError
 from rollout.protocols import TaskGroup
+from schemas.plugins import PluginError, Registry, accepts
 from schemas.records import TaskSample
 
 __all__ = [
     "JsonlTaskSource",
     "KafkaTaskSource",
     "ListTaskSource",
+    "TASK_SOURCES",
+    "build_task_set",
     "group_id_for",
     "load_tasks_jsonl",
     "task_from_dict",
@@ -65,6 +76,56 @@ def load_tasks_jsonl(path: str | Path) -> list[TaskSample]:
     if not tasks:
         raise ConfigError(f"{path} holds no tasks")
     return tasks
+
+
+def _check_source(factory: Any) -> str | None:
+    return None if callable(factory) else f"is a {type(factory).__name__}, not a task-source factory"
+
+
+TASK_SOURCES: Registry[Any] = Registry("task_sources", what="task source", check=_check_source)
+"""Task-source factories by name: `Factory(**options)` with `train_tasks()` (see the docstring)."""
+
+
+class _JsonlTasks:
+    """The rows of a tasks.jsonl (`options: {path: ...}`)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def train_tasks(self) -> list[TaskSample]:
+        return load_tasks_jsonl(self.path)
+
+
+TASK_SOURCES.add("jsonl", _JsonlTasks, origin="builtin (rollout.data)")
+
+
+def build_task_set(ref: str, options: Mapping[str, Any] | None = None) -> Any:
+    """The task source `ref` names, built with `options`; `ConfigError` with one line otherwise."""
+    options = dict(options or {})
+    try:
+        factory = TASK_SOURCES.resolve(ref)
+    except PluginError as exc:
+        raise ConfigError(str(exc)) from exc
+    problem = accepts(factory, **options)
+    if problem:
+        raise ConfigError(f"{ref!r}: options do not fit: {problem}")
+    try:
+        task_set = factory(**options)
+    except ConfigError:
+        raise
+    except Exception as exc:  # user code: one line, not a traceback
+        raise ConfigError(f"{ref!r}: building the task source raised {type(exc).__name__}: {exc}") from exc
+    if not callable(getattr(task_set, "train_tasks", None)):
+        raise ConfigError(f"{ref!r}: the task source it built has no train_tasks() method")
+    return task_set
+
+
+def task_samples(rows: Any, *, where: str) -> list[TaskSample]:
+    """`TaskSample`s of a task source's rows (mappings or TaskSamples)."""
+    return [
+        row if isinstance(row, TaskSample) else task_from_dict(row, where=f"{where}: task {i}")
+        for i, row in enumerate(rows)
+    ]
 
 
 class ListTaskSource:

@@ -47,7 +47,7 @@ from rollout.protocols import (
     Tokenizer,
 )
 from rollout.resources import EvaluatorDemand, ResourcePool, Resources
-from rollout.rewards import get_reward
+from rollout.rewards import Verifier, get_reward, get_verifier
 from rollout.scaffolds import build_scaffold
 from rollout.tokens import ChatFormat, TokenBuffer
 from schemas.records import (
@@ -114,11 +114,20 @@ class Evaluator:
     class Config:
         scaffold: str = "retool"
         """Built-in: retool | terminal | single_turn; black-box (a process per episode, its model
-        calls captured by the agent proxy): mini-swe-agent | terminus-2 | any registered one."""
+        calls captured by the agent proxy): mini-swe-agent | terminus-2; or any registered one,
+        `package.module:Factory`, or an entry point in `stacx.scaffolds` / `stacx.blackbox_scaffolds`."""
         scaffold_options: dict[str, Any] = field(default_factory=dict)
         """Keyword options of the scaffold (e.g. system_prompt; a black-box one's driver options)."""
         reward: str = "exact_answer"
-        """`verifier` (the task's tests in the sandbox) or a registered reward function."""
+        """`verifier` (scored in the sandbox by `verifier`), or a reward function: registered
+        (exact_answer, exact_match), `package.module:function`, or an entry point in `stacx.rewards`."""
+        reward_options: dict[str, Any] = field(default_factory=dict)
+        """Keyword options bound to the reward function."""
+        verifier: str = "harbor"
+        """With `reward: verifier`: harbor (the task's tests), `package.module:function`, or an
+        entry point in `stacx.verifiers`."""
+        verifier_options: dict[str, Any] = field(default_factory=dict)
+        """Keyword options bound to the verifier."""
         max_turns: int = 8
         """Model turns per episode."""
         max_tokens: int = 2048
@@ -184,6 +193,9 @@ class Evaluator:
             scaffold = self.runner.adapter
         self.scaffold = scaffold or build_scaffold(config.scaffold, **config.scaffold_options)
         self.reward_fn = reward_fn if reward_fn is not None else self._reward_from_config()
+        self.verifier: Verifier | None = None
+        if self.reward_fn is None:
+            self.verifier = get_verifier(config.verifier, config.verifier_options)
         self.demand = self._demand()
         self.stats = EpisodeStats()
         self._prompts: dict[str, list[int]] = {}
@@ -209,7 +221,7 @@ class Evaluator:
                     f"scaffold, not {self.scaffold.name!r}"
                 )
             return None
-        return get_reward(self.config.reward)
+        return get_reward(self.config.reward, self.config.reward_options)
 
     def _demand(self) -> EvaluatorDemand:
         where = f"evaluators.{self.name}"
@@ -494,10 +506,10 @@ class Evaluator:
         if self.reward_fn is not None:
             episode.rewards = self._score_answer(episode)
             return
-        assert episode.env is not None
+        assert episode.env is not None and self.verifier is not None
         try:
             with span("stacx.rollout", "sandbox.verify", kind=SpanKind.CLIENT):
-                episode.rewards = dict(await episode.env.verify())
+                episode.rewards = dict(await self.verifier(episode.env, episode.group.task))
         except EpisodeError:
             raise
         except Exception as exc:

@@ -119,7 +119,7 @@ Handler = Callable[[str, str | None], ExecResult]
 
 
 def python_eval_handler(command: str, stdin: str | None) -> ExecResult:
-    """Runs `print(<expr>)` lines by `eval` of the expression (arithmetic only; tests)."""
+    """Runs `print(<expr>)` lines by `eval` of the expression (numeric expressions only; tests)."""
     out = []
     for line in (stdin or "").splitlines():
         line = line.strip()

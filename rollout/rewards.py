@@ -1,18 +1,39 @@
-"""Reward functions by name. Untrusted answers never raise: an unparseable one scores 0."""
+"""Reward functions by name (`reward:`): registered, `package.module:function`, or an entry point
+in `stacx.rewards`. Untrusted answers never raise: an unparseable one scores 0."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from rollout.errors import ConfigError
-from rollout.protocols import RewardFunction
+from rollout.protocols import EnvironmentSession, RewardFunction
+from schemas.plugins import PluginError, Registry, accepts
+from schemas.records import TaskSample
 
-__all__ = ["REWARDS", "exact_answer", "exact_match", "get_reward", "register_reward"]
+__all__ = [
+    "REWARDS",
+    "VERIFIERS",
+    "Verifier",
+    "exact_answer",
+    "exact_match",
+    "get_reward",
+    "get_verifier",
+    "harbor_verifier",
+    "register_reward",
+]
 
-REWARDS: dict[str, RewardFunction] = {}
+
+def _check(fn: Any) -> str | None:
+    return accepts(fn, "answer", {})
+
+
+REWARDS: Registry[RewardFunction] = Registry("rewards", what="reward function", check=_check)
+"""`reward(answer: str | None, data: Mapping) -> {"reward": float, ...}` by name."""
 
 _NUMBER = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$")
 
@@ -20,17 +41,21 @@ _NUMBER = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$")
 def register_reward(name: str) -> Callable[[RewardFunction], RewardFunction]:
     """Decorator: make a reward function available to configs as `reward: <name>`."""
 
-    def add(fn: RewardFunction) -> RewardFunction:
-        REWARDS[name] = fn
+    return REWARDS.register(name)
+
+
+def get_reward(ref: str, options: Mapping[str, Any] | None = None) -> RewardFunction:
+    """The reward function `ref` names, with keyword `options` bound; `ConfigError` otherwise."""
+    try:
+        fn = REWARDS.resolve(ref)
+    except PluginError as exc:
+        raise ConfigError(str(exc)) from exc
+    if not options:
         return fn
-
-    return add
-
-
-def get_reward(name: str) -> RewardFunction:
-    if name not in REWARDS:
-        raise ConfigError(f"reward {name!r} is unknown; use `verifier` or one of {sorted(REWARDS)}")
-    return REWARDS[name]
+    problem = accepts(fn, "answer", {}, **options)
+    if problem:
+        raise ConfigError(f"{ref!r}: reward_options do not fit: {problem}")
+    return functools.partial(fn, **options)
 
 
 def _normalise(text: str) -> str:
@@ -42,7 +67,7 @@ def _as_number(text: str) -> float | None:
     return float(text) if _NUMBER.match(text) else None
 
 
-@register_reward("exact_answer")
+@REWARDS.register("exact_answer", origin="builtin (rollout.rewards)")
 def exact_answer(answer: str | None, data: Mapping[str, Any]) -> dict[str, float]:
     """1.0 when the answer equals `data["answer"]` (numerically when both are numbers)."""
     if answer is None or "answer" not in data:
@@ -56,8 +81,43 @@ def exact_answer(answer: str | None, data: Mapping[str, Any]) -> dict[str, float
     return {"reward": float(correct), "answered": 1.0}
 
 
-@register_reward("exact_match")
+@REWARDS.register("exact_match", origin="builtin (rollout.rewards)")
 def exact_match(answer: str | None, data: Mapping[str, Any]) -> dict[str, float]:
     """1.0 when the stripped answer string equals `data["answer"]`."""
     correct = answer is not None and answer.strip() == str(data.get("answer", "")).strip()
     return {"reward": float(correct), "answered": float(answer is not None)}
+
+
+Verifier = Callable[[EnvironmentSession, TaskSample], Awaitable[Mapping[str, float]]]
+"""`async verify(session, task) -> {"reward": float, ...}`: scores an episode inside its sandbox."""
+
+
+def _check_verifier(fn: Any) -> str | None:
+    problem = accepts(fn, None, None)
+    if problem is None and not inspect.iscoroutinefunction(inspect.unwrap(fn)):
+        return "must be an async function `async def verify(session, task) -> dict[str, float]`"
+    return problem
+
+
+VERIFIERS: Registry[Verifier] = Registry("verifiers", what="verifier", check=_check_verifier)
+"""Verifiers used by `reward: verifier`, chosen by the evaluator's `verifier:` field."""
+
+
+@VERIFIERS.register("harbor", origin="builtin (rollout.rewards)")
+async def harbor_verifier(session: EnvironmentSession, task: TaskSample) -> Mapping[str, float]:
+    """The task's tests in the sandbox (`bash /tests/test.sh`, then /logs/verifier/reward.*)."""
+    return await session.verify()
+
+
+def get_verifier(ref: str, options: Mapping[str, Any] | None = None) -> Verifier:
+    """The verifier `ref` names, with keyword `options` bound; `ConfigError` otherwise."""
+    try:
+        fn = VERIFIERS.resolve(ref)
+    except PluginError as exc:
+        raise ConfigError(str(exc)) from exc
+    if not options:
+        return fn
+    problem = accepts(fn, None, None, **options)
+    if problem:
+        raise ConfigError(f"{ref!r}: verifier_options do not fit: {problem}")
+    return functools.partial(fn, **options)

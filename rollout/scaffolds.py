@@ -1,5 +1,7 @@
-"""Built-in agent runtimes (scaffolds): ReTool-style Python tool calling, a Terminus-style
-terminal agent, and single-turn completion. All parsing is total: model output never raises.
+"""Agent runtimes (scaffolds) by name (`scaffold:`): the built-in ReTool-style Python tool calling,
+Terminus-style terminal agent and single-turn completion, any registered one, a dotted path
+`package.module:Factory`, or an entry point in `stacx.scaffolds`. A scaffold factory is called with
+the evaluator's `scaffold_options`. All parsing is total: model output never raises.
 """
 
 from __future__ import annotations
@@ -8,9 +10,11 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from rollout.errors import ConfigError
 from rollout.protocols import Action, ExecResult, Message, Observation, Scaffold
+from schemas.plugins import PluginError, Registry, accepts
 from schemas.records import TaskSample
 
 __all__ = [
@@ -194,18 +198,45 @@ class SingleTurnScaffold:
         return Observation(text="")
 
 
-SCAFFOLDS: dict[str, Callable[..., Scaffold]] = {
-    "retool": ToolCallingScaffold,
-    "terminal": TerminalScaffold,
-    "single_turn": SingleTurnScaffold,
-}
+_SCAFFOLD_METHODS = ("initial_messages", "parse", "observe")
 
 
-def build_scaffold(name: str, **options: object) -> Scaffold:
-    """A built-in scaffold by name, with its options (e.g. `system_prompt`)."""
-    if name not in SCAFFOLDS:
-        raise ConfigError(f"scaffold {name!r} is unknown; use one of {sorted(SCAFFOLDS)}")
+def _check(factory: Any) -> str | None:
+    if not callable(factory):
+        return f"is a {type(factory).__name__}, not a scaffold class or factory"
+    if isinstance(factory, type):
+        missing = [m for m in _SCAFFOLD_METHODS if not callable(getattr(factory, m, None))]
+        if missing:
+            return f"class {factory.__name__} lacks {', '.join(missing)} (rollout.protocols.Scaffold)"
+    return None
+
+
+SCAFFOLDS: Registry[Callable[..., Scaffold]] = Registry("scaffolds", what="scaffold", check=_check)
+"""Scaffold factories (classes), each called with the evaluator's `scaffold_options`."""
+for _name, _factory in (
+    ("retool", ToolCallingScaffold),
+    ("terminal", TerminalScaffold),
+    ("single_turn", SingleTurnScaffold),
+):
+    SCAFFOLDS.add(_name, _factory, origin="builtin (rollout.scaffolds)")
+
+
+def build_scaffold(ref: str, **options: object) -> Scaffold:
+    """The scaffold `ref` names, built with its options (e.g. `system_prompt`)."""
     try:
-        return SCAFFOLDS[name](**options)
-    except TypeError as exc:
-        raise ConfigError(f"scaffold {name!r}: bad option ({exc})") from exc
+        factory = SCAFFOLDS.resolve(ref)
+    except PluginError as exc:
+        raise ConfigError(str(exc)) from exc
+    problem = accepts(factory, **options)
+    if problem:
+        raise ConfigError(f"{ref!r}: scaffold_options do not fit: {problem}")
+    try:
+        scaffold = factory(**options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{ref!r}: bad scaffold_options ({exc})") from exc
+    missing = [m for m in _SCAFFOLD_METHODS if not callable(getattr(scaffold, m, None))]
+    missing += [a for a in ("name", "needs_sandbox", "stop") if not hasattr(scaffold, a)]
+    if missing:
+        lacks = ", ".join(missing)
+        raise ConfigError(f"{ref!r}: the scaffold it built lacks {lacks} (rollout.protocols.Scaffold)")
+    return scaffold

@@ -14,17 +14,19 @@ Strategies (selected by `scheduler.strategy` in the config, never by evaluator c
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from rollout.errors import ConfigError
 from rollout.protocols import TaskGroup
+from schemas.plugins import PluginError, Registry, accepts
 
 __all__ = [
     "FairShareStrategy",
     "FifoStrategy",
     "PriorityStrategy",
+    "STRATEGIES",
     "SchedulingStrategy",
     "TaskAwareStrategy",
     "TaskScheduler",
@@ -167,19 +169,39 @@ class TaskAwareStrategy:
         self._earned = False
 
 
+StrategyFactory = Callable[["TaskScheduler.Config"], SchedulingStrategy]
+"""Builds a strategy from the scheduler's config (`strategy_options` are keyword options)."""
+
+
+def _check(factory: Any) -> str | None:
+    return accepts(factory, TaskScheduler.Config())
+
+
+STRATEGIES: Registry[StrategyFactory] = Registry("strategies", what="scheduling strategy", check=_check)
+"""Scheduling strategies by name: `factory(config, **strategy_options) -> SchedulingStrategy`."""
+for _name, _factory in (
+    ("fifo", lambda config: FifoStrategy()),
+    ("priority", lambda config: PriorityStrategy()),
+    ("fair_share", lambda config: FairShareStrategy(config.weights)),
+    ("task_aware", lambda config: TaskAwareStrategy(config.ratios, config.batch_size)),
+):
+    STRATEGIES.add(_name, _factory, origin="builtin (rollout.scheduler)")
+
+
 def build_strategy(config: TaskScheduler.Config) -> SchedulingStrategy:
     """The strategy named by `config.strategy`."""
-    if config.strategy == "fifo":
-        return FifoStrategy()
-    if config.strategy == "priority":
-        return PriorityStrategy()
-    if config.strategy == "fair_share":
-        return FairShareStrategy(config.weights)
-    if config.strategy == "task_aware":
-        return TaskAwareStrategy(config.ratios, config.batch_size)
-    raise ConfigError(
-        f"scheduler.strategy = {config.strategy!r}; use one of fifo, priority, fair_share, task_aware"
-    )
+    try:
+        factory = STRATEGIES.resolve(config.strategy)
+    except PluginError as exc:
+        raise ConfigError(str(exc)) from exc
+    problem = accepts(factory, config, **config.strategy_options)
+    if problem:
+        raise ConfigError(f"{config.strategy!r}: strategy_options do not fit: {problem}")
+    strategy = factory(config, **config.strategy_options)
+    missing = [m for m in ("select", "arrived", "dispatched") if not callable(getattr(strategy, m, None))]
+    if missing:
+        raise ConfigError(f"{config.strategy!r}: the strategy it built lacks {', '.join(missing)}")
+    return strategy
 
 
 class TaskScheduler:
@@ -188,7 +210,10 @@ class TaskScheduler:
     @dataclass(kw_only=True, slots=True)
     class Config:
         strategy: str = "fifo"
-        """fifo | priority | fair_share | task_aware."""
+        """fifo | priority | fair_share | task_aware, `package.module:factory`, or an entry point
+        in `stacx.strategies`."""
+        strategy_options: dict[str, Any] = field(default_factory=dict)
+        """Keyword options of a plug-in strategy's factory."""
         weights: dict[str, float] = field(default_factory=dict)
         """fair_share: weight per task type (default 1)."""
         ratios: dict[str, float] = field(default_factory=dict)

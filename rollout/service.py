@@ -1,6 +1,6 @@
 """Builds a RolloutManager from a `RolloutConfig` (real clients), runs it, always closes.
 
-config = load_config("examples/rollout/arithmetic.yaml")
+config = RolloutConfig(data=DataConfig(path="tasks.jsonl"))   # `stacx rollout FILE` reads one
 summary = asyncio.run(run_rollout(config))
 """
 
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from rollout.adapters import InferenceAdapter, KafkaTrajectoryPublisher, WeightsFollower
 from rollout.blackbox.adapter import is_external
 from rollout.config import RolloutConfig
-from rollout.data import JsonlTaskSource, KafkaTaskSource, ListTaskSource
+from rollout.data import JsonlTaskSource, KafkaTaskSource, ListTaskSource, build_task_set, task_samples
 from rollout.errors import ConfigError
 from rollout.fakes import MemoryPublisher, StaticVersion
 from rollout.gateways import GatewayEnvironments
@@ -61,6 +61,9 @@ def build_source(config: RolloutConfig, tasks: Sequence[TaskSample] | None = Non
                 samples_per_task=data.samples_per_task,
             )
         )
+    if data.source:
+        task_set = build_task_set(data.source, data.source_options)
+        return ListTaskSource(task_samples(task_set.train_tasks(), where=f"data.source {data.source}"), options)
     raise ConfigError("data.task_dirs needs the tasks loaded by the caller (`stacx eval` does it)")
 
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from schemas.plugins import PluginError, Registry, accepts, first_line
 from trainer.errors import RecipeError
 from trainer.models import Head
 from trainer.protocols import Specialization
@@ -16,6 +18,7 @@ from trainer.protocols import Specialization
 __all__ = [
     "DataSync",
     "ModelSlot",
+    "RECIPES",
     "Role",
     "TrainingConfig",
     "get_recipe",
@@ -117,47 +120,56 @@ class TrainingConfig:
             raise RecipeError("invalid recipe: " + "; ".join(errors))
 
 
-@dataclass(frozen=True, slots=True)
-class _Entry:
-    name: str
-    description: str
-    factory: Callable[[], TrainingConfig]
+def _load_builtin() -> None:
+    import trainer.recipes  # noqa: F401  (registers the shipped recipes)
 
 
-_RECIPES: dict[str, _Entry] = {}
+def _check(factory: Any) -> str | None:
+    return accepts(factory)
+
+
+RECIPES: Registry[Callable[[], TrainingConfig]] = Registry(
+    "recipes", what="recipe", check=_check, load_builtin=_load_builtin
+)
+"""Recipe factories by name: `factory() -> TrainingConfig`; a dotted path or an entry point in
+`stacx.recipes` names one from a user's package."""
 
 
 def recipe(name: str) -> Callable[[Callable[[], TrainingConfig]], Callable[[], TrainingConfig]]:
     """Register a recipe factory; its docstring's first line is the description."""
 
     def register(factory: Callable[[], TrainingConfig]) -> Callable[[], TrainingConfig]:
-        if name in _RECIPES:
+        if RECIPES.is_registered(name):
             raise RecipeError(f"recipe {name!r} is registered twice")
-        doc = (factory.__doc__ or "").strip().splitlines()
-        _RECIPES[name] = _Entry(name, doc[0] if doc else "", factory)
+        shipped = factory.__module__.startswith("trainer.recipes")
+        RECIPES.add(name, factory, origin=f"{'builtin' if shipped else 'registered'} ({factory.__module__})")
         return factory
 
     return register
 
 
-def _load_builtin() -> None:
-    import trainer.recipes  # noqa: F401  (registers the shipped recipes)
-
-
-def get_recipe(name: str) -> TrainingConfig:
-    """A fresh, validated TrainingConfig of a registered recipe."""
-    _load_builtin()
-    if name not in _RECIPES:
-        raise RecipeError(f"unknown recipe {name!r}; known: {sorted(_RECIPES)} "
-                          "(list them with `stacx recipes`)")
-    config = _RECIPES[name].factory()
+def get_recipe(ref: str) -> TrainingConfig:
+    """A fresh, validated TrainingConfig of the recipe `ref` names (registered name, dotted path
+    `package.module:factory`, or entry point)."""
+    try:
+        factory = RECIPES.resolve(ref)
+    except PluginError as exc:
+        raise RecipeError(str(exc)) from exc
+    try:
+        config = factory()
+    except RecipeError:
+        raise
+    except Exception as exc:  # a user's factory: one line, not a traceback
+        raise RecipeError(f"{ref!r}: building the recipe raised {first_line(exc)}") from exc
+    if not isinstance(config, TrainingConfig):
+        raise RecipeError(f"{ref!r}: the factory returned a {type(config).__name__}, not a TrainingConfig")
     if not config.description:
-        config.description = _RECIPES[name].description
+        doc = (factory.__doc__ or "").strip().splitlines()
+        config.description = doc[0] if doc else ""
     config.validate()
     return config
 
 
 def list_recipes() -> list[tuple[str, str]]:
     """(name, one-line description) of every registered recipe, sorted by name."""
-    _load_builtin()
-    return [(e.name, e.description) for e in sorted(_RECIPES.values(), key=lambda e: e.name)]
+    return [(info.name, info.summary) for info in RECIPES.available()]

@@ -16,8 +16,11 @@ The warm-start demonstrations mix both behaviours: a fraction `tool_fraction` us
 After SFT the policy therefore succeeds about `tool_fraction` of the time; GRPO with reward 1
 for a correct answer reinforces the tool call, which is the only reliable route to reward.
 
-This module is deliberately free of torch and of STACX imports so that the task generator,
-the demonstrations and the reward can be used anywhere (prototype, pipeline, tests).
+The quickstart names this module as a plug-in (examples/quickstart.yaml, with `examples/` on its
+`plugin_paths`): `ArithmeticTasks` is the task source (training and held-out problems, SFT
+demonstrations) and `score` the reward. It is deliberately free of torch and of STACX imports so
+that the task generator, the demonstrations and the reward can be used anywhere (prototype,
+pipeline, tests).
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "ANSWER_CLOSE",
@@ -36,6 +41,7 @@ __all__ = [
     "TOOL_RESPONSE_CLOSE",
     "TOOL_RESPONSE_OPEN",
     "MIN_FACTOR",
+    "ArithmeticTasks",
     "DemonstrationConfig",
     "Problem",
     "demonstration",
@@ -44,6 +50,7 @@ __all__ = [
     "make_problems",
     "reward",
     "sample_problem",
+    "score",
     "tool_response_text",
     "used_tool",
 ]
@@ -167,3 +174,53 @@ def reward(completion: str, answer: int | str) -> float:
         return 1.0 if got is not None and got == int(answer) else 0.0
     except (TypeError, ValueError):  # a malformed expected answer is the task's fault: score 0
         return 0.0
+
+
+def score(answer: str | None, data: Mapping[str, Any]) -> dict[str, float]:
+    """The rollout reward (`reward: quickstart.arithmetic:score`): 1.0 when the final answer (the
+    scaffold's `<answer>` text) is the problem's integer, else 0.0; `answered` says one was given."""
+    if answer is None:
+        return {"reward": 0.0, "answered": 0.0}
+    return {"reward": reward(f"{ANSWER_OPEN}{answer.strip()}{ANSWER_CLOSE}", data.get("answer", "")),
+            "answered": 1.0}
+
+
+class ArithmeticTasks:
+    """The quickstart's task source (`tasks: {source: quickstart.arithmetic:ArithmeticTasks}`):
+    held-out problems first, training problems excluding them, demonstrations of both."""
+
+    def __init__(self, *, num_train: int = 4096, num_heldout: int = 128, seed: int = 0,
+                 tool_fraction: float = 0.3, mental_accuracy: float = 0.5,
+                 skill_tool_fraction: float = 0.9) -> None:
+        """`tool_fraction`: share of the final demonstrations that call the Python tool (always
+        correct), hence the warm-started policy's tool-use rate; `mental_accuracy`: how often a
+        direct answer in a demonstration is right; `skill_tool_fraction`: tool share of the first
+        (skill) SFT steps, where the tiny model learns to copy the expression and the output."""
+        if num_train < 1 or num_heldout < 1:
+            raise ValueError("num_train and num_heldout must be >= 1")
+        self.heldout = make_problems(num_heldout, seed=10_000 + seed)
+        self.exclude = frozenset(p.expression for p in self.heldout)
+        self.train = make_problems(num_train, seed=seed, exclude=self.exclude)
+        self.skill = DemonstrationConfig(tool_fraction=skill_tool_fraction, mental_accuracy=mental_accuracy)
+        self.mixture = DemonstrationConfig(tool_fraction=tool_fraction, mental_accuracy=mental_accuracy)
+
+    def train_tasks(self) -> list[dict[str, Any]]:
+        return _rows(self.train, prefix="train")
+
+    def heldout_tasks(self) -> list[dict[str, Any]]:
+        return _rows(self.heldout, prefix="heldout")
+
+    def demonstration(self, rng: random.Random, *, skill: bool) -> tuple[str, list[str]]:
+        """(prompt, segments) of one fresh demonstration (never a held-out problem)."""
+        problem = sample_problem(rng)
+        while problem.expression in self.exclude:
+            problem = sample_problem(rng)
+        return problem.prompt, demonstration(problem, rng, self.skill if skill else self.mixture)
+
+
+def _rows(problems: list[Problem], *, prefix: str) -> list[dict[str, Any]]:
+    return [
+        {"task_id": f"{prefix}-{i:05d}", "task_type": TASK_TYPE, "prompt": p.prompt,
+         "data": json.loads(p.task_data())}
+        for i, p in enumerate(problems)
+    ]

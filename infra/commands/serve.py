@@ -1,4 +1,4 @@
-"""`stacx serve [--engine builtin|sglang] --model DIR` and `stacx models tiny --out DIR`."""
+"""`stacx serve [--config FILE] [--engine NAME] [--model DIR]` and `stacx models tiny --out DIR`."""
 
 from __future__ import annotations
 
@@ -17,23 +17,19 @@ log = logging.getLogger(__name__)
 
 def register(subparsers: Any) -> None:
     serve = subparsers.add_parser("serve", help="serve a local HF causal LM (SGLang HTTP API)")
-    serve.add_argument("--model", required=True, help="local Hugging Face model directory")
-    serve.add_argument(
-        "--engine",
-        choices=("builtin", "sglang"),
-        default="builtin",
-        help="builtin: CPU/CUDA server in this process; sglang: launch SGLang",
-    )
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=30000)
-    serve.add_argument("--device", default="auto", help="builtin: auto, cpu or cuda[:N]")
-    serve.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
-    serve.add_argument("--weight-version", default="default", help="version before any update")
+    serve.add_argument("--config", help="YAML file whose `inference:` section configures the server")
+    serve.add_argument("--model", help="local Hugging Face model directory")
+    serve.add_argument("--engine", help="builtin (default) | sglang | pkg.module:factory | an entry point")
+    serve.add_argument("--host", help="default 127.0.0.1")
+    serve.add_argument("--port", type=int, help="default 30000")
+    serve.add_argument("--device", help="builtin: auto, cpu or cuda[:N]")
+    serve.add_argument("--dtype", help="auto, float32, bfloat16, float16")
+    serve.add_argument("--weight-version", help="version before any update")
     serve.add_argument("--served-model-name", help="name in OpenAI responses")
     serve.add_argument("--context-length", type=int, help="prompt + completion token limit")
-    serve.add_argument("--max-batch-size", type=int, default=64, help="builtin: rows per step")
+    serve.add_argument("--max-batch-size", type=int, help="builtin: rows per step (default 64)")
     serve.add_argument("--threads", type=int, help="builtin: torch CPU threads")
-    serve.add_argument("--tp-size", type=int, default=1, help="sglang: tensor-parallel GPUs")
+    serve.add_argument("--tp-size", type=int, help="sglang: tensor-parallel GPUs")
     serve.add_argument("--mem-fraction-static", type=float, help="sglang: GPU memory share")
     serve.add_argument(
         "--follow-weights",
@@ -77,20 +73,51 @@ def _models_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+_FLAGS = (
+    "model",
+    "engine",
+    "host",
+    "port",
+    "device",
+    "dtype",
+    "weight_version",
+    "served_model_name",
+    "context_length",
+    "max_batch_size",
+    "threads",
+    "tp_size",
+    "mem_fraction_static",
+    "follow_weights",
+    "weights_topic",
+    "bootstrap_servers",
+)
+
+
+def serve_config(args: argparse.Namespace) -> Any:
+    """The `inference:` section of `--config` (if any) with the flags given on top."""
+    from infra.config import build, load_yaml
+    from rollout.inference.serving import ServeConfig
+
+    tree = load_yaml(args.config) if args.config else {}
+    data = dict(tree.get("inference") or {})
+    data.update({name: getattr(args, name) for name in _FLAGS if getattr(args, name) is not None})
+    return build(ServeConfig, data, where=f"{args.config or 'command line'}: inference")
+
+
 def _start_follower(
-    args: argparse.Namespace, base_url: str, on_caught_up: Callable[[], None] | None = None
+    config: Any, base_url: str, on_caught_up: Callable[[], None] | None = None
 ) -> threading.Event | None:
     """Follow the weight topic from a thread; `on_caught_up` runs once the newest version is
     loaded (or catching up failed, which is logged: the server then serves what it has)."""
-    if not args.follow_weights:
+    if not config.follow_weights:
         return None
     from consumers.weights import WeightSubscriber, WeightUpdateError
 
-    kwargs = {"bootstrap_servers": args.bootstrap_servers} if args.bootstrap_servers else {}
-    if args.weights_topic:
-        kwargs["topic"] = args.weights_topic
+    kwargs = {"bootstrap_servers": config.bootstrap_servers} if config.bootstrap_servers else {}
+    if config.weights_topic:
+        kwargs["topic"] = config.weights_topic
     subscriber = WeightSubscriber(
-        WeightSubscriber.Config(model_name=args.follow_weights, server_url=base_url, **kwargs)
+        WeightSubscriber.Config(model_name=config.follow_weights, server_url=base_url, **kwargs)
     )
     stop = threading.Event()
 
@@ -109,75 +136,34 @@ def _start_follower(
 
 
 def _serve(args: argparse.Namespace) -> int:
-    if not Path(args.model, "config.json").is_file():
+    from infra.config import ConfigError
+    from rollout.inference import InferenceError
+    from rollout.inference.serving import build_engine
+
+    try:
+        config = serve_config(args)
+    except ConfigError as exc:
+        for line in exc.lines:
+            print(f"stacx serve: {line}", file=sys.stderr)
+        return 2
+    if not config.model or not Path(config.model, "config.json").is_file():
         print(
-            f"stacx serve: {args.model} has no config.json; pass a local Hugging Face model "
-            "directory (`stacx models tiny --out DIR` makes one)",
+            f"stacx serve: inference.model={config.model}: no config.json; pass a local Hugging Face "
+            "model directory (--model, or `model:` in the file's inference section; "
+            "`stacx models tiny --out DIR` makes one)",
             file=sys.stderr,
         )
         return 2
-    return _serve_sglang(args) if args.engine == "sglang" else _serve_builtin(args)
-
-
-def _serve_builtin(args: argparse.Namespace) -> int:
-    from rollout.inference import BatchingEngine, InferenceError, InferenceServer
-
-    config = InferenceServer.Config(
-        model_path=args.model,
-        host=args.host,
-        port=args.port,
-        device=args.device,
-        dtype=args.dtype,
-        weight_version=args.weight_version,
-        served_model_name=args.served_model_name,
-        context_length=args.context_length,
-        torch_threads=args.threads,
-        engine=BatchingEngine.Config(max_batch_size=args.max_batch_size),
-        wait_for_weights=bool(args.follow_weights),
-    )
     try:
-        server = InferenceServer(config)
+        engine = build_engine(config)
     except InferenceError as exc:
         print(f"stacx serve: {exc}", file=sys.stderr)
         return 2
     # The follower starts before the HTTP server is up; its client retries until it answers.
-    stop = _start_follower(args, server.base_url, server.mark_weights_current)
+    stop = _start_follower(config, engine.base_url, getattr(engine, "mark_weights_current", None))
     freeze_startup_heap("serve")
     try:
-        server.serve_forever()
+        return engine.serve()
     finally:
         if stop is not None:
             stop.set()
-    return 0
-
-
-def _serve_sglang(args: argparse.Namespace) -> int:
-    from rollout.inference.sglang import SGLangServer, unavailable_reason
-
-    reason = unavailable_reason()
-    if reason is not None:
-        print(f"stacx serve --engine sglang: cannot run SGLang here: {reason}", file=sys.stderr)
-        return 2
-    server = SGLangServer(
-        SGLangServer.Config(
-            model_path=args.model,
-            host=args.host,
-            port=args.port,
-            dtype=args.dtype,
-            tp_size=args.tp_size,
-            context_length=args.context_length,
-            mem_fraction_static=args.mem_fraction_static,
-            served_model_name=args.served_model_name,
-            weight_version=args.weight_version,
-        )
-    )
-    server.start()
-    stop: threading.Event | None = None
-    try:
-        server.wait_ready()
-        stop = _start_follower(args, server.base_url)
-        return server.wait()
-    finally:
-        if stop is not None:
-            stop.set()
-        server.stop()

@@ -2,11 +2,11 @@
 
 One pydantic schema covers the whole file. The `pipeline` section is the orchestrator's own
 (`PipelineConfig`): the model (a Hugging Face directory, or the tiny factory), the tasks (a Harbor
-folder, a JSONL file, a Kafka topic, or the quickstart's arithmetic generator), the run, the
-services. The `rollout`, `assembler` and `trainer` sections are each service's own config; the run
-fills in only what the user left empty (paths, URLs, topic names), and `load_spec` validates every
-section completed that way against the service's own schema, so a mistake anywhere is reported at
-load, one line per problem, before anything starts.
+folder, a JSONL file, a Kafka topic, or a task-source plug-in), the run, the services. The
+`rollout`, `assembler` and `trainer` sections are each service's own config; the run fills in
+only what the user left empty (paths, URLs, topic names), and `load_spec` validates every section
+completed that way against the service's own schema, so a mistake anywhere is reported at load,
+one line per problem, before anything starts.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,6 @@ from infra.telemetry import TracingConfig
 from schemas.topics import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, TopicPolicy
 
 __all__ = [
-    "ArithmeticTasksConfig",
-    "DemonstrationsConfig",
     "EvaluationConfig",
     "ModelSource",
     "PipelineConfig",
@@ -43,6 +42,7 @@ __all__ = [
     "TranscriptsConfig",
     "load_spec",
     "parse_spec",
+    "use_plugin_paths",
 ]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -56,22 +56,15 @@ class _Schema(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class ArithmeticTasksConfig(_Schema):
-    """The quickstart's arithmetic task set (examples/quickstart/arithmetic.py)."""
-
-    num_train: int = Field(default=4096, ge=1)
-    """Distinct training problems (the rollout service cycles through them)."""
-    num_heldout: int = Field(default=128, ge=1)
-    """Held-out problems for the success rate (never trained on)."""
-    seed: int = 0
-    """Problem generator seed."""
-
-
 class TasksConfig(_Schema):
-    """Where the training tasks come from: set exactly one of `arithmetic`, `harbor`, `jsonl`, `topic`."""
+    """Where the training tasks come from: set exactly one of `source`, `harbor`, `jsonl`, `topic`."""
 
-    arithmetic: ArithmeticTasksConfig | None = None
-    """The quickstart's generated arithmetic problems (with SFT demonstrations)."""
+    source: str | None = None
+    """A task-source plug-in (`package.module:Factory`, a registered name, or an entry point in
+    `stacx.task_sources`): `Factory(**options)` has `train_tasks()`, optionally `heldout_tasks()`
+    and `demonstration(rng, skill=...)` (SFT warm start); see docs/extending.md."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword options of the task source."""
     harbor: str | None = None
     """A folder of Harbor-format tasks (task.toml, instruction.md, environment/, tests/)."""
     jsonl: str | None = None
@@ -80,33 +73,24 @@ class TasksConfig(_Schema):
     """A Kafka topic of TaskSample events (e.g. stacx.tasks), shared by rollout workers."""
     heldout: str | None = None
     """Evaluation set before/after training: a Harbor folder or a JSONL file. Default: the training
-    tasks themselves (harbor, jsonl), the generated held-out problems (arithmetic), none (topic)."""
+    tasks themselves (harbor, jsonl), the source's `heldout_tasks()` (source), none (topic)."""
 
     @pydantic.model_validator(mode="after")
     def _exactly_one(self) -> TasksConfig:
-        chosen = [n for n in ("arithmetic", "harbor", "jsonl", "topic") if getattr(self, n) is not None]
+        chosen = [n for n in _TASK_KINDS if getattr(self, n) is not None]
         if len(chosen) != 1:
-            raise ValueError(
-                f"set exactly one of arithmetic, harbor, jsonl, topic (got {', '.join(chosen) or 'none'})"
-            )
+            got = ", ".join(chosen) or "none"
+            raise ValueError(f"set exactly one of {', '.join(_TASK_KINDS)} (got {got})")
+        if self.options and self.source is None:
+            raise ValueError("options are the keyword options of a task `source`; set `source` or drop them")
         return self
 
     @property
     def kind(self) -> str:
-        return next(n for n in ("arithmetic", "harbor", "jsonl", "topic") if getattr(self, n) is not None)
+        return next(n for n in _TASK_KINDS if getattr(self, n) is not None)
 
 
-class DemonstrationsConfig(_Schema):
-    """Synthetic SFT demonstrations (arithmetic tasks only)."""
-
-    tool_fraction: float = Field(default=0.3, ge=0.0, le=1.0)
-    """Share of demonstrations that call the Python tool (always correct): the mixture the
-    warm-started policy ends up imitating, hence its initial tool-use rate."""
-    mental_accuracy: float = Field(default=0.5, ge=0.0, le=1.0)
-    """How often a direct ("mental") answer in a demonstration is right."""
-    skill_tool_fraction: float = Field(default=0.9, ge=0.0, le=1.0)
-    """Tool share during the first `sft.skill_steps` steps, where the tiny model learns the
-    skill itself (copying the expression into the call and the tool output into the answer)."""
+_TASK_KINDS = ("source", "harbor", "jsonl", "topic")
 
 
 class TranscriptsConfig(_Schema):
@@ -166,7 +150,7 @@ class SFTConfig(_Schema):
     steps: int = Field(default=450, ge=0)
     """Optimizer steps in total."""
     skill_steps: int = Field(default=400, ge=0)
-    """The first steps, on `demonstrations.skill_tool_fraction`; the rest use `tool_fraction`."""
+    """The first steps (the source's `skill` demonstrations, the transcripts' skill mixture)."""
     batch_size: int = Field(default=64, ge=1)
     """Demonstrations per step."""
     lr: float = Field(default=3e-3, gt=0)
@@ -236,15 +220,15 @@ class PipelineConfig(_Schema):
     """Stop with a diagnosis when no trajectory, batch or policy version appears for this long."""
     live: bool = True
     """Show the live rich view (off when stdout is not a terminal)."""
+    plugin_paths: list[str] = Field(default_factory=list)
+    """Folders put in front of `sys.path` here and of PYTHONPATH in every service, so that the
+    plug-ins this file names (`package.module:object`) import everywhere (relative: to this file)."""
     model: ModelSource
     """The policy to start from."""
     tasks: TasksConfig
     """Training (and evaluation) tasks."""
     sft: SFTConfig | None = None
-    """SFT warm start: on generated demonstrations (arithmetic tasks) or on `transcripts`
-    (absent: none)."""
-    demonstrations: DemonstrationsConfig = Field(default_factory=lambda: DemonstrationsConfig())
-    """SFT demonstrations (arithmetic tasks)."""
+    """SFT warm start: on the task source's demonstrations or on `transcripts` (absent: none)."""
     transcripts: TranscriptsConfig | None = None
     """SFT transcripts of a black-box scaffold (harbor or jsonl tasks)."""
     services: ServicesConfig = Field(default_factory=lambda: ServicesConfig())
@@ -264,12 +248,7 @@ class PipelineConfig(_Schema):
 
     @pydantic.model_validator(mode="after")
     def _sft_needs_demonstrations(self) -> PipelineConfig:
-        if self.transcripts is not None and self.tasks.arithmetic is not None:
-            raise ValueError(
-                "transcripts: arithmetic tasks have their own generated demonstrations; remove "
-                "`pipeline.transcripts`"
-            )
-        if self.sft is not None and self.tasks.arithmetic is None and self.transcripts is None:
+        if self.sft is not None and self.tasks.source is None and self.transcripts is None:
             raise ValueError(
                 "sft: harbor, jsonl or topic tasks warm-start on scaffold transcripts; set "
                 "`pipeline.transcripts.path`, or remove `pipeline.sft` (start from a model that "
@@ -316,6 +295,8 @@ class PipelineSpec:
     """`trainer.TrainerConfig` section as the user wrote it."""
     topics: TopicPolicy = dataclasses.field(default_factory=TopicPolicy)
     """How the run's topics (and the assembler's own) are created."""
+    plugin_paths: list[Path] = dataclasses.field(default_factory=list)
+    """`pipeline.plugin_paths`, resolved against the file's folder."""
 
 
 def schema_errors(exc: pydantic.ValidationError, source: str) -> list[str]:
@@ -377,12 +358,28 @@ def parse_spec(
         assembler=dict(parsed.assembler),
         trainer=dict(parsed.trainer),
         topics=parsed.topics,
+        plugin_paths=[((base_dir or Path.cwd()) / p).resolve() for p in parsed.pipeline.plugin_paths],
     )
+    use_plugin_paths(spec.plugin_paths)
     if check:
         from infra.pipeline.resolve import check_sections
 
         check_sections(spec)
     return spec
+
+
+def use_plugin_paths(paths: list[Path]) -> None:
+    """Put `paths` in front of `sys.path` (this process) and of $PYTHONPATH (every service it
+    starts inherits it), once each."""
+    current = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    for path in reversed(paths):
+        text = str(path)
+        if text not in sys.path:
+            sys.path.insert(0, text)
+        if text not in current:
+            current.insert(0, text)
+    if current:
+        os.environ["PYTHONPATH"] = os.pathsep.join(current)
 
 
 def load_spec(path: str | Path, *, check: bool = True) -> PipelineSpec:

@@ -154,7 +154,7 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 
 
 def task_data(spec: PipelineSpec, layout: RunLayout) -> dict[str, Any]:
-    """`rollout.data`'s task source for `pipeline.tasks` (generated arithmetic: the run's file)."""
+    """`rollout.data`'s task source for `pipeline.tasks` (a task-source plug-in: the run's topic)."""
     tasks = spec.pipeline.tasks
     if tasks.harbor is not None:
         return {"task_dirs": str(resolve_path(tasks.harbor, spec.base_dir))}

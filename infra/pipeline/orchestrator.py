@@ -1,7 +1,7 @@
 """The pipeline, end to end on one machine (`stacx run CONFIG`; the quickstart is one config).
 
     model (a Hugging Face directory, or a tiny one made here) -> tasks (Harbor folder, JSONL,
-    topic, or generated arithmetic) -> [SFT warm start (sft recipe, in process)] -> held-out eval (before)
+    topic, or a task-source plug-in) -> [SFT warm start (sft recipe, in process)] -> held-out eval (before)
     -> services: sandbox gateway, inference server (with its weight subscriber), Faust assembler,
        trainer (FSDP2, 2 CPU ranks), rollout service  -- all through the run's Kafka topics,
        supervised (a crashed service is restarted with backoff, within a restart budget)
@@ -49,10 +49,9 @@ from infra.pipeline.stall import Progress, StallWatch, diagnose
 from infra.pipeline.tasks import (
     heldout_rows,
     jsonl_rows,
-    load_task_module,
     publish_tasks,
+    source_rows,
     task_order,
-    task_rows,
     write_tasks,
 )
 from infra.pipeline.view import render, status_line
@@ -76,7 +75,8 @@ class Pipeline:
         self.metrics = RunMetrics(keeps=assembler_keeps(_assembler_filtering(spec)))
         self.services: dict[str, ServiceProcess] = {}
         self.supervisor = Supervisor(self.cfg.services.restarts)
-        self.task = load_task_module() if self.cfg.tasks.arithmetic is not None else None
+        self.task_set = self._task_set()
+        self._task_type = ""
         self.heldout_rows: list[dict[str, Any]] = []
         self.timings: dict[str, float] = {}
         self.evals: dict[str, EvalResult] = {}
@@ -85,6 +85,19 @@ class Pipeline:
         self._eval_pool = concurrent.futures.ThreadPoolExecutor(1, "stacx-eval")
         self._pending_eval: concurrent.futures.Future[EvalResult] | None = None
         self._sft_dir = base_model_dir(spec, self.layout)
+
+    def _task_set(self) -> Any:
+        """The task-source plug-in of `pipeline.tasks.source` (None for harbor, jsonl, topic)."""
+        tasks = self.cfg.tasks
+        if tasks.source is None:
+            return None
+        from rollout.data import build_task_set
+        from rollout.errors import ConfigError
+
+        try:
+            return build_task_set(tasks.source, tasks.options)
+        except ConfigError as exc:
+            raise PipelineError(f"{self.spec.source}: pipeline.tasks.source: {exc}") from exc
 
     # ----------------------------------------------------------------------------- urls
 
@@ -176,7 +189,7 @@ class Pipeline:
             from rollout.models import make_tiny_model
 
             make_tiny_model(self.layout.base_model, **model.tiny.model_dump())
-        if self.task is not None:
+        if self.task_set is not None:
             self._generate_tasks()
         else:
             self.heldout_rows = heldout_rows(self.spec)
@@ -184,19 +197,23 @@ class Pipeline:
             write_tasks(self.layout.heldout_tasks, self.heldout_rows)
 
     def _generate_tasks(self) -> None:
-        """The arithmetic task set: held-out problems first, training problems excluding them."""
-        assert self.task is not None and self.cfg.tasks.arithmetic is not None
-        tasks = self.cfg.tasks.arithmetic
-        heldout = self.task.make_problems(tasks.num_heldout, seed=10_000 + tasks.seed)
-        exclude = frozenset(p.expression for p in heldout)
-        train = self.task.make_problems(tasks.num_train, seed=tasks.seed, exclude=exclude)
-        self.heldout_rows = task_rows(heldout, prefix="heldout", task_type=self.task.TASK_TYPE)
-        train_rows = task_rows(train, prefix="train", task_type=self.task.TASK_TYPE)
+        """The task source's rows: held-out ones (its own, else `tasks.heldout`) and training
+        ones, published in shuffled passes to the run's tasks topic."""
+        assert self.task_set is not None
+        where = f"{self.spec.source}: pipeline.tasks.source"
+        own_heldout = getattr(self.task_set, "heldout_tasks", None)
+        if callable(own_heldout) and not self.cfg.tasks.heldout:
+            self.heldout_rows = source_rows(own_heldout(), where=where)
+        else:
+            self.heldout_rows = heldout_rows(self.spec)
+        train_rows = source_rows(self.task_set.train_tasks(), where=where)
+        if not train_rows:
+            raise PipelineError(f"{where}: train_tasks() returned no tasks")
+        self._task_type = str(train_rows[0]["task_type"])
         write_tasks(self.layout.train_tasks, train_rows)
         seed = int((self.spec.rollout.get("data") or {}).get("seed", 0) or 0)
         order = task_order(train_rows, passes=self._task_passes(len(train_rows)), seed=seed)
         publish_tasks(self.spec.bootstrap_servers, self.layout.topics.tasks, order)
-        self._exclude = exclude
 
     def _task_passes(self, num_tasks: int) -> int:
         """Passes over the training tasks: four times what `steps` batches need, at least one,
@@ -210,9 +227,8 @@ class Pipeline:
         return int(grouping.get("group_size", 1) or 1)
 
     def _system_prompt(self) -> str:
-        assert self.task is not None
         evaluators = (self.spec.rollout.get("manager") or {}).get("evaluators") or {}
-        options = evaluators.get(self.task.TASK_TYPE) or evaluators.get("default") or {}
+        options = evaluators.get(self._task_type) or evaluators.get("default") or {}
         scaffold_options = options.get("scaffold_options") or {}
         if "system_prompt" in scaffold_options:
             return str(scaffold_options["system_prompt"])
@@ -223,7 +239,7 @@ class Pipeline:
     def _sft(self) -> Path:
         if self.cfg.sft is None:
             return self._sft_dir  # no warm start: the services start from the model as given
-        if self.task is not None:
+        if self.task_set is not None and callable(getattr(self.task_set, "demonstration", None)):
             batches = self._demonstration_batches()
         elif self.cfg.transcripts is not None:
             batches = self._transcript_batches()
@@ -233,16 +249,14 @@ class Pipeline:
         return self._sft_dir
 
     def _demonstration_batches(self) -> list[Any]:
-        """The arithmetic task's generated demonstrations, rendered like a ReTool episode."""
+        """The task source's demonstrations, rendered like a rollout episode."""
         from rollout.tokens import HFTokenizer
 
-        assert self.task is not None and self.cfg.sft is not None
+        assert self.task_set is not None and self.cfg.sft is not None
         tokenizer = HFTokenizer(str(self._sft_dir))
         encoder = DemonstrationEncoder(tokenizer=tokenizer, system_prompt=self._system_prompt())
         end = tokenizer.inner.eos_token or ""
-        return demonstration_batches(
-            self.task, encoder, self.cfg.sft, self.cfg.demonstrations, exclude=self._exclude, end_token=end
-        )
+        return demonstration_batches(self.task_set.demonstration, encoder, self.cfg.sft, end_token=end)
 
     def _transcript_batches(self) -> list[Any]:
         """Scaffold transcripts, rendered as the scaffold's first model call through the proxy."""

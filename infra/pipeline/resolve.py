@@ -21,6 +21,7 @@ from infra.checks import (
     harbor_problems,
     jsonl_problems,
     model_problem,
+    plugin_problems,
     rollout_config_problem,
     tokenizer_problem,
 )
@@ -187,7 +188,7 @@ def _owned(spec: PipelineSpec, layout: RunLayout) -> list[tuple[tuple[str, ...],
     """(place, the run's value, how to change it) of values the pipeline owns: None means the
     user may not set it at all."""
     inference_url, gateway_url = urls(spec)
-    tasks = "the tasks come from pipeline.tasks (harbor, jsonl, topic or arithmetic); set them there"
+    tasks = "the tasks come from pipeline.tasks (source, harbor, jsonl or topic); set them there"
     model = "the model comes from pipeline.model (path or tiny); set it there"
     return [
         *((("rollout", "data", key), None, tasks) for key in ("path", "task_dirs", "topic")),
@@ -290,8 +291,11 @@ def _recipe_problems(spec: PipelineSpec, config: Any) -> list[str]:
 
 
 def _rollout_problems(spec: PipelineSpec, config: Any) -> list[str]:
-    """Build the rollout manager as the service will, on fakes: scaffolds, rewards, strategy and
-    the resource budget are resolved exactly as at start."""
+    """Resolve every plug-in (one line each, with its field path), then build the rollout manager
+    as the service will, on fakes: the resource budget is checked exactly as at start."""
+    lines = [f"{spec.source}: rollout.{line}" for line in plugin_problems(config)]
+    if lines:
+        return lines
     problem = rollout_config_problem(config)
     return [f"{spec.source}: rollout: {problem}"] if problem else []
 
@@ -327,7 +331,9 @@ def _task_problems(spec: PipelineSpec, layout: RunLayout) -> list[str]:
     tasks = spec.pipeline.tasks
     lines = []
     data = task_data(spec, layout)
-    if tasks.harbor is not None:
+    if tasks.source is not None:
+        lines += _source_problems(spec)
+    elif tasks.harbor is not None:
         lines += harbor_problems(Path(data["task_dirs"]), "pipeline.tasks.harbor")
     elif tasks.jsonl is not None:
         lines += jsonl_problems(Path(data["path"]), "pipeline.tasks.jsonl")
@@ -336,6 +342,26 @@ def _task_problems(spec: PipelineSpec, layout: RunLayout) -> list[str]:
         check = jsonl_problems if path.is_file() else harbor_problems
         lines += check(path, "pipeline.tasks.heldout")
     return [f"{spec.source}: {line}" for line in lines]
+
+
+def _source_problems(spec: PipelineSpec) -> list[str]:
+    """The task-source plug-in imports, builds with its options, and can warm-start `sft`."""
+    from rollout.data import build_task_set
+    from rollout.errors import ConfigError as RolloutConfigError
+
+    tasks, cfg = spec.pipeline.tasks, spec.pipeline
+    assert tasks.source is not None
+    try:
+        task_set = build_task_set(tasks.source, tasks.options)
+    except RolloutConfigError as exc:
+        return [f"pipeline.tasks.source: {exc}"]
+    demonstrates = callable(getattr(task_set, "demonstration", None))
+    if cfg.sft is not None and cfg.transcripts is None and not demonstrates:
+        return [
+            f"pipeline.sft: the task source {tasks.source!r} has no demonstration(rng, *, skill); "
+            "set `pipeline.transcripts`, or remove `pipeline.sft`"
+        ]
+    return []
 
 
 def transcript_adapter(spec: PipelineSpec) -> Any:

@@ -1,4 +1,4 @@
-"""SFT warm start: synthetic demonstrations -> `TrainingBatch`es -> the trainer's `sft` recipe.
+"""SFT warm start: a task source's demonstrations -> `TrainingBatch`es -> the trainer's `sft` recipe.
 
 Demonstrations are tokenised exactly as the rollout engine builds episodes: the prompt through
 the tokenizer's chat template (`rollout.tokens.ChatFormat`), policy segments and the tool
@@ -15,12 +15,11 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from infra.pipeline.config import DemonstrationsConfig, SFTConfig, TranscriptsConfig
+from infra.pipeline.config import SFTConfig, TranscriptsConfig
 from schemas.records import TrainingBatch
 
 __all__ = ["DemonstrationEncoder", "demonstration_batches", "run_sft", "transcript_batches"]
@@ -35,7 +34,7 @@ class DemonstrationEncoder:
     tokenizer: Any
     """A `rollout.tokens.HFTokenizer`."""
     system_prompt: str = ""
-    """The ReTool scaffold's system prompt (empty: none, which keeps sequences short)."""
+    """The scaffold's system prompt (empty: none, which keeps sequences short)."""
 
     def encode(self, prompt: str, segments: Sequence[str]) -> tuple[list[int], list[int]]:
         from rollout.tokens import ChatFormat
@@ -74,36 +73,28 @@ def _pack(rows: list[tuple[list[int], list[int]]], *, step: int, prompt_lengths:
     )
 
 
+Demonstration = Callable[..., tuple[str, Sequence[str]]]
+"""`demonstration(rng, *, skill) -> (prompt, segments)` of a task source (rollout.data)."""
+
+
 def demonstration_batches(
-    task: ModuleType,
+    demonstration: Demonstration,
     encoder: DemonstrationEncoder,
     sft: SFTConfig,
-    demos: DemonstrationsConfig,
     *,
-    exclude: frozenset[str],
     end_token: str,
 ) -> list[TrainingBatch]:
-    """`sft.steps` batches of `sft.batch_size` fresh demonstrations (held-out problems excluded):
-    first `sft.skill_steps` tool-heavy ones, then the final mixture."""
+    """`sft.steps` batches of `sft.batch_size` fresh demonstrations: the first `sft.skill_steps`
+    with `skill=True`, then the final mixture; `end_token` closes the last policy segment."""
     rng = random.Random(sft.seed)
-    skill = task.DemonstrationConfig(
-        tool_fraction=demos.skill_tool_fraction, mental_accuracy=demos.mental_accuracy
-    )
-    mixture = task.DemonstrationConfig(
-        tool_fraction=demos.tool_fraction, mental_accuracy=demos.mental_accuracy
-    )
     batches = []
     for step in range(sft.steps):
-        demo_cfg = skill if step < sft.skill_steps else mixture
         rows: list[tuple[list[int], list[int]]] = []
         prompt_lengths: list[int] = []
         while len(rows) < sft.batch_size:
-            problem = task.sample_problem(rng)
-            if problem.expression in exclude:
-                continue
-            ids, mask = encoder.encode(
-                problem.prompt, task.demonstration(problem, rng, demo_cfg, end=end_token)
-            )
+            prompt, segments = demonstration(rng, skill=step < sft.skill_steps)
+            segments = [*segments[:-1], f"{segments[-1]}{end_token}"]
+            ids, mask = encoder.encode(prompt, segments)
             rows.append((ids, mask))
             prompt_lengths.append(mask.index(1))
         batches.append(_pack(rows, step=step, prompt_lengths=prompt_lengths))

@@ -1,75 +1,46 @@
-"""The task files of a run: the quickstart's arithmetic plugin (examples/quickstart/arithmetic.py),
-and the held-out rows of a Harbor folder or a tasks.jsonl.
-
-`examples/` is not an installed package, so the plugin is loaded from its file next to this
-checkout; a clear error says where it was looked for.
-"""
+"""The task files of a run: a task source's rows, the held-out rows of a Harbor folder or a
+tasks.jsonl, and the run's tasks topic."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import random
-import sys
+from collections.abc import Iterable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from infra.config import resolve_path
 from infra.pipeline.config import PipelineSpec
-from infra.pipeline.errors import MissingComponentError
+from infra.pipeline.errors import PipelineConfigError
 
 __all__ = [
-    "REPO_ROOT",
-    "TASK_MODULE",
     "harbor_rows",
     "heldout_rows",
     "jsonl_rows",
-    "load_task_module",
     "publish_tasks",
+    "source_rows",
     "task_order",
-    "task_rows",
     "write_tasks",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-"""The checkout this module lives in (`infra/pipeline/` is two levels down)."""
-TASK_MODULE = REPO_ROOT / "examples" / "quickstart" / "arithmetic.py"
-"""The arithmetic task: problems, demonstrations, reward."""
 
+def source_rows(rows: Iterable[Any], *, where: str) -> list[dict[str, Any]]:
+    """JSON rows (tasks.jsonl, task events) of a task source's `TaskSample`s or mappings,
+    each checked as a `TaskSample`."""
+    from rollout.data import task_from_dict
+    from rollout.errors import ConfigError
+    from schemas.records import TaskSample
 
-def load_task_module(path: Path = TASK_MODULE) -> ModuleType:
-    """Import the task plugin from its file (cached in sys.modules under a private name)."""
-    name = "_stacx_quickstart_task"
-    if name in sys.modules:
-        return sys.modules[name]
-    if not path.is_file():
-        raise MissingComponentError(
-            [
-                f"the task module {path} (the quickstart runs from a source checkout: "
-                "`git clone` + `make setup`)"
-            ]
-        )
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def task_rows(problems: list[Any], *, prefix: str, task_type: str) -> list[dict[str, Any]]:
-    """`TaskSample` rows (tasks.jsonl) for `problems`."""
-    return [
-        {
-            "task_id": f"{prefix}-{i:05d}",
-            "task_type": task_type,
-            "prompt": p.prompt,
-            "data": json.loads(p.task_data()),
-        }
-        for i, p in enumerate(problems)
-    ]
+    out = []
+    for i, row in enumerate(rows):
+        value = dataclasses.asdict(row) if isinstance(row, TaskSample) else dict(row)
+        try:
+            task_from_dict(value, where=f"{where}: task {i}")
+        except ConfigError as exc:
+            raise PipelineConfigError(str(exc)) from exc
+        out.append(value)
+    return out
 
 
 def write_tasks(path: Path, rows: list[dict[str, Any]]) -> Path:

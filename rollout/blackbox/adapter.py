@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from rollout.errors import ConfigError
 from rollout.protocols import Action, ExecResult, Message, Observation
+from schemas.plugins import PluginError, Registry, import_object
 from schemas.records import TaskSample
 
 __all__ = [
@@ -117,7 +118,20 @@ class ExternalScaffold:
         return [python, str(self.driver_path()), str(spec_path)]
 
 
-EXTERNAL_SCAFFOLDS: dict[str, type[ExternalScaffold]] = {}
+def _load_builtin() -> None:
+    import rollout.blackbox.scaffolds  # noqa: F401  (registers the shipped adapters)
+
+
+def _check(cls: Any) -> str | None:
+    if not (isinstance(cls, type) and issubclass(cls, ExternalScaffold)):
+        return f"{cls!r} is not a subclass of rollout.blackbox.ExternalScaffold"
+    return None
+
+
+EXTERNAL_SCAFFOLDS: Registry[type[ExternalScaffold]] = Registry(
+    "blackbox_scaffolds", what="black-box scaffold adapter", check=_check, load_builtin=_load_builtin
+)
+"""Adapters of black-box scaffolds (a process per episode, its model calls captured by the proxy)."""
 
 _S = TypeVar("_S", bound=type[ExternalScaffold])
 
@@ -126,24 +140,32 @@ def register(name: str) -> Callable[[_S], _S]:
     """Class decorator: make an adapter available as `scaffold: <name>`."""
 
     def add(cls: _S) -> _S:
-        EXTERNAL_SCAFFOLDS[name] = cls
+        EXTERNAL_SCAFFOLDS.add(name, cls, origin=_origin(cls))
         return cls
 
     return add
 
 
-def _load_builtin() -> None:
-    import rollout.blackbox.scaffolds  # noqa: F401  (registers the shipped adapters)
+def _origin(cls: type) -> str:
+    shipped = cls.__module__.startswith("rollout.blackbox.scaffolds")
+    return f"{'builtin' if shipped else 'registered'} ({cls.__module__})"
 
 
-def is_external(name: str) -> bool:
-    _load_builtin()
-    return name in EXTERNAL_SCAFFOLDS
+def is_external(ref: str) -> bool:
+    """True when `ref` names a black-box adapter (a registered name, or a dotted path to a
+    subclass of `ExternalScaffold`)."""
+    if ":" in ref:
+        try:
+            return _check(import_object(ref)) is None
+        except PluginError:
+            return False  # the scaffold registry reports the failure
+    return ref in EXTERNAL_SCAFFOLDS
 
 
-def build_external(name: str, options: dict[str, Any]) -> ExternalScaffold:
-    """The adapter registered as `name`, with its options."""
-    _load_builtin()
-    if name not in EXTERNAL_SCAFFOLDS:
-        raise ConfigError(f"scaffold {name!r} is unknown; black-box ones are {sorted(EXTERNAL_SCAFFOLDS)}")
-    return EXTERNAL_SCAFFOLDS[name](name=name, options=dict(options))
+def build_external(ref: str, options: dict[str, Any]) -> ExternalScaffold:
+    """The adapter `ref` names, with its options."""
+    try:
+        cls = EXTERNAL_SCAFFOLDS.resolve(ref)
+    except PluginError as exc:
+        raise ConfigError(str(exc)) from exc
+    return cls(name=ref, options=dict(options))

@@ -31,7 +31,7 @@ def _short_config(tmp_path: Path, bootstrap: str) -> tuple[Path, str]:
     tree["bootstrap_servers"] = bootstrap
     p = tree["pipeline"]
     p.update(name=name, runs_dir=str(tmp_path), steps=50, live=False, timeout_s=600)
-    p["tasks"]["arithmetic"].update(num_train=64, num_heldout=8)
+    p["tasks"]["options"].update(num_train=64, num_heldout=8)
     p["sft"].update(steps=4, skill_steps=2, batch_size=8)
     p["evaluation"].update(every_versions=0)
     p["services"].update(gateway_port=free_port(), inference_port=free_port(), gateway_warm_pool=2)

@@ -22,7 +22,7 @@ STEPS = 2
 
 def _small(spec: Any, runs_dir: Path) -> Any:
     cfg = spec.pipeline
-    cfg.tasks.arithmetic.num_train, cfg.tasks.arithmetic.num_heldout = 64, 8
+    cfg.tasks.options.update(num_train=64, num_heldout=8)
     cfg.sft.steps, cfg.sft.batch_size = 10, 16
     cfg.evaluation.every_versions = 0
     return shrink(spec, runs_dir, steps=STEPS, timeout_s=540.0, samples_per_task=4,

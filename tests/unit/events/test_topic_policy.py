@@ -52,7 +52,7 @@ def test_bad_settings_name_the_field(fields: dict[str, object], named: str) -> N
 
 def test_pipeline_file_topics_section_feeds_the_assembler() -> None:
     tree = {
-        "pipeline": {"model": {"tiny": {}}, "tasks": {"arithmetic": {}}},
+        "pipeline": {"model": {"tiny": {}}, "tasks": {"topic": "stacx.tasks"}},
         "topics": {"replication_factor": 3, "min_insync_replicas": 2},
     }
     spec = parse_spec(tree, check=False)

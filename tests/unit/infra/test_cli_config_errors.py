@@ -15,8 +15,8 @@ from infra.cli import main
 COMMANDS: dict[str, tuple[list[str], str, str]] = {
     "run": (
         ["run", "FILE"],
-        "pipeline: {model: {tiny: {}}, tasks: {arithmetic: {}}, stpes: 3}\n",
-        "pipeline: {model: {tiny: {}}, tasks: {arithmetic: {}}, steps: many}\n",
+        "pipeline: {model: {tiny: {}}, tasks: {topic: stacx.tasks}, stpes: 3}\n",
+        "pipeline: {model: {tiny: {}}, tasks: {topic: stacx.tasks}, steps: many}\n",
     ),
     "train": (
         ["train", "FILE"],
@@ -197,8 +197,9 @@ def test_rollout_names_a_bad_scaffold_and_tokenizer(
     code, lines = _stacx(["rollout", str(path)], capsys)
     assert code == 2
     assert lines == [
-        f"stacx rollout: {path}: manager: scaffold 'termnal' is unknown; use one of "
-        "['retool', 'single_turn', 'terminal']",
+        f"stacx rollout: {path}: manager.evaluators.default.scaffold: 'termnal' is not a known "
+        "scaffold; use one of ['retool', 'single_turn', 'terminal'] or a dotted path "
+        "package.module:object (`stacx plugins` lists them)",
         f"stacx rollout: {path}: inference.tokenizer={tmp_path / 'none'}: no such directory; "
         "point it at the model directory",
     ]

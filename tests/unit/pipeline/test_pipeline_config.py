@@ -24,7 +24,8 @@ from infra.pipeline.starter import STARTER_CONFIG
 
 REPO = Path(__file__).resolve().parents[3]
 MINIMAL: dict[str, Any] = {
-    "pipeline": {"model": {"tiny": {}}, "tasks": {"arithmetic": {}}},
+    "pipeline": {"model": {"tiny": {}}, "tasks": {"source": "quickstart.arithmetic:ArithmeticTasks"},
+                 "plugin_paths": [str(REPO / "examples")]},
     "rollout": {"data": {"samples_per_task": 4}},
 }
 
@@ -118,13 +119,13 @@ def test_model_and_tasks_are_required_and_exclusive() -> None:
         "f.yaml: pipeline.tasks: required field is missing",
     ]
     (line,) = _errors(_tree(pipeline={"tasks": {"harbor": "t", "jsonl": "t.jsonl"}}))
-    assert "pipeline.tasks: set exactly one of arithmetic, harbor, jsonl, topic (got harbor, jsonl)" in line
+    assert "pipeline.tasks: set exactly one of source, harbor, jsonl, topic (got harbor, jsonl)" in line
     (line,) = _errors(_tree(pipeline={"model": {"path": "m", "tiny": {}}}))
     assert "pipeline.model: set exactly one of path" in line
     (line,) = _errors(_tree(pipeline={"tasks": {"harbor": "t"}, "sft": {}}))
     assert "pipeline: sft: harbor, jsonl or topic tasks warm-start on scaffold transcripts" in line
-    (line,) = _errors(_tree(pipeline={"transcripts": {"path": "t.jsonl"}}))
-    assert "pipeline: transcripts: arithmetic tasks have their own generated demonstrations" in line
+    (line,) = _errors(_tree(pipeline={"tasks": {"harbor": "t", "options": {"n": 1}}}))
+    assert "pipeline.tasks: options are the keyword options of a task `source`; set `source` or drop" in line
 
 
 def test_ints_are_accepted_for_floats() -> None:
@@ -238,19 +239,25 @@ def test_recipe_scaffold_reward_and_strategy_are_resolved_up_front() -> None:
     known = sorted(name for name, _ in list_recipes())
     assert {"grpo", "sft", "dagger"} <= set(known)
     assert _check_lines(_tree(trainer={"recipe": "grpoo"})) == [
-        f"f.yaml: trainer.recipe: unknown recipe 'grpoo'; known: {known} (list them with `stacx recipes`)"
+        f"f.yaml: trainer.recipe: 'grpoo' is not a known recipe; use one of {known} or a dotted path "
+        "package.module:object (`stacx plugins` lists them)"
     ]
     evaluator = {"scaffold": "termnal"}
     (line,) = _check_lines(_tree(rollout={"manager": {"evaluators": {"default": evaluator}}}))
-    assert (
-        line
-        == "f.yaml: rollout: scaffold 'termnal' is unknown; use one of ['retool', 'single_turn', 'terminal']"
+    assert line.startswith(
+        "f.yaml: rollout.manager.evaluators.default.scaffold: 'termnal' is not a known scaffold; "
+        "use one of ['retool', 'single_turn', 'terminal']"
     )
     evaluator = {"scaffold": "retool", "reward": "exact"}
     (line,) = _check_lines(_tree(rollout={"manager": {"evaluators": {"default": evaluator}}}))
-    assert line.startswith("f.yaml: rollout: reward 'exact' is unknown; use `verifier` or one of")
+    assert line.startswith(
+        "f.yaml: rollout.manager.evaluators.default.reward: 'exact' is not a known reward function; use one of"
+    )
     (line,) = _check_lines(_tree(rollout={"manager": {"scheduler": {"strategy": "lifo"}}}))
-    assert "scheduler.strategy = 'lifo'; use one of fifo, priority, fair_share, task_aware" in line
+    assert line.startswith(
+        "f.yaml: rollout.manager.scheduler.strategy: 'lifo' is not a known scheduling strategy; use one of "
+        "['fair_share', 'fifo', 'priority', 'task_aware']"
+    )
 
 
 def test_a_recipe_needing_greedy_rows_is_refused_in_one_line() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infra.pipeline.config import DemonstrationsConfig, SFTConfig, parse_spec
+from infra.pipeline.config import SFTConfig, parse_spec
 from infra.pipeline.errors import MissingComponentError
 from infra.pipeline.monitor import EvalPoint, RunMetrics
 from infra.pipeline.report import plot_curve, write_report
@@ -90,7 +90,7 @@ def test_preflight_reports_an_unreachable_broker(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(preflight, "missing_commands", lambda: [])
     monkeypatch.setattr(preflight, "_ports_problems", lambda spec: [])
     spec = parse_spec({"bootstrap_servers": "127.0.0.1:1",
-                       "pipeline": {"model": {"tiny": {}}, "tasks": {"arithmetic": {}},
+                       "pipeline": {"model": {"tiny": {}}, "tasks": {"topic": "stacx.tasks"},
                                     "services": {"gateway_backend": "process"}},
                        "rollout": {"data": {"samples_per_task": 8}}})
     with pytest.raises(MissingComponentError, match="Kafka broker at 127.0.0.1:1"):
@@ -98,18 +98,19 @@ def test_preflight_reports_an_unreachable_broker(monkeypatch: pytest.MonkeyPatch
 
 
 def test_demonstration_batches_mask_observations_and_are_valid(tmp_path: Path) -> None:
+    from quickstart_plugin import arithmetic
+
     from infra.pipeline.sft import DemonstrationEncoder, demonstration_batches
-    from infra.pipeline.tasks import load_task_module
     from rollout.models import make_tokenizer
     from rollout.tokens import HFTokenizer
     from trainer import validate_batch
 
-    task = load_task_module()
+    source = arithmetic().ArithmeticTasks(num_train=4, num_heldout=4, skill_tool_fraction=1.0)
     tokenizer = HFTokenizer(make_tokenizer())
     encoder = DemonstrationEncoder(tokenizer=tokenizer)
     batches = demonstration_batches(
-        task, encoder, SFTConfig(steps=2, batch_size=16), DemonstrationsConfig(tool_fraction=1.0),
-        exclude=frozenset(), end_token="<|im_end|>")
+        source.demonstration, encoder, SFTConfig(steps=2, skill_steps=2, batch_size=16),
+        end_token="<|im_end|>")
     assert len(batches) == 2 and batches[0].batch_id != batches[1].batch_id
     batch = batches[0]
     validate_batch(batch)

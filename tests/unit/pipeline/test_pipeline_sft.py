@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infra.pipeline.config import DemonstrationsConfig, SFTConfig
+from quickstart_plugin import arithmetic
+
+from infra.pipeline.config import SFTConfig
 from infra.pipeline.sft import DemonstrationEncoder, demonstration_batches, run_sft
-from infra.pipeline.tasks import load_task_module
 
 
 def test_sft_trains_and_exports_an_hf_directory(tmp_path: Path) -> None:
@@ -19,9 +20,9 @@ def test_sft_trains_and_exports_an_hf_directory(tmp_path: Path) -> None:
                            num_hidden_layers=1)
     tokenizer = HFTokenizer(str(base))
     sft = SFTConfig(steps=3, skill_steps=1, batch_size=4, lr=1e-2, warmup_steps=0)
-    batches = demonstration_batches(load_task_module(), DemonstrationEncoder(tokenizer=tokenizer),
-                                    sft, DemonstrationsConfig(), exclude=frozenset(),
-                                    end_token="<|im_end|>")
+    source = arithmetic().ArithmeticTasks(num_train=4, num_heldout=4)
+    batches = demonstration_batches(source.demonstration, DemonstrationEncoder(tokenizer=tokenizer),
+                                    sft, end_token="<|im_end|>")
     losses: list[tuple[int, float]] = []
     out = run_sft(base, tmp_path / "models", batches, lr=sft.lr,
                   on_step=lambda step, loss: losses.append((step, loss)))

@@ -5,10 +5,9 @@ from __future__ import annotations
 import random
 
 import pytest
+from quickstart_plugin import SOURCE, arithmetic
 
-from infra.pipeline.tasks import load_task_module, task_rows
-
-task = load_task_module()
+task = arithmetic()
 
 
 def test_problems_are_reproducible_distinct_and_respect_exclusions() -> None:
@@ -70,14 +69,22 @@ def test_demonstration_config_is_validated() -> None:
         task.DemonstrationConfig(tool_fraction=1.5)
 
 
-def test_task_rows_carry_the_answer_for_the_exact_answer_reward() -> None:
-    from rollout.data import task_from_dict
-    from rollout.rewards import exact_answer
-
-    rows = task_rows(task.make_problems(2, seed=0), prefix="t", task_type=task.TASK_TYPE)
-    sample = task_from_dict(rows[0], where="test")
+def test_the_task_source_plugin_resolves_by_dotted_path_and_rewards_its_answers() -> None:
     import json
 
+    from rollout.data import build_task_set, task_from_dict
+    from rollout.rewards import get_reward
+
+    source = build_task_set(SOURCE, {"num_train": 3, "num_heldout": 2})
+    heldout = {row["prompt"] for row in source.heldout_tasks()}
+    train = source.train_tasks()
+    assert len(train) == 3 and not heldout & {row["prompt"] for row in train}
+    sample = task_from_dict(train[0], where="test")
+    assert sample.task_type == "arithmetic_tool" and sample.task_id == "train-00000"
     data = json.loads(sample.data)
-    assert exact_answer(str(data["answer"]), data)["reward"] == 1.0
-    assert sample.task_type == "arithmetic_tool" and sample.task_id == "t-00000"
+    score = get_reward("quickstart.arithmetic:score")
+    assert score(str(data["answer"]), data) == {"reward": 1.0, "answered": 1.0}
+    assert score("12", data)["reward"] == 0.0 and score(None, data)["answered"] == 0.0
+    for _ in range(200):  # demonstrations never show a held-out problem
+        prompt, segments = source.demonstration(random.Random(_), skill=True)
+        assert prompt not in heldout and segments[-1].startswith("<answer>")

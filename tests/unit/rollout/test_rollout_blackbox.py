@@ -129,7 +129,7 @@ def test_registry_names_the_shipped_scaffolds_and_refuses_unknown_ones() -> None
     assert is_external("mini-swe-agent") and is_external("terminus-2") and not is_external("retool")
     adapter = build_external("mini-swe-agent", {"config": "mini"})
     assert adapter.options == {"config": "mini"} and adapter.requirements
-    with pytest.raises(ConfigError, match="unknown"):
+    with pytest.raises(ConfigError, match="is not a known black-box scaffold adapter"):
         build_external("no-such-agent", {})
     with pytest.raises(ConfigError, match="driver"):
         _Script(driver="missing.py")

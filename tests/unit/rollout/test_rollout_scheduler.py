@@ -76,7 +76,7 @@ def test_task_aware_interleaves_toward_ratios_per_batch() -> None:
 
 
 def test_unknown_strategy_is_refused_with_the_choices() -> None:
-    with pytest.raises(ConfigError, match="fifo, priority, fair_share, task_aware"):
+    with pytest.raises(ConfigError, match=r"\['fair_share', 'fifo', 'priority', 'task_aware'\]"):
         TaskScheduler(TaskScheduler.Config(strategy="random"))
 
 

@@ -62,4 +62,4 @@ def test_stacx_train_reports_an_unknown_recipe(tmp_path: Path, capsys: pytest.Ca
         main(["train", str(path)])
     assert exit_info.value.code == 2  # a config error: one line, nothing started
     (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith(f"stacx train: {path}: recipe: unknown recipe 'nope'")
+    assert line.startswith(f"stacx train: {path}: recipe: 'nope' is not a known recipe; use one of")

@@ -1,0 +1,172 @@
+"""The `inference:` section (`stacx serve --config FILE`) and inference engines by name.
+
+An engine is `factory(config: ServeConfig, **engine_options) -> ServedEngine`: `builtin` (the
+CPU/CUDA server in this process), `sglang` (a `sglang.launch_server` child), a dotted path
+`package.module:factory`, or an entry point in `stacx.inference_engines`. `stacx serve` follows
+the weights topic for every engine alike (the follower retries until the server answers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rollout.inference.errors import InferenceError
+from schemas.plugins import PluginError, Registry, accepts
+
+__all__ = ["ENGINES", "ServeConfig", "ServedEngine", "build_engine"]
+
+
+@dataclass(kw_only=True, slots=True)
+class ServeConfig:
+    """One inference server: what `stacx serve` runs (flags override the file's values)."""
+
+    model: str | None = None
+    """Local Hugging Face model directory (the pipeline sets it: its SFT or base model)."""
+    engine: str = "builtin"
+    """builtin | sglang | `package.module:factory` | an entry point in `stacx.inference_engines`."""
+    engine_options: dict[str, Any] = field(default_factory=dict)
+    """Keyword options of the engine's factory."""
+    host: str = "127.0.0.1"
+    """Interface to listen on."""
+    port: int = 30000
+    """TCP port."""
+    device: str = "auto"
+    """builtin: auto, cpu or cuda[:N]."""
+    dtype: str = "auto"
+    """auto, float32, bfloat16, float16."""
+    weight_version: str = "default"
+    """Version reported before any update."""
+    served_model_name: str | None = None
+    """Name in OpenAI responses."""
+    context_length: int | None = None
+    """Prompt + completion token limit."""
+    max_batch_size: int = 64
+    """builtin: rows per decoding step."""
+    threads: int | None = None
+    """builtin: torch CPU threads."""
+    tp_size: int = 1
+    """sglang: tensor-parallel GPUs."""
+    mem_fraction_static: float | None = None
+    """sglang: GPU memory share."""
+    follow_weights: str | None = None
+    """Apply new versions of this model name from the weights topic (Kafka)."""
+    weights_topic: str | None = None
+    """Topic of WeightVersion events (default: stacx.weights)."""
+    bootstrap_servers: str | None = None
+    """Kafka bootstrap servers of the follower (default: $STACX_KAFKA)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port = {self.port}; use 0..65535")
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size = {self.max_batch_size}; use >= 1")
+
+
+class ServedEngine(Protocol):
+    """A started-on-demand server speaking SGLang's HTTP API."""
+
+    @property
+    def base_url(self) -> str: ...
+
+    def serve(self) -> int:
+        """Serve until stopped (SIGINT/SIGTERM); the exit status."""
+        ...
+
+
+class _Builtin:
+    def __init__(self, config: ServeConfig) -> None:
+        from rollout.inference.engine import BatchingEngine
+        from rollout.inference.server import InferenceServer
+
+        assert config.model is not None
+        self.server = InferenceServer(
+            InferenceServer.Config(
+                model_path=config.model,
+                host=config.host,
+                port=config.port,
+                device=config.device,
+                dtype=config.dtype,
+                weight_version=config.weight_version,
+                served_model_name=config.served_model_name,
+                context_length=config.context_length,
+                torch_threads=config.threads,
+                engine=BatchingEngine.Config(max_batch_size=config.max_batch_size),
+                wait_for_weights=bool(config.follow_weights),
+            )
+        )
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    def mark_weights_current(self) -> None:
+        """Ready on /health from now on: the follower has loaded the newest weight version."""
+        self.server.mark_weights_current()
+
+    def serve(self) -> int:
+        self.server.serve_forever()
+        return 0
+
+
+class _SGLang:
+    def __init__(self, config: ServeConfig, *, extra_args: list[str] | None = None) -> None:
+        from rollout.inference.sglang import SGLangServer, unavailable_reason
+
+        reason = unavailable_reason()
+        if reason is not None:
+            raise InferenceError(f"cannot run SGLang here: {reason}")
+        assert config.model is not None
+        self.server = SGLangServer(
+            SGLangServer.Config(
+                model_path=config.model,
+                host=config.host,
+                port=config.port,
+                dtype=config.dtype,
+                tp_size=config.tp_size,
+                context_length=config.context_length,
+                mem_fraction_static=config.mem_fraction_static,
+                served_model_name=config.served_model_name,
+                weight_version=config.weight_version,
+                extra_args=list(extra_args or []),
+            )
+        )
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    def serve(self) -> int:
+        self.server.start()
+        try:
+            self.server.wait_ready()
+            return self.server.wait()
+        finally:
+            self.server.stop()
+
+
+def _check(factory: Any) -> str | None:
+    return accepts(factory, ServeConfig())
+
+
+ENGINES: Registry[Any] = Registry("inference_engines", what="inference engine", check=_check)
+"""`factory(config: ServeConfig, **engine_options) -> ServedEngine` by name."""
+ENGINES.add("builtin", _Builtin, origin="builtin (rollout.inference.serving)")
+ENGINES.add("sglang", _SGLang, origin="builtin (rollout.inference.serving)")
+
+
+def build_engine(config: ServeConfig) -> ServedEngine:
+    """The engine `config.engine` names, built (the model loads here for `builtin`);
+    `InferenceError` with one line otherwise."""
+    try:
+        factory = ENGINES.resolve(config.engine)
+    except PluginError as exc:
+        raise InferenceError(f"engine: {exc}") from exc
+    problem = accepts(factory, config, **config.engine_options)
+    if problem:
+        raise InferenceError(f"engine_options: {config.engine!r} {problem}")
+    engine = factory(config, **config.engine_options)
+    if not callable(getattr(engine, "serve", None)) or not hasattr(engine, "base_url"):
+        built = type(engine).__name__
+        raise InferenceError(f"engine: {config.engine!r} built a {built} without serve() and base_url")
+    return engine  # type: ignore[no-any-return]
