@@ -63,7 +63,8 @@ def build_source(config: RolloutConfig, tasks: Sequence[TaskSample] | None = Non
         )
     if data.source:
         task_set = build_task_set(data.source, data.source_options)
-        return ListTaskSource(task_samples(task_set.train_tasks(), where=f"data.source {data.source}"), options)
+        samples = task_samples(task_set.train_tasks(), where=f"data.source {data.source}")
+        return ListTaskSource(samples, options)
     raise ConfigError("data.task_dirs needs the tasks loaded by the caller (`stacx eval` does it)")
 
 

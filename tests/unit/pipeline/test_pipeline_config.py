@@ -251,7 +251,8 @@ def test_recipe_scaffold_reward_and_strategy_are_resolved_up_front() -> None:
     evaluator = {"scaffold": "retool", "reward": "exact"}
     (line,) = _check_lines(_tree(rollout={"manager": {"evaluators": {"default": evaluator}}}))
     assert line.startswith(
-        "f.yaml: rollout.manager.evaluators.default.reward: 'exact' is not a known reward function; use one of"
+        "f.yaml: rollout.manager.evaluators.default.reward: 'exact' is not a known reward function; "
+        "use one of"
     )
     (line,) = _check_lines(_tree(rollout={"manager": {"scheduler": {"strategy": "lifo"}}}))
     assert line.startswith(
