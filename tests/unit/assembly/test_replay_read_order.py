@@ -65,7 +65,9 @@ class _Consumer:
         return batch
 
     def position(self, tps: list[Any]) -> list[Any]:
-        return [SimpleNamespace(partition=tp.partition, offset=self._positions.get(tp.partition, 0)) for tp in tps]
+        return [
+            SimpleNamespace(partition=tp.partition, offset=self._positions.get(tp.partition, 0)) for tp in tps
+        ]
 
     def unassign(self) -> None:
         pass
@@ -78,7 +80,12 @@ def test_records_come_back_in_timestamp_partition_offset_order(monkeypatch: pyte
     monkeypatch.setattr(confluent_kafka, "Consumer", _Consumer)
     records = read_range("127.0.0.1:1", ReplayRange(topic="t"))
     assert [(r.timestamp_ms, r.partition, r.offset) for r in records] == [
-        (10, 0, 1), (10, 1, 1), (20, 1, 0), (30, 0, 0), (40, 1, 2), (50, 0, 2)
+        (10, 0, 1),
+        (10, 1, 1),
+        (20, 1, 0),
+        (30, 0, 0),
+        (40, 1, 2),
+        (50, 0, 2),
     ]
     assert records[0].value == b"0:1" and records[0].key == b"k0"
 

@@ -53,7 +53,9 @@ class _RecordingAioProducer:
         pass
 
 
-def test_event_producer_asks_librdkafka_for_idempotent_acks_all_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_event_producer_asks_librdkafka_for_idempotent_acks_all_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(_RecordingProducer, "configs", [])
     monkeypatch.setattr(confluent_kafka, "Producer", _RecordingProducer)
     producer = EventProducer(

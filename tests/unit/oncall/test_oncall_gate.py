@@ -56,5 +56,9 @@ def test_negative_allowances_are_refused_and_reports_serialise() -> None:
     PromotionGate.Config(max_success_drop=0.0, max_probe_increase=0.0)
     report = _report(0.5, probe=0.1, version=3)
     assert report.as_dict() == {
-        "version": 3, "success_rate": 0.5, "probe_rate": 0.1, "num_tasks": 8, "details": {}
+        "version": 3,
+        "success_rate": 0.5,
+        "probe_rate": 0.1,
+        "num_tasks": 8,
+        "details": {},
     }

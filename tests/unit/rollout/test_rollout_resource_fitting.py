@@ -10,9 +10,7 @@ from rollout.resources import ResourcePool, Resources
 CAPACITY = Resources(sandboxes=2, cpu=2.0, memory_mb=1024, generations=2, gpus=1)
 
 
-@pytest.mark.parametrize(
-    "kind", ["sandboxes", "cpu", "memory_mb", "generations", "gpus"]
-)
+@pytest.mark.parametrize("kind", ["sandboxes", "cpu", "memory_mb", "generations", "gpus"])
 def test_a_demand_over_capacity_in_one_kind_does_not_fit(kind: str) -> None:
     over = Resources(**{kind: CAPACITY.as_dict()[kind] + 1})  # type: ignore[arg-type]
     assert not over.fits_in(CAPACITY)
@@ -34,7 +32,13 @@ def test_memory_decides_whether_a_hold_is_granted() -> None:
 def test_arithmetic_and_mapping_cover_every_kind() -> None:
     a = Resources(sandboxes=1, cpu=0.5, memory_mb=100, generations=1, gpus=1)
     assert (a + a).as_dict() == {"sandboxes": 2, "cpu": 1.0, "memory_mb": 200, "generations": 2, "gpus": 2}
-    assert (CAPACITY - a).as_dict() == {"sandboxes": 1, "cpu": 1.5, "memory_mb": 924, "generations": 1, "gpus": 0}
+    assert (CAPACITY - a).as_dict() == {
+        "sandboxes": 1,
+        "cpu": 1.5,
+        "memory_mb": 924,
+        "generations": 1,
+        "gpus": 0,
+    }
     assert a.join(Resources(memory_mb=500, cpu=0.1)) == Resources(
         sandboxes=1, cpu=0.5, memory_mb=500, generations=1, gpus=1
     )
