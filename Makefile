@@ -7,7 +7,7 @@ VENV := .venv
 STACX := $(VENV)/bin/stacx
 PYTEST_ARGS ?=
 
-.PHONY: setup services demo test test-unit lint down status bench
+.PHONY: setup services demo test test-unit lint down status bench mutation
 
 setup:
 	@bash infra/setup.sh
@@ -34,3 +34,8 @@ status: setup
 
 down: setup
 	@$(STACX) infra down
+
+# mutation testing of the critical modules ([tool.mutmut] in pyproject.toml); CPU-heavy
+mutation: setup
+	@nice $(VENV)/bin/mutmut run --max-children $${MUTATION_JOBS:-2}
+	@$(VENV)/bin/mutmut results
