@@ -47,7 +47,7 @@ import subprocess  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from dataclasses import asdict, dataclass, field  # noqa: E402
-from types import ModuleType  # noqa: E402
+from types import ModuleType, SimpleNamespace  # noqa: E402
 from typing import Any  # noqa: E402
 
 from infra.paths import stacx_home  # noqa: E402
@@ -151,11 +151,25 @@ def bench_config(spec: PipelineSpec, args: argparse.Namespace) -> BenchConfig:
 
 
 def _arithmetic(spec: PipelineSpec) -> Any:
-    """The quickstart's arithmetic task settings (the peer comparison needs them)."""
-    tasks = spec.pipeline.tasks.arithmetic
-    if tasks is None:
-        raise SystemExit(f"{spec.source}: the peer benchmark needs pipeline.tasks.arithmetic")
-    return tasks
+    """The quickstart task source's settings (the peer comparison needs them)."""
+    tasks = spec.pipeline.tasks
+    if not tasks.source or not tasks.source.endswith("arithmetic:ArithmeticTasks"):
+        raise SystemExit(f"{spec.source}: the peer benchmark needs the quickstart's task source")
+    options = {"num_train": 4096, "num_heldout": 128, "seed": 0, **tasks.options}
+    return SimpleNamespace(**options, model_dump=lambda: dict(options))
+
+
+def _task_set(spec: PipelineSpec) -> Any:
+    """The quickstart's task source, as the pipeline builds it."""
+    from rollout.data import build_task_set
+
+    for path in spec.plugin_paths:
+        folder = str(path)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    source = spec.pipeline.tasks.source
+    assert source is not None  # `_arithmetic` checked it
+    return build_task_set(source, spec.pipeline.tasks.options)
 
 
 def _sft_config(spec: PipelineSpec) -> Any:
@@ -188,7 +202,7 @@ def stacx_spec(base: PipelineSpec, cfg: BenchConfig, *, name: str, python: str) 
             "timeout_s": cfg.budget_s + 600,
             "live": False,
             "tasks": base.pipeline.tasks.model_dump(exclude_none=True),
-            "demonstrations": base.pipeline.demonstrations.model_dump(),
+            "plugin_paths": [str(path) for path in base.plugin_paths],
             "model": base.pipeline.model.model_dump(exclude_none=True),
             "sft": _sft_config(base).model_dump(),
             "services": {
@@ -216,7 +230,6 @@ def build_sft(spec: PipelineSpec, root: Path) -> Path:
     """The quickstart's SFT checkpoint (its own code: tiny model, demonstrations, two sft runs),
     cached under `root` by the config that shapes it."""
     from infra.pipeline.sft import DemonstrationEncoder, demonstration_batches, run_sft
-    from infra.pipeline.tasks import load_task_module
     from rollout.models import make_tiny_model
     from rollout.tokens import HFTokenizer
 
@@ -224,8 +237,7 @@ def build_sft(spec: PipelineSpec, root: Path) -> Path:
     system = str((_evaluator(spec).get("scaffold_options") or {}).get("system_prompt", ""))
     key = hashlib.sha256(
         json.dumps(
-            [_tiny(spec), _sft_config(spec).model_dump(), p.demonstrations.model_dump(),
-             _arithmetic(spec).model_dump(), system],
+            [_tiny(spec), _sft_config(spec).model_dump(), _arithmetic(spec).model_dump(), system],
             sort_keys=True,
         ).encode()
     ).hexdigest()[:12]
@@ -234,16 +246,12 @@ def build_sft(spec: PipelineSpec, root: Path) -> Path:
         return Path(done.read_text())
     base = root / f"sft-{key}" / "base"
     make_tiny_model(base, **_tiny(spec))
-    task = load_task_module()
-    tasks = _arithmetic(spec)
-    heldout = task.make_problems(tasks.num_heldout, seed=10_000 + tasks.seed)
     tokenizer = HFTokenizer(str(base))
+    _arithmetic(spec)
     batches = demonstration_batches(
-        task,
+        _task_set(spec),
         DemonstrationEncoder(tokenizer=tokenizer, system_prompt=system),
-        p.sft,
-        p.demonstrations,
-        exclude=frozenset(h.expression for h in heldout),
+        _sft_config(spec),
         end_token=tokenizer.inner.eos_token or "",
     )
     skill, mixture = batches[: p.sft.skill_steps], batches[p.sft.skill_steps :]
