@@ -17,15 +17,15 @@ from infra.pipeline.errors import MissingComponentError
 __all__ = ["COMMANDS", "MODULES", "check_all", "missing_commands", "missing_modules"]
 
 MODULES: dict[str, str] = {
-    "rollout.service": "rollout engine (issue 6)",
-    "rollout.inference": "built-in inference server (issue 5)",
-    "rollout.models": "tiny model factory (issue 5)",
-    "consumers.weights": "weight subscriber (issue 5)",
-    "consumers.assembly": "Faust batch assembler (issue 8)",
-    "sandbox.gateway": "sandbox gateway (issue 4)",
-    "trainer": "trainer engine (issue 7)",
-    "producers": "event producers (issue 3)",
-    "consumers": "event consumers (issue 3)",
+    "rollout.service": "rollout engine",
+    "rollout.inference": "built-in inference server",
+    "rollout.models": "tiny model factory",
+    "consumers.weights": "weight subscriber",
+    "consumers.assembly": "Faust batch assembler",
+    "sandbox.gateway": "sandbox gateway",
+    "trainer": "trainer engine",
+    "producers": "event producers",
+    "consumers": "event consumers",
 }
 """Python modules the pipeline imports or runs, with who provides them."""
 
