@@ -31,6 +31,9 @@ class _Message:
     def timestamp(self) -> tuple[int, int]:
         return (1, self._t)
 
+    def headers(self) -> None:
+        return None
+
     def key(self) -> bytes:
         return f"k{self._p}".encode()
 
