@@ -74,17 +74,29 @@ def _untouched(bootstrap: str, run_id: str, run: RunTopics, member: Consumer) ->
     assert committed.offset == 1
 
 
+def _run_to_the_end(cmd: list[str], *, cwd: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """Run the soak; past `timeout_s` it gets SIGTERM (it then stops its services and broker)
+    rather than the SIGKILL of `subprocess.run`, which would leave them behind."""
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        stdout, stderr = proc.communicate(timeout=300)
+        raise AssertionError(f"the soak ran past {timeout_s} s:\n{stderr[-3000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(1800)
 def test_a_short_soak_under_kills_loses_nothing_and_leaves_nothing(
         kafka_bootstrap: str, docker_client: Any, sandbox_image: str, tmp_path: Path,
         users_run: tuple[str, RunTopics, Consumer]) -> None:
     shared_broker = kafka.running_pid()
     assert shared_broker is not None and alive(shared_broker), "the local broker of `stacx infra up`"
     name = run_name("chaos")
-    out = subprocess.run(_chaos(name, "--json", "--tolerant", "--minutes", "3", "--interval-s", "20",
-                                "--seed", "1"),
-                         cwd=tmp_path, capture_output=True, text=True, timeout=1400)
+    out = _run_to_the_end(_chaos(name, "--json", "--tolerant", "--minutes", "4", "--interval-s", "20",
+                                 "--seed", "1"), cwd=tmp_path, timeout_s=1400)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["pipeline_error"] is None, result
