@@ -98,7 +98,7 @@ def test_one_trace_reaches_from_an_episode_to_the_weight_swap(
     cfg = spec.pipeline
     cfg.steps = STEPS
     cfg.sft.steps, cfg.sft.skill_steps, cfg.sft.batch_size = 60, 60, 16
-    cfg.demonstrations.tool_fraction = cfg.demonstrations.skill_tool_fraction = 1.0  # episodes exec
+    cfg.tasks.options.update(tool_fraction=1.0, skill_tool_fraction=1.0)  # every episode execs
     cfg.tracing = TracingConfig(enabled=True, endpoint=jaeger.otlp_http_endpoint, export_delay_ms=200)
     report = run_pipeline(spec)
     assert report["status"] == "ok", report["error"]
