@@ -19,8 +19,8 @@ for a correct answer reinforces the tool call, which is the only reliable route 
 The quickstart names this module as a plug-in (examples/quickstart.yaml, with `examples/` on its
 `plugin_paths`): `ArithmeticTasks` is the task source (training and held-out problems, SFT
 demonstrations) and `score` the reward. It is deliberately free of torch and of STACX imports so
-that the task generator, the demonstrations and the reward can be used anywhere (prototype,
-pipeline, tests).
+that the task generator, the demonstrations and the reward can be used anywhere (pipeline,
+tests).
 """
 
 from __future__ import annotations
