@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,82 +64,38 @@ TIMEOUT_GRACE_S = 5.0
 """Extra time the host waits for an exec past its in-sandbox `timeout` before giving up on it."""
 
 
-EXEC_MARK_ENV = "STACX_EXEC_ID"
-"""Environment variable that marks every process of one exec (its value is unique per exec): a
-process that left the exec's process group (`setsid -f`, a daemon's double fork) still carries it."""
-
-_MARKED = r"""_marked() {  # whether process $1 carries this exec's mark in its environment
-  local _v _env
-  mapfile -d '' -t _env 2>/dev/null < "/proc/$1/environ" || return 1
-  for _v in "${_env[@]}"; do [ "$_v" = "$_mark" ] && return 0; done
-  return 1
-}
-_nap() {  # sleep 50 ms without a process: `read -t` on a pipe opened read-write
-  [ -n "$_napfd" ] || exec {_napfd}<> <(:)
-  read -t 0.05 -u "$_napfd"
-}"""
-
-EXEC_SCRIPT = (
-    """bash -c "$1"
+EXEC_SCRIPT = """bash -c "$1"
 _rc=$?
-_mark="STACX_EXEC_ID=$2"
-"""
-    + _MARKED
-    + """
 _left() {
-  local f s p
+  local f s
   for f in /proc/[0-9]*/stat; do
     read -r s 2>/dev/null < "$f" || continue
     s=${s##*) }
     set -- $s
-    [ "$1" != Z ] || continue
-    p=${f#/proc/}; p=${p%/stat}
-    [ "$p" != "$$" ] && [ "$p" != "$PPID" ] || continue
-    { [ "$3" = "$_group" ] || _marked "$p"; } && return 0
+    [ "$3" = "$_group" ] && [ "$1" != Z ] || continue
+    f=${f#/proc/}; f=${f%/stat}
+    [ "$f" != "$$" ] && [ "$f" != "$PPID" ] && return 0
   done
   return 1
 }
 read -r _s < /proc/$$/stat; _s=${_s##*) }; set -- $_s; _group=$3
-while _left; do _nap; done
+if _left; then
+  exec {_nap}<> <(:)
+  while _left; do read -t 0.05 -u "$_nap"; done
+fi
 exit $_rc"""
-)
-"""Runs the command (`$1`), then waits until no other process of its process group, and none that
-carries the exec's mark (`$2`), is left: an exec lasts as long as anything it started (`cmd &`,
-`setsid -f cmd`, a fork bomb) and ends with the command's exit status. Only bash builtins run
-after the command starts, so a sandbox at its pids limit cannot stall it."""
-
-EXEC_OUTER_SCRIPT = (
-    """STACX_EXEC_ID="$3" timeout -s KILL "$2" bash -c "$4" stacx "$1" "$3" <&0 &
-wait $! 2>/dev/null  # no "Killed" notice of bash's on the exec's stderr
-_rc=$?
-_mark="STACX_EXEC_ID=$3"
-"""
-    + _MARKED
-    + """
-for _round in {1..200}; do
-  _n=0
-  for _d in /proc/[0-9]*; do
-    _p=${_d#/proc/}
-    [ "$_p" != "$$" ] && _marked "$_p" && kill -9 "$_p" 2>/dev/null && _n=$((_n+1))
-  done
-  [ "$_n" = 0 ] && break
-  _nap
-done
-exit $_rc"""
-)
-"""Leads one exec: `timeout` runs `EXEC_SCRIPT` with the mark in its environment; after it ends
-(at the deadline: killed with its process group), every process that still carries the mark
-(escaped the group with `setsid`) is killed too, so nothing an exec started outlives it."""
+"""Runs the command (`$1`), then waits until no other process of its process group is left: an
+exec lasts as long as anything it started (`cmd &`, a fork bomb) and ends with the command's exit
+status. Only bash builtins run after the command starts, so a sandbox at its pids limit cannot
+stall it. (`read -t` on a pipe opened read-write is a sleep that needs no process.)"""
 
 
 def exec_argv(command: str, timeout_s: float) -> list[str]:
     """argv of one exec: `timeout -s KILL` leads a new process group that holds the command and
-    everything it starts; `EXEC_SCRIPT` keeps the exec open while any of them runs (in the group
-    or marked by `EXEC_MARK_ENV`); at the deadline the whole group is killed at once, and then
-    every marked process that left it (exit 137)."""
+    everything it starts; `EXEC_SCRIPT` keeps the exec open while any of them runs, and at the
+    deadline the whole group is killed at once (background children included: exit 137)."""
     seconds = f"{max(timeout_s, 0.01):.3f}"
-    mark = uuid.uuid4().hex
-    return ["bash", "-c", EXEC_OUTER_SCRIPT, "stacx", command, seconds, mark, EXEC_SCRIPT]
+    return ["timeout", "-s", "KILL", seconds, "bash", "-c", EXEC_SCRIPT, "stacx", command]
 
 
 def helper_argv(script: str, *args: str) -> list[str]:

@@ -1,5 +1,5 @@
-"""An exec is its whole process tree (docker backend): a fork bomb, `cmd &` and `setsid -f cmd` end
-at the exec's timeout, reported as timed out, and the sandbox is idle again within seconds; a container that
+"""An exec is its whole process tree (docker backend): a fork bomb and `cmd &` end at the exec's
+timeout, reported as timed out, and the sandbox is idle again within seconds; a container that
 dies is reported as such; filling /tmp fails the write, not the sandbox; limits over the
 operator's maxima are refused."""
 
@@ -99,24 +99,6 @@ async def test_a_background_child_ends_with_its_exec(client: SandboxClient) -> N
         assert gone.stdout == "gone\n"
         waited = await client.exec(info.id, "(sleep 0.5; echo late) & echo early", timeout_s=30)
         assert waited.ok and waited.stdout == "early\nlate\n" and not waited.timed_out
-
-
-async def test_a_setsid_escape_ends_with_its_exec_and_the_sandbox_goes_idle(
-    client: SandboxClient, docker_client: Any, owner: str
-) -> None:
-    async with client.session() as info:
-        busy = "setsid -f bash -c 'while :; do :; done'; setsid -f sleep 300; echo started"
-        result = await client.exec(info.id, busy, timeout_s=3)
-        assert result.timed_out and result.exit_code == 137, result  # not exit 0 with a loop left behind
-        container = _container(docker_client, owner, info.id)
-        assert await asyncio.to_thread(_seconds_until_idle, container, 10.0) <= 5.0
-        # the image has no ps: read /proc (the quotes keep this command's own line from matching)
-        count = "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -o 'sleep 3''00' | wc -l"
-        left = await client.exec(info.id, count, timeout_s=30)
-        assert left.ok and left.stdout.strip() == "0", left
-        late = "setsid -f bash -c 'sleep 0.5; echo late'; echo early"
-        quick = await client.exec(info.id, late, timeout_s=30)
-        assert quick.ok and quick.stdout == "early\nlate\n" and not quick.timed_out
 
 
 async def test_a_container_that_dies_is_reported_as_stopped(
