@@ -50,7 +50,10 @@ def users_run(kafka_bootstrap: str) -> Iterator[tuple[str, RunTopics, Consumer]]
     producer.produce(run.batches, key=b"b0", value=b"a batch")
     assert producer.flush(30) == 0
     member = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": f"stacx-trainer-{run_id}",
-                       "auto.offset.reset": "earliest", "session.timeout.ms": 45000})
+                       "auto.offset.reset": "earliest", "session.timeout.ms": 45000,
+                       # the member sits idle through the soak (minutes between polls), as a
+                       # trainer does inside a long step: it stays in its group on heartbeats
+                       "max.poll.interval.ms": 3_600_000})
     member.subscribe([run.batches])
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
