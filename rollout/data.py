@@ -22,7 +22,7 @@ from typing import Any
 
 from rollout.errors import ConfigError
 from rollout.protocols import TaskGroup
-from schemas.plugins import PluginError, Registry, accepts
+from schemas.plugins import PluginError, Registry
 from schemas.records import TaskSample
 
 __all__ = [
@@ -101,20 +101,10 @@ TASK_SOURCES.add("jsonl", _JsonlTasks, origin="builtin (rollout.data)")
 
 def build_task_set(ref: str, options: Mapping[str, Any] | None = None) -> Any:
     """The task source `ref` names, built with `options`; `ConfigError` with one line otherwise."""
-    options = dict(options or {})
     try:
-        factory = TASK_SOURCES.resolve(ref)
+        task_set = TASK_SOURCES.build(ref, **dict(options or {}))
     except PluginError as exc:
         raise ConfigError(str(exc)) from exc
-    problem = accepts(factory, **options)
-    if problem:
-        raise ConfigError(f"{ref!r}: options do not fit: {problem}")
-    try:
-        task_set = factory(**options)
-    except ConfigError:
-        raise
-    except Exception as exc:  # user code: one line, not a traceback
-        raise ConfigError(f"{ref!r}: building the task source raised {type(exc).__name__}: {exc}") from exc
     if not callable(getattr(task_set, "train_tasks", None)):
         raise ConfigError(f"{ref!r}: the task source it built has no train_tasks() method")
     return task_set

@@ -14,7 +14,7 @@ from typing import Any
 
 from rollout.errors import ConfigError
 from rollout.protocols import Action, ExecResult, Message, Observation, Scaffold
-from schemas.plugins import PluginError, Registry, accepts
+from schemas.plugins import PluginError, Registry
 from schemas.records import TaskSample
 
 __all__ = [
@@ -224,16 +224,9 @@ for _name, _factory in (
 def build_scaffold(ref: str, **options: object) -> Scaffold:
     """The scaffold `ref` names, built with its options (e.g. `system_prompt`)."""
     try:
-        factory = SCAFFOLDS.resolve(ref)
+        scaffold = SCAFFOLDS.build(ref, options_field="scaffold_options", **options)
     except PluginError as exc:
         raise ConfigError(str(exc)) from exc
-    problem = accepts(factory, **options)
-    if problem:
-        raise ConfigError(f"{ref!r}: scaffold_options do not fit: {problem}")
-    try:
-        scaffold = factory(**options)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{ref!r}: bad scaffold_options ({exc})") from exc
     missing = [m for m in _SCAFFOLD_METHODS if not callable(getattr(scaffold, m, None))]
     missing += [a for a in ("name", "needs_sandbox", "stop") if not hasattr(scaffold, a)]
     if missing:

@@ -190,6 +190,21 @@ class Registry(Generic[T]):
             raise PluginError(f"{ref!r}: wrong signature for a {self.what}: {problem}", kind="signature")
         return obj
 
+    def build(self, ref: str, *args: Any, options_field: str = "options", **options: Any) -> Any:
+        """`resolve(ref)` called with `args` and keyword `options`; `PluginError` when the options
+        do not fit its signature or the call raises (user code: one line, never a traceback)."""
+        factory: Any = self.resolve(ref)
+        problem = accepts(factory, *args, **options)
+        if problem:
+            raise PluginError(f"{ref!r}: {options_field} do not fit: {problem}", kind="signature")
+        try:
+            return factory(*args, **options)
+        except Exception as exc:
+            raise PluginError(
+                f"{ref!r}: building the {self.what} raised {type(exc).__name__}: {first_line(exc)}",
+                kind="import",
+            ) from exc
+
     def _find(self, ref: str) -> T:
         if not isinstance(ref, str) or not ref:
             raise PluginError(f"{ref!r}: name a {self.what} by name or package.module:object", kind="unknown")
