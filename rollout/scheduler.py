@@ -191,13 +191,10 @@ for _name, _factory in (
 def build_strategy(config: TaskScheduler.Config) -> SchedulingStrategy:
     """The strategy named by `config.strategy`."""
     try:
-        factory = STRATEGIES.resolve(config.strategy)
+        strategy = STRATEGIES.build(config.strategy, config, options_field="strategy_options",
+                                    **config.strategy_options)
     except PluginError as exc:
         raise ConfigError(str(exc)) from exc
-    problem = accepts(factory, config, **config.strategy_options)
-    if problem:
-        raise ConfigError(f"{config.strategy!r}: strategy_options do not fit: {problem}")
-    strategy = factory(config, **config.strategy_options)
     missing = [m for m in ("select", "arrived", "dispatched") if not callable(getattr(strategy, m, None))]
     if missing:
         raise ConfigError(f"{config.strategy!r}: the strategy it built lacks {', '.join(missing)}")
