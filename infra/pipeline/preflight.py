@@ -72,11 +72,9 @@ def missing_commands(available: set[str] | None = None) -> list[str]:
 
 
 def _kafka_problem(bootstrap: str) -> str | None:
-    from infra.services.kafka import broker_answers
+    from infra.services.reachability import kafka_problem
 
-    if broker_answers(bootstrap, timeout_s=5.0):
-        return None
-    return f"a Kafka broker at {bootstrap} (start it with `stacx infra up`)"
+    return kafka_problem(bootstrap, timeout_s=5.0)
 
 
 def _docker_problem(image: str) -> str | None:

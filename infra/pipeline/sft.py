@@ -12,7 +12,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -173,9 +174,23 @@ def run_sft(
         if on_step is not None:
             on_step(result.step, result.loss)
 
-    with StacxTrainer(config, source=InMemoryBatchSource(batches), on_step=step_done) as trainer:
+    source = InMemoryBatchSource(batches)
+    with _quiet_steps(), StacxTrainer(config, source=source, on_step=step_done) as trainer:
         trainer.run()
     exported = sorted((out_root / export_name).glob("v*"))
     if not exported:
         raise RuntimeError(f"the sft trainer exported nothing under {out_root / export_name}")
     return exported[-1]
+
+
+@contextmanager
+def _quiet_steps() -> Iterator[None]:
+    """The trainer's line per step is left out of the warm start: its progress is the run's stage
+    (`on_step`), so hundreds of SFT steps do not fill the terminal."""
+    engine = logging.getLogger("trainer.engine")
+    level = engine.level
+    engine.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        engine.setLevel(level)

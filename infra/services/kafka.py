@@ -270,15 +270,11 @@ def wait_ready(config: KafkaConfig, pid: int, started: float) -> None:
 
 
 def broker_answers(bootstrap: str, timeout_s: float = 5.0) -> bool:
-    """True when a broker at `bootstrap` answers a metadata request."""
-    from confluent_kafka.admin import AdminClient
+    """True when a broker at `bootstrap` answers a metadata request (librdkafka's connection
+    FAIL lines of the probe are not shown)."""
+    from infra.services.reachability import kafka_problem
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 3000})
-    try:
-        metadata = admin.list_topics(timeout=timeout_s)
-    except Exception:
-        return False
-    return bool(metadata.brokers)
+    return kafka_problem(bootstrap, timeout_s=timeout_s) is None
 
 
 def down() -> str:

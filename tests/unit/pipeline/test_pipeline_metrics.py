@@ -93,7 +93,7 @@ def test_preflight_reports_an_unreachable_broker(monkeypatch: pytest.MonkeyPatch
                        "pipeline": {"model": {"tiny": {}}, "tasks": {"topic": "stacx.tasks"},
                                     "services": {"gateway_backend": "process"}},
                        "rollout": {"data": {"samples_per_task": 8}}})
-    with pytest.raises(MissingComponentError, match="Kafka broker at 127.0.0.1:1"):
+    with pytest.raises(MissingComponentError, match="Kafka at 127.0.0.1:1 did not answer"):
         preflight.check_all(spec)
 
 
