@@ -56,3 +56,24 @@ def serve_tiny(model_dir: Path, **config: Any) -> Iterator[InferenceServer]:
     finally:
         server.stop()
         torch.set_num_threads(threads)
+
+
+CALC_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calc",
+            "description": "evaluate arithmetic",
+            "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}},
+        },
+    }
+]
+"""One OpenAI function tool, as an agent declares it."""
+CALC_CALL = '<tool_call>\n{"name": "calc", "arguments": {"expr":"1+1"}}\n</tool_call>'
+"""What a model emits when it writes JSON its own way (no space after the colon)."""
+
+
+def tool_markers(server: InferenceServer) -> dict[str, int]:
+    """A logit bias favouring the one-token tool tags, so the grammar picks them over their bytes."""
+    tok = server.state.tokenizer
+    return {str(tok.convert_tokens_to_ids(t)): 100 for t in ("<tool_call>", "</tool_call>")}

@@ -12,23 +12,13 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from inference_fixtures import serve_tiny
+from inference_fixtures import CALC_CALL, CALC_TOOLS, serve_tiny, tool_markers
 from openai.types import Completion, Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from prometheus_client.parser import text_string_to_metric_families
 
 from rollout.inference import InferenceServer
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calc",
-            "description": "evaluate arithmetic",
-            "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}},
-        },
-    }
-]
 HELLO = [{"role": "user", "content": "hello"}]
 
 
@@ -160,7 +150,7 @@ def test_tool_choice_modes(server: InferenceServer, client: openai.OpenAI) -> No
         raw = client.chat.completions.with_raw_response.create(
             model="tiny",
             messages=HELLO,  # type: ignore[arg-type]
-            tools=TOOLS,  # type: ignore[arg-type]
+            tools=CALC_TOOLS,  # type: ignore[arg-type]
             max_tokens=3,
             temperature=0,
             extra_body={"return_token_ids": True},
@@ -211,26 +201,16 @@ def _literal(text: str) -> str:
     return re.escape(text)
 
 
-CALC_CALL = '<tool_call>\n{"name": "calc", "arguments": {"expr":"1+1"}}\n</tool_call>'
-"""What a model emits when it writes JSON its own way (no space after the colon)."""
-
-
-def _tool_markers(server: InferenceServer) -> dict[str, int]:
-    """Favour the one-token tool tags, so the grammar picks them over their bytes."""
-    tok = server.state.tokenizer
-    return {str(tok.convert_tokens_to_ids(t)): 100 for t in ("<tool_call>", "</tool_call>")}
-
-
 def test_tool_call_arguments_are_the_models_own_text(server: InferenceServer, client: openai.OpenAI) -> None:
     """An agent sends the call back; the next prompt extends the sampled tokens exactly."""
     messages: list[dict[str, object]] = [{"role": "user", "content": "1+1?"}]
     raw = client.chat.completions.with_raw_response.create(
         model="tiny",
         messages=messages,  # type: ignore[arg-type]
-        tools=TOOLS,  # type: ignore[arg-type]
+        tools=CALC_TOOLS,  # type: ignore[arg-type]
         max_tokens=64,
         temperature=0,
-        logit_bias=_tool_markers(server),
+        logit_bias=tool_markers(server),
         extra_body={"regex": _literal(CALC_CALL), "return_token_ids": True},
     )
     first = json.loads(raw.text)
@@ -243,7 +223,7 @@ def test_tool_call_arguments_are_the_models_own_text(server: InferenceServer, cl
     raw = client.chat.completions.with_raw_response.create(
         model="tiny",
         messages=messages,  # type: ignore[arg-type]
-        tools=TOOLS,  # type: ignore[arg-type]
+        tools=CALC_TOOLS,  # type: ignore[arg-type]
         max_tokens=1,
         extra_body={"return_token_ids": True},
     )
@@ -266,10 +246,10 @@ def test_streamed_content_equals_the_plain_answer_with_tools(
     options: dict[str, object] = {
         "model": "tiny",
         "messages": HELLO,
-        "tools": TOOLS,
+        "tools": CALC_TOOLS,
         "max_tokens": 64,
         "temperature": 0,
-        "logit_bias": _tool_markers(server),
+        "logit_bias": tool_markers(server),
         "extra_body": {"regex": _literal(output)},
     }
     plain = client.chat.completions.create(**options).choices[0]  # type: ignore[call-overload]

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from inference_fixtures import serve_tiny
+from inference_fixtures import CALC_CALL, CALC_TOOLS, serve_tiny, tool_markers
 
 from producers import InMemoryPublisher
 from rollout.inference import InferenceServer
@@ -22,18 +22,6 @@ from rollout.proxy import AgentProxy, ProxyServer
 from schemas import topics
 from schemas.records import AgentInteraction
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calc",
-            "description": "evaluate arithmetic",
-            "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}},
-        },
-    }
-]
-CALC_CALL = '<tool_call>\n{"name": "calc", "arguments": {"expr":"1+1"}}\n</tool_call>'
-"""What a model emits when it writes JSON its own way (no space after the colon)."""
 HALF_CHARACTER = 0xC3
 """Byte token 195: the first half of 'é', text U+FFFD on its own."""
 
@@ -107,12 +95,6 @@ def continuing_proxy(continuing_service: _Proxy) -> Iterator[_Proxy]:
     continuing_service.client.close()
 
 
-def _tool_markers(server: InferenceServer) -> dict[str, int]:
-    """Favour the one-token tool tags, so the grammar picks them over their bytes."""
-    tok = server.state.tokenizer
-    return {str(tok.convert_tokens_to_ids(t)): 100 for t in ("<tool_call>", "</tool_call>")}
-
-
 def _ids(interaction: AgentInteraction) -> list[int]:
     return [int(t) for t in interaction.token_ids]
 
@@ -135,10 +117,10 @@ def test_tool_arguments_come_back_as_sampled_and_the_next_call_extends_the_token
     answer = proxy.client.chat.completions.create(
         model="tiny",
         messages=messages,  # type: ignore[arg-type]
-        tools=TOOLS,  # type: ignore[arg-type]
+        tools=CALC_TOOLS,  # type: ignore[arg-type]
         max_tokens=64,
         temperature=0,
-        logit_bias=_tool_markers(server),
+        logit_bias=tool_markers(server),
         stream=stream,  # type: ignore[call-overload]
         extra_body={"regex": re.escape(CALC_CALL)},
     )
@@ -151,7 +133,7 @@ def test_tool_arguments_come_back_as_sampled_and_the_next_call_extends_the_token
         {"role": "tool", "tool_call_id": call.id, "content": "2"},
     ]
     proxy.client.chat.completions.create(
-        model="tiny", messages=messages, tools=TOOLS, max_tokens=1  # type: ignore[arg-type]
+        model="tiny", messages=messages, tools=CALC_TOOLS, max_tokens=1  # type: ignore[arg-type]
     )
     first, second = proxy.logged()
     assert _ids(second)[: len(_ids(first))] == _ids(first)
@@ -166,10 +148,10 @@ def test_streamed_content_equals_the_plain_answer_with_tools(
     options: dict[str, Any] = {
         "model": "tiny",
         "messages": [{"role": "user", "content": "hello"}],
-        "tools": TOOLS,
+        "tools": CALC_TOOLS,
         "max_tokens": 64,
         "temperature": 0,
-        "logit_bias": _tool_markers(server),
+        "logit_bias": tool_markers(server),
         "extra_body": {"regex": re.escape(output)},
     }
     plain, plain_calls = _content(proxy.client.chat.completions.create(**options), False)
