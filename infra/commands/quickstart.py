@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,8 @@ def _execute(config_path: Path, args: argparse.Namespace) -> int:
             check_resolved(spec)
             print(explain(spec, RunLayout.create(spec)), end="")
             return 0
+        # the run's progress is its live view: no download/loading bars from its services
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         report = run_pipeline(spec)
     except PipelineConfigError as exc:
         _say_errors(args.command, exc)
