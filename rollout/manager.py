@@ -28,6 +28,7 @@ from rollout.protocols import (
 )
 from rollout.resources import LocalPool, ResourcePool, Resources, check_feasible
 from rollout.scheduler import TaskScheduler
+from rollout.tokens import out_of_vocabulary
 from schemas.records import Trajectory, TrajectoryStatus, trajectory_id
 
 if TYPE_CHECKING:
@@ -41,6 +42,11 @@ _STALENESS = _meter.create_histogram(
     "stacx.rollout.staleness", unit="{version}", description="policy versions an episode is behind at its end"
 )
 _TOKENS = _meter.create_counter("stacx.rollout.generated_tokens", unit="{token}", description="model tokens")
+_OUT_OF_VOCABULARY = _meter.create_counter(
+    "stacx.rollout.out_of_vocabulary",
+    unit="{episode}",
+    description="episodes with token ids outside the model's vocabulary (published as FAILED)",
+)
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +65,8 @@ class RolloutSummary:
     rewards_by_task: dict[str, list[float]] = field(default_factory=dict)
     """Every reward per task id (only with `record_task_rewards`)."""
     num_publish_errors: int = 0
+    num_out_of_vocabulary: int = 0
+    """Episodes whose token ids fall outside the model's vocabulary (published as FAILED)."""
     max_concurrent_episodes: int = 0
     wall_s: float = 0.0
     stopped_by: signal.Signals | None = None
@@ -119,6 +127,11 @@ class RolloutManager:
         """Keep every reward per task id in the summary (evaluation runs)."""
         publish_failed: bool = True
         """Publish FAILED/TIMED_OUT trajectories too (the assembler excludes them from training)."""
+        vocab_size: int | None = None
+        """Vocabulary size of the trained model: an episode holding a token id outside
+        [0, vocab_size) is published as FAILED with the ids in its error, never as trainable, and
+        counted (`stacx rollout` reads it from `inference.tokenizer`'s model config when unset;
+        None: not checked)."""
         admission_window: int = 16
         """Groups taken from the scheduler and waiting for their resources at once: an episode
         that does not fit yet (a scarce GPU) lets later ones that fit start (no head-of-line
@@ -134,6 +147,8 @@ class RolloutManager:
                 raise ConfigError(f"max_staleness = {self.max_staleness}; use >= 0")
             if not self.evaluators:
                 raise ConfigError("evaluators is empty; configure at least `default`")
+            if self.vocab_size is not None and self.vocab_size < 1:
+                raise ConfigError(f"vocab_size = {self.vocab_size}; use >= 1 or null")
             if self.admission_window < 1 or self.max_bypass < 0:
                 raise ConfigError(
                     f"admission_window = {self.admission_window}, max_bypass = {self.max_bypass}; "
@@ -466,6 +481,7 @@ class RolloutManager:
         )
 
     async def _publish(self, group: TaskGroup, trajectory: Trajectory) -> None:
+        self._check_vocabulary(trajectory)
         self._record(trajectory)
         failed = trajectory.status in (TrajectoryStatus.FAILED, TrajectoryStatus.TIMED_OUT)
         if failed:
@@ -487,6 +503,23 @@ class RolloutManager:
             await self._sample_done(group, ok=False)
             return
         await self._sample_done(group, ok=True)
+
+    def _check_vocabulary(self, trajectory: Trajectory) -> None:
+        """Mark an episode whose token ids the model cannot embed FAILED, saying which ids: the
+        trainer would crash on it (an inference server or tokenizer of another model)."""
+        vocab_size = self.config.vocab_size
+        if vocab_size is None or trajectory.status is not TrajectoryStatus.COMPLETED:
+            return
+        bad = out_of_vocabulary(trajectory.token_ids, vocab_size)
+        if not bad:
+            return
+        self.summary.num_out_of_vocabulary += 1
+        _OUT_OF_VOCABULARY.add(1, {"task_type": trajectory.task_type})
+        trajectory.status = TrajectoryStatus.FAILED
+        trajectory.error = (
+            f"token ids {bad} are outside the vocabulary [0, {vocab_size}) of the trained model "
+            "(manager.vocab_size): the inference server or tokenizer belongs to another model"
+        )
 
     def _record(self, trajectory: Trajectory) -> None:
         _EPISODES.add(1, {"status": trajectory.status.value, "task_type": trajectory.task_type})

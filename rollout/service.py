@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 from collections.abc import AsyncIterator, Sequence
@@ -31,7 +32,7 @@ from rollout.protocols import (
     VersionSource,
 )
 from rollout.teacher import AggreVaTeRows, DAggerLabels, TeacherInTheLoop
-from rollout.tokens import HFTokenizer
+from rollout.tokens import HFTokenizer, model_vocab_size
 from schemas.records import TaskSample
 
 if TYPE_CHECKING:
@@ -101,6 +102,16 @@ def build_environments(config: RolloutConfig, closers: list[Any]) -> GatewayEnvi
     return environments
 
 
+def manager_config(config: RolloutConfig) -> RolloutManager.Config:
+    """`config.manager`, its `vocab_size` read from the tokenizer directory's model config when unset."""
+    manager = config.manager
+    if manager.vocab_size is None and config.inference.tokenizer:
+        vocab_size = model_vocab_size(config.inference.tokenizer)
+        if vocab_size is not None:
+            return dataclasses.replace(manager, vocab_size=vocab_size)
+    return manager
+
+
 def build_tokenizer(config: RolloutConfig) -> Tokenizer:
     if not config.inference.tokenizer:
         raise ConfigError("inference.tokenizer is not set; point it at the model directory")
@@ -150,7 +161,7 @@ async def open_manager(
         if capture is not None:
             closers.append(capture)
         manager = RolloutManager(
-            config.manager,
+            manager_config(config),
             source=build_source(config, tasks),
             tokenizer=tokenizer or build_tokenizer(config),
             inference=inference,

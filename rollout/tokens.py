@@ -7,12 +7,18 @@ observations are tokenised here, so there is no re-tokenisation drift.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from rollout.protocols import Message, Tokenizer
 from schemas.records import Logprobs, LossMask, TokenIds, logprobs, loss_mask, token_ids
 
-__all__ = ["ChatFormat", "HFTokenizer", "TokenBuffer"]
+__all__ = ["ChatFormat", "HFTokenizer", "TokenBuffer", "model_vocab_size", "out_of_vocabulary"]
+
+MAX_NAMED_IDS = 5
+"""How many offending token ids a vocabulary problem names."""
 
 
 class TokenBuffer:
@@ -117,3 +123,27 @@ class HFTokenizer:
                 list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
             )
         )
+
+
+def model_vocab_size(model_dir: str | Path) -> int | None:
+    """`vocab_size` of the Hugging Face model in `model_dir` (its text model's for a multimodal
+    one), or None when the directory holds no model config (a tokenizer alone)."""
+    if not (Path(model_dir) / "config.json").is_file():
+        return None
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(model_dir)).get_text_config()
+    except (OSError, ValueError):
+        return None  # not a config transformers can read: nothing to check against
+    vocab = getattr(config, "vocab_size", None)
+    return int(vocab) if isinstance(vocab, int) and vocab > 0 else None
+
+
+def out_of_vocabulary(ids: TokenIds | Sequence[int], vocab_size: int) -> list[int]:
+    """The first few distinct token ids outside [0, vocab_size) (empty: all inside)."""
+    array = np.asarray(ids)
+    if not array.size or (array.min() >= 0 and array.max() < vocab_size):
+        return []
+    bad = np.unique(array[(array < 0) | (array >= vocab_size)])
+    return [int(i) for i in bad[:MAX_NAMED_IDS]]

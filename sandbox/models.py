@@ -101,7 +101,8 @@ class ExecRequest(_Model):
 
     command: str = Field(min_length=1)
     timeout_s: float = Field(default=60.0, gt=0, le=24 * 3600)
-    """Wall-clock limit; at expiry the command's whole process group is killed."""
+    """Wall-clock limit; at expiry the command's whole process group is killed, and (docker backend)
+    every process it started that left the group."""
     stdin: str | None = None
     """Text fed to the command's standard input (none: /dev/null)."""
     env: dict[str, str] = Field(default_factory=dict)
@@ -137,6 +138,11 @@ class ExecResult(_Model):
     oom_killed: bool = False
     """A process of this exec was killed by the out-of-memory killer."""
     duration_s: float
+    left_running: list[str] = Field(default_factory=list)
+    """Processes this exec started that left its process group (`setsid`, a daemon's double fork)
+    and still run after it ended on its own, `PID COMMAND` each (docker backend). They run on until
+    the session ends or its sandbox is reset; an exec that is killed (timeout, out of memory,
+    cancelled) takes them with it."""
 
     @property
     def truncated(self) -> bool:

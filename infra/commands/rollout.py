@@ -145,6 +145,7 @@ def _report(summary: Any) -> dict[str, Any]:
         "mean_reward_by_type": summary.mean_reward_by_type(),
         "mean_reward_by_task": by_task,
         "publish_errors": summary.num_publish_errors,
+        "out_of_vocabulary": summary.num_out_of_vocabulary,
         "max_concurrent_episodes": summary.max_concurrent_episodes,
         "wall_s": round(summary.wall_s, 3),
     }

@@ -36,6 +36,7 @@ from infra.pipeline.layout import (
     trainer_section,
 )
 from infra.pipeline.wires import get_path, wire_conflicts
+from rollout.tokens import model_vocab_size
 
 __all__ = [
     "ServicePlan",
@@ -143,9 +144,20 @@ def plan(spec: PipelineSpec, layout: RunLayout, *, model_dir: Path | None = None
         rollout=rollout_section(
             spec, layout, model_dir=model_dir, inference_url=inference_url, gateway_url=gateway_url
         ),
-        assembler=assembler_section(spec, layout),
+        assembler=_with_vocab_size(assembler_section(spec, layout), model_dir),
         trainer=trainer_section(spec, layout, model_dir=model_dir),
     )
+
+
+def _with_vocab_size(section: dict[str, Any], model_dir: Path) -> dict[str, Any]:
+    """The assembler section with `filtering.vocab_size` from the model, unless the user set it
+    (or the model is not made yet): the assembler then dead-letters samples the trainer cannot embed."""
+    filtering = section["assembler"].setdefault("filtering", {})
+    if isinstance(filtering, dict) and "vocab_size" not in filtering:
+        vocab_size = model_vocab_size(model_dir)
+        if vocab_size is not None:
+            filtering["vocab_size"] = vocab_size
+    return section
 
 
 def explain(spec: PipelineSpec, layout: RunLayout) -> str:

@@ -98,6 +98,124 @@ def exec_argv(command: str, timeout_s: float) -> list[str]:
     return ["timeout", "-s", "KILL", seconds, "bash", "-c", EXEC_SCRIPT, "stacx", command]
 
 
+EXEC_MARK_ENV = "STACX_EXEC_ID"
+"""Environment variable that marks every process one exec starts (its value is unique per exec):
+a process that left the exec's process group (`setsid`, a daemon's double fork) still carries it."""
+
+LEFT_RUNNING_TAG = "\x1estacx-left-running\x1e"
+"""Frames the list of an exec's processes left running, at the end of its stderr."""
+
+MAX_LEFT_RUNNING = 32
+"""At most this many processes left running are listed per exec."""
+
+_MARKED = r"""_mark="STACX_EXEC_ID=$MARK"
+_marked() {  # whether process $1 carries this exec's mark in its environment
+  local _v _env
+  mapfile -d '' -t _env 2>/dev/null < "/proc/$1/environ" || return 1
+  for _v in "${_env[@]}"; do [ "$_v" = "$_mark" ] && return 0; done
+  return 1
+}
+_nap() {  # sleep 50 ms without a process: `read -t` on a pipe opened read-write
+  [ -n "$_napfd" ] || exec {_napfd}<> <(:)
+  read -t 0.05 -u "$_napfd"
+}
+_kill_marked() {  # SIGKILL every marked process until none is left (a forking one included)
+  local _round _n _d _p
+  for _round in {1..200}; do
+    _n=0
+    for _d in /proc/[0-9]*; do
+      _p=${_d#/proc/}
+      [ "$_p" != "$$" ] && _marked "$_p" && kill -9 "$_p" 2>/dev/null && _n=$((_n+1))
+    done
+    [ "$_n" = 0 ] && return 0
+    _nap
+  done
+  return 1
+}
+_list_marked() {  # "PID COMMAND" lines of the marked processes still running, in $_list
+  local _d _p _a _c _n=0
+  _list=""
+  for _d in /proc/[0-9]*; do
+    _p=${_d#/proc/}
+    [ "$_p" != "$$" ] && _marked "$_p" || continue
+    mapfile -d '' -t _a 2>/dev/null < "$_d/cmdline" || continue
+    _c="${_a[*]}"
+    _list+="$_p ${_c:0:200}"$'\n'
+    _n=$((_n+1))
+    [ "$_n" -ge MAX_LEFT ] && break
+  done
+}""".replace("MAX_LEFT", str(MAX_LEFT_RUNNING))
+
+TRACKED_EXEC_SCRIPT = (
+    """MARK=$3
+STACX_EXEC_ID="$3" timeout -s KILL "$2" bash -c "$4" stacx "$1" <&0 &
+wait $! 2>/dev/null  # no "Killed" notice of bash's on the exec's stderr
+_rc=$?
+"""
+    + _MARKED
+    + r"""
+if [ "$_rc" = 137 ]; then
+  _kill_marked
+else
+  _list_marked
+  _tag=$'\x1estacx-left-running\x1e'
+  [ -z "$_list" ] || printf '%s%s%s' "$_tag" "$_list" "$_tag" >&2
+fi
+exit $_rc"""
+)
+"""Leads one tracked exec: `timeout` runs `EXEC_SCRIPT` with the exec's mark (`$3`) in its
+environment. An exec killed with SIGKILL (at its deadline, by the out-of-memory killer) takes
+every marked process with it, those that left its process group too. An exec that ended on its
+own leaves the processes that left its group running (a daemon it started on purpose, like a
+tmux server) and lists them on stderr between two `LEFT_RUNNING_TAG`s."""
+
+KILL_MARKED_SCRIPT = "MARK=$1\n" + _MARKED + "\n_kill_marked"
+"""Kill every process of the exec whose mark is `$1` (the host gave up on it or was cancelled)."""
+
+LIST_MARKED_SCRIPT = "MARK=$1\n" + _MARKED + '\n_list_marked; printf "%s" "$_list"'
+"""Print the processes of the exec whose mark is `$1` that still run, one `PID COMMAND` a line."""
+
+
+def tracked_exec_argv(command: str, timeout_s: float, mark: str) -> list[str]:
+    """argv of one exec whose processes carry `mark` in `EXEC_MARK_ENV` (`TRACKED_EXEC_SCRIPT`):
+    `exec_argv`'s process group, plus what left it, is ended when the exec is killed and listed
+    when it is not."""
+    seconds = f"{max(timeout_s, 0.01):.3f}"
+    return ["bash", "-c", TRACKED_EXEC_SCRIPT, "stacx", command, seconds, mark, EXEC_SCRIPT]
+
+
+def cut_left_running(stderr: OutputCap) -> list[str] | None:
+    """Remove the `LEFT_RUNNING_TAG` list from the end of an exec's stderr and return its lines
+    (empty: none left running); None when the cap cut the list off (ask with LIST_MARKED_SCRIPT)."""
+    data, tag = stderr.data(), LEFT_RUNNING_TAG.encode()
+    end = data.rfind(tag)
+    if end < 0:
+        if not stderr.truncated:
+            return []
+        stderr.replace(_without_partial_tag(data, tag))
+        return None
+    start = data.rfind(tag, 0, end)
+    if start < 0:  # only the opening tag came: the cap cut the rest
+        stderr.replace(data[:end])
+        return None
+    body = data[start + len(tag) : end].decode("utf-8", errors="replace")
+    stderr.replace(data[:start] + data[end + len(tag) :])
+    return parse_left_running(body)
+
+
+def _without_partial_tag(data: bytes, tag: bytes) -> bytes:
+    """`data` less a cut-off beginning of `tag` at its end."""
+    for size in range(len(tag) - 1, 0, -1):
+        if data.endswith(tag[:size]):
+            return data[:-size]
+    return data
+
+
+def parse_left_running(text: str) -> list[str]:
+    """Lines of `LIST_MARKED_SCRIPT`'s output."""
+    return [line for line in text.splitlines() if line]
+
+
 def helper_argv(script: str, *args: str) -> list[str]:
     """argv running a fixed shell script with positional arguments (never interpolated)."""
     return ["bash", "-c", script, "stacx", *args]
@@ -129,6 +247,11 @@ class OutputCap:
     def text(self) -> str:
         return self.data().decode("utf-8", errors="replace")
 
+    def replace(self, data: bytes) -> None:
+        """Keep `data` (a part of what was added) as the stream."""
+        self.parts = [data] if data else []
+        self.size = len(data)
+
 
 @dataclass(kw_only=True, slots=True)
 class RawRun:
@@ -142,7 +265,9 @@ class RawRun:
     """The host gave up waiting (the in-sandbox timeout did not end it)."""
 
 
-def to_result(run: RawRun, timeout_s: float, *, oom_killed: bool = False) -> ExecResult:
+def to_result(
+    run: RawRun, timeout_s: float, *, oom_killed: bool = False, left_running: list[str] | None = None
+) -> ExecResult:
     """ExecResult of a command run under `exec_argv`; exit 137 at the deadline means timed out."""
     at_deadline = run.duration_s >= timeout_s * 0.98 or math.isclose(run.duration_s, timeout_s)
     timed_out = run.host_timeout or (run.exit_code == 137 and at_deadline and not oom_killed)
@@ -155,6 +280,7 @@ def to_result(run: RawRun, timeout_s: float, *, oom_killed: bool = False) -> Exe
         timed_out=timed_out,
         oom_killed=oom_killed,
         duration_s=run.duration_s,
+        left_running=left_running or [],
     )
 
 

@@ -20,6 +20,7 @@ import re
 import socket
 import struct
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sandbox.backends._common import (
+    KILL_MARKED_SCRIPT,
+    LIST_MARKED_SCRIPT,
     OOM_EVENTS_SCRIPT,
     READ_DIR_SCRIPT,
     READ_FILE_SCRIPT,
@@ -36,12 +39,14 @@ from sandbox.backends._common import (
     OutputCap,
     RawRun,
     check_helper,
+    cut_left_running,
     downloaded,
-    exec_argv,
     helper_argv,
     local_pid_max,
+    parse_left_running,
     parse_oom_kills,
     to_result,
+    tracked_exec_argv,
 )
 from sandbox.backends.lifecycle import LifecycleGuard
 from sandbox.errors import BackendError, BaseImageMissing, PathRejected, SandboxStopped
@@ -333,22 +338,54 @@ class DockerBackend:
     # -- exec and files --------------------------------------------------------------------
     async def exec(self, handle: SandboxHandle, request: ExecRequest, *, max_output_bytes: int) -> ExecResult:
         stdin = request.stdin.encode() if request.stdin is not None else None
-        run = await self._run(
-            self._exec,
-            handle.ref,
-            exec_argv(request.command, request.timeout_s),
-            stdin,
-            {**handle.env, **request.env},
-            request.workdir or handle.workdir,
-            max_output_bytes,
-            request.timeout_s + TIMEOUT_GRACE_S,
-        )
+        mark = uuid.uuid4().hex
+        try:
+            run = await self._run(
+                self._exec,
+                handle.ref,
+                tracked_exec_argv(request.command, request.timeout_s, mark),
+                stdin,
+                {**handle.env, **request.env},
+                request.workdir or handle.workdir,
+                max_output_bytes,
+                request.timeout_s + TIMEOUT_GRACE_S,
+            )
+        except asyncio.CancelledError:  # the caller gave up: nothing the exec started stays
+            await asyncio.shield(self._kill_marked(handle, mark))
+            raise
+        if run.host_timeout:
+            await self._kill_marked(handle, mark)
         if run.exit_code >= 126:  # 126/137 also when the container itself died during the exec
             await self._run(self._check_running, handle.ref)
         if run.exit_code == 126:
             _check_started(run, request.workdir or handle.workdir)
         oom = run.exit_code == 137 and await self._new_oom_kill(handle)
-        return to_result(run, request.timeout_s, oom_killed=oom)
+        left_running = [] if run.exit_code == 137 else await self._left_running(handle, run, mark)
+        return to_result(run, request.timeout_s, oom_killed=oom, left_running=left_running)
+
+    async def _left_running(self, handle: SandboxHandle, run: RawRun, mark: str) -> list[str]:
+        """The exec's processes that left its process group and still run: from the list at the
+        end of its stderr, or asked again when the output cap cut that list off."""
+        listed = cut_left_running(run.stderr)
+        if listed is not None:
+            return listed
+        argv = helper_argv(LIST_MARKED_SCRIPT, mark)
+        try:
+            again = await self._run(self._exec, handle.ref, argv, None, {}, "/", 1 << 16, 30.0)
+        except (BackendError, SandboxStopped):
+            return []
+        return parse_left_running(again.stdout.text())
+
+    async def _kill_marked(self, handle: SandboxHandle, mark: str) -> None:
+        """Kill every process of the exec marked `mark` (its own timeout did not end it)."""
+        argv = helper_argv(KILL_MARKED_SCRIPT, mark)
+        try:
+            run = await self._run(self._exec, handle.ref, argv, None, {}, "/", 1 << 16, 30.0)
+        except (BackendError, SandboxStopped) as exc:
+            log.warning("ending the processes of an exec in sandbox %s failed: %s", handle.ref[:12], exc)
+            return
+        if run.exit_code != 0:
+            log.warning("processes of an exec in sandbox %s survive kill -9", handle.ref[:12])
 
     def _check_running(self, container_id: str) -> None:
         """Raise `SandboxStopped` saying why when the sandbox's container is no longer running."""

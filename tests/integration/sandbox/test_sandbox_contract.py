@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -69,6 +71,40 @@ async def test_timeout_kills_the_whole_process_group(client: SandboxClient, sess
     await asyncio.sleep(2.5)
     with pytest.raises(SandboxFileNotFound):
         await client.download(session.id, "/tmp/late.txt")
+
+
+def _host_processes(token: str) -> dict[int, float]:
+    """CPU seconds so far of each process on this host whose command line holds `token`."""
+    ticks = 100.0  # USER_HZ
+    found: dict[int, float] = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if token.encode() not in (proc / "cmdline").read_bytes():
+                continue
+            fields = (proc / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # gone meanwhile
+        if fields[0] != "Z":
+            found[int(proc.name)] = (int(fields[11]) + int(fields[12])) / ticks
+    return found
+
+
+def _seconds_until_gone(token: str, limit_s: float = 20.0) -> float:
+    """Seconds until no process holding `token` runs on this host (fails past `limit_s`)."""
+    started = time.monotonic()
+    while time.monotonic() - started < limit_s:
+        if not _host_processes(token):
+            return time.monotonic() - started
+        time.sleep(0.2)
+    raise AssertionError(f"processes {sorted(_host_processes(token))} still run {limit_s} s later")
+
+
+async def test_an_escape_from_a_killed_exec_ends_with_it(client: SandboxClient, session: SessionInfo) -> None:
+    token = f"escape-{uuid.uuid4().hex[:12]}"
+    command = f"setsid -f sh -c 'while :; do : {token}; done'; sleep 600"
+    result = await client.exec(session.id, command, timeout_s=2)
+    assert result.timed_out and result.exit_code == 137
+    assert await asyncio.to_thread(_seconds_until_gone, token) <= 5.0
 
 
 async def test_long_output_is_truncated_and_flagged(client: SandboxClient, session: SessionInfo) -> None:

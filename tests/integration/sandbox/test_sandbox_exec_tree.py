@@ -1,7 +1,8 @@
 """An exec is its whole process tree (docker backend): a fork bomb and `cmd &` end at the exec's
-timeout, reported as timed out, and the sandbox is idle again within seconds; a container that
-dies is reported as such; filling /tmp fails the write, not the sandbox; limits over the
-operator's maxima are refused."""
+timeout, reported as timed out, and the sandbox is idle again within seconds; a daemon an exec
+started on purpose runs on, is listed and held to the sandbox's CPU limit, and a cancelled exec
+takes it with it; a container that dies is reported as such; filling /tmp fails the write, not
+the sandbox; limits over the operator's maxima are refused."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from sandbox.backends.docker import LABEL_OWNER, LABEL_SESSION
 from sandbox.client import SandboxClient
 from sandbox.errors import LimitExceeded, SandboxStopped
 from sandbox.limits import SessionLimits
+from sandbox.models import ExecRequest
+from sandbox.protocols import SandboxSpec
 from sandbox.sessions import SessionManager
 from sandbox.testing import serve_gateway
 
@@ -99,6 +102,67 @@ async def test_a_background_child_ends_with_its_exec(client: SandboxClient) -> N
         assert gone.stdout == "gone\n"
         waited = await client.exec(info.id, "(sleep 0.5; echo late) & echo early", timeout_s=30)
         assert waited.ok and waited.stdout == "early\nlate\n" and not waited.timed_out
+
+
+def _cores_used(container: Any, over_s: float = 3.0) -> float:
+    """Cores the container's cgroup used on average over `over_s` seconds."""
+    cpu, _ = _usage(container)
+    started = time.monotonic()
+    time.sleep(over_s)
+    now, _ = _usage(container)
+    return (now - cpu) / (time.monotonic() - started)
+
+
+async def test_a_daemon_of_a_finished_exec_runs_on_listed_and_held_to_the_cpu_limit(
+    client: SandboxClient, docker_client: Any, owner: str
+) -> None:
+    async with client.session(cpus=0.5) as info:
+        daemon = "setsid -f sh -c 'while :; do :; done' </dev/null >/dev/null 2>&1; echo started"
+        result = await client.exec(info.id, daemon, timeout_s=30)
+        assert result.ok and result.stdout == "started\n" and result.stderr == "", result
+        [line] = result.left_running
+        pid, command = line.split(" ", 1)
+        assert command == "sh -c while :; do :; done"
+        later = await client.exec(info.id, f"kill -0 {pid} && echo running", timeout_s=30)
+        assert later.stdout == "running\n" and later.left_running == []
+        cores = await asyncio.to_thread(_cores_used, _container(docker_client, owner, info.id))
+        # it runs (some CPU even on a loaded host) and never past its sandbox's quota
+        assert IDLE_CPU_FRACTION < cores <= 0.5 * 1.15, (
+            f"the daemon used {cores:.2f} cores under a 0.5-core limit"
+        )
+
+
+async def test_a_cancelled_exec_takes_the_daemons_it_started_with_it(sandbox_image: str, owner: str) -> None:
+    backend = DockerBackend()
+    spec = SandboxSpec(
+        session_id=f"cancel-{uuid.uuid4().hex[:8]}",
+        owner=owner,
+        instance="test",
+        image=sandbox_image,
+        workdir="/workspace",
+        cpus=1.0,
+        memory_mb=256,
+        pids=64,
+        expires_at=time.time() + 300,
+    )
+    handle = await backend.start(spec)
+    try:
+        token = uuid.uuid4().hex[:12]
+        command = f"setsid -f sh -c 'while :; do : {token}; done' </dev/null >/dev/null 2>&1; sleep 600"
+        request = ExecRequest(command=command, timeout_s=600)
+        running = asyncio.create_task(backend.exec(handle, request, max_output_bytes=1 << 16))
+        await asyncio.sleep(2.0)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        listing = "for d in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $d; echo; done"
+        left = await backend.exec(handle, ExecRequest(command=listing), max_output_bytes=1 << 16)
+        running_now = {line.strip() for line in left.stdout.splitlines()}
+        # (the exec's own supervisor, ending, may still be listed: it holds the command's text)
+        assert {"sleep 600", f"sh -c while :; do : {token}; done"} & running_now == set(), running_now
+    finally:
+        await backend.stop(handle)
+        await backend.close()
 
 
 async def test_a_container_that_dies_is_reported_as_stopped(

@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from sandbox.backends._common import (
     EXEC_SCRIPT,
+    KILL_MARKED_SCRIPT,
+    LEFT_RUNNING_TAG,
     NOT_FOUND_EXIT,
     OutputCap,
     RawRun,
+    cut_left_running,
     downloaded,
     exec_argv,
+    helper_argv,
     parse_oom_kills,
     to_result,
+    tracked_exec_argv,
 )
 from sandbox.errors import BackendError, FileOperationFailed, SandboxFileNotFound
 
@@ -61,6 +67,70 @@ def test_background_children_are_killed_with_the_exec_at_the_deadline() -> None:
             break
         time.sleep(0.05)
     assert not _alive(child)
+
+
+def _run_tracked(command: str, timeout_s: float, mark: str) -> subprocess.CompletedProcess[str]:
+    argv = tracked_exec_argv(command, timeout_s, mark)
+    return subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+
+
+def _gone_soon(pid: int) -> bool:
+    for _ in range(100):  # SIGKILL is delivered asynchronously
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_killed_exec_takes_what_left_its_process_group_with_it(tmp_path: Path) -> None:
+    pid_file = tmp_path / "escape.pid"
+    command = f"setsid -f sh -c 'echo $$ > {pid_file}; exec sleep 300' </dev/null >/dev/null 2>&1; sleep 300"
+    done = _run_tracked(command, 1, uuid.uuid4().hex)
+    assert done.returncode == 137 and LEFT_RUNNING_TAG not in done.stderr
+    assert _gone_soon(int(pid_file.read_text()))
+
+
+def test_a_finished_exec_leaves_a_daemon_running_and_lists_it(tmp_path: Path) -> None:
+    command = "setsid -f sleep 301 </dev/null >/dev/null 2>&1; echo out; echo err >&2"
+    mark = uuid.uuid4().hex  # unique: the kill below reaches every process on this host carrying it
+    done = _run_tracked(command, 30, mark)
+    stderr = OutputCap(1 << 16)
+    stderr.add(done.stderr.encode())
+    [line] = cut_left_running(stderr)
+    pid, command_line = line.split(" ", 1)
+    try:
+        assert (done.returncode, done.stdout, stderr.text()) == (0, "out\n", "err\n")
+        assert command_line == "sleep 301"
+        assert _alive(int(pid))
+    finally:
+        subprocess.run(helper_argv(KILL_MARKED_SCRIPT, mark), check=True, timeout=60)
+    assert _gone_soon(int(pid))
+
+
+def _cap(data: bytes, limit: int = 1000) -> OutputCap:
+    cap = OutputCap(limit)
+    cap.add(data)
+    return cap
+
+
+def test_cut_left_running_takes_the_list_off_the_end_of_stderr() -> None:
+    tag = LEFT_RUNNING_TAG.encode()
+    stderr = _cap(b"warning\n" + tag + b"12 tmux new-session -d\n13 sleep 9\n" + tag)
+    assert cut_left_running(stderr) == ["12 tmux new-session -d", "13 sleep 9"]
+    assert stderr.data() == b"warning\n"
+    plain = _cap(b"nothing left\n")
+    assert cut_left_running(plain) == [] and plain.data() == b"nothing left\n"
+
+
+def test_cut_left_running_asks_again_when_the_cap_cut_the_list() -> None:
+    tag = LEFT_RUNNING_TAG.encode()
+    opened = _cap(b"x" * 5 + tag + b"12 tmux", limit=5 + len(tag) + 7)
+    opened.add(b" more" + tag)
+    assert cut_left_running(opened) is None and opened.data() == b"xxxxx"
+    half_tag = _cap(b"x" * 5 + tag, limit=8)
+    assert cut_left_running(half_tag) is None and half_tag.data() == b"xxxxx"
+    lost = _cap(b"x" * 20, limit=8)
+    assert cut_left_running(lost) is None and lost.data() == b"x" * 8
 
 
 def test_output_cap_truncates_and_flags() -> None:
