@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.cli import main
 from rollout.data import build_task_set, task_samples
 from rollout.protocols import ExecResult, TaskGroup
 from rollout.rewards import get_reward, get_verifier
@@ -65,6 +66,16 @@ def test_every_extension_point_with_code_is_shown_in_at_most_twenty_lines() -> N
                       "Scheduling strategy", "Recipe"}
     for title, (_, _, code) in EXAMPLES.items():
         assert len(code.splitlines()) <= MAX_LINES, f"{title}: {len(code.splitlines())} lines"
+
+
+def test_the_entry_point_groups_named_are_those_stacx_plugins_lists(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["plugins"])
+    assert info.value.code == 0
+    listed = set(re.findall(r"\(entry-point group (stacx\.\w+);", capsys.readouterr().out))
+    named = set(re.findall(r"`(stacx\.\w+)`", _sections()["Entry points: a package that adds names"]))
+    assert named == listed
 
 
 def test_the_reward_verifier_and_strategy_examples_load(mypkg: dict[str, str]) -> None:
