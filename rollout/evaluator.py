@@ -47,9 +47,10 @@ from rollout.protocols import (
     Tokenizer,
 )
 from rollout.resources import EvaluatorDemand, ResourcePool, Resources
-from rollout.rewards import Verifier, get_reward, get_verifier
+from rollout.rewards import Verifier, get_reward, get_verifier, reward_components
 from rollout.scaffolds import build_scaffold
 from rollout.tokens import ChatFormat, TokenBuffer
+from schemas.plugins import first_line
 from schemas.records import (
     ToolCall,
     Trajectory,
@@ -509,12 +510,12 @@ class Evaluator:
         assert episode.env is not None and self.verifier is not None
         try:
             with span("stacx.rollout", "sandbox.verify", kind=SpanKind.CLIENT):
-                episode.rewards = dict(await self.verifier(episode.env, episode.group.task))
+                result = await self.verifier(episode.env, episode.group.task)
         except EpisodeError:
             raise
         except Exception as exc:
             raise RewardError(f"verifier failed: {type(exc).__name__}: {exc}") from exc
-        episode.rewards.setdefault("reward", 0.0)
+        episode.rewards = reward_components(result, source=f"verifier {self.config.verifier!r}")
 
     def _score_answer(self, episode: _Episode) -> dict[str, float]:
         assert self.reward_fn is not None
@@ -524,9 +525,12 @@ class Evaluator:
             raise RewardError(f"task {episode.group.task.task_id}: data is not JSON ({exc})") from exc
         if episode.answer is None:
             episode.metadata.setdefault("reward_reason", "no final answer")
-        rewards = dict(self.reward_fn(episode.answer, data))
-        rewards.setdefault("reward", 0.0)
-        return rewards
+        source = f"reward {self.config.reward!r}"
+        try:
+            result = self.reward_fn(episode.answer, data)
+        except Exception as exc:  # a user's reward function: the episode fails with one line
+            raise RewardError(f"{source} raised {first_line(exc)}") from exc
+        return reward_components(result, source=source)
 
     def _trajectory(self, episode: _Episode) -> Trajectory:
         ids, mask, lps = episode.buffer.arrays()

@@ -6,11 +6,12 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import numbers
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from rollout.errors import ConfigError
+from rollout.errors import ConfigError, RewardError
 from rollout.protocols import EnvironmentSession, RewardFunction
 from schemas.plugins import PluginError, Registry, accepts
 from schemas.records import TaskSample
@@ -25,6 +26,7 @@ __all__ = [
     "get_verifier",
     "harbor_verifier",
     "register_reward",
+    "reward_components",
 ]
 
 
@@ -56,6 +58,25 @@ def get_reward(ref: str, options: Mapping[str, Any] | None = None) -> RewardFunc
     if problem:
         raise ConfigError(f"{ref!r}: reward_options do not fit: {problem}")
     return functools.partial(fn, **options)
+
+
+def reward_components(result: object, *, source: str) -> dict[str, float]:
+    """The named components (`reward` defaults to 0) of what a reward function or a verifier
+    returned; `RewardError` naming `source` when it is not a mapping of names to real numbers
+    (an event could not carry it)."""
+    if not isinstance(result, Mapping):
+        raise RewardError(
+            f"{source} returned a {type(result).__name__}, not a mapping of component names to numbers"
+        )
+    components: dict[str, float] = {}
+    for name, value in result.items():
+        if not isinstance(name, str):
+            raise RewardError(f"{source} returned a component named {name!r}; names are strings")
+        if not isinstance(value, numbers.Real):
+            raise RewardError(f"{source} component {name!r} is a {type(value).__name__}, not a number")
+        components[name] = float(value)
+    components.setdefault("reward", 0.0)
+    return components
 
 
 def _normalise(text: str) -> str:

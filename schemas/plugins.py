@@ -201,7 +201,7 @@ class Registry(Generic[T]):
             return factory(*args, **options)
         except Exception as exc:
             raise PluginError(
-                f"{ref!r}: building the {self.what} raised {type(exc).__name__}: {first_line(exc)}",
+                f"{ref!r}: building the {self.what} raised {first_line(exc)}",
                 kind="import",
             ) from exc
 

@@ -49,7 +49,7 @@ from trainer.recipe import DataSync, ModelSlot, TrainingConfig, get_recipe
 from trainer.sources import build_source
 from trainer.workers import ModelWorker, RoleWorker, build_optimizer
 
-__all__ = ["StacxTrainer", "StepResult", "merge_metrics"]
+__all__ = ["StacxTrainer", "StepResult", "merge_metrics", "metrics_text"]
 
 _meter = otel_metrics.get_meter("stacx.trainer")
 _STEP_SECONDS = _meter.create_histogram("stacx.trainer.step_duration", unit="s",
@@ -297,8 +297,8 @@ class StacxTrainer:
         result = StepResult(step=self.step_count, batch_id=record.batch_id, loss=loss,
                             num_tokens=full.num_tokens, metrics=metrics)
         if self.is_leader:
-            log.info("step %d batch %s loss %.5f tokens %d", result.step, record.batch_id, loss,
-                     result.num_tokens)
+            log.info("step %d batch %s loss %.5f tokens %d%s", result.step, record.batch_id, loss,
+                     result.num_tokens, metrics_text(metrics))
             _STEP_SECONDS.record(time.perf_counter() - started, {"recipe": self.config.recipe})
             _TRAINED_TOKENS.add(result.num_tokens, {"recipe": self.config.recipe})
         exporting = self._export_due()
@@ -497,6 +497,12 @@ class StacxTrainer:
 
     def __exit__(self, exc_type: object, *_: object) -> None:
         self.close(graceful=exc_type is None)
+
+
+def metrics_text(metrics: dict[str, float]) -> str:
+    """The step's recipe metrics as ` role/name=value ...` (sorted; empty when there are none),
+    so that a recipe's own metrics reach the trainer's log with every step."""
+    return "".join(f" {key}={value:.6g}" for key, value in sorted(metrics.items()))
 
 
 def merge_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:

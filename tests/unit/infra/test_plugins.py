@@ -29,6 +29,7 @@ PACKAGE = {
         "from rollout.scaffolds import SingleTurnScaffold\n"
         "def Echo(**options):\n    return SingleTurnScaffold(name='echo', **options)\n"
     ),
+    "raising.py": "def Boom(**options):\n    raise ValueError('bad option\\nmore')\n",
     "recipes.py": "from trainer.recipes.grpo import grpo\ndef mine():\n    '''Mine.'''\n    return grpo()\n",
 }
 
@@ -75,6 +76,14 @@ def test_each_kind_of_broken_plugin_is_one_line(plugin_package: str) -> None:
     assert str(info.value).startswith(
         f"'{plugin_package}.rewards:two': wrong signature for a reward function: "
         "cannot be called as f(str, dict)"
+    )
+
+
+def test_a_plugin_that_raises_when_built_is_one_line_naming_the_exception(plugin_package: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        build_scaffold(f"{plugin_package}.raising:Boom", system_prompt="")
+    assert str(info.value) == (
+        f"'{plugin_package}.raising:Boom': building the scaffold raised ValueError: bad option"
     )
 
 

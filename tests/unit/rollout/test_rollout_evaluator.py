@@ -270,3 +270,36 @@ async def test_weights_follower_refuses_a_version_with_another_content_hash() ->
     assert await asyncio.to_thread(follower.wait_caught_up, 30.0)
     follower.close()
     assert follower.current() == 3 and follower.num_conflicts == 1
+
+
+@pytest.mark.parametrize("returned, problem", [
+    ({"reward": 1.0, "note": "good"}, "component 'note' is a str, not a number"),
+    ({"reward": None}, "component 'reward' is a NoneType, not a number"),
+    (0.5, "returned a float, not a mapping of component names to numbers"),
+])
+async def test_a_reward_function_returning_no_numbers_fails_its_episode_in_one_line(
+        returned: object, problem: str) -> None:
+    """A user's reward that returns a non-number fails the episode with the reason (its event
+    stays encodable and says why), instead of an event Avro cannot carry."""
+    from schemas.codec import decode, encode
+    from schemas.records import Trajectory
+
+    inference = ScriptedInference(FakeTokenizer(), _script("<answer>42</answer>"))
+    evaluator = _evaluator(inference, reward="exact_answer")
+    evaluator.reward_fn = lambda answer, data: returned  # type: ignore[assignment,misc,return-value]
+    traj = await _run(evaluator)
+    assert traj.status is TrajectoryStatus.FAILED and traj.rewards == {"reward": 0.0}
+    assert traj.error == f"RewardError: reward 'exact_answer' {problem}"
+    assert decode(encode(traj), Trajectory).error == traj.error
+
+
+async def test_a_reward_function_that_raises_fails_its_episode_in_one_line() -> None:
+    def broken(answer: str | None, data: object) -> dict[str, float]:
+        raise KeyError("answer")
+
+    inference = ScriptedInference(FakeTokenizer(), _script("<answer>42</answer>"))
+    evaluator = _evaluator(inference, reward="exact_answer")
+    evaluator.reward_fn = broken
+    traj = await _run(evaluator)
+    assert traj.status is TrajectoryStatus.FAILED
+    assert traj.error == "RewardError: reward 'exact_answer' raised KeyError: 'answer'"
