@@ -148,14 +148,18 @@ class ServiceProcess:
             log.warning("%s did not stop within %.0fs: killing it", self.spec.name, timeout_s)
             self._signal(signal.SIGKILL)
             self.proc.wait(timeout=10)
-        self._kill_leftovers()
+        self._kill_leftovers(grace_s=5.0)
 
-    def _kill_leftovers(self) -> None:
-        """SIGKILL the rest of the group whose leader has exited (and was reaped by us)."""
+    def _kill_leftovers(self, grace_s: float = 0.0) -> None:
+        """SIGKILL the rest of the group whose leader has exited (and was reaped by us), after
+        `grace_s` for members still on their way out (spawned ranks finishing their SIGTERM)."""
         assert self.proc is not None
         pgid = self.proc.pid
         if _pid_exists(pgid):
             return  # the pid was reused by a stranger: its group is not ours to signal
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and _group_exists(pgid):
+            time.sleep(0.1)
         try:
             os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -171,6 +175,17 @@ class ServiceProcess:
                 self.proc.send_signal(sig)
             except ProcessLookupError:
                 pass
+
+
+def _group_exists(pgid: int) -> bool:
+    """Whether any process is still in the process group `pgid`."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _pid_exists(pid: int) -> bool:

@@ -57,6 +57,41 @@ def test_stop_kills_the_group_even_when_the_main_process_is_dead(tmp_path: Path)
     assert _wait_gone(orphan)
 
 
+def test_a_rank_finishing_its_sigterm_after_the_main_process_is_not_killed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A clean stop: the main process exits on SIGTERM first and its rank a moment later. The
+    rank ends by itself (its exit status says so) and nothing is reported as left behind."""
+    child_status = tmp_path / "child.status"
+    script = (
+        f"sh -c 'trap \"sleep 1; echo done > {child_status}; exit 0\" TERM; "
+        "while true; do sleep 0.1; done' & "
+        "trap 'exit 0' TERM; while true; do sleep 0.1; done"
+    )
+    service = ServiceProcess(_shell("trainer", script), tmp_path).start()
+    time.sleep(1.0)  # both traps installed
+    with caplog.at_level("WARNING", logger="infra.pipeline.services"):
+        service.stop()
+    assert child_status.read_text().strip() == "done"
+    assert "left behind" not in caplog.text
+
+
+def test_a_rank_ignoring_sigterm_is_killed_after_the_grace(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    child_pid = tmp_path / "child.pid"
+    script = (
+        f"sh -c 'trap \"\" TERM; while true; do sleep 0.1; done' & echo $! > {child_pid}; "
+        "trap 'exit 0' TERM; while true; do sleep 0.1; done"
+    )
+    service = ServiceProcess(_shell("trainer", script), tmp_path).start()
+    time.sleep(1.0)
+    with caplog.at_level("WARNING", logger="infra.pipeline.services"):
+        service.stop()
+    assert _wait_gone(int(child_pid.read_text()))
+    assert "trainer: killed the processes its main process left behind" in caplog.text
+
+
 def test_restart_budget_backs_off_and_runs_out() -> None:
     budget = RestartBudget(RestartPolicy(max_restarts=3, window_s=100, backoff_s=1,
                                          max_backoff_s=3))
