@@ -49,20 +49,22 @@ def _errors(tree: dict[str, Any], **kwargs: Any) -> list[str]:
 def test_quickstart_yaml_parses_and_every_service_section_builds() -> None:
     from consumers.assembly import AssemblerApp
     from infra.config import build
-    from rollout.config import parse_config
-    from trainer.config import TrainerConfig, from_mapping
+    from rollout.config import RolloutConfig
+    from trainer.config import TrainerConfig
 
     spec = load_spec(REPO / "examples" / "quickstart.yaml")
     layout = RunLayout.create(spec, now=0.0)
     model = REPO / "runs" / "does-not-matter"
-    rollout = parse_config(
+    rollout = build(
+        RolloutConfig,
         rollout_section(
             spec,
             layout,
             model_dir=model,
             inference_url="http://127.0.0.1:1",
             gateway_url="http://127.0.0.1:2",
-        )
+        ),
+        where="config",
     )
     assert rollout.kafka.trajectories_topic == layout.topics.trajectories
     assert rollout.data.topic == layout.topics.tasks and rollout.data.path is None  # resumable tasks
@@ -71,7 +73,7 @@ def test_quickstart_yaml_parses_and_every_service_section_builds() -> None:
     assert assembler.grouping.group_size == rollout.data.samples_per_task
     section = trainer_section(spec, layout, model_dir=model)
     section["models"]["policy"] = {"tiny": {}}  # the model dir does not exist in a unit test
-    trainer = from_mapping(TrainerConfig, section)
+    trainer = build(TrainerConfig, section, where="trainer")
     assert trainer.max_steps == spec.pipeline.steps
     assert trainer.export.topic == layout.topics.weights == rollout.kafka.weights_topic
     check_resolved(spec)  # recipe, scaffolds, rewards, budget: all resolve
@@ -331,13 +333,14 @@ def test_explain_prints_every_service_with_defaults(tmp_path: Path) -> None:
 def test_a_restarted_trainer_resumes_from_its_checkpoint_by_default() -> None:
     """Break 1: the run's trainer config used to say `checkpoint.resume: false`, so a restarted
     trainer began at step 1 from the initial weights while reading from the committed offsets."""
-    from trainer.config import TrainerConfig, from_mapping
+    from infra.config import build
+    from trainer.config import TrainerConfig
 
     spec = load_spec(REPO / "examples" / "quickstart.yaml")
     layout = RunLayout.create(spec, now=0.0)
     section = trainer_section(spec, layout, model_dir=Path("m"))
     section["models"]["policy"] = {"tiny": {}}
-    config = from_mapping(TrainerConfig, section)
+    config = build(TrainerConfig, section, where="trainer")
     assert config.checkpoint.resume is True
     assert config.checkpoint.dir == str(layout.checkpoints_dir.resolve())
     opted_out = parse_spec(_tree(trainer={"checkpoint": {"resume": False}}))
@@ -347,14 +350,15 @@ def test_a_restarted_trainer_resumes_from_its_checkpoint_by_default() -> None:
 def test_the_rollout_service_reads_the_run_tasks_through_a_consumer_group() -> None:
     """A restarted rollout service must go on from its committed tasks, not from the first one."""
     from infra.pipeline.tasks import task_order
-    from rollout.config import parse_config
+    from rollout.config import RolloutConfig
+    from schemas.config import build
 
     spec = load_spec(REPO / "examples" / "quickstart.yaml")
     layout = RunLayout.create(spec, now=0.0)
     section = rollout_section(
         spec, layout, model_dir=Path("m"), inference_url="http://127.0.0.1:1", gateway_url="http://127.0.0.1:2"
     )
-    data = parse_config(section, where="test").data
+    data = build(RolloutConfig, section, where="test").data
     assert data.topic == layout.topics.tasks == f"stacx.tasks.{layout.run_id}" and data.path is None
     assert data.consumer_group == f"stacx-rollout-{layout.run_id}"
     assert layout.topics.tasks in {t.name for t in layout.topics.specs()}
