@@ -11,6 +11,7 @@ one line per problem, before anything starts.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import re
@@ -342,30 +343,87 @@ def parse_spec(
     tree: dict[str, Any], *, source: str = "config", base_dir: Path | None = None, check: bool = True
 ) -> PipelineSpec:
     """A `PipelineSpec` from an already-loaded YAML tree; with `check`, every service section is
-    validated (completed with the run's values) too. All problems are raised at once."""
-    try:
-        parsed = PipelineFile.model_validate(tree)
-    except pydantic.ValidationError as exc:
-        raise PipelineConfigError("\n".join(schema_errors(exc, source))) from exc
+    validated (completed with the run's values) too. All problems of every section are raised
+    at once: a broken `pipeline` section does not hide the service sections' problems."""
+    parsed, lines, replaced = _parse_file(tree, source)
+    spec = _spec(parsed, source, base_dir or Path.cwd())
+    use_plugin_paths(spec.plugin_paths)
+    if check:
+        from infra.pipeline.resolve import check_sections
+
+        check_sections(spec, lines, unchecked=replaced)
+    elif lines:
+        raise PipelineConfigError("\n".join(lines))
+    return spec
+
+
+_PLACEHOLDERS: dict[str, Any] = {"model": {"tiny": {}}, "tasks": {"jsonl": "tasks.jsonl"}}
+"""Stand-ins for an invalid required `pipeline` field while the other sections are checked."""
+
+
+def _parse_file(tree: dict[str, Any], source: str) -> tuple[PipelineFile, list[str], set[str]]:
+    """The file's schema, and its problems: an invalid field is dropped (a required one is
+    stood in for) and the rest validated again, so every section gets checked in one pass.
+    The third value names the `pipeline` fields that were stood in for or dropped (`*`: all)."""
+    lines: list[str] = []
+    replaced: set[str] = set()
+    current = copy.deepcopy(tree)
+    for _ in range(4):  # each round drops what the last one found; nesting is shallow
+        try:
+            return PipelineFile.model_validate(current), lines, replaced
+        except pydantic.ValidationError as exc:
+            lines += [line for line in schema_errors(exc, source) if line not in lines]
+            for err in exc.errors():
+                replaced |= _drop(current, tuple(str(p) for p in err["loc"]))
+    raise PipelineConfigError("\n".join(lines))
+
+
+def _drop(tree: dict[str, Any], loc: tuple[str, ...]) -> set[str]:
+    """Remove the value at `loc` (or its nearest existing parent); put a stand-in for a required
+    `pipeline` field. Returns the `pipeline` field touched, if any."""
+    node: Any = tree
+    for depth, part in enumerate(loc):
+        if not isinstance(node, dict) or part not in node:
+            loc = loc[:depth]
+            break
+        if depth < len(loc) - 1:
+            node = node[part]
+    if not loc:
+        return set()
+    if len(loc) == 1:
+        tree.pop(loc[0], None)
+        if loc[0] == "pipeline":
+            tree["pipeline"] = copy.deepcopy(_PLACEHOLDERS)
+            return {"*"}
+        return set()
+    parent = tree
+    for part in loc[:-1]:
+        parent = parent[part]
+    if isinstance(parent, dict):
+        parent.pop(loc[-1], None)
+    pipeline = tree.get("pipeline")
+    if loc[0] == "pipeline" and isinstance(pipeline, dict):
+        field = loc[1]
+        if field in _PLACEHOLDERS:
+            pipeline[field] = copy.deepcopy(_PLACEHOLDERS[field])
+        return {field}
+    return set()
+
+
+def _spec(parsed: PipelineFile, source: str, base_dir: Path) -> PipelineSpec:
     sections = {"rollout": parsed.rollout, "assembler": parsed.assembler, "trainer": parsed.trainer}
     bootstrap = parsed.bootstrap_servers or wire_value(sections, "bootstrap_servers")
-    spec = PipelineSpec(
+    return PipelineSpec(
         source=source,
-        base_dir=base_dir or Path.cwd(),
+        base_dir=base_dir,
         bootstrap_servers=str(bootstrap or os.environ.get(BOOTSTRAP_ENV) or DEFAULT_BOOTSTRAP),
         pipeline=parsed.pipeline,
         rollout=dict(parsed.rollout),
         assembler=dict(parsed.assembler),
         trainer=dict(parsed.trainer),
         topics=parsed.topics,
-        plugin_paths=[((base_dir or Path.cwd()) / p).resolve() for p in parsed.pipeline.plugin_paths],
+        plugin_paths=[(base_dir / p).resolve() for p in parsed.pipeline.plugin_paths],
     )
-    use_plugin_paths(spec.plugin_paths)
-    if check:
-        from infra.pipeline.resolve import check_sections
-
-        check_sections(spec)
-    return spec
 
 
 def use_plugin_paths(paths: list[Path]) -> None:

@@ -35,7 +35,7 @@ from infra.pipeline.layout import (
     task_data,
     trainer_section,
 )
-from infra.pipeline.wires import get_path, wire_conflicts
+from infra.pipeline.wires import WIRES, get_path, wire_conflicts
 
 __all__ = [
     "ServicePlan",
@@ -217,16 +217,24 @@ def _sections(spec: PipelineSpec) -> dict[str, Any]:
 
 
 def owned_conflicts(spec: PipelineSpec, layout: RunLayout) -> list[str]:
-    lines = []
+    return list(_owned_conflicts(spec, layout).values())
+
+
+def _owned_conflicts(spec: PipelineSpec, layout: RunLayout) -> dict[str, str]:
+    """Dotted place -> its line, for each value the user set that the pipeline owns."""
+    lines = {}
     sections = _sections(spec)
     for place, expected, how in _owned(spec, layout):
         value = get_path(sections, place)
         if value is not None and value != expected:
-            lines.append(f"{spec.source}: {'.'.join(place)}={value!r}: {how}")
+            dotted = ".".join(place)
+            lines[dotted] = f"{spec.source}: {dotted}={value!r}: {how}"
     return lines
 
 
 def _built_sections(spec: PipelineSpec, layout: RunLayout) -> tuple[dict[str, Any], list[str]]:
+    """Every service section, completed with the run's values, built by the one config loader;
+    the sections that do not build are left out, their problems are the lines."""
     from consumers.assembly import AssemblerApp
     from rollout.config import RolloutConfig
     from trainer.config import TrainerConfig
@@ -246,15 +254,54 @@ def _built_sections(spec: PipelineSpec, layout: RunLayout) -> tuple[dict[str, An
     return built, lines
 
 
-def check_sections(spec: PipelineSpec) -> None:
-    """Raise PipelineConfigError listing every problem of the service sections."""
-    layout = RunLayout.create(spec, now=0.0)
+def _structural(spec: PipelineSpec, layout: RunLayout) -> tuple[dict[str, Any], list[str]]:
+    """Wires, values the pipeline owns, and every section's types and values."""
     lines = wire_conflicts({"bootstrap_servers": spec.bootstrap_servers, **_sections(spec)}, spec.source)
-    lines += owned_conflicts(spec, layout)
-    if not lines:
-        _, lines = _built_sections(spec, layout)
+    owned = _owned_conflicts(spec, layout)
+    built, build_lines = _built_sections(spec, layout)
+    prefix = f"{spec.source}: "
+    fields = [line.removeprefix(prefix).split(": ", 1)[0] for line in build_lines]
+    consequences = {  # a section left invalid by the owned value set there: said once, by `owned`
+        line for line, field in zip(build_lines, fields, strict=True)
+        if any(place == field or place.startswith(field + ".") for place in owned)
+    }
+    return built, [*lines, *owned.values(), *(line for line in build_lines if line not in consequences)]
+
+
+def _semantic(spec: PipelineSpec, built: dict[str, Any], unchecked: set[str] | None = None) -> list[str]:
+    """What the built sections name (recipe, plug-ins, budgets) and what the file points at
+    (model, tasks, transcripts); `unchecked`: `pipeline` fields that were invalid (stood in for)."""
+    unchecked = unchecked or set()
+    if "*" in unchecked:
+        return []
+    lines: list[str] = []
+    if "trainer" in built:
+        lines += _recipe_problems(spec, built["trainer"])
+    if "rollout" in built:
+        lines += _rollout_problems(spec, built["rollout"])
+        if "assembler" in built:
+            lines += _grouping_problems(spec, built["rollout"], built["assembler"])
+    if "model" not in unchecked:
+        lines += _model_problems(spec)
+    if "tasks" not in unchecked:
+        lines += _task_problems(spec, RunLayout.create(spec, now=0.0))
+    if "transcripts" not in unchecked:
+        lines += _transcript_problems(spec)
+    return lines
+
+
+def check_sections(
+    spec: PipelineSpec, problems: list[str] | None = None, *, unchecked: set[str] | None = None
+) -> None:
+    """Raise PipelineConfigError listing every problem of the service sections (with
+    `problems` of the file found before). When anything is wrong, everything is checked, so the
+    report is complete: every type and semantic error of every section, one line each."""
+    layout = RunLayout.create(spec, now=0.0)
+    built, lines = _structural(spec, layout)
+    lines = [*(problems or []), *lines]
     if lines:
-        raise PipelineConfigError("\n".join(lines))
+        lines += _semantic(spec, built, unchecked)
+        raise PipelineConfigError("\n".join(_unique(lines)))
 
 
 # ------------------------------------------------------------------------------ before starting
@@ -264,16 +311,14 @@ def check_resolved(spec: PipelineSpec) -> None:
     """Resolve recipes, scaffolds, rewards, strategies, budgets, model and task paths; raise
     PipelineConfigError listing every problem. Reads files, starts nothing."""
     layout = RunLayout.create(spec, now=0.0)
-    built, lines = _built_sections(spec, layout)
-    if not lines:
-        lines += _recipe_problems(spec, built["trainer"])
-        lines += _rollout_problems(spec, built["rollout"])
-        lines += _grouping_problems(spec, built["rollout"], built["assembler"])
-    lines += _model_problems(spec)
-    lines += _task_problems(spec, layout)
-    lines += _transcript_problems(spec)
+    built, lines = _structural(spec, layout)
+    lines += _semantic(spec, built)
     if lines:
-        raise PipelineConfigError("\n".join(lines))
+        raise PipelineConfigError("\n".join(_unique(lines)))
+
+
+def _unique(lines: list[str]) -> list[str]:
+    return list(dict.fromkeys(lines))
 
 
 def _recipe_problems(spec: PipelineSpec, config: Any) -> list[str]:
@@ -302,8 +347,9 @@ def _rollout_problems(spec: PipelineSpec, config: Any) -> list[str]:
 
 def _grouping_problems(spec: PipelineSpec, rollout: Any, assembler: Any) -> list[str]:
     n, group = rollout.data.samples_per_task, assembler.grouping.group_size
-    if n == group:
-        return []
+    places = WIRES["group_size"].places
+    if n == group or all(get_path(_sections(spec), place) is not None for place in places):
+        return []  # both set by the user: the wire conflict says so
     return [
         f"{spec.source}: assembler.grouping.group_size={group} but rollout.data.samples_per_task={n}: "
         "a group is the samples of one task; set both to the same number"
