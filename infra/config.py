@@ -5,7 +5,7 @@ flags given on top (`section_with_overrides`)."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from schemas.config import ConfigError, bootstrap_servers, build, load_yaml, resolve_path, section
@@ -29,22 +29,23 @@ def section_with_overrides(
     cls: type[T],
     flags: Mapping[str, str],
     *,
-    defaults: Mapping[str, Any] | None = None,
+    defaults: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
 ) -> T:
     """`cls` from the `name:` section of `args.config` (absent: all defaults), with every flag of
     `flags` (argparse dest -> dotted field path, e.g. `"threads": "server.torch_threads"`) that
-    was given on the command line set on top; `defaults` fill fields neither sets."""
+    was given on the command line set on top; `defaults(tree)` (dotted path -> value, from the
+    whole file) fill the fields neither sets."""
     tree = load_yaml(args.config) if getattr(args, "config", None) else {}
     data = tree.get(name) or {}
     source = args.config or "command line"
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: section `{name}` must be a mapping, got {type(data).__name__}")
     merged: dict[str, Any] = _deep_copy(data)
-    for path, value in (defaults or {}).items():
+    for path, value in (defaults(tree) if defaults else {}).items():
         _set_default(merged, path.split("."), value)
     for dest, path in flags.items():
         value = getattr(args, dest, None)
-        if value is not None and value != [] and value is not False:
+        if value is not None:
             _set(merged, path.split("."), value)
     return build(cls, merged, where=f"{source}: {name}")
 
