@@ -31,7 +31,10 @@ from infra.pipeline.errors import PipelineConfigError
 from infra.pipeline.layout import (
     RunLayout,
     assembler_section,
+    gateway_section,
+    inference_section,
     rollout_section,
+    service_urls,
     task_data,
     trainer_section,
 )
@@ -42,8 +45,6 @@ __all__ = [
     "check_resolved",
     "check_sections",
     "explain",
-    "gateway_args",
-    "inference_args",
     "plan",
     "planned_model_dir",
     "transcript_adapter",
@@ -52,12 +53,12 @@ __all__ = [
 
 @dataclass(kw_only=True, slots=True)
 class ServicePlan:
-    """What every service of a run gets: command lines and config sections."""
+    """What every service of a run gets: its config section, completed with the run's values."""
 
     model_dir: Path
     """The policy the services start from (after SFT, when there is one)."""
-    gateway: list[str]
-    inference: list[str]
+    gateway: dict[str, Any]
+    inference: dict[str, Any]
     rollout: dict[str, Any]
     assembler: dict[str, Any]
     trainer: dict[str, Any]
@@ -65,8 +66,7 @@ class ServicePlan:
 
 def urls(spec: PipelineSpec) -> tuple[str, str]:
     """(inference URL, gateway URL) of the services the pipeline starts."""
-    s = spec.pipeline.services
-    return f"http://{s.host}:{s.inference_port}", f"http://{s.host}:{s.gateway_port}"
+    return service_urls(spec)
 
 
 def base_model_dir(spec: PipelineSpec, layout: RunLayout) -> Path:
@@ -85,61 +85,14 @@ def planned_model_dir(spec: PipelineSpec, layout: RunLayout) -> Path:
     return layout.sft_root / ("sft" if mixture else "sft-skill") / f"v{mixture or skill}"
 
 
-def gateway_args(spec: PipelineSpec, layout: RunLayout) -> list[str]:
-    s = spec.pipeline.services
-    return [
-        "gateway",
-        "--host",
-        s.host,
-        "--port",
-        str(s.gateway_port),
-        "--backend",
-        s.gateway_backend,
-        "--warm-pool",
-        str(s.gateway_warm_pool),
-        "--reuse-pool",
-        str(s.gateway_reuse_pool),
-        "--owner",
-        f"stacx-{layout.run_id}",
-    ]
-
-
-def inference_args(spec: PipelineSpec, model_dir: Path, layout: RunLayout) -> list[str]:
-    """`stacx serve` for this run; the server follows the run's weights topic itself."""
-    s = spec.pipeline.services
-    return [
-        "serve",
-        "--model",
-        str(model_dir),
-        "--host",
-        s.host,
-        "--port",
-        str(s.inference_port),
-        "--device",
-        "cpu",
-        "--weight-version",
-        "0",
-        "--threads",
-        str(s.inference_threads),
-        "--max-batch-size",
-        str(s.inference_max_batch_size),
-        "--follow-weights",
-        layout.model_name,
-        "--weights-topic",
-        layout.topics.weights,
-        "--bootstrap-servers",
-        spec.bootstrap_servers,
-    ]
-
-
 def plan(spec: PipelineSpec, layout: RunLayout, *, model_dir: Path | None = None) -> ServicePlan:
-    """Every service's command line and config section for this run."""
+    """Every service's config section for this run."""
     model_dir = model_dir or planned_model_dir(spec, layout)
     inference_url, gateway_url = urls(spec)
     return ServicePlan(
         model_dir=model_dir,
-        gateway=gateway_args(spec, layout),
-        inference=inference_args(spec, model_dir, layout),
+        gateway=gateway_section(spec, layout),
+        inference=inference_section(spec, layout, model_dir=model_dir),
         rollout=rollout_section(
             spec, layout, model_dir=model_dir, inference_url=inference_url, gateway_url=gateway_url
         ),
@@ -172,11 +125,7 @@ def explain(spec: PipelineSpec, layout: RunLayout) -> str:
             },
         },
         "pipeline": spec.pipeline.model_dump(mode="json", exclude_none=True),
-        "services": {
-            "gateway": "stacx " + " ".join(p.gateway),
-            "inference": "stacx " + " ".join(p.inference),
-            **resolved,
-        },
+        "services": resolved,
     }
     return yaml.safe_dump(doc, sort_keys=False, width=110)
 
@@ -195,14 +144,17 @@ def _owned(spec: PipelineSpec, layout: RunLayout) -> list[tuple[tuple[str, ...],
         (
             ("rollout", "inference", "url"),
             inference_url,
-            "the pipeline starts the inference server there; change pipeline.services.host/inference_port",
+            "the pipeline starts the inference server there; set inference.server.host/port instead",
         ),
         (
             ("rollout", "sandbox", "url"),
             gateway_url,
-            "the pipeline starts the sandbox gateway there; change pipeline.services.host/gateway_port",
+            "the pipeline starts the sandbox gateway there; set gateway.host/port instead",
         ),
         (("rollout", "kafka", "publish"), True, "the trainer learns from the published trajectories"),
+        (("inference", "server", "model_path"), None, model),
+        (("inference", "follow_weights"), None, "the server follows the run's policy on its weights topic"),
+        (("gateway", "sessions", "owner"), None, "the run labels its sandboxes with its own owner"),
         (("rollout", "kafka", "follow_weights"), True, "rollouts must follow the trained policy"),
         (("trainer", "models", "policy", "path"), None, model),
         (("trainer", "models", "policy", "tiny"), None, model),
@@ -213,7 +165,13 @@ def _owned(spec: PipelineSpec, layout: RunLayout) -> list[tuple[tuple[str, ...],
 
 
 def _sections(spec: PipelineSpec) -> dict[str, Any]:
-    return {"rollout": spec.rollout, "assembler": spec.assembler, "trainer": spec.trainer}
+    return {
+        "gateway": spec.gateway,
+        "inference": spec.inference,
+        "rollout": spec.rollout,
+        "assembler": spec.assembler,
+        "trainer": spec.trainer,
+    }
 
 
 def owned_conflicts(spec: PipelineSpec, layout: RunLayout) -> list[str]:
@@ -237,12 +195,16 @@ def _built_sections(spec: PipelineSpec, layout: RunLayout) -> tuple[dict[str, An
     the sections that do not build are left out, their problems are the lines."""
     from consumers.assembly import AssemblerApp
     from rollout.config import RolloutConfig
+    from rollout.inference.serving import ServeConfig
+    from sandbox.gateway import Gateway
     from trainer.config import TrainerConfig
 
     p = plan(spec, layout)
     built: dict[str, Any] = {}
     lines: list[str] = []
     for name, cls, data in (
+        ("gateway", Gateway.Config, p.gateway),
+        ("inference", ServeConfig, p.inference),
         ("rollout", RolloutConfig, p.rollout),
         ("assembler", AssemblerApp.Config, p.assembler["assembler"]),
         ("trainer", TrainerConfig, p.trainer),

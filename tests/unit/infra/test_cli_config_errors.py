@@ -259,8 +259,8 @@ def test_run_preflight_names_a_missing_dead_letter_or_tasks_topic(monkeypatch: p
             "pipeline": {
                 "model": {"tiny": {}},
                 "tasks": {"topic": "my.tasks"},
-                "services": {"gateway_backend": "process"},
             },
+            "gateway": {"backend": "process"},
             "rollout": {"data": {"samples_per_task": 8}},
             "assembler": {"dlq_topic": "stacx.dql"},
         }

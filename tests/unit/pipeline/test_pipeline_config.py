@@ -322,7 +322,12 @@ def test_explain_prints_every_service_with_defaults(tmp_path: Path) -> None:
     doc = yaml.safe_load(text)
     services = doc["services"]
     assert set(services) == {"gateway", "inference", "rollout", "assembler", "trainer"}
-    assert services["gateway"].startswith("stacx gateway --host 127.0.0.1 --port 8710")
+    gateway, server = services["gateway"], services["inference"]["server"]
+    assert (gateway["host"], gateway["port"], gateway["backend"]) == ("127.0.0.1", 8710, "docker")
+    assert gateway["sessions"]["warm_pool_size"] == 8 and gateway["sessions"]["reuse_pool_size"] == 64
+    assert gateway["sessions"]["owner"] == "stacx-quickstart-19700101-000000"
+    assert (server["port"], server["torch_threads"], server["engine"]["max_batch_size"]) == (30010, 1, 64)
+    assert services["inference"]["weights_topic"] == doc["run"]["topics"]["weights"]
     assert services["trainer"]["recipe"] == "grpo" and services["trainer"]["optimizer"]["lr"] == 0.0007
     assert services["trainer"]["optimizer"]["weight_decay"] == 0.0  # a default, shown
     assert services["rollout"]["manager"]["evaluators"]["arithmetic_tool"]["top_p"] == 1.0
@@ -366,3 +371,42 @@ def test_the_rollout_service_reads_the_run_tasks_through_a_consumer_group() -> N
     order = task_order(rows, passes=2, seed=3)
     assert len(order) == 10 and sorted(r["task_id"] for r in order[:5]) == ["0", "1", "2", "3", "4"]
     assert order == task_order(rows, passes=2, seed=3)
+
+
+def test_gateway_and_inference_are_sections_that_the_standalone_commands_read(tmp_path: Path) -> None:
+    from infra.cli import build_parser
+    from infra.commands.sandbox import gateway_config
+    from infra.commands.serve import serve_config
+
+    spec = parse_spec(_tree(gateway={"port": 8799, "sessions": {"warm_pool_size": 3}},
+                            inference={"server": {"port": 30099, "torch_threads": 2}}))
+    layout = RunLayout.create(spec, now=0.0)
+    services = plan(spec, layout, model_dir=Path("m"))
+    assert services.rollout["sandbox"]["url"] == "http://127.0.0.1:8799"
+    assert services.rollout["inference"]["url"] == "http://127.0.0.1:30099"
+    path = tmp_path / "services.yaml"  # what the run writes, read back as `stacx gateway/serve --config`
+    path.write_text(yaml.safe_dump({"gateway": services.gateway, "inference": services.inference}))
+    gateway = gateway_config(build_parser().parse_args(["gateway", "--config", str(path)]))
+    assert (gateway.port, gateway.sessions.warm_pool_size) == (8799, 3)
+    assert gateway.sessions.owner == f"stacx-{layout.run_id}"
+    serve = serve_config(build_parser().parse_args(["serve", "--config", str(path)]))
+    assert (serve.server.port, serve.server.torch_threads, serve.server.model_path) == (30099, 2, "m")
+    assert serve.follow_weights == layout.model_name and serve.weights_topic == layout.topics.weights
+
+
+def test_a_former_services_field_is_one_line_naming_its_section() -> None:
+    lines = _errors(_tree(pipeline={"services": {"gateway_port": 8711, "inference_threads": 2}}))
+    assert lines == [
+        "f.yaml: pipeline.services.gateway_port: moved; set gateway.port (its own section)",
+        "f.yaml: pipeline.services.inference_threads: moved; set inference.server.torch_threads "
+        "(its own section)",
+    ]
+
+
+def test_gateway_and_inference_sections_are_checked_with_their_field_paths() -> None:
+    lines = _errors(_tree(gateway={"port": "high", "sesions": {}}, inference={"server": {"threads": 2}}))
+    assert sorted(line.split(": ")[1] for line in lines) == [
+        "gateway.port",
+        "gateway.sesions",
+        "inference.server.threads",
+    ]
