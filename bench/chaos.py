@@ -506,7 +506,8 @@ def _spec(args: argparse.Namespace, bootstrap: str | None) -> Any:
     cfg.steps = 100_000  # the soak ends by time (then stops at the version reached), not by steps
     cfg.timeout_s = args.minutes * 60 + 3600
     cfg.stall_timeout_s = max(cfg.stall_timeout_s, 600.0)
-    cfg.services.gateway_port, cfg.services.inference_port = _free_port(), _free_port()
+    spec.gateway["port"] = _free_port()
+    spec.inference.setdefault("server", {})["port"] = _free_port()
     if args.sft_steps is not None:
         cfg.sft.steps, cfg.sft.skill_steps = args.sft_steps, int(args.sft_steps * 0.9)
     if args.tolerant:  # see `--tolerant`: the shipped drop policy stalls under frequent kills

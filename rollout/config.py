@@ -1,13 +1,10 @@
-"""The rollout service configuration (one YAML file) and its loader.
-
-Unknown keys are errors naming their path, so a typo never silently falls back to a default.
-"""
+"""The rollout service configuration: the `rollout:` section, read by the one config loader
+(`schemas.config`). Unknown keys are errors naming their path, so a typo never silently falls
+back to a default."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +21,6 @@ __all__ = [
     "RolloutConfig",
     "SandboxConfig",
     "load_config",
-    "parse_config",
 ]
 
 
@@ -161,67 +157,23 @@ class RolloutConfig:
     progress: bool = True
     """Live progress view on the terminal."""
 
-
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)  # resolved in the module that defines `cls`
-
-
-def _build(cls: Any, values: Any, where: str) -> Any:
-    """A dataclass `cls` from a mapping, recursing into nested dataclasses."""
-    if values is None:
-        values = {}
-    if not isinstance(values, dict):
-        raise ConfigError(f"{where}: expected a mapping, got {type(values).__name__}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - names)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(names)}")
-    hints = _hints(cls)
-    kwargs = {key: _convert(hints[key], value, f"{where}.{key}") for key, value in values.items()}
-    try:
-        return cls(**kwargs)
-    except TypeError as exc:
-        raise ConfigError(f"{where}: {exc}") from exc
-
-
-def _convert(hint: Any, value: Any, where: str) -> Any:
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, value, where)
-    args = typing.get_args(hint)
-    if value is None:
-        return None
-    if typing.get_origin(hint) is dict and len(args) == 2 and dataclasses.is_dataclass(args[1]):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping of name -> settings")
-        return {str(k): _build(args[1], v, f"{where}.{k}") for k, v in value.items()}
-    for arg in args:  # X | None
-        if dataclasses.is_dataclass(arg):
-            return _build(arg, value, where)
-    return value
-
-
-def parse_config(values: dict[str, Any], *, where: str = "config") -> RolloutConfig:
-    """A `RolloutConfig` from already-loaded YAML."""
-    config: RolloutConfig = _build(RolloutConfig, values, where)
-    if config.teacher is not None and not config.teacher.url:
-        raise ConfigError(f"{where}.teacher.url is not set: the teacher's inference server")
-    return config
+    def __post_init__(self) -> None:
+        if self.teacher is not None and not self.teacher.url:
+            raise ConfigError("teacher.url is not set: the teacher's inference server")
 
 
 def load_config(path: str | Path) -> RolloutConfig:
-    """Read a YAML rollout config; relative data paths are resolved against the file."""
-    import yaml
+    """A RolloutConfig from a YAML file through the one config loader (`schemas.config`);
+    relative data paths are resolved against the working directory, else the file's folder."""
+    from schemas.config import ConfigError as FileError
+    from schemas.config import build, load_yaml, resolve_path
 
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
     try:
-        values = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
-    config = parse_config(values, where=str(path))
+        config = build(RolloutConfig, load_yaml(path), where=str(path))
+    except FileError as exc:
+        raise ConfigError(exc.lines) from exc
     for name in ("path", "task_dirs"):
         value = getattr(config.data, name)
-        if value and not Path(value).is_absolute() and not Path(value).exists():
-            setattr(config.data, name, str((path.parent / value).resolve()))
+        if value:
+            setattr(config.data, name, str(resolve_path(value, Path(path).resolve().parent)))
     return config

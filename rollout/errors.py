@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from schemas.config import ConfigError as _SharedConfigError
+
 __all__ = [
     "ConfigError",
     "EnvironmentStepError",
@@ -19,8 +21,9 @@ class RolloutError(Exception):
     retriable: bool = False
 
 
-class ConfigError(RolloutError, ValueError):
-    """A configuration value is missing or invalid; the message names the field and the fix."""
+class ConfigError(RolloutError, _SharedConfigError):
+    """A configuration value is missing or invalid; the message names the field and the fix
+    (a `schemas.config.ConfigError`: the config loader reports it with its field path)."""
 
 
 class ResourceDeadlockError(ConfigError):

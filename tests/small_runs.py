@@ -27,8 +27,9 @@ def shrink(
     cfg.name, cfg.runs_dir, cfg.steps, cfg.live = run_name("e2e"), str(runs_dir), steps, False
     cfg.timeout_s = timeout_s
     cfg.evaluation.final_samples_per_problem = 1
-    cfg.services.gateway_port, cfg.services.inference_port = free_port(), free_port()
-    cfg.services.gateway_warm_pool = 0
+    spec.gateway["port"] = free_port()
+    spec.gateway.setdefault("sessions", {})["warm_pool_size"] = 0
+    spec.inference.setdefault("server", {})["port"] = free_port()
     spec.rollout["data"]["samples_per_task"] = samples_per_task
     spec.rollout["manager"]["train_groups_per_version"] = groups_per_version
     spec.rollout["manager"]["max_concurrent_episodes"] = max_concurrent_episodes

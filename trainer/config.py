@@ -1,10 +1,7 @@
-"""Trainer configuration: one typed dataclass per component, loadable from YAML."""
+"""Trainer configuration: one typed dataclass per component, read by the one config loader."""
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -20,7 +17,6 @@ __all__ = [
     "OptimizerConfig",
     "SourceConfig",
     "TrainerConfig",
-    "from_mapping",
     "load_config",
 ]
 
@@ -156,51 +152,16 @@ class TrainerConfig:
             raise ConfigError("models.policy is required (a `path` or `tiny` model)")
 
 
-def _convert(tp: Any, value: Any, where: str) -> Any:
-    origin = typing.get_origin(tp)
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp) and isinstance(value, dict):
-        return from_mapping(tp, value, where)
-    if origin in (types.UnionType, typing.Union):
-        if value is None:
-            return None
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _convert(args[0], value, where) if len(args) == 1 else value
-    if origin is dict and isinstance(value, dict):
-        _, vt = typing.get_args(tp)
-        return {k: _convert(vt, v, f"{where}.{k}") for k, v in value.items()}
-    if origin is tuple and isinstance(value, list):
-        return tuple(value)
-    if tp is float and isinstance(value, int):
-        return float(value)
-    return value
-
-
-def from_mapping(cls: type[Any], data: dict[str, Any], where: str = "") -> Any:
-    """Build dataclass `cls` from a dict; unknown keys are reported with the valid ones."""
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ConfigError(f"{where or cls.__name__}: unknown field(s) {unknown}; "
-                          f"valid: {sorted(names)}")
-    kwargs = {k: _convert(hints[k], v, f"{where}.{k}".lstrip(".")) for k, v in data.items()}
-    try:
-        return cls(**kwargs)
-    except TypeError as exc:
-        raise ConfigError(f"{where or cls.__name__}: {exc}") from exc
-
-
 def load_config(path: str | Path) -> TrainerConfig:
-    """Read a TrainerConfig from YAML (the whole file, or its `trainer` section)."""
-    import yaml
+    """A TrainerConfig from YAML (the whole file, or its `trainer` section), through the one
+    config loader (`schemas.config`): every problem is one line with its field path."""
+    from schemas.config import ConfigError as FileError
+    from schemas.config import build, load_yaml
 
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"trainer config {p} does not exist")
-    data = yaml.safe_load(p.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p}: top level must be a mapping")
-    if isinstance(data.get("trainer"), dict):  # a shared stack file: use its `trainer` section
-        data = data["trainer"]
-    config: TrainerConfig = from_mapping(TrainerConfig, data)
-    return config
+    try:
+        tree = load_yaml(path)
+        if isinstance(tree.get("trainer"), dict):  # a shared stack file: use its `trainer` section
+            return build(TrainerConfig, tree["trainer"], where=f"{path}: trainer")
+        return build(TrainerConfig, tree, where=str(path))
+    except FileError as exc:
+        raise ConfigError(exc.lines) from exc

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from schemas.config import ConfigError as _SharedConfigError
+
 __all__ = [
     "BatchValidationError",
     "CheckpointError",
@@ -18,8 +20,9 @@ class TrainerError(Exception):
     retriable: bool = False
 
 
-class ConfigError(TrainerError):
-    """A trainer config field is missing or invalid; the message names the field and the fix."""
+class ConfigError(TrainerError, _SharedConfigError):
+    """A trainer config field is missing or invalid; the message names the field and the fix
+    (a `schemas.config.ConfigError`: the config loader reports it with its field path)."""
 
 
 class RecipeError(TrainerError):

@@ -59,12 +59,11 @@ def _tree(path: Path) -> dict[str, Any]:
 def learner_config(tree: dict[str, Any], source: str) -> Any:
     from infra.config import bootstrap_servers, build
     from trainer import TrainerConfig
-    from trainer.config import from_mapping
     from trainer.oncall import OnlineLearner
 
     data = dict(tree.get("oncall") or {})
     data.setdefault("bootstrap_servers", bootstrap_servers(tree))
-    data["trainer"] = from_mapping(TrainerConfig, dict(tree.get("trainer") or {}), "trainer")
+    data["trainer"] = build(TrainerConfig, dict(tree.get("trainer") or {}), where=f"{source}: trainer")
     return build(OnlineLearner.Config, data, where=f"{source}: oncall")
 
 

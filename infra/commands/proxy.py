@@ -29,30 +29,32 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_proxy)
 
 
+PROXY_FLAGS = {
+    "host": "host",
+    "port": "port",
+    "bootstrap_servers": "bootstrap_servers",
+    "upstream": "proxy.upstreams",
+    "tokenizer": "proxy.tokenizer_path",
+    "model_name": "proxy.served_model_name",
+    "agent_logs_topic": "proxy.agent_logs_topic",
+    "feedback_topic": "proxy.feedback_topic",
+    "max_buffered": "proxy.recorder.max_buffered",
+}
+"""Each flag of `stacx proxy` and the field of the `proxy:` section it overrides."""
+
+
 def build_config(args: argparse.Namespace) -> Any:
     """ProxyServer.Config from the YAML file (if any) and the command-line overrides."""
-    from infra.config import bootstrap_servers, build, load_yaml
+    from infra.config import bootstrap_servers, section_with_overrides
     from rollout.proxy import ProxyServer
 
-    tree = load_yaml(args.config) if args.config else {}
-    data = dict(tree.get("proxy") or {})
-    data.setdefault("bootstrap_servers", bootstrap_servers(tree))
-    for flag, key in (("host", "host"), ("port", "port"), ("bootstrap_servers", "bootstrap_servers")):
-        if getattr(args, flag) is not None:
-            data[key] = getattr(args, flag)
-    inner = dict(data.get("proxy") or {})
-    overrides = {
-        "upstreams": args.upstream,
-        "tokenizer_path": args.tokenizer,
-        "served_model_name": args.model_name,
-        "agent_logs_topic": args.agent_logs_topic,
-        "feedback_topic": args.feedback_topic,
-    }
-    inner.update({k: v for k, v in overrides.items() if v is not None})
-    if args.max_buffered is not None:
-        inner["recorder"] = {**dict(inner.get("recorder") or {}), "max_buffered": args.max_buffered}
-    data["proxy"] = inner
-    return build(ProxyServer.Config, data, where=f"{args.config or 'command line'}: proxy")
+    return section_with_overrides(
+        args,
+        "proxy",
+        ProxyServer.Config,
+        PROXY_FLAGS,
+        defaults=lambda tree: {"bootstrap_servers": bootstrap_servers(tree)},
+    )
 
 
 def _proxy(args: argparse.Namespace) -> int:

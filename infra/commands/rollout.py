@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from infra.heap import freeze_startup_heap
@@ -33,15 +32,10 @@ def load_rollout_config(path: str) -> Any:
     """RolloutConfig from a YAML file, validated, with everything it points at resolved
     (evaluators, tokenizer, tasks); `ConfigError` lists every problem, one line each."""
     from infra.checks import rollout_problems
-    from infra.config import ConfigError, build, load_yaml, resolve_path
-    from rollout.config import RolloutConfig
+    from infra.config import ConfigError
+    from rollout.config import load_config
 
-    tree = load_yaml(path)
-    config = build(RolloutConfig, tree, where=path)
-    for name in ("path", "task_dirs"):  # relative data paths: as `rollout.config.load_config`
-        value = getattr(config.data, name)
-        if value:
-            setattr(config.data, name, str(resolve_path(value, Path(path).resolve().parent)))
+    config = load_config(path)  # the one loader; relative data paths resolved against the file
     lines = rollout_problems(config, path)
     if lines:
         raise ConfigError(lines)

@@ -17,17 +17,20 @@ from infra.heap import freeze_startup_heap
 
 def register(subparsers: Any) -> None:
     gateway = subparsers.add_parser("gateway", help="run the sandbox gateway (HTTP)")
-    gateway.add_argument("--host", default="127.0.0.1")
-    gateway.add_argument("--port", type=int, default=8700)
-    gateway.add_argument("--backend", choices=("docker", "process"), default="docker")
+    gateway.add_argument("--config", help="YAML file whose `gateway:` section configures the gateway")
+    gateway.add_argument("--host", help="default 127.0.0.1")
+    gateway.add_argument("--port", type=int, help="default 8700")
+    gateway.add_argument("--backend", choices=("docker", "process"), help="default docker")
     gateway.add_argument("--token", help="bearer token (default: $STACX_SANDBOX_TOKEN, else generated)")
-    gateway.add_argument("--no-auth", action="store_true", help="disable auth (loopback tests only)")
-    gateway.add_argument("--owner", default="stacx-gateway", help="reaper ownership label")
-    gateway.add_argument("--image", default="stacx/sandbox:bookworm", help="default image")
-    gateway.add_argument("--max-sessions", type=int, default=512)
-    gateway.add_argument("--idle-timeout", type=float, default=1800.0, help="seconds")
-    gateway.add_argument("--max-lifetime", type=float, default=12 * 3600.0, help="seconds")
-    gateway.add_argument("--warm-pool", type=int, default=0, help="pre-started sandboxes")
+    gateway.add_argument(
+        "--no-auth", dest="auth", action="store_false", default=None, help="no auth (loopback tests only)"
+    )
+    gateway.add_argument("--owner", help="reaper ownership label (default stacx-gateway)")
+    gateway.add_argument("--image", help="default image (stacx/sandbox:bookworm)")
+    gateway.add_argument("--max-sessions", type=int, help="default 512")
+    gateway.add_argument("--idle-timeout", type=float, help="seconds (default 1800)")
+    gateway.add_argument("--max-lifetime", type=float, help="seconds (default 12 h)")
+    gateway.add_argument("--warm-pool", type=int, help="pre-started sandboxes (default 0)")
     gateway.add_argument(
         "--python-dir",
         metavar="DIR",
@@ -36,14 +39,11 @@ def register(subparsers: Any) -> None:
     gateway.add_argument(
         "--reuse-pool",
         type=int,
-        default=0,
         help="closed sessions' sandboxes kept, reset, for the next session of the same shape (0: none)",
     )
+    gateway.add_argument("--task-root", action="append", help="allowed task_dir root (repeatable; any)")
     gateway.add_argument(
-        "--task-root", action="append", default=[], help="allowed task_dir root (repeatable; default any)"
-    )
-    gateway.add_argument(
-        "--client-token", action="append", default=[], help="client token (repeatable): its own sessions only"
+        "--client-token", action="append", help="client token (repeatable): its own sessions only"
     )
     limits = gateway.add_argument_group("limits", "operator-owned maxima per session, budget of all")
     limits.add_argument("--max-cpus", type=float, help="CPU quota per session (default: host cores)")
@@ -83,57 +83,61 @@ def register(subparsers: Any) -> None:
     images.set_defaults(func=_tasks_images)
 
 
-def _limits(args: argparse.Namespace) -> Any:
-    from sandbox.limits import SessionLimits
+GATEWAY_FLAGS = {
+    "host": "host",
+    "port": "port",
+    "backend": "backend",
+    "token": "token",
+    "auth": "auth",
+    "client_token": "client_tokens",
+    "python_dir": "python_dir",
+    "owner": "sessions.owner",
+    "image": "sessions.default_image",
+    "max_sessions": "sessions.max_sessions",
+    "idle_timeout": "sessions.idle_timeout_s",
+    "max_lifetime": "sessions.max_lifetime_s",
+    "warm_pool": "sessions.warm_pool_size",
+    "reuse_pool": "sessions.reuse_pool_size",
+    "task_root": "sessions.allowed_task_roots",
+    "max_cpus": "sessions.limits.max_cpus",
+    "max_memory_mb": "sessions.limits.max_memory_mb",
+    "max_pids": "sessions.limits.max_pids",
+    "budget_pids": "sessions.limits.budget_pids",
+    "budget_memory_mb": "sessions.limits.budget_memory_mb",
+    "memory_overcommit": "sessions.limits.memory_overcommit",
+}
+"""Each flag of `stacx gateway` and the field of the `gateway:` section it overrides."""
 
-    given = {
-        "max_cpus": args.max_cpus,
-        "max_memory_mb": args.max_memory_mb,
-        "max_pids": args.max_pids,
-        "budget_pids": args.budget_pids,
-        "budget_memory_mb": args.budget_memory_mb,
-        "memory_overcommit": args.memory_overcommit,
-    }
-    return SessionLimits.Config(**{k: v for k, v in given.items() if v is not None})
+
+def gateway_config(args: argparse.Namespace) -> Any:
+    """`Gateway.Config` from the `gateway:` section of `--config` (if any) with the flags on top."""
+    from infra.config import section_with_overrides
+    from sandbox.gateway import Gateway
+
+    return section_with_overrides(args, "gateway", Gateway.Config, GATEWAY_FLAGS)
 
 
 def _gateway(args: argparse.Namespace) -> int:
+    from infra.config import ConfigError
     from sandbox.errors import GatewayConfigError
 
     try:
-        return _serve_gateway(args, _limits(args))
+        config = gateway_config(args)
+        return _serve_gateway(config)
+    except ConfigError as exc:
+        for line in exc.lines:
+            print(f"stacx gateway: {line}", file=sys.stderr)
+        return 2
     except GatewayConfigError as exc:
         print(f"stacx gateway: {exc}", file=sys.stderr)
         return 2
 
 
-def _serve_gateway(args: argparse.Namespace, limits: Any) -> int:
+def _serve_gateway(config: Any) -> int:
     from sandbox.gateway import Gateway
-    from sandbox.sessions import SessionManager
 
-    sessions = SessionManager.Config(
-        owner=args.owner,
-        default_image=args.image,
-        max_sessions=args.max_sessions,
-        idle_timeout_s=args.idle_timeout,
-        max_lifetime_s=args.max_lifetime,
-        warm_pool_size=args.warm_pool,
-        reuse_pool_size=args.reuse_pool,
-        allowed_task_roots=tuple(args.task_root),
-        limits=limits,
-    )
-    config = Gateway.Config(
-        host=args.host,
-        port=args.port,
-        token=args.token,
-        client_tokens=tuple(args.client_token),
-        auth=not args.no_auth,
-        backend=args.backend,
-        python_dir=args.python_dir,
-        sessions=sessions,
-    )
     gateway = Gateway(config)
-    if config.auth and not (args.token or _env_token()):
+    if config.auth and not (config.token or _env_token()):
         print(f"sandbox gateway token: {gateway.token}", file=sys.stderr)
     freeze_startup_heap("gateway")
     gateway.run()

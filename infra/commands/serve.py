@@ -73,35 +73,33 @@ def _models_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
-_FLAGS = (
-    "model",
-    "engine",
-    "host",
-    "port",
-    "device",
-    "dtype",
-    "weight_version",
-    "served_model_name",
-    "context_length",
-    "max_batch_size",
-    "threads",
-    "tp_size",
-    "mem_fraction_static",
-    "follow_weights",
-    "weights_topic",
-    "bootstrap_servers",
-)
+SERVE_FLAGS = {
+    "model": "server.model_path",
+    "host": "server.host",
+    "port": "server.port",
+    "device": "server.device",
+    "dtype": "server.dtype",
+    "weight_version": "server.weight_version",
+    "served_model_name": "server.served_model_name",
+    "context_length": "server.context_length",
+    "max_batch_size": "server.engine.max_batch_size",
+    "threads": "server.torch_threads",
+    "engine": "engine",
+    "tp_size": "engine_options.tp_size",
+    "mem_fraction_static": "engine_options.mem_fraction_static",
+    "follow_weights": "follow_weights",
+    "weights_topic": "weights_topic",
+    "bootstrap_servers": "bootstrap_servers",
+}
+"""Each flag of `stacx serve` and the field of the `inference:` section it overrides."""
 
 
 def serve_config(args: argparse.Namespace) -> Any:
     """The `inference:` section of `--config` (if any) with the flags given on top."""
-    from infra.config import build, load_yaml
+    from infra.config import section_with_overrides
     from rollout.inference.serving import ServeConfig
 
-    tree = load_yaml(args.config) if args.config else {}
-    data = dict(tree.get("inference") or {})
-    data.update({name: getattr(args, name) for name in _FLAGS if getattr(args, name) is not None})
-    return build(ServeConfig, data, where=f"{args.config or 'command line'}: inference")
+    return section_with_overrides(args, "inference", ServeConfig, SERVE_FLAGS)
 
 
 def _start_follower(
@@ -146,11 +144,12 @@ def _serve(args: argparse.Namespace) -> int:
         for line in exc.lines:
             print(f"stacx serve: {line}", file=sys.stderr)
         return 2
-    if not config.model or not Path(config.model, "config.json").is_file():
+    model = config.server.model_path
+    if not model or not Path(model, "config.json").is_file():
         print(
-            f"stacx serve: inference.model={config.model}: no config.json; pass a local Hugging Face "
-            "model directory (--model, or `model:` in the file's inference section; "
-            "`stacx models tiny --out DIR` makes one)",
+            f"stacx serve: inference.server.model_path={model}: no config.json; pass a local Hugging "
+            "Face model directory (--model, or `server: {model_path: DIR}` in the file's inference "
+            "section; `stacx models tiny --out DIR` makes one)",
             file=sys.stderr,
         )
         return 2

@@ -11,6 +11,7 @@ one line per problem, before anything starts.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import re
@@ -36,6 +37,7 @@ __all__ = [
     "PipelineFile",
     "PipelineSpec",
     "SFTConfig",
+    "MOVED_SERVICE_FIELDS",
     "ServicesConfig",
     "TasksConfig",
     "TinyModelSpec",
@@ -46,7 +48,7 @@ __all__ = [
 ]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-SERVICE_SECTIONS = ("rollout", "assembler", "trainer")
+SERVICE_SECTIONS = ("gateway", "inference", "rollout", "assembler", "trainer")
 """Sections handed (completed) to each service's own config loader."""
 
 
@@ -165,29 +167,26 @@ class SFTConfig(_Schema):
 
 
 class ServicesConfig(_Schema):
-    """Ports and sizes of the services the pipeline starts."""
+    """How the pipeline supervises its services (each service's own settings are its section:
+    `gateway:`, `inference:`, `rollout:`, `assembler:`, `trainer:`)."""
 
-    host: str = "127.0.0.1"
-    """Interface every service binds to."""
-    gateway_port: int = Field(default=8710, ge=1, le=65535)
-    """Sandbox gateway port (not the default 8700, so a gateway started by hand can stay)."""
-    gateway_backend: str = Field(default="docker", pattern="^(docker|process)$")
-    """`docker` or `process`."""
-    gateway_warm_pool: int = Field(default=0, ge=0)
-    """Pre-started sandboxes."""
-    gateway_reuse_pool: int = Field(default=64, ge=0)
-    """Sandboxes of finished episodes kept, reset, for the next episode of the same image and
-    limits (0: a new container per episode). Resetting is one exec; starting is a container."""
-    inference_port: int = Field(default=30010, ge=1, le=65535)
-    """Built-in inference server port."""
-    inference_threads: int = Field(default=1, ge=1)
-    """torch threads of the inference server."""
-    inference_max_batch_size: int = Field(default=64, ge=1)
-    """Rows per decoding step of the inference server."""
     startup_timeout_s: float = Field(default=180.0, gt=0)
     """How long a service may take to become ready."""
     restarts: RestartPolicy = Field(default_factory=RestartPolicy)
     """How a crashed service is restarted: backoff and a restart budget per service."""
+
+
+MOVED_SERVICE_FIELDS = {
+    "host": "gateway.host and inference.server.host",
+    "gateway_port": "gateway.port",
+    "gateway_backend": "gateway.backend",
+    "gateway_warm_pool": "gateway.sessions.warm_pool_size",
+    "gateway_reuse_pool": "gateway.sessions.reuse_pool_size",
+    "inference_port": "inference.server.port",
+    "inference_threads": "inference.server.torch_threads",
+    "inference_max_batch_size": "inference.server.engine.max_batch_size",
+}
+"""Former `pipeline.services` fields and where each one is set now."""
 
 
 class EvaluationConfig(_Schema):
@@ -267,6 +266,10 @@ class PipelineFile(_Schema):
     """The orchestrator."""
     topics: TopicPolicy = Field(default_factory=TopicPolicy)
     """Replication, partitions, retention and compression of the run's topics."""
+    gateway: dict[str, Any] = Field(default_factory=dict)
+    """`stacx gateway --config` section (sandbox.gateway.Gateway.Config)."""
+    inference: dict[str, Any] = Field(default_factory=dict)
+    """`stacx serve --config` section (rollout.inference.serving.ServeConfig)."""
     rollout: dict[str, Any] = Field(default_factory=dict)
     """`stacx rollout` config (rollout.config.RolloutConfig)."""
     assembler: dict[str, Any] = Field(default_factory=dict)
@@ -289,6 +292,10 @@ class PipelineSpec:
     """Orchestrator settings."""
     rollout: dict[str, Any]
     """`rollout.config.RolloutConfig` section as the user wrote it."""
+    gateway: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """`sandbox.gateway.Gateway.Config` section as the user wrote it."""
+    inference: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """`rollout.inference.serving.ServeConfig` section as the user wrote it."""
     assembler: dict[str, Any]
     """`consumers.assembly.AssemblerApp.Config` section as the user wrote it."""
     trainer: dict[str, Any]
@@ -342,30 +349,104 @@ def parse_spec(
     tree: dict[str, Any], *, source: str = "config", base_dir: Path | None = None, check: bool = True
 ) -> PipelineSpec:
     """A `PipelineSpec` from an already-loaded YAML tree; with `check`, every service section is
-    validated (completed with the run's values) too. All problems are raised at once."""
-    try:
-        parsed = PipelineFile.model_validate(tree)
-    except pydantic.ValidationError as exc:
-        raise PipelineConfigError("\n".join(schema_errors(exc, source))) from exc
-    sections = {"rollout": parsed.rollout, "assembler": parsed.assembler, "trainer": parsed.trainer}
-    bootstrap = parsed.bootstrap_servers or wire_value(sections, "bootstrap_servers")
-    spec = PipelineSpec(
-        source=source,
-        base_dir=base_dir or Path.cwd(),
-        bootstrap_servers=str(bootstrap or os.environ.get(BOOTSTRAP_ENV) or DEFAULT_BOOTSTRAP),
-        pipeline=parsed.pipeline,
-        rollout=dict(parsed.rollout),
-        assembler=dict(parsed.assembler),
-        trainer=dict(parsed.trainer),
-        topics=parsed.topics,
-        plugin_paths=[((base_dir or Path.cwd()) / p).resolve() for p in parsed.pipeline.plugin_paths],
-    )
+    validated (completed with the run's values) too. All problems of every section are raised
+    at once: a broken `pipeline` section does not hide the service sections' problems."""
+    parsed, lines, replaced = _parse_file(tree, source)
+    spec = _spec(parsed, source, base_dir or Path.cwd())
     use_plugin_paths(spec.plugin_paths)
     if check:
         from infra.pipeline.resolve import check_sections
 
-        check_sections(spec)
+        check_sections(spec, lines, unchecked=replaced)
+    elif lines:
+        raise PipelineConfigError("\n".join(lines))
     return spec
+
+
+_PLACEHOLDERS: dict[str, Any] = {"model": {"tiny": {}}, "tasks": {"jsonl": "tasks.jsonl"}}
+"""Stand-ins for an invalid required `pipeline` field while the other sections are checked."""
+
+
+def _parse_file(tree: dict[str, Any], source: str) -> tuple[PipelineFile, list[str], set[str]]:
+    """The file's schema, and its problems: an invalid field is dropped (a required one is
+    stood in for) and the rest validated again, so every section gets checked in one pass.
+    The third value names the `pipeline` fields that were stood in for or dropped (`*`: all)."""
+    current = copy.deepcopy(tree)
+    lines = _moved_fields(current, source)
+    replaced: set[str] = set()
+    for _ in range(4):  # each round drops what the last one found; nesting is shallow
+        try:
+            return PipelineFile.model_validate(current), lines, replaced
+        except pydantic.ValidationError as exc:
+            lines += [line for line in schema_errors(exc, source) if line not in lines]
+            for err in exc.errors():
+                replaced |= _drop(current, tuple(str(p) for p in err["loc"]))
+    raise PipelineConfigError("\n".join(lines))
+
+
+def _moved_fields(tree: dict[str, Any], source: str) -> list[str]:
+    """One line per former `pipeline.services` field (taken out of `tree`), naming its new place."""
+    pipeline = tree.get("pipeline")
+    services = pipeline.get("services") if isinstance(pipeline, dict) else None
+    if not isinstance(services, dict):
+        return []
+    moved = [key for key in services if key in MOVED_SERVICE_FIELDS]
+    for key in moved:
+        del services[key]
+    return [
+        f"{source}: pipeline.services.{key}: moved; set {MOVED_SERVICE_FIELDS[key]} (its own section)"
+        for key in moved
+    ]
+
+
+def _drop(tree: dict[str, Any], loc: tuple[str, ...]) -> set[str]:
+    """Remove the value at `loc` (or its nearest existing parent); put a stand-in for a required
+    `pipeline` field. Returns the `pipeline` field touched, if any."""
+    node: Any = tree
+    for depth, part in enumerate(loc):
+        if not isinstance(node, dict) or part not in node:
+            loc = loc[:depth]
+            break
+        if depth < len(loc) - 1:
+            node = node[part]
+    if not loc:
+        return set()
+    if len(loc) == 1:
+        tree.pop(loc[0], None)
+        if loc[0] == "pipeline":
+            tree["pipeline"] = copy.deepcopy(_PLACEHOLDERS)
+            return {"*"}
+        return set()
+    parent = tree
+    for part in loc[:-1]:
+        parent = parent[part]
+    if isinstance(parent, dict):
+        parent.pop(loc[-1], None)
+    pipeline = tree.get("pipeline")
+    if loc[0] == "pipeline" and isinstance(pipeline, dict):
+        field = loc[1]
+        if field in _PLACEHOLDERS:
+            pipeline[field] = copy.deepcopy(_PLACEHOLDERS[field])
+        return {field}
+    return set()
+
+
+def _spec(parsed: PipelineFile, source: str, base_dir: Path) -> PipelineSpec:
+    sections = {"rollout": parsed.rollout, "assembler": parsed.assembler, "trainer": parsed.trainer}
+    bootstrap = parsed.bootstrap_servers or wire_value(sections, "bootstrap_servers")
+    return PipelineSpec(
+        source=source,
+        base_dir=base_dir,
+        bootstrap_servers=str(bootstrap or os.environ.get(BOOTSTRAP_ENV) or DEFAULT_BOOTSTRAP),
+        pipeline=parsed.pipeline,
+        gateway=dict(parsed.gateway),
+        inference=dict(parsed.inference),
+        rollout=dict(parsed.rollout),
+        assembler=dict(parsed.assembler),
+        trainer=dict(parsed.trainer),
+        topics=parsed.topics,
+        plugin_paths=[(base_dir / p).resolve() for p in parsed.pipeline.plugin_paths],
+    )
 
 
 def use_plugin_paths(paths: list[Path]) -> None:

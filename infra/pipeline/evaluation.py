@@ -41,7 +41,8 @@ class _Collector:
 
 
 def _eval_config(rollout_section: dict[str, Any], *, heldout_path: str, samples: int) -> Any:
-    from rollout.config import parse_config
+    from infra.config import build
+    from rollout.config import RolloutConfig
 
     section = copy.deepcopy(rollout_section)
     section["data"] = {"path": heldout_path, "samples_per_task": samples, "epochs": 1, "shuffle": False}
@@ -51,7 +52,7 @@ def _eval_config(rollout_section: dict[str, Any], *, heldout_path: str, samples:
     manager["train_groups_per_version"] = 0  # evaluation never waits for the trainer
     section["progress"] = False
     section["num_groups"] = None
-    return parse_config(section, where="pipeline evaluation")
+    return build(RolloutConfig, section, where="pipeline evaluation: rollout")
 
 
 def _summarise(trajectories: list[Trajectory], version: int, started: float) -> EvalResult:

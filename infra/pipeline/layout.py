@@ -22,7 +22,11 @@ __all__ = [
     "RunLayout",
     "RunTopics",
     "assembler_section",
+    "gateway_backend",
+    "gateway_section",
+    "inference_section",
     "rollout_section",
+    "service_urls",
     "trainer_section",
 ]
 
@@ -241,3 +245,46 @@ def trainer_section(spec: PipelineSpec, layout: RunLayout, *, model_dir: Path) -
             "trainer_id": f"stacx-trainer-{layout.run_id}",
         },
     )
+
+
+GATEWAY_DEFAULTS: dict[str, Any] = {
+    "host": "127.0.0.1",
+    "port": 8710,  # not the gateway's own default 8700, so a gateway started by hand can stay
+    "backend": "docker",
+    "sessions": {"reuse_pool_size": 64},  # resetting a sandbox is one exec, starting one a container
+}
+INFERENCE_DEFAULTS: dict[str, Any] = {
+    "server": {"host": "127.0.0.1", "port": 30010, "device": "cpu", "torch_threads": 1},
+}
+
+
+def gateway_section(spec: PipelineSpec, layout: RunLayout) -> dict[str, Any]:
+    """`stacx gateway --config` section (Gateway.Config): the spec's `gateway:` section, the
+    pipeline's defaults where it is silent, and the run's sandbox owner."""
+    return _fill(_fill(spec.gateway, GATEWAY_DEFAULTS), {"sessions": {"owner": f"stacx-{layout.run_id}"}})
+
+
+def inference_section(spec: PipelineSpec, layout: RunLayout, *, model_dir: Path) -> dict[str, Any]:
+    """`stacx serve --config` section (ServeConfig): the spec's `inference:` section plus the
+    run's model and weight topic (the server follows the run's weights itself)."""
+    return _fill(
+        _fill(spec.inference, INFERENCE_DEFAULTS),
+        {
+            "server": {"model_path": str(model_dir), "weight_version": "0"},
+            "follow_weights": layout.model_name,
+            "weights_topic": layout.topics.weights,
+            "bootstrap_servers": spec.bootstrap_servers,
+        },
+    )
+
+
+def service_urls(spec: PipelineSpec) -> tuple[str, str]:
+    """(inference URL, gateway URL) of the services the pipeline starts."""
+    gateway = _fill(spec.gateway, GATEWAY_DEFAULTS)
+    server = _fill(spec.inference, INFERENCE_DEFAULTS)["server"]
+    return f"http://{server['host']}:{server['port']}", f"http://{gateway['host']}:{gateway['port']}"
+
+
+def gateway_backend(spec: PipelineSpec) -> str:
+    """The sandbox backend of the run's gateway (`docker` or `process`)."""
+    return str(_fill(spec.gateway, GATEWAY_DEFAULTS)["backend"])

@@ -39,10 +39,17 @@ from infra.pipeline import preflight
 from infra.pipeline.config import PipelineSpec
 from infra.pipeline.errors import PipelineError, ServiceError, StallError
 from infra.pipeline.evaluation import EvalResult, run_evaluation
-from infra.pipeline.layout import RunLayout, rollout_section
+from infra.pipeline.layout import (
+    RunLayout,
+    gateway_backend,
+    gateway_section,
+    inference_section,
+    rollout_section,
+    service_urls,
+)
 from infra.pipeline.monitor import EvalPoint, RunMetrics, TopicMonitor, assembler_keeps
 from infra.pipeline.report import plot_curve, write_report
-from infra.pipeline.resolve import base_model_dir, gateway_args, inference_args, plan, transcript_adapter
+from infra.pipeline.resolve import base_model_dir, plan, transcript_adapter
 from infra.pipeline.services import ServiceProcess, ServiceSpec, Supervisor
 from infra.pipeline.sft import DemonstrationEncoder, demonstration_batches, run_sft, transcript_batches
 from infra.pipeline.stall import Progress, StallWatch, diagnose
@@ -103,8 +110,7 @@ class Pipeline:
 
     @property
     def inference_url(self) -> str:
-        s = self.cfg.services
-        return f"http://{s.host}:{s.inference_port}"
+        return service_urls(self.spec)[0]
 
     @property
     def sandbox_owner(self) -> str:
@@ -113,8 +119,7 @@ class Pipeline:
 
     @property
     def gateway_url(self) -> str:
-        s = self.cfg.services
-        return f"http://{s.host}:{s.gateway_port}"
+        return service_urls(self.spec)[1]
 
     # ----------------------------------------------------------------------------- main
 
@@ -308,13 +313,17 @@ class Pipeline:
         return model
 
     def _start_serving(self, sft_dir: Path) -> None:
-        s = self.cfg.services
         self.metrics.stage = "starting the sandbox gateway and the inference server"
+        cfg_dir = self.layout.config_dir
+        gateway = gateway_section(self.spec, self.layout)
+        gateway_file = self._write_yaml(cfg_dir / "gateway.yaml", {"gateway": gateway})
+        inference = inference_section(self.spec, self.layout, model_dir=sft_dir)
+        inference_file = self._write_yaml(cfg_dir / "inference.yaml", {"inference": inference})
         self._start(
             ServiceSpec(
                 name="gateway",
                 ready_url=f"{self.gateway_url}/healthz",
-                args=gateway_args(self.spec, self.layout),
+                args=["gateway", "--config", str(gateway_file)],
             ),
             wait=False,
         )
@@ -322,12 +331,12 @@ class Pipeline:
             ServiceSpec(
                 name="inference",
                 ready_url=f"{self.inference_url}/health",
-                args=inference_args(self.spec, sft_dir, self.layout),
+                args=["serve", "--config", str(inference_file)],
             ),
             wait=False,
         )
         for name in ("gateway", "inference"):
-            self.services[name].wait_ready(s.startup_timeout_s)
+            self.services[name].wait_ready(self.cfg.services.startup_timeout_s)
 
     def _grpo(self, sft_dir: Path, refresh: Any) -> None:
         self.metrics.stage = "starting the assembler, the trainer and the rollout service"
@@ -566,7 +575,7 @@ class Pipeline:
     def _reap_sandboxes(self) -> None:
         """Remove containers of this run that the gateway left behind (it was killed, or the
         engine was wedged when it closed its sessions): by owner label, nothing else."""
-        if "gateway" not in self.services or self.cfg.services.gateway_backend != "docker":
+        if "gateway" not in self.services or gateway_backend(self.spec) != "docker":
             return
         from sandbox.backends import DockerBackend
 

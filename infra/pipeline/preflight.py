@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from infra.pipeline.config import PipelineSpec
 from infra.pipeline.errors import MissingComponentError
+from infra.pipeline.layout import gateway_backend, service_urls
 
 __all__ = ["COMMANDS", "MODULES", "check_all", "missing_commands", "missing_modules"]
 
@@ -97,13 +98,14 @@ def _docker_problem(image: str) -> str | None:
 def _ports_problems(spec: PipelineSpec) -> list[str]:
     from infra.services.processes import port_holder, port_open
 
-    services = spec.pipeline.services
     problems = []
-    for what, port in (("gateway_port", services.gateway_port), ("inference_port", services.inference_port)):
-        if port_open(services.host, port):
+    inference_url, gateway_url = service_urls(spec)
+    for what, url in (("gateway.port", gateway_url), ("inference.server.port", inference_url)):
+        host, _, port = url.removeprefix("http://").rpartition(":")
+        if port_open(host, int(port)):
             problems.append(
-                f"a free port {port} for pipeline.services.{what} (held by "
-                f"{port_holder(port)}); pick another one in the config"
+                f"a free port {port} for {what} (held by {port_holder(int(port))}); "
+                "pick another one in the config"
             )
     return problems
 
@@ -136,7 +138,7 @@ def check_all(spec: PipelineSpec) -> None:
         missing.append(kafka)
     else:
         missing += _topic_problems(spec)
-    if spec.pipeline.services.gateway_backend == "docker":
+    if gateway_backend(spec) == "docker":
         image = str((spec.rollout.get("sandbox") or {}).get("image", "stacx/sandbox:bookworm"))
         docker_problem = _docker_problem(image)
         if docker_problem:

@@ -31,11 +31,14 @@ from infra.pipeline.errors import PipelineConfigError
 from infra.pipeline.layout import (
     RunLayout,
     assembler_section,
+    gateway_section,
+    inference_section,
     rollout_section,
+    service_urls,
     task_data,
     trainer_section,
 )
-from infra.pipeline.wires import get_path, wire_conflicts
+from infra.pipeline.wires import WIRES, get_path, wire_conflicts
 from rollout.tokens import model_vocab_size
 
 __all__ = [
@@ -43,8 +46,6 @@ __all__ = [
     "check_resolved",
     "check_sections",
     "explain",
-    "gateway_args",
-    "inference_args",
     "plan",
     "planned_model_dir",
     "transcript_adapter",
@@ -53,12 +54,12 @@ __all__ = [
 
 @dataclass(kw_only=True, slots=True)
 class ServicePlan:
-    """What every service of a run gets: command lines and config sections."""
+    """What every service of a run gets: its config section, completed with the run's values."""
 
     model_dir: Path
     """The policy the services start from (after SFT, when there is one)."""
-    gateway: list[str]
-    inference: list[str]
+    gateway: dict[str, Any]
+    inference: dict[str, Any]
     rollout: dict[str, Any]
     assembler: dict[str, Any]
     trainer: dict[str, Any]
@@ -66,8 +67,7 @@ class ServicePlan:
 
 def urls(spec: PipelineSpec) -> tuple[str, str]:
     """(inference URL, gateway URL) of the services the pipeline starts."""
-    s = spec.pipeline.services
-    return f"http://{s.host}:{s.inference_port}", f"http://{s.host}:{s.gateway_port}"
+    return service_urls(spec)
 
 
 def base_model_dir(spec: PipelineSpec, layout: RunLayout) -> Path:
@@ -86,61 +86,14 @@ def planned_model_dir(spec: PipelineSpec, layout: RunLayout) -> Path:
     return layout.sft_root / ("sft" if mixture else "sft-skill") / f"v{mixture or skill}"
 
 
-def gateway_args(spec: PipelineSpec, layout: RunLayout) -> list[str]:
-    s = spec.pipeline.services
-    return [
-        "gateway",
-        "--host",
-        s.host,
-        "--port",
-        str(s.gateway_port),
-        "--backend",
-        s.gateway_backend,
-        "--warm-pool",
-        str(s.gateway_warm_pool),
-        "--reuse-pool",
-        str(s.gateway_reuse_pool),
-        "--owner",
-        f"stacx-{layout.run_id}",
-    ]
-
-
-def inference_args(spec: PipelineSpec, model_dir: Path, layout: RunLayout) -> list[str]:
-    """`stacx serve` for this run; the server follows the run's weights topic itself."""
-    s = spec.pipeline.services
-    return [
-        "serve",
-        "--model",
-        str(model_dir),
-        "--host",
-        s.host,
-        "--port",
-        str(s.inference_port),
-        "--device",
-        "cpu",
-        "--weight-version",
-        "0",
-        "--threads",
-        str(s.inference_threads),
-        "--max-batch-size",
-        str(s.inference_max_batch_size),
-        "--follow-weights",
-        layout.model_name,
-        "--weights-topic",
-        layout.topics.weights,
-        "--bootstrap-servers",
-        spec.bootstrap_servers,
-    ]
-
-
 def plan(spec: PipelineSpec, layout: RunLayout, *, model_dir: Path | None = None) -> ServicePlan:
-    """Every service's command line and config section for this run."""
+    """Every service's config section for this run."""
     model_dir = model_dir or planned_model_dir(spec, layout)
     inference_url, gateway_url = urls(spec)
     return ServicePlan(
         model_dir=model_dir,
-        gateway=gateway_args(spec, layout),
-        inference=inference_args(spec, model_dir, layout),
+        gateway=gateway_section(spec, layout),
+        inference=inference_section(spec, layout, model_dir=model_dir),
         rollout=rollout_section(
             spec, layout, model_dir=model_dir, inference_url=inference_url, gateway_url=gateway_url
         ),
@@ -184,11 +137,7 @@ def explain(spec: PipelineSpec, layout: RunLayout) -> str:
             },
         },
         "pipeline": spec.pipeline.model_dump(mode="json", exclude_none=True),
-        "services": {
-            "gateway": "stacx " + " ".join(p.gateway),
-            "inference": "stacx " + " ".join(p.inference),
-            **resolved,
-        },
+        "services": resolved,
     }
     return yaml.safe_dump(doc, sort_keys=False, width=110)
 
@@ -207,14 +156,17 @@ def _owned(spec: PipelineSpec, layout: RunLayout) -> list[tuple[tuple[str, ...],
         (
             ("rollout", "inference", "url"),
             inference_url,
-            "the pipeline starts the inference server there; change pipeline.services.host/inference_port",
+            "the pipeline starts the inference server there; set inference.server.host/port instead",
         ),
         (
             ("rollout", "sandbox", "url"),
             gateway_url,
-            "the pipeline starts the sandbox gateway there; change pipeline.services.host/gateway_port",
+            "the pipeline starts the sandbox gateway there; set gateway.host/port instead",
         ),
         (("rollout", "kafka", "publish"), True, "the trainer learns from the published trajectories"),
+        (("inference", "server", "model_path"), None, model),
+        (("inference", "follow_weights"), None, "the server follows the run's policy on its weights topic"),
+        (("gateway", "sessions", "owner"), None, "the run labels its sandboxes with its own owner"),
         (("rollout", "kafka", "follow_weights"), True, "rollouts must follow the trained policy"),
         (("trainer", "models", "policy", "path"), None, model),
         (("trainer", "models", "policy", "tiny"), None, model),
@@ -225,28 +177,46 @@ def _owned(spec: PipelineSpec, layout: RunLayout) -> list[tuple[tuple[str, ...],
 
 
 def _sections(spec: PipelineSpec) -> dict[str, Any]:
-    return {"rollout": spec.rollout, "assembler": spec.assembler, "trainer": spec.trainer}
+    return {
+        "gateway": spec.gateway,
+        "inference": spec.inference,
+        "rollout": spec.rollout,
+        "assembler": spec.assembler,
+        "trainer": spec.trainer,
+    }
 
 
 def owned_conflicts(spec: PipelineSpec, layout: RunLayout) -> list[str]:
-    lines = []
+    return list(_owned_conflicts(spec, layout).values())
+
+
+def _owned_conflicts(spec: PipelineSpec, layout: RunLayout) -> dict[str, str]:
+    """Dotted place -> its line, for each value the user set that the pipeline owns."""
+    lines = {}
     sections = _sections(spec)
     for place, expected, how in _owned(spec, layout):
         value = get_path(sections, place)
         if value is not None and value != expected:
-            lines.append(f"{spec.source}: {'.'.join(place)}={value!r}: {how}")
+            dotted = ".".join(place)
+            lines[dotted] = f"{spec.source}: {dotted}={value!r}: {how}"
     return lines
 
 
 def _built_sections(spec: PipelineSpec, layout: RunLayout) -> tuple[dict[str, Any], list[str]]:
+    """Every service section, completed with the run's values, built by the one config loader;
+    the sections that do not build are left out, their problems are the lines."""
     from consumers.assembly import AssemblerApp
     from rollout.config import RolloutConfig
+    from rollout.inference.serving import ServeConfig
+    from sandbox.gateway import Gateway
     from trainer.config import TrainerConfig
 
     p = plan(spec, layout)
     built: dict[str, Any] = {}
     lines: list[str] = []
     for name, cls, data in (
+        ("gateway", Gateway.Config, p.gateway),
+        ("inference", ServeConfig, p.inference),
         ("rollout", RolloutConfig, p.rollout),
         ("assembler", AssemblerApp.Config, p.assembler["assembler"]),
         ("trainer", TrainerConfig, p.trainer),
@@ -258,15 +228,54 @@ def _built_sections(spec: PipelineSpec, layout: RunLayout) -> tuple[dict[str, An
     return built, lines
 
 
-def check_sections(spec: PipelineSpec) -> None:
-    """Raise PipelineConfigError listing every problem of the service sections."""
-    layout = RunLayout.create(spec, now=0.0)
+def _structural(spec: PipelineSpec, layout: RunLayout) -> tuple[dict[str, Any], list[str]]:
+    """Wires, values the pipeline owns, and every section's types and values."""
     lines = wire_conflicts({"bootstrap_servers": spec.bootstrap_servers, **_sections(spec)}, spec.source)
-    lines += owned_conflicts(spec, layout)
-    if not lines:
-        _, lines = _built_sections(spec, layout)
+    owned = _owned_conflicts(spec, layout)
+    built, build_lines = _built_sections(spec, layout)
+    prefix = f"{spec.source}: "
+    fields = [line.removeprefix(prefix).split(": ", 1)[0] for line in build_lines]
+    consequences = {  # a section left invalid by the owned value set there: said once, by `owned`
+        line for line, field in zip(build_lines, fields, strict=True)
+        if any(place == field or place.startswith(field + ".") for place in owned)
+    }
+    return built, [*lines, *owned.values(), *(line for line in build_lines if line not in consequences)]
+
+
+def _semantic(spec: PipelineSpec, built: dict[str, Any], unchecked: set[str] | None = None) -> list[str]:
+    """What the built sections name (recipe, plug-ins, budgets) and what the file points at
+    (model, tasks, transcripts); `unchecked`: `pipeline` fields that were invalid (stood in for)."""
+    unchecked = unchecked or set()
+    if "*" in unchecked:
+        return []
+    lines: list[str] = []
+    if "trainer" in built:
+        lines += _recipe_problems(spec, built["trainer"])
+    if "rollout" in built:
+        lines += _rollout_problems(spec, built["rollout"])
+        if "assembler" in built:
+            lines += _grouping_problems(spec, built["rollout"], built["assembler"])
+    if "model" not in unchecked:
+        lines += _model_problems(spec)
+    if "tasks" not in unchecked:
+        lines += _task_problems(spec, RunLayout.create(spec, now=0.0))
+    if "transcripts" not in unchecked:
+        lines += _transcript_problems(spec)
+    return lines
+
+
+def check_sections(
+    spec: PipelineSpec, problems: list[str] | None = None, *, unchecked: set[str] | None = None
+) -> None:
+    """Raise PipelineConfigError listing every problem of the service sections (with
+    `problems` of the file found before). When anything is wrong, everything is checked, so the
+    report is complete: every type and semantic error of every section, one line each."""
+    layout = RunLayout.create(spec, now=0.0)
+    built, lines = _structural(spec, layout)
+    lines = [*(problems or []), *lines]
     if lines:
-        raise PipelineConfigError("\n".join(lines))
+        lines += _semantic(spec, built, unchecked)
+        raise PipelineConfigError("\n".join(_unique(lines)))
 
 
 # ------------------------------------------------------------------------------ before starting
@@ -276,16 +285,14 @@ def check_resolved(spec: PipelineSpec) -> None:
     """Resolve recipes, scaffolds, rewards, strategies, budgets, model and task paths; raise
     PipelineConfigError listing every problem. Reads files, starts nothing."""
     layout = RunLayout.create(spec, now=0.0)
-    built, lines = _built_sections(spec, layout)
-    if not lines:
-        lines += _recipe_problems(spec, built["trainer"])
-        lines += _rollout_problems(spec, built["rollout"])
-        lines += _grouping_problems(spec, built["rollout"], built["assembler"])
-    lines += _model_problems(spec)
-    lines += _task_problems(spec, layout)
-    lines += _transcript_problems(spec)
+    built, lines = _structural(spec, layout)
+    lines += _semantic(spec, built)
     if lines:
-        raise PipelineConfigError("\n".join(lines))
+        raise PipelineConfigError("\n".join(_unique(lines)))
+
+
+def _unique(lines: list[str]) -> list[str]:
+    return list(dict.fromkeys(lines))
 
 
 def _recipe_problems(spec: PipelineSpec, config: Any) -> list[str]:
@@ -314,8 +321,9 @@ def _rollout_problems(spec: PipelineSpec, config: Any) -> list[str]:
 
 def _grouping_problems(spec: PipelineSpec, rollout: Any, assembler: Any) -> list[str]:
     n, group = rollout.data.samples_per_task, assembler.grouping.group_size
-    if n == group:
-        return []
+    places = WIRES["group_size"].places
+    if n == group or all(get_path(_sections(spec), place) is not None for place in places):
+        return []  # both set by the user: the wire conflict says so
     return [
         f"{spec.source}: assembler.grouping.group_size={group} but rollout.data.samples_per_task={n}: "
         "a group is the samples of one task; set both to the same number"

@@ -25,12 +25,14 @@ pipeline:
     # jsonl: tasks.jsonl           # or TaskSample rows (`stacx tasks import` writes them)
     # topic: stacx.tasks           # or a Kafka topic of TaskSample events
     # heldout: heldout-tasks       # evaluation set (folder or .jsonl); default: the training tasks
-  services:                        # ports of the services the run starts
-    gateway_port: 8710
-    inference_port: 30010
   evaluation:
     every_versions: 4              # evaluate every 4 policy versions (0: before and after only)
     final_samples_per_problem: 1   # samples per task before and after training (0: none)
+
+gateway:                           # the sandbox gateway (`stacx gateway --config` reads the same section)
+  port: 8710
+inference:                         # the inference server (`stacx serve --config`); the model is the run's
+  server: {port: 30010}
 
 rollout:                           # `stacx rollout` config: data source, URLs and topics come from the run
   data: {samples_per_task: 4, epochs: 0, shuffle: true}   # samples_per_task: the GRPO group size

@@ -8,10 +8,12 @@ the weights topic for every engine alike (the follower retries until the server 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rollout.inference.errors import InferenceError
+from rollout.inference.server import InferenceServer
 from schemas.plugins import PluginError, Registry, accepts
 
 __all__ = ["ENGINES", "ServeConfig", "ServedEngine", "build_engine"]
@@ -21,34 +23,15 @@ __all__ = ["ENGINES", "ServeConfig", "ServedEngine", "build_engine"]
 class ServeConfig:
     """One inference server: what `stacx serve` runs (flags override the file's values)."""
 
-    model: str | None = None
-    """Local Hugging Face model directory (the pipeline sets it: its SFT or base model)."""
+    server: InferenceServer.Config
+    """The server itself (`model_path`, `host`, `port`, `device`, `dtype`, `weight_version`,
+    `served_model_name`, `context_length`, `torch_threads`, `engine.max_batch_size`): the builtin
+    engine runs exactly this, another engine reads what applies to it."""
     engine: str = "builtin"
     """builtin | sglang | `package.module:factory` | an entry point in `stacx.inference_engines`."""
     engine_options: dict[str, Any] = field(default_factory=dict)
-    """Keyword options of the engine's factory."""
-    host: str = "127.0.0.1"
-    """Interface to listen on."""
-    port: int = 30000
-    """TCP port."""
-    device: str = "auto"
-    """builtin: auto, cpu or cuda[:N]."""
-    dtype: str = "auto"
-    """auto, float32, bfloat16, float16."""
-    weight_version: str = "default"
-    """Version reported before any update."""
-    served_model_name: str | None = None
-    """Name in OpenAI responses."""
-    context_length: int | None = None
-    """Prompt + completion token limit."""
-    max_batch_size: int = 64
-    """builtin: rows per decoding step."""
-    threads: int | None = None
-    """builtin: torch CPU threads."""
-    tp_size: int = 1
-    """sglang: tensor-parallel GPUs."""
-    mem_fraction_static: float | None = None
-    """sglang: GPU memory share."""
+    """Keyword options of the engine's factory (sglang: `tp_size`, `mem_fraction_static`,
+    `extra_args`)."""
     follow_weights: str | None = None
     """Apply new versions of this model name from the weights topic (Kafka)."""
     weights_topic: str | None = None
@@ -57,10 +40,8 @@ class ServeConfig:
     """Kafka bootstrap servers of the follower (default: $STACX_KAFKA)."""
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"port = {self.port}; use 0..65535")
-        if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size = {self.max_batch_size}; use >= 1")
+        if not 0 <= self.server.port <= 65535:
+            raise ValueError(f"server.port = {self.server.port}; use 0..65535")
 
 
 class ServedEngine(Protocol):
@@ -76,25 +57,9 @@ class ServedEngine(Protocol):
 
 class _Builtin:
     def __init__(self, config: ServeConfig) -> None:
-        from rollout.inference.engine import BatchingEngine
-        from rollout.inference.server import InferenceServer
-
-        assert config.model is not None
-        self.server = InferenceServer(
-            InferenceServer.Config(
-                model_path=config.model,
-                host=config.host,
-                port=config.port,
-                device=config.device,
-                dtype=config.dtype,
-                weight_version=config.weight_version,
-                served_model_name=config.served_model_name,
-                context_length=config.context_length,
-                torch_threads=config.threads,
-                engine=BatchingEngine.Config(max_batch_size=config.max_batch_size),
-                wait_for_weights=bool(config.follow_weights),
-            )
-        )
+        # a server that follows a weight topic is ready once it serves the newest version
+        wait = config.server.wait_for_weights or bool(config.follow_weights)
+        self.server = InferenceServer(dataclasses.replace(config.server, wait_for_weights=wait))
 
     @property
     def base_url(self) -> str:
@@ -110,24 +75,31 @@ class _Builtin:
 
 
 class _SGLang:
-    def __init__(self, config: ServeConfig, *, extra_args: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        config: ServeConfig,
+        *,
+        tp_size: int = 1,
+        mem_fraction_static: float | None = None,
+        extra_args: list[str] | None = None,
+    ) -> None:
         from rollout.inference.sglang import SGLangServer, unavailable_reason
 
         reason = unavailable_reason()
         if reason is not None:
             raise InferenceError(f"cannot run SGLang here: {reason}")
-        assert config.model is not None
+        server = config.server
         self.server = SGLangServer(
             SGLangServer.Config(
-                model_path=config.model,
-                host=config.host,
-                port=config.port,
-                dtype=config.dtype,
-                tp_size=config.tp_size,
-                context_length=config.context_length,
-                mem_fraction_static=config.mem_fraction_static,
-                served_model_name=config.served_model_name,
-                weight_version=config.weight_version,
+                model_path=server.model_path,
+                host=server.host,
+                port=server.port,
+                dtype=server.dtype,
+                tp_size=tp_size,
+                context_length=server.context_length,
+                mem_fraction_static=mem_fraction_static,
+                served_model_name=server.served_model_name,
+                weight_version=server.weight_version,
                 extra_args=list(extra_args or []),
             )
         )
@@ -146,7 +118,7 @@ class _SGLang:
 
 
 def _check(factory: Any) -> str | None:
-    return accepts(factory, ServeConfig())
+    return accepts(factory, ServeConfig(server=InferenceServer.Config(model_path="")))
 
 
 ENGINES: Registry[Any] = Registry("inference_engines", what="inference engine", check=_check)

@@ -34,7 +34,8 @@ def _short_config(tmp_path: Path, bootstrap: str) -> tuple[Path, str]:
     p["tasks"]["options"].update(num_train=64, num_heldout=8)
     p["sft"].update(steps=4, skill_steps=2, batch_size=8)
     p["evaluation"].update(every_versions=0)
-    p["services"].update(gateway_port=free_port(), inference_port=free_port(), gateway_warm_pool=2)
+    tree["gateway"].update(port=free_port(), sessions={"warm_pool_size": 2})
+    tree["inference"]["server"]["port"] = free_port()
     tree["rollout"]["manager"]["max_concurrent_episodes"] = 8
     path = tmp_path / "short.yaml"
     path.write_text(yaml.safe_dump(tree))

@@ -64,7 +64,8 @@ def _config(tmp_path: Path, bootstrap: str, model: Path, tasks: Path) -> tuple[P
     )
     p["model"] = {"path": "my-model"}  # relative: resolved against the config file's folder
     p["tasks"] = {"harbor": "my-tasks"}
-    p["services"] = {"gateway_port": free_port(), "inference_port": free_port()}
+    tree["gateway"] = {"port": free_port()}
+    tree["inference"] = {"server": {"port": free_port()}}
     p["evaluation"] = {"every_versions": 0, "final_samples_per_problem": 1}
     tree["rollout"]["data"]["samples_per_task"] = 2
     tree["rollout"]["manager"]["train_groups_per_version"] = 1

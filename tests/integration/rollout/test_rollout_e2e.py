@@ -252,8 +252,9 @@ async def test_service_builds_real_clients_and_follows_weights_from_kafka(
     import json
 
     from producers import EventProducer
-    from rollout.config import parse_config
+    from rollout.config import RolloutConfig
     from rollout.service import _versions, run_rollout
+    from schemas.config import build
     from schemas.records import WeightVersion
 
     trajectories = fresh_topic("trajectories", partitions=2)
@@ -274,7 +275,8 @@ async def test_service_builds_real_clients_and_follows_weights_from_kafka(
         )
     )
     monkeypatch.setenv("ROLLOUT_IT_TOKEN", TOKEN)
-    config = parse_config(
+    config = build(
+        RolloutConfig,
         {
             "data": {"path": str(tasks), "samples_per_task": 2},
             "inference": {"url": inference_url, "tokenizer": str(model_dir)},
@@ -298,7 +300,8 @@ async def test_service_builds_real_clients_and_follows_weights_from_kafka(
                 },
             },
             "progress": False,
-        }
+        },
+        where="config",
     )
     versions = _versions(config)
     try:

@@ -351,12 +351,14 @@ async def test_the_rollout_service_starts_the_capture_proxy_for_a_black_box_scaf
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from rollout.config import parse_config
+    from rollout.config import RolloutConfig
     from rollout.fakes import MemoryPublisher
     from rollout.service import run_rollout
+    from schemas.config import build
 
     monkeypatch.setenv("SCAFFOLDS_IT_TOKEN", TOKEN)
-    config = parse_config(
+    config = build(
+        RolloutConfig,
         {
             "data": {"task_dirs": str(cookbook()), "samples_per_task": 2},
             "inference": {"url": inference_url, "tokenizer": str(model_dir)},
@@ -370,7 +372,8 @@ async def test_the_rollout_service_starts_the_capture_proxy_for_a_black_box_scaf
                 },
             },
             "progress": False,
-        }
+        },
+        where="config",
     )
     publisher = MemoryPublisher()
     tasks = [_task()]  # what `stacx eval` loads from data.task_dirs

@@ -74,3 +74,29 @@ def test_sglang_command_carries_matching_flags() -> None:
     assert pairs["--model-path"] == "/m" and pairs["--port"] == "31000"
     assert pairs["--tp-size"] == "2" and pairs["--weight-version"] == "4"
     assert pairs["--context-length"] == "2048" and command[-1] == "--disable-cuda-graph"
+
+
+def test_serve_reads_the_inference_section_and_flags_override_it(tmp_path: Path) -> None:
+    from infra.commands.serve import serve_config
+
+    path = tmp_path / "serve.yaml"
+    path.write_text(
+        "inference:\n  engine: sglang\n  engine_options: {tp_size: 2}\n"
+        "  server: {model_path: /m, port: 31000, torch_threads: 2, engine: {max_batch_size: 8}}\n"
+    )
+    flags = ["--port", "31001", "--max-batch-size", "4"]
+    config = serve_config(build_parser().parse_args(["serve", "--config", str(path), *flags]))
+    assert (config.engine, config.engine_options) == ("sglang", {"tp_size": 2})
+    server = config.server
+    assert (server.model_path, server.port, server.torch_threads) == ("/m", 31001, 2)
+    assert server.engine.max_batch_size == 4
+
+
+def test_a_bad_inference_section_names_each_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "serve.yaml"
+    path.write_text("inference:\n  server: {model_path: /m, port: high, threds: 2}\n")
+    assert _run(["serve", "--config", str(path)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert f"stacx serve: {path}: inference.server.port: expected a valid integer, got 'high'" in lines
+    unknown = f"stacx serve: {path}: inference.server.threds: unknown field"
+    assert any(line.startswith(unknown) for line in lines)

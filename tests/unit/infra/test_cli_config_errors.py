@@ -15,8 +15,11 @@ from infra.cli import main
 COMMANDS: dict[str, tuple[list[str], str, str]] = {
     "run": (
         ["run", "FILE"],
-        "pipeline: {model: {tiny: {}}, tasks: {topic: stacx.tasks}, stpes: 3}\n",
-        "pipeline: {model: {tiny: {}}, tasks: {topic: stacx.tasks}, steps: many}\n",
+        # otherwise valid (every problem of the file is reported, so the group sizes must agree)
+        "pipeline: {model: {tiny: {}}, tasks: {topic: stacx.tasks}, stpes: 3}\n"
+        "rollout: {data: {samples_per_task: 8}}\n",
+        "pipeline: {model: {tiny: {}}, tasks: {topic: stacx.tasks}, steps: many}\n"
+        "rollout: {data: {samples_per_task: 8}}\n",
     ),
     "train": (
         ["train", "FILE"],
@@ -259,8 +262,8 @@ def test_run_preflight_names_a_missing_dead_letter_or_tasks_topic(monkeypatch: p
             "pipeline": {
                 "model": {"tiny": {}},
                 "tasks": {"topic": "my.tasks"},
-                "services": {"gateway_backend": "process"},
             },
+            "gateway": {"backend": "process"},
             "rollout": {"data": {"samples_per_task": 8}},
             "assembler": {"dlq_topic": "stacx.dql"},
         }

@@ -49,20 +49,22 @@ def _errors(tree: dict[str, Any], **kwargs: Any) -> list[str]:
 def test_quickstart_yaml_parses_and_every_service_section_builds() -> None:
     from consumers.assembly import AssemblerApp
     from infra.config import build
-    from rollout.config import parse_config
-    from trainer.config import TrainerConfig, from_mapping
+    from rollout.config import RolloutConfig
+    from trainer.config import TrainerConfig
 
     spec = load_spec(REPO / "examples" / "quickstart.yaml")
     layout = RunLayout.create(spec, now=0.0)
     model = REPO / "runs" / "does-not-matter"
-    rollout = parse_config(
+    rollout = build(
+        RolloutConfig,
         rollout_section(
             spec,
             layout,
             model_dir=model,
             inference_url="http://127.0.0.1:1",
             gateway_url="http://127.0.0.1:2",
-        )
+        ),
+        where="config",
     )
     assert rollout.kafka.trajectories_topic == layout.topics.trajectories
     assert rollout.data.topic == layout.topics.tasks and rollout.data.path is None  # resumable tasks
@@ -71,7 +73,7 @@ def test_quickstart_yaml_parses_and_every_service_section_builds() -> None:
     assert assembler.grouping.group_size == rollout.data.samples_per_task
     section = trainer_section(spec, layout, model_dir=model)
     section["models"]["policy"] = {"tiny": {}}  # the model dir does not exist in a unit test
-    trainer = from_mapping(TrainerConfig, section)
+    trainer = build(TrainerConfig, section, where="trainer")
     assert trainer.max_steps == spec.pipeline.steps
     assert trainer.export.topic == layout.topics.weights == rollout.kafka.weights_topic
     check_resolved(spec)  # recipe, scaffolds, rewards, budget: all resolve
@@ -320,7 +322,12 @@ def test_explain_prints_every_service_with_defaults(tmp_path: Path) -> None:
     doc = yaml.safe_load(text)
     services = doc["services"]
     assert set(services) == {"gateway", "inference", "rollout", "assembler", "trainer"}
-    assert services["gateway"].startswith("stacx gateway --host 127.0.0.1 --port 8710")
+    gateway, server = services["gateway"], services["inference"]["server"]
+    assert (gateway["host"], gateway["port"], gateway["backend"]) == ("127.0.0.1", 8710, "docker")
+    assert gateway["sessions"]["warm_pool_size"] == 8 and gateway["sessions"]["reuse_pool_size"] == 64
+    assert gateway["sessions"]["owner"] == "stacx-quickstart-19700101-000000"
+    assert (server["port"], server["torch_threads"], server["engine"]["max_batch_size"]) == (30010, 1, 64)
+    assert services["inference"]["weights_topic"] == doc["run"]["topics"]["weights"]
     assert services["trainer"]["recipe"] == "grpo" and services["trainer"]["optimizer"]["lr"] == 0.0007
     assert services["trainer"]["optimizer"]["weight_decay"] == 0.0  # a default, shown
     assert services["rollout"]["manager"]["evaluators"]["arithmetic_tool"]["top_p"] == 1.0
@@ -331,13 +338,14 @@ def test_explain_prints_every_service_with_defaults(tmp_path: Path) -> None:
 def test_a_restarted_trainer_resumes_from_its_checkpoint_by_default() -> None:
     """Break 1: the run's trainer config used to say `checkpoint.resume: false`, so a restarted
     trainer began at step 1 from the initial weights while reading from the committed offsets."""
-    from trainer.config import TrainerConfig, from_mapping
+    from infra.config import build
+    from trainer.config import TrainerConfig
 
     spec = load_spec(REPO / "examples" / "quickstart.yaml")
     layout = RunLayout.create(spec, now=0.0)
     section = trainer_section(spec, layout, model_dir=Path("m"))
     section["models"]["policy"] = {"tiny": {}}
-    config = from_mapping(TrainerConfig, section)
+    config = build(TrainerConfig, section, where="trainer")
     assert config.checkpoint.resume is True
     assert config.checkpoint.dir == str(layout.checkpoints_dir.resolve())
     opted_out = parse_spec(_tree(trainer={"checkpoint": {"resume": False}}))
@@ -347,14 +355,15 @@ def test_a_restarted_trainer_resumes_from_its_checkpoint_by_default() -> None:
 def test_the_rollout_service_reads_the_run_tasks_through_a_consumer_group() -> None:
     """A restarted rollout service must go on from its committed tasks, not from the first one."""
     from infra.pipeline.tasks import task_order
-    from rollout.config import parse_config
+    from rollout.config import RolloutConfig
+    from schemas.config import build
 
     spec = load_spec(REPO / "examples" / "quickstart.yaml")
     layout = RunLayout.create(spec, now=0.0)
     section = rollout_section(
         spec, layout, model_dir=Path("m"), inference_url="http://127.0.0.1:1", gateway_url="http://127.0.0.1:2"
     )
-    data = parse_config(section, where="test").data
+    data = build(RolloutConfig, section, where="test").data
     assert data.topic == layout.topics.tasks == f"stacx.tasks.{layout.run_id}" and data.path is None
     assert data.consumer_group == f"stacx-rollout-{layout.run_id}"
     assert layout.topics.tasks in {t.name for t in layout.topics.specs()}
@@ -362,3 +371,42 @@ def test_the_rollout_service_reads_the_run_tasks_through_a_consumer_group() -> N
     order = task_order(rows, passes=2, seed=3)
     assert len(order) == 10 and sorted(r["task_id"] for r in order[:5]) == ["0", "1", "2", "3", "4"]
     assert order == task_order(rows, passes=2, seed=3)
+
+
+def test_gateway_and_inference_are_sections_that_the_standalone_commands_read(tmp_path: Path) -> None:
+    from infra.cli import build_parser
+    from infra.commands.sandbox import gateway_config
+    from infra.commands.serve import serve_config
+
+    spec = parse_spec(_tree(gateway={"port": 8799, "sessions": {"warm_pool_size": 3}},
+                            inference={"server": {"port": 30099, "torch_threads": 2}}))
+    layout = RunLayout.create(spec, now=0.0)
+    services = plan(spec, layout, model_dir=Path("m"))
+    assert services.rollout["sandbox"]["url"] == "http://127.0.0.1:8799"
+    assert services.rollout["inference"]["url"] == "http://127.0.0.1:30099"
+    path = tmp_path / "services.yaml"  # what the run writes, read back as `stacx gateway/serve --config`
+    path.write_text(yaml.safe_dump({"gateway": services.gateway, "inference": services.inference}))
+    gateway = gateway_config(build_parser().parse_args(["gateway", "--config", str(path)]))
+    assert (gateway.port, gateway.sessions.warm_pool_size) == (8799, 3)
+    assert gateway.sessions.owner == f"stacx-{layout.run_id}"
+    serve = serve_config(build_parser().parse_args(["serve", "--config", str(path)]))
+    assert (serve.server.port, serve.server.torch_threads, serve.server.model_path) == (30099, 2, "m")
+    assert serve.follow_weights == layout.model_name and serve.weights_topic == layout.topics.weights
+
+
+def test_a_former_services_field_is_one_line_naming_its_section() -> None:
+    lines = _errors(_tree(pipeline={"services": {"gateway_port": 8711, "inference_threads": 2}}))
+    assert lines == [
+        "f.yaml: pipeline.services.gateway_port: moved; set gateway.port (its own section)",
+        "f.yaml: pipeline.services.inference_threads: moved; set inference.server.torch_threads "
+        "(its own section)",
+    ]
+
+
+def test_gateway_and_inference_sections_are_checked_with_their_field_paths() -> None:
+    lines = _errors(_tree(gateway={"port": "high", "sesions": {}}, inference={"server": {"threads": 2}}))
+    assert sorted(line.split(": ")[1] for line in lines) == [
+        "gateway.port",
+        "gateway.sesions",
+        "inference.server.threads",
+    ]

@@ -90,8 +90,8 @@ def test_preflight_reports_an_unreachable_broker(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(preflight, "missing_commands", lambda: [])
     monkeypatch.setattr(preflight, "_ports_problems", lambda spec: [])
     spec = parse_spec({"bootstrap_servers": "127.0.0.1:1",
-                       "pipeline": {"model": {"tiny": {}}, "tasks": {"topic": "stacx.tasks"},
-                                    "services": {"gateway_backend": "process"}},
+                       "pipeline": {"model": {"tiny": {}}, "tasks": {"topic": "stacx.tasks"}},
+                       "gateway": {"backend": "process"},
                        "rollout": {"data": {"samples_per_task": 8}}})
     with pytest.raises(MissingComponentError, match="Kafka at 127.0.0.1:1 did not answer"):
         preflight.check_all(spec)

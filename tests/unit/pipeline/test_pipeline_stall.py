@@ -102,7 +102,7 @@ def test_orchestrator_stops_a_stalled_run_naming_the_wedged_engine(tmp_path: Pat
     backend = WedgingBackend()
     try:
         with serve_gateway(backend, token=None, config=SessionManager.Config(owner="stall")) as url:
-            pipeline.cfg.services.gateway_port = int(url.rsplit(":", 1)[1])
+            pipeline.spec.gateway["port"] = int(url.rsplit(":", 1)[1])
             import httpx
 
             assert httpx.post(f"{url}/v1/sessions", json={}, timeout=30).status_code == 503

@@ -135,11 +135,13 @@ def test_transcripts_need_a_black_box_evaluator_and_readable_rows(tmp_path: Path
 
 def test_config_checks_resolve_a_black_box_scaffold_as_the_rollout_service_runs_it() -> None:
     from infra.checks import rollout_config_problem
-    from rollout.config import parse_config
+    from rollout.config import RolloutConfig
+    from schemas.config import build
 
     section: dict[str, Any] = {
         "data": {"path": "tasks.jsonl"},
         "sandbox": {"url": "http://127.0.0.1:9"},
         "manager": {"evaluators": {"default": {"scaffold": "mini-swe-agent", "reward": "verifier"}}},
     }
-    assert rollout_config_problem(parse_config(section)) is None  # the service starts the proxy
+    config = build(RolloutConfig, section, where="config")
+    assert rollout_config_problem(config) is None  # the service starts the proxy

@@ -199,17 +199,20 @@ async def test_aggrevate_without_a_switch_scores_the_last_student_action() -> No
 
 
 def test_yaml_teacher_section_is_validated() -> None:
-    from rollout.config import parse_config
+    from rollout.config import RolloutConfig
+    from schemas.config import ConfigError as LoaderError
+    from schemas.config import build
 
-    config = parse_config({"data": {"path": "t"}, "sandbox": None, "teacher": {
+    config = build(RolloutConfig, {"data": {"path": "t"}, "sandbox": None, "teacher": {
         "url": "http://127.0.0.1:30001", "mode": "aggrevate", "switch_turns": 3,
-        "beta": {"kind": "linear", "beta0": 0.9, "final": 0.1, "horizon": 4}}})
+        "beta": {"kind": "linear", "beta0": 0.9, "final": 0.1, "horizon": 4}}}, where="config")
     assert config.teacher is not None and config.teacher.switch_turns == 3
     assert config.teacher.beta(4) == pytest.approx(0.1)
-    with pytest.raises(ConfigError, match="teacher.url"):
-        parse_config({"data": {"path": "t"}, "teacher": {"mode": "dagger"}})
-    with pytest.raises(ConfigError, match="beta0"):
-        parse_config({"data": {"path": "t"}, "teacher": {"url": "http://t", "beta": {"beta0": 2}}})
+    with pytest.raises(LoaderError, match="teacher.url"):
+        build(RolloutConfig, {"data": {"path": "t"}, "teacher": {"mode": "dagger"}}, where="config")
+    with pytest.raises(LoaderError, match="beta0"):
+        teacher = {"url": "http://t", "beta": {"beta0": 2}}
+        build(RolloutConfig, {"data": {"path": "t"}, "teacher": teacher}, where="config")
 
 
 @pytest.mark.parametrize(("mode", "publisher"), [("dagger", "DAggerLabels"),
@@ -217,15 +220,16 @@ def test_yaml_teacher_section_is_validated() -> None:
                                                  ("opd", "MemoryPublisher")])
 async def test_the_service_mixes_in_the_teacher_and_publishes_its_rows(
         mode: str, publisher: str) -> None:
-    from rollout.config import parse_config
+    from rollout.config import RolloutConfig
     from rollout.fakes import MemoryPublisher
     from rollout.service import open_manager
+    from schemas.config import build
 
     tok = FakeTokenizer()
-    config = parse_config({"data": {"path": "t"}, "sandbox": None,
+    config = build(RolloutConfig, {"data": {"path": "t"}, "sandbox": None,
                            "kafka": {"publish": False, "follow_weights": False},
                            "manager": {"evaluators": {"default": {"scaffold": "single_turn"}}},
-                           "teacher": {"url": "http://127.0.0.1:9", "mode": mode}})
+                           "teacher": {"url": "http://127.0.0.1:9", "mode": mode}}, where="config")
     task = TaskSample(task_id="t1", task_type="math", prompt="What is 6*7?", data='{"answer": 42}')
     async with open_manager(config, tasks=[task], inference=ScriptedInference(tok, _policy(STUDENT)),
                             tokenizer=tok, publisher=MemoryPublisher()) as manager:

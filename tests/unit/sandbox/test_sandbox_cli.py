@@ -35,24 +35,56 @@ def test_tasks_import_reports_broken_tasks(tmp_path: Path, capsys) -> None:  # t
 
 
 def test_gateway_arguments() -> None:
+    from infra.commands.sandbox import gateway_config
+
     args = build_parser().parse_args(
         ["gateway", "--backend", "process", "--port", "9", "--warm-pool", "2", "--reuse-pool", "3"]
     )
-    assert (args.backend, args.port, args.warm_pool, args.reuse_pool, args.no_auth) == (
+    config = gateway_config(args)
+    assert (config.backend, config.port, config.sessions.warm_pool_size, config.sessions.reuse_pool_size) == (
         "process",
         9,
         2,
         3,
-        False,
     )
+    assert config.auth and config.host == "127.0.0.1" and config.sessions.owner == "stacx-gateway"
 
 
 def test_gateway_limits_reach_the_session_manager() -> None:
-    from infra.commands.sandbox import _limits
+    from infra.commands.sandbox import gateway_config
 
     args = build_parser().parse_args(["gateway", "--max-pids", "64", "--budget-memory-mb", "2048"])
-    limits = _limits(args)
+    limits = gateway_config(args).sessions.limits
     assert (limits.max_pids, limits.budget_memory_mb, limits.max_cpus) == (64, 2048, None)
+
+
+def test_gateway_reads_its_section_from_a_file_and_flags_override_it(tmp_path: Path) -> None:
+    from infra.commands.sandbox import gateway_config
+
+    path = tmp_path / "gateway.yaml"
+    path.write_text(
+        "gateway:\n  port: 8799\n  backend: process\n  auth: false\n"
+        "  sessions: {owner: mine, reuse_pool_size: 5, limits: {max_pids: 128}}\n"
+    )
+    config = gateway_config(build_parser().parse_args(["gateway", "--config", str(path), "--port", "8800"]))
+    assert (config.port, config.backend, config.auth) == (8800, "process", False)
+    assert (config.sessions.owner, config.sessions.reuse_pool_size, config.sessions.limits.max_pids) == (
+        "mine",
+        5,
+        128,
+    )
+
+
+def test_a_bad_gateway_section_is_one_line_per_field_and_exit_2(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "gateway.yaml"
+    path.write_text("gateway:\n  port: high\n  sessions: {reuse_pool: 5}\n")
+    args = build_parser().parse_args(["gateway", "--config", str(path)])
+    assert args.func(args) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert sorted(lines) == [
+        f"stacx gateway: {path}: gateway.port: expected a valid integer, got 'high'",
+        next(line for line in lines if "gateway.sessions.reuse_pool: unknown field; valid fields:" in line),
+    ]
 
 
 def test_gateway_limits_beyond_the_host_are_one_line_and_exit_2(capsys) -> None:  # type: ignore[no-untyped-def]
