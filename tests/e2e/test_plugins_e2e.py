@@ -175,12 +175,11 @@ def _config(name: str, runs_dir: Path, bootstrap: str) -> dict[str, Any]:
             "tasks": {"source": "plugacc.tasks:CountingTasks", "options": {"num_tasks": NUM_TASKS}},
             "model": {"tiny": {"hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2,
                                "num_attention_heads": 4, "num_key_value_heads": 2, "seed": 0}},
-            # the run's own ports; no sandbox is used (the scaffold needs none)
-            "services": {"gateway_port": free_port(), "gateway_backend": "process",
-                         "gateway_warm_pool": 0, "inference_port": free_port(),
-                         "inference_max_batch_size": 16},
             "evaluation": {"every_versions": 0, "final_samples_per_problem": 0},
         },
+        # the run's own ports; no sandbox is used (the scaffold needs none)
+        "gateway": {"port": free_port(), "backend": "process", "sessions": {"warm_pool_size": 0}},
+        "inference": {"server": {"port": free_port(), "engine": {"max_batch_size": 16}}},
         "rollout": {
             "data": {"samples_per_task": 4, "epochs": 0, "shuffle": True, "seed": 0},
             "manager": {
