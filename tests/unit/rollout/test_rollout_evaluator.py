@@ -270,3 +270,19 @@ async def test_weights_follower_refuses_a_version_with_another_content_hash() ->
     assert await asyncio.to_thread(follower.wait_caught_up, 30.0)
     follower.close()
     assert follower.current() == 3 and follower.num_conflicts == 1
+
+
+async def test_each_tool_turn_records_its_sandbox_exit_code() -> None:
+    tok = FakeTokenizer()
+    inference = ScriptedInference(
+        tok,
+        _script(
+            "<tool_call>print(6*)</tool_call>",  # a syntax error: exit code 1
+            "<tool_call>print(6*7)</tool_call>",
+            "The tool says <answer>42</answer>",
+        ),
+    )
+    traj = await _run(_evaluator(inference, max_turns=3))
+
+    assert [t.role for t in traj.turns] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert traj.metadata["exit_codes"] == "1,0"  # one per tool turn, in turn order
