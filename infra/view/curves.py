@@ -118,13 +118,16 @@ def per_version(summaries: Sequence[TrajectorySummary], versions: Sequence[Versi
 
 
 def throughput(
-    summaries: Sequence[TrajectorySummary], *, bucket_s: float = 30.0
+    summaries: Sequence[TrajectorySummary], *, bucket_s: float | None = None
 ) -> list[tuple[float, float]]:
-    """(seconds since the first trajectory, trajectories per second) per `bucket_s` window."""
+    """(seconds since the first trajectory, trajectories per second) per `bucket_s` window
+    (default: the run's span in about 40 windows, 5 s at least)."""
     if not summaries:
         return []
     times = sorted(s.timestamp_ms / 1000.0 for s in summaries)
     start = times[0]
+    if bucket_s is None:
+        bucket_s = max(5.0, float(round((times[-1] - start) / 40)))
     counts: dict[int, int] = {}
     for t in times:
         bucket = int((t - start) // bucket_s)

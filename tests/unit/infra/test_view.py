@@ -234,3 +234,9 @@ def test_the_quickstart_ends_with_the_stacx_view_command(capsys) -> None:  # typ
     _print_summary({"curve_png": "runs/quickstart/reward_curve.png", "run_id": "quickstart-20261202-010000"})
     last = capsys.readouterr().out.splitlines()[-1]
     assert "stacx view --runs-dir runs" in last and "/runs/quickstart-20261202-010000" in last
+
+
+def test_throughput_windows_follow_the_length_of_the_run() -> None:
+    hour = [_summary(0, 0.0, t * 1000) for t in range(0, 3600, 10)]
+    assert len(throughput(hour)) == 40 and throughput(hour)[1] == (90.0, 9 / 90)  # 90 s windows
+    assert throughput([_summary(0, 0.0, 0), _summary(0, 0.0, 2000)]) == [(0.0, 2 / 5)]
