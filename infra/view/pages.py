@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from html import escape
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 from infra.view.chart import Line, line_chart
 from infra.view.curves import SUCCESS_REWARD, TrainerStep, VersionRow, throughput, tokens_per_s
@@ -457,6 +457,3 @@ def trajectory_page(
     )
     return _page(f"trajectory {t.trajectory_id[:12]}", body, live=False)
 
-
-def filter_link(run: RunEntry, f: TrajectoryFilter) -> str:
-    return f"{_run_url(run)}/trajectories?{urlencode(f.query())}"
