@@ -86,7 +86,10 @@ class _State:
             status_code=404, detail=f"no run {run_id!r} in {self.config.runs_dir} or on the broker"
         )
 
-    def reader(self, run: RunEntry) -> RunTopicsReader:
+    def reader(self, run: RunEntry) -> RunTopicsReader | None:
+        """The run's topic reader, refreshed (None: the run names no topics yet)."""
+        if not run.trajectories_topic:
+            return None
         with self.lock:
             reader = self.readers.get(run.run_id)
             if reader is None:
@@ -187,8 +190,8 @@ def create_app(config: ViewConfig) -> FastAPI:
     def run(run_id: str) -> str:
         entry = state.run(run_id)
         reader = state.reader(entry)
-        summaries = list(reader.summaries)
-        versions = list(reader.versions)
+        summaries = list(reader.summaries) if reader else []
+        versions = list(reader.versions) if reader else []
         newest = max([v.version for v in versions] + [s.policy_version for s in summaries], default=None)
         steps = read_trainer_steps(entry.root / "logs") if entry.root else []
         return run_page(
@@ -198,8 +201,8 @@ def create_app(config: ViewConfig) -> FastAPI:
             steps=steps,
             newest_version=newest,
             stage=_stage(entry),
-            reader_error=reader.error,
-            undecodable=reader.undecodable,
+            reader_error=reader.error if reader else None,
+            undecodable=reader.undecodable if reader else 0,
         )
 
     @app.get("/runs/{run_id}/trajectories", response_class=HTMLResponse)
@@ -221,12 +224,14 @@ def create_app(config: ViewConfig) -> FastAPI:
             status=status,
             limit=limit,
         )
-        return trajectories_page(entry, list(state.reader(entry).summaries), chosen)
+        reader = state.reader(entry)
+        return trajectories_page(entry, list(reader.summaries) if reader else [], chosen)
 
     @app.get("/runs/{run_id}/trajectories/{partition}/{offset}", response_class=HTMLResponse)
     def trajectory(run_id: str, partition: int, offset: int) -> str:
         entry = state.run(run_id)
-        fetched = state.reader(entry).fetch(partition, offset)
+        reader = state.reader(entry)
+        fetched = reader.fetch(partition, offset) if reader else None
         if fetched is None:
             raise HTTPException(
                 status_code=404, detail=f"no trajectory at partition {partition}, offset {offset}"

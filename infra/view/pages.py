@@ -99,7 +99,8 @@ def run_list_page(runs: Sequence[RunEntry], *, runs_dir: str, broker_error: str 
         f'<td><a href="{_run_url(r)}">{escape(r.run_id)}</a></td>'
         f"<td>{escape(r.name)}</td><td>{_status(r.status)}</td>"
         f'<td class="num">{escape(str((r.report or {}).get("policy_versions", "-")))}</td>'
-        f"<td>{_when(r.updated)}</td><td><code>{escape(r.trajectories_topic)}</code></td></tr>"
+        f"<td>{_when(r.updated)}</td>"
+        f"<td><code>{escape(r.trajectories_topic or '(warm start)')}</code></td></tr>"
         for r in runs
     )
     error = f'<p class="error" id="broker-error">{escape(broker_error)}</p>' if broker_error else ""
@@ -130,7 +131,7 @@ def _status_table(
         ("stage", escape(stage or str(report.get("stage") or "-"))),
         ("newest policy version", escape(str(newest_version if newest_version is not None else "-"))),
         ("trajectories", f'<span id="num-trajectories">{len(summaries)}</span>'),
-        ("trajectories topic", f"<code>{escape(run.trajectories_topic)}</code>"),
+        ("trajectories topic", f"<code>{escape(run.trajectories_topic or '(warm start)')}</code>"),
         ("run folder", escape(str(run.root)) if run.root else "-"),
     ]
     if report:
@@ -456,4 +457,3 @@ def trajectory_page(
         + _turns_html(fetched, decode)
     )
     return _page(f"trajectory {t.trajectory_id[:12]}", body, live=False)
-

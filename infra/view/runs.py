@@ -8,7 +8,9 @@ without services.
 
 from __future__ import annotations
 
+import calendar
 import json
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -45,6 +47,7 @@ class RunEntry:
     name: str
     status: str
     trajectories_topic: str
+    """"" while the run warms up: its services (and the configs naming its topics) start after."""
     weights_topic: str | None = None
     batches_topic: str | None = None
     model_name: str | None = None
@@ -53,6 +56,8 @@ class RunEntry:
     report: dict[str, Any] | None = None
     updated: float = 0.0
     """Newest modification time of the folder's report and logs (epoch s)."""
+    started: float = 0.0
+    """When the run folder was made (epoch s)."""
 
     @property
     def live(self) -> bool:
@@ -110,7 +115,7 @@ def read_run_dir(root: Path, *, now: float | None = None) -> RunEntry | None:
     report_topics = (report or {}).get("topics") or {}
     trajectories = configured["trajectories"] or report_topics.get("trajectories")
     if not trajectories:
-        return None
+        return _warming_up(root, now, updated)
     run_id = _run_id_of(trajectories, topics.TRAJECTORIES)
     finished = report is not None and (run_id is None or report.get("run_id") == run_id)
     if finished:
@@ -133,6 +138,37 @@ def read_run_dir(root: Path, *, now: float | None = None) -> RunEntry | None:
         report=report,
         updated=updated,
     )
+
+
+def _warming_up(root: Path, now: float, updated: float) -> RunEntry | None:
+    """A run folder with logs only: the warm start, before the services and their configs."""
+    if not (root / "logs" / "pipeline.log").is_file():
+        return None
+    made = root / "config" if (root / "config").is_dir() else root / "logs"
+    return RunEntry(
+        run_id=root.name,
+        name=root.name,
+        status=RunStatus.RUNNING if now - updated <= LIVE_WINDOW_S else RunStatus.STOPPED,
+        trajectories_topic="",
+        root=root,
+        updated=updated,
+        started=made.stat().st_mtime,
+    )
+
+
+def _stamp_of(run_id: str, name: str) -> float | None:
+    """Epoch seconds of the `<name>-YYYYmmdd-HHMMSS` run id a pipeline gives a run (None: not one)."""
+    m = re.fullmatch(re.escape(name) + r"-(\d{8}-\d{6})", run_id)
+    if m is None:
+        return None
+    return float(calendar.timegm(time.strptime(m.group(1), "%Y%m%d-%H%M%S")))
+
+
+def _adopt(folder: RunEntry, on_broker: list[RunEntry]) -> RunEntry | None:
+    """The broker run a warming-up folder started: its name, stamped when the folder was made."""
+    stamped = [(stamp, r) for r in on_broker if (stamp := _stamp_of(r.run_id, folder.name)) is not None]
+    near = [(stamp, r) for stamp, r in stamped if abs(stamp - folder.started) <= LIVE_WINDOW_S]
+    return max(near, key=lambda pair: pair[0])[1] if near else None
 
 
 def runs_in_dir(runs_dir: Path, *, now: float | None = None) -> list[RunEntry]:
@@ -167,6 +203,11 @@ def runs_on_broker(topic_names: Iterable[str]) -> list[RunEntry]:
 
 def merge_runs(in_dir: list[RunEntry], on_broker: list[RunEntry]) -> list[RunEntry]:
     """The folder's runs and the broker-only ones, newest folder first, then by run id."""
+    for folder in in_dir:
+        match = _adopt(folder, on_broker) if not folder.trajectories_topic else None
+        if match is not None:
+            folder.run_id, folder.trajectories_topic = match.run_id, match.trajectories_topic
+            folder.weights_topic, folder.batches_topic = match.weights_topic, match.batches_topic
     known = {run.run_id for run in in_dir}
     folders = sorted(in_dir, key=lambda r: -r.updated)
     others = sorted((r for r in on_broker if r.run_id not in known), key=lambda r: r.run_id, reverse=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import calendar
 import json
 import os
 import re
@@ -240,3 +241,28 @@ def test_throughput_windows_follow_the_length_of_the_run() -> None:
     hour = [_summary(0, 0.0, t * 1000) for t in range(0, 3600, 10)]
     assert len(throughput(hour)) == 40 and throughput(hour)[1] == (90.0, 9 / 90)  # 90 s windows
     assert throughput([_summary(0, 0.0, 0), _summary(0, 0.0, 2000)]) == [(0.0, 2 / 5)]
+
+
+def test_a_warming_up_run_is_listed_and_takes_the_topics_its_pipeline_made(tmp_path: Path) -> None:
+    root = tmp_path / "quickstart"
+    (root / "config").mkdir(parents=True)
+    (root / "logs").mkdir()
+    (root / "logs" / "pipeline.log").write_text("step 1 batch sft-00000 loss 5.5 tokens 5432\n")
+    made = calendar.timegm(time.strptime("20261202-010000", "%Y%m%d-%H%M%S")) + 1
+    os.utime(root / "config", (made, made))
+    folder = read_run_dir(root, now=made + 10)
+    assert folder is not None and folder.trajectories_topic == "" and folder.status == RunStatus.RUNNING
+    on_broker = runs_on_broker(
+        [
+            "stacx.trajectories.quickstart-20261201-090000",
+            "stacx.trajectories.quickstart-20261202-010000",
+            "stacx.trajectories.other-20261202-010000",
+        ]
+    )
+    merged = merge_runs([folder], on_broker)
+    assert [(r.run_id, r.root is not None) for r in merged] == [
+        ("quickstart-20261202-010000", True),  # this run's topics: made with its folder
+        ("quickstart-20261201-090000", False),  # an earlier run under the same name
+        ("other-20261202-010000", False),
+    ]
+    assert merged[0].trajectories_topic == "stacx.trajectories.quickstart-20261202-010000"
