@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,13 @@ def _view(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         print(f"stacx view: --port {args.port} is not a port (1-65535)", file=sys.stderr)
         return 2
+    problem = _cannot_listen(args.host, args.port)
+    if problem is not None:
+        print(
+            f"stacx view: cannot listen on {args.host}:{args.port} ({problem}); pass another --port",
+            file=sys.stderr,
+        )
+        return 2
     app = create_app(
         ViewConfig(
             runs_dir=args.runs_dir, bootstrap_servers=args.bootstrap_servers, jaeger_url=args.jaeger_url
@@ -68,7 +76,13 @@ def _view(args: argparse.Namespace) -> int:
         server.run()  # re-raises SIGINT/SIGTERM after a graceful stop: the CLI says it in one line
     finally:
         app.state.view.close()
-    if not server.started:
-        print(f"stacx view: cannot listen on {args.host}:{args.port} (in use? pass --port)", file=sys.stderr)
-        return 1
     return 0
+
+
+def _cannot_listen(host: str, port: int) -> str | None:
+    """Why `host:port` cannot be listened on (None: it can)."""
+    try:
+        with socket.create_server((host, port)):
+            return None
+    except OSError as exc:
+        return os.strerror(exc.errno) if exc.errno else str(exc)

@@ -266,3 +266,18 @@ def test_a_warming_up_run_is_listed_and_takes_the_topics_its_pipeline_made(tmp_p
         ("other-20261202-010000", False),
     ]
     assert merged[0].trajectories_topic == "stacx.trajectories.quickstart-20261202-010000"
+
+
+def test_a_port_in_use_is_one_line_and_exit_status_2(capsys) -> None:  # type: ignore[no-untyped-def]
+    import socket
+
+    from infra.cli import build_parser
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        args = build_parser().parse_args(["view", "--port", str(port), "--runs-dir", "runs"])
+        assert args.func(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"stacx view: cannot listen on 127.0.0.1:{port} (Address already in use); pass another --port"
+    ]
