@@ -177,7 +177,7 @@ def browser() -> Iterator[Any]:
     ):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)  # no browser download
-    driver.set_page_load_timeout(60)
+    driver.set_page_load_timeout(240)  # the first trajectory page loads the tokenizer: slow on a busy machine
     try:
         yield driver
     finally:
