@@ -16,7 +16,7 @@ services: setup
 	@$(STACX) infra up
 
 demo: setup
-	@$(STACX) infra up --no-trace-backend
+	@$(STACX) infra up --no-trace-backend --no-browser
 	@$(STACX) quickstart
 
 test: services

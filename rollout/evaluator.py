@@ -472,6 +472,9 @@ class Evaluator:
                 duration_ms=result.duration_ms,
             )
         )
+        # one exit code per tool turn, in turn order (`stacx view` shows them beside the turns)
+        codes = episode.metadata.get("exit_codes")
+        episode.metadata["exit_codes"] = f"{codes},{result.exit_code}" if codes else str(result.exit_code)
         return True
 
     # -- sandbox and reward --------------------------------------------------------------------

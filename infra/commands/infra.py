@@ -25,6 +25,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     up.add_argument(
         "--no-trace-backend", action="store_true", help="no Jaeger (env STACX_TRACE_BACKEND=0 does the same)"
     )
+    up.add_argument(
+        "--no-browser",
+        action="store_true",
+        help="no Chromium for the web view's browser tests (env STACX_BROWSER_TOOLS=0 does the same)",
+    )
     up.set_defaults(func=_up)
     actions.add_parser("down", help="stop the services `up` started").set_defaults(func=_down)
     status = actions.add_parser("status", help="what runs, where, and where its logs are")
@@ -65,6 +70,7 @@ def _up(args: argparse.Namespace) -> int:
     config = _stack_config(args)
     config.docker = not args.no_docker
     config.tracing_backend = config.tracing_backend and not args.no_trace_backend
+    config.browser = config.browser and not args.no_browser
     stack.up(config, say=_say)
     _say(f"ready in {time.monotonic() - started:.1f}s (bootstrap {config.bootstrap})")
     return 0

@@ -14,9 +14,11 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 log = logging.getLogger("stacx.quickstart")
 
@@ -169,3 +171,14 @@ def _print_summary(report: dict[str, Any]) -> None:
     print(f"report: {Path(report['curve_png']).with_name('report.json')}\ncurve:  {report['curve_png']}")
     for version, trace_id in (report.get("traces_by_version") or {}).items():
         print(f"trace of an episode of v{version}: stacx trace {trace_id}")
+    print(view_hint(report))
+
+
+def view_hint(report: dict[str, Any]) -> str:
+    """The `stacx view` command that shows this run, and the page of the run."""
+    from infra.commands.view import DEFAULT_PORT
+
+    runs_dir = Path(report["curve_png"]).parent.parent
+    url = f"http://127.0.0.1:{DEFAULT_PORT}/runs/{quote(str(report['run_id']), safe='')}"
+    command = f"stacx view --runs-dir {shlex.quote(str(runs_dir))}"
+    return f"curves and trajectories: {command}  (then open {url})"

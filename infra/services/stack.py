@@ -31,6 +31,11 @@ class StackConfig:
     )
     """Build (once) and start Jaeger; it is cheap when idle, and the tracing tests need it
     (env STACX_TRACE_BACKEND=0 to leave it out)."""
+    browser: bool = field(
+        default_factory=lambda: os.environ.get("STACX_BROWSER_TOOLS", "1").lower() not in {"0", "false", "no"}
+    )
+    """Install Chromium and its WebDriver, which the browser tests of `stacx view` drive
+    (env STACX_BROWSER_TOOLS=0 to leave them out)."""
 
     @property
     def bootstrap(self) -> str:
@@ -39,6 +44,7 @@ class StackConfig:
 
 DOCKER_TOOLS = ("docker", "dockerd", "debootstrap")
 TRACING_TOOLS = ("go",)
+BROWSER_TOOLS = ("chromium", "chromedriver")
 
 
 def up(config: StackConfig, say: Callable[[str], None] = print) -> None:
@@ -47,6 +53,7 @@ def up(config: StackConfig, say: Callable[[str], None] = print) -> None:
         for name in tools.TOOLS
         if (config.docker or name not in DOCKER_TOOLS)
         and (config.tracing_backend or name not in TRACING_TOOLS)
+        and (config.browser or name not in BROWSER_TOOLS)
     ]
     tools.ensure(needed, say=say)
     if config.bootstrap_servers:

@@ -46,6 +46,8 @@ TOOLS: dict[str, Tool] = {
         Tool(executable="apt-get", package="apt", used_by="installing the tools above"),
         Tool(executable="go", package="golang-go", used_by="building the Jaeger trace backend (once)"),
         Tool(executable="flock", package="util-linux", used_by="make setup (one venv build at a time)"),
+        Tool(executable="chromium", package="chromium", used_by="`stacx view` browser tests"),
+        Tool(executable="chromedriver", package="chromium-driver", used_by="`stacx view` browser tests"),
     )
 }
 """executable -> Tool. Keep in step with what the code runs (tests/unit/infra/test_tools.py)."""

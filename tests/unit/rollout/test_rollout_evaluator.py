@@ -303,3 +303,19 @@ async def test_a_reward_function_that_raises_fails_its_episode_in_one_line() -> 
     traj = await _run(evaluator)
     assert traj.status is TrajectoryStatus.FAILED
     assert traj.error == "RewardError: reward 'exact_answer' raised KeyError: 'answer'"
+
+
+async def test_each_tool_turn_records_its_sandbox_exit_code() -> None:
+    tok = FakeTokenizer()
+    inference = ScriptedInference(
+        tok,
+        _script(
+            "<tool_call>print(6*)</tool_call>",  # a syntax error: exit code 1
+            "<tool_call>print(6*7)</tool_call>",
+            "The tool says <answer>42</answer>",
+        ),
+    )
+    traj = await _run(_evaluator(inference, max_turns=3))
+
+    assert [t.role for t in traj.turns] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert traj.metadata["exit_codes"] == "1,0"  # one per tool turn, in turn order
