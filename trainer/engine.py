@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from opentelemetry import metrics as otel_metrics
 
-from schemas.records import TrainingBatch, WeightVersion
+from schemas.records import STEP_FIGURE_PREFIX, TrainingBatch, WeightVersion
 from trainer.backends import Backend, build_backend
 from trainer.batch import (
     TensorBatch,
@@ -49,7 +49,7 @@ from trainer.recipe import DataSync, ModelSlot, TrainingConfig, get_recipe
 from trainer.sources import build_source
 from trainer.workers import ModelWorker, RoleWorker, build_optimizer
 
-__all__ = ["STEP_FIGURE_PREFIX", "StacxTrainer", "StepResult", "merge_metrics", "step_figures"]
+__all__ = ["StacxTrainer", "StepResult", "merge_metrics", "step_figures"]
 
 _meter = otel_metrics.get_meter("stacx.trainer")
 _STEP_SECONDS = _meter.create_histogram("stacx.trainer.step_duration", unit="s",
@@ -511,14 +511,9 @@ class StacxTrainer:
         self.close(graceful=exc_type is None)
 
 
-STEP_FIGURE_PREFIX = "step."
-"""WeightVersion metadata keys `step.<name>` carry the figures of the step that made the version."""
-
-
 def step_figures(result: StepResult) -> dict[str, str]:
-    """The step's loss, tokens, time and merged metrics as WeightVersion metadata (`step.*`,
-    exact float text), so readers of the weights topic (trackers, `stacx view`) see the
-    trainer's figures per version without asking the trainer."""
+    """The step's loss, tokens, time and merged metrics as WeightVersion metadata
+    (`schemas.records.STEP_FIGURE_PREFIX`)."""
     figures = {"loss": result.loss, "num_tokens": float(result.num_tokens), "seconds": result.seconds,
                **result.metrics}
     return {STEP_FIGURE_PREFIX + name: repr(float(value)) for name, value in figures.items()}

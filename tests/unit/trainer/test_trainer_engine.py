@@ -195,7 +195,7 @@ def test_metrics_of_ranks_merge_by_their_kind() -> None:
 
 
 def test_each_published_version_carries_the_figures_of_the_step_that_made_it(tmp_path: Path) -> None:
-    from trainer.engine import STEP_FIGURE_PREFIX
+    from schemas.records import STEP_FIGURE_PREFIX
 
     publisher = InMemoryWeightPublisher()
     trainer = StacxTrainer(tiny_trainer_config("grpo", tmp_path),
