@@ -48,7 +48,9 @@ def config(run_dir: Path) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for record in records(run_dir):
         kind = record.WhichOneof("record_type")
-        updates = record.config.update if kind == "config" else record.run.config.update if kind == "run" else []
+        updates = (
+            record.config.update if kind == "config" else record.run.config.update if kind == "run" else []
+        )
         for item in updates:
             values[_key(item)] = json.loads(item.value_json)
     return values

@@ -15,7 +15,9 @@ from wandb_records import offline_runs
 from infra.tracking import Table, TrackedRun, build_tracker
 
 CONFIG = {"pipeline": {"name": "demo", "steps": 3}, "trainer": {"recipe": "grpo"}}
-TABLE = Table(columns=["task_id", "reward", "answer"], rows=[["t1", 1.0, "a | b"], ["t2", 0.0, "line\nbreak"]])
+TABLE = Table(
+    columns=["task_id", "reward", "answer"], rows=[["t1", 1.0, "a | b"], ["t2", 0.0, "line\nbreak"]]
+)
 
 
 def _feed(tracker: object) -> None:
@@ -81,7 +83,10 @@ def test_wandb_offline_run_holds_each_series_by_version_and_sync_would_upload_it
 
     dry_run = subprocess.run(
         [sys.executable, "-m", "wandb", "sync", "--dry-run", str(offline)],
-        capture_output=True, text=True, timeout=120, check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     assert "Would sync 1 run(s)" in dry_run.stdout + dry_run.stderr
 
@@ -113,11 +118,17 @@ def test_mlflow_store_under_the_run_holds_each_series_by_version(tmp_path: Path)
     }
 
 
-@pytest.mark.parametrize(("name", "module", "extra"), [("wandb", "wandb", "wandb"),
-                                                       ("tensorboard", "tensorboard", "tensorboard"),
-                                                       ("mlflow", "mlflow", "mlflow")])
+@pytest.mark.parametrize(
+    ("name", "module", "extra"),
+    [
+        ("wandb", "wandb", "wandb"),
+        ("tensorboard", "tensorboard", "tensorboard"),
+        ("mlflow", "mlflow", "mlflow"),
+    ],
+)
 def test_a_missing_package_is_one_line_naming_the_extra(
-        name: str, module: str, extra: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    name: str, module: str, extra: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from infra.tracking import MissingTrackerPackage, tracker_problem
 
     monkeypatch.setitem(sys.modules, module, None)  # how Python sees a package that is not installed
