@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from infra.tracking.protocols import Table
+from infra.tracking.protocols import Cell, Table
 from schemas.records import STEP_FIGURE_PREFIX, TrainingBatch, Trajectory, TrajectoryStatus, WeightVersion
 
 __all__ = [
@@ -224,7 +224,7 @@ def _spread(prefix: str, values: list[float]) -> dict[str, float]:
 
 def sample_table(samples: Iterable[Trajectory]) -> Table:
     """Sample episodes, one row each (`SAMPLE_COLUMNS`)."""
-    rows = [
+    rows: list[list[Cell]] = [
         [
             t.trajectory_id,
             t.task_id,

@@ -9,7 +9,7 @@ they are complete), so one call may carry a step lower than an earlier call's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -57,7 +57,5 @@ class Tracker(Protocol):
         """Write everything out and close; nothing is logged after it."""
 
 
-class TrackerFactory(Protocol):
-    """What a config names: `factory(run, **options) -> Tracker`."""
-
-    def __call__(self, run: TrackedRun, /, **options: Any) -> Tracker: ...
+TrackerFactory = Callable[..., Tracker]
+"""What a config names: `factory(run: TrackedRun, **options) -> Tracker`."""
