@@ -181,7 +181,9 @@ def test_stacx_plugins_lists_the_trackers(capsys: pytest.CaptureFixture[str]) ->
         assert "builtin (infra.tracking)" in line and summary in line
 
 
-def test_a_tracker_that_cannot_be_built_stops_the_run_with_one_line(plugin_module: str, tmp_path: Path) -> None:
+def test_a_tracker_that_cannot_be_built_stops_the_run_with_one_line(
+    plugin_module: str, tmp_path: Path
+) -> None:
     from infra.pipeline.errors import PipelineError
     from infra.pipeline.layout import RunLayout
     from infra.pipeline.tracking import start_tracking
@@ -197,10 +199,17 @@ def test_a_tracker_that_cannot_be_built_stops_the_run_with_one_line(plugin_modul
     spec = parse_spec(tree, source="f.yaml", check=False)
     layout = RunLayout.create(spec)
     with pytest.raises(PipelineError) as caught:
-        start_tracking(spec, layout, keeps=lambda t, v: True, inference_url="http://127.0.0.1:1",
-                       gateway_url="http://127.0.0.1:2", token="t")
+        start_tracking(
+            spec,
+            layout,
+            keeps=lambda t, v: True,
+            inference_url="http://127.0.0.1:1",
+            gateway_url="http://127.0.0.1:2",
+            token="t",
+        )
     message = str(caught.value)
     assert message.startswith(
-        f"f.yaml: pipeline.tracking.trackers[1]: '{plugin_module}:refusing': building the tracker raised ")
+        f"f.yaml: pipeline.tracking.trackers[1]: '{plugin_module}:refusing': building the tracker raised "
+    )
     assert message.endswith(f"PermissionError: {layout.root / 'tracking' / 'refusing'} is read-only")
     assert "\n" not in message
