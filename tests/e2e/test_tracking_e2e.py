@@ -27,6 +27,8 @@ from schemas.records import STEP_FIGURE_PREFIX, Trajectory, WeightVersion
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 2
 Series = dict[int, float]
+FIGURES = ("rollout/reward_mean", "rollout/episodes", "trainer/loss", "trainer/num_tokens")
+"""Compared with the topics: the reward and loss series, and two that a short run never leaves at 0."""
 
 
 def _small(spec: Any, runs_dir: Path) -> Any:
@@ -68,32 +70,35 @@ def _read(bootstrap: str, topic: str) -> list[Any]:
         consumer.close()
 
 
-def _topic_series(bootstrap: str, topics: dict[str, str]) -> tuple[Series, Series]:
-    """(mean reward by generating version, loss by version) as the run's topics have them."""
+def _topic_series(bootstrap: str, topics: dict[str, str]) -> dict[str, Series]:
+    """The figures as the run's topics have them: per generating version, the mean reward and
+    the number of episodes; per published version, the trainer's loss and tokens."""
     episodes = {
         t.trajectory_id: t for t in _read(bootstrap, topics["trajectories"]) if isinstance(t, Trajectory)
     }
     by_version: dict[int, list[float]] = {}
     for t in episodes.values():
         by_version.setdefault(t.policy_version, []).append(t.reward)
-    rewards = {v: statistics.fmean(r) for v, r in by_version.items()}
     weights = [w for w in _read(bootstrap, topics["weights"]) if isinstance(w, WeightVersion)]
-    losses = {w.version: float(w.metadata[STEP_FIGURE_PREFIX + "loss"]) for w in weights}
-    return rewards, losses
+    return {
+        "rollout/reward_mean": {v: statistics.fmean(r) for v, r in by_version.items()},
+        "rollout/episodes": {v: float(len(r)) for v, r in by_version.items()},
+        "trainer/loss": {w.version: float(w.metadata[STEP_FIGURE_PREFIX + "loss"]) for w in weights},
+        "trainer/num_tokens": {
+            w.version: float(w.metadata[STEP_FIGURE_PREFIX + "num_tokens"]) for w in weights
+        },
+    }
 
 
-def _tensorboard(folder: Path) -> tuple[Series, Series]:
+def _tensorboard(folder: Path) -> dict[str, Series]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(folder))
     events.Reload()
-    return (
-        {e.step: e.value for e in events.Scalars("rollout/reward_mean")},
-        {e.step: e.value for e in events.Scalars("trainer/loss")},
-    )
+    return {name: {e.step: e.value for e in events.Scalars(name)} for name in FIGURES}
 
 
-def _wandb(folder: Path) -> tuple[Series, Series]:
+def _wandb(folder: Path) -> dict[str, Series]:
     (run,) = offline_runs(folder)
     sync = subprocess.run(
         [sys.executable, "-m", "wandb", "sync", "--dry-run", str(run)],
@@ -104,23 +109,17 @@ def _wandb(folder: Path) -> tuple[Series, Series]:
     )
     assert "Would sync 1 run(s)" in sync.stdout + sync.stderr
     rows = history(run)
-    return (
-        {r["policy_version"]: float(r["rollout/reward_mean"]) for r in rows if "rollout/reward_mean" in r},
-        {r["policy_version"]: float(r["trainer/loss"]) for r in rows if "trainer/loss" in r},
-    )
+    return {name: {r["policy_version"]: float(r[name]) for r in rows if name in r} for name in FIGURES}
 
 
-def _mlflow(folder: Path, run_id: str) -> tuple[Series, Series]:
+def _mlflow(folder: Path, run_id: str) -> dict[str, Series]:
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{folder.resolve() / 'mlflow.db'}")
     (found,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert found.info.run_name == run_id and found.info.status == "FINISHED"
-
-    def series(name: str) -> Series:
-        return {m.step: m.value for m in client.get_metric_history(found.info.run_id, name)}
-
-    return series("rollout/reward_mean"), series("trainer/loss")
+    history_of = client.get_metric_history
+    return {name: {m.step: m.value for m in history_of(found.info.run_id, name)} for name in FIGURES}
 
 
 @pytest.mark.slow
@@ -135,13 +134,14 @@ def test_every_tracker_holds_the_runs_reward_and_loss_series(
 
     root = tmp_path / spec.pipeline.name / "tracking"
     assert report["tracking"] == {name: str(root / name) for name in ("tensorboard", "wandb", "mlflow")}
-    rewards, losses = _topic_series(kafka_bootstrap, report["topics"])
-    assert sorted(losses) == list(range(1, report["policy_versions"] + 1)) and 0 in rewards
+    expected = _topic_series(kafka_bootstrap, report["topics"])
+    assert sorted(expected["trainer/loss"]) == list(range(1, report["policy_versions"] + 1))
+    assert 0 in expected["rollout/reward_mean"]
 
-    for name, (tracked_rewards, tracked_losses) in {
+    for name, tracked in {
         "tensorboard": _tensorboard(root / "tensorboard"),  # float32 event values
         "wandb": _wandb(root / "wandb"),
         "mlflow": _mlflow(root / "mlflow", report["run_id"]),
     }.items():
-        assert tracked_rewards == pytest.approx(rewards, rel=1e-6), name
-        assert tracked_losses == pytest.approx(losses, rel=1e-6), name
+        for figure, series in expected.items():
+            assert tracked[figure] == pytest.approx(series, rel=1e-6), f"{name}: {figure}"
