@@ -186,10 +186,19 @@ class WeightVersion:
     format: str = "hf-safetensors"
     trainer_id: str = ""
     metadata: dict[str, str] = field(default_factory=dict)
+    """`recipe`, `batch_id`, and `step.<figure>` (STEP_FIGURE_PREFIX): the figures of the step that
+    made the version."""
     created_at_ms: int = field(default_factory=now_ms)
     content_hash: str = ""
     """`sha256:<hex>` of the weights ("" from writers before it existed): a version number is
     never announced with two different hashes, and subscribers refuse one that conflicts."""
+
+
+STEP_FIGURE_PREFIX = "step."
+"""`WeightVersion.metadata` keys `step.<figure>` carry, as exact float text, the figures of the
+trainer step that made the version: `loss`, `num_tokens`, `seconds`, and each role's loss terms and
+model's grad norm (`policy/kl`, `policy/grad_norm`), so readers of the weights topic (trackers, the
+run view) see the trainer's figures per version without asking the trainer."""
 
 
 @dataclass(kw_only=True, slots=True)

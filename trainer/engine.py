@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from opentelemetry import metrics as otel_metrics
 
-from schemas.records import TrainingBatch, WeightVersion
+from schemas.records import STEP_FIGURE_PREFIX, TrainingBatch, WeightVersion
 from trainer.backends import Backend, build_backend
 from trainer.batch import (
     TensorBatch,
@@ -49,7 +49,7 @@ from trainer.recipe import DataSync, ModelSlot, TrainingConfig, get_recipe
 from trainer.sources import build_source
 from trainer.workers import ModelWorker, RoleWorker, build_optimizer
 
-__all__ = ["StacxTrainer", "StepResult", "merge_metrics", "metrics_text"]
+__all__ = ["StacxTrainer", "StepResult", "merge_metrics", "metrics_text", "step_figures"]
 
 _meter = otel_metrics.get_meter("stacx.trainer")
 _STEP_SECONDS = _meter.create_histogram("stacx.trainer.step_duration", unit="s",
@@ -72,6 +72,8 @@ class StepResult:
     loss: float
     num_tokens: int
     metrics: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+    """Wall time of the step (forward, backward, optimizer)."""
 
 
 class StacxTrainer:
@@ -289,13 +291,14 @@ class StacxTrainer:
         started = time.perf_counter()
         full = to_tensor_batch(record)
         loss, metrics = self._forward_backward(full)
-        self._optimizer_step()
+        metrics.update(self._optimizer_step())
         self.step_count += 1
         self._advance(position)
         self.trained_batch_ids.append(record.batch_id)
         self._trained_set.add(record.batch_id)
         result = StepResult(step=self.step_count, batch_id=record.batch_id, loss=loss,
-                            num_tokens=full.num_tokens, metrics=metrics)
+                            num_tokens=full.num_tokens, metrics=metrics,
+                            seconds=time.perf_counter() - started)
         if self.is_leader:
             log.info("step %d batch %s loss %.5f tokens %d%s", result.step, record.batch_id, loss,
                      result.num_tokens, metrics_text(metrics))
@@ -305,7 +308,7 @@ class StacxTrainer:
         if self.checkpoints is not None and (exporting or self._checkpoint_due()):
             self._checkpoint()  # covers the version about to be announced
         if exporting:
-            self._export(record.batch_id)
+            self._export(record.batch_id, step_figures(result))
         if self.on_step is not None:
             self.on_step(result)
         return result
@@ -411,16 +414,25 @@ class StacxTrainer:
         buf[rows.to(value.device)] = value
         return buf
 
-    def _optimizer_step(self) -> None:
+    def _optimizer_step(self) -> dict[str, float]:
+        """Steps every optimizer (clipping the global gradient norm when configured); returns
+        `<model>/grad_norm`, the norm before clipping, of each trained model."""
         max_norm = self.config.optimizer.max_grad_norm
-        for worker in self.models.values():
+        norms: dict[str, float] = {}
+        for name, worker in self.models.items():
             if worker.optimizer is None or worker.module is None:
                 continue
+            grads = [p.grad for p in worker.module.parameters() if p.grad is not None]
+            norm = torch.nn.utils.get_total_norm(grads)
             if max_norm is not None:
-                torch.nn.utils.clip_grad_norm_(worker.module.parameters(), max_norm)
+                torch.nn.utils.clip_grads_with_norm_(worker.module.parameters(), max_norm, norm)
+            if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2: every rank takes part
+                norm = norm.full_tensor()
+            norms[f"{name}/grad_norm"] = float(norm)
             worker.optimizer.step()
             worker.scheduler.step()
             worker.optimizer.zero_grad(set_to_none=True)
+        return norms
 
     # ----------------------------------------------------------------------------- outputs
 
@@ -441,20 +453,20 @@ class StacxTrainer:
             last = self.trained_batch_ids[-1] if self.trained_batch_ids else ""
             self._export(last)
 
-    def _export(self, batch_id: str) -> None:
+    def _export(self, batch_id: str, figures: dict[str, str] | None = None) -> None:
         worker = self.models[self.recipe.publish]
         if 0 not in worker.ranks:
             raise ConfigError(f"the published slot {worker.slot.name!r} must include rank 0")
         state = self.backend.full_state_dict(worker.module) if worker.module is not None else {}
         if self.is_leader:
-            self._write_and_publish(worker, state, batch_id)
+            self._write_and_publish(worker, state, batch_id, figures or {})
             if self.checkpoints is not None:
                 self.checkpoints.mark_published(self.step_count)
         self.published_version = self.step_count
         self.backend.barrier()
 
     def _write_and_publish(self, worker: ModelWorker, state: dict[str, torch.Tensor],
-                           batch_id: str) -> None:
+                           batch_id: str, figures: dict[str, str]) -> None:
         cfg = self.config.export
         assert cfg.dir is not None and worker.module is not None
         root = Path(cfg.dir) / cfg.model_name
@@ -467,7 +479,7 @@ class StacxTrainer:
                 model_name=cfg.model_name, version=self.step_count, path=str(path.resolve()),
                 step=self.step_count, trainer_id=self.config.trainer_id,
                 content_hash=content_hash(state),
-                metadata={"recipe": self.config.recipe, "batch_id": batch_id}))
+                metadata={**figures, "recipe": self.config.recipe, "batch_id": batch_id}))
 
     def _checkpoint(self) -> None:
         assert self.checkpoints is not None
@@ -503,6 +515,14 @@ def metrics_text(metrics: dict[str, float]) -> str:
     """The step's recipe metrics as ` role/name=value ...` (sorted; empty when there are none),
     so that a recipe's own metrics reach the trainer's log with every step."""
     return "".join(f" {key}={value:.6g}" for key, value in sorted(metrics.items()))
+
+
+def step_figures(result: StepResult) -> dict[str, str]:
+    """The step's loss, tokens, time and merged metrics as WeightVersion metadata
+    (`schemas.records.STEP_FIGURE_PREFIX`)."""
+    figures = {"loss": result.loss, "num_tokens": float(result.num_tokens), "seconds": result.seconds,
+               **result.metrics}
+    return {STEP_FIGURE_PREFIX + name: repr(float(value)) for name, value in figures.items()}
 
 
 def merge_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:

@@ -15,6 +15,7 @@ _OWNERS = (
     "rollout.scheduler",
     "rollout.inference.serving",
     "trainer.recipe",
+    "infra.tracking",
 )
 """Modules that own an extension point's registry (importing them creates it)."""
 

@@ -28,6 +28,7 @@ from infra.pipeline.errors import PipelineConfigError
 from infra.pipeline.services import RestartPolicy
 from infra.pipeline.wires import wire_value
 from infra.telemetry import TracingConfig
+from infra.tracking.config import TrackingConfig
 from schemas.topics import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, TopicPolicy
 
 __all__ = [
@@ -237,6 +238,10 @@ class PipelineConfig(_Schema):
     tracing: TracingConfig | None = None
     """OpenTelemetry tracing of every service (absent: the OTEL_* variables decide, off by
     default); passed to each service as the standard OTEL_* variables."""
+    # -- experiment trackers (infra.tracking) --
+    tracking: TrackingConfig | None = None
+    """Experiment trackers fed from the run's topics (`[tensorboard, wandb, mlflow]`, each a
+    name or `{name, options}`); their files go to `<runs_dir>/<name>/tracking/<tracker>/`."""
 
     @pydantic.field_validator("name")
     @classmethod

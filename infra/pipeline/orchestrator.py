@@ -61,7 +61,9 @@ from infra.pipeline.tasks import (
     task_order,
     write_tasks,
 )
+from infra.pipeline.tracking import start_tracking
 from infra.pipeline.view import render, status_line
+from infra.tracking import TrackingFeed
 
 __all__ = ["Pipeline", "run_pipeline"]
 
@@ -92,6 +94,7 @@ class Pipeline:
         self._eval_pool = concurrent.futures.ThreadPoolExecutor(1, "stacx-eval")
         self._pending_eval: concurrent.futures.Future[EvalResult] | None = None
         self._sft_dir = base_model_dir(spec, self.layout)
+        self.tracking: TrackingFeed | None = None
 
     def _task_set(self) -> Any:
         """The task-source plug-in of `pipeline.tasks.source` (None for harbor, jsonl, topic)."""
@@ -137,6 +140,7 @@ class Pipeline:
             error = exc
             raise
         finally:
+            self._finish_tracking(error)
             self._shutdown()
             report = self._report(time.monotonic() - started, error)
             write_report(self.layout.report_path, report)
@@ -145,6 +149,7 @@ class Pipeline:
 
     def _stages(self, refresh: Any) -> None:
         self._timed("setup_s", self._setup)
+        self._start_tracking()
         sft_dir = self._timed("sft_s", self._sft)
         self._timed("services_s", self._start_serving, sft_dir)
         if self._evaluates():
@@ -481,6 +486,12 @@ class Pipeline:
             result.num_episodes,
             result.wall_s,
         )
+        self._log_eval(result)
+
+    def _log_eval(self, result: EvalResult) -> None:
+        if self.tracking is not None:
+            figures = {"eval/success": result.success, "eval/tool_rate": result.tool_rate}
+            self.tracking.log(result.version, {**figures, "eval/episodes": float(result.num_episodes)})
 
     def _maybe_evaluate(self, last_version: int) -> int:
         every = self.cfg.evaluation.every_versions if self.heldout_rows else 0
@@ -541,6 +552,29 @@ class Pipeline:
             f"{timeout_s:.0f}s after v{version} was published; see "
             f"{self.layout.logs_dir / 'inference.log'} (server and weight subscriber)"
         )
+
+    # ----------------------------------------------------------------------------- trackers
+
+    def _start_tracking(self) -> None:
+        self.metrics.stage = "opening the trackers"
+        self.tracking = start_tracking(
+            self.spec,
+            self.layout,
+            keeps=self.metrics.keeps,
+            inference_url=self.inference_url,
+            gateway_url=self.gateway_url,
+            token=self._token,
+        )
+
+    def _finish_tracking(self, error: BaseException | None) -> None:
+        """A finished run's trackers get every figure of its topics; an interrupted one's what was read."""
+        if self.tracking is not None:
+            self.tracking.finish(drain=not isinstance(error, KeyboardInterrupt | SystemExit))
+
+    def _tracking_locations(self) -> dict[str, str]:
+        """Each tracker's folder (for the report)."""
+        locations = {} if self.tracking is None else self.tracking.trackers.locations
+        return {name: str(path) for name, path in locations.items()}
 
     # ----------------------------------------------------------------------------- services
 
@@ -667,6 +701,7 @@ class Pipeline:
             "config": self.spec.source,
             "curve_png": str(self.layout.curve_path),
             "logs": str(self.layout.logs_dir),
+            "tracking": self._tracking_locations(),
         }
 
 

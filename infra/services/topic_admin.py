@@ -47,6 +47,7 @@ _GROUP_PREFIXES = (
     "stacx-oncall-join-",
     "stacx-oncall-learner-",
     "stacx-weights-",
+    "stacx-tracking-",
 )
 _TIMEOUT_S = 30.0
 _WAIT_S = _TIMEOUT_S + 15.0

@@ -192,3 +192,21 @@ def test_metrics_of_ranks_merge_by_their_kind() -> None:
                             {"p/ratio_max": 1.1, "p/ratio_min": 0.7, "p/clip_frac": 0.4},
                             {}])
     assert merged == pytest.approx({"p/ratio_max": 1.5, "p/ratio_min": 0.7, "p/clip_frac": 0.3})
+
+
+def test_each_published_version_carries_the_figures_of_the_step_that_made_it(tmp_path: Path) -> None:
+    from schemas.records import STEP_FIGURE_PREFIX
+
+    publisher = InMemoryWeightPublisher()
+    trainer = StacxTrainer(tiny_trainer_config("grpo", tmp_path),
+                           source=InMemoryBatchSource(synthetic_batches(2)), publisher=publisher)
+    results = trainer.run(2)
+    for version, result in zip(publisher.published, results, strict=True):
+        figures = {k.removeprefix(STEP_FIGURE_PREFIX): float(v) for k, v in version.metadata.items()
+                   if k.startswith(STEP_FIGURE_PREFIX)}
+        assert figures["loss"] == result.loss  # exact: the text round-trips the float
+        assert figures["num_tokens"] == result.num_tokens
+        assert figures["seconds"] == result.seconds > 0
+        assert figures["policy/grad_norm"] == result.metrics["policy/grad_norm"] > 0
+        assert {k: figures[k] for k in result.metrics} == result.metrics
+        assert version.metadata["batch_id"] == result.batch_id

@@ -1,0 +1,71 @@
+"""The run's trackers (`pipeline.tracking`): opened before the services start, fed by a consumer
+thread of the orchestrator from the run's topics and the servers' metrics (infra.tracking)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from infra.pipeline.config import PipelineSpec
+from infra.pipeline.errors import PipelineError
+from infra.pipeline.layout import RunLayout
+from infra.tracking import MetricsEndpoint, RunFigures, TrackingError, TrackingFeed, open_trackers
+from infra.tracking.figures import Keeps
+
+__all__ = ["start_tracking", "tracking_group"]
+
+
+def tracking_group(run_id: str) -> str:
+    """The feed's consumer group: named after the run, so deleting the run deletes it."""
+    return f"stacx-tracking-{run_id}"
+
+
+def start_tracking(
+    spec: PipelineSpec,
+    layout: RunLayout,
+    *,
+    keeps: Keeps,
+    inference_url: str,
+    gateway_url: str,
+    token: str,
+) -> TrackingFeed | None:
+    """The started feed of the run's trackers (None: no `pipeline.tracking`); `PipelineError`
+    with one line when a tracker cannot be built."""
+    tracking = spec.pipeline.tracking
+    if tracking is None or not tracking.trackers:
+        return None
+    try:
+        root = layout.root / "tracking"
+        trackers = open_trackers(tracking, name=layout.name, run_id=layout.run_id, root=root)
+    except TrackingError as exc:
+        raise PipelineError(f"{spec.source}: pipeline.{exc}") from exc
+    figures = RunFigures(
+        settle_versions=tracking.settle_versions,
+        samples_per_version=tracking.samples_per_version,
+        success_reward=tracking.success_reward,
+        keeps=keeps,
+    )
+    config = TrackingFeed.Config(
+        bootstrap_servers=spec.bootstrap_servers,
+        topics=[layout.topics.trajectories, layout.topics.batches, layout.topics.weights],
+        group_id=tracking_group(layout.run_id),
+        model_name=layout.model_name,
+        endpoints=[
+            MetricsEndpoint("inference", f"{inference_url}/metrics"),
+            MetricsEndpoint("gateway", f"{gateway_url}/metrics", {"Authorization": f"Bearer {token}"}),
+        ],
+    )
+    return TrackingFeed(config, trackers, figures, run_config=run_config(spec, layout)).start()
+
+
+def run_config(spec: PipelineSpec, layout: RunLayout) -> dict[str, Any]:
+    """What the trackers record as the run's configuration."""
+    return {
+        "run_id": layout.run_id,
+        "source": spec.source,
+        "pipeline": spec.pipeline.model_dump(mode="json"),
+        "rollout": spec.rollout,
+        "assembler": spec.assembler,
+        "trainer": spec.trainer,
+        "topics": asdict(layout.topics),
+    }

@@ -1,0 +1,209 @@
+"""The tracking feed: a consumer thread that reads the run's topics (its own consumer group,
+named after the run) and the services' metrics endpoints, and logs figures to the trackers."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from infra.tracking.figures import Point, RunFigures
+from infra.tracking.scrape import MetricsEndpoint, ScrapeRates
+from infra.tracking.trackers import TrackerSet
+from schemas.records import TrainingBatch, Trajectory, WeightVersion
+
+__all__ = ["TrackingFeed"]
+
+log = logging.getLogger(__name__)
+
+TABLE_NAME = "trajectories"
+COMMIT_EVERY_S = 10.0
+
+
+class TrackingFeed:
+    """Feeds a `TrackerSet` from the run's events; every tracker call happens on its thread."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config:
+        bootstrap_servers: str
+        """The run's Kafka."""
+        topics: list[str]
+        """The run's trajectories, batches and weights topics."""
+        group_id: str
+        """`stacx-tracking-<run id>`: deleted with the run's topics."""
+        model_name: str
+        """The policy's key on the weights topic (other models' events are not this run's)."""
+        endpoints: list[MetricsEndpoint] = field(default_factory=list)
+        """Scraped at each new version."""
+        drain_timeout_s: float = 60.0
+        """At the end, how long to read on until the topics are consumed to their end."""
+
+    def __init__(
+        self,
+        config: Config,
+        trackers: TrackerSet,
+        figures: RunFigures,
+        *,
+        run_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.trackers = trackers
+        self.figures = figures
+        self._run_config = run_config
+        self._rates = [ScrapeRates(e) for e in config.endpoints]
+        self._queued: queue.SimpleQueue[tuple[int, dict[str, float]]] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._drain = True
+        self._thread = threading.Thread(target=self._run, name="stacx-tracking", daemon=True)
+        self._last_commit = time.monotonic()
+
+    def start(self) -> TrackingFeed:
+        self._thread.start()
+        return self
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Figures from outside the topics (held-out evaluations); any thread."""
+        self._queued.put((step, dict(metrics)))
+
+    def finish(self, *, drain: bool = True, timeout_s: float | None = None) -> None:
+        """Read the topics to their end (with `drain`), log what is left, finish the trackers."""
+        self._drain = drain
+        self._stop.set()
+        limit = self.config.drain_timeout_s + 60.0 if timeout_s is None else timeout_s
+        self._thread.join(timeout=limit)
+        if self._thread.is_alive():
+            log.error(
+                "tracking: the feed did not finish within %.0fs; trackers may lack the last figures", limit
+            )
+
+    # ----------------------------------------------------------------------------- thread
+
+    def _run(self) -> None:
+        if self._run_config is not None:
+            self.trackers.log_config(self._run_config)
+        consumer = self._consumer()
+        try:
+            while consumer is not None and not self._stop.is_set():
+                self._read(consumer, timeout=0.5)
+                self._log_queued()
+            if consumer is not None and self._drain:
+                self._drain_topics(consumer)
+            self._emit(self.figures.flush())
+            self._log_queued()
+            if self.figures.num_late:
+                log.warning(
+                    "tracking: %d episode(s) arrived after their version's rollout figures were "
+                    "logged (raise tracking.settle_versions to wait longer)",
+                    self.figures.num_late,
+                )
+        except Exception as exc:  # a tracker must never stop the run: say so, finish what we have
+            log.error("tracking: the feed stopped: %s: %s", type(exc).__name__, exc)
+        finally:
+            if consumer is not None:
+                self._close(consumer)
+            self.trackers.finish()
+
+    def _consumer(self) -> Any:
+        from consumers import EventConsumer
+
+        try:
+            return EventConsumer(
+                EventConsumer.Config(
+                    bootstrap_servers=self.config.bootstrap_servers,
+                    group_id=self.config.group_id,
+                    topics=list(self.config.topics),
+                    client_id="stacx-tracking",
+                    dlq_topic=None,  # an observer: the services dead-letter what they cannot use
+                )
+            )
+        except Exception as exc:
+            log.error("tracking: cannot consume %s: %s; trackers get no figures", self.config.topics, exc)
+            return None
+
+    def _read(self, consumer: Any, *, timeout: float) -> int:
+        try:
+            events = consumer.consume(max_records=256, timeout=timeout)
+        except Exception as exc:  # a broker restart, say: the client reconnects
+            log.warning("tracking: %s: %s; retrying", type(exc).__name__, exc)
+            self._stop.wait(1.0)
+            return 0
+        for event in events:
+            self._dispatch(event.value)
+        if time.monotonic() - self._last_commit >= COMMIT_EVERY_S:
+            self._commit(consumer)
+        return len(events)
+
+    def _dispatch(self, value: Any) -> None:
+        if getattr(value, "model_name", self.config.model_name) != self.config.model_name:
+            return
+        if isinstance(value, Trajectory):
+            self.figures.observe_trajectory(value)
+        elif isinstance(value, TrainingBatch):
+            self.figures.observe_batch(value)
+        elif isinstance(value, WeightVersion):
+            points = self.figures.observe_weights(value)
+            if points:
+                self.trackers.log_metrics(value.version, self._scrape())
+            self._emit(points)
+
+    def _emit(self, points: list[Point]) -> None:
+        for point in points:
+            self.trackers.log_metrics(point.step, point.metrics)
+            if point.table is not None and point.table.rows:
+                self.trackers.log_table(TABLE_NAME, point.step, point.table)
+
+    def _log_queued(self) -> None:
+        while True:
+            try:
+                step, metrics = self._queued.get_nowait()
+            except queue.Empty:
+                return
+            self.trackers.log_metrics(step, metrics)
+
+    def _scrape(self) -> dict[str, float]:
+        import httpx
+
+        figures: dict[str, float] = {}
+        for rates in self._rates:
+            endpoint = rates.endpoint
+            try:
+                answer = httpx.get(endpoint.url, headers=dict(endpoint.headers), timeout=2.0)
+                answer.raise_for_status()
+            except httpx.HTTPError as exc:  # a restarting server: its figures skip this version
+                log.debug("tracking: scraping %s: %s", endpoint.url, exc)
+                continue
+            figures |= rates.figures(answer.text, time.monotonic())
+        return figures
+
+    def _drain_topics(self, consumer: Any) -> None:
+        deadline = time.monotonic() + self.config.drain_timeout_s
+        while time.monotonic() < deadline:
+            if self._read(consumer, timeout=0.5) == 0 and consumer.assignment():
+                try:
+                    if consumer.total_lag(timeout=5.0) == 0:
+                        return
+                except Exception as exc:
+                    log.warning("tracking: lag of %s: %s", self.config.group_id, exc)
+        log.warning(
+            "tracking: the run's topics were not read to their end within %.0fs; the last "
+            "figures may be missing",
+            self.config.drain_timeout_s,
+        )
+
+    def _commit(self, consumer: Any) -> None:
+        self._last_commit = time.monotonic()
+        try:
+            consumer.commit()
+        except Exception as exc:  # progress of an observer only
+            log.debug("tracking: commit: %s", exc)
+
+    def _close(self, consumer: Any) -> None:
+        self._commit(consumer)
+        try:
+            consumer.close()
+        except Exception as exc:
+            log.warning("tracking: closing the consumer: %s", exc)

@@ -1,0 +1,29 @@
+"""Server figures between two scrapes of a real `prometheus_client` exposition."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.tracking import MetricsEndpoint
+from infra.tracking.scrape import ScrapeRates
+from rollout.inference.metrics import Metrics
+
+
+def test_counters_become_rates_gauges_values_and_histograms_means() -> None:
+    metrics = Metrics()
+    rates = ScrapeRates(MetricsEndpoint("inference", "http://127.0.0.1:1/metrics"))
+    metrics.inc("generated_tokens_total", 100)
+    metrics.set("running_requests", 3)
+    metrics.observe_latency(1.0)
+    first = rates.figures(metrics.render(), now=10.0)
+    assert first["inference/running_requests"] == 3.0
+    assert "inference/generated_tokens_per_s" not in first  # a rate needs two scrapes
+
+    metrics.inc("generated_tokens_total", 50)
+    metrics.observe_latency(2.0)
+    metrics.observe_latency(4.0)
+    second = rates.figures(metrics.render(), now=15.0)
+    assert second["inference/generated_tokens_per_s"] == pytest.approx(10.0)
+    assert second["inference/requests_per_s"] == 0.0
+    assert second["inference/request_latency_seconds_mean"] == pytest.approx(3.0)  # of the two since
+    assert "inference/batch_size_mean" not in second  # nothing observed since: no mean
