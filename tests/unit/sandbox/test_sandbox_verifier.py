@@ -165,3 +165,22 @@ async def test_a_task_without_a_solution_is_refused_before_any_call(tmp_path: Pa
     with pytest.raises(FileNotFoundError, match=r"solution/solve.sh does not exist"):
         await run_oracle(ops, "s1", load_task(path))
     assert ops.calls == []
+
+
+def test_reward_files_that_are_not_utf8_are_malformed_not_a_crash() -> None:
+    with pytest.raises(RewardFileMalformed, match="one number"):
+        parse_reward_text(b"\xff\xfe1")
+    with pytest.raises(RewardFileMalformed, match="not valid JSON"):
+        parse_reward_json(b'{"reward": \xff}')
+
+
+def test_a_malformed_reward_file_is_quoted_to_80_characters_with_the_expected_shape() -> None:
+    with pytest.raises(RewardFileMalformed) as text_error:
+        parse_reward_text(b"x" * 200)
+    assert str(text_error.value).endswith(repr("x" * 80))
+    with pytest.raises(RewardFileMalformed) as json_error:
+        parse_reward_json(b"[" + b"1, " * 100 + b"1]")
+    assert repr(("[" + "1, " * 100)[:80]) in str(json_error.value)
+    hint = r'finite numbers, got .*; test.sh must write numbers such as \{"reward": 0.5\}$'
+    with pytest.raises(RewardFileMalformed, match=hint):
+        parse_reward_json(b'{"reward": Infinity}')
