@@ -66,8 +66,9 @@ def test_records_left_out_are_counted_in_the_stats_the_summary_shows() -> None:
     config = build(
         ReplayAssembler.Config, {"grouping": {"group_size": 2}, "mixture": {"batch_size": 1}}, where="x"
     )
-    result = ReplayAssembler(config, Codec()).assemble([records[0], garbage, *records[1:]])
-    assert result.undecodable == 1 and result.stats["undecodable"] == 1
+    invalid = RangeRecord(0, 100, 1_006, b"g1", encode(make_trajectory("", 0)))
+    result = ReplayAssembler(config, Codec()).assemble([records[0], garbage, invalid, *records[1:]])
+    assert result.undecodable == 2 and result.stats["undecodable"] == 2
     assert [b for b, _ in result.batches] == [b for b, _ in _assemble(records)]  # the rest as before
 
 

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import wait
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import confluent_kafka
 import pytest
 from events_strategies import trajectory
 
 from producers import DeliveryError, EventProducer, ProducerClosedError
+from producers.blobs import FsspecBlobStore
+from producers.event_producer import Delivery, _connection_options
+from schemas.claimcheck import ClaimCheck
 from schemas.errors import RecordValidationError
 
 DEAD_BROKER = "127.0.0.1:1"
@@ -126,3 +133,101 @@ def test_a_nan_reward_is_refused_with_the_field_named() -> None:
         producer.publish("test.offline", trajectory(1, reward=float("nan")))
     assert producer.flush(timeout_s=1) == 0  # nothing was queued
     producer.close(timeout_s=1)
+
+
+class _CapturingProducer:
+    """Stands in for confluent_kafka.Producer: keeps what is produced and acknowledges it."""
+
+    def __init__(self, config: dict[str, object]) -> None:
+        self.produced: list[tuple[str, bytes, object, object]] = []
+
+    def produce(self, topic: str, value: bytes, key: object = None, *, headers: object = None,
+                on_delivery: Any = None) -> None:  # fmt: skip
+        self.produced.append((topic, value, key, headers))
+        msg = SimpleNamespace(topic=lambda: topic, partition=lambda: 2, offset=lambda: 41,
+                              timestamp=lambda: (1, 1234))  # fmt: skip
+        on_delivery(None, msg)
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+    def flush(self, timeout: float = -1) -> int:
+        return 0
+
+    def purge(self) -> None:
+        pass
+
+
+def _captured(monkeypatch: pytest.MonkeyPatch, **overrides: object) -> EventProducer:
+    monkeypatch.setattr(confluent_kafka, "Producer", _CapturingProducer)
+    return offline_producer(**overrides)
+
+
+def test_a_record_over_the_limit_goes_by_claim_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    producer = _captured(monkeypatch, claim_check_threshold_bytes=16, blob_store_url=str(tmp_path))
+    record = trajectory(3)
+    delivery = producer.publish("test.claims", record).result(timeout=5)
+    producer.close(timeout_s=1)
+    assert delivery == Delivery("test.claims", 2, 41, 1234, "traj-3")
+    ((topic, value, _, _),) = producer._producer.produced
+    claim = producer.codec.decode(value)
+    assert isinstance(claim, ClaimCheck) and topic == "test.claims"
+    full = producer.codec.encode(record)
+    assert claim.size_bytes == len(full) and claim.record_id == "traj-3"
+    assert claim.record_type == "stacx.Trajectory"
+    assert claim.uri.startswith(tmp_path.as_uri() + "/test.claims/")  # the topic is the prefix
+    assert FsspecBlobStore.get(claim.uri, sha256=claim.sha256) == full
+
+
+@pytest.mark.parametrize(
+    "bootstrap,warns",
+    [("127.0.0.1:9092,localhost:9093", False), ("[::1]:9092", False), ("localhost:9092,kafka-1:9092", True)],
+)
+def test_local_claim_check_blobs_with_a_remote_broker_warn(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    bootstrap: str,
+    warns: bool,
+) -> None:
+    producer = _captured(monkeypatch, claim_check_threshold_bytes=16, blob_store_url=str(tmp_path),
+                         bootstrap_servers=bootstrap)  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="producers.event_producer"):
+        producer.publish("test.claims", trajectory(1)).result(timeout=5)
+    producer.close(timeout_s=1)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    if not warns:
+        assert warnings == []
+        return
+    (message,) = warnings
+    assert str(tmp_path) in message and bootstrap in message and "STACX_BLOBS" in message
+
+
+def test_publish_bytes_sends_the_value_as_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    producer = _captured(monkeypatch, claim_check_threshold_bytes=8, trace_context=False)
+    delivery = producer.publish_bytes("t", b"0123456789abcdef", key=b"k", record_id="r1").result(timeout=5)
+    assert delivery.record_id == "r1" and delivery.offset == 41
+    ((topic, value, key, _),) = producer._producer.produced
+    assert (topic, value, key) == ("t", b"0123456789abcdef", b"k")  # no codec, no claim check
+    producer.close(timeout_s=1)
+    with pytest.raises(ProducerClosedError, match="publish_bytes"):
+        producer.publish_bytes("t", b"x")
+
+
+async def test_publish_async_resolves_with_the_acknowledgement(monkeypatch: pytest.MonkeyPatch) -> None:
+    producer = _captured(monkeypatch)
+    delivery = await producer.publish_async("t", trajectory(5), key="k5", headers={"x-run": "a"})
+    producer.close(timeout_s=1)
+    assert delivery.record_id == "traj-5"
+    ((_, _, key, headers),) = producer._producer.produced
+    assert key == "k5" and ("x-run", b"a") in headers
+
+
+def test_only_security_options_reach_the_other_clients() -> None:
+    options = {"security.protocol": "SSL", "sasl.mechanism": "PLAIN", "ssl.ca.location": "/ca",
+               "linger.ms": 5}  # fmt: skip
+    assert _connection_options(options) == {
+        "security.protocol": "SSL",
+        "sasl.mechanism": "PLAIN",
+        "ssl.ca.location": "/ca",
+    }

@@ -173,3 +173,49 @@ def test_random_workloads_never_deadlock_nor_exceed_budget(budget: Resources, wo
     results = asyncio.run(main())
     assert not any(isinstance(r, _Over) for r in results)
     assert all(r is None or isinstance(r, RuntimeError | asyncio.CancelledError) for r in results)
+
+
+def _ring() -> list[EvaluatorDemand]:
+    """a's model calls need cpu that b's episodes hold, b's need memory that c's hold, c's need
+    the gpu a's hold: one cycle through three evaluators; d waits on b but nobody waits on d."""
+    return [
+        EvaluatorDemand(
+            name="a", episode=Resources(sandboxes=1, gpus=1), generate=Resources(generations=1, cpu=1)
+        ),
+        EvaluatorDemand(
+            name="b", episode=Resources(sandboxes=1, cpu=2), generate=Resources(generations=1, memory_mb=256)
+        ),
+        EvaluatorDemand(
+            name="c",
+            episode=Resources(sandboxes=1),
+            step=Resources(memory_mb=512),
+            generate=Resources(generations=1, gpus=1),
+        ),
+        EvaluatorDemand(name="d", episode=Resources(sandboxes=1), generate=Resources(generations=1, cpu=2)),
+    ]
+
+
+def test_a_cycle_through_three_evaluators_is_found_and_broken_by_a_reserve() -> None:
+    budget = Resources(sandboxes=4, cpu=3, memory_mb=1024, gpus=2, generations=2)
+    feasibility = check_feasible(budget, _ring())
+    # d's 2 cpu are not on a cycle: only a's 1 cpu is reserved
+    assert feasibility.reserve == Resources(cpu=1, memory_mb=256, gpus=1)
+    assert feasibility.cycles == (
+        "cycle [b -> c -> a -> b]: episodes of 'b' hold cpu while model calls of 'a' wait for 1 cpu",
+        "cycle [c -> a -> b -> c]: episodes of 'c' hold memory_mb while model calls of 'b' wait for "
+        "256 memory_mb",
+        "cycle [a -> b -> c -> a]: episodes of 'a' hold gpus while model calls of 'c' wait for 1 gpus",
+    )
+
+
+def test_a_cycle_the_budget_cannot_break_names_the_holder_and_the_pool_to_raise() -> None:
+    budget = Resources(sandboxes=4, cpu=2.5, memory_mb=1024, gpus=2, generations=2)
+    with pytest.raises(ResourceDeadlockError) as error:
+        check_feasible(budget, _ring())
+    assert str(error.value) == (
+        "this resource configuration can wait forever: cycle [b -> c -> a -> b]: episodes of 'b' hold "
+        "cpu while model calls of 'a' wait for 1 cpu; breaking it needs 1 cpu kept free for model calls "
+        "beside one episode of 'b' holding 2 (episode + step), but the budget has 2.5 cpu: raise pool.cpu "
+        "to 3, or take cpu out of `generate` or out of `episode`/`step`. Raise `pool` in the config or "
+        "lower the evaluators' demands."
+    )
