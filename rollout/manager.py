@@ -113,6 +113,14 @@ class RolloutManager:
         """Policy versions by which admitted data may trail the trainer when it is consumed."""
         train_groups_per_version: int = 0
         """Groups the trainer consumes per policy version; enables the staleness bound (0 = off)."""
+        trained_statuses: tuple[str, ...] | None = ("COMPLETED",)
+        """Episode statuses the assembler trains on: its `filtering.ok_statuses` under
+        `failure_policy: drop`; None when it packs every episode (flag, mask). A group with fewer
+        than `min_trained_per_group` such episodes never reaches a batch, so it gives its place
+        under the staleness bound back and another group is taken instead."""
+        min_trained_per_group: int = 1
+        """Trained episodes a group needs to reach a batch: the assembler's
+        `grouping.min_group_size`, or its `group_size` under `partial_policy: drop`."""
         staleness_poll_s: float = 0.05
         """How often a stalled manager re-reads the policy version."""
         record_task_rewards: bool = False
@@ -132,6 +140,10 @@ class RolloutManager:
                 raise ConfigError(f"max_concurrent_episodes = {self.max_concurrent_episodes}; use >= 1")
             if self.max_staleness < 0:
                 raise ConfigError(f"max_staleness = {self.max_staleness}; use >= 0")
+            if self.trained_statuses is not None:
+                self.trained_statuses = tuple(self.trained_statuses)
+            if self.min_trained_per_group < 1:
+                raise ConfigError(f"min_trained_per_group = {self.min_trained_per_group}; use >= 1")
             if not self.evaluators:
                 raise ConfigError("evaluators is empty; configure at least `default`")
             if self.admission_window < 1 or self.max_bypass < 0:
@@ -192,6 +204,10 @@ class RolloutManager:
         self._stalled = False
         self._first_version: int | None = None
         self._groups_admitted = 0
+        self._trained: dict[str, int] = {}
+        """Group id -> its episodes so far with a status the assembler trains on."""
+        self.num_untrained_groups = 0
+        """Groups that finished with too few trained episodes to reach a batch."""
         self.num_stalls = 0
         self.num_bypassed = 0
         """Episodes that started ahead of an earlier one that did not fit yet."""
@@ -248,6 +264,7 @@ class RolloutManager:
             "in_flight": self.num_in_flight,
             "pending_groups": len(self.scheduler),
             "groups_admitted": self._groups_admitted,
+            "untrained_groups": self.num_untrained_groups,
             "episodes_done": done,
             "episodes_per_s": done / elapsed,
             "by_status": dict(self.summary.by_status),
@@ -342,6 +359,7 @@ class RolloutManager:
         for waiting in self._window:
             if waiting not in kept:
                 self._remaining.pop(waiting.group.group_id, None)
+                self._trained.pop(waiting.group.group_id, None)
         self._window = kept
 
     def _start_fitting(self) -> bool:
@@ -377,6 +395,7 @@ class RolloutManager:
     def _take(self, group: TaskGroup) -> None:
         self._groups_admitted += 1
         self._remaining[group.group_id] = group.num_samples
+        self._trained[group.group_id] = 0
         self._window.append(_Waiting(group=group, evaluator=self._evaluator_for(group)))
 
     def _stale(self) -> bool:
@@ -388,7 +407,8 @@ class RolloutManager:
         if self._first_version is None:
             self._first_version = version
         steps = version - self._first_version
-        return self._groups_admitted >= (steps + self.config.max_staleness + 1) * per_version
+        counted = self._groups_admitted - self.num_untrained_groups
+        return counted >= (steps + self.config.max_staleness + 1) * per_version
 
     def _is_stalled(self) -> bool:
         stale = self._stale()
@@ -467,6 +487,9 @@ class RolloutManager:
 
     async def _publish(self, group: TaskGroup, trajectory: Trajectory) -> None:
         self._record(trajectory)
+        trained = self.config.trained_statuses
+        if group.group_id in self._trained and (trained is None or trajectory.status.value in trained):
+            self._trained[group.group_id] += 1
         failed = trajectory.status in (TrajectoryStatus.FAILED, TrajectoryStatus.TIMED_OUT)
         if failed:
             log.warning(
@@ -509,7 +532,24 @@ class RolloutManager:
         self._remaining[group.group_id] -= 1
         if self._remaining[group.group_id] == 0:
             del self._remaining[group.group_id]
+            self._group_done(group)
             await self.source.ack(group)
+
+    def _group_done(self, group: TaskGroup) -> None:
+        """A group whose every episode is published: one the assembler cannot batch no longer
+        counts against the staleness bound (the trainer would wait for it forever)."""
+        trained = self._trained.pop(group.group_id, None)
+        if trained is None or trained >= self.config.min_trained_per_group:
+            return
+        self.num_untrained_groups += 1
+        self._wakeup.set()
+        log.info(
+            "group %s of %s: %d of %d episodes trainable, too few for a batch; taking another group",
+            group.group_id,
+            group.task.task_id,
+            trained,
+            group.num_samples,
+        )
 
     # -- shutdown ------------------------------------------------------------------------------
 
