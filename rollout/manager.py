@@ -121,6 +121,12 @@ class RolloutManager:
         min_trained_per_group: int = 1
         """Trained episodes a group needs to reach a batch: the assembler's
         `grouping.min_group_size`, or its `group_size` under `partial_policy: drop`."""
+        untrained_backoff_s: float = 1.0
+        """Under the staleness bound, after such a group wait this long before taking more;
+        doubles with each one in a row (a gateway or server that is down fails episodes at
+        once), up to `untrained_backoff_max_s`; a group with trained episodes ends the wait."""
+        untrained_backoff_max_s: float = 30.0
+        """Longest wait after groups that could not reach a batch."""
         staleness_poll_s: float = 0.05
         """How often a stalled manager re-reads the policy version."""
         record_task_rewards: bool = False
@@ -144,6 +150,11 @@ class RolloutManager:
                 self.trained_statuses = tuple(self.trained_statuses)
             if self.min_trained_per_group < 1:
                 raise ConfigError(f"min_trained_per_group = {self.min_trained_per_group}; use >= 1")
+            if not 0 <= self.untrained_backoff_s <= self.untrained_backoff_max_s:
+                raise ConfigError(
+                    f"untrained_backoff_s = {self.untrained_backoff_s}, untrained_backoff_max_s = "
+                    f"{self.untrained_backoff_max_s}; use 0 <= untrained_backoff_s <= untrained_backoff_max_s"
+                )
             if not self.evaluators:
                 raise ConfigError("evaluators is empty; configure at least `default`")
             if self.admission_window < 1 or self.max_bypass < 0:
@@ -208,6 +219,9 @@ class RolloutManager:
         """Group id -> its episodes so far with a status the assembler trains on."""
         self.num_untrained_groups = 0
         """Groups that finished with too few trained episodes to reach a batch."""
+        self._untrained_in_a_row = 0
+        self._hold_until = 0.0
+        """No group is taken before this time (monotonic): groups failed in a row."""
         self.num_stalls = 0
         self.num_bypassed = 0
         """Episodes that started ahead of an earlier one that did not fit yet."""
@@ -330,11 +344,13 @@ class RolloutManager:
         return self._source_done and not len(self.scheduler)
 
     async def _wait_for_wakeup(self) -> None:
-        if not self._stalled:
+        held_s = self._hold_until - time.monotonic()
+        if not self._stalled and held_s <= 0:
             await self._wakeup.wait()
             return
-        with contextlib.suppress(TimeoutError):  # re-read the policy version now and then
-            await asyncio.wait_for(self._wakeup.wait(), self.config.staleness_poll_s)
+        timeout_s = self.config.staleness_poll_s if self._stalled else held_s
+        with contextlib.suppress(TimeoutError):  # re-read the policy version, or the hold is over
+            await asyncio.wait_for(self._wakeup.wait(), timeout_s)
 
     def _on_release(self) -> None:
         if self._window:
@@ -386,6 +402,8 @@ class RolloutManager:
         if num_groups is not None and self._groups_admitted >= num_groups:
             return False
         if len(self._window) >= self.config.admission_window or self._is_stalled():
+            return False
+        if time.monotonic() < self._hold_until:  # groups failed in a row: a service is down
             return False
         # behind a group that does not fit, only take more if some evaluator could start now
         return not self._window or any(
@@ -539,16 +557,25 @@ class RolloutManager:
         """A group whose every episode is published: one the assembler cannot batch no longer
         counts against the staleness bound (the trainer would wait for it forever)."""
         trained = self._trained.pop(group.group_id, None)
-        if trained is None or trained >= self.config.min_trained_per_group:
+        if trained is None:
+            return
+        if trained >= self.config.min_trained_per_group:
+            self._untrained_in_a_row, self._hold_until = 0, 0.0
             return
         self.num_untrained_groups += 1
         self._wakeup.set()
+        if not self.config.train_groups_per_version:  # no bound: nothing is taken in its place
+            return
+        backoff_s = self.config.untrained_backoff_s * 2 ** min(self._untrained_in_a_row, 30)
+        self._untrained_in_a_row += 1
+        self._hold_until = time.monotonic() + min(backoff_s, self.config.untrained_backoff_max_s)
         log.info(
-            "group %s of %s: %d of %d episodes trainable, too few for a batch; taking another group",
+            "group %s of %s: %d of %d episodes trainable, too few for a batch; another group in %.1f s",
             group.group_id,
             group.task.task_id,
             trained,
             group.num_samples,
+            self._hold_until - time.monotonic(),
         )
 
     # -- shutdown ------------------------------------------------------------------------------

@@ -135,7 +135,8 @@ async def test_groups_failed_while_the_gateway_is_down_do_not_hold_the_staleness
     it counted against the bound, the trainer would wait forever for a batch that never fills."""
     versions, envs = StaticVersion(0), FakeEnvironments(fail_open=True)  # the gateway is down
     manager = _manager(_tasks(40), samples=2, envs=envs, versions=versions,
-                       max_staleness=1, train_groups_per_version=2, max_concurrent_episodes=2)
+                       max_staleness=1, train_groups_per_version=2, max_concurrent_episodes=2,
+                       untrained_backoff_s=0.0)
     run = asyncio.create_task(manager.run())
     await _until(lambda: manager.summary.by_status.get("FAILED", 0) >= 8)  # 4 whole groups failed
     envs.fail_open = False  # the gateway is back
@@ -168,7 +169,7 @@ async def test_a_group_counts_once_it_has_the_trained_episodes_a_batch_needs() -
     for needed, groups in ((1, 2), (2, 40)):
         manager = _manager(_tasks(40), samples=2, envs=_EverySecondOpenFails(), versions=StaticVersion(0),
                            max_staleness=0, train_groups_per_version=2, max_concurrent_episodes=1,
-                           min_trained_per_group=needed)
+                           min_trained_per_group=needed, untrained_backoff_s=0.0)
         run = asyncio.create_task(manager.run())
         await _until(lambda m=manager: m.num_stalls or m.summary.num_episodes == 80)  # type: ignore[misc]
         await asyncio.sleep(0.05)
@@ -176,6 +177,23 @@ async def test_a_group_counts_once_it_has_the_trained_episodes_a_batch_needs() -
         assert manager.summary.by_status == {"COMPLETED": groups, "FAILED": groups}
         manager.stop("cancel")
         await asyncio.wait_for(run, 30)
+
+
+async def test_groups_failing_in_a_row_back_off_instead_of_burning_through_the_tasks() -> None:
+    """A gateway that is down fails every episode at once: the groups taken in place of failed
+    ones wait longer and longer, and the first group with trained episodes ends the wait."""
+    envs = FakeEnvironments(fail_open=True)
+    manager = _manager(_tasks(400), samples=2, envs=envs, versions=StaticVersion(0), max_staleness=1,
+                       train_groups_per_version=2, untrained_backoff_s=0.2, untrained_backoff_max_s=0.4)
+    run = asyncio.create_task(manager.run())
+    await asyncio.sleep(1.0)
+    failed = manager.num_untrained_groups  # waves of <= 4 groups, 0.2 s then 0.4 s apart
+    assert 4 <= failed <= 16, failed
+    envs.fail_open = False
+    await _until(lambda: manager.num_stalls and len(_trained_groups(manager.publisher.published)) == 4)
+    assert manager.num_untrained_groups <= failed + 4
+    manager.stop("cancel")
+    await asyncio.wait_for(run, 30)
 
 
 async def test_without_a_drop_policy_every_group_counts_against_the_bound() -> None:
