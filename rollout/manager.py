@@ -121,6 +121,20 @@ class RolloutManager:
         """Policy versions by which admitted data may trail the trainer when it is consumed."""
         train_groups_per_version: int = 0
         """Groups the trainer consumes per policy version; enables the staleness bound (0 = off)."""
+        trained_statuses: tuple[str, ...] | None = ("COMPLETED",)
+        """Episode statuses the assembler trains on: its `filtering.ok_statuses` under
+        `failure_policy: drop`; None when it packs every episode (flag, mask). A group with fewer
+        than `min_trained_per_group` such episodes never reaches a batch, so it gives its place
+        under the staleness bound back and another group is taken instead."""
+        min_trained_per_group: int = 1
+        """Trained episodes a group needs to reach a batch: the assembler's
+        `grouping.min_group_size`, or its `group_size` under `partial_policy: drop`."""
+        untrained_backoff_s: float = 1.0
+        """Under the staleness bound, after such a group wait this long before taking more;
+        doubles with each one in a row (a gateway or server that is down fails episodes at
+        once), up to `untrained_backoff_max_s`; a group with trained episodes ends the wait."""
+        untrained_backoff_max_s: float = 30.0
+        """Longest wait after groups that could not reach a batch."""
         staleness_poll_s: float = 0.05
         """How often a stalled manager re-reads the policy version."""
         record_task_rewards: bool = False
@@ -145,6 +159,15 @@ class RolloutManager:
                 raise ConfigError(f"max_concurrent_episodes = {self.max_concurrent_episodes}; use >= 1")
             if self.max_staleness < 0:
                 raise ConfigError(f"max_staleness = {self.max_staleness}; use >= 0")
+            if self.trained_statuses is not None:
+                self.trained_statuses = tuple(self.trained_statuses)
+            if self.min_trained_per_group < 1:
+                raise ConfigError(f"min_trained_per_group = {self.min_trained_per_group}; use >= 1")
+            if not 0 <= self.untrained_backoff_s <= self.untrained_backoff_max_s:
+                raise ConfigError(
+                    f"untrained_backoff_s = {self.untrained_backoff_s}, untrained_backoff_max_s = "
+                    f"{self.untrained_backoff_max_s}; use 0 <= untrained_backoff_s <= untrained_backoff_max_s"
+                )
             if not self.evaluators:
                 raise ConfigError("evaluators is empty; configure at least `default`")
             if self.vocab_size is not None and self.vocab_size < 1:
@@ -207,6 +230,13 @@ class RolloutManager:
         self._stalled = False
         self._first_version: int | None = None
         self._groups_admitted = 0
+        self._trained: dict[str, int] = {}
+        """Group id -> its episodes so far with a status the assembler trains on."""
+        self.num_untrained_groups = 0
+        """Groups that finished with too few trained episodes to reach a batch."""
+        self._untrained_in_a_row = 0
+        self._hold_until = 0.0
+        """No group is taken before this time (monotonic): groups failed in a row."""
         self.num_stalls = 0
         self.num_bypassed = 0
         """Episodes that started ahead of an earlier one that did not fit yet."""
@@ -263,6 +293,7 @@ class RolloutManager:
             "in_flight": self.num_in_flight,
             "pending_groups": len(self.scheduler),
             "groups_admitted": self._groups_admitted,
+            "untrained_groups": self.num_untrained_groups,
             "episodes_done": done,
             "episodes_per_s": done / elapsed,
             "by_status": dict(self.summary.by_status),
@@ -328,11 +359,13 @@ class RolloutManager:
         return self._source_done and not len(self.scheduler)
 
     async def _wait_for_wakeup(self) -> None:
-        if not self._stalled:
+        held_s = self._hold_until - time.monotonic()
+        if not self._stalled and held_s <= 0:
             await self._wakeup.wait()
             return
-        with contextlib.suppress(TimeoutError):  # re-read the policy version now and then
-            await asyncio.wait_for(self._wakeup.wait(), self.config.staleness_poll_s)
+        timeout_s = self.config.staleness_poll_s if self._stalled else held_s
+        with contextlib.suppress(TimeoutError):  # re-read the policy version, or the hold is over
+            await asyncio.wait_for(self._wakeup.wait(), timeout_s)
 
     def _on_release(self) -> None:
         if self._window:
@@ -357,6 +390,7 @@ class RolloutManager:
         for waiting in self._window:
             if waiting not in kept:
                 self._remaining.pop(waiting.group.group_id, None)
+                self._trained.pop(waiting.group.group_id, None)
         self._window = kept
 
     def _start_fitting(self) -> bool:
@@ -384,6 +418,8 @@ class RolloutManager:
             return False
         if len(self._window) >= self.config.admission_window or self._is_stalled():
             return False
+        if time.monotonic() < self._hold_until:  # groups failed in a row: a service is down
+            return False
         # behind a group that does not fit, only take more if some evaluator could start now
         return not self._window or any(
             self.pool.fits(e.demand.local_pool, hold=True) for e in self.evaluators.values()
@@ -392,6 +428,7 @@ class RolloutManager:
     def _take(self, group: TaskGroup) -> None:
         self._groups_admitted += 1
         self._remaining[group.group_id] = group.num_samples
+        self._trained[group.group_id] = 0
         self._window.append(_Waiting(group=group, evaluator=self._evaluator_for(group)))
 
     def _stale(self) -> bool:
@@ -403,7 +440,8 @@ class RolloutManager:
         if self._first_version is None:
             self._first_version = version
         steps = version - self._first_version
-        return self._groups_admitted >= (steps + self.config.max_staleness + 1) * per_version
+        counted = self._groups_admitted - self.num_untrained_groups
+        return counted >= (steps + self.config.max_staleness + 1) * per_version
 
     def _is_stalled(self) -> bool:
         stale = self._stale()
@@ -483,6 +521,9 @@ class RolloutManager:
     async def _publish(self, group: TaskGroup, trajectory: Trajectory) -> None:
         self._check_vocabulary(trajectory)
         self._record(trajectory)
+        trained = self.config.trained_statuses
+        if group.group_id in self._trained and (trained is None or trajectory.status.value in trained):
+            self._trained[group.group_id] += 1
         failed = trajectory.status in (TrajectoryStatus.FAILED, TrajectoryStatus.TIMED_OUT)
         if failed:
             log.warning(
@@ -542,7 +583,33 @@ class RolloutManager:
         self._remaining[group.group_id] -= 1
         if self._remaining[group.group_id] == 0:
             del self._remaining[group.group_id]
+            self._group_done(group)
             await self.source.ack(group)
+
+    def _group_done(self, group: TaskGroup) -> None:
+        """A group whose every episode is published: one the assembler cannot batch no longer
+        counts against the staleness bound (the trainer would wait for it forever)."""
+        trained = self._trained.pop(group.group_id, None)
+        if trained is None:
+            return
+        if trained >= self.config.min_trained_per_group:
+            self._untrained_in_a_row, self._hold_until = 0, 0.0
+            return
+        self.num_untrained_groups += 1
+        self._wakeup.set()
+        if not self.config.train_groups_per_version:  # no bound: nothing is taken in its place
+            return
+        backoff_s = self.config.untrained_backoff_s * 2 ** min(self._untrained_in_a_row, 30)
+        self._untrained_in_a_row += 1
+        self._hold_until = time.monotonic() + min(backoff_s, self.config.untrained_backoff_max_s)
+        log.info(
+            "group %s of %s: %d of %d episodes trainable, too few for a batch; another group in %.1f s",
+            group.group_id,
+            group.task.task_id,
+            trained,
+            group.num_samples,
+            self._hold_until - time.monotonic(),
+        )
 
     # -- shutdown ------------------------------------------------------------------------------
 

@@ -90,7 +90,7 @@ class RunLayout:
         cfg = spec.pipeline
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now if now is not None else time.time()))
         run_id = f"{cfg.name}-{stamp}"
-        sections = {"rollout": spec.rollout, "assembler": spec.assembler, "trainer": spec.trainer}
+        sections = _user_sections(spec)
         kinds = ("trajectories", "batches", "weights")
         chosen = {kind: wire_value(sections, f"{kind}_topic") for kind in kinds}
         return cls(
@@ -173,9 +173,30 @@ def task_data(spec: PipelineSpec, layout: RunLayout) -> dict[str, Any]:
 
 def _group_size(spec: PipelineSpec, key: str) -> dict[str, Any]:
     """The GRPO group size where the user set it in one of its places (rollout or assembler)."""
-    sections = {"rollout": spec.rollout, "assembler": spec.assembler, "trainer": spec.trainer}
-    n = wire_value(sections, "group_size")
+    n = wire_value(_user_sections(spec), "group_size")
     return {} if n is None else {key: n}
+
+
+def _trained_groups(spec: PipelineSpec) -> dict[str, Any]:
+    """What the rollout's staleness bound must know of the assembler: which episodes it trains on
+    and how many a group needs, so that a group it will drop does not hold the bound."""
+    from consumers.assembly.filters import FailurePolicy, SampleFilter
+    from consumers.assembly.grouping import GroupAssembler, PartialPolicy
+
+    filtering = spec.assembler.get("filtering") or {}
+    grouping = spec.assembler.get("grouping") or {}
+    kept, ways = SampleFilter.Config(), GroupAssembler.Config()
+    drops = str(filtering.get("failure_policy", kept.failure_policy)) == FailurePolicy.DROP.value
+    statuses = filtering.get("ok_statuses", list(kept.ok_statuses)) if drops else None
+    if str(grouping.get("partial_policy", ways.partial_policy)) == PartialPolicy.DROP.value:
+        needed = wire_value(_user_sections(spec), "group_size") or ways.group_size
+    else:
+        needed = grouping.get("min_group_size", ways.min_group_size)
+    return {"trained_statuses": statuses, "min_trained_per_group": needed}
+
+
+def _user_sections(spec: PipelineSpec) -> dict[str, Any]:
+    return {"rollout": spec.rollout, "assembler": spec.assembler, "trainer": spec.trainer}
 
 
 def rollout_section(
@@ -196,7 +217,7 @@ def rollout_section(
                 "weights_topic": layout.topics.weights,
                 "weights_group": f"stacx-rollout-weights-{layout.run_id}",
             },
-            "manager": {"model_name": layout.model_name},
+            "manager": {"model_name": layout.model_name, **_trained_groups(spec)},
             "progress": False,
         },
     )

@@ -176,7 +176,8 @@ def test_user_values_are_kept_and_only_empty_ones_filled() -> None:
     )
     layout = RunLayout.create(spec, now=0.0)
     rollout = rollout_section(spec, layout, model_dir=Path("m"), inference_url="i", gateway_url="g")
-    assert rollout["manager"] == {"max_staleness": 3, "model_name": "policy"}
+    assert rollout["manager"] == {"max_staleness": 3, "model_name": "policy",
+                                  "trained_statuses": ["COMPLETED"], "min_trained_per_group": 1}
     assert rollout["kafka"]["bootstrap_servers"] == "k:1" == spec.bootstrap_servers  # adopted run-wide
     trainer = trainer_section(spec, layout, model_dir=Path("m"))
     assert trainer["recipe"] == "dr_grpo"
@@ -191,6 +192,29 @@ def test_user_values_are_kept_and_only_empty_ones_filled() -> None:
     assembler = assembler_section(spec, layout)["assembler"]
     assert assembler["app_id"] == "my-assembler" and assembler["datadir"] == "/asm"
     assert spec.trainer["source"] == {"poll_timeout_s": 0.5, "group_id": "mine"}  # spec not mutated
+
+
+@pytest.mark.parametrize(
+    ("assembler", "statuses", "needed"),
+    [
+        ({}, ("COMPLETED",), 1),
+        ({"filtering": {"ok_statuses": ["COMPLETED", "TRUNCATED"]}, "grouping": {"min_group_size": 2}},
+         ("COMPLETED", "TRUNCATED"), 2),
+        ({"filtering": {"failure_policy": "mask"}}, None, 1),
+        ({"grouping": {"partial_policy": "drop"}}, ("COMPLETED",), 4),
+    ],
+)
+def test_the_rollout_counts_under_its_staleness_bound_only_groups_the_assembler_batches(
+    assembler: dict[str, Any], statuses: tuple[str, ...] | None, needed: int
+) -> None:
+    from rollout.config import parse_config
+
+    spec = parse_spec(_tree(assembler=assembler))
+    layout = RunLayout.create(spec, now=0.0)
+    section = rollout_section(spec, layout, model_dir=Path("m"), inference_url="http://127.0.0.1:1",
+                              gateway_url="http://127.0.0.1:2")
+    manager = parse_config(section).manager
+    assert (manager.trained_statuses, manager.min_trained_per_group) == (statuses, needed)
 
 
 def test_a_topic_or_model_name_set_once_holds_for_every_service() -> None:

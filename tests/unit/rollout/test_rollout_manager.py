@@ -126,6 +126,90 @@ async def test_staleness_bound_stops_pulling_until_the_policy_advances() -> None
     assert [t.policy_version for t in manager.publisher.published[-2:]] == [2, 2]
 
 
+def _trained_groups(published, statuses=("COMPLETED",)) -> set[str]:
+    return {t.group_id for t in published if t.status.value in statuses}
+
+
+async def test_groups_failed_while_the_gateway_is_down_do_not_hold_the_staleness_bound() -> None:
+    """Under `failure_policy: drop` a group whose every episode failed never reaches a batch: had
+    it counted against the bound, the trainer would wait forever for a batch that never fills."""
+    versions, envs = StaticVersion(0), FakeEnvironments(fail_open=True)  # the gateway is down
+    manager = _manager(_tasks(40), samples=2, envs=envs, versions=versions,
+                       max_staleness=1, train_groups_per_version=2, max_concurrent_episodes=2,
+                       untrained_backoff_s=0.0)
+    run = asyncio.create_task(manager.run())
+    await _until(lambda: manager.summary.by_status.get("FAILED", 0) >= 8)  # 4 whole groups failed
+    envs.fail_open = False  # the gateway is back
+    await _until(lambda: len(_trained_groups(manager.publisher.published)) == 4, limit_s=5.0)
+    await asyncio.sleep(0.05)  # give it the chance to (wrongly) go further
+    assert len(_trained_groups(manager.publisher.published)) == 4  # (0 + 1 + 1) * 2 groups to batch
+    assert manager.num_untrained_groups >= 4 and manager.num_stalls >= 1
+    assert manager.metrics()["untrained_groups"] == manager.num_untrained_groups
+    versions.version = 1
+    await _until(lambda: len(_trained_groups(manager.publisher.published)) == 6, limit_s=5.0)
+    manager.stop("drain")
+    await asyncio.wait_for(run, 30)
+    assert envs.open_sessions == [] and manager.pool.in_use == Resources()
+
+
+class _EverySecondOpenFails(FakeEnvironments):
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_opens = 0
+
+    async def open(self, task, **limits):  # type: ignore[no-untyped-def]
+        self.num_opens += 1
+        self.fail_open = self.num_opens % 2 == 0
+        return await super().open(task, **limits)
+
+
+async def test_a_group_counts_once_it_has_the_trained_episodes_a_batch_needs() -> None:
+    """`min_trained_per_group` (the assembler's min_group_size): a group with one completed
+    episode of two is dropped there when it needs two, so it does not count; with 1 it does."""
+    for needed, groups in ((1, 2), (2, 40)):
+        manager = _manager(_tasks(40), samples=2, envs=_EverySecondOpenFails(), versions=StaticVersion(0),
+                           max_staleness=0, train_groups_per_version=2, max_concurrent_episodes=1,
+                           min_trained_per_group=needed, untrained_backoff_s=0.0)
+        run = asyncio.create_task(manager.run())
+        await _until(lambda m=manager: m.num_stalls or m.summary.num_episodes == 80)  # type: ignore[misc]
+        await asyncio.sleep(0.05)
+        assert manager.summary.num_groups == groups, needed
+        assert manager.summary.by_status == {"COMPLETED": groups, "FAILED": groups}
+        manager.stop("cancel")
+        await asyncio.wait_for(run, 30)
+
+
+async def test_groups_failing_in_a_row_back_off_instead_of_burning_through_the_tasks() -> None:
+    """A gateway that is down fails every episode at once: the groups taken in place of failed
+    ones wait longer and longer, and the first group with trained episodes ends the wait."""
+    envs = FakeEnvironments(fail_open=True)
+    manager = _manager(_tasks(400), samples=2, envs=envs, versions=StaticVersion(0), max_staleness=1,
+                       train_groups_per_version=2, untrained_backoff_s=0.2, untrained_backoff_max_s=0.4)
+    run = asyncio.create_task(manager.run())
+    await asyncio.sleep(1.0)
+    failed = manager.num_untrained_groups  # waves of <= 4 groups, 0.2 s then 0.4 s apart
+    assert 4 <= failed <= 16, failed
+    envs.fail_open = False
+    await _until(lambda: manager.num_stalls and len(_trained_groups(manager.publisher.published)) == 4)
+    assert manager.num_untrained_groups <= failed + 4
+    manager.stop("cancel")
+    await asyncio.wait_for(run, 30)
+
+
+async def test_without_a_drop_policy_every_group_counts_against_the_bound() -> None:
+    """`trained_statuses: null` (the assembler packs failed episodes, masked or flagged): a
+    failed group reaches a batch, so it counts like any other."""
+    versions, envs = StaticVersion(0), FakeEnvironments(fail_open=True)
+    manager = _manager(_tasks(40), samples=2, envs=envs, versions=versions, max_staleness=1,
+                       train_groups_per_version=2, trained_statuses=None)
+    run = asyncio.create_task(manager.run())
+    await _until(lambda: manager.num_stalls == 1)
+    await asyncio.sleep(0.05)
+    assert manager.summary.num_groups == 4 and manager.num_untrained_groups == 0
+    manager.stop("cancel")
+    await asyncio.wait_for(run, 30)
+
+
 async def test_cancel_leaves_no_sandbox_and_no_held_resources() -> None:
     envs = FakeEnvironments(delay_s=3600)
     manager = _manager(_tasks(30), envs=envs, max_concurrent_episodes=10)
