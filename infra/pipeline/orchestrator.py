@@ -655,13 +655,22 @@ class Pipeline:
                     refresh()
             return
         last = {"t": 0.0}
+        lock = threading.Lock()
 
         def log_refresh() -> None:
-            if time.monotonic() - last["t"] >= 15.0:
+            with lock:  # the ticker and the GRPO loop both call it
+                if time.monotonic() - last["t"] < 15.0:
+                    return
                 last["t"] = time.monotonic()
-                log.info("%s", status_line(self.metrics, target_steps=self.cfg.steps))
+            log.info("%s", status_line(self.metrics, target_steps=self.cfg.steps))
 
-        yield log_refresh
+        stop = threading.Event()  # a line every 15 s in every stage (the SFT warm start too)
+        ticker = threading.Thread(target=self._tick, args=(log_refresh, stop), daemon=True)
+        ticker.start()
+        try:
+            yield log_refresh
+        finally:
+            stop.set()
 
     @staticmethod
     def _tick(refresh: Any, stop: threading.Event) -> None:

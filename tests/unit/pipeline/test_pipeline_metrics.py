@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -138,3 +139,23 @@ def test_the_monitor_keeps_one_episode_trace_per_policy_version() -> None:
     monitor._dispatch(_trajectory(2, 0.0, 1), None)
     assert m.by_version[1].trace_id == "a" * 32
     assert m.by_version[2].trace_id == ""
+
+
+def test_without_a_terminal_a_status_line_comes_in_every_stage(caplog: pytest.LogCaptureFixture) -> None:
+    """Off a terminal (`make demo | tee`), the status line is logged by a ticker of its own: the
+    SFT warm start, which calls no refresh, is not minutes of silence."""
+    from types import SimpleNamespace
+
+    from infra.pipeline.orchestrator import Pipeline
+
+    run = SimpleNamespace(
+        layout=SimpleNamespace(run_id="r"), cfg=SimpleNamespace(live=True, steps=20),
+        metrics=RunMetrics(started=0.0, stage="SFT warm start: step 7/450"), _tick=Pipeline._tick,
+    )
+    with caplog.at_level("INFO", logger="infra.pipeline.orchestrator"):
+        with Pipeline._live(run):  # type: ignore[arg-type]
+            for _ in range(200):  # an upper bound against a hang, not a timing assertion
+                if "SFT warm start: step 7/450" in caplog.text:
+                    break
+                time.sleep(0.05)
+    assert "stage: SFT warm start: step 7/450" in caplog.text
