@@ -5,12 +5,13 @@ events went through the product's producer to a real broker, with traceparent he
 The run starts live (a run folder without report, its logs moving): its page refreshes itself and
 shows trajectories published after it was opened. Then it finishes (report.json): the browser
 opens the run list, the run's curves, filters the trajectories by reward, opens one, and counts the
-tokens shown as trained against the trajectory's loss mask. The screenshots are the ones
-docs/observability.md shows.
+tokens shown as trained against the trajectory's loss mask. Its screenshots are the ones
+docs/observability.md shows (`STACX_SCREENSHOTS_DIR=docs` writes them there).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -35,7 +36,9 @@ from schemas.records import ToolCall, Trajectory, Turn, WeightVersion, logprobs,
 
 REPO = Path(__file__).resolve().parents[3]
 STACX = str(Path(sys.executable).with_name("stacx"))
-SCREENSHOTS = REPO / "docs"
+SCREENSHOTS = Path(os.environ.get("STACX_SCREENSHOTS_DIR") or REPO / "runs" / "screenshots")
+"""Where the screenshots go: `STACX_SCREENSHOTS_DIR=docs` refreshes the ones docs/observability.md
+shows; by default they land under runs/ (git-ignored), so a test run leaves the checkout as it was."""
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 TRAINER_LOG_LINE = (
     "2026-12-02 01:0{m}:{s:02d},000 INFO rank0 trainer.engine: step {step} batch b{step:031d} "
@@ -238,6 +241,7 @@ def test_the_browser_shows_runs_curves_and_a_trajectorys_trained_tokens(
     browser.get(url + "/")
     row = browser.find_element(By.CSS_SELECTOR, f'tr.run[data-run-id="{run.run_id}"]')
     assert "running" in row.text
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(SCREENSHOTS / "view-runs.png"))
     row.find_element(By.TAG_NAME, "a").click()
     assert _text(browser, "#num-trajectories") == "8"
