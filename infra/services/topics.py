@@ -8,6 +8,9 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from infra.services.errors import InfraError
 from schemas.topics import TOPICS, TopicPolicy, TopicSpec
 
+_WARNINGS = 4
+"""librdkafka's syslog level for these short-lived clients: warnings and worse, no info lines."""
+
 
 def ensure_topics(
     bootstrap: str, specs: tuple[TopicSpec, ...] = TOPICS, policy: TopicPolicy | None = None
@@ -16,7 +19,7 @@ def ensure_topics(
     (default: one node's); return one line each."""
     policy = policy or TopicPolicy()
     specs = tuple(policy.apply(spec) for spec in specs)
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": _WARNINGS})
     existing = set(admin.list_topics(timeout=15).topics)
     lines = [_create(admin, spec) for spec in specs if spec.name not in existing]
     lines += [_align(admin, spec) for spec in specs if spec.name in existing]
@@ -50,7 +53,7 @@ def _align(admin: AdminClient, spec: TopicSpec) -> str:
 
 def missing_topics(bootstrap: str, names: list[str], *, timeout_s: float = 10.0) -> list[str] | None:
     """The `names` the cluster does not have (None: the cluster did not answer)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": _WARNINGS})
     try:
         existing = set(admin.list_topics(timeout=timeout_s).topics)
     except KafkaException:
