@@ -10,8 +10,9 @@ import os
 import time
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
+from idle_groups import assert_describe_finds_idle_group
 from run_names import run_name
 
 from consumers.blob_gc import referenced_in_topic
@@ -85,18 +86,7 @@ def _group_partitions(group: str, topic: str):  # type: ignore[no-untyped-def]
 
 def test_describe_finds_a_runs_group_that_committed_nothing(kafka_bootstrap: str) -> None:
     run_id, run = _run(kafka_bootstrap, "nocommit")
-    group = f"stacx-rollout-{run_id}"
-    reader = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group, "enable.auto.commit": False})
-    reader.subscribe([run.tasks])
-    deadline = time.monotonic() + 60
-    while not reader.assignment() and time.monotonic() < deadline:
-        reader.poll(0.5)
-    try:
-        summary, _ = topic_admin.describe(kafka_bootstrap, run_id)
-        assert group in summary.groups
-    finally:
-        reader.close()
-        topic_admin.delete_run(kafka_bootstrap, run_id)
+    assert_describe_finds_idle_group(kafka_bootstrap, run_id, f"stacx-rollout-{run_id}", run.tasks)
 
 
 def test_gc_run_deletes_the_runs_blobs_and_no_other(kafka_bootstrap: str, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]

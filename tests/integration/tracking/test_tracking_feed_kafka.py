@@ -13,6 +13,7 @@ import uvicorn
 from confluent_kafka.admin import AdminClient
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
+from idle_groups import assert_describe_finds_idle_group
 from ports import free_port
 from run_names import run_name
 
@@ -133,22 +134,7 @@ def test_the_feed_logs_the_topics_series_and_its_group_goes_with_the_run(
 
 def test_a_tracking_group_that_committed_nothing_belongs_to_its_run(kafka_bootstrap: str) -> None:
     """A feed stopped before its first commit leaves a group with no offsets: the run still owns it."""
-    import time
-
-    from confluent_kafka import Consumer
-
     run_id = run_name("tracking-nocommit")
     run = RunTopics.for_run(run_id, fresh=True)
     ensure_topics(kafka_bootstrap, run.specs())
-    group = tracking_group(run_id)
-    reader = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group, "enable.auto.commit": False})
-    reader.subscribe([run.weights])
-    deadline = time.monotonic() + 60
-    while not reader.assignment() and time.monotonic() < deadline:
-        reader.poll(0.5)
-    try:
-        summary, _ = topic_admin.describe(kafka_bootstrap, run_id)
-        assert group in summary.groups
-    finally:
-        reader.close()
-        topic_admin.delete_run(kafka_bootstrap, run_id)
+    assert_describe_finds_idle_group(kafka_bootstrap, run_id, tracking_group(run_id), run.weights)
