@@ -1,4 +1,4 @@
-"""`stacx view [--runs-dir DIR] [--port N]`: a local web app of runs, their curves and their
+"""`stacx view [--config F] [--runs-dir DIR] [--port N]`: a local web app of runs, their curves and their
 trajectories, on 127.0.0.1.
 
 Runs come from the run folders (`runs/` by default) and the run topics on the broker; each run
@@ -13,63 +13,81 @@ import argparse
 import os
 import socket
 import sys
-from pathlib import Path
 from typing import Any
 
 DEFAULT_PORT = 8760
 
 
-def register(subparsers: Any) -> None:
-    from infra.commands.trace import DEFAULT_QUERY_URL
-    from schemas.topics import default_bootstrap
+VIEW_FLAGS = {
+    "runs_dir": "runs_dir",
+    "host": "host",
+    "port": "port",
+    "bootstrap_servers": "bootstrap_servers",
+    "jaeger_url": "jaeger_url",
+}
+"""Flags that override the `view:` section of --config (argparse dest -> field)."""
 
+
+def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "view", help="web view of runs, curves and trajectories on 127.0.0.1 (no external assets)"
     )
-    p.add_argument(
-        "--runs-dir", type=Path, default=Path("runs"), help="folder of run folders (default: runs)"
-    )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT})")
+    p.add_argument("--config", help="YAML file whose `view:` section configures the view")
+    p.add_argument("--runs-dir", help="folder of run folders (default: runs)")
+    p.add_argument("--host", help="address to listen on (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, help=f"port (default: {DEFAULT_PORT})")
     p.add_argument(
         "--bootstrap-servers",
-        default=default_bootstrap(),
-        help="Kafka broker of the runs' topics (default: $STACX_KAFKA, else 127.0.0.1:9092)",
+        help="Kafka broker of the runs' topics (default: the file's bootstrap_servers, $STACX_KAFKA, "
+        "else 127.0.0.1:9092)",
     )
     p.add_argument(
         "--jaeger-url",
-        default=os.environ.get("STACX_TRACE_QUERY_URL", DEFAULT_QUERY_URL),
-        help=f"trace backend UI for trace links (default: $STACX_TRACE_QUERY_URL, else {DEFAULT_QUERY_URL})",
+        help="trace backend UI for trace links (default: $STACX_TRACE_QUERY_URL, else Jaeger's)",
     )
     p.set_defaults(func=_view)
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    """ViewConfig from the `view:` section of --config (if any) and the command-line overrides."""
+    from infra.commands.trace import DEFAULT_QUERY_URL
+    from infra.config import bootstrap_servers, section_with_overrides
+    from infra.view import ViewConfig
+
+    def defaults(tree: Any) -> dict[str, Any]:
+        return {
+            "bootstrap_servers": bootstrap_servers(tree),
+            "jaeger_url": os.environ.get("STACX_TRACE_QUERY_URL", DEFAULT_QUERY_URL),
+        }
+
+    return section_with_overrides(args, "view", ViewConfig, VIEW_FLAGS, defaults=defaults)
 
 
 def _view(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from infra.view import ViewConfig, create_app
+    from infra.config import ConfigError
+    from infra.view import create_app
 
-    if not 0 < args.port < 65536:
-        print(f"stacx view: --port {args.port} is not a port (1-65535)", file=sys.stderr)
+    try:
+        config = build_config(args)
+    except ConfigError as exc:
+        print(f"stacx view: {exc}", file=sys.stderr)
         return 2
-    problem = _cannot_listen(args.host, args.port)
+    problem = _cannot_listen(config.host, config.port)
     if problem is not None:
         print(
-            f"stacx view: cannot listen on {args.host}:{args.port} ({problem}); pass another --port",
+            f"stacx view: cannot listen on {config.host}:{config.port} ({problem}); pass another --port",
             file=sys.stderr,
         )
         return 2
-    app = create_app(
-        ViewConfig(
-            runs_dir=args.runs_dir, bootstrap_servers=args.bootstrap_servers, jaeger_url=args.jaeger_url
-        )
-    )
+    app = create_app(config)
     server = uvicorn.Server(
-        uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+        uvicorn.Config(app, host=config.host, port=config.port, log_level="warning", access_log=False)
     )
     print(
-        f"stacx view: http://{args.host}:{args.port}/ "
-        f"(runs from {args.runs_dir}/ and {args.bootstrap_servers})",
+        f"stacx view: http://{config.host}:{config.port}/ "
+        f"(runs from {config.runs_dir}/ and {config.bootstrap_servers})",
         flush=True,
     )
     try:

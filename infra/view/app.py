@@ -47,6 +47,14 @@ class ViewConfig:
     """Trace backend UI: trace links go to `<jaeger_url>/trace/<trace id>`."""
     broker_timeout_s: float = 5.0
     """Deadline of one broker request (topic list, watermarks)."""
+    host: str = "127.0.0.1"
+    """Address `stacx view` listens on."""
+    port: int = 8760
+    """Port `stacx view` listens on (1-65535)."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port {self.port} is not a port (1-65535)")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -281,3 +281,36 @@ def test_a_port_in_use_is_one_line_and_exit_status_2(capsys) -> None:  # type: i
     assert err == [
         f"stacx view: cannot listen on 127.0.0.1:{port} (Address already in use); pass another --port"
     ]
+
+
+def test_view_reads_its_section_from_a_file_and_flags_override_it(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from infra.cli import build_parser
+    from infra.commands.view import build_config
+
+    monkeypatch.delenv("STACX_KAFKA", raising=False)
+    config = tmp_path / "view.yaml"
+    config.write_text(
+        "bootstrap_servers: 127.0.0.1:19092\n"
+        "view: {runs_dir: /data/runs, port: 8800, jaeger_url: 'http://127.0.0.1:1666'}\n"
+    )
+    from_file = build_config(build_parser().parse_args(["view", "--config", str(config)]))
+    assert (str(from_file.runs_dir), from_file.port, from_file.host) == ("/data/runs", 8800, "127.0.0.1")
+    assert from_file.bootstrap_servers == "127.0.0.1:19092"
+    assert from_file.jaeger_url == "http://127.0.0.1:1666"
+    overridden = build_config(build_parser().parse_args(["view", "--config", str(config), "--port", "8900"]))
+    assert overridden.port == 8900 and str(overridden.runs_dir) == "/data/runs"
+
+
+def test_a_bad_view_section_is_one_line_per_field_and_exit_2(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from infra.cli import build_parser
+
+    config = tmp_path / "view.yaml"
+    for section, problem in [
+        ("{broker_timeout_s: soon}", "view.broker_timeout_s: expected a valid number, got 'soon'"),
+        ("{port: 70000}", "port 70000 is not a port (1-65535)"),
+    ]:
+        config.write_text(f"view: {section}\n")
+        args = build_parser().parse_args(["view", "--config", str(config)])
+        assert args.func(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"stacx view: {config}: view") and problem in err[0], err
