@@ -13,6 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainer.errors import RankError
+
 __all__ = ["free_port", "init_process_group", "place_groups", "spawn"]
 
 _PR_SET_PDEATHSIG = 1
@@ -63,6 +65,9 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any) -> None:
     try:
         while not context.join(timeout=1.0):
             pass
+    except mp.ProcessExitedException as exc:  # a rank killed, or ended by an error it logged
+        _stop_ranks(context.processes)
+        raise RankError(f"{exc}; the other ranks were stopped") from None
     except BaseException:
         _stop_ranks(context.processes)
         raise

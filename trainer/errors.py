@@ -41,3 +41,8 @@ class SourceError(TrainerError):
     """The batch source (Kafka or replay) failed."""
 
     retriable = True
+
+
+class RankError(TrainerError):
+    """A spawned rank died by a signal or exited non-zero; the launcher stopped the other ranks."""
+

@@ -76,3 +76,31 @@ def test_ranks_die_with_a_launcher_killed_by_sigkill(tmp_path: Path) -> None:
     proc.kill()
     proc.wait(timeout=30)
     assert _wait_gone(ranks) == [], "ranks outlived a launcher killed with -9"
+
+
+
+@pytest.mark.timeout(180)
+def test_a_rank_killed_alone_stops_the_others_with_one_line_not_a_traceback(tmp_path: Path) -> None:
+    launcher = LAUNCHER.replace("    except KeyboardInterrupt:", textwrap.indent(textwrap.dedent("""\
+        except RankError as exc:
+            print(f"launcher: {exc}", flush=True)
+            sys.exit(1)
+        except KeyboardInterrupt:"""), "    "))
+    launcher = launcher.replace("from trainer.distributed import spawn",
+                                "from trainer.distributed import spawn\nfrom trainer.errors import RankError")
+    script, out = tmp_path / "launch.py", tmp_path / "ranks"
+    script.write_text(launcher)
+    out.mkdir()
+    proc = subprocess.Popen([sys.executable, str(script), str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(list(out.iterdir())) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, "the ranks never started"
+        time.sleep(0.1)
+    ranks = sorted(int(p.name) for p in out.iterdir())
+    os.kill(ranks[0], signal.SIGKILL)  # one rank, as the OOM killer would
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1, stderr
+    assert "terminated with signal SIGKILL; the other ranks were stopped" in stdout, (stdout, stderr)
+    assert "Traceback" not in stderr
+    assert _wait_gone(ranks) == []
