@@ -104,15 +104,16 @@ def test_a_short_soak_under_kills_loses_nothing_and_leaves_nothing(
                           cwd=tmp_path, timeout_s=1400)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["pipeline_error"] is None, result
-    assert result["broker"] == "private" and result["broker_restarts"] >= 1, result
-    assert result["kills"] >= 3 and result["kills_by_victim"].get("trainer-rank", 0) >= 1, result
-    assert result["policy_versions"] >= 2 and result["trained_batches"] >= 2, result
+    shown = json.dumps(result, indent=1)  # the whole audit when an assertion fails
+    assert result["pipeline_error"] is None, shown
+    assert result["broker"] == "private" and result["broker_restarts"] >= 1, shown
+    assert result["kills"] >= 3 and result["kills_by_victim"].get("trainer-rank", 0) >= 1, shown
+    assert result["policy_versions"] >= 2 and result["trained_batches"] >= 2, shown
     for key in ("lost", "trained_twice", "trainer_dead_letters", "version_regressions",
                 "served_regressions", "served_unannounced", "served_behind", "orphans",
                 "leaked_containers"):
-        assert result[key] == 0, (key, result)
-    assert result["server_loads"] >= 1, result
+        assert result[key] == 0, (key, shown)
+    assert result["server_loads"] >= 1, shown
     # the user's broker was never restarted, and their run kept its topics, group and member
     assert kafka.running_pid() == shared_broker and alive(shared_broker)
     _untouched(kafka_bootstrap, *users_run)
