@@ -11,9 +11,10 @@ creates and deletes). Tracing on is the plain OpenTelemetry SDK (`BatchSpanProce
 exporter) exporting every span to the local Jaeger that `stacx infra up` starts.
 
 Two episodes are measured:
-- `realistic`: each tool step takes `--tool-seconds` (1 s by default), as sandbox work does.
-  `tracing_overhead` is the throughput lost, `1 - episodes/s on / episodes/s off` (median pair):
-  limit 0.01.
+- `realistic`: each tool step takes `--tool-seconds` (1 s by default), as sandbox work does, 4
+  episodes at once (at 16 the tiny model's generation saturates two cores, and the wall figure
+  becomes the CPU one). `tracing_overhead` is the throughput lost, `1 - episodes/s on /
+  episodes/s off` (median pair): limit 0.01.
 - `light`: the tool step is `print(6*7)` (a 40–50 ms episode on 2 cores, where CPU bounds
   throughput): the overhead is `1 - cpu_off / cpu_on`, CPU seconds per episode of the worker,
   its gateway, the gateway's sandboxes and the server. Reported, not a target: no real episode
@@ -350,7 +351,13 @@ def main() -> None:
         help="measured episodes per round and setting (realistic 64, light 256)",
     )
     parser.add_argument("--steps", type=int, default=2, help="tool steps per episode")
-    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="episodes at once (realistic 4: the tool steps, not the 2-core CPU, bound its "
+        "throughput, as on a rollout host; light 16)",
+    )
     parser.add_argument("--backend", choices=("docker", "process"), default="process")
     parser.add_argument(
         "--policy",
@@ -388,6 +395,8 @@ def _settings(args: argparse.Namespace, kind: str) -> argparse.Namespace:
     settings.tool_seconds = args.tool_seconds if kind == "realistic" else 0.0
     if settings.episodes is None:
         settings.episodes = 64 if kind == "realistic" else 256
+    if settings.concurrency is None:
+        settings.concurrency = 4 if kind == "realistic" else 16
     return settings
 
 
