@@ -259,10 +259,11 @@ class EventConsumer:
 
         self._seek(lambda parts: [TopicPartition(p.topic, p.partition, OFFSET_BEGINNING) for p in parts])
 
-    def lag(self, timeout: float = 10.0) -> dict[tuple[str, int], int]:
-        """Events not yet consumed, per assigned (topic, partition)."""
+    def offsets(self, timeout: float = 10.0) -> dict[tuple[str, int], tuple[int, int]]:
+        """(position, end) per assigned (topic, partition): the next offset this member reads
+        (its committed one, or the reset point, before its first read) and the partition's end."""
         self._check_open()
-        lags: dict[tuple[str, int], int] = {}
+        offsets: dict[tuple[str, int], tuple[int, int]] = {}
         for tp in self._consumer.assignment():
             low, high = self._consumer.get_watermark_offsets(tp, timeout=timeout, cached=False)
             position = self._consumer.position([tp])[0].offset
@@ -273,8 +274,12 @@ class EventConsumer:
                     if committed >= 0
                     else (low if self.config.auto_offset_reset == "earliest" else high)
                 )
-            lags[(tp.topic, tp.partition)] = max(high - position, 0)
-        return lags
+            offsets[(tp.topic, tp.partition)] = (position, high)
+        return offsets
+
+    def lag(self, timeout: float = 10.0) -> dict[tuple[str, int], int]:
+        """Events not yet consumed, per assigned (topic, partition)."""
+        return {tp: max(end - position, 0) for tp, (position, end) in self.offsets(timeout).items()}
 
     def total_lag(self, timeout: float = 10.0) -> int:
         """Sum of `lag()` over the assigned partitions."""

@@ -60,6 +60,9 @@ class TrackingFeed:
         self._drain = True
         self._thread = threading.Thread(target=self._run, name="stacx-tracking", daemon=True)
         self._last_commit = time.monotonic()
+        self._held: list[tuple[WeightVersion, dict[tuple[str, int], int] | None]] = []
+        """Weight versions read but not yet settled: each waits until the other topics are read up
+        to where they stood when it was read (one consumer reads its topics in no set order)."""
 
     def start(self) -> TrackingFeed:
         self._thread.start()
@@ -89,9 +92,11 @@ class TrackingFeed:
         try:
             while consumer is not None and not self._stop.is_set():
                 self._read(consumer, timeout=0.5)
+                self._release_held(consumer)
                 self._log_queued()
             if consumer is not None and self._drain:
                 self._drain_topics(consumer)
+            self._settle_held()
             self._emit(self.figures.flush())
             self._log_queued()
             if self.figures.num_late:
@@ -145,10 +150,36 @@ class TrackingFeed:
         elif isinstance(value, TrainingBatch):
             self.figures.observe_batch(value)
         elif isinstance(value, WeightVersion):
-            points = self.figures.observe_weights(value)
-            if points:
-                self.trackers.log_metrics(value.version, self._scrape())
-            self._emit(points)
+            self._held.append((value, None))
+
+    def _release_held(self, consumer: Any) -> None:
+        """Settle the held versions whose run topics have been read as far as they stood when the
+        version was first looked at here (their ends then)."""
+        while self._held:
+            weights, marks = self._held[0]
+            try:
+                offsets = consumer.offsets(5.0)
+            except Exception as exc:  # a broker restart, say: try again after the next read
+                log.debug("tracking: offsets of %s: %s", self.config.group_id, exc)
+                return
+            if marks is None:
+                marks = {tp: end for tp, (_, end) in offsets.items()}
+                self._held[0] = (weights, marks)
+            if any(offsets.get(tp, (0, 0))[0] < end for tp, end in marks.items()):
+                return
+            self._held.pop(0)
+            self._settle(weights)
+
+    def _settle_held(self) -> None:
+        """At the end (the topics read to their end, or given up on): every held version."""
+        while self._held:
+            self._settle(self._held.pop(0)[0])
+
+    def _settle(self, weights: WeightVersion) -> None:
+        points = self.figures.observe_weights(weights)
+        if points:
+            self.trackers.log_metrics(weights.version, self._scrape())
+        self._emit(points)
 
     def _emit(self, points: list[Point]) -> None:
         for point in points:
