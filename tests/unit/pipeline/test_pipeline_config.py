@@ -207,13 +207,14 @@ def test_user_values_are_kept_and_only_empty_ones_filled() -> None:
 def test_the_rollout_counts_under_its_staleness_bound_only_groups_the_assembler_batches(
     assembler: dict[str, Any], statuses: tuple[str, ...] | None, needed: int
 ) -> None:
-    from rollout.config import parse_config
+    from rollout.config import RolloutConfig
+    from schemas.config import build
 
     spec = parse_spec(_tree(assembler=assembler))
     layout = RunLayout.create(spec, now=0.0)
     section = rollout_section(spec, layout, model_dir=Path("m"), inference_url="http://127.0.0.1:1",
                               gateway_url="http://127.0.0.1:2")
-    manager = parse_config(section).manager
+    manager = build(RolloutConfig, section, where="rollout").manager
     assert (manager.trained_statuses, manager.min_trained_per_group) == (statuses, needed)
 
 
