@@ -9,8 +9,8 @@ trajectories written before it.
 
 from __future__ import annotations
 
-import math
 import re
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -84,15 +84,6 @@ def staleness_of(summaries: Sequence[TrajectorySummary], versions: Sequence[Vers
     return [out[k] for k in range(len(summaries))]
 
 
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
-
-
-def _std(values: Sequence[float]) -> float:
-    m = _mean(values)
-    return math.sqrt(_mean([(v - m) ** 2 for v in values])) if values else 0.0
-
-
 def per_version(summaries: Sequence[TrajectorySummary], versions: Sequence[VersionPoint]) -> list[VersionRow]:
     """One row per policy version that generated trajectories, in version order."""
     lags = staleness_of(summaries, versions)
@@ -106,12 +97,12 @@ def per_version(summaries: Sequence[TrajectorySummary], versions: Sequence[Versi
             VersionRow(
                 version=version,
                 episodes=len(members),
-                mean_reward=_mean(rewards),
-                reward_std=_std(rewards),
-                success=_mean([float(r >= SUCCESS_REWARD) for r in rewards]),
-                tool_rate=_mean([float(summaries[k].num_tool_calls > 0) for k in members]),
-                mean_staleness=_mean([float(lags[k]) for k in members]),
-                mean_tokens=_mean([float(summaries[k].num_tokens) for k in members]),
+                mean_reward=statistics.fmean(rewards),
+                reward_std=statistics.pstdev(rewards),
+                success=statistics.fmean([float(r >= SUCCESS_REWARD) for r in rewards]),
+                tool_rate=statistics.fmean([float(summaries[k].num_tool_calls > 0) for k in members]),
+                mean_staleness=statistics.fmean([float(lags[k]) for k in members]),
+                mean_tokens=statistics.fmean([float(summaries[k].num_tokens) for k in members]),
             )
         )
     return rows
