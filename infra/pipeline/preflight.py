@@ -1,75 +1,17 @@
-"""Before starting anything: is the config sound, and is every service, command and module the
-pipeline needs here?
+"""Before starting anything: is the config sound, and is every service the pipeline needs up?
 
 Config problems (`infra.pipeline.resolve.check_resolved`) come first and stop the run with
-`PipelineConfigError`; then every missing component is collected and reported at once, each
-naming what is missing and how to get it.
+`PipelineConfigError`; then every missing service (Kafka, its topics, Docker and the sandbox
+image, free ports) is collected and reported at once, each naming how to get it.
 """
 
 from __future__ import annotations
-
-import importlib.util
-from collections.abc import Callable
 
 from infra.pipeline.config import PipelineSpec
 from infra.pipeline.errors import MissingComponentError
 from infra.pipeline.layout import gateway_backend, service_urls
 
-__all__ = ["COMMANDS", "MODULES", "check_all", "missing_commands", "missing_modules"]
-
-MODULES: dict[str, str] = {
-    "rollout.service": "rollout engine",
-    "rollout.inference": "built-in inference server",
-    "rollout.models": "tiny model factory",
-    "consumers.weights": "weight subscriber",
-    "consumers.assembly": "Faust batch assembler",
-    "sandbox.gateway": "sandbox gateway",
-    "trainer": "trainer engine",
-    "producers": "event producers",
-    "consumers": "event consumers",
-}
-"""Python modules the pipeline imports or runs, with who provides them."""
-
-COMMANDS: dict[str, str] = {
-    "serve": "`stacx serve` (inference server)",
-    "gateway": "`stacx gateway` (sandbox gateway)",
-    "assemble": "`stacx assemble` (batch assembler)",
-    "train": "`stacx train` (trainer)",
-    "rollout": "`stacx rollout` (rollout service)",
-}
-"""`stacx` subcommands the pipeline starts as services."""
-
-
-def _module_present(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def missing_modules(present: Callable[[str], bool] = _module_present) -> list[str]:
-    return [f"python module `{name}` — the {what}" for name, what in MODULES.items() if not present(name)]
-
-
-def _stacx_commands() -> set[str]:
-    import argparse
-
-    from infra.cli import build_parser
-
-    parser = build_parser()
-    names: set[str] = set()
-    for action in parser._actions:  # argparse keeps sub-commands here; there is no public API
-        if isinstance(action, argparse._SubParsersAction):
-            names.update(action.choices)
-    return names
-
-
-def missing_commands(available: set[str] | None = None) -> list[str]:
-    try:
-        names = _stacx_commands() if available is None else available
-    except Exception as exc:  # a broken command module breaks the whole CLI: say which
-        return [f"a working `stacx` command line ({type(exc).__name__}: {exc})"]
-    return [f"{what} — no `stacx {name}` subcommand" for name, what in COMMANDS.items() if name not in names]
+__all__ = ["check_all"]
 
 
 def _kafka_problem(bootstrap: str) -> str | None:
@@ -132,7 +74,7 @@ def check_all(spec: PipelineSpec) -> None:
     from infra.pipeline.resolve import check_resolved
 
     check_resolved(spec)
-    missing = missing_modules() + missing_commands()
+    missing: list[str] = []
     kafka = _kafka_problem(spec.bootstrap_servers)
     if kafka:
         missing.append(kafka)

@@ -251,8 +251,6 @@ def test_assemble_refuses_a_dead_letter_topic_that_does_not_exist(
 def test_run_preflight_names_a_missing_dead_letter_or_tasks_topic(monkeypatch: pytest.MonkeyPatch) -> None:
     from infra.pipeline import MissingComponentError, parse_spec, preflight
 
-    monkeypatch.setattr(preflight, "missing_modules", lambda: [])
-    monkeypatch.setattr(preflight, "missing_commands", lambda: [])
     monkeypatch.setattr(preflight, "_kafka_problem", lambda bootstrap: None)
     monkeypatch.setattr(preflight, "_ports_problems", lambda spec: [])
     monkeypatch.setattr("infra.services.topics.missing_topics", lambda b, names, **kw: names)

@@ -72,23 +72,9 @@ def test_report_and_curve_are_written(tmp_path: Path) -> None:
     assert json.loads(path.read_text()) == {"success_after": 0.8}
 
 
-def test_preflight_names_every_missing_module_and_command() -> None:
-    from infra.pipeline import preflight
-
-    modules = preflight.missing_modules(present=lambda name: name != "consumers.assembly")
-    assert len(modules) == 1 and "consumers.assembly" in modules[0]
-    commands = preflight.missing_commands(available={"serve", "gateway"})
-    assert {c.split("`")[1] for c in commands} == {"stacx assemble", "stacx train",
-                                                   "stacx rollout"}
-    error = MissingComponentError(modules + commands)
-    assert "stacx train" in str(error) and "consumers.assembly" in str(error)
-
-
 def test_preflight_reports_an_unreachable_broker(monkeypatch: pytest.MonkeyPatch) -> None:
     from infra.pipeline import preflight
 
-    monkeypatch.setattr(preflight, "missing_modules", lambda: [])
-    monkeypatch.setattr(preflight, "missing_commands", lambda: [])
     monkeypatch.setattr(preflight, "_ports_problems", lambda spec: [])
     spec = parse_spec({"bootstrap_servers": "127.0.0.1:1",
                        "pipeline": {"model": {"tiny": {}}, "tasks": {"topic": "stacx.tasks"}},
