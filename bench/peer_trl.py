@@ -23,7 +23,8 @@ policy version is saved with its wall time; afterwards the version each side had
 wall-clock checkpoints is scored on the same held-out problems with the same sampler and seed.
 Last line (JSON): time_to_target_ratio (TRL's time to the target success / ours; target = the lower
 of the two final successes) and success_at_budget_ours / _trl, without and with latency, plus
-throughput, trainer idle fraction, peak memory and both sides' settings side by side.
+throughput, trainer idle fraction, peak memory (memory_ratio: our summed PSS over TRL's, and our
+PSS per service) and both sides' settings side by side.
 """
 
 from __future__ import annotations
@@ -282,13 +283,22 @@ def build_sft(spec: PipelineSpec, root: Path) -> Path:
 
 
 class MemorySampler:
-    """Peak summed RSS of some process trees, sampled every `every_s` on a thread."""
+    """Peak memory of some named process trees, sampled every `every_s` on a thread.
+
+    Two sums: RSS (each process's resident pages, so a library mapped by five services counts five
+    times) and PSS (proportional set size: a shared page is split among the processes mapping it,
+    so the sum is the memory the side really holds; Linux only, RSS where smaps cannot be read).
+    PSS is what the comparison uses; RSS is kept for the history of the figure. Also the peak PSS
+    of each named tree, to tell where the memory goes."""
 
     def __init__(self, roots: Any, every_s: float = 1.0) -> None:
         self.roots = roots
-        """Callable returning the root pids to sum over (with all their descendants)."""
+        """Callable returning {name: root pid} to sum over (each with all its descendants)."""
         self.every_s = every_s
         self.peak_bytes = 0
+        """Peak summed RSS."""
+        self.peak_pss_bytes = 0
+        self.peak_pss_by_name: dict[str, int] = {}
         self.cpu_by_pid: dict[int, float] = {}
         """Latest CPU seconds seen per process (its own plus its reaped children's)."""
         self._stop = threading.Event()
@@ -302,21 +312,24 @@ class MemorySampler:
         self._stop.set()
         self._thread.join(5)
 
-    def sample(self) -> int:
+    def sample(self) -> tuple[int, dict[str, int]]:
+        """(summed RSS, {name: summed PSS of its tree}) now."""
         import psutil
 
-        seen: dict[int, int] = {}
-        for pid in self.roots():
+        rss: dict[int, int] = {}
+        pss: dict[str, int] = {}
+        for name, pid in self.roots().items():
             try:
                 root = psutil.Process(pid)
                 for proc in [root, *root.children(recursive=True)]:
-                    seen[proc.pid] = proc.memory_info().rss
+                    rss[proc.pid] = proc.memory_info().rss
+                    pss[name] = pss.get(name, 0) + _pss(proc, rss[proc.pid])
                     cpu = proc.cpu_times()
                     used = cpu.user + cpu.system + cpu.children_user + cpu.children_system
                     self.cpu_by_pid[proc.pid] = max(used, self.cpu_by_pid.get(proc.pid, 0.0))
             except psutil.Error:  # a process ended between listing and reading
                 continue
-        return sum(seen.values())
+        return sum(rss.values()), pss
 
     @property
     def cpu_s(self) -> float:
@@ -324,7 +337,22 @@ class MemorySampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
-            self.peak_bytes = max(self.peak_bytes, self.sample())
+            rss, pss = self.sample()
+            self.peak_bytes = max(self.peak_bytes, rss)
+            self.peak_pss_bytes = max(self.peak_pss_bytes, sum(pss.values()))
+            for name, used in pss.items():
+                self.peak_pss_by_name[name] = max(used, self.peak_pss_by_name.get(name, 0))
+
+
+def _pss(proc: Any, rss: int) -> int:
+    """A process's proportional set size (psutil's memory_full_info), or its RSS where the kernel
+    gives no smaps (not Linux, or not allowed)."""
+    import psutil
+
+    try:
+        return int(getattr(proc.memory_full_info(), "pss", rss))
+    except (psutil.AccessDenied, NotImplementedError):
+        return rss
 
 
 @dataclass(kw_only=True, slots=True)
@@ -357,7 +385,7 @@ class BudgetPipeline(Pipeline):
         self.budget_s = budget_s
         self.started_at = 0.0
         self.trajectories_at_budget = 0
-        self.memory = MemorySampler(lambda: [s.pid for s in self.services.values() if s.pid is not None])
+        self.memory = MemorySampler(lambda: {n: s.pid for n, s in self.services.items() if s.pid is not None})
 
     def _sft(self) -> Path:
         self._sft_dir = self.sft_given
@@ -391,6 +419,10 @@ class SideRun:
     trainer_tokens: int
     trainer_busy_s: float
     peak_memory_bytes: int
+    """Peak summed RSS (shared pages counted once per process)."""
+    peak_pss_bytes: int
+    """Peak summed PSS (shared pages split among the processes mapping them)."""
+    peak_pss_by_service: dict[str, int]
     cpu_s: float
     """CPU seconds the side's processes used (sampled: a process that ends between samples loses
     its last second)."""
@@ -409,6 +441,9 @@ class SideRun:
             "trainer_tokens_per_s": round(self.trainer_tokens / self.budget_s, 1),
             "trainer_idle_fraction": round(max(0.0, 1 - self.trainer_busy_s / self.budget_s), 3),
             "peak_memory_mib": round(self.peak_memory_bytes / 2**20, 1),
+            "peak_pss_mib": round(self.peak_pss_bytes / 2**20, 1),
+            "peak_pss_mib_by_service": {
+                n: round(b / 2**20, 1) for n, b in sorted(self.peak_pss_by_service.items())},
             "cpu_s": round(self.cpu_s, 1),
             "startup_s": round(self.startup_s, 1),
             "heldout_curve": self.curve,
@@ -447,6 +482,8 @@ def run_stacx(base: PipelineSpec, cfg: BenchConfig, sft_dir: Path, *, latency: b
         trainer_tokens=tokens,
         trainer_busy_s=busy,
         peak_memory_bytes=pipeline.memory.peak_bytes,
+        peak_pss_bytes=pipeline.memory.peak_pss_bytes,
+        peak_pss_by_service=dict(pipeline.memory.peak_pss_by_name),
         cpu_s=pipeline.memory.cpu_s,
         budget_s=cfg.budget_s,
         startup_s=pipeline.timings.get("services_s", 0.0),
@@ -490,7 +527,7 @@ def run_trl(python: Path, cfg: BenchConfig, sft_dir: Path, *, latency: bool) -> 
     argv = [str(python), str(_HERE / "_peer_retool.py"), "trl", str(out / "settings.json")]
     with open(out / "trl.log", "wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        with MemorySampler(lambda: [proc.pid]) as memory:
+        with MemorySampler(lambda: {"trl": proc.pid}) as memory:
             try:
                 proc.wait(timeout=cfg.budget_s + 600)
             finally:
@@ -517,6 +554,8 @@ def run_trl(python: Path, cfg: BenchConfig, sft_dir: Path, *, latency: bool) -> 
         trainer_tokens=int(last["tokens"]),
         trainer_busy_s=float(last["busy_s"]),
         peak_memory_bytes=memory.peak_bytes,
+        peak_pss_bytes=memory.peak_pss_bytes,
+        peak_pss_by_service=dict(memory.peak_pss_by_name),
         cpu_s=memory.cpu_s,
         budget_s=cfg.budget_s,
         startup_s=result["ready_at"] - started,
@@ -585,6 +624,7 @@ def compare(ours: SideRun, trl: SideRun) -> dict[str, Any]:
         "time_to_target_ratio": ratio,
         "success_at_budget_ours": ours.curve[-1]["success"],
         "success_at_budget_trl": trl.curve[-1]["success"],
+        "memory_ratio": round(ours.peak_pss_bytes / trl.peak_pss_bytes, 3) if trl.peak_pss_bytes else None,
     }
 
 

@@ -46,8 +46,8 @@ def test_time_to_target_interpolates_between_checkpoints(bench: ModuleType) -> N
     assert bench.time_to(curve, 0.9) is None
 
 
-def _side(bench: ModuleType, system: str, curve: list[dict[str, float]]) -> Any:
-    """A side's run with only its success curve set (what the comparison reads)."""
+def _side(bench: ModuleType, system: str, curve: list[dict[str, float]], pss: int = 0) -> Any:
+    """A side's run with only its success curve (and peak PSS) set (what the comparison reads)."""
     return bench.SideRun(
         system=system,
         latency=False,
@@ -56,6 +56,8 @@ def _side(bench: ModuleType, system: str, curve: list[dict[str, float]]) -> Any:
         trainer_tokens=0,
         trainer_busy_s=0.0,
         peak_memory_bytes=0,
+        peak_pss_bytes=pss,
+        peak_pss_by_service={},
         cpu_s=0.0,
         budget_s=60,
         startup_s=0,
@@ -71,6 +73,40 @@ def test_ratio_is_trl_time_over_ours_at_the_lower_final_success(bench: ModuleTyp
     assert result["time_to_target_s_trl"] == pytest.approx(60.0)
     assert result["time_to_target_s_ours"] == pytest.approx(20.0)
     assert result["time_to_target_ratio"] == pytest.approx(3.0)
+
+
+def test_memory_ratio_is_our_summed_pss_over_trls(bench: ModuleType) -> None:
+    curve = _curve((0, 0.2), (60, 0.6))
+    ours, trl = _side(bench, "stacx", curve, pss=3 * 2**30), _side(bench, "trl", curve, pss=2 * 2**30)
+    assert bench.compare(ours, trl)["memory_ratio"] == pytest.approx(1.5)
+    unmeasured = _side(bench, "trl", curve)
+    assert bench.compare(ours, unmeasured)["memory_ratio"] is None
+
+
+def test_sampler_splits_shared_pages_that_summed_rss_counts_twice(bench: ModuleType) -> None:
+    """Two real processes that map the same 64 MiB file: summed RSS counts it twice, summed PSS once."""
+    import subprocess
+    import tempfile
+
+    with tempfile.NamedTemporaryFile() as blob:
+        blob.write(b"x" * (64 << 20))
+        blob.flush()
+        reader = ("import mmap, sys, time\n"
+                  "f = open(sys.argv[1], 'rb'); m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)\n"
+                  "sum(m[i] for i in range(0, len(m), 4096)); print('ready', flush=True); time.sleep(60)\n")
+        argv = [sys.executable, "-c", reader, blob.name]
+        procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        try:
+            for proc in procs:
+                assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+            sampler = bench.MemorySampler(lambda: {f"p{i}": proc.pid for i, proc in enumerate(procs)})
+            rss, pss = sampler.sample()
+        finally:
+            for proc in procs:
+                proc.kill()
+                proc.wait()
+    assert set(pss) == {"p0", "p1"}
+    assert rss - sum(pss.values()) >= 56 << 20  # the mapped file: twice in RSS, once in PSS
 
 
 def test_latency_tool_still_runs_the_code(peer: ModuleType) -> None:
