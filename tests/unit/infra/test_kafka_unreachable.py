@@ -1,4 +1,4 @@
-"""Kafka unreachable: `stacx assemble` and `stacx train` say so in one line and stop (exit 1)
+"""Kafka unreachable: `stacx assemble`, `stacx train` and `stacx rollout` say so in one line and stop (exit 1)
 within a bounded wait, with none of librdkafka's per-attempt FAIL lines."""
 
 from __future__ import annotations
@@ -29,11 +29,30 @@ def _stacx(args: list[str], cwd: Path) -> tuple[int, list[str], float]:
     return done.returncode, lines, time.monotonic() - started
 
 
-@pytest.mark.parametrize("command", ["assemble", "train"])
+def _rollout_config(tmp_path: Path, bootstrap: str) -> Path:
+    """The shipped arithmetic rollout config on `bootstrap`, with a tiny tokenizer of its own."""
+    import yaml
+
+    tokenizer = tmp_path / "tiny"
+    subprocess.run([sys.executable, "-m", "infra.cli", "models", "tiny", "--out", str(tokenizer)],
+                   cwd=REPO, check=True, capture_output=True, timeout=120)
+    shipped = REPO / "examples" / "rollout"
+    cfg = yaml.safe_load((shipped / "arithmetic.yaml").read_text())
+    cfg["data"]["path"] = str(shipped / cfg["data"]["path"])
+    cfg["inference"]["tokenizer"] = str(tokenizer)
+    cfg["kafka"]["bootstrap_servers"] = bootstrap
+    config = tmp_path / "rollout.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    return config
+
+
+@pytest.mark.parametrize("command", ["assemble", "train", "rollout"])
 def test_an_unreachable_broker_is_one_line_and_exit_1(command: str, tmp_path: Path) -> None:
     bootstrap = f"127.0.0.1:{_unused_port()}"
     if command == "assemble":
         args = ["assemble", "--bootstrap", bootstrap]
+    elif command == "rollout":  # before any episode starts, not 15 s per failed publish
+        args = ["rollout", str(_rollout_config(tmp_path, bootstrap)), "--no-progress"]
     else:
         config = tmp_path / "trainer.yaml"
         config.write_text("recipe: grpo\nmodels: {policy: {tiny: {}}}\n")

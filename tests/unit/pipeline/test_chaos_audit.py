@@ -84,3 +84,40 @@ def test_the_schedule_respects_the_restart_budget(chaos: ModuleType) -> None:
     schedule._recent["trainer"].extend([now, now])  # a third kill would leave no restart
     assert {schedule._within_budget("trainer-rank") for _ in range(20)} == {"assembler"}
     assert schedule._within_budget("assembler") == "assembler"
+
+
+class _StuckConsumer:
+    """A consumer of a 2-partition topic whose partition 1 never delivers its records (a broker
+    that went away mid-read): partition 0 has 2 records, partition 1 has 3."""
+
+    ends = {0: 2, 1: 3}
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.delivered = [SimpleNamespace(error=lambda: None, offset=lambda o=o: o, partition=lambda: 0)
+                          for o in range(2)]
+
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        meta = SimpleNamespace(error=None, partitions={0: None, 1: None})
+        return SimpleNamespace(topics={topic: meta})
+
+    def get_watermark_offsets(self, part: Any, timeout: float) -> tuple[int, int]:
+        return 0, self.ends[part.partition]
+
+    def assign(self, parts: list[Any]) -> None:
+        pass
+
+    def poll(self, timeout: float) -> Any:
+        return self.delivered.pop(0) if self.delivered else None
+
+    def close(self) -> None:
+        pass
+
+
+def test_read_topic_refuses_partial_data(chaos: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partition not read to its end within the timeout is an AuditError naming it, never a
+    shorter list the audit would count over (records missed would look lost, or not trained)."""
+    import confluent_kafka
+
+    monkeypatch.setattr(confluent_kafka, "Consumer", _StuckConsumer)
+    with pytest.raises(chaos.AuditError, match=r"partitions \[1\] not read to their end .*2 records read"):
+        chaos.read_topic("127.0.0.1:1", "stacx.run.trajectories", timeout_s=1)
