@@ -1,5 +1,6 @@
 """Kafka unreachable: `stacx assemble`, `stacx train` and `stacx rollout` say so in one line and stop (exit 1)
-within a bounded wait, with none of librdkafka's per-attempt FAIL lines."""
+within a bounded wait, and `stacx run` stops in its preflight before starting anything, each with
+none of librdkafka's per-attempt FAIL lines."""
 
 from __future__ import annotations
 
@@ -64,3 +65,21 @@ def test_an_unreachable_broker_is_one_line_and_exit_1(command: str, tmp_path: Pa
     assert [line for line in lines if line.startswith(expected)], lines
     assert lines[-1].startswith(expected), lines
     assert wall_s < 100  # the 10 s check plus start-up (torch for train) on a loaded machine
+
+
+def test_run_stops_in_preflight_without_librdkafka_lines_or_a_run_folder(tmp_path: Path) -> None:
+    import yaml
+
+    bootstrap = f"127.0.0.1:{_unused_port()}"
+    cfg = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
+    cfg["bootstrap_servers"] = bootstrap
+    cfg["pipeline"]["plugin_paths"] = [str(REPO / "examples")]
+    config = tmp_path / "quickstart.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    runs = tmp_path / "runs"
+    code, lines, _ = _stacx(["run", str(config), "--no-live", "--runs-dir", str(runs)], tmp_path)
+    assert code == 2, lines
+    assert not [line for line in lines if "FAIL" in line or "Traceback" in line], lines
+    assert lines[0] == "stacx run: the pipeline cannot run; missing:", lines
+    assert [line for line in lines if f"Kafka at {bootstrap} did not answer" in line], lines
+    assert not runs.exists(), "nothing started: no run folder"
