@@ -14,7 +14,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "route", help="route requests over several inference servers (prefix affinity, failover)"
     )
-    p.add_argument("--config", help="YAML file; its `router` section is rollout.inference.router.RouterConfig")
+    p.add_argument("--config", help="YAML file whose `router` section is RouterConfig")
     p.add_argument("--upstream", action="append", help="inference server URL (repeat for several)")
     p.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 30000)")

@@ -33,7 +33,7 @@ class Backend:
 
         `model` is None on ranks outside `ranks` (they only join the collective setup).
         """
-        return None if model is None else model.to(self.device)
+        return None if model is None else checkpointed(model, self.config).to(self.device)
 
     def autocast(self) -> Any:
         """Context for forward passes (bf16 autocast on GPU when mixed precision is asked)."""
@@ -63,3 +63,16 @@ class Backend:
 
     def close(self, *, graceful: bool = True) -> None:
         """Release the backend; `graceful=False` (interrupted, failed) runs no collective."""
+
+
+def checkpointed(model: nn.Module, config: Any) -> nn.Module:
+    """`model` with activation checkpointing on when `config.activation_checkpointing` (through
+    the model's own `gradient_checkpointing_enable`, which Hugging Face models have)."""
+    if not getattr(config, "activation_checkpointing", False):
+        return model
+    enable = getattr(model, "gradient_checkpointing_enable", None)
+    if not callable(enable):
+        raise ValueError(f"backend.activation_checkpointing: {type(model).__name__} has no "
+                         "gradient_checkpointing_enable(); use a Hugging Face model or turn it off")
+    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
