@@ -5,7 +5,9 @@ blocks of `block_tokens`) records which server saw which prefix. A request goes 
 holding its longest prefix when that covers at least `cache_threshold` of it, else to the least
 busy server (ties: the smallest tree, then list order). While the servers' in-flight counts
 differ by more than `balance_abs_threshold` and the busiest has more than
-`balance_rel_threshold` times the least busy one's, load wins over prefixes.
+`balance_rel_threshold` times the least busy one's, load wins over partial prefixes; a request
+whose whole prompt a server already holds (another sample of the same group) still goes there.
+That last rule is ours: SGLang's router lets load win over any prefix, which splits a group.
 
 Routing inserts the request's prefix at once, so the samples of one prompt group, sent together,
 all land on the server the first one went to (one prefill, the rest from its cache), and every
@@ -37,8 +39,10 @@ class RouterConfig:
     """Base URLs of the inference servers."""
     cache_threshold: float = 0.5
     """Share of a request's tokens a server must already hold for the prefix to decide."""
-    balance_abs_threshold: int = 32
-    """In-flight difference (busiest - least busy) above which load may override prefixes."""
+    balance_abs_threshold: int = 2
+    """In-flight difference (busiest - least busy) above which load overrides partial prefixes
+    (low: prompts of an RL rollout share a template, so a new group would otherwise follow the
+    template to the first server)."""
     balance_rel_threshold: float = 1.5
     """... and only when the busiest has more than this times the least busy one's load."""
     block_tokens: int = 16
@@ -104,13 +108,16 @@ class PrefixRouter:
 
     def _pick(self, ids: list[int], candidates: list[str]) -> str:
         least_busy = min(candidates, key=self._load_key)
-        if not ids or self._imbalanced(candidates):
+        if not ids:
             return least_busy
         matched = self._matched_tokens(ids)
         best = max(candidates, key=lambda u: (matched.get(u, 0), -self.upstreams.index(u)))
-        if matched.get(best, 0) >= self.config.cache_threshold * len(ids) and matched.get(best, 0) > 0:
-            return best
-        return least_busy
+        held = matched.get(best, 0)
+        if held and held > len(ids) - self.config.block_tokens:
+            return best  # the whole prompt is there: a sample of the same group
+        if self._imbalanced(candidates):
+            return least_busy
+        return best if held and held >= self.config.cache_threshold * len(ids) else least_busy
 
     def _load_key(self, url: str) -> tuple[int, int, int]:
         return self.in_flight[url], self._blocks[url], self.upstreams.index(url)

@@ -99,7 +99,7 @@ async def _rollout(router: str, gateway: str, model_dir: Path, tasks: list[TaskS
     from rollout.inference import InferenceClient
     from sandbox.client import SandboxClient
 
-    evaluator = Evaluator.Config(scaffold="retool", max_turns=2, max_new_tokens=24, max_tokens=400,
+    evaluator = Evaluator.Config(scaffold="retool", scaffold_options={"system_prompt": ""}, max_turns=2, max_new_tokens=24, max_tokens=400,
                                  temperature=1.0, episode={"sandboxes": 1, "memory_mb": 256}, step={"cpu": 0.5})
     config = RolloutManager.Config(model_name="tiny", evaluators={"arithmetic_tool": evaluator},
                                    max_concurrent_episodes=8,
@@ -162,35 +162,41 @@ async def _check(router: str, urls: list[str], servers: list[ServiceProcess], su
     assert grown == [0.0, 4.0], grown
 
     kafka = (bootstrap, topic)
-    victim = servers[0]
-    restarted_at: list[float] = []
+    killed: list[int] = []
 
     async def kill_then_supervise(manager: RolloutManager) -> None:
         deadline = time.monotonic() + 300
-        while _workers(router)[urls[0]]["in_flight"] == 0 or manager.summary.num_episodes < 4:  # type: ignore[index]
-            assert time.monotonic() < deadline, "no request reached server 0"
-            await asyncio.sleep(0.05)
+        while not killed:
+            busy = [i for i, u in enumerate(urls) if _workers(router)[u]["in_flight"]]
+            if busy and manager.summary.num_episodes >= 4:
+                killed.append(busy[0])
+            else:
+                assert time.monotonic() < deadline, "no request in flight on any server"
+                await asyncio.sleep(0.05)
+        victim = servers[killed[0]]
         assert victim.pid is not None
         os.killpg(victim.pid, signal.SIGKILL)  # mid-request, no goodbye
         while not supervisor.poll():
             assert time.monotonic() < deadline, "the supervisor did not restart the killed server"
             await asyncio.sleep(0.2)
-        restarted_at.append(time.monotonic())
 
     num_tasks, samples = 12, 4
     await _rollout(router, gateway, model_dir, _tasks("a", num_tasks), samples, kafka, kill_then_supervise)
-    assert restarted_at and supervisor.restarts["inference-0"] == 1
+    name = servers[killed[0]].spec.name
+    assert supervisor.restarts[name] == 1
     assert int(_workers(router)["failovers"]) >= 1  # type: ignore[call-overload]
+    routed = {u: int(_workers(router)[u]["routed"]) for u in urls}  # type: ignore[call-overload]
+    assert all(routed.values()), routed  # groups went to both servers
 
     # the restarted server is routed to again once its /health answers
-    victim.wait_ready(180)
+    url = urls[killed[0]]
+    servers[killed[0]].wait_ready(180)
     deadline = time.monotonic() + 30
-    while not _workers(router)[urls[0]]["up"]:  # type: ignore[index]
+    while not _workers(router)[url]["up"]:  # type: ignore[index]
         assert time.monotonic() < deadline, "the router did not take the restarted server back"
         await asyncio.sleep(0.2)
-    routed_before = int(_workers(router)[urls[0]]["routed"])  # type: ignore[call-overload]
     await _rollout(router, gateway, model_dir, _tasks("b", 6), samples, kafka)
-    assert int(_workers(router)[urls[0]]["routed"]) > routed_before  # type: ignore[call-overload]
+    assert int(_workers(router)[url]["routed"]) > routed[url]  # type: ignore[call-overload]
 
     expected = (num_tasks + 6) * samples
     records = _consume(bootstrap, topic, group, expected)

@@ -37,7 +37,7 @@ def test_all_samples_of_a_group_go_to_one_server_and_groups_spread() -> None:
 
 
 def test_a_later_turn_follows_its_own_longer_prefix() -> None:
-    router = _router()
+    router = _router(balance_abs_threshold=8)
     first = router.choose(_prompt(1), now=0.0)
     router.started(first)
     router.started(first)  # the other server is now the less busy one
@@ -46,7 +46,7 @@ def test_a_later_turn_follows_its_own_longer_prefix() -> None:
 
 
 def test_a_prefix_below_the_threshold_goes_by_load() -> None:
-    router = _router(cache_threshold=0.9)
+    router = _router(cache_threshold=0.9, balance_abs_threshold=8)
     shared = _prompt(0, 16)
     first = router.choose(shared + _prompt(1, 16), now=0.0)
     router.started(first)
@@ -54,12 +54,14 @@ def test_a_prefix_below_the_threshold_goes_by_load() -> None:
     assert router.choose(shared + _prompt(2, 16), now=1.0) != first
 
 
-def test_load_wins_over_prefixes_when_the_servers_are_far_apart() -> None:
+def test_load_wins_over_a_shared_template_but_not_over_a_whole_prompt() -> None:
     router = _router(balance_abs_threshold=2, balance_rel_threshold=1.5)
-    first = router.choose(_prompt(1), now=0.0)
+    template = _prompt(0, 24)
+    first = router.choose(template + _prompt(1, 8), now=0.0)
     for _ in range(3):
         router.started(first)
-    assert router.choose(_prompt(1), now=1.0) != first
+    assert router.choose(template + _prompt(2, 8), now=1.0) != first  # a new group: by load
+    assert router.choose(template + _prompt(1, 8), now=2.0) == first  # its group: where it is
 
 
 def test_a_down_server_gets_nothing_and_forgets_its_prefixes() -> None:
