@@ -66,13 +66,15 @@ class Backend:
 
 
 def checkpointed(model: nn.Module, config: Any) -> nn.Module:
-    """`model` with activation checkpointing on when `config.activation_checkpointing` (through
-    the model's own `gradient_checkpointing_enable`, which Hugging Face models have)."""
+    """`model` with activation checkpointing on when `config.activation_checkpointing`: the
+    Hugging Face model in it (`gradient_checkpointing_enable`, non-reentrant) recomputes each
+    decoder layer's activations in the backward pass."""
     if not getattr(config, "activation_checkpointing", False):
         return model
-    enable = getattr(model, "gradient_checkpointing_enable", None)
-    if not callable(enable):
-        raise ValueError(f"backend.activation_checkpointing: {type(model).__name__} has no "
-                         "gradient_checkpointing_enable(); use a Hugging Face model or turn it off")
-    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model
+    for module in model.modules():
+        enable = getattr(module, "gradient_checkpointing_enable", None)
+        if callable(enable):
+            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            return model
+    raise ValueError(f"backend.activation_checkpointing: {type(model).__name__} holds no Hugging Face "
+                     "model (no gradient_checkpointing_enable()); turn it off for this model")

@@ -72,7 +72,8 @@ class FSDP2Backend(Backend):
             return {}
         from torch.distributed.fsdp import CPUOffloadPolicy
 
-        return {"offload_policy": CPUOffloadPolicy()}
+        # pinned host memory (fast copies to the GPU) needs CUDA; on CPU the copies are no-ops
+        return {"offload_policy": CPUOffloadPolicy(pin_memory=self.use_cuda)}
 
     def barrier(self) -> None:
         dist.barrier()
