@@ -81,7 +81,8 @@ def _tasks(prefix: str, num: int) -> list[TaskSample]:
 def _consume(bootstrap: str, topic: str, group: str, count: int) -> list[Trajectory]:
     from consumers import EventConsumer
 
-    consumer = EventConsumer(EventConsumer.Config(bootstrap_servers=bootstrap, group_id=group, topics=[topic]))
+    config = EventConsumer.Config(bootstrap_servers=bootstrap, group_id=group, topics=[topic])
+    consumer = EventConsumer(config)
     records: list[Trajectory] = []
     try:
         for _ in range(120):
@@ -99,8 +100,9 @@ async def _rollout(router: str, gateway: str, model_dir: Path, tasks: list[TaskS
     from rollout.inference import InferenceClient
     from sandbox.client import SandboxClient
 
-    evaluator = Evaluator.Config(scaffold="retool", scaffold_options={"system_prompt": ""}, max_turns=2, max_new_tokens=24, max_tokens=400,
-                                 temperature=1.0, episode={"sandboxes": 1, "memory_mb": 256}, step={"cpu": 0.5})
+    evaluator = Evaluator.Config(scaffold="retool", scaffold_options={"system_prompt": ""}, max_turns=2,
+                                 max_new_tokens=24, max_tokens=400, temperature=1.0,
+                                 episode={"sandboxes": 1, "memory_mb": 256}, step={"cpu": 0.5})
     config = RolloutManager.Config(model_name="tiny", evaluators={"arithmetic_tool": evaluator},
                                    max_concurrent_episodes=8,
                                    pool={"sandboxes": 8, "cpu": 4, "memory_mb": 4096, "generations": 8})
