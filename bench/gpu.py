@@ -216,11 +216,12 @@ def _trainer(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     tokens = sum(int(sum(b.lengths)) for b in batches[1:])
     backend = BackendConfig(kind="fsdp2", world_size=1, device="cuda", mixed_precision=True,
                             activation_checkpointing=True)
-    config = tiny_trainer_config("grpo", root / "trainer", backend=backend)
     out = root / "trainer.json"
-    t0 = time.perf_counter()
-    spawn(run_jobs, 1, [(config, batches[:1], 1, str(out))])  # start-up and the first step
+    t0 = time.perf_counter()  # start-up and the first step (CUDA context, NCCL, allocator) ...
+    first = tiny_trainer_config("grpo", root / "trainer-warm", backend=backend)
+    spawn(run_jobs, 1, [(first, batches[:1], 1, str(out))])
     warm = time.perf_counter() - t0
+    config = tiny_trainer_config("grpo", root / "trainer", backend=backend)  # ... then all steps, fresh
     t0 = time.perf_counter()
     spawn(run_jobs, 1, [(config, batches, len(batches), str(out))])
     wall = max(1e-9, time.perf_counter() - t0 - warm)

@@ -25,6 +25,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from rollout.inference.errors import ServerUnavailableError
 from rollout.inference.router import PrefixRouter, RouterConfig
@@ -202,6 +203,8 @@ def build_router_app(config: RouterConfig, transport: httpx.AsyncBaseTransport |
     async def routed(request: Request) -> Response:
         try:
             body = await request.json()
+        except ClientDisconnect:  # the caller went away (a rollout being stopped): nothing to route
+            return Response(status_code=499)
         except ValueError:
             return _error(400, "the body is not JSON")
         if not isinstance(body, dict):
