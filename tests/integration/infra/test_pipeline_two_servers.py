@@ -87,25 +87,27 @@ def test_a_killed_server_is_routed_around_and_restarted(
     path, name, port = _config(tmp_path, kafka_bootstrap)
     router, victim = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"
     root = tmp_path / "runs" / name
-    run = subprocess.Popen([STACX, "run", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True)
+    output = (tmp_path / "run.out").open("w")  # a file, not a pipe: nothing blocks the run
+    run = subprocess.Popen([STACX, "run", str(path)], stdout=output, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 600
         while True:
             server = _workers(router).get(victim)
             if server and server["routed"] >= 20 and server["in_flight"] > 0:
                 break
-            assert run.poll() is None, run.communicate()[1][-3000:]
+            assert run.poll() is None, (tmp_path / "run.out").read_text()[-3000:]
             assert time.monotonic() < deadline, "no traffic reached inference-0"
             time.sleep(0.1)
         pid = _pid(root / "logs" / "pipeline.log", "inference-0")
         assert pid is not None
         os.killpg(pid, signal.SIGKILL)  # mid-request, the whole process group
-        _, stderr = run.communicate(timeout=800)
+        run.wait(timeout=800)
     finally:
         if run.poll() is None:
             run.send_signal(signal.SIGINT)
             run.wait(120)
+        output.close()
+    stderr = (tmp_path / "run.out").read_text()
     report = json.loads((root / "report.json").read_text())
     assert run.returncode == 0, (report.get("error"), stderr[-3000:])
     assert report["status"] == "ok" and report["policy_versions"] >= STEPS
