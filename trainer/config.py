@@ -55,8 +55,16 @@ class BackendConfig:
     """`auto`: CUDA when available (NCCL), else CPU (gloo)."""
     mixed_precision: bool = False
     """bf16 compute, fp32 reduction (FSDP2 MixedPrecisionPolicy; single process: CUDA autocast)."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass (Hugging Face gradient
+    checkpointing, non-reentrant): less activation memory for about a third more compute."""
+    cpu_offload: bool = False
+    """fsdp2: parameters, gradients and optimizer state live in CPU memory between uses
+    (FSDP2 CPUOffloadPolicy; the optimizer step runs on the CPU): a bigger model per GPU."""
 
     def __post_init__(self) -> None:
+        if self.cpu_offload and self.kind != "fsdp2":
+            raise ConfigError("backend.cpu_offload needs backend.kind: fsdp2 (FSDP2's CPU offload)")
         if self.world_size < 1:
             raise ConfigError(f"backend.world_size={self.world_size}: must be >= 1")
         if self.kind == "single" and self.world_size != 1:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from infra.config import ConfigError, load_yaml
 from infra.pipeline.errors import PipelineConfigError
+from infra.pipeline.placement import ResourcesConfig
 from infra.pipeline.services import RestartPolicy
 from infra.pipeline.wires import wire_value
 from infra.telemetry import TracingConfig
@@ -271,6 +272,8 @@ class PipelineFile(_Schema):
     """The orchestrator."""
     topics: TopicPolicy = Field(default_factory=TopicPolicy)
     """Replication, partitions, retention and compression of the run's topics."""
+    resources: ResourcesConfig | None = None
+    """GPUs of the trainer ranks and of the inference servers (absent: nothing placed)."""
     gateway: dict[str, Any] = Field(default_factory=dict)
     """`stacx gateway --config` section (sandbox.gateway.Gateway.Config)."""
     inference: dict[str, Any] = Field(default_factory=dict)
@@ -309,6 +312,8 @@ class PipelineSpec:
     """How the run's topics (and the assembler's own) are created."""
     plugin_paths: list[Path] = dataclasses.field(default_factory=list)
     """`pipeline.plugin_paths`, resolved against the file's folder."""
+    resources: ResourcesConfig | None = None
+    """Device placement of the trainer and the inference servers."""
 
 
 def schema_errors(exc: pydantic.ValidationError, source: str) -> list[str]:
@@ -450,6 +455,7 @@ def _spec(parsed: PipelineFile, source: str, base_dir: Path) -> PipelineSpec:
         assembler=dict(parsed.assembler),
         trainer=dict(parsed.trainer),
         topics=parsed.topics,
+        resources=parsed.resources,
         plugin_paths=[(base_dir / p).resolve() for p in parsed.pipeline.plugin_paths],
     )
 

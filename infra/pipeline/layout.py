@@ -15,6 +15,7 @@ from typing import Any
 
 from infra.config import resolve_path
 from infra.pipeline.config import PipelineSpec
+from infra.pipeline.placement import Placement, place, visible_devices
 from infra.pipeline.wires import wire_value
 from schemas import topics
 
@@ -23,8 +24,12 @@ __all__ = [
     "RunTopics",
     "assembler_section",
     "gateway_backend",
+    "InferenceService",
     "gateway_section",
     "inference_section",
+    "inference_services",
+    "placement",
+    "router_section",
     "rollout_section",
     "service_urls",
     "trainer_section",
@@ -264,8 +269,15 @@ def trainer_section(spec: PipelineSpec, layout: RunLayout, *, model_dir: Path) -
             "checkpoint": {"dir": str(layout.checkpoints_dir.resolve())},
             "max_steps": spec.pipeline.steps,
             "trainer_id": f"stacx-trainer-{layout.run_id}",
+            **_trainer_devices(spec),
         },
     )
+
+
+def _trainer_devices(spec: PipelineSpec) -> dict[str, Any]:
+    """FSDP2 over NCCL, one rank per GPU of `resources.trainer` (nothing when not placed)."""
+    gpus = placement(spec)[0].trainer
+    return {"backend": {"kind": "fsdp2", "world_size": len(gpus), "device": "cuda"}} if gpus else {}
 
 
 GATEWAY_DEFAULTS: dict[str, Any] = {
@@ -309,3 +321,86 @@ def service_urls(spec: PipelineSpec) -> tuple[str, str]:
 def gateway_backend(spec: PipelineSpec) -> str:
     """The sandbox backend of the run's gateway (`docker` or `process`)."""
     return str(_fill(spec.gateway, GATEWAY_DEFAULTS)["backend"])
+
+
+def _int(value: Any, default: int) -> int:
+    """An int option as written (an invalid one: `default`; the section's own check says why)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def serving_options(spec: PipelineSpec) -> tuple[str, int, int, float | None]:
+    """(engine, servers, tp_size, mem_fraction) of the `inference:` section."""
+    section = spec.inference
+    fraction = section.get("mem_fraction")
+    return (
+        str(section.get("engine") or "builtin"),
+        max(1, _int(section.get("servers"), 1)),
+        max(1, _int(section.get("tp_size"), 1)),
+        float(fraction) if isinstance(fraction, int | float) else None,
+    )
+
+
+def placement(spec: PipelineSpec) -> tuple[Placement, list[str]]:
+    """GPUs of the trainer and of every inference server, and the `resources:` problems."""
+    _, servers, tp_size, mem_fraction = serving_options(spec)
+    return place(spec.resources, servers=servers, tp_size=tp_size, mem_fraction=mem_fraction)
+
+
+@dataclass(kw_only=True, slots=True)
+class InferenceService:
+    """One inference server the run starts: its service name, section, URL and devices."""
+
+    name: str
+    """`inference` (one server), else `inference-<i>`."""
+    section: dict[str, Any]
+    """Its `stacx serve --config` section."""
+    url: str
+    env: dict[str, str]
+    """`CUDA_VISIBLE_DEVICES` when placed."""
+    ready_path: str
+    """Ready when GET of this answers 2xx: `/health_generate` for SGLang (one real generation),
+    `/health` for the built-in server (503 until it serves the newest weights)."""
+
+
+def inference_services(spec: PipelineSpec, layout: RunLayout, *, model_dir: Path) -> list[InferenceService]:
+    """Every inference server of the run: one on `inference.server.port`, or `servers` of them
+    on the ports after it (the router then listens on `inference.server.port`)."""
+    base = inference_section(spec, layout, model_dir=model_dir)
+    engine, num_servers, _, _ = serving_options(spec)
+    gpus = placement(spec)[0].servers or [[] for _ in range(num_servers)]
+    user_device = (spec.inference.get("server") or {}).get("device")
+    out = []
+    for i in range(num_servers):
+        section = copy.deepcopy(base)
+        server = section["server"]
+        if num_servers > 1:
+            server["port"] = _int(server.get("port"), 0) + 1 + i
+            section["servers"] = 1
+        if gpus[i] and user_device is None:
+            server["device"] = "cuda"  # the built-in server on its placed GPU (SGLang: always)
+        out.append(
+            InferenceService(
+                name="inference" if num_servers == 1 else f"inference-{i}",
+                section=section,
+                url=f"http://{server['host']}:{server['port']}",
+                env=visible_devices(gpus[i]),
+                ready_path="/health_generate" if engine == "sglang" else "/health",
+            )
+        )
+    return out
+
+
+def router_section(spec: PipelineSpec, layout: RunLayout, *, model_dir: Path) -> dict[str, Any] | None:
+    """`stacx route --config` section in front of the servers (None: one server, no router)."""
+    services = inference_services(spec, layout, model_dir=model_dir)
+    if len(services) == 1:
+        return None
+    server = _fill(spec.inference, INFERENCE_DEFAULTS)["server"]
+    user = spec.inference.get("router") or {}
+    return _fill(
+        user if isinstance(user, dict) else {},
+        {"host": server["host"], "port": server["port"], "upstreams": [s.url for s in services]},
+    )

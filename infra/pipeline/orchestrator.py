@@ -43,11 +43,14 @@ from infra.pipeline.layout import (
     RunLayout,
     gateway_backend,
     gateway_section,
-    inference_section,
+    inference_services,
+    placement,
     rollout_section,
+    router_section,
     service_urls,
 )
 from infra.pipeline.monitor import EvalPoint, RunMetrics, TopicMonitor, assembler_keeps
+from infra.pipeline.placement import visible_devices
 from infra.pipeline.report import plot_curve, write_report
 from infra.pipeline.resolve import base_model_dir, plan, transcript_adapter
 from infra.pipeline.services import ServiceProcess, ServiceSpec, Supervisor
@@ -318,12 +321,10 @@ class Pipeline:
         return model
 
     def _start_serving(self, sft_dir: Path) -> None:
-        self.metrics.stage = "starting the sandbox gateway and the inference server"
+        self.metrics.stage = "starting the sandbox gateway and the inference server(s)"
         cfg_dir = self.layout.config_dir
         gateway = gateway_section(self.spec, self.layout)
         gateway_file = self._write_yaml(cfg_dir / "gateway.yaml", {"gateway": gateway})
-        inference = inference_section(self.spec, self.layout, model_dir=sft_dir)
-        inference_file = self._write_yaml(cfg_dir / "inference.yaml", {"inference": inference})
         self._start(
             ServiceSpec(
                 name="gateway",
@@ -332,16 +333,26 @@ class Pipeline:
             ),
             wait=False,
         )
-        self._start(
-            ServiceSpec(
-                name="inference",
-                ready_url=f"{self.inference_url}/health",
-                args=["serve", "--config", str(inference_file)],
-            ),
-            wait=False,
-        )
-        for name in ("gateway", "inference"):
+        names = ["gateway"]
+        for server in inference_services(self.spec, self.layout, model_dir=sft_dir):
+            path = self._write_yaml(cfg_dir / f"{server.name}.yaml", {"inference": server.section})
+            self._start(
+                ServiceSpec(
+                    name=server.name,
+                    ready_url=f"{server.url}{server.ready_path}",
+                    args=["serve", "--config", str(path)],
+                    env=dict(server.env),
+                ),
+                wait=False,
+            )
+            names.append(server.name)
+        for name in names:
             self.services[name].wait_ready(self.cfg.services.startup_timeout_s)
+        router = router_section(self.spec, self.layout, model_dir=sft_dir)
+        if router is not None:  # several servers: one URL in front of them for rollout and evals
+            path = self._write_yaml(cfg_dir / "router.yaml", {"router": router})
+            self._start(ServiceSpec(name="router", ready_url=f"{self.inference_url}/health",
+                                    args=["route", "--config", str(path)]))
 
     def _grpo(self, sft_dir: Path, refresh: Any) -> None:
         self.metrics.stage = "starting the assembler, the trainer and the rollout service"
@@ -369,7 +380,9 @@ class Pipeline:
         assembler_file = self._write_yaml(cfg_dir / "assembler.yaml", services.assembler)
         trainer_file = self._write_yaml(cfg_dir / "trainer.yaml", services.trainer)
         self._start(ServiceSpec(name="assembler", args=["assemble", "--config", str(assembler_file)]))
-        self._start(ServiceSpec(name="trainer", args=["train", str(trainer_file)], finishes=True))
+        trainer_env = visible_devices(placement(self.spec)[0].trainer)
+        self._start(ServiceSpec(name="trainer", args=["train", str(trainer_file)], finishes=True,
+                                env=trainer_env))
         self._start(ServiceSpec(name="rollout", args=["rollout", str(rollout_file), "--no-progress"]))
 
     def _follow(self, refresh: Any) -> None:
@@ -413,6 +426,7 @@ class Pipeline:
                 trajectories_per_batch=self._trajectories_per_batch(),
                 gateway_problem=self._gateway_problem(),
                 logs_dir=self.layout.logs_dir,
+                inference_logs=[n for n in self.services if n.startswith("inference") or n == "router"],
             )
         )
 
@@ -600,7 +614,8 @@ class Pipeline:
 
     def _shutdown(self) -> None:
         self._eval_pool.shutdown(wait=False, cancel_futures=True)
-        for name in ("rollout", "trainer", "assembler", "inference", "gateway"):
+        first = ("rollout", "trainer", "assembler", "router")
+        for name in [*first, *(n for n in reversed(self.services) if n not in first)]:
             with contextlib.suppress(Exception):
                 self._stop_service(name)
         with contextlib.suppress(Exception):

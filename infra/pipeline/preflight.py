@@ -7,9 +7,18 @@ image, free ports) is collected and reported at once, each naming how to get it.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from infra.pipeline.config import PipelineSpec
 from infra.pipeline.errors import MissingComponentError
-from infra.pipeline.layout import gateway_backend, service_urls
+from infra.pipeline.layout import (
+    RunLayout,
+    gateway_backend,
+    inference_services,
+    placement,
+    service_urls,
+    serving_options,
+)
 
 __all__ = ["check_all"]
 
@@ -42,7 +51,12 @@ def _ports_problems(spec: PipelineSpec) -> list[str]:
 
     problems = []
     inference_url, gateway_url = service_urls(spec)
-    for what, url in (("gateway.port", gateway_url), ("inference.server.port", inference_url)):
+    layout = RunLayout.create(spec, now=0.0)
+    servers = inference_services(spec, layout, model_dir=Path("."))
+    wanted = [("gateway.port", gateway_url), ("inference.server.port", inference_url)]
+    if len(servers) > 1:  # the router is on inference.server.port, the servers after it
+        wanted += [(f"{s.name} (inference.server.port + {i + 1})", s.url) for i, s in enumerate(servers)]
+    for what, url in wanted:
         host, _, port = url.removeprefix("http://").rpartition(":")
         if port_open(host, int(port)):
             problems.append(
@@ -68,13 +82,38 @@ def _topic_problems(spec: PipelineSpec) -> list[str]:
     ]
 
 
+def accelerator_problems(spec: PipelineSpec) -> list[str]:
+    """SGLang (its package and a CUDA GPU) for `inference.engine: sglang`, and as many CUDA
+    GPUs as `resources:` names; one line each."""
+    problems = []
+    if serving_options(spec)[0] == "sglang":
+        from rollout.inference.sglang import unavailable_reason
+
+        reason = unavailable_reason()
+        if reason is not None:
+            problems.append(f"SGLang for inference.engine=sglang: {reason}")
+    gpus = placement(spec)[0].all_gpus()
+    if gpus:
+        import torch
+
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if visible <= max(gpus):
+            problems.append(
+                f"CUDA GPU(s) {gpus} named in resources: this machine shows {visible} CUDA GPU(s); "
+                "run on a GPU host or drop the `resources:` section (CPU)"
+            )
+    return problems
+
+
 def check_all(spec: PipelineSpec) -> None:
     """Raise PipelineConfigError for a config problem, else MissingComponentError naming
     everything that is missing."""
     from infra.pipeline.resolve import check_resolved
 
     check_resolved(spec)
-    missing: list[str] = []
+    missing = accelerator_problems(spec)
+    if missing:  # nothing else matters on a machine that cannot serve this run
+        raise MissingComponentError(missing)
     kafka = _kafka_problem(spec.bootstrap_servers)
     if kafka:
         missing.append(kafka)

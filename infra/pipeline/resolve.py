@@ -33,7 +33,10 @@ from infra.pipeline.layout import (
     assembler_section,
     gateway_section,
     inference_section,
+    inference_services,
+    placement,
     rollout_section,
+    router_section,
     service_urls,
     task_data,
     trainer_section,
@@ -137,9 +140,46 @@ def explain(spec: PipelineSpec, layout: RunLayout) -> str:
             },
         },
         "pipeline": spec.pipeline.model_dump(mode="json", exclude_none=True),
+        "placement": serving_explained(spec, layout, p.model_dir),
         "services": resolved,
     }
     return yaml.safe_dump(doc, sort_keys=False, width=110)
+
+
+def serving_explained(spec: PipelineSpec, layout: RunLayout, model_dir: Path) -> dict[str, Any]:
+    """What `stacx run` starts for inference and where: each server (its GPUs, its command; the
+    SGLang launch line for `engine: sglang`), the router in front of them, the trainer's GPUs."""
+    placed = placement(spec)[0]
+    servers = []
+    for service in inference_services(spec, layout, model_dir=model_dir):
+        entry: dict[str, Any] = {"name": service.name, "url": service.url,
+                                 "ready": f"{service.url}{service.ready_path}",
+                                 "env": service.env or None, "command": _serve_command(service.section)}
+        servers.append({k: v for k, v in entry.items() if v is not None})
+    router = router_section(spec, layout, model_dir=model_dir)
+    trainer = {"gpus": placed.trainer, "world_size": len(placed.trainer), "backend": "fsdp2 (nccl)"} \
+        if placed.trainer else {"gpus": [], "note": "not placed: trainer.backend decides"}
+    return {
+        "inference_servers": servers,
+        "router": None if router is None else {
+            "url": f"http://{router['host']}:{router['port']}", "upstreams": router["upstreams"],
+            "policy": "prefix affinity (cache-aware), least in-flight when imbalanced, failover",
+        },
+        "trainer": trainer,
+    }
+
+
+def _serve_command(section: dict[str, Any]) -> list[str] | str:
+    """The command an inference server runs: SGLang's launch line, or `stacx serve` (built-in)."""
+    from rollout.inference.serving import ServeConfig, sglang_server
+
+    try:
+        config = build(ServeConfig, section, where="inference")
+    except ConfigError as exc:
+        return f"(invalid: {exc.lines[0]})"
+    if config.engine == "sglang":
+        return [str(part) for part in sglang_server(config).command()]
+    return ["stacx", "serve", "--config", "<run>/config/<name>.yaml", f"(engine {config.engine})"]
 
 
 # ------------------------------------------------------------------------------------ at load
@@ -166,6 +206,11 @@ def _owned(spec: PipelineSpec, layout: RunLayout) -> list[tuple[tuple[str, ...],
         (("rollout", "kafka", "publish"), True, "the trainer learns from the published trajectories"),
         (("inference", "server", "model_path"), None, model),
         (("inference", "follow_weights"), None, "the server follows the run's policy on its weights topic"),
+        *(
+            (("inference", "router", key), None,
+             "the run's router listens on inference.server.host/port in front of its servers; set those")
+            for key in ("host", "port", "upstreams")
+        ),
         (("gateway", "sessions", "owner"), None, "the run labels its sandboxes with its own owner"),
         (("rollout", "kafka", "follow_weights"), True, "rollouts must follow the trained policy"),
         (("trainer", "models", "policy", "path"), None, model),
@@ -207,13 +252,20 @@ def _built_sections(spec: PipelineSpec, layout: RunLayout) -> tuple[dict[str, An
     the sections that do not build are left out, their problems are the lines."""
     from consumers.assembly import AssemblerApp
     from rollout.config import RolloutConfig
+    from rollout.inference.router import RouterConfig
     from rollout.inference.serving import ServeConfig
     from sandbox.gateway import Gateway
     from trainer.config import TrainerConfig
 
     p = plan(spec, layout)
     built: dict[str, Any] = {}
-    lines: list[str] = []
+    lines: list[str] = [f"{spec.source}: {line}" for line in [*placement(spec)[1], *_trainer_placement(spec)]]
+    router = router_section(spec, layout, model_dir=p.model_dir)
+    if router is not None:
+        try:
+            build(RouterConfig, router, where=f"{spec.source}: inference.router")
+        except ConfigError as exc:
+            lines += exc.lines
     for name, cls, data in (
         ("gateway", Gateway.Config, p.gateway),
         ("inference", ServeConfig, p.inference),
@@ -226,6 +278,21 @@ def _built_sections(spec: PipelineSpec, layout: RunLayout) -> tuple[dict[str, An
         except ConfigError as exc:
             lines += exc.lines
     return built, lines
+
+
+def _trainer_placement(spec: PipelineSpec) -> list[str]:
+    """A trainer section that contradicts `resources.trainer` (one rank per listed GPU, CUDA)."""
+    gpus = spec.resources.trainer if spec.resources is not None else []
+    backend = spec.trainer.get("backend") or {}
+    if not gpus or not isinstance(backend, dict):
+        return []
+    lines = []
+    if "world_size" in backend and backend["world_size"] != len(gpus):
+        lines.append(f"trainer.backend.world_size={backend['world_size']!r} but resources.trainer lists "
+                     f"{len(gpus)} GPU(s) (one rank each); drop world_size, the run sets it")
+    if backend.get("device") == "cpu":
+        lines.append("trainer.backend.device='cpu' but resources.trainer places it on GPUs; drop device")
+    return lines
 
 
 def _structural(spec: PipelineSpec, layout: RunLayout) -> tuple[dict[str, Any], list[str]]:

@@ -8,6 +8,7 @@ likely holds the others up and why, the error lines at the end of its log, and w
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,16 +95,22 @@ def diagnose(
     trajectories_per_batch: int,
     gateway_problem: str | None,
     logs_dir: Path,
+    inference_logs: Sequence[str] = ("inference",),
 ) -> str:
-    """One paragraph for the user: what is stuck, why it looks so, its log's error lines, where logs are."""
+    """One paragraph for the user: what is stuck, why it looks so, its log's error lines (and,
+    when the rollout waits, those of every inference server and the router), where logs are."""
     service, why = likely_stuck(
         progress, trajectories_per_batch=trajectories_per_batch, gateway_problem=gateway_problem
     )
     log_path = logs_dir / f"{service}.log"
+    tails = [f"Last error lines of {log_path}:\n{error_tail(log_path)}"]
+    if service == "rollout":  # it waits on the servers: what they said matters as much
+        tails += [f"Last error lines of {logs_dir / f'{name}.log'}:\n{error_tail(logs_dir / f'{name}.log')}"
+                  for name in inference_logs]
+    logs = ", ".join(sorted(p.name for p in logs_dir.glob("*.log"))) or "none yet"
     return (
         f"the pipeline stalled: nothing moved for {stalled_s:.0f}s (trajectories {progress.trajectories}, "
         f"batches {progress.batches}, policy versions {progress.versions}). Most likely stuck: {service} "
-        f"({why}). Last error lines of {log_path}:\n{error_tail(log_path)}\n"
-        f"All service logs: {logs_dir} (pipeline.log, gateway.log, inference.log, assembler.log, "
-        "trainer.log, rollout.log). Raise pipeline.stall_timeout_s if a stage is just slow."
+        f"({why}). " + "\n".join(tails) + "\n"
+        f"All service logs: {logs_dir} ({logs}). Raise pipeline.stall_timeout_s if a stage is just slow."
     )

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rollout.inference.errors import InferenceError
+from rollout.inference.router import RouterConfig
 from rollout.inference.server import InferenceServer
 from schemas.plugins import PluginError, Registry, accepts
 
-__all__ = ["ENGINES", "ServeConfig", "ServedEngine", "build_engine"]
+__all__ = ["ENGINES", "ServeConfig", "ServedEngine", "build_engine", "sglang_server"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -29,9 +30,20 @@ class ServeConfig:
     engine runs exactly this, another engine reads what applies to it."""
     engine: str = "builtin"
     """builtin | sglang | `package.module:factory` | an entry point in `stacx.inference_engines`."""
+    servers: int = 1
+    """How many servers `stacx run` starts from this section (each on its own port and GPUs,
+    behind `router` when more than one); `stacx serve` runs one."""
+    tp_size: int = 1
+    """sglang: tensor-parallel GPUs per server (`--tp-size`)."""
+    mem_fraction: float | None = None
+    """sglang: share of each GPU for weights and KV cache (`--mem-fraction-static`); None:
+    SGLang's own choice. Set it below 1 minus the trainer's share when they share GPUs."""
+    extra_args: list[str] = field(default_factory=list)
+    """sglang: more `sglang.launch_server` flags, passed through verbatim."""
+    router: RouterConfig = field(default_factory=RouterConfig)
+    """The router in front of `servers` > 1 (`stacx run` fills its host, port and upstreams)."""
     engine_options: dict[str, Any] = field(default_factory=dict)
-    """Keyword options of the engine's factory (sglang: `tp_size`, `mem_fraction_static`,
-    `extra_args`)."""
+    """Keyword options of a plug-in engine's factory."""
     follow_weights: str | None = None
     """Apply new versions of this model name from the weights topic (Kafka)."""
     weights_topic: str | None = None
@@ -42,6 +54,10 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.server.port <= 65535:
             raise ValueError(f"server.port = {self.server.port}; use 0..65535")
+        if self.servers < 1 or self.tp_size < 1:
+            raise ValueError(f"servers={self.servers}, tp_size={self.tp_size}: both must be >= 1")
+        if self.mem_fraction is not None and not 0.0 < self.mem_fraction < 1.0:
+            raise ValueError(f"mem_fraction={self.mem_fraction}: a share of GPU memory, in (0, 1)")
 
 
 class ServedEngine(Protocol):
@@ -75,46 +91,48 @@ class _Builtin:
 
 
 class _SGLang:
-    def __init__(
-        self,
-        config: ServeConfig,
-        *,
-        tp_size: int = 1,
-        mem_fraction_static: float | None = None,
-        extra_args: list[str] | None = None,
-    ) -> None:
-        from rollout.inference.sglang import SGLangServer, unavailable_reason
+    def __init__(self, config: ServeConfig) -> None:
+        from rollout.inference.sglang import unavailable_reason
 
         reason = unavailable_reason()
         if reason is not None:
             raise InferenceError(f"cannot run SGLang here: {reason}")
-        server = config.server
-        self.server = SGLangServer(
-            SGLangServer.Config(
-                model_path=server.model_path,
-                host=server.host,
-                port=server.port,
-                dtype=server.dtype,
-                tp_size=tp_size,
-                context_length=server.context_length,
-                mem_fraction_static=mem_fraction_static,
-                served_model_name=server.served_model_name,
-                weight_version=server.weight_version,
-                extra_args=list(extra_args or []),
-            )
-        )
+        self.server = sglang_server(config)
 
     @property
     def base_url(self) -> str:
         return self.server.base_url
 
     def serve(self) -> int:
+        """Launch SGLang, wait until it generates, then until it exits or this process is
+        stopped (SIGTERM/SIGINT: SGLang is stopped first, its whole process group)."""
         self.server.start()
         try:
             self.server.wait_ready()
             return self.server.wait()
         finally:
             self.server.stop()
+
+
+def sglang_server(config: ServeConfig) -> Any:
+    """The `SGLangServer` (launch command, readiness, stop) this section describes."""
+    from rollout.inference.sglang import SGLangServer
+
+    server = config.server
+    return SGLangServer(
+        SGLangServer.Config(
+            model_path=server.model_path,
+            host=server.host,
+            port=server.port,
+            dtype=server.dtype,
+            tp_size=config.tp_size,
+            context_length=server.context_length,
+            mem_fraction_static=config.mem_fraction,
+            served_model_name=server.served_model_name,
+            weight_version=server.weight_version,
+            extra_args=list(config.extra_args),
+        )
+    )
 
 
 def _check(factory: Any) -> str | None:

@@ -1,6 +1,9 @@
 """Launch SGLang (`python -m sglang.launch_server`) with flags matching the built-in server.
 
-SGLang needs its package and a CUDA GPU; `unavailable_reason()` says which is missing.
+SGLang needs its package and a CUDA GPU; `unavailable_reason()` says which is missing. The
+server is ready once `/health_generate` answers 200 (SGLang runs one real generation for it);
+its GPUs are the ones `CUDA_VISIBLE_DEVICES` shows it (`stacx run` sets it per server from the
+`resources:` section). `--enable-metrics` puts its Prometheus figures on `/metrics`.
 """
 
 from __future__ import annotations
@@ -93,7 +96,7 @@ class SGLangServer:
             cmd += ["--mem-fraction-static", str(c.mem_fraction_static)]
         if c.served_model_name:
             cmd += ["--served-model-name", c.served_model_name]
-        return cmd + list(c.extra_args)
+        return [*cmd, "--enable-metrics", *c.extra_args]
 
     def start(self) -> None:
         reason = unavailable_reason()
@@ -102,7 +105,7 @@ class SGLangServer:
         self.process = subprocess.Popen(self.command())
 
     def wait_ready(self, timeout_s: float = 600.0) -> None:
-        """Block until `/get_model_info` answers; raises if the process dies or time runs out."""
+        """Block until `/health_generate` answers 200; raises if the process dies or time runs out."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
@@ -110,7 +113,7 @@ class SGLangServer:
                     f"SGLang exited with status {self.process.returncode} while starting"
                 )
             try:
-                if httpx.get(f"{self.base_url}/get_model_info", timeout=5).status_code == 200:
+                if httpx.get(f"{self.base_url}/health_generate", timeout=30).status_code == 200:
                     return
             except httpx.TransportError:
                 pass

@@ -33,7 +33,7 @@ class Backend:
 
         `model` is None on ranks outside `ranks` (they only join the collective setup).
         """
-        return None if model is None else model.to(self.device)
+        return None if model is None else checkpointed(model, self.config).to(self.device)
 
     def autocast(self) -> Any:
         """Context for forward passes (bf16 autocast on GPU when mixed precision is asked)."""
@@ -63,3 +63,18 @@ class Backend:
 
     def close(self, *, graceful: bool = True) -> None:
         """Release the backend; `graceful=False` (interrupted, failed) runs no collective."""
+
+
+def checkpointed(model: nn.Module, config: Any) -> nn.Module:
+    """`model` with activation checkpointing on when `config.activation_checkpointing`: the
+    Hugging Face model in it (`gradient_checkpointing_enable`, non-reentrant) recomputes each
+    decoder layer's activations in the backward pass."""
+    if not getattr(config, "activation_checkpointing", False):
+        return model
+    for module in model.modules():
+        enable = getattr(module, "gradient_checkpointing_enable", None)
+        if callable(enable):
+            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            return model
+    raise ValueError(f"backend.activation_checkpointing: {type(model).__name__} holds no Hugging Face "
+                     "model (no gradient_checkpointing_enable()); turn it off for this model")

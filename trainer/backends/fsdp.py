@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer.backends.base import Backend
+from trainer.backends.base import Backend, checkpointed
 from trainer.config import BackendConfig
 from trainer.distributed import init_process_group
 
@@ -58,13 +58,22 @@ class FSDP2Backend(Backend):
         mesh = self.mesh(ranks)
         if model is None or self.rank not in ranks:
             return None
-        model = model.to(self.device)
-        policy = self._mp_policy()
+        model = checkpointed(model, self.config).to(self.device)
+        options = {"mesh": mesh, "mp_policy": self._mp_policy(), **self._offload()}
         for module in model.modules():
             if type(module).__name__.endswith("DecoderLayer"):
-                fully_shard(module, mesh=mesh, mp_policy=policy)
-        fully_shard(model, mesh=mesh, mp_policy=policy)
+                fully_shard(module, **options)
+        fully_shard(model, **options)
         return model
+
+    def _offload(self) -> dict[str, Any]:
+        """FSDP2's CPU offload policy when `backend.cpu_offload` (parameters live on the CPU)."""
+        if not self.config.cpu_offload:
+            return {}
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        # pinned host memory (fast copies to the GPU) needs CUDA; on CPU the copies are no-ops
+        return {"offload_policy": CPUOffloadPolicy(pin_memory=self.use_cuda)}
 
     def barrier(self) -> None:
         dist.barrier()

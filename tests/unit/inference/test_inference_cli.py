@@ -81,12 +81,12 @@ def test_serve_reads_the_inference_section_and_flags_override_it(tmp_path: Path)
 
     path = tmp_path / "serve.yaml"
     path.write_text(
-        "inference:\n  engine: sglang\n  engine_options: {tp_size: 2}\n"
+        "inference:\n  engine: sglang\n  tp_size: 2\n"
         "  server: {model_path: /m, port: 31000, torch_threads: 2, engine: {max_batch_size: 8}}\n"
     )
     flags = ["--port", "31001", "--max-batch-size", "4"]
     config = serve_config(build_parser().parse_args(["serve", "--config", str(path), *flags]))
-    assert (config.engine, config.engine_options) == ("sglang", {"tp_size": 2})
+    assert (config.engine, config.tp_size) == ("sglang", 2)
     server = config.server
     assert (server.model_path, server.port, server.torch_threads) == ("/m", 31001, 2)
     assert server.engine.max_batch_size == 4

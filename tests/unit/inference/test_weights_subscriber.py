@@ -189,3 +189,20 @@ def test_catch_up_commits_what_it_read_and_the_group_is_named_after_the_server()
     assert isinstance(source, FakeSource) and source.commits == [None]  # everything read
     group = subscriber_group("policy", "http://127.0.0.1:30000")
     assert group.startswith("stacx-weights-policy-") and group.endswith("-30000")
+
+
+def test_the_update_request_has_sglangs_fields_and_the_version_as_a_string() -> None:
+    bodies: list[dict[str, Any]] = []
+    server = FakeServer()
+
+    def recording(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/update_weights_from_disk":
+            bodies.append(json.loads(request.content))
+        return server(request)
+
+    config = WeightSubscriber.Config(model_name="policy", server_url="http://server", backoff_s=0.001)
+    subscriber = WeightSubscriber(config, source=FakeSource([]), transport=httpx.MockTransport(recording))
+    subscriber.apply(_version(4))
+    # SGLang's UpdateWeightFromDiskReqInput: model_path, weight_version (a string), abort_all_requests
+    assert bodies == [{"model_path": "/ckpt/policy/4", "weight_version": "4", "abort_all_requests": False}]
+    assert subscriber.server_version() == "4"

@@ -133,3 +133,43 @@ def test_fewer_groups_than_ranks_keep_whole_groups(tmp_path: Path) -> None:
     recipes = ["grpo_rm", "online_reward", "dpo", "simpo", "orpo", "reward_bt"]
     _compare_with_one_process(tmp_path, [(r, one_group) for r in recipes]
                               + [("diffusion_dpo", flow)])
+
+
+def test_activation_checkpointing_and_cpu_offload_leave_the_losses_unchanged(tmp_path: Path) -> None:
+    """Both only trade memory for compute or transfers: 2 steps give the plain FSDP2 losses."""
+    batches = synthetic_batches(2, num_groups=2, group_size=2, ragged=False)
+    variants = {
+        "plain": BackendConfig(kind="fsdp2", world_size=2, device="cpu"),
+        "memory": BackendConfig(kind="fsdp2", world_size=2, device="cpu",
+                                activation_checkpointing=True, cpu_offload=True),
+    }
+    jobs = [(tiny_trainer_config("grpo", tmp_path / name, backend=backend), batches, 2,
+             str(tmp_path / f"{name}.json")) for name, backend in variants.items()]
+    spawn(run_jobs, 2, jobs)
+    plain = json.loads((tmp_path / "plain.json").read_text())
+    memory = json.loads((tmp_path / "memory.json").read_text())
+    assert len(plain) == 2 and memory == pytest.approx(plain, rel=1e-5, abs=1e-6)
+
+
+def test_cpu_offload_needs_fsdp2() -> None:
+    from trainer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="cpu_offload needs backend.kind: fsdp2"):
+        BackendConfig(kind="single", cpu_offload=True)
+
+
+def test_activation_checkpointing_turns_on_the_hf_models_gradient_checkpointing() -> None:
+    from torch import nn
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from trainer.backends.base import checkpointed
+
+    inner = Qwen2ForCausalLM(Qwen2Config(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, vocab_size=32))
+    wrapper = nn.ModuleDict({"model": inner})  # as the trainer's own wrapper holds it
+    checkpointed(wrapper, BackendConfig(activation_checkpointing=False))
+    assert not inner.is_gradient_checkpointing
+    checkpointed(wrapper, BackendConfig(activation_checkpointing=True))
+    assert inner.is_gradient_checkpointing
+    with pytest.raises(ValueError, match="holds no Hugging Face model"):
+        checkpointed(nn.Linear(2, 2), BackendConfig(activation_checkpointing=True))

@@ -1,0 +1,107 @@
+"""On a CUDA GPU: two SGLang servers behind `stacx route` (a group stays on one server, a
+stopped server is routed around), and the FSDP2 trainer on NCCL with bf16, activation
+checkpointing and CPU offload. Fails (never skips) where CUDA or SGLang is missing; collected
+only with STACX_GPU_TESTS=1 (tests/gpu/run_on_device.sh)."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rollout.inference.sglang import SGLangServer, unavailable_reason
+from rollout.models import make_tiny_model
+
+pytestmark = pytest.mark.gpu
+
+SHAPE = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2}
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _require_sglang() -> None:
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.fail(f"SGLang cannot run on this machine: {reason}", pytrace=False)
+
+
+def test_two_sglang_servers_behind_the_router(tmp_path: Path) -> None:
+    _require_sglang()
+    model = make_tiny_model(tmp_path / "m", seed=0, **SHAPE)
+    servers = [SGLangServer(SGLangServer.Config(
+        model_path=str(model), port=_port(), dtype="bfloat16", weight_version="0", mem_fraction_static=0.15,
+        extra_args=["--disable-cuda-graph", "--log-level", "warning"])) for _ in range(2)]
+    router_port = _port()
+    router = f"http://127.0.0.1:{router_port}"
+    route = None
+    try:
+        for server in servers:
+            server.start()
+        for server in servers:
+            server.wait_ready(timeout_s=600)
+        route = subprocess.Popen([sys.executable, "-m", "infra.cli", "route", "--port", str(router_port),
+                                  *(a for s in servers for a in ("--upstream", s.base_url))])
+        deadline = time.monotonic() + 120
+        while not _ok(f"{router}/health"):
+            assert time.monotonic() < deadline and route.poll() is None, "the router did not start"
+            time.sleep(0.5)
+        body = {"input_ids": list(range(10, 90)), "sampling_params": {"max_new_tokens": 8}}
+        with httpx.Client(timeout=120) as http:
+            for _ in range(4):
+                assert http.post(f"{router}/generate", json=body).status_code == 200
+            routed = [s["routed"] for s in http.get(f"{router}/workers").json()["servers"]]
+            assert sorted(routed) == [0, 4], routed
+            info = http.get(f"{router}/get_model_info").json()
+            assert info["weight_version"] == "0" and len(info["servers"]) == 2
+            busy = routed.index(4)
+            servers[busy].stop()
+            answer = http.post(f"{router}/generate", json=body)
+            assert answer.status_code == 200, answer.text
+            assert json.loads(answer.content)["meta_info"]["weight_version"] == "0"
+    finally:
+        if route is not None:
+            route.terminate()
+            route.wait(30)
+        for server in servers:
+            server.stop()
+
+
+def _ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_fsdp2_on_nccl_with_bf16_checkpointing_and_offload(tmp_path: Path) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.fail("no CUDA GPU is visible to torch", pytrace=False)
+    from trainer import BackendConfig
+    from trainer.distributed import spawn
+    from trainer.testing import run_jobs, synthetic_batches, tiny_trainer_config
+
+    batches = synthetic_batches(2, num_groups=2, group_size=2, ragged=False)
+    results = {}
+    variants = {"plain": {}, "memory": {"activation_checkpointing": True, "cpu_offload": True}}
+    for name, extra in variants.items():
+        backend = BackendConfig(kind="fsdp2", world_size=1, device="cuda", mixed_precision=True, **extra)
+        out = tmp_path / f"{name}.json"
+        config = tiny_trainer_config("grpo", tmp_path / name, backend=backend)
+        spawn(run_jobs, 1, [(config, batches, 2, str(out))])
+        results[name] = json.loads(out.read_text())
+    assert all(math.isfinite(v) for v in results["plain"] + results["memory"])
+    assert results["memory"] == pytest.approx(results["plain"], rel=2e-2, abs=1e-3)

@@ -1,0 +1,208 @@
+"""Two inference servers behind the router, one killed mid-run: routed around, restarted by the
+pipeline's supervision, no trajectory lost.
+
+Real processes throughout: two `stacx serve` (the built-in CPU server, standing in for SGLang:
+the router only uses what both speak alike, `/generate` with `input_ids`, `/health`,
+`/get_model_info`), one `stacx route`, the pipeline's `Supervisor` restarting the killed server,
+a real sandbox gateway and real Kafka for the trajectories.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from infra.pipeline.services import RestartPolicy, ServiceProcess, ServiceSpec, Supervisor
+from rollout.adapters import InferenceAdapter, KafkaTrajectoryPublisher
+from rollout.data import ListTaskSource
+from rollout.evaluator import Evaluator
+from rollout.fakes import StaticVersion
+from rollout.manager import RolloutManager
+from rollout.tokens import HFTokenizer
+from schemas.records import TaskSample, Trajectory, TrajectoryStatus
+
+TOKEN = "router-it"
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from rollout.models import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+
+
+@pytest.fixture
+def gateway(sandbox_image: str) -> Iterator[str]:
+    from sandbox.backends import DockerBackend
+    from sandbox.sessions import SessionManager
+    from sandbox.testing import serve_gateway
+
+    config = SessionManager.Config(owner=f"test-router-{uuid.uuid4().hex[:8]}", default_image=sandbox_image)
+    with serve_gateway(DockerBackend(), token=TOKEN, config=config) as url:
+        yield url
+
+
+def _requests(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "stacx_inference_requests_total":
+                return float(sample.value)
+    raise AssertionError(f"{url}/metrics has no stacx_inference_requests_total")
+
+
+def _workers(router: str) -> dict[str, dict[str, object]]:
+    body = httpx.get(f"{router}/workers", timeout=10).json()
+    return {str(s["url"]): s for s in body["servers"]} | {"failovers": body["failovers"]}
+
+
+def _tasks(prefix: str, num: int) -> list[TaskSample]:
+    return [TaskSample(task_id=f"{prefix}-{i}", task_type="arithmetic_tool", prompt=f"What is {6 + i}*7?",
+                       data=f'{{"answer": {(6 + i) * 7}}}') for i in range(num)]
+
+
+def _consume(bootstrap: str, topic: str, group: str, count: int) -> list[Trajectory]:
+    from consumers import EventConsumer
+
+    config = EventConsumer.Config(bootstrap_servers=bootstrap, group_id=group, topics=[topic])
+    consumer = EventConsumer(config)
+    records: list[Trajectory] = []
+    try:
+        for _ in range(120):
+            records += [e.value for e in consumer.consume(max_records=count, timeout=1.0)]
+            if len(records) >= count:
+                break
+    finally:
+        consumer.close()
+    return records
+
+
+async def _rollout(router: str, gateway: str, model_dir: Path, tasks: list[TaskSample], samples: int,
+                   kafka: tuple[str, str], during: object = None) -> None:
+    from rollout.adapters import GatewayEnvironments
+    from rollout.inference import InferenceClient
+    from sandbox.client import SandboxClient
+
+    evaluator = Evaluator.Config(scaffold="retool", scaffold_options={"system_prompt": ""}, max_turns=2,
+                                 max_new_tokens=24, max_tokens=400, temperature=1.0,
+                                 episode={"sandboxes": 1, "memory_mb": 256}, step={"cpu": 0.5})
+    config = RolloutManager.Config(model_name="tiny", evaluators={"arithmetic_tool": evaluator},
+                                   max_concurrent_episodes=8,
+                                   pool={"sandboxes": 8, "cpu": 4, "memory_mb": 4096, "generations": 8})
+    client = InferenceClient(InferenceClient.Config(base_url=router, max_retries=20, backoff_max_s=2.0))
+    publisher = KafkaTrajectoryPublisher(bootstrap_servers=kafka[0], topic=kafka[1])
+    async with SandboxClient(SandboxClient.Config(base_url=gateway, token=TOKEN)) as sandbox:
+        manager = RolloutManager(
+            config, source=ListTaskSource(tasks, ListTaskSource.Config(samples_per_task=samples)),
+            versions=StaticVersion(0), tokenizer=HFTokenizer(str(model_dir)),
+            inference=InferenceAdapter(client), sandbox=GatewayEnvironments([sandbox]), publisher=publisher,
+        )
+        run = asyncio.create_task(manager.run())
+        if during is not None:
+            await during(manager)  # type: ignore[operator]
+        await asyncio.wait_for(run, 600)
+    await client.close()
+    with contextlib.suppress(Exception):  # the manager may have closed it already
+        await publisher.close()
+
+
+async def test_two_servers_one_killed_mid_run_nothing_lost(
+    model_dir: Path, gateway: str, kafka_bootstrap: str, fresh_topic, fresh_group: str, tmp_path: Path
+) -> None:
+    ports = [_port(), _port()]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    supervisor = Supervisor(RestartPolicy(backoff_s=0.5, max_backoff_s=1.0))
+    servers = [
+        ServiceProcess(ServiceSpec(name=f"inference-{i}", ready_url=f"{url}/health", args=[
+            "serve", "--model", str(model_dir), "--port", str(port), "--device", "cpu", "--threads", "1",
+            "--weight-version", "0"]), tmp_path)
+        for i, (port, url) in enumerate(zip(ports, urls, strict=True))
+    ]
+    router_port = _port()
+    router = f"http://127.0.0.1:{router_port}"
+    route = ServiceProcess(ServiceSpec(name="router", ready_url=f"{router}/health", args=[
+        "route", "--port", str(router_port), "--upstream", urls[0], "--upstream", urls[1]]), tmp_path)
+    try:
+        for service in [*servers, route]:
+            supervisor.add(service.start())
+        for service in [*servers, route]:
+            service.wait_ready(180)
+        await _check(router, urls, servers, supervisor, gateway, model_dir,
+                     kafka_bootstrap, fresh_topic("trajectories", partitions=2), fresh_group)
+    finally:
+        for service in [route, *servers]:
+            supervisor.remove(service.spec.name)
+            service.stop()
+
+
+async def _check(router: str, urls: list[str], servers: list[ServiceProcess], supervisor: Supervisor,
+                 gateway: str, model_dir: Path, bootstrap: str, topic: str, group: str) -> None:
+    # group affinity: the four samples of one prompt, sent together, all reach one server
+    before = [_requests(u) for u in urls]
+    body = {"input_ids": list(range(1, 60)), "sampling_params": {"max_new_tokens": 2}}
+    async with httpx.AsyncClient(timeout=120) as http:
+        answers = await asyncio.gather(*(http.post(f"{router}/generate", json=body) for _ in range(4)))
+    assert all(a.status_code == 200 for a in answers)
+    grown = sorted(_requests(u) - b for u, b in zip(urls, before, strict=True))
+    assert grown == [0.0, 4.0], grown
+
+    kafka = (bootstrap, topic)
+    killed: list[int] = []
+
+    async def kill_then_supervise(manager: RolloutManager) -> None:
+        deadline = time.monotonic() + 300
+        while not killed:
+            busy = [i for i, u in enumerate(urls) if _workers(router)[u]["in_flight"]]
+            if busy and manager.summary.num_episodes >= 4:
+                killed.append(busy[0])
+            else:
+                assert time.monotonic() < deadline, "no request in flight on any server"
+                await asyncio.sleep(0.05)
+        victim = servers[killed[0]]
+        assert victim.pid is not None
+        os.killpg(victim.pid, signal.SIGKILL)  # mid-request, no goodbye
+        while not supervisor.poll():
+            assert time.monotonic() < deadline, "the supervisor did not restart the killed server"
+            await asyncio.sleep(0.2)
+
+    num_tasks, samples = 12, 4
+    await _rollout(router, gateway, model_dir, _tasks("a", num_tasks), samples, kafka, kill_then_supervise)
+    name = servers[killed[0]].spec.name
+    assert supervisor.restarts[name] == 1
+    assert int(_workers(router)["failovers"]) >= 1  # type: ignore[call-overload]
+    routed = {u: int(_workers(router)[u]["routed"]) for u in urls}  # type: ignore[call-overload]
+    assert all(routed.values()), routed  # groups went to both servers
+
+    # the restarted server is routed to again once its /health answers
+    url = urls[killed[0]]
+    servers[killed[0]].wait_ready(180)
+    deadline = time.monotonic() + 30
+    while not _workers(router)[url]["up"]:  # type: ignore[index]
+        assert time.monotonic() < deadline, "the router did not take the restarted server back"
+        await asyncio.sleep(0.2)
+    await _rollout(router, gateway, model_dir, _tasks("b", 6), samples, kafka)
+    assert int(_workers(router)[url]["routed"]) > routed[url]  # type: ignore[call-overload]
+
+    expected = (num_tasks + 6) * samples
+    records = _consume(bootstrap, topic, group, expected)
+    assert len({r.trajectory_id for r in records}) == expected, len(records)
+    bad = [(r.status, r.error) for r in records
+           if r.status not in (TrajectoryStatus.COMPLETED, TrajectoryStatus.TRUNCATED)]
+    assert bad == [], bad
