@@ -426,7 +426,7 @@ class Pipeline:
                 trajectories_per_batch=self._trajectories_per_batch(),
                 gateway_problem=self._gateway_problem(),
                 logs_dir=self.layout.logs_dir,
-                inference_logs=[n for n in self.services if n.startswith("inference") or n == "router"],
+                inference_logs=[*self._server_names(), *(n for n in self.services if n == "router")],
             )
         )
 
@@ -564,8 +564,14 @@ class Pipeline:
         raise ServiceError(
             f"the inference server still reports weight_version {self.metrics.server_version} "
             f"{timeout_s:.0f}s after v{version} was published; see "
-            f"{self.layout.logs_dir / 'inference.log'} (server and weight subscriber)"
+            f"{', '.join(str(self.layout.logs_dir / f'{n}.log') for n in self._server_names())} "
+            "(server and weight subscriber)"
         )
+
+    def _server_names(self) -> list[str]:
+        """The run's inference services (`inference`, or `inference-0`, `inference-1`, ...)."""
+        names = [n for n in self.services if n == "inference" or n.startswith("inference-")]
+        return names or ["inference"]
 
     # ----------------------------------------------------------------------------- trackers
 
