@@ -172,9 +172,9 @@ def _config(args: argparse.Namespace, suite: Any, tasks: list[Any], tasks_file: 
 
 
 def _evaluators(evaluators: dict[str, Any], suite: Any, scaffold: str | None, samples: int) -> dict[str, Any]:
-    """The config's evaluators plus the suite's: the config's evaluator of the suite's task type
-    (else its `default`) with the suite's reward; the suite's scaffold unless the config named one
-    for that task type or `--scaffold` did; greedy decoding for one sample per task."""
+    """The one evaluator the suite's tasks run with: the config's evaluator of the suite's task
+    type (else its `default`) with the suite's reward; the suite's scaffold unless the config
+    named one for that task type or `--scaffold` did; greedy decoding for one sample per task."""
     own = suite.task_type in evaluators
     evaluator = dict(evaluators.get(suite.task_type) or evaluators.get("default") or {})
     evaluator["reward"] = suite.reward
@@ -185,7 +185,7 @@ def _evaluators(evaluators: dict[str, Any], suite: Any, scaffold: str | None, sa
         evaluator["scaffold"] = scaffold or suite.scaffold
     if samples == 1:
         evaluator["temperature"] = 0.0
-    return {**evaluators, suite.task_type: evaluator}
+    return {suite.task_type: evaluator}
 
 
 def _score(args: argparse.Namespace) -> int:
