@@ -51,7 +51,8 @@ class AlgoTune:
     def load(self, path: Path) -> LoadedSuite:
         root = path / "AlgoTuneTasks" if (path / "AlgoTuneTasks").is_dir() else path
         if not root.is_dir():
-            return LoadedSuite([], [f"{path}: no AlgoTuneTasks folder; point --from at a checkout of AlgoTune"])
+            line = f"{path}: no AlgoTuneTasks folder; point --from at a checkout of AlgoTune"
+            return LoadedSuite([], [line])
         tasks: list[TaskSample] = []
         problems: list[str] = []
         for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))):

@@ -53,7 +53,9 @@ class KernelBench:
 
     def _levels(self, path: Path) -> list[Path]:
         root = path / "KernelBench" if (path / "KernelBench").is_dir() else path
-        return sorted(p for p in root.iterdir() if p.is_dir() and _LEVEL.match(p.name)) if root.is_dir() else []
+        if not root.is_dir():
+            return []
+        return sorted(p for p in root.iterdir() if p.is_dir() and _LEVEL.match(p.name))
 
     def load(self, path: Path) -> LoadedSuite:
         levels = self._levels(path)
@@ -67,8 +69,9 @@ class KernelBench:
                 source = file.read_text(encoding="utf-8", errors="replace")
                 missing = [part for part in _PARTS if part not in source]
                 if missing:
-                    problems.append(f"{file}: lacks {', '.join(repr(m) for m in missing)}; "
-                                    "a KernelBench problem defines Model, get_inputs, get_init_inputs; skipped")
+                    lacks = ", ".join(repr(m) for m in missing)
+                    problems.append(f"{file}: lacks {lacks}; a KernelBench problem defines Model, "
+                                    "get_inputs, get_init_inputs; skipped")
                     continue
                 tasks.append(TaskSample(
                     task_id=f"{level.name}/{file.stem}",

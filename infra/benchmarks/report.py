@@ -44,7 +44,8 @@ def read_results(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
-        raise ResultFileError(f"{path}: no such file; pass a result file `stacx bench run --json` wrote") from exc
+        message = f"{path}: no such file; pass a result file `stacx bench run --json` wrote"
+        raise ResultFileError(message) from exc
     except json.JSONDecodeError as exc:
         raise ResultFileError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("tasks"), dict) or "suite" not in doc:

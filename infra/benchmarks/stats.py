@@ -11,7 +11,14 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["Interval", "bootstrap_interval", "geometric_mean", "harmonic_mean", "pass_at_k", "wilson_interval"]
+__all__ = [
+    "Interval",
+    "bootstrap_interval",
+    "geometric_mean",
+    "harmonic_mean",
+    "pass_at_k",
+    "wilson_interval",
+]
 
 Z_95 = 1.959963984540054
 """The standard normal quantile of 0.975: a two-sided 95 % interval."""

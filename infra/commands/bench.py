@@ -129,7 +129,8 @@ def _run(args: argparse.Namespace) -> int:
     k = args.k or samples
     outcomes = [TaskOutcome(t.task_id, summary.components_by_task.get(t.task_id, [])) for t in tasks]
     run = {"config": args.config, "from": str(path), "samples_per_task": samples,
-           "episodes": summary.num_episodes, "by_status": summary.by_status, "wall_s": round(summary.wall_s, 3)}
+           "episodes": summary.num_episodes, "by_status": summary.by_status,
+           "wall_s": round(summary.wall_s, 3)}
     status = _report(args, suite, outcomes, k, run, Console(stderr=True))
     if summary.stopped_by is not None:
         print(f"stacx bench run: stopped by {summary.stopped_by.name}", file=sys.stderr, flush=True)
@@ -153,7 +154,8 @@ def _config(args: argparse.Namespace, suite: Any, tasks: list[Any], tasks_file: 
         samples = args.samples or int(data.get("samples_per_task", 1))
         tree["data"] = {"path": str(tasks_file), "samples_per_task": samples, "seed": data.get("seed", 0)}
         manager = dict(tree.get("manager") or {})
-        manager["evaluators"] = _evaluators(dict(manager.get("evaluators") or {}), suite, args.scaffold, samples)
+        evaluators = dict(manager.get("evaluators") or {})
+        manager["evaluators"] = _evaluators(evaluators, suite, args.scaffold, samples)
         manager["record_task_rewards"] = True
         tree["manager"] = manager
         tree["kafka"] = {**dict(tree.get("kafka") or {}), "publish": args.publish, "follow_weights": False}
@@ -207,7 +209,13 @@ def _score(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace, suite: Any, outcomes: list[Any], k: int,
             run: dict[str, Any], console: Any) -> int:
-    from infra.benchmarks.report import ResultFileError, compare_lines, read_results, result_document, score_table
+    from infra.benchmarks.report import (
+        ResultFileError,
+        compare_lines,
+        read_results,
+        result_document,
+        score_table,
+    )
 
     score = suite.score(outcomes, k=k)
     doc = result_document(suite.name, score, outcomes, k=k, run=run)

@@ -29,7 +29,8 @@ Z = 1.959963984540054
 
 @pytest.fixture(scope="module")
 def quickstart_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The quickstart's policy: `pipeline.model.tiny` of examples/quickstart.yaml, built as the pipeline does."""
+    """The quickstart's policy: `pipeline.model.tiny` of examples/quickstart.yaml, built as the
+    pipeline builds it."""
     from rollout.models import make_tiny_model
 
     tiny = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())["pipeline"]["model"]["tiny"]

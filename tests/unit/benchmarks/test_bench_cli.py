@@ -41,10 +41,12 @@ def test_prepare_of_a_clean_copy_succeeds(tmp_path: Path, capsys: pytest.Capture
     assert captured.out.strip() == f"gsm8k: 3 tasks ready at {tmp_path}" and captured.err == ""
 
 
-def test_prepare_of_a_missing_path_or_an_unknown_suite_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+def test_prepare_of_a_missing_path_or_an_unknown_suite_is_one_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
     assert _run("prepare", "gsm8k", "--from", "/no/such/dir") == 2
-    assert capsys.readouterr().err.strip() == ("stacx bench prepare: --from /no/such/dir: does not exist; see "
-                                               "docs/benchmarks.md for what to download for gsm8k and where to put it")
+    assert capsys.readouterr().err.strip() == (
+        "stacx bench prepare: --from /no/such/dir: does not exist; see "
+        "docs/benchmarks.md for what to download for gsm8k and where to put it")
     assert _run("prepare", "gsm9k", "--from", "/tmp") == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("stacx bench prepare: 'gsm9k' is not a known benchmark suite") and "\n" not in err
@@ -64,21 +66,26 @@ def test_score_recomputes_the_metric_and_compare_lists_the_changes(
     scored = tmp_path / "scored.json"
     assert _run("score", "gsm8k", str(old), "--json", str(tmp_path / "old-scored.json")) == 0
     capsys.readouterr()
-    assert _run("score", "gsm8k", str(new), "--json", str(scored), "--compare", str(tmp_path / "old-scored.json")) == 0
+    previous = str(tmp_path / "old-scored.json")
+    assert _run("score", "gsm8k", str(new), "--json", str(scored), "--compare", previous) == 0
     captured = capsys.readouterr()
     summary = json.loads(captured.out.strip().splitlines()[-1])
     assert summary["value"] == pytest.approx((0.5 + 1 + 0) / 3) and summary["pass@2"] == pytest.approx(2 / 3)
     assert "accuracy: 0.5000 -> 0.5000 (+0.0000)" in captured.err
     assert "  a: pass@1 0.0000 -> 0.5000, pass@2 0.0000 -> 1.0000, passed 0.0000 -> 1.0000" in captured.err
     assert "  c: new task" in captured.err
-    assert json.loads(scored.read_text())["tasks"]["a"]["sample_rewards"] == [{"reward": 1.0}, {"reward": 0.0}]
+    written = json.loads(scored.read_text())["tasks"]["a"]["sample_rewards"]
+    assert written == [{"reward": 1.0}, {"reward": 0.0}]
 
 
-def test_a_bad_result_file_or_another_suite_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_bad_result_file_or_another_suite_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "bad.json").write_text("{not json")
     assert _run("score", "gsm8k", str(tmp_path / "bad.json")) == 2
-    assert capsys.readouterr().err.strip().startswith(f"stacx bench score: {tmp_path / 'bad.json'}: not valid JSON")
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"stacx bench score: {tmp_path / 'bad.json'}: not valid JSON")
     other = _result(tmp_path, "other.json", {"a": [1.0]}, suite="math")
     mine = _result(tmp_path, "mine.json", {"a": [1.0]})
     assert _run("score", "gsm8k", str(mine), "--compare", str(other)) == 2
-    assert f"{other}: holds suite 'math', not 'gsm8k'; compare results of the same suite" in capsys.readouterr().err
+    refused = f"{other}: holds suite 'math', not 'gsm8k'; compare results of the same suite"
+    assert refused in capsys.readouterr().err

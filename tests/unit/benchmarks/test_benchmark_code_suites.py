@@ -29,7 +29,8 @@ def test_swebench_instances_become_tasks_with_their_test_lists_and_image() -> No
     assert line3.endswith("test.jsonl:3: missing field(s) ['base_commit', 'test_patch', 'FAIL_TO_PASS', "
                           "'PASS_TO_PASS']; an instance has ['instance_id', 'repo', 'base_commit', "
                           "'problem_statement', 'test_patch', 'FAIL_TO_PASS', 'PASS_TO_PASS']; skipped")
-    assert line4.endswith("test.jsonl:4: FAIL_TO_PASS is not a list of test ids (nor a JSON-encoded one); skipped")
+    assert line4.endswith("test.jsonl:4: FAIL_TO_PASS is not a list of test ids "
+                          "(nor a JSON-encoded one); skipped")
 
 
 def test_the_resolved_rule_needs_every_fail_to_pass_and_pass_to_pass_test() -> None:
@@ -42,9 +43,13 @@ def test_the_resolved_rule_needs_every_fail_to_pass_and_pass_to_pass_test() -> N
 
 def test_a_pytest_short_summary_parses_into_statuses() -> None:
     report = ("==== short test summary info ====\nPASSED tests/test_core.py::test_old\n"
-              "FAILED tests/test_core.py::test_new - AssertionError\nERROR t/x.py::test_e\n==== 1 failed ====")
-    assert parse_pytest_report(report) == {"tests/test_core.py::test_old": "PASSED",
-                                           "tests/test_core.py::test_new": "FAILED", "t/x.py::test_e": "ERROR"}
+              "FAILED tests/test_core.py::test_new - AssertionError\nERROR t/x.py::test_e\n"
+              "==== 1 failed ====")
+    assert parse_pytest_report(report) == {
+        "tests/test_core.py::test_old": "PASSED",
+        "tests/test_core.py::test_new": "FAILED",
+        "t/x.py::test_e": "ERROR",
+    }
 
 
 @dataclass
@@ -55,7 +60,9 @@ class ScriptedSession:
     session_id: str = "fake"
     commands: list[tuple[str, str | None]] = field(default_factory=list)
 
-    async def exec(self, command: str, *, stdin: str | None = None, timeout_s: float | None = None) -> ExecResult:
+    async def exec(
+        self, command: str, *, stdin: str | None = None, timeout_s: float | None = None
+    ) -> ExecResult:
         self.commands.append((command, stdin))
         return next(r for key, r in self.replies.items() if key in command)
 
@@ -69,7 +76,8 @@ class ScriptedSession:
 async def test_the_swebench_verifier_applies_the_test_patch_and_scores_the_report() -> None:
     task = build_suite("swe-bench-verified").load(SAMPLES / "swe-bench-verified").tasks[0]
     report = "PASSED tests/test_core.py::test_new\nPASSED tests/test_core.py::test_old\n"
-    session = ScriptedSession({"git apply": ExecResult(exit_code=0), "pytest": ExecResult(exit_code=0, stdout=report)})
+    session = ScriptedSession({"git apply": ExecResult(exit_code=0),
+                               "pytest": ExecResult(exit_code=0, stdout=report)})
     assert await swebench_verifier(session, task) == {"reward": 1.0, "fail_to_pass": 1.0, "pass_to_pass": 1.0,
                                                       "patch_applied": 1.0}
     assert session.commands[0] == ("cd /testbed && git apply -v -", json.loads(task.data)["test_patch"])

@@ -89,13 +89,15 @@ def test_aime2024_reads_parquet_with_either_capitalisation(tmp_path: Path) -> No
     loaded = build_suite("aime2024").load(tmp_path)
     assert [t.task_id for t in loaded.tasks] == ["aime2024/2024-I-1", "aime2024/2024-I-2"]
     assert [json.loads(t.data)["answer"] for t in loaded.tasks] == ["204", "25"]
-    assert loaded.problems == [f"{tmp_path / 'aime_2024.parquet'}: row 2: no `problem` or `Problem` text; skipped"]
+    file = tmp_path / "aime_2024.parquet"
+    assert loaded.problems == [f"{file}: row 2: no `problem` or `Problem` text; skipped"]
 
 
 def test_a_missing_or_unreadable_file_is_one_line(tmp_path: Path) -> None:
     suite = build_suite("aime2024")
-    assert suite.prepare(tmp_path) == [f"{tmp_path}: no .jsonl, .json or .parquet file; point --from at "
-                                       "the aime2024 file (Parquet/JSONL rows: problem|Problem, answer|Answer, id|ID)"]
+    assert suite.prepare(tmp_path) == [
+        f"{tmp_path}: no .jsonl, .json or .parquet file; point --from at "
+        "the aime2024 file (Parquet/JSONL rows: problem|Problem, answer|Answer, id|ID)"]
     (tmp_path / "x.parquet").write_bytes(b"not parquet")
     [line] = suite.prepare(tmp_path)
     assert line.startswith(f"{tmp_path / 'x.parquet'}: not a readable Parquet file")
@@ -142,8 +144,8 @@ def test_a_broken_harbor_task_is_one_line(tmp_path: Path) -> None:
     loaded = build_suite("terminal-bench-2").load(tmp_path)
     assert loaded.tasks == [] and len(loaded.problems) == 1
     assert loaded.problems[0].startswith(f"{tmp_path / 'broken'}: ") and "\n" not in loaded.problems[0]
-    assert build_suite("seta").prepare(tmp_path / "broken" / "task.toml")[0].endswith("not a folder; "
-                                                                                      "point --from at the seta task folders")
+    [line] = build_suite("seta").prepare(tmp_path / "broken" / "task.toml")
+    assert line.endswith("not a folder; point --from at the seta task folders")
 
 
 def test_harbor_success_rate_counts_full_reward_only() -> None:
