@@ -54,7 +54,8 @@ def register(subparsers: Any) -> None:
 
 
 def _fail(action: str, line: str, status: int = 2) -> int:
-    print(f"stacx bench {action}: {line}", file=sys.stderr)
+    """One line on stderr, `stacx bench: ACTION: line` (`stacx bench: FILE: ...` for a config)."""
+    print(f"stacx bench: {action}: {line}" if action else f"stacx bench: {line}", file=sys.stderr)
     return status
 
 
@@ -133,7 +134,7 @@ def _run(args: argparse.Namespace) -> int:
            "wall_s": round(summary.wall_s, 3)}
     status = _report(args, suite, outcomes, k, run, Console(stderr=True))
     if summary.stopped_by is not None:
-        print(f"stacx bench run: stopped by {summary.stopped_by.name}", file=sys.stderr, flush=True)
+        print(f"stacx bench: run: stopped by {summary.stopped_by.name}", file=sys.stderr, flush=True)
         return 128 + summary.stopped_by.value
     return status
 
@@ -150,27 +151,32 @@ def _config(args: argparse.Namespace, suite: Any, tasks: list[Any], tasks_file: 
             out.write(json.dumps(dataclasses.asdict(task)) + "\n")
     try:
         tree = load_yaml(args.config)
-        data = dict(tree.get("data") or {})
-        samples = args.samples or int(data.get("samples_per_task", 1))
+        data = _mapping(tree.get("data"))
+        samples = args.samples or data.get("samples_per_task", 1)
         tree["data"] = {"path": str(tasks_file), "samples_per_task": samples, "seed": data.get("seed", 0)}
-        manager = dict(tree.get("manager") or {})
-        evaluators = dict(manager.get("evaluators") or {})
-        manager["evaluators"] = _evaluators(evaluators, suite, args.scaffold, samples)
-        manager["record_task_rewards"] = True
-        tree["manager"] = manager
-        tree["kafka"] = {**dict(tree.get("kafka") or {}), "publish": args.publish, "follow_weights": False}
+        manager = tree.setdefault("manager", {})
+        if isinstance(manager, dict):  # anything else: the loader names the field below
+            evaluators = _mapping(manager.get("evaluators"))
+            samples_n = samples if isinstance(samples, int) else 1
+            manager["evaluators"] = _evaluators(evaluators, suite, args.scaffold, samples_n)
+            manager["record_task_rewards"] = True
+        tree["kafka"] = {**_mapping(tree.get("kafka")), "publish": args.publish, "follow_weights": False}
         config = build(RolloutConfig, tree, where=args.config)
     except ConfigError as exc:
         for line in exc.lines:
-            _fail("run", line)
+            _fail("", line)
         return None
     problems = rollout_problems(config, args.config)
     for line in problems:
-        _fail("run", line)
+        _fail("", line)
     if problems:
         return None
     config.progress = config.progress and not args.no_progress and sys.stdout.isatty()
     return config
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, dict) else {}
 
 
 def _evaluators(evaluators: dict[str, Any], suite: Any, scaffold: str | None, samples: int) -> dict[str, Any]:
@@ -225,7 +231,7 @@ def _report(args: argparse.Namespace, suite: Any, outcomes: list[Any], k: int,
         try:
             lines = compare_lines(doc, read_results(Path(args.compare)), old_path=Path(args.compare))
         except ResultFileError as exc:
-            lines, status = [f"stacx bench: --compare {exc}"], 2
+            lines, status = [f"stacx bench: --compare: {exc}"], 2
         for line in lines:
             print(line, file=sys.stderr)
     if args.json_out:

@@ -45,11 +45,11 @@ def test_prepare_of_a_missing_path_or_an_unknown_suite_is_one_line(
         capsys: pytest.CaptureFixture[str]) -> None:
     assert _run("prepare", "gsm8k", "--from", "/no/such/dir") == 2
     assert capsys.readouterr().err.strip() == (
-        "stacx bench prepare: --from /no/such/dir: does not exist; see "
+        "stacx bench: prepare: --from /no/such/dir: does not exist; see "
         "docs/benchmarks.md for what to download for gsm8k and where to put it")
     assert _run("prepare", "gsm9k", "--from", "/tmp") == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("stacx bench prepare: 'gsm9k' is not a known benchmark suite") and "\n" not in err
+    assert err.startswith("stacx bench: prepare: 'gsm9k' is not a known benchmark suite") and "\n" not in err
 
 
 def _result(tmp_path: Path, name: str, rewards: dict[str, list[float]], *, suite: str = "gsm8k") -> Path:
@@ -83,7 +83,7 @@ def test_a_bad_result_file_or_another_suite_is_one_line(
     (tmp_path / "bad.json").write_text("{not json")
     assert _run("score", "gsm8k", str(tmp_path / "bad.json")) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"stacx bench score: {tmp_path / 'bad.json'}: not valid JSON")
+    assert err.startswith(f"stacx bench: score: {tmp_path / 'bad.json'}: not valid JSON")
     other = _result(tmp_path, "other.json", {"a": [1.0]}, suite="math")
     mine = _result(tmp_path, "mine.json", {"a": [1.0]})
     assert _run("score", "gsm8k", str(mine), "--compare", str(other)) == 2
