@@ -27,9 +27,8 @@ class HarborSuite:
     scaffold = "terminal"
     reward = "verifier"
 
-    @property
-    def task_type(self) -> str:
-        return self.name
+    def __init__(self) -> None:
+        self.task_type: str = self.name
 
     def load(self, path: Path) -> LoadedSuite:
         from sandbox.errors import SandboxError

@@ -40,9 +40,8 @@ class MathSuite:
     reward = "math_equivalent"
     question_fields: tuple[str, ...] = ("question", "problem")
 
-    @property
-    def task_type(self) -> str:
-        return self.name
+    def __init__(self) -> None:
+        self.task_type: str = self.name
 
     def gold(self, row: dict[str, Any]) -> str | None:
         """The reference answer of a row, or None when the row has none."""
@@ -126,7 +125,7 @@ class MathHendrycks(MathSuite):
 
     name = "math"
     layout = "JSONL/Parquet rows: problem, solution with \\boxed{} (or answer)"
-    question_fields = ("problem",)
+    question_fields: tuple[str, ...] = ("problem",)
 
     def gold(self, row: dict[str, Any]) -> str | None:
         direct = super().gold(row)
