@@ -112,13 +112,16 @@ def _run(args: argparse.Namespace) -> int:
     suite = _suite(args.suite, "run")
     if suite is None:
         return 2
+    for flag, value in (("--samples", args.samples), ("--k", args.k), ("--limit", args.limit)):
+        if value is not None and value < 1:
+            return _fail("run", f"{flag} {value}: use a number >= 1")
     path = Path(args.source)
     if not path.exists():
         return _fail("run", f"--from {path}: does not exist; `stacx bench prepare {suite.name} --from PATH`")
     loaded = suite.load(path)
     for line in loaded.problems:
         print(f"skipped {line}", file=sys.stderr)
-    tasks = loaded.tasks[: args.limit] if args.limit else loaded.tasks
+    tasks = _unique(loaded.tasks)[: args.limit] if args.limit else _unique(loaded.tasks)
     if not tasks:
         return _fail("run", f"--from {path}: no usable {suite.name} task; `stacx bench prepare` says why")
     with tempfile.TemporaryDirectory(prefix="stacx-bench-") as scratch:
@@ -137,6 +140,19 @@ def _run(args: argparse.Namespace) -> int:
         print(f"stacx bench: run: stopped by {summary.stopped_by.name}", file=sys.stderr, flush=True)
         return 128 + summary.stopped_by.value
     return status
+
+
+def _unique(tasks: list[Any]) -> list[Any]:
+    """The tasks with each id once: a repeated id (two files holding the same row) is skipped
+    with one line, since results are kept per task id."""
+    seen: dict[str, Any] = {}
+    for task in tasks:
+        if task.task_id in seen:
+            print(f"skipped {task.metadata.get('source', task.task_id)}: task id {task.task_id!r} "
+                  "seen before", file=sys.stderr)
+            continue
+        seen[task.task_id] = task
+    return list(seen.values())
 
 
 def _config(args: argparse.Namespace, suite: Any, tasks: list[Any], tasks_file: Path) -> Any:

@@ -89,3 +89,18 @@ def test_a_bad_result_file_or_another_suite_is_one_line(
     assert _run("score", "gsm8k", str(mine), "--compare", str(other)) == 2
     refused = f"{other}: holds suite 'math', not 'gsm8k'; compare results of the same suite"
     assert refused in capsys.readouterr().err
+
+
+def test_run_refuses_a_sample_count_below_one_before_anything_starts(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run("run", "gsm8k", "unused.yaml", "--from", str(SAMPLES / "gsm8k"), "--samples", "0") == 2
+    assert capsys.readouterr().err.strip() == "stacx bench: run: --samples 0: use a number >= 1"
+
+
+def test_a_repeated_task_id_runs_once_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from infra.benchmarks import build_suite
+    from infra.commands.bench import _unique
+
+    tasks = build_suite("aime2024").load(SAMPLES / "aime2024").tasks
+    assert [t.task_id for t in _unique([*tasks, tasks[0]])] == ["aime2024/60", "aime2024/61"]
+    assert "task id 'aime2024/60' seen before" in capsys.readouterr().err
