@@ -120,7 +120,7 @@ def _run(args: argparse.Namespace) -> int:
         return _fail("run", f"--from {path}: does not exist; `stacx bench prepare {suite.name} --from PATH`")
     loaded = suite.load(path)
     for line in loaded.problems:
-        print(f"skipped {line}", file=sys.stderr)
+        print(line if line.endswith("skipped") else f"{line}; skipped", file=sys.stderr)
     tasks = _unique(loaded.tasks)[: args.limit] if args.limit else _unique(loaded.tasks)
     if not tasks:
         return _fail("run", f"--from {path}: no usable {suite.name} task; `stacx bench prepare` says why")
@@ -148,8 +148,8 @@ def _unique(tasks: list[Any]) -> list[Any]:
     seen: dict[str, Any] = {}
     for task in tasks:
         if task.task_id in seen:
-            print(f"skipped {task.metadata.get('source', task.task_id)}: task id {task.task_id!r} "
-                  "seen before", file=sys.stderr)
+            print(f"{task.metadata.get('source', task.task_id)}: task id {task.task_id!r} "
+                  "seen before; skipped", file=sys.stderr)
             continue
         seen[task.task_id] = task
     return list(seen.values())

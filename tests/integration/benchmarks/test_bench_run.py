@@ -19,8 +19,6 @@ import pytest
 import yaml
 from harbor_cookbook import cookbook
 
-from rollout.rewards import math_equivalent
-
 REPO = Path(__file__).resolve().parents[3]
 SAMPLES = REPO / "tests" / "benchmark_samples"
 TOKEN = "bench-it"
@@ -86,13 +84,14 @@ def test_gsm8k_end_to_end_with_the_quickstart_policy(tmp_path: Path, inference_u
     done = _stacx("bench", "run", "gsm8k", str(config), "--from", str(SAMPLES / "gsm8k"),
                   "--samples", "3", "--k", "2", "--json", str(out), "--no-progress")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stderr.count("skipped ") == 3  # the three malformed rows, one line each
+    skipped = [line for line in done.stderr.splitlines() if line.endswith("; skipped")]
+    assert len(skipped) == 3, done.stderr  # the three malformed rows, one line each
     doc = json.loads(out.read_text())
     assert doc["suite"] == "gsm8k" and doc["metric"] == "accuracy" and doc["k"] == 2
     tasks = doc["tasks"]
     assert sorted(tasks) == ["gsm8k/test-0", "gsm8k/test-1", "gsm8k/test-2"]
     assert all(len(t["sample_rewards"]) == 3 for t in tasks.values())
-    assert doc["run"]["by_status"] == {"COMPLETED": 9} or sum(doc["run"]["by_status"].values()) == 9
+    assert sum(doc["run"]["by_status"].values()) == doc["run"]["episodes"] == 9
     # by hand: per task c/n, averaged; Wilson over the 3 tasks; pass@2 = 1 - C(n-c,2)/C(n,2)
     rates = [sum(s["reward"] for s in t["sample_rewards"]) / 3 for t in tasks.values()]
     assert doc["value"] == pytest.approx(sum(rates) / 3)
@@ -100,9 +99,9 @@ def test_gsm8k_end_to_end_with_the_quickstart_policy(tmp_path: Path, inference_u
     passes = [{0: 0.0, 1: 1 - 1 / 3, 2: 1.0, 3: 1.0}[round(r * 3)] for r in rates]
     assert doc["extra"]["pass@2"] == pytest.approx(sum(passes) / 3)
     assert json.loads(done.stdout.strip().splitlines()[-1])["value"] == doc["value"]
-    # every reward is math-verify's verdict on the episode's answer: 1 or 0
-    assert {s["reward"] for t in tasks.values() for s in t["sample_rewards"]} <= {0.0, 1.0}
-    assert math_equivalent("2,400", {"answer": "2400"})["reward"] == 1.0
+    # every sample was scored by the suite's reward (math_equivalent: `answered` beside `reward`)
+    assert all(set(s) == {"reward", "answered"} and s["reward"] in (0.0, 1.0)
+               for t in tasks.values() for s in t["sample_rewards"])
 
     again = _stacx("bench", "score", "gsm8k", str(out), "--compare", str(out))
     assert again.returncode == 0, again.stderr
@@ -137,7 +136,8 @@ def test_terminal_bench_format_end_to_end_with_the_quickstart_policy(
     done = _stacx("bench", "run", "terminal-bench-2", str(config), "--from", str(suite_dir),
                   "--samples", "2", "--json", str(out), "--no-progress", env={"BENCH_IT_TOKEN": TOKEN})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "skipped " in done.stderr and "multi-container" in done.stderr  # unsupported: one line
+    [skipped] = [line for line in done.stderr.splitlines() if line.endswith("; skipped")]
+    assert "multi-container" in skipped and "not supported" in skipped  # unsupported: one line
     doc = json.loads(out.read_text())
     assert doc["metric"] == "success rate" and list(doc["tasks"]) == ["simple-task"]
     rewards = [s["reward"] for s in doc["tasks"]["simple-task"]["sample_rewards"]]
