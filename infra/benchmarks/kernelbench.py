@@ -19,9 +19,11 @@ from pathlib import Path
 from infra.benchmarks.protocols import LoadedSuite, SuiteScore, TaskOutcome
 from infra.benchmarks.registry import BENCHMARKS
 from infra.benchmarks.stats import bootstrap_interval, geometric_mean, wilson_interval
+from rollout.protocols import EnvironmentSession
+from rollout.rewards import VERIFIERS
 from schemas.records import TaskSample
 
-__all__ = ["KernelBench", "kernel_outcome"]
+__all__ = ["KernelBench", "kernel_outcome", "kernelbench_verifier"]
 
 _LEVEL = re.compile(r"^level\d+$")
 _PARTS = ("class Model", "def get_inputs", "def get_init_inputs")
@@ -29,6 +31,31 @@ PROMPT = (
     "Write a faster version of this PyTorch model with custom GPU kernels. Define `ModelNew` with "
     "the same constructor arguments and outputs as `Model` and write it to /app/model_new.py.\n\n"
 )
+
+
+CANDIDATE = "/app/model_new.py"
+REFERENCE = "/tmp/kernelbench_reference.py"
+HARNESS = Path(__file__).with_name("kernelbench_harness.py")
+"""The check run in the sandbox (the task image needs python3 and torch; a GPU for CUDA kernels)."""
+
+
+@VERIFIERS.register("kernelbench", origin="builtin (infra.benchmarks.kernelbench)")
+async def kernelbench_verifier(session: EnvironmentSession, task: TaskSample) -> dict[str, float]:
+    """Correctness, then speedup, of the agent's /app/model_new.py against the task's reference."""
+    reference = json.loads(task.data)["reference"]
+    await session.exec(f"cat > {REFERENCE}", stdin=reference, timeout_s=60)
+    result = await session.exec(f"python3 - {REFERENCE} {CANDIDATE}", stdin=HARNESS.read_text(),
+                                timeout_s=1800)
+    lines = result.stdout.strip().splitlines()
+    try:
+        components = json.loads(lines[-1]) if lines else {}
+    except json.JSONDecodeError:
+        components = {}
+    if not isinstance(components, dict):  # the harness itself failed (no torch in the image, ...)
+        components = {}
+    correct = float(components.get("correct", 0.0))
+    return {"reward": correct, "correct": correct, "compiled": float(components.get("compiled", 0.0)),
+            "speedup": float(components.get("speedup", 0.0))}
 
 
 def kernel_outcome(samples: Sequence[dict[str, float]], k: int) -> dict[str, float]:
@@ -50,6 +77,7 @@ class KernelBench:
     task_type = "kernelbench"
     scaffold = "terminal"
     reward = "verifier"
+    verifier = "kernelbench"
 
     def _levels(self, path: Path) -> list[Path]:
         root = path / "KernelBench" if (path / "KernelBench").is_dir() else path
