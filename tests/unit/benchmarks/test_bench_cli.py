@@ -104,3 +104,20 @@ def test_a_repeated_task_id_runs_once_with_one_line(capsys: pytest.CaptureFixtur
     tasks = build_suite("aime2024").load(SAMPLES / "aime2024").tasks
     assert [t.task_id for t in _unique([*tasks, tasks[0]])] == ["aime2024/60", "aime2024/61"]
     assert "task id 'aime2024/60' seen before" in capsys.readouterr().err
+
+
+def test_the_suite_runs_with_one_evaluator_its_reward_always_and_its_scaffold_by_default() -> None:
+    from infra.benchmarks import build_suite
+    from infra.commands.bench import _evaluators
+
+    gsm8k, kernels = build_suite("gsm8k"), build_suite("kernelbench")
+    config = {"default": {"scaffold": "retool", "reward": "exact_answer", "max_turns": 3},
+              "other": {"scaffold": "terminal"}}
+    assert _evaluators(config, gsm8k, None, 4) == {
+        "gsm8k": {"scaffold": "single_turn", "reward": "math_equivalent", "max_turns": 3}}
+    own = {"gsm8k": {"scaffold": "retool", "reward": "exact_match"}}
+    assert _evaluators(own, gsm8k, None, 1) == {
+        "gsm8k": {"scaffold": "retool", "reward": "math_equivalent", "temperature": 0.0}}  # greedy
+    assert _evaluators(own, gsm8k, "terminal", 2)["gsm8k"]["scaffold"] == "terminal"
+    assert _evaluators({}, kernels, None, 2) == {
+        "kernelbench": {"scaffold": "terminal", "reward": "verifier", "verifier": "kernelbench"}}
