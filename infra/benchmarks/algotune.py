@@ -18,9 +18,16 @@ from pathlib import Path
 from infra.benchmarks.protocols import LoadedSuite, SuiteScore, TaskOutcome
 from infra.benchmarks.registry import BENCHMARKS
 from infra.benchmarks.stats import bootstrap_interval, harmonic_mean
+from rollout.protocols import EnvironmentSession
+from rollout.rewards import VERIFIERS
 from schemas.records import TaskSample
 
-__all__ = ["AlgoTune", "task_speedup"]
+__all__ = ["AlgoTune", "algotune_verifier", "task_speedup"]
+
+SOLVER = "/app/solver.py"
+TASK_FILE = "/tmp/algotune_task.py"
+HARNESS = Path(__file__).with_name("algotune_harness.py")
+"""The check run in the sandbox (python3 and the task's own imports in the task image)."""
 
 BASELINE = 1.0
 """AlgoTune's score for an invalid or slower solver: the reference's own speed."""
@@ -28,6 +35,26 @@ PROMPT = (
     "Make this task's solver faster. Write /app/solver.py with `class Solver` whose `solve(problem)` "
     "returns what the reference returns (it must pass `is_solution`).\n\n"
 )
+
+
+@VERIFIERS.register("algotune", origin="builtin (infra.benchmarks.algotune)")
+async def algotune_verifier(session: EnvironmentSession, task: TaskSample) -> dict[str, float]:
+    """Validity, then speedup, of the agent's /app/solver.py against the task's reference."""
+    await session.exec(f"cat > {TASK_FILE}", stdin=json.loads(task.data)["reference"], timeout_s=60)
+    result = await session.exec(f"python3 - {TASK_FILE} {SOLVER}", stdin=HARNESS.read_text(),
+                                timeout_s=1800)
+    lines = result.stdout.strip().splitlines()
+    try:
+        components = json.loads(lines[-1]) if lines else {}
+    except json.JSONDecodeError:
+        components = {}
+    if not isinstance(components, dict):  # the harness itself failed (the task's imports, ...)
+        components = {}
+    valid = float(components.get("valid", 0.0))
+    speedup = float(components.get("speedup", 0.0))
+    # the episode's reward is the valid solver's speedup (invalid: 0); the suite's metric applies
+    # AlgoTune's rule (invalid or slower counts 1.0) to `valid` and `speedup`
+    return {"reward": speedup if valid else 0.0, "valid": valid, "speedup": speedup}
 
 
 def task_speedup(samples: Sequence[dict[str, float]], k: int) -> float:
@@ -47,6 +74,7 @@ class AlgoTune:
     task_type = "algotune"
     scaffold = "terminal"
     reward = "verifier"
+    verifier = "algotune"
 
     def load(self, path: Path) -> LoadedSuite:
         root = path / "AlgoTuneTasks" if (path / "AlgoTuneTasks").is_dir() else path
