@@ -24,7 +24,7 @@ from schemas.records import TaskSample
 
 __all__ = ["AlgoTune", "algotune_verifier", "task_speedup"]
 
-SOLVER = "/app/solver.py"
+SOLVER = "/workspace/solver.py"
 TASK_FILE = "/tmp/algotune_task.py"
 HARNESS = Path(__file__).with_name("algotune_harness.py")
 """The check run in the sandbox (python3 and the task's own imports in the task image)."""
@@ -32,14 +32,14 @@ HARNESS = Path(__file__).with_name("algotune_harness.py")
 BASELINE = 1.0
 """AlgoTune's score for an invalid or slower solver: the reference's own speed."""
 PROMPT = (
-    "Make this task's solver faster. Write /app/solver.py with `class Solver` whose `solve(problem)` "
+    "Make this task's solver faster. Write /workspace/solver.py with `class Solver` whose `solve(problem)` "
     "returns what the reference returns (it must pass `is_solution`).\n\n"
 )
 
 
 @VERIFIERS.register("algotune", origin="builtin (infra.benchmarks.algotune)")
 async def algotune_verifier(session: EnvironmentSession, task: TaskSample) -> dict[str, float]:
-    """Validity, then speedup, of the agent's /app/solver.py against the task's reference."""
+    """Validity, then speedup, of the agent's /workspace/solver.py against the task's reference."""
     await session.exec(f"cat > {TASK_FILE}", stdin=json.loads(task.data)["reference"], timeout_s=60)
     result = await session.exec(f"python3 - {TASK_FILE} {SOLVER}", stdin=HARNESS.read_text(),
                                 timeout_s=1800)

@@ -29,11 +29,11 @@ _LEVEL = re.compile(r"^level\d+$")
 _PARTS = ("class Model", "def get_inputs", "def get_init_inputs")
 PROMPT = (
     "Write a faster version of this PyTorch model with custom GPU kernels. Define `ModelNew` with "
-    "the same constructor arguments and outputs as `Model` and write it to /app/model_new.py.\n\n"
+    "the same constructor arguments and outputs as `Model` and write it to /workspace/model_new.py.\n\n"
 )
 
 
-CANDIDATE = "/app/model_new.py"
+CANDIDATE = "/workspace/model_new.py"
 REFERENCE = "/tmp/kernelbench_reference.py"
 HARNESS = Path(__file__).with_name("kernelbench_harness.py")
 """The check run in the sandbox (the task image needs python3 and torch; a GPU for CUDA kernels)."""
@@ -41,7 +41,7 @@ HARNESS = Path(__file__).with_name("kernelbench_harness.py")
 
 @VERIFIERS.register("kernelbench", origin="builtin (infra.benchmarks.kernelbench)")
 async def kernelbench_verifier(session: EnvironmentSession, task: TaskSample) -> dict[str, float]:
-    """Correctness, then speedup, of the agent's /app/model_new.py against the task's reference."""
+    """Correctness, then speedup, of the agent's /workspace/model_new.py against the task's reference."""
     reference = json.loads(task.data)["reference"]
     await session.exec(f"cat > {REFERENCE}", stdin=reference, timeout_s=60)
     result = await session.exec(f"python3 - {REFERENCE} {CANDIDATE}", stdin=HARNESS.read_text(),
