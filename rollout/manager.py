@@ -64,6 +64,9 @@ class RolloutSummary:
     episodes_by_type: dict[str, int] = field(default_factory=dict)
     rewards_by_task: dict[str, list[float]] = field(default_factory=dict)
     """Every reward per task id (only with `record_task_rewards`)."""
+    components_by_task: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    """Every episode's reward components per task id, in the order they ended (only with
+    `record_task_rewards`): what a benchmark's own metric is computed from."""
     num_publish_errors: int = 0
     num_out_of_vocabulary: int = 0
     """Episodes whose token ids fall outside the model's vocabulary (published as FAILED)."""
@@ -573,6 +576,8 @@ class RolloutManager:
         summary.episodes_by_type[task_type] = summary.episodes_by_type.get(task_type, 0) + 1
         if self.config.record_task_rewards:
             summary.rewards_by_task.setdefault(trajectory.task_id, []).append(trajectory.reward)
+            components = {**trajectory.rewards, "reward": trajectory.reward}
+            summary.components_by_task.setdefault(trajectory.task_id, []).append(components)
         summary.reward_sum_by_type[task_type] = (
             summary.reward_sum_by_type.get(task_type, 0.0) + trajectory.reward
         )

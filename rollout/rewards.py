@@ -8,6 +8,7 @@ import inspect
 import math
 import numbers
 import re
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -25,6 +26,7 @@ __all__ = [
     "get_reward",
     "get_verifier",
     "harbor_verifier",
+    "math_equivalent",
     "register_reward",
     "reward_components",
 ]
@@ -107,6 +109,31 @@ def exact_match(answer: str | None, data: Mapping[str, Any]) -> dict[str, float]
     """1.0 when the stripped answer string equals `data["answer"]`."""
     correct = answer is not None and answer.strip() == str(data.get("answer", "")).strip()
     return {"reward": float(correct), "answered": float(answer is not None)}
+
+
+def _in_math(text: str) -> str:
+    """`text` as math-verify reads a gold answer: bare numbers and LaTeX both inside `$...$`."""
+    stripped = text.strip()
+    return stripped if "$" in stripped or "\\boxed" in stripped else f"${stripped}$"
+
+
+@REWARDS.register("math_equivalent", origin="builtin (rollout.rewards)")
+def math_equivalent(answer: str | None, data: Mapping[str, Any]) -> dict[str, float]:
+    """1.0 when math-verify finds the answer mathematically equal to `data["answer"]`
+    (`1/2`, `0.5` and `\\frac{1}{2}` agree); an answer it cannot parse scores 0."""
+    if answer is None or "answer" not in data:
+        return {"reward": 0.0, "answered": 0.0}
+    from math_verify import parse, verify
+
+    # math-verify's timeouts use signal.alarm, which only the main thread may set
+    limit = 5 if threading.current_thread() is threading.main_thread() else None
+    try:
+        gold = parse(_in_math(str(data["answer"])), parsing_timeout=limit)
+        guess = parse(_in_math(answer), parsing_timeout=limit)
+        correct = bool(gold) and bool(guess) and verify(gold, guess, timeout_seconds=limit)
+    except Exception:  # untrusted model output: whatever the parser makes of it scores 0
+        correct = False
+    return {"reward": float(correct), "answered": 1.0}
 
 
 Verifier = Callable[[EnvironmentSession, TaskSample], Awaitable[Mapping[str, float]]]

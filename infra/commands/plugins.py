@@ -16,6 +16,7 @@ _OWNERS = (
     "rollout.inference.serving",
     "trainer.recipe",
     "infra.tracking",
+    "infra.benchmarks",
 )
 """Modules that own an extension point's registry (importing them creates it)."""
 

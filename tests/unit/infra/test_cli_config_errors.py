@@ -11,6 +11,8 @@ import pytest
 
 from infra.cli import main
 
+AIME = Path(__file__).resolve().parents[2] / "benchmark_samples" / "aime2024"
+"""A clean suite copy: `stacx bench run` reaches its config check with no row skipped."""
 # command line (FILE stands for the config path), a file with one unknown field, one with a wrong type
 COMMANDS: dict[str, tuple[list[str], str, str]] = {
     "run": (
@@ -35,6 +37,11 @@ COMMANDS: dict[str, tuple[list[str], str, str]] = {
         ["eval", "FILE"],
         "data: {path: tasks.jsonl}\nmanger: {}\n",
         "data: {path: tasks.jsonl}\nmanager: {max_concurrent_episodes: lots}\n",
+    ),
+    "bench": (
+        ["bench", "run", "aime2024", "FILE", "--from", str(AIME)],
+        "inference: {tokenizer: model}\nmanger: {}\n",
+        "manager: {max_concurrent_episodes: lots}\n",
     ),
     "assemble": (
         ["assemble", "--config", "FILE"],

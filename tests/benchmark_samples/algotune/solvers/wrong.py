@@ -1,0 +1,3 @@
+class Solver:
+    def solve(self, problem: dict) -> float:
+        return sum(abs(v) for v in problem["x"])
