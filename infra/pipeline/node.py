@@ -288,10 +288,11 @@ class NodeRunner:
             if self.node.broker is not None:
                 self._start_broker()
             self._await_brokers()
-            model_dir = self._setup() if self.node.sets_up else self._await_setup()
-            self._write_files(model_dir)
-            for spec in service_specs(self.node, self.spec.cluster, self.config_dir):
-                self._start(spec)
+            if self.node.files:  # a broker-only host starts nothing of the run
+                model_dir = self._setup() if self.node.sets_up else self._await_setup()
+                self._write_files(model_dir)
+                for spec in service_specs(self.node, self.spec.cluster, self.config_dir):
+                    self._start(spec)
             return self._supervise()
         finally:
             self._stop_all()
