@@ -338,6 +338,11 @@ class NodeRunner:
             return Path(json.loads(marker.read_text())["model_dir"])
         for d in (self.layout.config_dir, self.layout.logs_dir):
             d.mkdir(parents=True, exist_ok=True)
+        from infra.services.topics import ensure_topics
+
+        # the shared topics (dead letters, schema catalogue, ...) a fresh cluster lacks, which
+        # `stacx infra up` creates on one machine; under the same topic policy
+        ensure_topics(self.spec.bootstrap_servers, policy=self.spec.topics)
         model_dir = Pipeline(self.spec, layout=self.layout).set_up()
         marker.write_text(json.dumps({"run_id": self.layout.run_id, "model_dir": str(model_dir)}))
         return model_dir

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["LabHost", "NetLab", "netlab_problem"]
+__all__ = ["LabHost", "NetLab", "netlab_problem", "stop_group"]
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class NetLab:
         """Stop every process the lab started, then delete its namespaces (veths and bridge go too)."""
         for host in self.hosts.values():
             for proc in host.processes:
-                _stop_group(proc)
+                stop_group(proc)
         for name in reversed(self._made):
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
         self._made.clear()
@@ -193,7 +193,7 @@ def _sessions_below(pid: int) -> set[int]:
     return found
 
 
-def _stop_group(proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+def stop_group(proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
     """SIGTERM to the process's group (it stops what it started), then SIGKILL to what is left."""
     if proc.poll() is None:
         below = _sessions_below(proc.pid)
