@@ -83,11 +83,21 @@ def cluster_tree(lab: NetLab, runs_dir: Path, run_id: str, *, quick: bool) -> di
         for r in ROLLOUTS
     ]
     hosts.append(
-        {"name": "train-1", "address": lab.hosts["train-1"].address, "roles": ["assembler", "trainer"],
-         "interface": "eth0"}
+        {
+            "name": "train-1",
+            "address": lab.hosts["train-1"].address,
+            "roles": ["assembler", "trainer"],
+            "interface": "eth0",
+        }
     )
-    hosts.append({"name": "train-2", "address": lab.hosts["train-2"].address, "roles": ["trainer"],
-                  "interface": "eth0"})
+    hosts.append(
+        {
+            "name": "train-2",
+            "address": lab.hosts["train-2"].address,
+            "roles": ["trainer"],
+            "interface": "eth0",
+        }
+    )
     tree["cluster"] = {"run_id": run_id, "broker_heap": "384m", "setup_timeout_s": 900, "hosts": hosts}
     return tree
 
@@ -136,8 +146,13 @@ class Watch:
 
         self.layout = layout
         self.consumer = Consumer(
-            {"bootstrap.servers": bootstrap, "group.id": f"stacx-cluster-watch-{os.getpid()}",
-             "enable.auto.commit": False, "auto.offset.reset": "earliest", "log_level": 0}
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"stacx-cluster-watch-{os.getpid()}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "log_level": 0,
+            }
         )
         self.trajectories: list[float] = []
         self.versions = 0
@@ -193,21 +208,29 @@ def _stop_on_sigterm(signum: int, frame: Any) -> None:
 def main() -> int:
     args = _args()
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    logging.basicConfig(level=logging.WARNING if args.json else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    problem = netlab_problem() or (None if (kafka.jar_dir() / ".complete").exists()
-                                   else "no Kafka jars: run `stacx infra up` once")
+    logging.basicConfig(
+        level=logging.WARNING if args.json else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    problem = netlab_problem() or (
+        None if (kafka.jar_dir() / ".complete").exists() else "no Kafka jars: run `stacx infra up` once"
+    )
     if problem:
         print(json.dumps({"error": problem}))
         return 2
     with contextlib.ExitStack() as stack:
-        root = Path(args.keep) if args.keep else Path(stack.enter_context(tempfile.TemporaryDirectory(
-            prefix="stacx-cluster-")))
+        root = (
+            Path(args.keep)
+            if args.keep
+            else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="stacx-cluster-")))
+        )
         lab = stack.enter_context(NetLab([*BROKERS, *ROLLOUTS, *TRAINERS, "control"]))
         try:
             result = run(args, lab, root)
         except KeyboardInterrupt:
-            print("bench/cluster.py: stopped; the lab's processes and namespaces are removed", file=sys.stderr)
+            print(
+                "bench/cluster.py: stopped; the lab's processes and namespaces are removed", file=sys.stderr
+            )
             return 130
     print(json.dumps(result))
     return 0
@@ -229,10 +252,16 @@ def run(args: argparse.Namespace, lab: NetLab, root: Path) -> dict[str, Any]:
     for host in (*BROKERS, "train-1", "train-2", "roll-1"):
         nodes.up(host)
     watch = Watch(spec.bootstrap_servers, layout)
-    result: dict[str, Any] = {"brokers": len(BROKERS), "rollout_hosts": len(ROLLOUTS),
-                              "trainer_hosts": len(TRAINERS), "run_id": run_id,
-                              "topics": {"replication_factor": spec.topics.replication_factor,
-                                         "min_insync_replicas": spec.topics.min_insync_replicas}}
+    result: dict[str, Any] = {
+        "brokers": len(BROKERS),
+        "rollout_hosts": len(ROLLOUTS),
+        "trainer_hosts": len(TRAINERS),
+        "run_id": run_id,
+        "topics": {
+            "replication_factor": spec.topics.replication_factor,
+            "min_insync_replicas": spec.topics.min_insync_replicas,
+        },
+    }
     try:
         _await_topics(spec, layout, args.timeout_s)
         watch.start()
@@ -256,7 +285,9 @@ def run(args: argparse.Namespace, lab: NetLab, root: Path) -> dict[str, Any]:
         result["lost_hosts"] = ["kafka-3", "roll-2", "train-2"]
         result["version_at_loss"] = watch.versions
         nodes.up("train-2")  # the trainer host comes back (systemd Restart=, a Slurm requeue)
-        watch.wait(lambda: watch.versions >= args.versions, args.timeout_s, f"{args.versions} policy versions")
+        watch.wait(
+            lambda: watch.versions >= args.versions, args.timeout_s, f"{args.versions} policy versions"
+        )
     except TimeoutError as exc:
         result["error"] = str(exc)
     finally:

@@ -338,14 +338,33 @@ class NodeRunner:
             return Path(json.loads(marker.read_text())["model_dir"])
         for d in (self.layout.config_dir, self.layout.logs_dir):
             d.mkdir(parents=True, exist_ok=True)
-        from infra.services.topics import ensure_topics
-
         # the shared topics (dead letters, schema catalogue, ...) a fresh cluster lacks, which
         # `stacx infra up` creates on one machine; under the same topic policy
-        ensure_topics(self.spec.bootstrap_servers, policy=self.spec.topics)
-        model_dir = Pipeline(self.spec, layout=self.layout).set_up()
+        self._retrying(lambda: self._shared_topics())
+        pipeline = Pipeline(self.spec, layout=self.layout)
+        model_dir: Path = self._retrying(pipeline.set_up)
         marker.write_text(json.dumps({"run_id": self.layout.run_id, "model_dir": str(model_dir)}))
         return model_dir
+
+    def _shared_topics(self) -> None:
+        from infra.services.topics import ensure_topics
+
+        ensure_topics(self.spec.bootstrap_servers, policy=self.spec.topics)
+
+    def _retrying(self, step: Any) -> Any:
+        """`step()`, again while the young cluster refuses topic creation (a broker still
+        joining, a slow controller), until `cluster.setup_timeout_s`."""
+        from infra.services.errors import InfraError
+
+        deadline = time.monotonic() + self.spec.cluster.setup_timeout_s
+        while True:
+            try:
+                return step()
+            except InfraError as exc:
+                if time.monotonic() > deadline:
+                    raise PipelineError(f"node {self.node.host.name}: setting the run up: {exc}") from exc
+                log.warning("node %s: %s; trying again", self.node.host.name, exc)
+                time.sleep(5.0)
 
     def _await_setup(self) -> Path:
         marker = self.layout.root / SETUP_MARKER
