@@ -14,8 +14,8 @@ Scale-out: roll-2's node starts `--window-s` after roll-1's workers produce thei
 trajectory; `trajectories_per_s` is measured over a window with one rollout host and a window with
 two, on the same task stream. Then kafka-3, roll-2 and train-2 are lost (every process of the host
 killed with SIGKILL); the trainer host comes back (its node restarted, as systemd or a Slurm
-requeue would) since a torch.distributed group cannot lose a rank and go on; the run goes on to
-`--versions` policy versions, every node is stopped and the audit reads everything back.
+requeue would) since a torch.distributed group cannot lose a rank and go on; the run trains
+`--versions` more policy versions, every node is stopped and the audit reads everything back.
 
     sudo .venv/bin/python bench/cluster.py --json [--versions 6] [--window-s 60]
 
@@ -192,7 +192,7 @@ class Watch:
 
 def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--versions", type=int, default=6, help="policy versions of the whole run")
+    parser.add_argument("--versions", type=int, default=6, help="policy versions to train after the losses")
     parser.add_argument("--window-s", type=float, default=60.0, help="each scale-out window")
     parser.add_argument("--timeout-s", type=float, default=1800.0)
     parser.add_argument("--quick", action="store_true", help="smaller pools (the e2e test)")
@@ -285,19 +285,23 @@ def run(args: argparse.Namespace, lab: NetLab, root: Path) -> dict[str, Any]:
         result["lost_hosts"] = ["kafka-3", "roll-2", "train-2"]
         result["version_at_loss"] = watch.versions
         nodes.up("train-2")  # the trainer host comes back (systemd Restart=, a Slurm requeue)
+        target = result["version_at_loss"] + args.versions
         watch.wait(
-            lambda: watch.versions >= args.versions, args.timeout_s, f"{args.versions} policy versions"
+            lambda: watch.versions >= target, args.timeout_s, f"{args.versions} versions after the losses"
         )
     except TimeoutError as exc:
         result["error"] = str(exc)
     finally:
         result["policy_versions"] = watch.versions
         result["wall_s"] = round(time.monotonic() - started, 1)
-    for host in lab.hosts.values():  # every node stopped (SIGTERM: each stops its services)
-        for proc in host.processes:
+    for name, lab_host in lab.hosts.items():  # every node but the brokers stopped (SIGTERM)
+        for proc in lab_host.processes if name not in BROKERS else []:
             stop_group(proc)
     pipeline = Pipeline(spec, layout=layout)
-    result.update(chaos.audit(pipeline))
+    result.update(chaos.audit(pipeline))  # read from the brokers left
+    for name in BROKERS:
+        for proc in lab.hosts[name].processes:
+            stop_group(proc)
     result["orphans"] = len(chaos.orphans(run_id))
     return result
 

@@ -551,8 +551,9 @@ def _cluster_topic_policy(tree: dict[str, Any]) -> None:
     cluster, written = tree.get("cluster"), tree.get("topics") or {}
     if not isinstance(cluster, dict) or not isinstance(written, dict):
         return
-    hosts = cluster.get("hosts") if isinstance(cluster.get("hosts"), list) else []
-    brokers = sum(1 for h in hosts if isinstance(h, dict) and "broker" in (h.get("roles") or []))
+    listed = cluster.get("hosts")
+    hosts: list[Any] = listed if isinstance(listed, list) else []
+    brokers = len([h for h in hosts if isinstance(h, dict) and "broker" in (h.get("roles") or [])])
     if brokers >= 3:
         tree["topics"] = topic_policy_for(brokers, written)
 
