@@ -19,8 +19,7 @@ import secrets
 import shutil
 import signal
 import subprocess
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -211,19 +210,3 @@ def stop_group(proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
     else:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-
-
-@contextlib.contextmanager
-def lab(names: Sequence[str]) -> Iterator[NetLab]:
-    with NetLab(names) as made:
-        yield made
-
-
-def wait_for(predicate: object, timeout_s: float, what: str) -> None:
-    """Poll `predicate()` until true; TimeoutError naming `what`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(1.0)
-    raise TimeoutError(f"{what} within {timeout_s:.0f}s")
