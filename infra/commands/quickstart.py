@@ -130,6 +130,12 @@ def _execute(config_path: Path, args: argparse.Namespace) -> int:
     try:
         spec = load_spec(config_path)
         _apply(spec, args)
+        if len(spec.cluster.hosts) > 1:
+            hosts = ", ".join(h.name for h in spec.cluster.hosts)
+            raise PipelineConfigError(
+                f"{config_path}: cluster: {len(spec.cluster.hosts)} hosts ({hosts}); start each with "
+                f"`stacx node up --cluster {config_path} --host NAME` (stacx run is the one-host case)"
+            )
         if getattr(args, "explain", False):
             check_resolved(spec)
             print(explain(spec, RunLayout.create(spec)), end="")

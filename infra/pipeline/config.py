@@ -16,9 +16,10 @@ import dataclasses
 import os
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,7 +34,10 @@ from infra.tracking.config import TrackingConfig
 from schemas.topics import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, TopicPolicy
 
 __all__ = [
+    "ROLES",
+    "ClusterConfig",
     "EvaluationConfig",
+    "HostConfig",
     "ModelSource",
     "PipelineConfig",
     "PipelineFile",
@@ -262,6 +266,141 @@ class PipelineConfig(_Schema):
         return self
 
 
+ROLES = ("broker", "gateway", "inference", "rollout", "assembler", "trainer")
+"""What a host of a cluster can run; `stacx node up` starts a host's roles, nothing else."""
+Role = Literal["broker", "gateway", "inference", "rollout", "assembler", "trainer"]
+
+
+class HostConfig(_Schema):
+    """One host of the cluster: where it is and which services it runs."""
+
+    name: str
+    """The host's name in this file (`stacx node up --host NAME`)."""
+    address: str = "127.0.0.1"
+    """The address the other hosts reach this one at; its services listen on it."""
+    roles: list[Role]
+    """Services of this host: broker, gateway, inference, rollout, assembler, trainer."""
+    trainer_ranks: int | None = Field(default=None, ge=1)
+    """Trainer ranks on this host (role `trainer`; default: the `trainer.backend.world_size` on a
+    lone trainer host, 1 on each of several). The ranks of all trainer hosts form one
+    torch.distributed group through torchrun's c10d rendezvous."""
+    interface: str | None = None
+    """Network interface of `address` (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME of the trainer
+    ranks); None: the libraries pick one from the host name."""
+
+    @pydantic.field_validator("name")
+    @classmethod
+    def _valid_name(cls, name: str) -> str:
+        if not _NAME.match(name):
+            raise ValueError(f"{name!r}: use letters, digits, '.', '_' or '-' (max 64)")
+        return name
+
+    @pydantic.field_validator("roles")
+    @classmethod
+    def _some_roles(cls, roles: list[str]) -> list[str]:
+        if not roles or len(set(roles)) != len(roles):
+            raise ValueError(f"list each role once, at least one of {', '.join(ROLES)}")
+        return roles
+
+
+class ClusterConfig(_Schema):
+    """Which host runs which service (`cluster:` section). Absent: one host, `local`, runs every
+    service but the broker (`stacx infra up` runs that one): the single-host pipeline."""
+
+    hosts: list[HostConfig] = Field(min_length=1)
+    """The hosts, each with its roles."""
+    run_id: str | None = None
+    """The run every host joins (its topics, groups and `<runs_dir>/<name>/` files); default:
+    `pipeline.name`. Hosts share `pipeline.runs_dir` (a shared file system: model, checkpoints,
+    weight exports)."""
+    kafka_port: int = Field(default=9092, ge=1, le=65535)
+    """Client listener of every broker host, on its address."""
+    controller_port: int = Field(default=9093, ge=1, le=65535)
+    """KRaft controller listener of every broker host, on its address."""
+    broker_heap: str = "1g"
+    """JVM heap (-Xmx) of each broker."""
+    rendezvous_port: int = Field(default=29400, ge=1, le=65535)
+    """torch.distributed c10d rendezvous port, on the first trainer host."""
+    setup_timeout_s: float = Field(default=600.0, gt=0)
+    """How long a host waits for the brokers and for the run's setup (topics, model, tasks)."""
+
+    @pydantic.field_validator("run_id")
+    @classmethod
+    def _valid_run_id(cls, run_id: str | None) -> str | None:
+        if run_id is not None and not _NAME.match(run_id):
+            raise ValueError(f"{run_id!r}: use letters, digits, '.', '_' or '-' (max 64)")
+        return run_id
+
+    @pydantic.model_validator(mode="after")
+    def _consistent(self) -> ClusterConfig:
+        names = [h.name for h in self.hosts]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"host names must be unique: {', '.join(twice)} appear more than once")
+        missing = [
+            r for r in ("gateway", "inference", "rollout", "assembler", "trainer") if not self.with_role(r)
+        ]
+        if missing:
+            raise ValueError(f"no host has the role(s) {', '.join(missing)}; give each to at least one host")
+        if len(self.with_role("assembler")) > 1:
+            raise ValueError("the assembler runs on one host (it is one consumer group; give it to one host)")
+        brokers = [h.address for h in self.with_role("broker")]
+        if len(set(brokers)) != len(brokers):
+            raise ValueError("broker hosts need distinct addresses (each listens on kafka_port there)")
+        return self
+
+    @classmethod
+    def one_host(cls) -> ClusterConfig:
+        """The single-host pipeline: every service on 127.0.0.1, the broker from `stacx infra up`."""
+        return cls(
+            hosts=[
+                HostConfig(name="local", roles=["gateway", "inference", "rollout", "assembler", "trainer"])
+            ]
+        )
+
+    def with_role(self, role: str) -> list[HostConfig]:
+        """Hosts that run `role`, in file order."""
+        return [h for h in self.hosts if role in h.roles]
+
+    def host(self, name: str) -> HostConfig:
+        """The host called `name`; ValueError naming the known hosts otherwise."""
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise ValueError(f"no host {name!r} in cluster.hosts; hosts: {', '.join(h.name for h in self.hosts)}")
+
+    @property
+    def bootstrap_servers(self) -> str | None:
+        """The broker hosts' listeners (None: no broker host; `bootstrap_servers` decides)."""
+        brokers = self.with_role("broker")
+        return ",".join(f"{h.address}:{self.kafka_port}" for h in brokers) or None
+
+    def ranks_of(self, host: HostConfig, lone_default: int = 1) -> int:
+        """Trainer ranks of `host` (`lone_default`: the trainer section's world size, used
+        when it is the only trainer host and sets none)."""
+        if host.trainer_ranks is not None:
+            return host.trainer_ranks
+        return lone_default if len(self.with_role("trainer")) == 1 else 1
+
+    def trainer_world_size(self, lone_default: int = 1) -> int:
+        return sum(self.ranks_of(h, lone_default) for h in self.with_role("trainer"))
+
+
+def topic_policy_for(brokers: int, written: Mapping[str, Any]) -> dict[str, Any]:
+    """The `topics:` section with replication from the broker count where the user left it out:
+    one copy on one broker, 3 copies with `min.insync.replicas` 2 on three or more."""
+    if brokers < 3:
+        return dict(written)
+    cluster = TopicPolicy.cluster()
+    defaults = {
+        "replication_factor": cluster.replication_factor,
+        "min_insync_replicas": cluster.min_insync_replicas,
+    }
+    if "replication_factor" in written and "min_insync_replicas" not in written:
+        defaults.pop("min_insync_replicas")
+    return {**defaults, **written}
+
+
 class PipelineFile(_Schema):
     """The whole pipeline YAML. Service sections are checked against the services' own schemas
     once the run's values are filled in (see `infra.pipeline.resolve`)."""
@@ -271,9 +410,13 @@ class PipelineFile(_Schema):
     pipeline: PipelineConfig
     """The orchestrator."""
     topics: TopicPolicy = Field(default_factory=TopicPolicy)
-    """Replication, partitions, retention and compression of the run's topics."""
+    """Replication, partitions, retention and compression of the run's topics (default
+    replication: 1 on one broker; 3 with `min.insync.replicas` 2 on three or more broker hosts)."""
     resources: ResourcesConfig | None = None
     """GPUs of the trainer ranks and of the inference servers (absent: nothing placed)."""
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig.one_host)
+    """Which host runs which service (`stacx node up --cluster FILE --host NAME`); default:
+    one host runs them all (`stacx run`)."""
     gateway: dict[str, Any] = Field(default_factory=dict)
     """`stacx gateway --config` section (sandbox.gateway.Gateway.Config)."""
     inference: dict[str, Any] = Field(default_factory=dict)
@@ -284,6 +427,16 @@ class PipelineFile(_Schema):
     """`stacx assemble` config (consumers.assembly.AssemblerApp.Config)."""
     trainer: dict[str, Any] = Field(default_factory=dict)
     """`stacx train` config (trainer.TrainerConfig)."""
+
+    @pydantic.model_validator(mode="after")
+    def _replicas_fit(self) -> PipelineFile:
+        brokers = len(self.cluster.with_role("broker"))
+        if brokers and self.topics.replication_factor > brokers:
+            raise ValueError(
+                f"topics.replication_factor={self.topics.replication_factor} needs as many broker "
+                f"hosts; cluster.hosts has {brokers} with role broker"
+            )
+        return self
 
 
 @dataclass(kw_only=True, slots=True)
@@ -314,6 +467,8 @@ class PipelineSpec:
     """`pipeline.plugin_paths`, resolved against the file's folder."""
     resources: ResourcesConfig | None = None
     """Device placement of the trainer and the inference servers."""
+    cluster: ClusterConfig = dataclasses.field(default_factory=ClusterConfig.one_host)
+    """The hosts and their roles (one host: the single-host pipeline)."""
 
 
 def schema_errors(exc: pydantic.ValidationError, source: str) -> list[str]:
@@ -327,7 +482,8 @@ def schema_errors(exc: pydantic.ValidationError, source: str) -> list[str]:
         elif kind == "missing":
             lines.append(f"{source}: {field}: required field is missing")
         elif kind == "value_error":
-            lines.append(f"{source}: {field}: {message.removeprefix('Value error, ')}")
+            where = f"{source}: {field}" if field else source  # a whole-file check names its fields
+            lines.append(f"{where}: {message.removeprefix('Value error, ')}")
         else:
             message = message.replace("Input should be", "expected").split(", unable to parse")[0]
             got = repr(err.get("input"))
@@ -383,6 +539,7 @@ def _parse_file(tree: dict[str, Any], source: str) -> tuple[PipelineFile, list[s
     The third value names the `pipeline` fields that were stood in for or dropped (`*`: all)."""
     current = copy.deepcopy(tree)
     lines = _moved_fields(current, source)
+    _cluster_topic_policy(current)
     replaced: set[str] = set()
     for _ in range(4):  # each round drops what the last one found; nesting is shallow
         try:
@@ -392,6 +549,18 @@ def _parse_file(tree: dict[str, Any], source: str) -> tuple[PipelineFile, list[s
             for err in exc.errors():
                 replaced |= _drop(current, tuple(str(p) for p in err["loc"]))
     raise PipelineConfigError("\n".join(lines))
+
+
+def _cluster_topic_policy(tree: dict[str, Any]) -> None:
+    """Fill `topics` replication from the number of broker hosts in `cluster` (user values win)."""
+    cluster, written = tree.get("cluster"), tree.get("topics") or {}
+    if not isinstance(cluster, dict) or not isinstance(written, dict):
+        return
+    listed = cluster.get("hosts")
+    hosts: list[Any] = listed if isinstance(listed, list) else []
+    brokers = len([h for h in hosts if isinstance(h, dict) and "broker" in (h.get("roles") or [])])
+    if brokers >= 3:
+        tree["topics"] = topic_policy_for(brokers, written)
 
 
 def _moved_fields(tree: dict[str, Any], source: str) -> list[str]:
@@ -412,6 +581,9 @@ def _moved_fields(tree: dict[str, Any], source: str) -> list[str]:
 def _drop(tree: dict[str, Any], loc: tuple[str, ...]) -> set[str]:
     """Remove the value at `loc` (or its nearest existing parent); put a stand-in for a required
     `pipeline` field. Returns the `pipeline` field touched, if any."""
+    if loc and loc[0] == "cluster":  # a broken host list: the other sections are checked on one host
+        tree.pop("cluster", None)
+        return set()
     node: Any = tree
     for depth, part in enumerate(loc):
         if not isinstance(node, dict) or part not in node:
@@ -443,7 +615,11 @@ def _drop(tree: dict[str, Any], loc: tuple[str, ...]) -> set[str]:
 
 def _spec(parsed: PipelineFile, source: str, base_dir: Path) -> PipelineSpec:
     sections = {"rollout": parsed.rollout, "assembler": parsed.assembler, "trainer": parsed.trainer}
-    bootstrap = parsed.bootstrap_servers or wire_value(sections, "bootstrap_servers")
+    bootstrap = (
+        parsed.bootstrap_servers
+        or parsed.cluster.bootstrap_servers
+        or wire_value(sections, "bootstrap_servers")
+    )
     return PipelineSpec(
         source=source,
         base_dir=base_dir,
@@ -456,6 +632,7 @@ def _spec(parsed: PipelineFile, source: str, base_dir: Path) -> PipelineSpec:
         trainer=dict(parsed.trainer),
         topics=parsed.topics,
         resources=parsed.resources,
+        cluster=parsed.cluster,
         plugin_paths=[(base_dir / p).resolve() for p in parsed.pipeline.plugin_paths],
     )
 

@@ -94,7 +94,10 @@ class RunLayout:
     def create(cls, spec: PipelineSpec, *, now: float | None = None) -> RunLayout:
         cfg = spec.pipeline
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now if now is not None else time.time()))
-        run_id = f"{cfg.name}-{stamp}"
+        cluster = spec.cluster
+        # every host of a cluster joins the same run: its id is fixed, not a start time
+        fixed = cluster.run_id or (cfg.name if len(cluster.hosts) > 1 else None)
+        run_id = fixed or f"{cfg.name}-{stamp}"
         sections = _user_sections(spec)
         kinds = ("trajectories", "batches", "weights")
         chosen = {kind: wire_value(sections, f"{kind}_topic") for kind in kinds}

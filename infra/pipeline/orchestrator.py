@@ -164,6 +164,12 @@ class Pipeline:
             self.evals["after"] = self._timed("eval_after_s", self._evaluate, "after", True)
         refresh()
 
+    def set_up(self) -> Path:
+        """The run's topics, model and tasks, then the SFT warm start: the model the services
+        start from (`stacx node up` on the host that sets a cluster's run up)."""
+        self._setup()
+        return Path(self._sft())
+
     def _evaluates(self) -> bool:
         """Before/after evaluation needs held-out tasks (none for a topic without `heldout`)."""
         return bool(self.heldout_rows) and self.cfg.evaluation.final_samples_per_problem > 0

@@ -144,29 +144,105 @@ def java_binary() -> str:
 # -- configuration and storage -------------------------------------------------------------------
 
 
-def write_server_properties(config: KafkaConfig) -> Path:
-    props = {
+@dataclass(kw_only=True, slots=True)
+class ClusterBroker:
+    """One broker of a KRaft cluster (combined broker and controller) on a host's address."""
+
+    node_id: int
+    """1-based: this broker's place among the cluster's broker hosts."""
+    address: str
+    """Listens (client and controller) on this address and advertises it."""
+    port: int
+    controller_port: int
+    voters: str
+    """`controller.quorum.voters`: `id@address:controller_port` of every broker host."""
+    cluster_id: str
+    """The KRaft cluster id every broker formats its storage with."""
+    data_dir: Path
+    """This broker's log directory."""
+    heap: str = "1g"
+
+    @property
+    def replication(self) -> int:
+        """Copies of the broker's internal topics (offsets, transactions): 3 at most."""
+        return min(3, self.voters.count("@"))
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.address}:{self.port}"
+
+
+def cluster_id_for(name: str) -> str:
+    """A KRaft cluster id derived from `name` (every host formats its storage with the same id,
+    without asking the others): 22 URL-safe base64 characters of a UUID5, never starting with '-'."""
+    raw = uuid.uuid5(uuid.NAMESPACE_URL, f"stacx-kafka:{name}").bytes
+    text = base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+    return text if not text.startswith("-") else "A" + text[1:]
+
+
+def cluster_properties(broker: ClusterBroker) -> dict[str, str]:
+    """server.properties of one broker of a cluster: internal topics replicated over the brokers
+    (3 copies, 2 in sync, on three or more)."""
+    replicas = str(broker.replication)
+    min_isr = str(2 if broker.replication >= 3 else 1)
+    return {
+        **_common_properties(broker.data_dir),
+        "node.id": str(broker.node_id),
+        "controller.quorum.voters": broker.voters,
+        "listeners": f"PLAINTEXT://{broker.address}:{broker.port},CONTROLLER://{broker.address}:{broker.controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{broker.address}:{broker.port}",
+        "offsets.topic.replication.factor": replicas,
+        "transaction.state.log.replication.factor": replicas,
+        "transaction.state.log.min.isr": min_isr,
+        "share.coordinator.state.topic.replication.factor": replicas,
+        "share.coordinator.state.topic.min.isr": min_isr,
+        "default.replication.factor": replicas,
+        "min.insync.replicas": min_isr,
+    }
+
+
+def prepare_cluster_broker(broker: ClusterBroker) -> list[str]:
+    """Write the broker's server.properties, format its storage once (the cluster's id), and
+    return the command line that runs it (for a supervisor to start and restart)."""
+    java, libs = java_binary(), ensure_jars()
+    broker.data_dir.mkdir(parents=True, exist_ok=True)
+    properties = broker.data_dir.parent / f"server-{broker.node_id}.properties"
+    props = cluster_properties(broker)
+    properties.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+    if not (broker.data_dir / "meta.properties").exists():
+        _format(java, libs, properties, broker.cluster_id)
+    return broker_argv(java, libs, properties, heap=broker.heap, logs_dir=broker.data_dir.parent)
+
+
+def _common_properties(log_dirs: Path) -> dict[str, str]:
+    return {
         "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@{HOST}:{config.controller_port}",
-        "listeners": f"PLAINTEXT://{HOST}:{config.port},CONTROLLER://{HOST}:{config.controller_port}",
-        "advertised.listeners": f"PLAINTEXT://{HOST}:{config.port}",
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-        "log.dirs": str(data_dir()),
+        "log.dirs": str(log_dirs),
         "num.partitions": "1",
-        "offsets.topic.replication.factor": "1",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
         "group.initial.rebalance.delay.ms": "0",
         "message.max.bytes": str(64 * 1024 * 1024),
         "replica.fetch.max.bytes": str(64 * 1024 * 1024),
         "socket.request.max.bytes": str(256 * 1024 * 1024),
         "auto.create.topics.enable": "false",  # a mistyped topic name fails instead of appearing
         "log.cleaner.backoff.ms": "5000",
+    }
+
+
+def write_server_properties(config: KafkaConfig) -> Path:
+    props = {
+        **_common_properties(data_dir()),
+        "node.id": "1",
+        "controller.quorum.voters": f"1@{HOST}:{config.controller_port}",
+        "listeners": f"PLAINTEXT://{HOST}:{config.port},CONTROLLER://{HOST}:{config.controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{HOST}:{config.port}",
+        "offsets.topic.replication.factor": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
     }
     path = home() / "server.properties"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -187,7 +263,10 @@ def format_storage(java: str, libs: Path, properties: Path) -> None:
     """Format the KRaft log directory once (kept across restarts)."""
     if (data_dir() / "meta.properties").exists():
         return
-    cluster_id = new_cluster_id()
+    _format(java, libs, properties, new_cluster_id())
+
+
+def _format(java: str, libs: Path, properties: Path, cluster_id: str) -> None:
     cmd = [
         java,
         "-cp",
@@ -231,20 +310,25 @@ def up(config: KafkaConfig) -> str:
     return f"Kafka started at {config.bootstrap} (pid {pid}, log {log_file()})"
 
 
-def _spawn(java: str, libs: Path, properties: Path, config: KafkaConfig) -> int:
-    cmd = [
+def broker_argv(java: str, libs: Path, properties: Path, *, heap: str, logs_dir: Path) -> list[str]:
+    """The command line of one broker process."""
+    return [
         java,
-        f"-Xmx{config.heap}",
+        f"-Xmx{heap}",
         "-Xms256m",
         "-XX:+UseG1GC",
         "-Djava.awt.headless=true",
         f"-Dlog4j2.configurationFile={LOG4J}",
-        f"-Dkafka.logs.dir={paths.logs_dir()}",
+        f"-Dkafka.logs.dir={logs_dir}",
         "-cp",
         f"{libs}/*",
         "kafka.Kafka",
         str(properties),
     ]
+
+
+def _spawn(java: str, libs: Path, properties: Path, config: KafkaConfig) -> int:
+    cmd = broker_argv(java, libs, properties, heap=config.heap, logs_dir=paths.logs_dir())
     with open(log_file(), "ab") as log:
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True

@@ -1,0 +1,90 @@
+"""`stacx node up --cluster FILE --host NAME [--explain]`: one host's services of a cluster.
+
+FILE is a pipeline file with a `cluster:` section (hosts and their roles). The command starts
+exactly the services of host NAME under supervision (what a systemd unit, a Slurm task or a
+Kubernetes pod runs per node; see examples/cluster/) and stops them all on SIGINT/SIGTERM.
+`--explain` prints that host's plan (services, command lines, config files) and starts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: Any) -> None:
+    node = subparsers.add_parser("node", help="run one host's services of a cluster")
+    actions = node.add_subparsers(dest="node_command", metavar="ACTION")
+    up = actions.add_parser("up", help="start this host's services (cluster.hosts[NAME].roles)")
+    up.add_argument("--cluster", required=True, help="pipeline file with a `cluster:` section")
+    up.add_argument("--host", required=True, help="this host's name in cluster.hosts")
+    up.add_argument("--explain", action="store_true", help="print the host's plan; start nothing")
+    up.set_defaults(func=_up)
+    hosts = actions.add_parser("hosts", help="the cluster's host names, one a line (with roles)")
+    hosts.add_argument("--cluster", required=True, help="pipeline file with a `cluster:` section")
+    hosts.add_argument(
+        "--index", type=int, help="print only the name of the host at this index (Slurm's SLURM_NODEID)"
+    )
+    hosts.set_defaults(func=_hosts)
+    node.set_defaults(func=lambda args: _usage(node))
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def _hosts(args: argparse.Namespace) -> int:
+    from infra.pipeline import PipelineConfigError, load_spec
+
+    try:
+        cluster = load_spec(args.cluster, check=False).cluster
+    except PipelineConfigError as exc:
+        for line in str(exc).splitlines():
+            print(f"stacx node hosts: {line}", file=sys.stderr)
+        return 2
+    if args.index is not None:
+        if not 0 <= args.index < len(cluster.hosts):
+            print(
+                f"stacx node hosts: --index {args.index}: {args.cluster} has {len(cluster.hosts)} hosts "
+                f"(0..{len(cluster.hosts) - 1}); allocate as many nodes as cluster.hosts lists",
+                file=sys.stderr,
+            )
+            return 2
+        print(cluster.hosts[args.index].name)
+        return 0
+    for host in cluster.hosts:
+        print(f"{host.name}\t{host.address}\t{','.join(host.roles)}")
+    return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    from infra.pipeline import PipelineConfigError, PipelineError, load_spec
+    from infra.pipeline.errors import ServiceError
+    from infra.pipeline.layout import RunLayout
+    from infra.pipeline.node import NodeRunner, explain_node
+
+    try:
+        spec = load_spec(args.cluster)
+        layout = RunLayout.create(spec)
+        try:
+            spec.cluster.host(args.host)
+        except ValueError as exc:
+            raise PipelineConfigError(f"{args.cluster}: --host {args.host}: {exc}") from exc
+        if args.explain:
+            print(explain_node(spec, layout, args.host), end="")
+            return 0
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        return NodeRunner(spec, layout, args.host).run()
+    except PipelineConfigError as exc:
+        for line in str(exc).splitlines():
+            print(f"stacx node up: {line}", file=sys.stderr)
+        return 2
+    except (PipelineError, ServiceError) as exc:
+        print(f"stacx node up: {exc}", file=sys.stderr)
+        return 1
