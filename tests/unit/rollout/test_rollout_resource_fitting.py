@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from rollout.errors import ConfigError, ResourceDeadlockError
-from rollout.resources import ResourcePool, Resources
+from rollout.resources import LocalPool, ResourcePool, Resources
 
 CAPACITY = Resources(sandboxes=2, cpu=2.0, memory_mb=1024, generations=2, gpus=1)
 
@@ -121,3 +121,17 @@ async def test_a_hold_granted_while_its_waiter_is_cancelled_is_given_back() -> N
     with pytest.raises(asyncio.CancelledError):
         await waiter
     assert pool.held == Resources() and pool.in_use == Resources()
+
+
+async def test_a_local_pool_is_a_hold_on_its_parent_returned_once() -> None:
+    parent = ResourcePool(Resources(cpu=4), reserve=Resources(cpu=1))
+    local = LocalPool(parent, Resources(cpu=2), name="ev")
+    assert local.close() is False and parent.in_use == Resources()  # never opened: nothing to return
+    assert local.try_open() is True and parent.held == Resources(cpu=2)
+    assert LocalPool(parent, Resources(cpu=2), name="ev2").try_open() is False  # would eat the reserve
+    with pytest.raises(ResourceDeadlockError, match="^pool 'ev': a request for 3 cpu"):
+        local.try_acquire(Resources(cpu=3))
+    assert local.close() is True and parent.held == Resources() and parent.in_use == Resources()
+    assert local.close() is False and parent.in_use == Resources()
+    await local.open()
+    assert parent.held == Resources(cpu=2) and local.close() is True and parent.held == Resources()
