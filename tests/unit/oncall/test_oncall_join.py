@@ -387,3 +387,58 @@ def test_only_idle_sessions_are_forgotten_after_forget_after_s() -> None:
     assert join.stats.merged_calls == 1
     (joined,) = join.on_tick(T0 + 160_001 + 1_000)
     assert isinstance(joined, Joined) and joined.trajectory.metadata["interaction_ids"] == "r1"
+
+
+def test_finished_trajectories_carry_their_reward_source_and_first_feedback_time() -> None:
+    join = _join(unrewarded="default", default_reward=-0.5)
+    join.on_interaction(call("s", "a1", [1, 2], [3], at_ms=T0))
+    join.on_feedback(rating("s", 1.0, at_ms=T0 + 7, interaction="a1"), "f1")
+    join.on_interaction(call("s", "b1", [7], [8], at_ms=T0 + 10))
+    join.on_interaction(call("s", "c1", [9], [8], at_ms=T0 + 20))  # closes b1's trajectory
+    defaulted = join.on_tick(T0 + 60_021)
+    records = [o.trajectory for o in defaulted if isinstance(o, Joined)]
+    assert [t.rewards for t in records] == [{"default": -0.5}, {"default": -0.5}]
+    assert [t.metadata["first_feedback_ms"] for t in records] == ["0", "0"]
+    assert [t.sample_index for t in records] == [1, 2]  # numbered per session after a1's
+    assert join.stats.trajectories_rewarded == 1
+
+
+def test_the_first_feedback_time_is_the_earliest_of_its_feedback() -> None:
+    join = _join(wait_for_window=True)
+    join.on_interaction(call("s", "a1", [1, 2], [3], at_ms=T0))
+    join.on_feedback(rating("s", 1.0, at_ms=T0 + 7), "f1")
+    join.on_feedback(rating("s", 0.5, at_ms=T0 + 5, source="judge"), "f2")
+    join.on_interaction(call("s", "b1", [1, 2, 3, 4], [5], at_ms=T0 + 9))  # after the feedback
+    assert join.stats.new_trajectory_reasons["after_feedback"] == 1
+    (joined, *_) = join.on_tick(T0 + 60_001)
+    assert isinstance(joined, Joined) and joined.trajectory.metadata["first_feedback_ms"] == str(T0 + 5)
+
+
+def test_late_feedback_is_counted_each_time_and_the_window_end_still_joins() -> None:
+    join = _join()
+    join.on_interaction(call("s", "a1", [1, 2], [3], at_ms=T0))
+    join.on_interaction(call("s", "b1", [7], [8], at_ms=T0 + 50_000))  # a1 pending, b1 open
+    (joined,) = join.on_feedback(rating("s", 1.0, at_ms=T0 + 70_000), "f1")  # a1's window is over
+    assert isinstance(joined, Joined) and joined.trajectory.metadata["interaction_ids"] == "b1"
+    join.on_interaction(call("t", "c1", [1], [2], at_ms=T0))
+    (exact,) = join.on_feedback(rating("t", 1.0, at_ms=T0 + 60_000), "f2")  # at the window's end
+    assert isinstance(exact, Joined)
+    join.on_tick(T0 + 200_000)
+    for fid in ("f3", "f4"):
+        (late,) = join.on_feedback(rating("t", 1.0, at_ms=T0 + 200_000), fid)
+        assert isinstance(late, Rejected) and late.error_type == "LateFeedback"
+    assert join.stats.feedback_late == 2
+
+
+def test_redeliveries_and_merges_are_counted_and_default_partition_is_zero() -> None:
+    join = _join()
+    first = call("s", "c1", [1], [2], at_ms=T0)
+    join.on_interaction(first)
+    join.on_interaction(first)
+    join.on_interaction(first)
+    join.on_interaction(call("s", "c2", [1, 2, 3], [4], at_ms=T0 + 1))
+    join.on_interaction(call("s", "c3", [1, 2, 3, 4, 5], [6], at_ms=T0 + 2))
+    assert join.stats.duplicate_interactions == 2 and join.stats.merged_calls == 2
+    assert join.on_feedback(rating("x", 1.0, at_ms=T0), "f1") == []  # held, on partition 0
+    out = join.on_tick(T0 + 60_003, partition=0)
+    assert [type(o).__name__ for o in out] == ["Rejected"] and join.stats.unrewarded_dropped == 1
