@@ -94,8 +94,13 @@ def test_invalid_reason_names_every_problem() -> None:
 def _with_ids(*ids: int) -> Trajectory:
     n = len(ids)
     base = make_trajectory("g", 0)
-    return dataclasses.replace(base, token_ids=token_ids(ids), loss_mask=loss_mask([0] * n),
-                               logprobs=logprobs([0.0] * n), prompt_length=n)
+    return dataclasses.replace(
+        base,
+        token_ids=token_ids(ids),
+        loss_mask=loss_mask([0] * n),
+        logprobs=logprobs([0.0] * n),
+        prompt_length=n,
+    )
 
 
 def test_vocabulary_bounds_are_half_open_and_the_reason_names_the_ids() -> None:

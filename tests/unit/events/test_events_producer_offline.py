@@ -181,8 +181,12 @@ def test_a_record_over_the_limit_goes_by_claim_check(monkeypatch: pytest.MonkeyP
 
 @pytest.mark.parametrize(
     "bootstrap,warns",
-    [("127.0.0.1:9092,localhost:9093", False), ("[::1]:9092", False), ("::1:9092", False),
-     ("localhost:9092,kafka-1:9092", True)],
+    [
+        ("127.0.0.1:9092,localhost:9093", False),
+        ("[::1]:9092", False),
+        ("::1:9092", False),
+        ("localhost:9092,kafka-1:9092", True),
+    ],
 )
 def test_local_claim_check_blobs_with_a_remote_broker_warn(
     monkeypatch: pytest.MonkeyPatch,
@@ -244,12 +248,15 @@ def test_the_local_blob_warning_says_what_to_set(
     producer.close(timeout_s=1)
     messages = [r.getMessage() for r in caplog.records]
     root = producer._blobs.root_url if producer._blobs else ""
-    assert (f"claim-check blobs go to {root}, a folder only this machine can read, while Kafka is at "
-            "kafka-1:9092: set STACX_BLOBS (e.g. s3://bucket/stacx-blobs) on every machine") in messages
+    assert (
+        f"claim-check blobs go to {root}, a folder only this machine can read, while Kafka is at "
+        "kafka-1:9092: set STACX_BLOBS (e.g. s3://bucket/stacx-blobs) on every machine"
+    ) in messages
     size = len(producer.codec.encode(trajectory(1)))
     stored = [m for m in messages if m.startswith("record traj-1 ")]
     assert len(stored) == 1 and stored[0].startswith(
-        f"record traj-1 ({size} bytes) to test.claims stored by claim check at {tmp_path.as_uri()}/test.claims/"
+        f"record traj-1 ({size} bytes) to test.claims stored by claim check at "
+        f"{tmp_path.as_uri()}/test.claims/"
     )
 
 

@@ -223,7 +223,9 @@ def test_a_cycle_the_budget_cannot_break_names_the_holder_and_the_pool_to_raise(
 
 def test_oversized_parts_and_cycles_are_all_named_in_one_message() -> None:
     demands = [
-        EvaluatorDemand(name="a", episode=Resources(sandboxes=1, cpu=1), generate=Resources(generations=1, cpu=5)),
+        EvaluatorDemand(
+            name="a", episode=Resources(sandboxes=1, cpu=1), generate=Resources(generations=1, cpu=5)
+        ),
         EvaluatorDemand(name="b", episode=Resources(sandboxes=1), generate=Resources(generations=1)),
         EvaluatorDemand(name="c", episode=Resources(sandboxes=1, cpu=5), generate=Resources(generations=1)),
     ]

@@ -201,8 +201,11 @@ class _VerifyOps(_Ops):
         self.run, self.files = run, files
 
     async def exec(self, session_id: str, command: str, **kwargs: Any) -> ExecResult:
-        self.calls.append(("exec", session_id, command.splitlines()[0], kwargs.get("timeout_s"), kwargs.get("env")))
-        return self.run if command.endswith("bash /tests/test.sh") else ExecResult(exit_code=0, stdout="", stderr="", duration_s=0.0)
+        first_line = command.splitlines()[0]
+        self.calls.append(("exec", session_id, first_line, kwargs.get("timeout_s"), kwargs.get("env")))
+        if command.endswith("bash /tests/test.sh"):
+            return self.run
+        return ExecResult(exit_code=0, stdout="", stderr="", duration_s=0.0)
 
     async def download(self, session_id: str, path: str) -> bytes:
         if path not in self.files:
@@ -210,7 +213,7 @@ class _VerifyOps(_Ops):
         return self.files[path]
 
 
-async def test_verify_resets_uploads_and_runs_test_sh_with_the_verifier_timeout_and_env(tmp_path: Path) -> None:
+async def test_verify_resets_uploads_and_runs_test_sh_with_its_timeout_and_env(tmp_path: Path) -> None:
     task = load_task(_task_copy(tmp_path, '\n[verifier.env]\nMODE = "strict"\n'))
     run = ExecResult(exit_code=0, stdout="out", stderr="err", duration_s=1.5, timed_out=False)
     ops = _VerifyOps(run, {"/logs/verifier/reward.txt": b"0.25"})
