@@ -121,7 +121,7 @@ def test_max_tokens_bounds() -> None:
     long_prompt = [1, 2, 3, *range(4, 32_768)]
     traj, closed = builder.add(traj, call("s", "c2", long_prompt, [7]))
     assert closed is None and len(traj.token_ids) == 32_768
-    _, closed = builder.add(traj, call("s", "c3", [*traj.token_ids, 8], [9]))
+    _, closed = builder.add(traj, call("s", "c3", list(traj.token_ids), [9]))  # 32,769: one too many
     assert closed is traj and builder.reasons["max_length"] == 1
 
 
