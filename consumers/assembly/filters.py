@@ -98,8 +98,7 @@ class SampleFilter:
     def verdict(self, trajectory: Trajectory) -> Verdict:
         if self.is_stale(trajectory.model_name, oldest_policy_version(trajectory)):
             return Verdict.DROP_STALE
-        status = getattr(trajectory.status, "value", trajectory.status)
-        if status in self.config.ok_statuses:
+        if trajectory.status in self.config.ok_statuses:  # a StrEnum or its plain-string value
             return Verdict.KEEP
         if self.config.failure_policy is FailurePolicy.DROP:
             return Verdict.DROP_FAILED

@@ -212,7 +212,7 @@ class FeedbackJoin:
             return []
         state.feedback_ids = [*state.feedback_ids, fid][-self.config.max_finished_ids :]
         out: list[Joined | Rejected] = []
-        targets = self._targets(state, feedback)
+        targets = self._targets(state, feedback.interaction_id)
         if targets:
             out += self._attach(state, targets, entry)
         elif self._is_late(state, feedback):
@@ -247,11 +247,12 @@ class FeedbackJoin:
 
     # -- joining -------------------------------------------------------------------------------
 
-    def _targets(self, state: SessionState, feedback: Feedback) -> list[OpenTrajectory]:
+    def _targets(self, state: SessionState, interaction_id: str | None) -> list[OpenTrajectory]:
+        """The trajectories feedback naming `interaction_id` (None: the whole session) rewards."""
         candidates = [p.trajectory for p in state.pending] + ([state.open] if state.open else [])
-        if feedback.interaction_id is None:
+        if interaction_id is None:
             return candidates
-        return [t for t in candidates if feedback.interaction_id in t.interaction_ids]
+        return [t for t in candidates if interaction_id in t.interaction_ids]
 
     def _attach(
         self, state: SessionState, targets: list[OpenTrajectory], entry: dict[str, Any]
@@ -290,8 +291,7 @@ class FeedbackJoin:
         held, state.early_feedback = state.early_feedback, []
         out: list[Joined] = []
         for entry in held:
-            feedback = _entry_feedback(entry)
-            targets = self._targets(state, feedback)
+            targets = self._targets(state, entry["interaction_id"])
             if not targets:
                 state.early_feedback.append(entry)
                 continue
@@ -417,17 +417,6 @@ def _feedback_entry(feedback: Feedback, fid: str) -> dict[str, Any]:
         "components": dict(feedback.components),
         "created_at_ms": int(feedback.created_at_ms),
     }
-
-
-def _entry_feedback(entry: dict[str, Any]) -> Feedback:
-    return Feedback(
-        session_id=entry["session_id"],
-        reward=entry["reward"],
-        interaction_id=entry["interaction_id"],
-        source=entry["source"],
-        components=entry["components"],
-        created_at_ms=entry["created_at_ms"],
-    )
 
 
 def _combine(entries: list[dict[str, Any]]) -> dict[str, float]:

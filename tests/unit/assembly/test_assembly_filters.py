@@ -15,7 +15,7 @@ from consumers.assembly.filters import (
     oldest_policy_version,
 )
 from consumers.assembly.testing import make_trajectory
-from schemas.records import Trajectory, TrajectoryStatus, Turn
+from schemas.records import Trajectory, TrajectoryStatus, Turn, logprobs, loss_mask, token_ids
 
 
 def _with_turn_versions(trajectory: Trajectory, *versions: int | None) -> Trajectory:
@@ -89,3 +89,40 @@ def test_invalid_reason_names_every_problem() -> None:
     broken = dataclasses.replace(make_trajectory("g", 0), group_id="", loss_mask=[1])
     reason = invalid_reason(broken)
     assert reason is not None and "; group_id is empty" in reason and reason.index("group_id") > 0
+
+
+def _with_ids(*ids: int) -> Trajectory:
+    n = len(ids)
+    base = make_trajectory("g", 0)
+    return dataclasses.replace(
+        base,
+        token_ids=token_ids(ids),
+        loss_mask=loss_mask([0] * n),
+        logprobs=logprobs([0.0] * n),
+        prompt_length=n,
+    )
+
+
+def test_vocabulary_bounds_are_half_open_and_the_reason_names_the_ids() -> None:
+    inside = _with_ids(0, 1, 7)
+    assert invalid_reason(inside, vocab_size=8) is None  # 0 and vocab_size - 1 are in range
+    assert invalid_reason(_with_ids(0, 8, 3), vocab_size=8) == (
+        "token ids [8] are outside the vocabulary [0, 8) of filtering.vocab_size "
+        "(tokenized for another model)"
+    )
+    assert invalid_reason(_with_ids(-1, 2), vocab_size=8) == (
+        "token ids [-1] are outside the vocabulary [0, 8) of filtering.vocab_size "
+        "(tokenized for another model)"
+    )
+    # the first five distinct bad ids, sorted; good ids are not listed
+    many = _with_ids(20, 9, 9, 0, 15, 11, 30, 12, 5)
+    reason = invalid_reason(many, vocab_size=8)
+    assert reason is not None and reason.startswith("token ids [9, 11, 12, 15, 20] are outside")
+    assert invalid_reason(_with_ids(0, 8), vocab_size=None) is None  # not checked without a size
+
+
+def test_a_plain_string_status_is_judged_like_the_enum() -> None:
+    keep = dataclasses.replace(make_trajectory("g", 0, policy_version=10), status="COMPLETED")
+    failed = dataclasses.replace(make_trajectory("g", 0, policy_version=10), status="FAILED")
+    assert _filter().verdict(keep) is Verdict.KEEP  # type: ignore[arg-type]
+    assert _filter().verdict(failed) is Verdict.DROP_FAILED  # type: ignore[arg-type]

@@ -105,3 +105,38 @@ def test_replayed_batches_carry_their_content_type_and_a_span_linked_to_every_tr
     assert span.parent is not None and span.parent.trace_id == sources[first].trace_id
     assert {link.context.span_id for link in span.links} == {sources[t].span_id for t in others}
     assert len(others) == 2  # g0 complete, with g1's first sample (timed out at the range end)
+
+
+def test_the_summary_counts_every_record_and_the_largest_token_id() -> None:
+    config = build(
+        ReplayAssembler.Config, {"grouping": {"group_size": 2}, "mixture": {"batch_size": 1}}, where="x"
+    )
+    result = ReplayAssembler(config, Codec()).assemble(_records())
+    counts = {k: result.stats[k] for k in ("trajectories", "kept", "groups_complete", "groups_timed_out",
+                                           "batches", "sequences")}  # fmt: skip
+    assert counts == {"trajectories": 5, "kept": 5, "groups_complete": 2, "groups_timed_out": 1,
+                      "batches": 3, "sequences": 5}  # fmt: skip
+    assert result.max_token_id == 151  # sample 1's last completion token
+    assert ReplayAssembler(config, Codec()).assemble([]).max_token_id == -1
+
+
+def test_open_groups_time_out_at_the_end_in_clock_steps_of_record_time() -> None:
+    # a timeout that is no multiple of the clock step still closes the group
+    settings = {"grouping": {"group_size": 2, "group_timeout_s": 7, "max_clock_step_s": 5},
+                "mixture": {"batch_size": 1}}  # fmt: skip
+    config = build(ReplayAssembler.Config, settings, where="x")
+    batches = ReplayAssembler(config, Codec()).assemble(_records()).batches
+    last = decode(batches[-1][1])
+    # g2's only sample came at 1,020 ms, the range ended at 1,040 ms: closed at the second step
+    assert len(batches) == 3 and last.group_ids == ["g2"] and last.created_at_ms == 1_040 + 2 * 5_000
+
+
+def test_an_undecodable_record_is_logged_with_its_position(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    config = build(ReplayAssembler.Config, {"grouping": {"group_size": 2}}, where="x")
+    with caplog.at_level(logging.WARNING, logger="consumers.replay"):
+        ReplayAssembler(config, Codec()).assemble([RangeRecord(1, 99, 1_005, b"g0", b"not an event")])
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert message.startswith("replay: undecodable record at partition 1 offset 99: ")
+    assert not message.endswith(": None")  # the decoding error is named

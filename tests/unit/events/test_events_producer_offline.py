@@ -181,7 +181,12 @@ def test_a_record_over_the_limit_goes_by_claim_check(monkeypatch: pytest.MonkeyP
 
 @pytest.mark.parametrize(
     "bootstrap,warns",
-    [("127.0.0.1:9092,localhost:9093", False), ("[::1]:9092", False), ("localhost:9092,kafka-1:9092", True)],
+    [
+        ("127.0.0.1:9092,localhost:9093", False),
+        ("[::1]:9092", False),
+        ("::1:9092", False),
+        ("localhost:9092,kafka-1:9092", True),
+    ],
 )
 def test_local_claim_check_blobs_with_a_remote_broker_warn(
     monkeypatch: pytest.MonkeyPatch,
@@ -219,8 +224,8 @@ async def test_publish_async_resolves_with_the_acknowledgement(monkeypatch: pyte
     delivery = await producer.publish_async("t", trajectory(5), key="k5", headers={"x-run": "a"})
     producer.close(timeout_s=1)
     assert delivery.record_id == "traj-5"
-    ((_, _, key, headers),) = producer._producer.produced
-    assert key == "k5" and ("x-run", b"a") in headers
+    ((topic, _, key, headers),) = producer._producer.produced
+    assert topic == "t" and key == "k5" and ("x-run", b"a") in headers
 
 
 def test_only_security_options_reach_the_other_clients() -> None:
@@ -231,3 +236,84 @@ def test_only_security_options_reach_the_other_clients() -> None:
         "sasl.mechanism": "PLAIN",
         "ssl.ca.location": "/ca",
     }
+
+
+def test_the_local_blob_warning_says_what_to_set(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    producer = _captured(monkeypatch, claim_check_threshold_bytes=16, blob_store_url=str(tmp_path),
+                         bootstrap_servers="kafka-1:9092")  # fmt: skip
+    with caplog.at_level(logging.DEBUG, logger="producers.event_producer"):
+        producer.publish("test.claims", trajectory(1)).result(timeout=5)
+    producer.close(timeout_s=1)
+    messages = [r.getMessage() for r in caplog.records]
+    root = producer._blobs.root_url if producer._blobs else ""
+    assert (
+        f"claim-check blobs go to {root}, a folder only this machine can read, while Kafka is at "
+        "kafka-1:9092: set STACX_BLOBS (e.g. s3://bucket/stacx-blobs) on every machine"
+    ) in messages
+    size = len(producer.codec.encode(trajectory(1)))
+    stored = [m for m in messages if m.startswith("record traj-1 ")]
+    assert len(stored) == 1 and stored[0].startswith(
+        f"record traj-1 ({size} bytes) to test.claims stored by claim check at "
+        f"{tmp_path.as_uri()}/test.claims/"
+    )
+
+
+class _NoBroker(_Admin):
+    """A cluster that answers no config question."""
+
+    def describe_configs(self, resources: list[object]) -> dict[object, _Done]:
+        (resource,) = resources
+        return {resource: _Done(error=RuntimeError("timed out"))}
+
+
+def test_unknown_limits_are_logged_with_what_is_assumed(caplog: pytest.LogCaptureFixture) -> None:
+    producer = offline_producer(claim_check_threshold_bytes=None)
+    producer._admin = _NoBroker()
+    try:
+        with caplog.at_level(logging.INFO, logger="producers.event_producer"):
+            assert producer._topic_max_bytes("t.x") == 1048588  # Kafka's default message.max.bytes
+    finally:
+        producer.close(timeout_s=1)
+    assert [r.getMessage() for r in caplog.records] == [
+        "broker message.max.bytes unknown (timed out); assuming Kafka's default",
+        "max.message.bytes of t.x unknown (timed out); using the broker's 1048588 for now",
+    ]
+
+
+def test_a_guessed_limit_is_not_asked_again_before_its_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    producer = _captured(monkeypatch, claim_check_threshold_bytes=None)
+    admin = producer._admin = _Admin()
+    now = [100.0]
+    producer._clock = lambda: now[0]
+    producer.publish("missing", trajectory(1)).result(timeout=5)
+    asked = list(admin.asked)
+    now[0] = 159.0  # 59 s later: the guess still holds
+    producer.publish("missing", trajectory(2)).result(timeout=5)
+    assert admin.asked == asked
+    now[0] = 160.0
+    producer.publish("missing", trajectory(3)).result(timeout=5)
+    assert len(admin.asked) > len(asked)
+    producer.close(timeout_s=1)
+
+
+def test_the_admin_client_is_built_once_for_the_configured_cluster() -> None:
+    from confluent_kafka.admin import AdminClient
+
+    producer = offline_producer(kafka={"security.protocol": "PLAINTEXT"})
+    try:
+        admin = producer._admin_client()
+        assert isinstance(admin, AdminClient) and producer._admin_client() is admin
+    finally:
+        producer.close(timeout_s=1)
+
+
+def test_publish_bytes_passes_headers_and_an_empty_default_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    producer = _captured(monkeypatch, trace_context=False)
+    delivery = producer.publish_bytes("t", b"v", headers={"x-run": "a"}).result(timeout=5)
+    ((topic, _, _, headers),) = producer._producer.produced
+    assert delivery.record_id == "" and topic == "t" and ("x-run", b"a") in headers
+    producer.close(timeout_s=1)
+    with pytest.raises(ProducerClosedError, match=r"^publish_bytes\(\) on a closed EventProducer$"):
+        producer.publish_bytes("t", b"x")

@@ -303,3 +303,142 @@ def test_the_event_clock_follows_the_slowest_input_less_the_grace() -> None:
     assert clock.watermark(1, 50_000) is None  # partitions are apart
     with pytest.raises(ValueError, match="grace"):
         EventClock(("logs",), grace_ms=-1)
+
+
+def test_an_open_trajectory_expires_only_after_its_whole_window() -> None:
+    join = _join()
+    join.on_interaction(call("s", "c1", [1, 2], [3], at_ms=T0))
+    assert join.on_tick(T0 + 30_000) == []
+    join.on_interaction(call("s", "c2", [1, 2, 3, 4], [5], at_ms=T0 + 30_000))  # still open: merges
+    assert join.stats.merged_calls == 1
+    assert join.on_tick(T0 + 90_000) == [] and join.stats.unrewarded_dropped == 0  # window end: kept
+    assert join.on_tick(T0 + 90_001) == [] and join.stats.unrewarded_dropped == 1
+
+
+def test_a_closed_trajectory_waits_its_window_for_feedback() -> None:
+    join = _join()
+    join.on_interaction(call("s", "a1", [1, 2], [3], at_ms=T0))
+    join.on_interaction(call("s", "b1", [7, 8], [9], at_ms=T0 + 10))  # closes a1's trajectory
+    assert join.on_tick(T0 + 30_000) == [] and join.on_tick(T0 + 60_000) == []
+    assert join.stats.unrewarded_dropped == 0
+    assert join.on_tick(T0 + 60_001) == [] and join.stats.unrewarded_dropped == 1
+    assert join.on_tick(T0 + 60_011) == [] and join.stats.unrewarded_dropped == 2
+    (late,) = join.on_feedback(rating("s", 1.0, at_ms=T0 + 70_000, interaction="a1"), "f1")
+    assert isinstance(late, Rejected) and late.reason == (
+        "late feedback for call a1: its trajectories were already finished "
+        f"(window 60 s after the last call at {T0 + 10} ms)"
+    )
+    (late,) = join.on_feedback(rating("s", 1.0, at_ms=T0 + 70_000), "f2")
+    assert isinstance(late, Rejected) and late.reason.startswith("late feedback for session s: ")
+    # a call not seen yet in a finished session is not late: its feedback is held
+    assert join.on_feedback(rating("s", 1.0, at_ms=T0 + 70_000, interaction="c9"), "f3") == []
+    assert join.stats.feedback_held == 1
+
+
+def test_every_trajectory_whose_window_ends_at_one_tick_is_emitted() -> None:
+    join = _join(unrewarded="default", wait_for_window=True)
+    join.on_interaction(call("s", "a1", [1, 2], [3], at_ms=T0))
+    join.on_interaction(call("s", "b1", [7, 8], [9], at_ms=T0))
+    assert join.on_feedback(rating("s", 1.0, at_ms=T0 + 5, interaction="a1"), "f1") == []
+    join.on_interaction(call("t", "c1", [1], [2], at_ms=T0))  # another session
+    out = join.on_tick(T0 + 60_001)
+    assert sorted(o.trajectory.metadata["interaction_ids"] for o in out if isinstance(o, Joined)) == [
+        "a1", "b1", "c1"
+    ]  # fmt: skip
+    assert len(out) == 3 and join.stats.unrewarded_defaulted == 2
+
+
+def test_a_tick_for_one_partition_ends_only_its_sessions() -> None:
+    join = _join(unrewarded="default")
+    join.on_interaction(call("p0", "a1", [1], [2], at_ms=T0), partition=0)
+    join.on_interaction(call("p1", "b1", [1], [2], at_ms=T0), partition=1)
+    (joined,) = join.on_tick(T0 + 60_001, partition=1)
+    assert isinstance(joined, Joined) and joined.trajectory.metadata["interaction_ids"] == "b1"
+
+
+def test_early_feedback_is_held_one_window_then_each_is_dead_lettered() -> None:
+    join = _join()
+    assert join.on_feedback(rating("x", 1.0, at_ms=T0), "f1") == []
+    assert join.on_feedback(rating("x", 1.0, at_ms=T0), "f2") == []
+    assert join.on_feedback(rating("x", 1.0, at_ms=T0 + 10_000), "f3") == []
+    assert join.stats.feedback_held == 3
+    assert join.on_tick(T0 + 30_000) == [] and join.on_tick(T0 + 60_000) == []
+    out = join.on_tick(T0 + 60_001)
+    assert [(o.error_type, o.reason) for o in out if isinstance(o, Rejected)] == [
+        ("UnmatchedFeedback", "unmatched feedback: no call of its session/interaction arrived within 60 s")
+    ] * 2
+    assert len(out) == 2 and join.stats.feedback_held == 1 and join.stats.feedback_unmatched == 2
+
+
+def test_only_idle_sessions_are_forgotten_after_forget_after_s() -> None:
+    join = _join(forget_after_s=100.0, wait_for_window=True)
+    join.on_interaction(call("done", "d1", [1], [2], at_ms=T0))
+    join.on_interaction(call("done2", "e1", [1], [2], at_ms=T0))
+    join.on_tick(T0 + 60_001)  # both dropped: finished at T0
+    assert set(join.sessions) == {"done", "done2"}
+    join.on_interaction(call("open", "o1", [1], [2], at_ms=T0 + 100_000))
+    join.on_interaction(call("rated", "r1", [1], [2], at_ms=T0 + 100_000))
+    join.on_feedback(rating("rated", 1.0, at_ms=T0 + 100_001), "f1")  # pending with its feedback
+    join.on_tick(T0 + 100_000)
+    assert set(join.sessions) == {"done", "done2", "open", "rated"}  # finished + 100 s: not yet
+    join.on_tick(T0 + 100_001)
+    assert set(join.sessions) == {"open", "rated"}  # both idle sessions forgotten, busy ones kept
+    join.on_interaction(call("open", "o2", [1, 2, 3], [4], at_ms=T0 + 101_000))
+    assert join.stats.merged_calls == 1
+    (joined,) = join.on_tick(T0 + 160_001 + 1_000)
+    assert isinstance(joined, Joined) and joined.trajectory.metadata["interaction_ids"] == "r1"
+
+
+def test_finished_trajectories_carry_their_reward_source_and_first_feedback_time() -> None:
+    join = _join(unrewarded="default", default_reward=-0.5)
+    join.on_interaction(call("s", "a1", [1, 2], [3], at_ms=T0))
+    join.on_feedback(rating("s", 1.0, at_ms=T0 + 7, interaction="a1"), "f1")
+    join.on_interaction(call("s", "b1", [7], [8], at_ms=T0 + 10))
+    join.on_interaction(call("s", "c1", [9], [8], at_ms=T0 + 20))  # closes b1's trajectory
+    defaulted = join.on_tick(T0 + 60_021)
+    records = [o.trajectory for o in defaulted if isinstance(o, Joined)]
+    assert [t.rewards for t in records] == [{"default": -0.5}, {"default": -0.5}]
+    assert [t.metadata["first_feedback_ms"] for t in records] == ["0", "0"]
+    assert [t.sample_index for t in records] == [1, 2]  # numbered per session after a1's
+    assert join.stats.trajectories_rewarded == 1
+
+
+def test_the_first_feedback_time_is_the_earliest_of_its_feedback() -> None:
+    join = _join(wait_for_window=True)
+    join.on_interaction(call("s", "a1", [1, 2], [3], at_ms=T0))
+    join.on_feedback(rating("s", 1.0, at_ms=T0 + 7), "f1")
+    join.on_feedback(rating("s", 0.5, at_ms=T0 + 5, source="judge"), "f2")
+    join.on_interaction(call("s", "b1", [1, 2, 3, 4], [5], at_ms=T0 + 9))  # after the feedback
+    assert join.stats.new_trajectory_reasons["after_feedback"] == 1
+    (joined, *_) = join.on_tick(T0 + 60_001)
+    assert isinstance(joined, Joined) and joined.trajectory.metadata["first_feedback_ms"] == str(T0 + 5)
+
+
+def test_late_feedback_is_counted_each_time_and_the_window_end_still_joins() -> None:
+    join = _join()
+    join.on_interaction(call("s", "a1", [1, 2], [3], at_ms=T0))
+    join.on_interaction(call("s", "b1", [7], [8], at_ms=T0 + 50_000))  # a1 pending, b1 open
+    (joined,) = join.on_feedback(rating("s", 1.0, at_ms=T0 + 70_000), "f1")  # a1's window is over
+    assert isinstance(joined, Joined) and joined.trajectory.metadata["interaction_ids"] == "b1"
+    join.on_interaction(call("t", "c1", [1], [2], at_ms=T0))
+    (exact,) = join.on_feedback(rating("t", 1.0, at_ms=T0 + 60_000), "f2")  # at the window's end
+    assert isinstance(exact, Joined)
+    join.on_tick(T0 + 200_000)
+    for fid in ("f3", "f4"):
+        (late,) = join.on_feedback(rating("t", 1.0, at_ms=T0 + 200_000), fid)
+        assert isinstance(late, Rejected) and late.error_type == "LateFeedback"
+    assert join.stats.feedback_late == 2
+
+
+def test_redeliveries_and_merges_are_counted_and_default_partition_is_zero() -> None:
+    join = _join()
+    first = call("s", "c1", [1], [2], at_ms=T0)
+    join.on_interaction(first)
+    join.on_interaction(first)
+    join.on_interaction(first)
+    join.on_interaction(call("s", "c2", [1, 2, 3], [4], at_ms=T0 + 1))
+    join.on_interaction(call("s", "c3", [1, 2, 3, 4, 5], [6], at_ms=T0 + 2))
+    assert join.stats.duplicate_interactions == 2 and join.stats.merged_calls == 2
+    assert join.on_feedback(rating("x", 1.0, at_ms=T0), "f1") == []  # held, on partition 0
+    out = join.on_tick(T0 + 60_003, partition=0)
+    assert [type(o).__name__ for o in out] == ["Rejected"] and join.stats.unrewarded_dropped == 1

@@ -80,3 +80,82 @@ def test_a_temperature_change_starts_a_new_trajectory_at_the_new_temperature() -
     same.metadata["temperature"] = "0.30"
     merged, closed = builder.add(fresh, same)
     assert closed is None and merged is fresh and merged.interaction_ids == ["c2", "c3"]
+
+
+def test_trajectory_ids_are_32_hex_digits_of_the_session_and_first_call() -> None:
+    tid = trajectory_id_for("s", "c1")
+    assert len(tid) == 32 and int(tid, 16) >= 0
+    assert tid == trajectory_id_for("s", "c1") != trajectory_id_for("s", "c2")
+
+
+def test_without_prompt_length_the_prompt_is_the_masked_prefix() -> None:
+    event = call("s", "c1", [1, 2], [3, 4])
+    del event.metadata["prompt_length"]
+    event.loss_mask = np.array([0, 0, 1, 0], dtype=np.uint8)  # a masked token inside the answer
+    assert interaction_split(event) == ([1, 2], [3, 4], [-0.5, -0.5])
+    event.loss_mask = np.array([0, 0, 0, 0], dtype=np.uint8)  # nothing generated: all prompt
+    assert interaction_split(event) == ([1, 2, 3, 4], [], [])
+
+
+def test_prompt_length_bounds_and_logprob_count_are_checked() -> None:
+    event = call("s", "c1", [1, 2], [3])
+    event.metadata["prompt_length"] = "3"  # all prompt: allowed
+    assert interaction_split(event) == ([1, 2, 3], [], [])
+    event.metadata["prompt_length"] = "0"
+    with pytest.raises(ValueError, match="prompt_length 0 does not fit 3 token ids"):
+        interaction_split(event)
+    event.metadata["prompt_length"] = "2"
+    event.logprobs = np.array([0.0, -1.0], dtype=np.float32)
+    with pytest.raises(ValueError, match="^2 logprobs for 3 token ids$"):
+        interaction_split(event)
+    event.logprobs = np.array([], dtype=np.float32)  # no logprobs logged: zeros
+    assert interaction_split(event) == ([1, 2], [3], [0.0])
+
+
+def test_max_tokens_bounds() -> None:
+    assert TrajectoryBuilder(max_tokens=1).max_tokens == 1
+    with pytest.raises(ValueError, match="^max_tokens=0: a trajectory needs at least one token$"):
+        TrajectoryBuilder(max_tokens=0)
+    builder = TrajectoryBuilder()  # 32,768 tokens by default: exactly that many still merge
+    traj, _ = builder.add(None, call("s", "c1", [1, 2], [3]))
+    long_prompt = [1, 2, 3, *range(4, 32_768)]
+    traj, closed = builder.add(traj, call("s", "c2", long_prompt, [7]))
+    assert closed is None and len(traj.token_ids) == 32_768
+    _, closed = builder.add(traj, call("s", "c3", list(traj.token_ids), [9]))  # 32,769: one too many
+    assert closed is traj and builder.reasons["max_length"] == 1
+
+
+def test_merges_and_reasons_are_counted_not_set() -> None:
+    builder = TrajectoryBuilder()
+    traj, _ = builder.add(None, call("s", "c1", [1], [2]))
+    traj, _ = builder.add(traj, call("s", "c2", [1, 2, 3], [4]))
+    traj, _ = builder.add(traj, call("s", "c3", [1, 2, 3, 4, 5], [6]))
+    assert builder.num_merged == 2
+    traj, _ = builder.add(traj, call("s", "c4", [9], [1]))
+    builder.add(traj, call("s", "c5", [8], [1]))
+    assert builder.reasons["history_changed"] == 2 and builder.reasons["session_start"] == 1
+
+
+def test_the_episode_id_becomes_the_task_id() -> None:
+    with_episode = call("s", "c1", [1], [2])
+    with_episode.metadata["episode_id"] = "ep-7"
+    traj, _ = TrajectoryBuilder().add(None, with_episode)
+    assert traj.episode_id == "ep-7"
+    assert traj.to_trajectory(sample_index=0, reward=0.0, rewards={}, metadata={}).task_id == "ep-7"
+    plain, _ = TrajectoryBuilder().add(None, call("s", "c1", [1], [2]))
+    assert plain.episode_id == ""
+    assert plain.to_trajectory(sample_index=0, reward=0.0, rewards={}, metadata={}).task_id == "s"
+
+
+@pytest.mark.parametrize(
+    ("written", "temperature"),
+    [(None, 1.0), ("", 1.0), ("warm", 1.0), ("0", 1.0), ("-0.5", 1.0), ("0.7", 0.7)],
+)
+def test_greedy_or_unknown_temperatures_mean_one(written: str | None, temperature: float) -> None:
+    event = call("s", "c1", [1], [2])
+    if written is None:
+        del event.metadata["temperature"]
+    else:
+        event.metadata["temperature"] = written
+    traj, _ = TrajectoryBuilder().add(None, event)
+    assert traj.temperature == pytest.approx(temperature)

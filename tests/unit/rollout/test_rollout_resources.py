@@ -219,3 +219,50 @@ def test_a_cycle_the_budget_cannot_break_names_the_holder_and_the_pool_to_raise(
         "to 3, or take cpu out of `generate` or out of `episode`/`step`. Raise `pool` in the config or "
         "lower the evaluators' demands."
     )
+
+
+def test_oversized_parts_and_cycles_are_all_named_in_one_message() -> None:
+    demands = [
+        EvaluatorDemand(
+            name="a", episode=Resources(sandboxes=1, cpu=1), generate=Resources(generations=1, cpu=5)
+        ),
+        EvaluatorDemand(name="b", episode=Resources(sandboxes=1), generate=Resources(generations=1)),
+        EvaluatorDemand(name="c", episode=Resources(sandboxes=1, cpu=5), generate=Resources(generations=1)),
+    ]
+    with pytest.raises(ResourceDeadlockError) as error:
+        check_feasible(Resources(sandboxes=4, cpu=4, generations=2), demands)
+    cycle = "cycle [a]: episodes of 'a' hold cpu while model calls of 'a' wait for 5 cpu"
+    tail = "or take cpu out of `generate` or out of `episode`/`step`"
+    # b holds no cpu: it is not named
+    assert str(error.value) == (
+        "this resource configuration can wait forever: "
+        "evaluator 'a' needs 5 cpu at once (generate) but the global budget has 4; "
+        "evaluator 'c' needs 5 cpu at once (episode + step) but the global budget has 4; "
+        f"{cycle}; breaking it needs 5 cpu kept free for model calls beside one episode of 'a' holding 1 "
+        f"(episode + step), but the budget has 4 cpu: raise pool.cpu to 6, {tail}; "
+        f"{cycle}; breaking it needs 5 cpu kept free for model calls beside one episode of 'c' holding 5 "
+        f"(episode + step), but the budget has 4 cpu: raise pool.cpu to 10, {tail}. "
+        "Raise `pool` in the config or lower the evaluators' demands."
+    )
+
+
+def test_the_reserve_is_the_largest_model_call_on_a_cycle_and_may_be_fractional() -> None:
+    demands = [
+        EvaluatorDemand(name="x", episode=Resources(cpu=1), generate=Resources(generations=1, cpu=0.5)),
+        EvaluatorDemand(name="y", episode=Resources(cpu=1), generate=Resources(generations=1, cpu=0.25)),
+    ]
+    # one episode (1 cpu) beside the reserve (0.5) fits the budget exactly
+    assert check_feasible(Resources(cpu=1.5, generations=2), demands).reserve == Resources(cpu=0.5)
+
+
+def test_a_cycle_that_does_not_lead_back_is_searched_to_its_end() -> None:
+    """a waits on b, b on c, and c and d wait on each other: no path from b back to a."""
+    demands = [
+        EvaluatorDemand(name="a", episode=Resources(sandboxes=1), generate=Resources(generations=1, cpu=1)),
+        EvaluatorDemand(name="b", episode=Resources(cpu=1), generate=Resources(generations=1, memory_mb=1)),
+        EvaluatorDemand(name="c", episode=Resources(memory_mb=1), generate=Resources(generations=1, gpus=1)),
+        EvaluatorDemand(name="d", episode=Resources(gpus=1), generate=Resources(generations=1, memory_mb=1)),
+    ]
+    feasibility = check_feasible(Resources(sandboxes=2, cpu=2, memory_mb=4, gpus=2, generations=2), demands)
+    assert feasibility.reserve == Resources(memory_mb=1, gpus=1)
+    assert [c.split(":")[0] for c in feasibility.cycles] == ["cycle [d -> c -> d]", "cycle [c -> d -> c]"]

@@ -11,11 +11,18 @@ from typing import Any
 import pytest
 
 from sandbox.backends.fake import FakeBackend, FakeSandbox
-from sandbox.errors import RewardFileEmpty, RewardFileMalformed, RewardFileMissing
+from sandbox.errors import RewardFileEmpty, RewardFileMalformed, RewardFileMissing, SandboxFileNotFound
 from sandbox.models import ExecRequest, ExecResult, SessionSpec
 from sandbox.sessions import SessionManager
 from sandbox.tasks import load_task
-from sandbox.verifier import parse_reward_json, parse_reward_text, run_oracle, scalar_reward
+from sandbox.verifier import (
+    parse_reward_json,
+    parse_reward_text,
+    run_oracle,
+    scalar_reward,
+    timeout_source,
+    verify,
+)
 
 TASK = Path(__file__).resolve().parents[3] / "examples" / "tasks" / "write-file"
 
@@ -184,3 +191,71 @@ def test_a_malformed_reward_file_is_quoted_to_80_characters_with_the_expected_sh
     hint = r'finite numbers, got .*; test.sh must write numbers such as \{"reward": 0.5\}$'
     with pytest.raises(RewardFileMalformed, match=hint):
         parse_reward_json(b'{"reward": Infinity}')
+
+
+class _VerifyOps(_Ops):
+    """Records the verifier's session operations; test.sh ends as `run` says, leaving `files`."""
+
+    def __init__(self, run: ExecResult, files: dict[str, bytes]) -> None:
+        super().__init__()
+        self.run, self.files = run, files
+
+    async def exec(self, session_id: str, command: str, **kwargs: Any) -> ExecResult:
+        first_line = command.splitlines()[0]
+        self.calls.append(("exec", session_id, first_line, kwargs.get("timeout_s"), kwargs.get("env")))
+        if command.endswith("bash /tests/test.sh"):
+            return self.run
+        return ExecResult(exit_code=0, stdout="", stderr="", duration_s=0.0)
+
+    async def download(self, session_id: str, path: str) -> bytes:
+        if path not in self.files:
+            raise SandboxFileNotFound(path)
+        return self.files[path]
+
+
+async def test_verify_resets_uploads_and_runs_test_sh_with_its_timeout_and_env(tmp_path: Path) -> None:
+    task = load_task(_task_copy(tmp_path, '\n[verifier.env]\nMODE = "strict"\n'))
+    run = ExecResult(exit_code=0, stdout="out", stderr="err", duration_s=1.5, timed_out=False)
+    ops = _VerifyOps(run, {"/logs/verifier/reward.txt": b"0.25"})
+    result = await verify(ops, "s1", task)
+    assert ops.calls == [
+        ("exec", "s1", "rm -rf /tests/* /logs/verifier && mkdir -p /tests /logs/verifier /logs/agent "
+         "/logs/artifacts && chmod 777 /logs/verifier", 60, None),
+        ("upload", "s1", "/tests", ["test.sh"]),
+        ("exec", "s1", "if [ -x /opt/stacx-tools/bin/uv ]; then", 60, None),
+        ("exec", "s1", "if [ -d /opt/stacx-tools/bin ]; then", 30.0, {"MODE": "strict"}),
+    ]  # fmt: skip
+    assert result.rewards == {"reward": 0.25} and result.reward == 0.25
+    assert (result.exit_code, result.stdout, result.stderr, result.duration_s) == (0, "out", "err", 1.5)
+    assert result.timed_out is False and result.step is None  # one step: not named
+
+
+@pytest.mark.parametrize(
+    ("run", "state"),
+    [
+        (ExecResult(exit_code=3, stdout="a" * 700, stderr="Z", duration_s=1.0), "exited 3"),
+        (
+            ExecResult(exit_code=-1, stdout="a" * 700, stderr="Z", duration_s=30.0, timed_out=True),
+            "timed out ([verifier] timeout_sec = 30 s of {path}/task.toml)",
+        ),
+    ],
+)
+async def test_no_reward_file_names_how_test_sh_ended_and_its_last_output(
+    tmp_path: Path, run: ExecResult, state: str
+) -> None:
+    path = _task_copy(tmp_path)
+    ops = _VerifyOps(run, {})
+    with pytest.raises(RewardFileMissing) as error:
+        await verify(ops, "s1", load_task(path))
+    assert str(error.value) == (
+        f"test.sh {state.format(path=path)} and wrote neither /logs/verifier/reward.json nor "
+        f"/logs/verifier/reward.txt; output: {'a' * 599 + 'Z'!r}"
+    )
+
+
+def test_timeout_source_names_the_section_and_the_file(tmp_path: Path) -> None:
+    path = _task_copy(tmp_path)
+    task = load_task(path)
+    step = task.steps[0]
+    assert timeout_source("agent", task, step) == f"[agent] timeout_sec = 120 s of {path}/task.toml"
+    assert timeout_source("verifier", task, step) == f"[verifier] timeout_sec = 30 s of {path}/task.toml"
