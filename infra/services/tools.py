@@ -48,6 +48,7 @@ TOOLS: dict[str, Tool] = {
         Tool(executable="flock", package="util-linux", used_by="make setup (one venv build at a time)"),
         Tool(executable="chromium", package="chromium", used_by="`stacx view` browser tests"),
         Tool(executable="chromedriver", package="chromium-driver", used_by="`stacx view` browser tests"),
+        Tool(executable="ip", package="iproute2", used_by="network-namespace hosts (cluster tests)"),
     )
 }
 """executable -> Tool. Keep in step with what the code runs (tests/unit/infra/test_tools.py)."""
