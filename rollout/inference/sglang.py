@@ -26,15 +26,19 @@ def unavailable_reason() -> str | None:
     if importlib.util.find_spec("sglang") is None:
         return (
             "the sglang package is not installed in this environment (it needs a CUDA "
-            "machine); use --engine builtin, or install sglang on a GPU host"
+            f"machine); {_BUILTIN}, or install sglang on a GPU host"
         )
     try:
         import torch
     except ImportError:
         return "torch is not installed"
     if not torch.cuda.is_available():
-        return "no CUDA GPU is visible to torch; SGLang serves on GPUs only: use --engine builtin"
+        return f"no CUDA GPU is visible to torch; SGLang serves on GPUs only: {_BUILTIN}"
     return None
+
+
+_BUILTIN = ("use the built-in server (`stacx serve --engine builtin`; in a pipeline file "
+            "`inference.engine: builtin`)")
 
 
 class SGLangServer:
