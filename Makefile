@@ -36,9 +36,11 @@ down: setup
 	@$(STACX) infra down
 
 # mutation testing of the critical modules ([tool.mutmut] in pyproject.toml); CPU-heavy
+# (one OpenMP thread: mutmut forks its runs from a process that imported torch, and a forked
+# OpenMP pool deadlocks, which mutmut would count as a timeout, that is as a detected mutant)
 # (mutmut 3.7 reads a pytest item attribute that pytest 9.2 removed: refuse that pair in one line)
 mutation: setup
 	@$(VENV)/bin/python -c 'import sys, importlib.metadata as m; v = lambda n: tuple(int(x) for x in m.version(n).split(".")[:2]); sys.exit(v("mutmut") < (3, 8) and v("pytest") >= (9, 2))' \
 	  || { echo "make mutation: mutmut $$($(VENV)/bin/python -c 'import importlib.metadata as m; print(m.version("mutmut"))') cannot drive pytest >= 9.2 ('Function' object has no attribute '_nodeid'): install pytest < 9.2 in the environment"; exit 2; }
-	@nice $(VENV)/bin/mutmut run --max-children $${MUTATION_JOBS:-2} $(MUTANTS)
+	@OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice $(VENV)/bin/mutmut run --max-children $${MUTATION_JOBS:-2} $(MUTANTS)
 	@$(VENV)/bin/python bench/mutation_score.py
