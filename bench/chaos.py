@@ -372,10 +372,13 @@ def audit(pipeline: Pipeline) -> dict[str, Any]:
     pooled = {decode_group(m.value()).group_id for m in read_topic(bootstrap, f"{app_id}-groups")
               if m.value() and m.offset() >= unread.get((m.topic(), m.partition()), 0)}
     filtered = set()
+    dropped = dropped_groups(pipeline.layout.logs_dir / "assembler.log")
     for slot in slots:
         record = groups.get(slot[0])
         if slot[0] in pooled:
             pending.add(slot)
+        elif slot[0] in dropped:  # dropped whole by the staleness filter or the partial policy
+            filtered.add(slot)
         elif record is not None:
             verdicts = {m[0]: m[1] for m in record["members"].values()}
             if verdicts.get(slot[1]) not in (None, "keep", "flag"):
@@ -405,6 +408,7 @@ def audit(pipeline: Pipeline) -> dict[str, Any]:
         "trainer_dead_letters": len(trainer_letters),
         "trainer_dead_letter_reasons": sorted(set(trainer_letters))[:5],
         "filtered": len(filtered),
+        "groups_dropped": dict(Counter(dropped.values())),
         "pending_at_end": len(pending - trained_slots),
         "untrained_batches_at_end": len(untrained_yet - trained),
         "lost": len(lost),
@@ -420,6 +424,20 @@ def audit(pipeline: Pipeline) -> dict[str, Any]:
         "distinct_contents": len(set(hashes.values())) == len(hashes),
         **served_versions(pipeline.layout.logs_dir / "inference.log", run.model_name, announced),
     }
+
+
+_DROPPED = re.compile(r"group (?P<group>\S+) of \S+ dropped: (?P<reason>[a-z ]+)")
+
+
+def dropped_groups(log_path: Path) -> dict[str, str]:
+    """{group id: why} of the groups the assembler dropped whole, from its own lines (one per
+    group, across every restart; `consumers.assembly.stats.DROPPED_LINE`)."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return {}
+    found = (_DROPPED.search(line) for line in lines)
+    return {m["group"]: m["reason"].strip() for m in found if m}
 
 
 _LOADED = re.compile(r"server \S+ now serves (?P<model>\S+) v(?P<version>\d+) \((?P<path>.*)\)\s*$")

@@ -21,7 +21,7 @@ from consumers.assembly.filters import FailurePolicy, SampleFilter
 from consumers.assembly.mixture import MixturePlanner, PoolEntry
 from consumers.assembly.packing import PackedGroup, pack_batch
 from consumers.assembly.protocols import StateTable
-from consumers.assembly.stats import AssemblyStats
+from consumers.assembly.stats import AssemblyStats, log_dropped
 from schemas.codec import Codec
 from schemas.records import TrainingBatch
 
@@ -94,6 +94,8 @@ class BatchBuilder:
         if self._filter.is_stale(group.model_name, group.min_policy_version):
             self._stats.groups_dropped += 1
             self._stats.stale += len(group.payloads)
+            log_dropped(group.group_id, group.model_name,
+                        f"stale on arrival (oldest policy version {group.min_policy_version})")
             return []
         self._pool[group.group_id] = payload
         entry = [group.group_id, group.task_type, group.num_sequences, group.min_policy_version]
@@ -168,6 +170,8 @@ class BatchBuilder:
             if entry not in fresh:
                 del self._pool[entry[0]]
                 self._stats.groups_dropped += 1
+                log_dropped(entry[0], model_name,
+                            f"went stale in the pool (oldest policy version {entry[3]})")
         self._index[model_name] = fresh
 
     def _forget_packed(self, now_ms: int) -> None:

@@ -42,7 +42,7 @@ from consumers.assembly.envelope import ReadyGroup
 from consumers.assembly.errors import AssemblyConfigError
 from consumers.assembly.filters import SampleFilter, Verdict, oldest_policy_version
 from consumers.assembly.protocols import StateTable
-from consumers.assembly.stats import AssemblyStats
+from consumers.assembly.stats import AssemblyStats, log_dropped
 from schemas.records import Trajectory
 
 __all__ = ["GroupAssembler", "PartialPolicy"]
@@ -346,6 +346,9 @@ class GroupAssembler:
         policy = self.config.partial_policy
         if policy is PartialPolicy.DROP or num_trainable < self.config.min_group_size:
             self._stats.groups_dropped += 1
+            log_dropped(group.group_id, group.model_name,
+                        f"partial ({num_trainable} of {self.config.group_size} trainable, "
+                        f"policy {policy.value}, min_group_size {self.config.min_group_size})")
             return None
         if policy is PartialPolicy.PAD:
             group.pad_to = self.config.group_size

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass
 
 from schemas.records import TrainingBatch
 
-__all__ = ["AssemblyStats"]
+__all__ = ["DROPPED_LINE", "AssemblyStats", "log_dropped"]
+
+log = logging.getLogger("consumers.assembly")
+
+DROPPED_LINE = "group %s of %s dropped: %s"
+"""The line of a group dropped whole (the chaos audit reads it back from the assembler's log)."""
+
+
+def log_dropped(group_id: str, model_name: str, reason: str) -> None:
+    """One line per group the assembler drops whole (the staleness filter, the partial-group
+    policy), next to the `groups_dropped` count: a dropped group can be told from a lost one."""
+    log.info(DROPPED_LINE, group_id, model_name, reason)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
+import logging
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from consumers.assembly import (
     AssemblyStats,
@@ -72,6 +77,31 @@ def test_pooled_groups_that_become_stale_are_evicted() -> None:
     assert builder.on_group(_group("new", version=5), now_ms=1) == []
     assert list(state["pool"]) == ["new"] and state["index"]["policy"][0][0] == "new"
     assert builder.on_group(_group("late", version=1), now_ms=1) == []  # stale on arrival
+
+
+def test_a_group_dropped_whole_says_so_in_one_line_the_chaos_audit_reads(
+        caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    """Each group the staleness filter drops (from the pool, or on arrival) is one line naming it;
+    the chaos audit counts its samples as filtered, not lost."""
+    latest: dict[str, int] = {}
+    builder, _ = _builder(latest, batch_size=2)
+    builder.on_group(_group("old", version=0), now_ms=1)
+    latest["policy"] = 5
+    with caplog.at_level(logging.INFO, logger="consumers.assembly"):
+        builder.on_group(_group("new", version=5), now_ms=1)
+        builder.on_group(_group("late", version=1), now_ms=1)
+        builder.on_group(_group("fresh", version=4), now_ms=1)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["group old of policy dropped: went stale in the pool (oldest policy version 0)",
+                     "group late of policy dropped: stale on arrival (oldest policy version 1)"]
+    log = tmp_path / "assembler.log"  # as the Faust worker writes it
+    log.write_text("".join(f"[2026-12-02 06:49:42,744] [29421] [INFO] {line}\n" for line in lines))
+    chaos_py = Path(__file__).parents[3] / "bench" / "chaos.py"
+    spec = importlib.util.spec_from_file_location("bench_chaos_drops", chaos_py)
+    assert spec is not None and spec.loader is not None
+    chaos = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(chaos)
+    assert chaos.dropped_groups(log) == {"old": "went stale in the pool", "late": "stale on arrival"}
 
 
 def test_packed_ids_expire_after_the_ttl() -> None:

@@ -104,11 +104,14 @@ def test_timeout_applies_the_partial_policy(policy: str, emitted: bool, pad_to: 
     assert h.add(make_trajectory("g", 2), now_ms=7_000) is None and h.stats.late == 1
 
 
-def test_min_group_size_and_partition_scoping() -> None:
+def test_min_group_size_and_partition_scoping(caplog: pytest.LogCaptureFixture) -> None:
     h = Harness(group_size=4, group_timeout_s=1, min_group_size=2)
     h.grouper.on_trajectory(make_trajectory("a", 0), b"x", partition=0, now_ms=1)
     h.grouper.on_trajectory(make_trajectory("b", 0), b"y", partition=1, now_ms=1)
-    assert h.grouper.expire(now_ms=5000, partition=1) == []  # dropped: 1 < min_group_size
+    with caplog.at_level("INFO", logger="consumers.assembly"):
+        assert h.grouper.expire(now_ms=5000, partition=1) == []  # dropped: 1 < min_group_size
+    assert [r.getMessage() for r in caplog.records] == [
+        "group b of policy dropped: partial (1 of 4 trainable, policy emit, min_group_size 2)"]
     assert h.groups["a"]["closed_ms"] == 0 and h.groups["b"]["closed_ms"] > 0
     assert h.stats.groups_dropped == 1
 
