@@ -106,6 +106,7 @@ def test_replayed_batches_carry_their_content_type_and_a_span_linked_to_every_tr
     carried = trace.get_current_span(context_from_headers([(TRACEPARENT, headers[TRACEPARENT])]))
     (span,) = [s for s in spans.get_finished_spans() if s.name == "assembler.batch"]
     assert carried.get_span_context().span_id == span.context.span_id
+    assert span.attributes is not None and span.attributes["stacx.batch_id"] == batch_id
     batch = decode(value)
     first, *others = batch.trajectory_ids
     assert span.parent is not None and span.parent.trace_id == sources[first].trace_id
