@@ -121,7 +121,7 @@ class _RecordingConsumer(_Consumer):
 
     def assign(self, tps: list[Any]) -> None:
         super().assign(tps)
-        quiet: list[list[_Message]] = []
+        quiet: list[_Message] = []
         self._batches = [b for batch in self._batches for b in (batch, quiet)]
 
     def position(self, tps: list[Any]) -> list[Any]:

@@ -334,6 +334,7 @@ class _ScriptedProducer(_CapturingProducer):
 
     def __init__(self, config: dict[str, object]) -> None:
         super().__init__(config)
+        self.produced: list[tuple[str, bytes, Any, Any]] = []  # headers: a list of pairs, or None
         self.calls: list[tuple[str, object, str]] = []  # (method, argument, thread name)
         self.refusals: list[Exception] = []
         self.delivery_error: object = None
