@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import uuid
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from consumers.assembly.testing import make_trajectory
 from consumers.replay import RangeRecord, ReplayAssembler, ReplayRange
 from infra.config import build
+from producers.event_producer import registry_client
+from schemas.claimcheck import ClaimCheck
 from schemas.codec import Codec, decode, encode
 from schemas.records import TrainingBatch
 
@@ -100,6 +106,7 @@ def test_replayed_batches_carry_their_content_type_and_a_span_linked_to_every_tr
     carried = trace.get_current_span(context_from_headers([(TRACEPARENT, headers[TRACEPARENT])]))
     (span,) = [s for s in spans.get_finished_spans() if s.name == "assembler.batch"]
     assert carried.get_span_context().span_id == span.context.span_id
+    assert span.attributes is not None and span.attributes["stacx.batch_id"] == batch_id
     batch = decode(value)
     first, *others = batch.trajectory_ids
     assert span.parent is not None and span.parent.trace_id == sources[first].trace_id
@@ -140,3 +147,23 @@ def test_an_undecodable_record_is_logged_with_its_position(caplog: pytest.LogCap
     (message,) = [r.getMessage() for r in caplog.records]
     assert message.startswith("replay: undecodable record at partition 1 offset 99: ")
     assert not message.endswith(": None")  # the decoding error is named
+
+
+def test_the_replay_reads_and_writes_with_its_codec_and_claim_checks_under_the_batches_topic(
+    tmp_path: Path,
+) -> None:
+    codec = Codec(registry=registry_client(f"mock://replay-{uuid.uuid4().hex[:8]}"))  # Confluent framing
+    trajs = [make_trajectory("g0", s, num_completion=200) for s in range(2)]  # a batch over 1 KiB
+    records = [RangeRecord(0, i, 1_000 + i, b"g0", codec.encode(t)) for i, t in enumerate(trajs)]
+    settings: dict[str, Any] = {"grouping": {"group_size": 2}, "mixture": {"batch_size": 1}}
+    result = ReplayAssembler(build(ReplayAssembler.Config, settings, where="x"), codec).assemble(records)
+    assert result.undecodable == 0
+    ((_, value),) = result.batches
+    assert value[:1] == b"\x00"  # the registry's framing, as the live assembler would write
+    batch = codec.decode(value)
+    assert isinstance(batch, TrainingBatch) and batch.group_ids == ["g0", "g0"]  # one per row
+    settings["output"] = {"claim_check_threshold_bytes": 1024, "blob_store_url": str(tmp_path)}
+    config = build(ReplayAssembler.Config, settings, where="x")
+    ((_, value),) = ReplayAssembler(config, codec, batches_topic="unit.batches").assemble(records).batches
+    claim = codec.decode(value)
+    assert isinstance(claim, ClaimCheck) and claim.uri.startswith(tmp_path.as_uri() + "/unit.batches/")

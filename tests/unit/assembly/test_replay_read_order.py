@@ -97,3 +97,54 @@ def test_an_offset_range_applies_to_every_partition(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(confluent_kafka, "Consumer", _Consumer)
     records = read_range("127.0.0.1:1", ReplayRange(topic="t", from_offset=1, to_offset=2))
     assert [(r.partition, r.offset) for r in records] == [(0, 1), (1, 1)]
+
+
+class _RecordingConsumer(_Consumer):
+    """`_Consumer` that keeps the timeouts and cache choice of each question, answers timestamp
+    look-ups, goes quiet for one poll between partitions and reports no position at all (as after
+    transaction markers the broker has not yet skipped)."""
+
+    asked: list[tuple[str, object]] = []
+
+    def list_topics(self, timeout: float) -> Any:
+        self.asked.append(("list_topics", timeout))
+        return super().list_topics(timeout)
+
+    def get_watermark_offsets(self, tp: Any, timeout: float, cached: bool) -> tuple[int, int]:
+        self.asked.append(("watermarks", (timeout, cached)))
+        return super().get_watermark_offsets(tp, timeout, cached)
+
+    def offsets_for_times(self, tps: list[Any], timeout: float) -> list[Any]:
+        (tp,) = tps
+        found = [o for o, t in LOG[tp.partition] if t >= tp.offset]
+        return [SimpleNamespace(offset=found[0] if found else -1)]
+
+    def assign(self, tps: list[Any]) -> None:
+        super().assign(tps)
+        quiet: list[_Message] = []
+        self._batches = [b for batch in self._batches for b in (batch, quiet)]
+
+    def position(self, tps: list[Any]) -> list[Any]:
+        return [SimpleNamespace(partition=tp.partition, offset=0) for tp in tps]
+
+
+def test_a_range_asks_fresh_watermarks_within_the_timeout_and_waits_out_quiet_polls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(confluent_kafka, "Consumer", _RecordingConsumer)
+    monkeypatch.setattr(_RecordingConsumer, "asked", [])
+    records = read_range("127.0.0.1:1", ReplayRange(topic="t"), timeout_s=5.0)
+    # every record, though a poll came back empty between partitions and positions lag behind
+    assert sorted((r.partition, r.offset) for r in records) == [(p, o) for p in (0, 1) for o in range(3)]
+    fresh = ("watermarks", (5.0, False))  # the broker's current end of each partition, not a cached one
+    assert _RecordingConsumer.asked == [("list_topics", 5.0), fresh, fresh]
+    monkeypatch.setattr(_RecordingConsumer, "asked", [])
+    read_range("127.0.0.1:1", ReplayRange(topic="t"))
+    assert _RecordingConsumer.asked[0] == ("list_topics", 30.0)  # the default timeout
+
+
+def test_a_range_starting_after_every_record_is_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(confluent_kafka, "Consumer", _RecordingConsumer)
+    assert read_range("127.0.0.1:1", ReplayRange(topic="t", from_timestamp_ms=60), timeout_s=1.0) == []
+    records = read_range("127.0.0.1:1", ReplayRange(topic="t", from_timestamp_ms=40), timeout_s=1.0)
+    assert [(r.partition, r.offset) for r in records] == [(1, 2), (0, 2)]

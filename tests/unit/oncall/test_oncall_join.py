@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
@@ -17,6 +18,7 @@ from consumers.assembly.testing import ListForwarder, RecordsReader, kafka_recor
 from consumers.oncall import FeedbackJoin, Joined, OncallJoinApp, Rejected
 from consumers.oncall.app import ONCALL_TICK_KEY
 from consumers.oncall.clock import EventClock
+from consumers.oncall.join import SessionState, feedback_id
 from schemas.codec import decode, encode
 from schemas.records import DeadLetter, Trajectory
 
@@ -442,3 +444,85 @@ def test_redeliveries_and_merges_are_counted_and_default_partition_is_zero() -> 
     assert join.on_feedback(rating("x", 1.0, at_ms=T0), "f1") == []  # held, on partition 0
     out = join.on_tick(T0 + 60_003, partition=0)
     assert [type(o).__name__ for o in out] == ["Rejected"] and join.stats.unrewarded_dropped == 1
+
+
+def test_the_feedback_id_is_its_own_else_its_kafka_coordinates() -> None:
+    own = dataclasses.replace(rating("s", 1.0, at_ms=T0), metadata={"feedback_id": "fb-7"})
+    assert feedback_id(own, "stacx.feedback", 2, 41) == "fb-7"
+    assert feedback_id(rating("s", 1.0, at_ms=T0), "stacx.feedback", 2, 41) == "stacx.feedback:2:41"
+
+
+def test_held_feedback_is_kept_in_the_session_state_with_its_fields() -> None:
+    join = _join()
+    feedback = dataclasses.replace(rating("s", 0.5, at_ms=T0, interaction="c1"), components={"style": 0.25})
+    assert join.on_feedback(feedback, "f1") == []
+    (held,) = SessionState.from_bytes(join.sessions["s"]).early_feedback
+    assert held == {
+        "id": "f1",
+        "session_id": "s",
+        "interaction_id": "c1",
+        "reward": 0.5,
+        "source": "user",
+        "components": {"style": 0.25},
+        "created_at_ms": T0,
+    }
+
+
+def test_held_feedback_waits_for_the_call_it_names_while_others_arrive() -> None:
+    join = _join()
+    assert join.on_feedback(rating("s", 1.0, at_ms=T0, interaction="c9"), "f1") == []
+    assert join.on_feedback(rating("s", 0.5, at_ms=T0, interaction="c1"), "f2") == []
+    assert join.stats.feedback_held == 2
+    (joined,) = join.on_interaction(call("s", "c1", [1, 2], [3], at_ms=T0 + 5))  # f2's call, not f1's
+    assert joined.trajectory.metadata["feedback_ids"] == "f2" and joined.trajectory.reward == 0.5
+    assert join.stats.feedback_held == 1
+    join.on_interaction(call("s", "c2", [7, 8], [9], at_ms=T0 + 6))  # not c9: f1 still waits
+    assert join.stats.feedback_held == 1
+    (joined,) = join.on_interaction(call("s", "c9", [4, 5], [6], at_ms=T0 + 7))
+    assert joined.trajectory.metadata["feedback_ids"] == "f1"
+    assert join.stats.feedback_held == 0
+
+
+def test_feedback_after_the_window_of_the_trajectory_it_names_is_counted_each_time() -> None:
+    join = _join()
+    join.on_interaction(call("s", "a1", [1, 2], [3], at_ms=T0))
+    join.on_interaction(call("s", "b1", [7], [8], at_ms=T0 + 50_000))  # a1 pending, b1 open
+    for fid in ("f1", "f2"):
+        (late,) = join.on_feedback(rating("s", 1.0, at_ms=T0 + 61_000, interaction="a1"), fid)
+        assert isinstance(late, Rejected) and late.reason.startswith("late feedback: created ")
+    assert join.stats.feedback_late == 2
+
+
+def test_every_rewarded_trajectory_is_counted() -> None:
+    join = _join()
+    for i in range(3):
+        join.on_interaction(call(f"s{i}", "c1", [1, 2], [3], at_ms=T0))
+        (joined,) = join.on_feedback(rating(f"s{i}", 1.0, at_ms=T0 + 1), f"f{i}")
+        assert isinstance(joined, Joined)
+    assert join.stats.trajectories_rewarded == 3
+
+
+def test_held_feedback_still_counted_after_some_of_it_expires() -> None:
+    join = _join()
+    for i, at_ms in enumerate([T0, T0, T0 + 10_000, T0 + 20_000]):
+        assert join.on_feedback(rating("x", 1.0, at_ms=at_ms), f"f{i}") == []
+    out = join.on_tick(T0 + 60_001)
+    assert len(out) == 2 and join.stats.feedback_held == 2 and join.stats.feedback_unmatched == 2
+
+
+def test_at_the_end_of_its_window_an_open_trajectory_still_takes_the_next_call() -> None:
+    join = _join()
+    join.on_interaction(call("s", "c1", [1, 2], [3], at_ms=T0))
+    assert join.on_tick(T0 + 60_000) == []  # the window's last moment: still open
+    join.on_interaction(call("s", "c2", [1, 2, 3, 4], [5], at_ms=T0 + 60_000))
+    assert join.stats.merged_calls == 1
+    (joined,) = join.on_feedback(rating("s", 1.0, at_ms=T0 + 60_001), "f1")
+    assert isinstance(joined, Joined) and joined.trajectory.metadata["interaction_ids"] == "c1,c2"
+
+
+def test_session_feedback_after_a_trajectory_finished_at_the_first_millisecond_is_late() -> None:
+    join = _join()
+    join.on_interaction(call("s", "c1", [1, 2], [3], at_ms=1))
+    join.on_tick(60_002)  # dropped unrewarded: the session's last finished call is at 1 ms
+    (late,) = join.on_feedback(rating("s", 1.0, at_ms=60_003), "f1")
+    assert isinstance(late, Rejected) and late.error_type == "LateFeedback"

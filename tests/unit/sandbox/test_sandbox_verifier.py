@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 
 from sandbox.backends.fake import FakeBackend, FakeSandbox
-from sandbox.errors import RewardFileEmpty, RewardFileMalformed, RewardFileMissing, SandboxFileNotFound
+from sandbox.errors import (
+    RewardFileEmpty,
+    RewardFileMalformed,
+    RewardFileMissing,
+    SandboxFileNotFound,
+    TaskFormatError,
+)
 from sandbox.models import ExecRequest, ExecResult, SessionSpec
 from sandbox.sessions import SessionManager
 from sandbox.tasks import load_task
@@ -108,7 +114,6 @@ async def test_oracle_uploads_and_runs_solve_sh() -> None:
         assert result.ok
         assert sandbox.commands[-1] == "chmod +x /solution/solve.sh && /solution/solve.sh"  # at /solution
         assert b"Hello, STACX!" in sandbox.files["/solution/solve.sh"]
-
 
 
 class _Ops:
@@ -259,3 +264,86 @@ def test_timeout_source_names_the_section_and_the_file(tmp_path: Path) -> None:
     step = task.steps[0]
     assert timeout_source("agent", task, step) == f"[agent] timeout_sec = 120 s of {path}/task.toml"
     assert timeout_source("verifier", task, step) == f"[verifier] timeout_sec = 30 s of {path}/task.toml"
+
+
+def _two_step_task(tmp_path: Path) -> Path:
+    """A copy of the example task made into two steps: `first` keeps the task's limits, `second`
+    sets its own agent and verifier limits; each step has its own test.sh and solve.sh."""
+    task = _task_copy(tmp_path)
+    toml = (task / "task.toml").read_text()
+    toml += '\n[[steps]]\nname = "first"\n\n[[steps]]\nname = "second"\n'
+    toml += "agent = { timeout_sec = 45.0 }\nverifier = { timeout_sec = 12.0 }\n"
+    (task / "task.toml").write_text(toml)
+    shutil.rmtree(task / "tests")
+    shutil.rmtree(task / "solution")
+    for name in ("first", "second"):
+        step = task / "steps" / name
+        (step / "tests").mkdir(parents=True)
+        (step / "solution").mkdir()
+        (step / "instruction.md").write_text(f"do {name}\n")
+        (step / "tests" / f"test_{name}.sh").write_text("true\n")
+        (step / "tests" / "test.sh").write_text(f"echo 1 > /logs/verifier/reward.txt # {name}\n")
+        (step / "solution" / "solve.sh").write_text(f"echo {name}\n")
+    return task
+
+
+async def test_verify_runs_the_last_step_by_default_and_names_it(tmp_path: Path) -> None:
+    task = load_task(_two_step_task(tmp_path))
+    run = ExecResult(exit_code=0, stdout="", stderr="", duration_s=1.0, timed_out=True)
+    ops = _VerifyOps(run, {"/logs/verifier/reward.txt": b"1"})
+    result = await verify(ops, "s1", task)
+    assert result.step == "second" and result.timed_out is True  # a reward despite the time-out
+    uploads = [c for c in ops.calls if c[0] == "upload"]
+    assert uploads == [("upload", "s1", "/tests", ["test.sh", "test_second.sh"])]
+    assert ops.calls[-1][3] == 12.0  # the step's own [verifier] timeout_sec
+    first = await verify(_VerifyOps(run, {"/logs/verifier/reward.txt": b"1"}), "s1", task, task.steps[0])
+    assert first.step == "first"
+
+
+async def test_the_oracle_applies_the_first_step_by_default(tmp_path: Path) -> None:
+    task = load_task(_two_step_task(tmp_path))
+    ops = _Ops()
+    await run_oracle(ops, "s1", task)
+    assert ops.calls[1] == ("upload", "s1", "/solution", ["solve.sh"])
+    assert ops.calls[-1][3] == 120.0  # `first` has no limit of its own: the task's [agent] one
+    ops = _Ops()
+    await run_oracle(ops, "s1", task, task.steps[1])
+    assert ops.calls[-1][3] == 45.0
+
+
+def test_timeout_source_names_the_step_that_sets_its_own_limit(tmp_path: Path) -> None:
+    path = _two_step_task(tmp_path)
+    task = load_task(path)
+    first, second = task.steps
+    assert timeout_source("agent", task, second) == "[agent] timeout_sec = 45 s of step second"
+    assert timeout_source("verifier", task, second) == "[verifier] timeout_sec = 12 s of step second"
+    assert timeout_source("agent", task, first) == f"[agent] timeout_sec = 120 s of {path}/task.toml"
+    assert timeout_source("verifier", task, first) == f"[verifier] timeout_sec = 30 s of {path}/task.toml"
+
+
+async def test_an_unset_host_variable_in_the_verifier_env_names_the_section(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("STACX_UNIT_UNSET", raising=False)
+    path = _task_copy(tmp_path, '\n[verifier.env]\nTOKEN = "${STACX_UNIT_UNSET}"\n')
+    ops = _VerifyOps(ExecResult(exit_code=0, stdout="", stderr="", duration_s=0.0), {})
+    message = f"^{path}/task.toml \\[verifier.env\\] needs \\$\\{{STACX_UNIT_UNSET\\}}, which is not set"
+    with pytest.raises(TaskFormatError, match=message):
+        await verify(ops, "s1", load_task(path))
+
+
+async def test_an_unset_host_variable_in_the_solution_env_names_the_section(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("STACX_UNIT_UNSET", raising=False)
+    path = _task_copy(tmp_path, '\n[solution.env]\nTOKEN = "${STACX_UNIT_UNSET}"\n')
+    message = f"^{path}/task.toml \\[solution.env\\] needs \\$\\{{STACX_UNIT_UNSET\\}}, which is not set"
+    with pytest.raises(TaskFormatError, match=message):
+        await run_oracle(_Ops(), "s1", load_task(path))
+
+
+def test_an_infinite_reward_is_quoted_to_80_characters() -> None:
+    text = "1" + "0" * 100 + "e999"  # a float() accepts, and infinite
+    with pytest.raises(RewardFileMalformed) as error:
+        parse_reward_text(text.encode(), where="reward.txt")
+    assert str(error.value) == f"reward.txt must hold a finite number, got {text[:80]!r}"
