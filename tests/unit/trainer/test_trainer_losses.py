@@ -206,3 +206,130 @@ def test_temperature_scales_logits_per_row() -> None:
         want = torch.log_softmax(logits[i] / t, -1).gather(-1, targets[i].unsqueeze(-1)).squeeze(-1)
         assert torch.allclose(got[i], want, atol=1e-12)
     assert got.dtype == torch.float64
+
+
+# ----------------------------------------------------------------------------- data-parallel split
+
+D = torch.float64
+
+
+def split_ranks(call, shards):  # type: ignore[no-untyped-def]
+    """Each shard's (loss, metrics) under a Normaliser whose `all_reduce` adds the other shards'
+    k-th reduced tensor, as a data-parallel all-reduce would; dp_size = number of shards."""
+    n = len(shards)
+    recorded: list[list[torch.Tensor]] = []
+    for shard in shards:
+        seen: list[torch.Tensor] = []
+
+        def record(t: torch.Tensor, seen: list[torch.Tensor] = seen) -> torch.Tensor:
+            seen.append(t.detach().clone())
+            return t
+
+        call(shard, losses.Normaliser(0.0, 0.0, dp_size=n, all_reduce=record))
+        recorded.append(seen)
+    outs = []
+    for r, shard in enumerate(shards):
+        calls = iter(range(len(recorded[r])))
+
+        def reduce(t: torch.Tensor, r: int = r, calls=calls) -> torch.Tensor:  # type: ignore[no-untyped-def]
+            k = next(calls)
+            return t + sum(recorded[o][k] for o in range(n) if o != r)
+
+        outs.append(call(shard, losses.Normaliser(0.0, 0.0, dp_size=n, all_reduce=reduce)))
+    return outs
+
+
+PAIR = torch.tensor([[-1.0, -2.5, -1.2, -1.9], [-3.0, -1.0, -2.0, -0.5], [-2.0, -2.1, -1.0, -1.5],
+                     [-2.5, -1.5, -2.2, -1.0], [-0.5, -0.3, -1.1, -0.8]], dtype=D).T  # [P=4, 5]
+PAIR_SHARDS = [torch.tensor([0]), torch.tensor([1, 2, 3])]
+
+
+def pair_losses() -> dict[str, object]:
+    """Every per-pair loss, called on the rows `idx` of PAIR with a normaliser."""
+    def kto(i, norm):  # type: ignore[no-untyped-def]
+        return losses.kto_loss(PAIR[i, 0] + 2.0, PAIR[i, 1], PAIR[i, 2] > -1.5, beta=0.7,
+                               desirable_weight=1.5, undesirable_weight=0.5, norm=norm)
+
+    def orpo(i, norm):  # type: ignore[no-untyped-def]
+        token = PAIR[i, :4]
+        mask = torch.tensor([[1.0, 1.0, 0.0, 1.0]], dtype=D).expand_as(token) * (
+            1 + (i.unsqueeze(-1) == 0))  # row 0 counts its tokens twice: counts differ per row
+        return losses.orpo_loss(PAIR[i, 0] / 3, PAIR[i, 1] / 3, token, mask, lam=0.5, norm=norm)
+
+    return {
+        "dpo": lambda i, norm: losses.dpo_loss(PAIR[i, 0], PAIR[i, 1], PAIR[i, 2], PAIR[i, 3],
+                                               beta=0.5, norm=norm),
+        "kto": kto,
+        "simpo": lambda i, norm: losses.simpo_loss(PAIR[i, 0], PAIR[i, 1], norm=norm),
+        "orpo": orpo,
+        "bradley_terry": lambda i, norm: losses.bradley_terry_loss(PAIR[i, 0], PAIR[i, 1],
+                                                                   center_coef=0.1, norm=norm),
+        "process_reward": lambda i, norm: losses.process_reward_loss(
+            PAIR[i, 0] + 1.5, torch.sigmoid(PAIR[i, 1] + 1.0), norm=norm),
+        "mse": lambda i, norm: losses.mse_loss(PAIR[i, 0], PAIR[i, 1], norm=norm),
+        "diffusion_dpo": lambda i, norm: losses.diffusion_dpo_loss(
+            PAIR[i, 0], PAIR[i, 1], PAIR[i, 2], PAIR[i, 3], beta=0.5, norm=norm),
+    }
+
+
+@pytest.mark.parametrize("name", list(pair_losses()))
+def test_pair_losses_split_over_ranks_equal_the_whole_batch(name: str) -> None:
+    """Shards of 1 and 3 pairs with summed counts (and KTO's summed reference point), averaged
+    over the two ranks as FSDP does, give the loss of the whole batch."""
+    call = pair_losses()[name]
+    whole, _ = call(torch.arange(4), None)  # type: ignore[operator]
+    parts = split_ranks(call, PAIR_SHARDS)
+    assert whole.dtype == D
+    assert (sum(p[0] for p in parts) / 2).item() == pytest.approx(whole.item(), rel=1e-12)
+
+
+TOKEN_LOGP = torch.tensor([[-1.0, -0.5, -2.0, -0.1], [-0.3, -1.5, -0.2, -0.9],
+                           [-2.2, -0.4, -1.1, -0.6]], dtype=D)
+TOKEN_OLD = torch.tensor([[-1.3, -0.4, -1.0, -0.1], [-0.3, -0.5, -0.9, -0.2],
+                          [-2.0, -0.9, -1.1, -0.6]], dtype=D)
+TOKEN_MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]],
+                          dtype=D)
+TOKEN_ADV = torch.tensor([[1.0], [-2.0], [0.5]], dtype=D)
+
+
+def token_losses() -> dict[str, object]:
+    lp, old, adv, m = TOKEN_LOGP, TOKEN_OLD, TOKEN_ADV, TOKEN_MASK
+    return {
+        "ppo": lambda i, norm: losses.ppo_clip_loss(lp[i], old[i], adv[i], m[i], norm=norm),
+        "gspo": lambda i, norm: losses.gspo_loss(lp[i], old[i], adv[i, 0], m[i], clip_low=0.1,
+                                                 clip_high=0.1, norm=norm),
+        "cispo": lambda i, norm: losses.cispo_loss(lp[i], old[i], adv[i], m[i], ratio_cap=1.2,
+                                                   norm=norm),
+        "pg": lambda i, norm: losses.policy_gradient_loss(lp[i], adv[i], m[i], norm=norm),
+        "reverse_kl": lambda i, norm: losses.reverse_kl_distill_loss(lp[i], old[i], m[i],
+                                                                     norm=norm),
+        "nll": lambda i, norm: losses.nll_loss(lp[i], m[i], norm=norm),
+        "value": lambda i, norm: losses.value_loss(lp[i], old[i] * 2, m[i], old_values=old[i],
+                                                   clip=0.2, norm=norm),
+    }
+
+
+@pytest.mark.parametrize("name", list(token_losses()))
+def test_token_losses_split_over_ranks_equal_the_whole_batch(name: str) -> None:
+    call = token_losses()[name]
+    whole, _ = call(torch.arange(3), None)  # type: ignore[operator]
+    full = losses.Normaliser.of(TOKEN_MASK)
+    norm = losses.Normaliser(full.num_tokens, full.num_sequences, dp_size=2)
+    parts = [call(r, norm)[0] for r in (torch.tensor([0]), torch.tensor([1, 2]))]  # type: ignore[operator]
+    assert (sum(parts) / 2).item() == pytest.approx(whole.item(), rel=1e-12)
+
+
+def test_pair_counts_are_summed_exactly_past_float32() -> None:
+    """2^24 + 1 pairs on other ranks: the summed count must stay exact (float64), not round."""
+    others = float(2 ** 24 + 1)
+    norm = losses.Normaliser(0.0, 0.0, dp_size=2, all_reduce=lambda t: t + others)
+    pairs = torch.tensor([0.3, 0.5], dtype=D)
+    want = pairs.sum().item() / (others + 2) * 2
+    assert losses.pair_mean(pairs, norm).item() == pytest.approx(want, rel=1e-13)
+    dpo, _ = losses.dpo_loss(pairs, -pairs, pairs * 0, pairs * 0, norm=norm)
+    dpo_want = -torch.nn.functional.logsigmoid(0.2 * pairs).sum().item() / (others + 2) * 2
+    assert dpo.item() == pytest.approx(dpo_want, rel=1e-13)
+    token = torch.full((1, 3), -1.0, dtype=D)
+    orpo, metrics = losses.orpo_loss(pairs[:1] * 0 - 1, pairs[:1] * 0 - 2, token,
+                                     torch.ones(1, 3), lam=0.0, norm=norm)
+    assert metrics["nll_chosen"] == pytest.approx(3.0 / (others + 3) * 2, rel=1e-13)
