@@ -592,7 +592,7 @@ def test_reward_weighted_flow_defaults_and_metrics() -> None:
     exps = [math.exp(r) for r in (0.3, 1.0, -0.2)]  # temperature 1
     w = [e / sum(exps) for e in exps]
     per = [2.0, 0.5, 1.0]
-    assert loss.item() == pytest.approx(sum(a * b for a, b in zip(w, per)), rel=1e-12)
+    assert loss.item() == pytest.approx(sum(a * b for a, b in zip(w, per, strict=True)), rel=1e-12)
     ess = math.exp(-sum(x * math.log(x) for x in w))
     assert metrics == {"rwfm_loss": loss.item(), "flow_error": pytest.approx(3.5 / 3),
                        "weight_ess": pytest.approx(ess, rel=1e-12)}
@@ -612,3 +612,67 @@ def test_diffusion_dpo_defaults_metrics_and_empty() -> None:
     empty = T([], dtype=D)
     _, metrics = losses.diffusion_dpo_loss(empty, empty, empty, empty)
     assert (metrics["reward_margin"], metrics["reward_accuracy"]) == (0.0, 0.0)
+
+
+# ----------------------------------------------------------------------------- basics and advantages
+
+
+def test_a_budget_of_one_token_is_allowed_and_the_message_names_the_field() -> None:
+    per_token, mask = T([[2.0, 4.0]], dtype=D), T([[1.0, 1.0]], dtype=D)
+    got = losses.aggregate(per_token, mask, "seq-mean-token-sum-norm", max_tokens=1)
+    assert got.item() == pytest.approx(6.0)
+    with pytest.raises(ValueError, match=r"^aggregation='seq-mean-token-sum-norm' needs max_"):
+        losses.aggregate(per_token, mask, "seq-mean-token-sum-norm", max_tokens=0)
+
+
+def test_a_global_count_of_one_token_divides_by_one() -> None:
+    per_token, mask = T([[3.0, 9.0]], dtype=D), T([[1.0, 0.0]], dtype=D)
+    got = losses.aggregate(per_token, mask, "token-mean", norm=losses.Normaliser.of(mask))
+    assert got.item() == pytest.approx(3.0)
+
+
+def test_token_logprobs_dtypes() -> None:
+    logits = torch.randn(2, 3, 5, dtype=torch.float64)
+    targets = torch.randint(0, 5, (2, 3))
+    assert losses.token_logprobs(logits.to(torch.bfloat16), targets).dtype == torch.float32
+    temps = T([0.5, 2.0], dtype=D)
+    assert losses.token_logprobs(logits.float(), targets, temps).dtype == torch.float32
+
+
+def test_masked_mean_ignores_masked_positions_whole_tensor() -> None:
+    x, mask = T([[1.0, 5.0], [3.0, 7.0]], dtype=D), T([[1.0, 0.0], [1.0, 0.0]], dtype=D)
+    assert losses.masked_mean(x, mask).item() == pytest.approx(2.0)
+    assert losses.sequence_logprobs(x, mask).tolist() == pytest.approx([1.0, 3.0])
+
+
+def test_whiten_of_one_token_is_zero() -> None:
+    white = losses.masked_whiten(T([[4.0, 8.0]], dtype=D), T([[1.0, 0.0]], dtype=D))
+    assert white[0].tolist() == pytest.approx([0.0, 0.0], abs=1e-12)
+
+
+def test_rloo_group_of_two() -> None:
+    adv = losses.rloo_advantages(T([1.0, 0.25], dtype=D), T([0, 0]))
+    assert adv.tolist() == pytest.approx([0.75, -0.75])
+
+
+def test_remax_baseline_is_the_mean_of_several_greedy_rows() -> None:
+    rewards = T([1.0, 0.0, 0.5, 2.0], dtype=D)
+    greedy = T([False, True, True, False])
+    adv = losses.remax_advantages(rewards, T([0, 0, 0, 1]), greedy)
+    assert adv.tolist() == pytest.approx([1.0 - 0.25, 0.0, 0.0, 0.0])  # group 1 has no greedy row
+
+
+def test_gae_defaults_are_gamma_one_lambda_095() -> None:
+    rewards, values = T([[0.0, 0.0, 1.0]], dtype=D), T([[0.5, 0.6, 0.7]], dtype=D)
+    mask = torch.ones(1, 3, dtype=D)
+    adv, _ = losses.gae(rewards, values, mask)
+    want, _ = losses.gae(rewards, values, mask, gamma=1.0, lam=0.95)
+    assert adv.tolist() == want.tolist()
+    assert adv[0, 2].item() == pytest.approx(0.3)
+    assert adv[0, 1].item() == pytest.approx(0.1 + 0.95 * 0.3)
+
+
+def test_k3_of_a_token_the_policy_cannot_sample_is_capped_not_nan() -> None:
+    """log pi = -inf (ref >> pi): d is clamped at +20 before exp, so the estimate is the cap."""
+    got = losses.kl_k3(T([-math.inf], dtype=D), T([-1.0], dtype=D))
+    assert got.item() == 10.0
