@@ -324,15 +324,15 @@ def test_pair_counts_are_summed_exactly_past_float32() -> None:
     others = float(2 ** 24 + 1)
     norm = losses.Normaliser(0.0, 0.0, dp_size=2, all_reduce=lambda t: t + others)
     pairs = torch.tensor([0.3, 0.5], dtype=D)
-    want = pairs.sum().item() / (others + 2) * 2
-    assert losses.pair_mean(pairs, norm).item() == pytest.approx(want, rel=1e-13)
+    want = pairs.sum().item() / (others + 2) * 2  # 2^24 + 3 is no float32
+    assert losses.pair_mean(pairs, norm).item() == pytest.approx(want, rel=1e-13, abs=0)
     dpo, _ = losses.dpo_loss(pairs, -pairs, pairs * 0, pairs * 0, norm=norm)
     dpo_want = -torch.nn.functional.logsigmoid(0.2 * pairs).sum().item() / (others + 2) * 2
-    assert dpo.item() == pytest.approx(dpo_want, rel=1e-13)
-    token = torch.full((1, 3), -1.0, dtype=D)
+    assert dpo.item() == pytest.approx(dpo_want, rel=1e-13, abs=0)
+    token = torch.full((1, 2), -1.0, dtype=D)
     orpo, metrics = losses.orpo_loss(pairs[:1] * 0 - 1, pairs[:1] * 0 - 2, token,
-                                     torch.ones(1, 3), lam=0.0, norm=norm)
-    assert metrics["nll_chosen"] == pytest.approx(3.0 / (others + 3) * 2, rel=1e-13)
+                                     torch.ones(1, 2), lam=0.0, norm=norm)
+    assert metrics["nll_chosen"] == pytest.approx(2.0 / (others + 2) * 2, rel=1e-13, abs=0)
 
 
 # ----------------------------------------------------------------------------- metrics and options
@@ -441,6 +441,8 @@ def test_cispo_defaults_floor_cap_and_metrics() -> None:
     assert set(metrics) == {"pg_loss", "clip_frac", "ratio_mean"}
     assert metrics["pg_loss"] == loss.item()
     assert metrics["clip_frac"] == pytest.approx(2 / 4)
+    _, three = losses.cispo_loss(lr[:, :3], old[:, :3], adv, mask[:, :3])
+    assert three["clip_frac"] == pytest.approx(1 / 3)  # only the ratio 7 is capped
     assert metrics["ratio_mean"] == pytest.approx((0.5 + 7 + math.exp(-20) + math.exp(20)) / 4,
                                                   rel=1e-12)
     floored = losses.cispo_loss(lr[:, :1], old[:, :1], adv, mask[:, :1], ratio_floor=0.8)[0]
@@ -555,6 +557,9 @@ def test_orpo_default_metrics_and_log1mexp_near_zero() -> None:
     assert metrics == {"orpo_loss": loss.item(), "log_odds_ratio": pytest.approx(log_odds,
                                                                                  rel=1e-12),
                        "nll_chosen": pytest.approx(nll)}
+    moderate = (T([-0.5], dtype=D), T([-1.0], dtype=D), token, mask)
+    assert losses.orpo_loss(*moderate)[0].item() == losses.orpo_loss(*moderate, lam=0.1)[0].item()
+    assert losses.orpo_loss(*moderate)[0].item() != losses.orpo_loss(*moderate, lam=1.0)[0].item()
     empty = T([], dtype=D)
     _, metrics = losses.orpo_loss(empty, empty, torch.zeros(0, 2, dtype=D),
                                   torch.zeros(0, 2, dtype=D))
@@ -676,3 +681,20 @@ def test_k3_of_a_token_the_policy_cannot_sample_is_capped_not_nan() -> None:
     """log pi = -inf (ref >> pi): d is clamped at +20 before exp, so the estimate is the cap."""
     got = losses.kl_k3(T([-math.inf], dtype=D), T([-1.0], dtype=D))
     assert got.item() == 10.0
+
+
+def test_regression_losses_keep_the_prediction_dtype() -> None:
+    """Targets and rewards are cast to the prediction's dtype: float32 in, float32 loss out."""
+    pred = T([1.0, 2.0])
+    loss, _ = losses.mse_loss(pred, T([0.5, 1.0], dtype=D))
+    assert loss.dtype == torch.float32
+    flow, _ = losses.reward_weighted_flow_loss(T([[1.0], [2.0]]), T([0.1, 0.2], dtype=D))
+    assert flow.dtype == torch.float32
+
+
+def test_returns_and_gae_of_one_position() -> None:
+    """Responses of a single target position (T = 1)."""
+    reward, value, mask = T([[2.0]], dtype=D), T([[0.5]], dtype=D), T([[1.0]], dtype=D)
+    assert losses.returns_to_go(reward, mask).tolist() == [[2.0]]
+    adv, ret = losses.gae(reward, value, mask)
+    assert (adv.tolist(), ret.tolist()) == ([[1.5]], [[2.0]])
