@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -160,7 +161,7 @@ def test_global_normaliser_splits_the_batch_exactly() -> None:
                                  dp_size=2)
         parts = [losses.aggregate(per_token[r], mask[r], how, max_tokens=10,  # type: ignore[arg-type]
                                   norm=norm) for r in shards]
-        assert (sum(parts) / 2).item() == pytest.approx(full.item(), abs=1e-12), how
+        assert (torch.stack(parts).sum() / 2).item() == pytest.approx(full.item(), abs=1e-12), how
 
 
 def test_ppo_clamps_the_log_ratio_and_dual_clips() -> None:
@@ -211,9 +212,11 @@ def test_temperature_scales_logits_per_row() -> None:
 # ----------------------------------------------------------------------------- data-parallel split
 
 D = torch.float64
+Call = Callable[[torch.Tensor, 'losses.Normaliser | None'], tuple[torch.Tensor, dict[str, float]]]
 
 
-def split_ranks(call, shards):  # type: ignore[no-untyped-def]
+def split_ranks(call: Call, shards: list[torch.Tensor]
+                ) -> list[tuple[torch.Tensor, dict[str, float]]]:
     """Each shard's (loss, metrics) under a Normaliser whose `all_reduce` adds the other shards'
     k-th reduced tensor, as a data-parallel all-reduce would; dp_size = number of shards."""
     n = len(shards)
@@ -231,9 +234,9 @@ def split_ranks(call, shards):  # type: ignore[no-untyped-def]
     for r, shard in enumerate(shards):
         calls = iter(range(len(recorded[r])))
 
-        def reduce(t: torch.Tensor, r: int = r, calls=calls) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        def reduce(t: torch.Tensor, r: int = r, calls: Iterator[int] = calls) -> torch.Tensor:
             k = next(calls)
-            return t + sum(recorded[o][k] for o in range(n) if o != r)
+            return t + torch.stack([recorded[o][k] for o in range(n) if o != r]).sum(0)
 
         outs.append(call(shard, losses.Normaliser(0.0, 0.0, dp_size=n, all_reduce=reduce)))
     return outs
@@ -244,13 +247,13 @@ PAIR = torch.tensor([[-1.0, -2.5, -1.2, -1.9], [-3.0, -1.0, -2.0, -0.5], [-2.0, 
 PAIR_SHARDS = [torch.tensor([0]), torch.tensor([1, 2, 3])]
 
 
-def pair_losses() -> dict[str, object]:
+def pair_losses() -> dict[str, Call]:
     """Every per-pair loss, called on the rows `idx` of PAIR with a normaliser."""
-    def kto(i, norm):  # type: ignore[no-untyped-def]
+    def kto(i: torch.Tensor, norm: losses.Normaliser | None) -> tuple[torch.Tensor, dict[str, float]]:
         return losses.kto_loss(PAIR[i, 0] + 2.0, PAIR[i, 1], PAIR[i, 2] > -1.5, beta=0.7,
                                desirable_weight=1.5, undesirable_weight=0.5, norm=norm)
 
-    def orpo(i, norm):  # type: ignore[no-untyped-def]
+    def orpo(i: torch.Tensor, norm: losses.Normaliser | None) -> tuple[torch.Tensor, dict[str, float]]:
         token = PAIR[i, :4]
         mask = torch.tensor([[1.0, 1.0, 0.0, 1.0]], dtype=D).expand_as(token) * (
             1 + (i.unsqueeze(-1) == 0))  # row 0 counts its tokens twice: counts differ per row
@@ -277,10 +280,10 @@ def test_pair_losses_split_over_ranks_equal_the_whole_batch(name: str) -> None:
     """Shards of 1 and 3 pairs with summed counts (and KTO's summed reference point), averaged
     over the two ranks as FSDP does, give the loss of the whole batch."""
     call = pair_losses()[name]
-    whole, _ = call(torch.arange(4), None)  # type: ignore[operator]
+    whole, _ = call(torch.arange(4), None)
     parts = split_ranks(call, PAIR_SHARDS)
     assert whole.dtype == D
-    assert (sum(p[0] for p in parts) / 2).item() == pytest.approx(whole.item(), rel=1e-12)
+    assert (torch.stack([p[0] for p in parts]).sum() / 2).item() == pytest.approx(whole.item(), rel=1e-12)
 
 
 TOKEN_LOGP = torch.tensor([[-1.0, -0.5, -2.0, -0.1], [-0.3, -1.5, -0.2, -0.9],
@@ -292,7 +295,7 @@ TOKEN_MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [0.0, 1.0, 0.0, 0.0], [1.0, 1.0
 TOKEN_ADV = torch.tensor([[1.0], [-2.0], [0.5]], dtype=D)
 
 
-def token_losses() -> dict[str, object]:
+def token_losses() -> dict[str, Call]:
     lp, old, adv, m = TOKEN_LOGP, TOKEN_OLD, TOKEN_ADV, TOKEN_MASK
     return {
         "ppo": lambda i, norm: losses.ppo_clip_loss(lp[i], old[i], adv[i], m[i], norm=norm),
@@ -312,11 +315,11 @@ def token_losses() -> dict[str, object]:
 @pytest.mark.parametrize("name", list(token_losses()))
 def test_token_losses_split_over_ranks_equal_the_whole_batch(name: str) -> None:
     call = token_losses()[name]
-    whole, _ = call(torch.arange(3), None)  # type: ignore[operator]
+    whole, _ = call(torch.arange(3), None)
     full = losses.Normaliser.of(TOKEN_MASK)
     norm = losses.Normaliser(full.num_tokens, full.num_sequences, dp_size=2)
-    parts = [call(r, norm)[0] for r in (torch.tensor([0]), torch.tensor([1, 2]))]  # type: ignore[operator]
-    assert (sum(parts) / 2).item() == pytest.approx(whole.item(), rel=1e-12)
+    parts = [call(r, norm)[0] for r in (torch.tensor([0]), torch.tensor([1, 2]))]
+    assert (torch.stack(parts).sum() / 2).item() == pytest.approx(whole.item(), rel=1e-12)
 
 
 def test_pair_counts_are_summed_exactly_past_float32() -> None:
