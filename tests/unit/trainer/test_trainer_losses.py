@@ -378,7 +378,7 @@ def test_ppo_metrics_against_a_per_token_reference() -> None:
 
 
 def test_ppo_extremes_of_one_token_and_of_none() -> None:
-    one, _ = T([[math.log(2.0), 0.0]], dtype=D), None
+    one = T([[math.log(2.0), 0.0]], dtype=D)
     _, metrics = losses.ppo_clip_loss(one, torch.zeros(1, 2, dtype=D), T([[1.0]], dtype=D),
                                       T([[1.0, 0.0]], dtype=D))
     assert (metrics["ratio_min"], metrics["ratio_max"]) == pytest.approx((2.0, 2.0))
