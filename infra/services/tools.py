@@ -49,6 +49,7 @@ TOOLS: dict[str, Tool] = {
         Tool(executable="chromium", package="chromium", used_by="`stacx view` browser tests"),
         Tool(executable="chromedriver", package="chromium-driver", used_by="`stacx view` browser tests"),
         Tool(executable="ip", package="iproute2", used_by="network-namespace hosts (cluster tests)"),
+        Tool(executable="systemd-analyze", package="systemd", used_by="checking the systemd unit example"),
     )
 }
 """executable -> Tool. Keep in step with what the code runs (tests/unit/infra/test_tools.py)."""
