@@ -73,9 +73,16 @@ def _workers(router: str) -> dict[str, dict[str, object]]:
     return {str(s["url"]): s for s in body["servers"]} | {"failovers": body["failovers"]}
 
 
-def _tasks(prefix: str, num: int) -> list[TaskSample]:
-    return [TaskSample(task_id=f"{prefix}-{i}", task_type="arithmetic_tool", prompt=f"What is {6 + i}*7?",
-                       data=f'{{"answer": {(6 + i) * 7}}}') for i in range(num)]
+def _tasks(prefix: str, num: int, preamble: str = "") -> list[TaskSample]:
+    return [TaskSample(task_id=f"{prefix}-{i}", task_type="arithmetic_tool",
+                       prompt=f"{preamble}What is {6 + i}*7?", data=f'{{"answer": {(6 + i) * 7}}}')
+            for i in range(num)]
+
+
+NEW_PREAMBLE = "A new kind of task, worded at length so that the chat template is less than half of it. " * 3
+"""Prompts that no server holds half of: by the cache-aware policy (SGLang's too) a short prompt
+sharing the chat template with a warm server's cache goes there unless load is uneven, so the
+restarted server's return is shown with work it is the better place for (equal load, smaller tree)."""
 
 
 def _consume(bootstrap: str, topic: str, group: str, count: int) -> list[Trajectory]:
@@ -197,7 +204,7 @@ async def _check(router: str, urls: list[str], servers: list[ServiceProcess], su
     while not _workers(router)[url]["up"]:  # type: ignore[index]
         assert time.monotonic() < deadline, "the router did not take the restarted server back"
         await asyncio.sleep(0.2)
-    await _rollout(router, gateway, model_dir, _tasks("b", 6), samples, kafka)
+    await _rollout(router, gateway, model_dir, _tasks("b", 6, NEW_PREAMBLE), samples, kafka)
     assert int(_workers(router)[url]["routed"]) > routed[url]  # type: ignore[call-overload]
 
     expected = (num_tasks + 6) * samples
