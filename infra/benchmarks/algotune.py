@@ -102,10 +102,7 @@ class AlgoTune:
         return LoadedSuite(tasks, problems)
 
     def prepare(self, path: Path) -> list[str]:
-        loaded = self.load(path)
-        if not loaded.tasks and not loaded.problems:
-            return [f"{path}: AlgoTuneTasks holds no task folders"]
-        return loaded.problems
+        return self.load(path).readiness(f"{path}: AlgoTuneTasks holds no task folders")
 
     def score(self, outcomes: Sequence[TaskOutcome], *, k: int) -> SuiteScore:
         per_task = {}

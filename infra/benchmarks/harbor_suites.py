@@ -53,11 +53,9 @@ class HarborSuite:
         return LoadedSuite(tasks, problems)
 
     def prepare(self, path: Path) -> list[str]:
-        loaded = self.load(path)
-        if not loaded.tasks and not loaded.problems:
-            return [f"{path}: no task folder (a folder with task.toml) under it; point --from at the "
-                    f"{self.name} dataset folder"]
-        return loaded.problems
+        return self.load(path).readiness(
+            f"{path}: no task folder (a folder with task.toml) under it; point --from at the "
+            f"{self.name} dataset folder")
 
     def score(self, outcomes: Sequence[TaskOutcome], *, k: int) -> SuiteScore:
         return rate_score(outcomes, metric="success rate", k=k)

@@ -111,10 +111,7 @@ class KernelBench:
         return LoadedSuite(tasks, problems)
 
     def prepare(self, path: Path) -> list[str]:
-        loaded = self.load(path)
-        if not loaded.tasks and not loaded.problems:
-            return [f"{path}: the level folders hold no problem files (*.py)"]
-        return loaded.problems
+        return self.load(path).readiness(f"{path}: the level folders hold no problem files (*.py)")
 
     def score(self, outcomes: Sequence[TaskOutcome], *, k: int) -> SuiteScore:
         per_task = {o.task_id: kernel_outcome(o.samples, k) for o in outcomes}

@@ -87,10 +87,7 @@ class MathSuite:
         )
 
     def prepare(self, path: Path) -> list[str]:
-        loaded = self.load(path)
-        if not loaded.tasks and not loaded.problems:
-            return [f"{path}: holds no rows; {self.fix()}"]
-        return loaded.problems
+        return self.load(path).readiness(f"{path}: holds no rows; {self.fix()}")
 
     def score(self, outcomes: Sequence[TaskOutcome], *, k: int) -> SuiteScore:
         return rate_score(outcomes, metric="accuracy", k=k)

@@ -26,6 +26,10 @@ class LoadedSuite:
     problems: list[str] = field(default_factory=list)
     """`file:line: what is wrong and the fix`, one per skipped row or task."""
 
+    def readiness(self, empty: str) -> list[str]:
+        """What `prepare` reports: the problems, or `empty` alone when the copy held nothing."""
+        return [empty] if not self.tasks and not self.problems else self.problems
+
 
 @dataclass(frozen=True, slots=True)
 class TaskOutcome:

@@ -137,10 +137,8 @@ class SweBenchVerified:
         )
 
     def prepare(self, path: Path) -> list[str]:
-        loaded = self.load(path)
-        if not loaded.tasks and not loaded.problems:
-            return [f"{path}: holds no instances; point --from at SWE-bench Verified's instances file"]
-        return loaded.problems
+        return self.load(path).readiness(
+            f"{path}: holds no instances; point --from at SWE-bench Verified's instances file")
 
     def score(self, outcomes: Sequence[TaskOutcome], *, k: int) -> SuiteScore:
         return rate_score(outcomes, metric="resolved rate", k=k)
