@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from infra.pipeline import load_spec  # noqa: E402
 from infra.pipeline.layout import RunLayout  # noqa: E402
 from infra.services import kafka  # noqa: E402
-from infra.services.netlab import NetLab, netlab_problem, stop_group  # noqa: E402
+from infra.services.netlab import NetLab, lab_home, netlab_problem, stop_group  # noqa: E402
 
 log = logging.getLogger("stacx.cluster")
 
@@ -100,15 +100,6 @@ def cluster_tree(lab: NetLab, runs_dir: Path, run_id: str, *, quick: bool) -> di
     )
     tree["cluster"] = {"run_id": run_id, "broker_heap": "384m", "setup_timeout_s": 900, "hosts": hosts}
     return tree
-
-
-def lab_home(root: Path) -> Path:
-    jars = kafka.jar_dir()
-    home = root / "home"
-    target = home / "kafka" / jars.parent.name / "libs"
-    target.parent.mkdir(parents=True)
-    target.symlink_to(jars)
-    return home
 
 
 def join_netns(netns: str) -> None:

@@ -23,12 +23,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["LabHost", "NetLab", "netlab_problem", "stop_group"]
+__all__ = ["LabHost", "NetLab", "lab_home", "netlab_problem", "stop_group"]
 
 log = logging.getLogger(__name__)
 
 SUBNET = "10.231.0.0/24"
 """Host addresses (inside the lab's namespaces only)."""
+
+
+def lab_home(root: Path) -> Path:
+    """A STACX_HOME of a lab's own under `root`, with the Kafka jars `stacx infra up` installed
+    linked in (the lab's brokers keep their data and logs apart from the machine's broker)."""
+    from infra.services import kafka
+
+    jars = kafka.jar_dir()
+    home = root / "home"
+    target = home / "kafka" / jars.parent.name / "libs"
+    target.parent.mkdir(parents=True)
+    target.symlink_to(jars)
+    return home
 
 
 def netlab_problem() -> str | None:

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from infra.services import kafka
-from infra.services.netlab import NetLab, netlab_problem
+from infra.services.netlab import NetLab, lab_home, netlab_problem
 
 REPO = Path(__file__).resolve().parents[3]
 CLIENT = REPO / "bench" / "cluster_client.py"
@@ -45,16 +45,6 @@ def cluster_tree(lab: NetLab, runs_dir: Path, run_id: str) -> dict[str, Any]:
     hosts.append({"name": "client", "address": lab.hosts["client"].address, "roles": work})
     tree["cluster"] = {"run_id": run_id, "broker_heap": "384m", "setup_timeout_s": 300, "hosts": hosts}
     return tree
-
-
-def lab_home(root: Path) -> Path:
-    """A STACX_HOME of the lab's own with the installed Kafka jars linked in."""
-    jars = kafka.jar_dir()
-    home = root / "home"
-    target = home / "kafka" / jars.parent.name / "libs"
-    target.parent.mkdir(parents=True)
-    target.symlink_to(jars)
-    return home
 
 
 def client(lab: NetLab, cluster_file: Path, *args: str, timeout_s: float = 300) -> dict[str, Any]:
