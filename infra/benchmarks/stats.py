@@ -7,6 +7,7 @@ Legend: `n` samples of one task, `c` of them correct; `k` the best-of-k budget.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -52,9 +53,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def harmonic_mean(values: Sequence[float]) -> float:
     """The harmonic mean of positive values (0 for none)."""
-    if not values:
-        return 0.0
-    return len(values) / sum(1.0 / v for v in values)
+    return statistics.harmonic_mean(values) if values else 0.0
 
 
 def bootstrap_interval(
@@ -79,6 +78,4 @@ def bootstrap_interval(
 
 def geometric_mean(values: Sequence[float]) -> float:
     """The geometric mean of positive values (0 for none)."""
-    if not values:
-        return 0.0
-    return math.exp(sum(math.log(v) for v in values) / len(values))
+    return statistics.geometric_mean(values) if values else 0.0
