@@ -314,8 +314,8 @@ class NodeRunner:
         problem: str | None = "not asked yet"
         while time.monotonic() < deadline:
             self.supervisor.poll()
-            problem = kafka_problem(self.spec.bootstrap_servers, timeout_s=5.0)
-            if problem is None and _broker_count(self.spec.bootstrap_servers) >= want:
+            problem = kafka_problem(self.spec.bootstrap_servers, timeout_s=5.0, min_brokers=want)
+            if problem is None:
                 log.info(
                     "node %s: %d broker(s) answer at %s",
                     self.node.host.name,
@@ -422,11 +422,3 @@ class NodeRunner:
                 except Exception as exc:  # go on stopping the others
                     log.warning("node %s: stopping %s: %s", self.node.host.name, name, exc)
 
-
-def _broker_count(bootstrap: str) -> int:
-    from confluent_kafka.admin import AdminClient
-
-    try:
-        return len(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=5).brokers)
-    except Exception:  # not answering yet
-        return 0

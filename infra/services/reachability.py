@@ -16,9 +16,10 @@ _QUIET.setLevel(logging.CRITICAL)  # librdkafka's FAIL/ERROR lines of the check:
 _QUIET.propagate = False
 
 
-def kafka_problem(bootstrap_servers: str, *, timeout_s: float = 10.0) -> str | None:
+def kafka_problem(bootstrap_servers: str, *, timeout_s: float = 10.0, min_brokers: int = 1) -> str | None:
     """None when a broker at `bootstrap_servers` answers a metadata request within
-    `timeout_s`; otherwise one line saying so and how to fix it."""
+    `timeout_s` and the cluster lists at least `min_brokers`; otherwise one line saying so and how
+    to fix it."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
@@ -32,4 +33,7 @@ def kafka_problem(bootstrap_servers: str, *, timeout_s: float = 10.0) -> str | N
         )
     if not metadata.brokers:
         return f"Kafka at {bootstrap_servers} lists no brokers; check bootstrap_servers"
+    if len(metadata.brokers) < min_brokers:
+        return (f"Kafka at {bootstrap_servers} lists {len(metadata.brokers)} of its {min_brokers} "
+                "brokers; start the others")
     return None
