@@ -128,14 +128,18 @@ class EventConsumer:
         *,
         validator: Validator | None = None,
         expected: type | tuple[type, ...] | None = None,
+        on_assign: Callable[[list[tuple[str, int]]], None] | None = None,
     ) -> None:
         """`validator` rejects records (raise anything) and `expected` names the record types
-        this consumer reads; events failing either go to the DLQ like undecodable ones."""
+        this consumer reads; events failing either go to the DLQ like undecodable ones.
+        `on_assign` is called with the (topic, partition) pairs of each new assignment (from the
+        thread that polls, after the group's rebalance)."""
         from confluent_kafka import Consumer
 
         self.config = config
         self._validator = validator
         self._expected = expected
+        self._assign_listener = on_assign
         self._catalogue = SchemaCatalogue(
             SchemaCatalogue.Config(
                 bootstrap_servers=config.bootstrap_servers, topic=config.schemas_topic, create_topic=False
@@ -445,6 +449,8 @@ class EventConsumer:
             partitions = [moved.get((p.topic, p.partition), p) for p in partitions]
             self._pending_seeks.clear()
         consumer.assign(partitions)
+        if self._assign_listener is not None:
+            self._assign_listener([(p.topic, p.partition) for p in partitions])
 
     def _check_open(self) -> None:
         if self._closed:

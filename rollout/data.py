@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import hashlib
 import json
+import logging
 import random
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ __all__ = [
     "load_tasks_jsonl",
     "task_from_dict",
 ]
+
+log = logging.getLogger(__name__)
 
 _TASK_FIELDS = {f.name for f in dataclasses.fields(TaskSample)}
 
@@ -185,7 +188,10 @@ class KafkaTaskSource:
     """Groups from the `stacx.tasks` topic through a consumer group (many workers share it).
 
     Offsets are committed only after every sample of the group is published (`ack`), so a crashed
-    worker's tasks are redelivered to another one.
+    worker's tasks are redelivered to another one. A rebalance re-reads this worker's own
+    unfinished tasks from the committed offsets; those already taken here are skipped, not run
+    twice. `num_takeovers` counts the rebalances that gave this worker partitions it did not
+    have (a peer left the group: its unfinished tasks are re-served here).
     """
 
     @dataclass(kw_only=True, slots=True)
@@ -211,6 +217,11 @@ class KafkaTaskSource:
         """Per partition: offset -> event, still in flight (committed in offset order only)."""
         self._done: dict[tuple[str, int], dict[int, Any]] = {}
         self._commit_lock = asyncio.Lock()
+        self._assigned: set[tuple[str, int]] = set()
+        """The partitions of the last assignment (a rebalance hands out the whole set)."""
+        self._ever_assigned = False
+        self.num_takeovers = 0
+        """Rebalances that assigned this worker partitions it did not have before (not the first)."""
 
     def _make_consumer(self) -> Any:
         from consumers import EventConsumer
@@ -220,14 +231,26 @@ class KafkaTaskSource:
                 bootstrap_servers=self.config.bootstrap_servers,
                 group_id=self.config.group_id,
                 topics=[self.config.topic],
-            )
+            ),
+            on_assign=self.on_assign,
         )
+
+    def on_assign(self, partitions: list[tuple[str, int]]) -> None:
+        """A new assignment (the consumer's rebalance callback): count a takeover when it holds
+        partitions this worker did not have."""
+        gained = set(partitions) - self._assigned
+        if gained and self._ever_assigned:
+            self.num_takeovers += 1
+            log.info("tasks of partitions %s re-served here (the group rebalanced)", sorted(gained))
+        self._assigned, self._ever_assigned = set(partitions), True
 
     async def next_group(self) -> TaskGroup | None:
         while True:
             event = await asyncio.to_thread(self._consumer.poll, self.config.poll_timeout_s)
             if event is not None and isinstance(event.value, TaskSample):
                 self._idle = 0
+                if self._taken_here(event):
+                    continue
                 ref = f"{event.topic}/{event.partition}/{event.offset}"
                 self._pending.setdefault((event.topic, event.partition), {})[event.offset] = event
                 return TaskGroup(
@@ -239,6 +262,11 @@ class KafkaTaskSource:
             self._idle += 1
             if self.config.max_idle_polls and self._idle >= self.config.max_idle_polls:
                 return None
+
+    def _taken_here(self, event: Any) -> bool:
+        """The task is running here or finished and not committed yet (a rebalance re-read it)."""
+        part = (event.topic, event.partition)
+        return event.offset in self._pending.get(part, {}) or event.offset in self._done.get(part, {})
 
     async def ack(self, group: TaskGroup) -> None:
         event = group.source_ref

@@ -140,6 +140,14 @@ class RolloutManager:
         """Longest wait after groups that could not reach a batch."""
         staleness_poll_s: float = 0.05
         """How often a stalled manager re-reads the policy version."""
+        stall_rebase_s: float = 120.0
+        """Stalled at the staleness bound this long with no new policy version, the worker gives
+        back the groups it admitted that are no longer in flight but were never trained (the
+        assembler dropped them as stale, or a batch needed groups a dead peer had in flight) and
+        takes more; the assembler's staleness filter still bounds what is trained (0 = never)."""
+        rebase_on_takeover: bool = True
+        """Give those groups back too when the task source re-serves a departed peer's tasks
+        here (a rebalance gave this worker more partitions of the tasks topic)."""
         record_task_rewards: bool = False
         """Keep every reward per task id in the summary (evaluation runs)."""
         publish_failed: bool = True
@@ -171,6 +179,8 @@ class RolloutManager:
                     f"untrained_backoff_s = {self.untrained_backoff_s}, untrained_backoff_max_s = "
                     f"{self.untrained_backoff_max_s}; use 0 <= untrained_backoff_s <= untrained_backoff_max_s"
                 )
+            if self.stall_rebase_s < 0:
+                raise ConfigError(f"stall_rebase_s = {self.stall_rebase_s}; use >= 0 seconds (0 = never)")
             if not self.evaluators:
                 raise ConfigError("evaluators is empty; configure at least `default`")
             if self.vocab_size is not None and self.vocab_size < 1:
@@ -231,8 +241,15 @@ class RolloutManager:
         """Set by the dispatcher when it took a group (room for the puller)."""
         self._stopping: str | None = None
         self._stalled = False
+        self._stalled_since = 0.0
+        """When the current stall began (monotonic)."""
         self._first_version: int | None = None
+        """The version the staleness bound counts from (the first seen, or the last rebase)."""
         self._groups_admitted = 0
+        self._given_back = 0
+        """Admitted groups no longer counted under the bound (given back by rebases)."""
+        self._takeovers_seen = 0
+        self.num_rebases = 0
         self._trained: dict[str, int] = {}
         """Group id -> its episodes so far with a status the assembler trains on."""
         self.num_untrained_groups = 0
@@ -302,6 +319,7 @@ class RolloutManager:
             "by_status": dict(self.summary.by_status),
             "mean_reward_by_type": self.summary.mean_reward_by_type(),
             "staleness_stalls": self.num_stalls,
+            "staleness_rebases": self.num_rebases,
             "waiting_groups": len(self._window),
             "bypassed": self.num_bypassed,
             "pool_in_use": self.pool.in_use.as_dict(),
@@ -435,7 +453,10 @@ class RolloutManager:
         self._window.append(_Waiting(group=group, evaluator=self._evaluator_for(group)))
 
     def _stale(self) -> bool:
-        """True when data admitted now would trail the trainer by more than max_staleness."""
+        """True when data admitted now would trail the trainer by more than max_staleness.
+
+        The bound counts this worker's admitted groups (less those that cannot reach a batch and
+        those given back) against the versions since `_first_version`."""
         per_version = self.config.train_groups_per_version
         if not per_version:
             return False
@@ -443,17 +464,57 @@ class RolloutManager:
         if self._first_version is None:
             self._first_version = version
         steps = version - self._first_version
-        counted = self._groups_admitted - self.num_untrained_groups
-        return counted >= (steps + self.config.max_staleness + 1) * per_version
+        return self._counted() >= (steps + self.config.max_staleness + 1) * per_version
+
+    def _counted(self) -> int:
+        return self._groups_admitted - self.num_untrained_groups - self._given_back
+
+    def _in_flight_groups(self) -> int:
+        """Admitted groups with samples still to publish (a group with a lost sample is never
+        acked nor trained: not in flight)."""
+        return sum(1 for left in self._remaining.values() if left > 0)
+
+    def _rebase(self, why: str) -> None:
+        """Count the bound from the current version, with only the groups still in flight: the
+        rest were trained, filtered, or will never be (the assembler's filter is the hard bound)."""
+        version = self.policy_version()
+        in_flight = self._in_flight_groups()
+        given = max(0, self._counted() - in_flight)
+        self._given_back += given
+        self._first_version = version
+        self.num_rebases += 1
+        self._stalled_since = time.monotonic()
+        log.warning(
+            "staleness bound rebased at version %d (%s): %d admitted groups no longer in flight "
+            "given back, %d in flight still count",
+            version,
+            why,
+            given,
+            in_flight,
+        )
+
+    def _maybe_rebase(self) -> None:
+        """Rebase after a takeover of a peer's tasks, or a stall with no new version for
+        `stall_rebase_s`."""
+        if not self.config.train_groups_per_version:
+            return
+        takeovers = int(getattr(self.source, "num_takeovers", 0))
+        if takeovers != self._takeovers_seen:
+            self._takeovers_seen = takeovers
+            if self.config.rebase_on_takeover:
+                self._rebase("a departed peer's tasks are re-served here")
+                return
+        limit_s = self.config.stall_rebase_s
+        if self._stalled and limit_s and time.monotonic() - self._stalled_since >= limit_s:
+            self._rebase(f"no new policy version in {limit_s:.0f} s at the bound")
 
     def _is_stalled(self) -> bool:
+        self._maybe_rebase()
         stale = self._stale()
-        if stale and not self._stalled:
+        if stale and not self._stalled:  # a new version ends a stall: each one waits afresh
             self.num_stalls += 1
-            log.info(
-                "staleness bound reached at version %d: waiting for a new policy",
-                self.policy_version(),
-            )
+            self._stalled_since = time.monotonic()
+            log.info("staleness bound reached at version %d: waiting for a new policy", self.policy_version())
         self._stalled = stale
         return stale
 

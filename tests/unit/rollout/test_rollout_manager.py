@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from rollout.data import KafkaTaskSource, ListTaskSource
-from rollout.errors import ResourceDeadlockError
+from rollout.errors import ConfigError, ResourceDeadlockError
 from rollout.evaluator import Evaluator
 from rollout.fakes import (
     FakeEnvironments,
@@ -347,3 +347,126 @@ async def test_idle_stream_source_does_not_hold_back_pending_work() -> None:
     manager.stop("drain")
     summary = await asyncio.wait_for(run, 30)
     assert summary.num_episodes == 4
+
+
+async def test_kafka_source_counts_takeovers_and_skips_its_own_redelivered_tasks() -> None:
+    """A rebalance hands this worker a whole new assignment: partitions it did not hold are a
+    departed peer's tasks (a takeover); its own unfinished tasks come again from the committed
+    offsets and are not run twice."""
+    events = [_Event("stacx.tasks", 0, i, t) for i, t in enumerate(_tasks(3))]
+    redelivered = [events[0], events[1], events[2]]
+    consumer = _FakeConsumer([events[0], events[1], *redelivered])
+    source = KafkaTaskSource(
+        KafkaTaskSource.Config(bootstrap_servers="unused", max_idle_polls=1), consumer=consumer
+    )
+    source.on_assign([("stacx.tasks", 0), ("stacx.tasks", 1)])  # the first assignment
+    assert source.num_takeovers == 0
+    source.on_assign([("stacx.tasks", 0)])  # a peer joined: this worker keeps partition 0
+    assert source.num_takeovers == 0
+    source.on_assign([("stacx.tasks", 0), ("stacx.tasks", 1)])  # the peer left: its partition
+    assert source.num_takeovers == 1
+    first, second = await source.next_group(), await source.next_group()
+    assert first is not None and second is not None
+    await source.ack(second)  # finished, not committed (offset 0 still runs)
+    third = await source.next_group()  # offsets 0 and 1 again, then 2
+    assert third is not None and third.source_ref.offset == 2
+    assert await source.next_group() is None
+
+
+class _TakeoverSource(ListTaskSource):
+    """A task source whose group rebalanced (`num_takeovers`), as `KafkaTaskSource` counts it."""
+
+    num_takeovers = 0
+
+
+class _HeldPublisher(MemoryPublisher):
+    """Publishing of the tasks in `held` waits for `release` (their groups stay in flight)."""
+
+    def __init__(self, held: set[str]) -> None:
+        super().__init__()
+        self.held, self.release = held, asyncio.Event()
+
+    async def publish(self, trajectory):  # type: ignore[no-untyped-def]
+        if trajectory.task_id in self.held:
+            await self.release.wait()
+        await super().publish(trajectory)
+
+
+def _bound_manager(source: ListTaskSource, publisher: MemoryPublisher, **config) -> RolloutManager:  # type: ignore[no-untyped-def]
+    tok = FakeTokenizer()
+    return RolloutManager(
+        RolloutManager.Config(max_staleness=1, train_groups_per_version=2, **config),
+        source=source,
+        tokenizer=tok,
+        inference=ScriptedInference(tok, _policy),
+        publisher=publisher,
+        sandbox=FakeEnvironments(),
+        versions=StaticVersion(0),
+    )
+
+
+@pytest.mark.parametrize("rebase", [True, False])
+async def test_a_takeover_gives_back_the_groups_no_longer_in_flight(rebase: bool) -> None:
+    """At the bound (4 groups at version 0), a dead peer's tasks are re-served here: the 2
+    finished groups (trained, filtered, or never to be trained) are given back, the 2 still in
+    flight keep counting, so exactly 2 more are taken; `rebase_on_takeover: false` keeps waiting."""
+    source = _TakeoverSource(_tasks(40))
+    publisher = _HeldPublisher({"math-2", "math-3"})
+    manager = _bound_manager(source, publisher, rebase_on_takeover=rebase, stall_rebase_s=0)
+    run = asyncio.create_task(manager.run())
+    await _until(lambda: manager.num_stalls == 1 and len(publisher.published) == 2)
+    source.num_takeovers = 1
+    await asyncio.sleep(0.2)
+    assert manager.summary.num_groups == (6 if rebase else 4)
+    assert manager.num_rebases == int(rebase) and manager.metrics()["staleness_rebases"] == int(rebase)
+    publisher.release.set()  # the held groups finish: still no more than the bound
+    await _until(lambda: len(publisher.published) == manager.summary.num_groups)
+    await asyncio.sleep(0.1)
+    assert manager.summary.num_groups == (6 if rebase else 4)
+    manager.stop("cancel")
+    await asyncio.wait_for(run, 30)
+
+
+async def test_a_stall_with_no_new_version_rebases_after_stall_rebase_s() -> None:
+    """No version for `stall_rebase_s` at the bound (the groups a version needs died with a
+    peer): the finished groups are given back and the worker takes a bound's worth more."""
+    publisher = MemoryPublisher()
+    manager = _bound_manager(ListTaskSource(_tasks(40)), publisher, stall_rebase_s=0.3)
+    run = asyncio.create_task(manager.run())
+    await _until(lambda: manager.num_stalls == 1)
+    await asyncio.sleep(0.1)
+    assert manager.summary.num_groups == 4 and manager.num_rebases == 0  # not yet
+    await _until(lambda: manager.summary.num_groups == 8, limit_s=5.0)
+    await _until(lambda: manager.num_stalls == 2)
+    assert manager.num_rebases == 1
+    manager.stop("cancel")
+    await asyncio.wait_for(run, 30)
+
+
+async def test_a_new_version_during_a_stall_restarts_the_rebase_wait() -> None:
+    """Versions keep coming, each after a short stall: the wait is per stall, never summed."""
+    versions = StaticVersion(0)
+    tok = FakeTokenizer()
+    manager = RolloutManager(
+        RolloutManager.Config(max_staleness=1, train_groups_per_version=2, stall_rebase_s=0.4),
+        source=ListTaskSource(_tasks(40)),
+        tokenizer=tok,
+        inference=ScriptedInference(tok, _policy),
+        publisher=MemoryPublisher(),
+        sandbox=FakeEnvironments(),
+        versions=versions,
+    )
+    run = asyncio.create_task(manager.run())
+    await _until(lambda: manager.num_stalls == 1)
+    for version in range(1, 4):  # a version every 0.25 s, each taking 2 more groups
+        await asyncio.sleep(0.25)
+        versions.version = version
+    await asyncio.sleep(0.25)
+    assert manager.num_rebases == 0 and manager.summary.num_groups == 10
+    manager.stop("cancel")
+    await asyncio.wait_for(run, 30)
+
+
+def test_a_negative_stall_rebase_is_refused() -> None:
+    with pytest.raises(ConfigError, match="stall_rebase_s = -1"):
+        RolloutManager.Config(stall_rebase_s=-1)
