@@ -27,7 +27,8 @@ swap, held-out evaluation, shutdown) and the audit reads:
   trainer       the final checkpoint's lineage (trained batch ids) and its committed offset on the
                 batches topic (batches past it were not trained yet: the next trainer reads them)
   weights       the run's WeightVersion announcements, in order
-  servers       the versions the inference server loaded (its weight subscriber's log lines)
+  servers       the versions each inference server loaded (its weight subscriber's log lines;
+                `logs/inference.log`, or `logs/<host>/inference.log` of each host of a cluster)
 
 Counts: `lost` (a published slot in no trained batch, not dead-lettered, not filtered, not pending
 in the assembler or the trainer), `trained_twice` (a batch id twice in the lineage, or a
@@ -372,7 +373,8 @@ def audit(pipeline: Pipeline) -> dict[str, Any]:
     pooled = {decode_group(m.value()).group_id for m in read_topic(bootstrap, f"{app_id}-groups")
               if m.value() and m.offset() >= unread.get((m.topic(), m.partition()), 0)}
     filtered = set()
-    dropped = dropped_groups(pipeline.layout.logs_dir / "assembler.log")
+    dropped = {k: v for path in service_logs(pipeline.layout.logs_dir, "assembler.log")
+               for k, v in dropped_groups(path).items()}
     for slot in slots:
         record = groups.get(slot[0])
         if slot[0] in pooled:
@@ -422,7 +424,32 @@ def audit(pipeline: Pipeline) -> dict[str, Any]:
         "repeated_versions": repeats,
         # false when steps left the weights unchanged (all-zero advantages): not a conflict
         "distinct_contents": len(set(hashes.values())) == len(hashes),
-        **served_versions(pipeline.layout.logs_dir / "inference.log", run.model_name, announced),
+        **served_by_servers(pipeline.layout.logs_dir, run.model_name, announced),
+    }
+
+
+def service_logs(logs_dir: Path, name: str) -> list[Path]:
+    """A service's log files: `logs/<name>` of a one-host run, `logs/<host>/<name>` of each host
+    of a cluster run (`stacx node up`)."""
+    return [p for p in (logs_dir / name, *sorted(logs_dir.glob(f"*/{name}"))) if p.is_file()]
+
+
+def served_by_servers(logs_dir: Path, model_name: str, announced: list[Any]) -> dict[str, Any]:
+    """`served_versions` of every inference server's log: loads, regressions and unannounced
+    loads summed, `served_last` the newest any server loaded, `served_behind` that of the server
+    closest to the last announcement (a host lost mid-run stops loading), `served_last_by_log`."""
+    found = {str(p.relative_to(logs_dir)): served_versions(p, model_name, announced)
+             for p in service_logs(logs_dir, "inference.log")}
+    if not found:
+        return served_versions(logs_dir / "inference.log", model_name, announced)
+    each = list(found.values())
+    return {
+        "server_loads": sum(s["server_loads"] for s in each),
+        "served_last": max(s["served_last"] for s in each),
+        "served_regressions": sum(s["served_regressions"] for s in each),
+        "served_unannounced": sum(s["served_unannounced"] for s in each),
+        "served_behind": min(s["served_behind"] for s in each),
+        "served_last_by_log": {name: s["served_last"] for name, s in found.items()},
     }
 
 

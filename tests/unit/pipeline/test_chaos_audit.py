@@ -59,6 +59,28 @@ def test_served_versions_counts_regressions_unannounced_loads_and_lag(
     assert (bad["served_regressions"], bad["served_unannounced"], bad["served_behind"]) == (1, 1, 0)
 
 
+def test_a_cluster_run_is_audited_from_every_hosts_logs(chaos: ModuleType, tmp_path: Path) -> None:
+    """`stacx node up` writes `logs/<host>/<service>.log`: the servers of both rollout hosts are
+    read (each on its own: one's older loads are no regression of the other's), and the groups
+    the assembler dropped are found on its host."""
+    announced = [WeightVersion(model_name="policy", version=v, path=f"/w/v{v}") for v in (1, 2, 3)]
+    for host, versions in (("roll-1", (1, 2, 3)), ("roll-2", (1,))):
+        (tmp_path / host).mkdir()
+        lines = [_subscriber_line(v, f"/w/v{v}") for v in versions]
+        (tmp_path / host / "inference.log").write_text("\n".join(lines) + "\n")
+    (tmp_path / "train-1").mkdir()
+    (tmp_path / "train-1" / "assembler.log").write_text("x group g7 of math-1 dropped: stale\n")
+    served = chaos.served_by_servers(tmp_path, "policy", announced)
+    assert served == {"server_loads": 4, "served_last": 3, "served_regressions": 0, "served_unannounced": 0,
+                      "served_behind": 0,
+                      "served_last_by_log": {"roll-1/inference.log": 3, "roll-2/inference.log": 1}}
+    logs = chaos.service_logs(tmp_path, "assembler.log")
+    assert logs == [tmp_path / "train-1" / "assembler.log"]
+    assert chaos.dropped_groups(logs[0]) == {"g7": "stale"}
+    (tmp_path / "assembler.log").write_text("")  # a one-host run's log comes first
+    assert chaos.service_logs(tmp_path, "assembler.log")[0] == tmp_path / "assembler.log"
+
+
 def _sleep() -> None:
     time.sleep(30)
 
