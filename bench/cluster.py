@@ -56,7 +56,18 @@ TRAINERS = ("train-1", "train-2")
 CLONE_NEWNET = 0x40000000
 
 
-def cluster_tree(lab: NetLab, runs_dir: Path, run_id: str, *, quick: bool) -> dict[str, Any]:
+def tool_python(latency_s: float) -> str:
+    """The ReTool scaffold's interpreter command, `latency_s` slower per tool call (a remote
+    tool, a slow test suite): the sleep holds a sandbox, not a CPU."""
+    if latency_s <= 0:
+        return "python3"
+    code = f"import sys,time;time.sleep({latency_s!r});exec(compile(sys.stdin.read(),'<tool>','exec'))"
+    return f'python3 -c "{code}"'
+
+
+def cluster_tree(
+    lab: NetLab, runs_dir: Path, run_id: str, *, quick: bool, tool_latency_s: float = 0.0
+) -> dict[str, Any]:
     """The quickstart as a cluster file over the lab's hosts, small enough for two cores."""
     tree: dict[str, Any] = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
     tree.pop("bootstrap_servers", None)
@@ -70,6 +81,8 @@ def cluster_tree(lab: NetLab, runs_dir: Path, run_id: str, *, quick: bool) -> di
     tree["inference"]["server"]["engine"] = {"max_batch_size": 16}
     tree["rollout"]["data"]["samples_per_task"] = 4
     manager = tree["rollout"]["manager"]
+    for evaluator in manager["evaluators"].values():
+        evaluator.setdefault("scaffold_options", {})["python"] = tool_python(tool_latency_s)
     manager.update(max_concurrent_episodes=8 if quick else 16, train_groups_per_version=2)
     manager["pool"].update(sandboxes=8 if quick else 16, generations=16)
     tree["assembler"]["grouping"]["group_size"] = 4
@@ -187,6 +200,12 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--window-s", type=float, default=60.0, help="each scale-out window")
     parser.add_argument("--timeout-s", type=float, default=1800.0)
     parser.add_argument("--quick", action="store_true", help="smaller pools (the e2e test)")
+    parser.add_argument(
+        "--tool-latency-s",
+        type=float,
+        default=0.0,
+        help="seconds added to every tool call, so that a host is bound by tool latency, not CPU",
+    )
     parser.add_argument("--keep", help="keep the run's files in this folder")
     parser.add_argument("--json", action="store_true", help="print the JSON line only")
     return parser.parse_args()
@@ -234,7 +253,8 @@ def run(args: argparse.Namespace, lab: NetLab, root: Path) -> dict[str, Any]:
 
     run_id = f"cluster-{lab.prefix}"
     cluster_file = root / "cluster.yaml"
-    cluster_file.write_text(yaml.safe_dump(cluster_tree(lab, root / "runs", run_id, quick=args.quick)))
+    tree = cluster_tree(lab, root / "runs", run_id, quick=args.quick, tool_latency_s=args.tool_latency_s)
+    cluster_file.write_text(yaml.safe_dump(tree))
     spec = load_spec(cluster_file)
     layout = RunLayout.create(spec)
     nodes = Cluster(lab, cluster_file, root, {"STACX_HOME": str(lab_home(root)), "STACX_RUN_ID": run_id})
@@ -248,6 +268,7 @@ def run(args: argparse.Namespace, lab: NetLab, root: Path) -> dict[str, Any]:
         "rollout_hosts": len(ROLLOUTS),
         "trainer_hosts": len(TRAINERS),
         "run_id": run_id,
+        "tool_latency_s": args.tool_latency_s,
         "topics": {
             "replication_factor": spec.topics.replication_factor,
             "min_insync_replicas": spec.topics.min_insync_replicas,
@@ -294,7 +315,16 @@ def run(args: argparse.Namespace, lab: NetLab, root: Path) -> dict[str, Any]:
         for proc in lab.hosts[name].processes:
             stop_group(proc)
     result["orphans"] = len(chaos.orphans(run_id))
+    result["staleness_rebases"] = _rebases(layout.logs_dir)
     return result
+
+
+def _rebases(logs_dir: Path) -> dict[str, int]:
+    """Per rollout log, the times its worker counted the staleness bound afresh (its log lines)."""
+    return {
+        str(path.relative_to(logs_dir)): path.read_text(errors="replace").count("staleness bound rebased")
+        for path in sorted(logs_dir.glob("*/rollout*.log"))
+    }
 
 
 def _chaos_module() -> Any:

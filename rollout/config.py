@@ -78,6 +78,9 @@ class SandboxConfig:
     """Base URL of the only gateway (default http://127.0.0.1:8700); or use `urls`."""
     urls: list[str] = field(default_factory=list)
     """Base URLs of several gateways: each episode goes to the least-loaded one that is up."""
+    preferred: list[str] = field(default_factory=list)
+    """Those of `urls` used first (this host's own gateway); the others take episodes only while
+    no preferred one is up with room."""
     token_env: str = "STACX_SANDBOX_TOKEN"
     """Environment variable holding the gateways' bearer token."""
     image: str = "stacx/sandbox:bookworm"
@@ -105,6 +108,11 @@ class SandboxConfig:
             raise ConfigError(f"sandbox.urls: {bad} must start with http:// or https://")
         if len(set(self.gateway_urls())) != len(self.gateway_urls()):
             raise ConfigError(f"sandbox.urls lists a gateway twice: {self.urls}")
+        unknown = [u for u in self.preferred if u not in self.gateway_urls()]
+        if unknown:
+            raise ConfigError(
+                f"sandbox.preferred: {unknown} not in sandbox.urls; list each preferred gateway there"
+            )
 
     def gateway_urls(self) -> list[str]:
         """Every gateway to use, in the order given."""

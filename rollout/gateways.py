@@ -2,7 +2,8 @@
 
 `GatewayEnvironments` is the rollout's `EnvironmentFactory` over one or more sandbox gateways
 (one per Docker host). Each episode's session goes to the least-loaded gateway that is up and
-can serve the task (a `task_dir` needs a gateway whose backend builds task images); a gateway that
+can serve the task (a `task_dir` needs a gateway whose backend builds task images), among the
+`preferred` ones (this host's own) while one of them can take it, else among the others; a gateway that
 cannot be reached or answers that it cannot start sessions (5xx, a wedged engine, full) is
 marked down for `down_for_s` and the next one is tried. Episodes already on a gateway that dies
 fail with the reason (their `exec` raises) and new ones go elsewhere; after `down_for_s` the
@@ -235,6 +236,9 @@ class GatewayEnvironments:
         is marked down, and new episodes go elsewhere while its requests wait."""
         health_timeout_s: float = 5.0
         """How long a `/healthz` probe waits for its answer."""
+        preferred: tuple[str, ...] = ()
+        """Base URLs of the gateways used first (the worker's own host's); the others take
+        episodes only while no preferred one is up with room, and are not probed meanwhile."""
 
         def __post_init__(self) -> None:
             if self.unresponsive_after_s <= 0 or self.health_timeout_s <= 0:
@@ -265,6 +269,9 @@ class GatewayEnvironments:
             raise ConfigError("sandbox: no gateway configured; set sandbox.url or sandbox.urls")
         self.config = config or GatewayEnvironments.Config()
         self.gateways = [_Gateway(url=_url_of(c, i), client=c) for i, c in enumerate(clients)]
+        unknown = sorted(set(self.config.preferred) - {g.url for g in self.gateways})
+        if unknown:
+            raise ConfigError(f"sandbox.preferred: {unknown} are not among the gateways' urls")
         self._sleep = sleep
         self._clock = clock
         self._probing: dict[str, asyncio.Task[bool]] = {}
@@ -367,16 +374,31 @@ class GatewayEnvironments:
         gateway.active -= 1
 
     async def _candidates(self, task: TaskSample) -> list[_Gateway]:
-        """Gateways that are up (or answer a probe now) and can serve `task`, least loaded first."""
+        """Gateways that are up (or answer a probe now) and can serve `task`: the preferred ones
+        first, then the others, each tier least loaded first. The other tier is probed only when
+        no preferred gateway is usable."""
         now = self._clock()
-        revived = [g for g in self.gateways if g.backend is None or (g.problem and now >= g.down_until)]
+        preferred = set(self.config.preferred)
+        tiers = [[g for g in self.gateways if (g.url in preferred) == first] for first in (True, False)]
+        ordered: list[_Gateway] = []
+        for tier in (t for t in tiers if t):
+            if not ordered:
+                await self._revive(tier, now)
+            ordered += self._usable(tier, task)
+        await self._check_waiting(now)
+        return [g for g in ordered if g.problem is None]
+
+    async def _revive(self, gateways: list[_Gateway], now: float) -> None:
+        """Probe the gateways never probed, and the down ones whose `down_for_s` is over."""
+        revived = [g for g in gateways if g.backend is None or (g.problem and now >= g.down_until)]
         if revived:
             await asyncio.gather(*(self._probe(g) for g in revived))
-        await self._check_waiting(now)
+
+    def _usable(self, gateways: list[_Gateway], task: TaskSample) -> list[_Gateway]:
         limit = self.config.max_sessions_per_gateway
         usable = [
             g
-            for g in self.gateways
+            for g in gateways
             if g.problem is None and (limit is None or g.active + g.creating < limit) and _serves(g, task)
         ]
         return sorted(usable, key=lambda g: (g.active + g.creating, g.opened))

@@ -96,6 +96,7 @@ def build_environments(config: RolloutConfig, closers: list[Any]) -> GatewayEnvi
         max_sessions_per_gateway=sandbox.max_sessions_per_gateway,
         down_for_s=sandbox.down_for_s,
         unresponsive_after_s=sandbox.unresponsive_after_s,
+        preferred=tuple(sandbox.preferred),
     )
     environments = GatewayEnvironments(clients, options)
     closers.append(environments)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -208,15 +209,26 @@ def _user_sections(spec: PipelineSpec) -> dict[str, Any]:
 
 
 def rollout_section(
-    spec: PipelineSpec, layout: RunLayout, *, model_dir: Path, inference_url: str, gateway_url: str
+    spec: PipelineSpec,
+    layout: RunLayout,
+    *,
+    model_dir: Path,
+    inference_url: str,
+    gateway_url: str,
+    fallback_gateways: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """`stacx rollout` config: the spec's `rollout` section plus this run's data and endpoints."""
+    """`stacx rollout` config: the spec's `rollout` section plus this run's data and endpoints;
+    `gateway_url` preferred, `fallback_gateways` (other hosts') used while it is down or full."""
+    user_sandbox = spec.rollout.get("sandbox") or {}
+    sandbox: dict[str, Any] = {"url": gateway_url}
+    if fallback_gateways and not {"url", "urls"} & set(user_sandbox):
+        sandbox = {"urls": [gateway_url, *fallback_gateways], "preferred": [gateway_url]}
     return _fill(
         spec.rollout,
         {
             "data": {**task_data(spec, layout), **_group_size(spec, "samples_per_task")},
             "inference": {"url": inference_url, "tokenizer": str(model_dir.resolve())},
-            "sandbox": {"url": gateway_url},
+            "sandbox": sandbox,
             "kafka": {
                 "bootstrap_servers": spec.bootstrap_servers,
                 "publish": True,

@@ -158,13 +158,19 @@ def _section(
     if role == "inference":
         section = inference_section(spec, layout, model_dir=model_dir)
         return {"inference": {**section, "server": {**section["server"], "host": host.address}}}
-    if role == "rollout":
+    if role == "rollout":  # its own gateway first (else the first host's), the others behind it
+        gateway_url = _endpoint(cluster, host, "gateway", gateway_port)
         return rollout_section(
             spec,
             layout,
             model_dir=model_dir,
             inference_url=_endpoint(cluster, host, "inference", inference_port),
-            gateway_url=_endpoint(cluster, host, "gateway", gateway_port),
+            gateway_url=gateway_url,
+            fallback_gateways=[
+                url
+                for url in (_url(other, gateway_port) for other in cluster.with_role("gateway"))
+                if url != gateway_url
+            ],
         )
     if role == "assembler":
         return assembler_section(spec, layout)

@@ -18,6 +18,7 @@ from infra.pipeline import PipelineConfigError, parse_spec
 from infra.pipeline.layout import RunLayout
 from infra.pipeline.node import plan_node, service_specs
 from infra.services.kafka import cluster_id_for, cluster_properties
+from rollout.config import SandboxConfig
 
 REPO = Path(__file__).resolve().parents[3]
 CLUSTER_FILE = REPO / "examples" / "cluster" / "cluster.yaml"
@@ -126,7 +127,12 @@ def test_a_rollout_worker_uses_its_own_hosts_gateway_and_server_and_shares_the_t
     layout = RunLayout.create(spec)
     sections = {h: plan_node(spec, layout, h).files["rollout.yaml"] for h in ("roll-1", "roll-2")}
     assert sections["roll-2"]["inference"]["url"] == "http://10.0.0.12:30010"
-    assert sections["roll-2"]["sandbox"]["url"] == "http://10.0.0.12:8710"
+    # its own gateway first, the other host's behind it (used while its own is down or full)
+    sandbox = sections["roll-2"]["sandbox"]
+    assert sandbox["urls"] == ["http://10.0.0.12:8710", "http://10.0.0.11:8710"] and "url" not in sandbox
+    assert sandbox["preferred"] == ["http://10.0.0.12:8710"]
+    assert sections["roll-1"]["sandbox"]["preferred"] == ["http://10.0.0.11:8710"]
+    assert SandboxConfig(**sandbox).gateway_urls()[0] == "http://10.0.0.12:8710"
     groups = {s["data"]["consumer_group"] for s in sections.values()}
     topics = {s["data"]["topic"] for s in sections.values()}
     assert groups == {"stacx-rollout-cluster-demo"} and topics == {"stacx.tasks.cluster-demo"}

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
+import socket
+import threading
+import time
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +19,8 @@ import pytest
 
 import sandbox.backends.fake as fake_backend_module
 import sandbox.sessions as sessions_module
-from rollout.errors import EnvironmentStepError
+from rollout.config import SandboxConfig
+from rollout.errors import ConfigError, EnvironmentStepError
 from rollout.evaluator import Evaluator
 from rollout.fakes import FakeEnvironments, FakeTokenizer, ScriptedInference
 from rollout.gateways import GatewayEnvironments
@@ -454,3 +460,106 @@ def test_the_gateway_request_timeout_is_set_in_the_sandbox_section() -> None:
     envs = build_environments(config, closers)
     assert envs.config.unresponsive_after_s == 3
     assert envs.client.config.timeout_s == 7.5
+
+
+@contextlib.contextmanager
+def _real_gateway(port: int = 0) -> Iterator[tuple[str, int]]:
+    """A real gateway (HTTP on 127.0.0.1, fake sandboxes) on `port` (0: a free one), served by
+    uvicorn in a thread; yields (url, port). Leaving the block stops it: the port refuses."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    port = sock.getsockname()[1]
+    manager = SessionManager(SessionManager.Config(owner=f"test-{port}"), FakeBackend())
+    server = uvicorn.Server(uvicorn.Config(create_app(manager, token=None), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            assert thread.is_alive(), "the gateway did not start"
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{port}", port
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+def _clients(*urls: str) -> list[SandboxClient]:
+    return [SandboxClient(SandboxClient.Config(base_url=url, timeout_s=5.0)) for url in urls]
+
+
+async def _on(envs: GatewayEnvironments, url: str) -> int:
+    return int(envs.load()[url]["active"])
+
+
+async def test_a_worker_prefers_its_own_gateway_and_uses_the_other_only_when_it_is_full() -> None:
+    """Each rollout host lists every gateway, its own preferred: the other host's gateway takes
+    episodes only while the own one has no room, even though it is less loaded."""
+    with _real_gateway() as (own, _), _real_gateway() as (other, _):
+        clients = _clients(own, other)
+        envs = GatewayEnvironments(
+            clients, GatewayEnvironments.Config(preferred=(own,), max_sessions_per_gateway=3)
+        )
+        sessions = [await envs.open(_task(), cpus=1, memory_mb=256) for _ in range(3)]
+        assert (await _on(envs, own), await _on(envs, other)) == (3, 0)
+        spill = await envs.open(_task(), cpus=1, memory_mb=256)  # the own one is full
+        assert spill.endpoint()[0] == other
+        await sessions[0].close()  # room again at home: new episodes go there
+        back = await envs.open(_task(), cpus=1, memory_mb=256)
+        assert back.endpoint()[0] == own and (await _on(envs, own), await _on(envs, other)) == (3, 1)
+        for session in (*sessions[1:], spill, back):
+            await session.close()
+        for client in clients:
+            await client.aclose()
+
+
+async def test_a_down_own_gateway_is_routed_around_and_used_again_once_it_is_back() -> None:
+    """The own gateway stops (its process died): new episodes go to the other host's gateway at
+    once; after `down_for_s` the own one is probed, and once it answers it is preferred again."""
+    with contextlib.ExitStack() as stack, _real_gateway() as (other, _):
+        own, port = stack.enter_context(_real_gateway())
+        clients = _clients(own, other)
+        envs = GatewayEnvironments(clients, GatewayEnvironments.Config(preferred=(own,), down_for_s=0.3))
+        first = await envs.open(_task(), cpus=1, memory_mb=256)
+        assert first.endpoint()[0] == own
+        stack.close()  # the own gateway is gone: its port refuses
+        moved = [await envs.open(_task(), cpus=1, memory_mb=256) for _ in range(3)]
+        assert [s.endpoint()[0] for s in moved] == [other] * 3
+        assert envs.load()[own]["up"] is False and envs.load()[own]["failures"] >= 1
+        with _real_gateway(port):  # restarted on its port (systemd, the node's supervisor)
+            await asyncio.sleep(0.4)
+            revived = await envs.open(_task(), cpus=1, memory_mb=256)
+            assert revived.endpoint()[0] == own and envs.load()[own]["up"] is True
+            await revived.close()
+        for session in moved:
+            await session.close()
+        for client in clients:
+            await client.aclose()
+
+
+async def test_the_other_gateways_are_not_probed_while_the_own_one_serves() -> None:
+    """A fallback gateway on a host that is gone costs the episodes nothing while the own
+    gateway takes them: it is not probed (on a real network each probe may wait for a timeout)."""
+    with _real_gateway() as (own, _):
+        with socket.socket() as probe:  # a port nothing listens on
+            probe.bind(("127.0.0.1", 0))
+            gone = f"http://127.0.0.1:{probe.getsockname()[1]}"
+        clients = _clients(own, gone)
+        envs = GatewayEnvironments(clients, GatewayEnvironments.Config(preferred=(own,)))
+        sessions = [await envs.open(_task(), cpus=1, memory_mb=256) for _ in range(4)]
+        assert {s.endpoint()[0] for s in sessions} == {own}
+        assert envs.load()[gone]["failures"] == 0 and envs.load()[gone]["backend"] is None
+        for session in sessions:
+            await session.close()
+        for client in clients:
+            await client.aclose()
+
+
+def test_a_preferred_gateway_must_be_one_of_the_urls() -> None:
+    with pytest.raises(ConfigError, match="sandbox.preferred"):
+        SandboxConfig(urls=["http://a:1", "http://b:1"], preferred=["http://c:1"])
+    with pytest.raises(ConfigError, match="sandbox.preferred"):
+        GatewayEnvironments(_clients("http://a:1"), GatewayEnvironments.Config(preferred=("http://c:1",)))
