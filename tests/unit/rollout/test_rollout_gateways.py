@@ -523,17 +523,18 @@ async def test_a_down_own_gateway_is_routed_around_and_used_again_once_it_is_bac
         own, port = stack.enter_context(_real_gateway())
         clients = _clients(own, other)
         envs = GatewayEnvironments(clients, GatewayEnvironments.Config(preferred=(own,), down_for_s=0.3))
-        first = await envs.open(_task(), cpus=1, memory_mb=256)
-        assert first.endpoint()[0] == own
+        home = [await envs.open(_task(), cpus=1, memory_mb=256) for _ in range(4)]
+        assert {s.endpoint()[0] for s in home} == {own}
         stack.close()  # the own gateway is gone: its port refuses
-        moved = [await envs.open(_task(), cpus=1, memory_mb=256) for _ in range(3)]
-        assert [s.endpoint()[0] for s in moved] == [other] * 3
+        moved = [await envs.open(_task(), cpus=1, memory_mb=256) for _ in range(2)]
+        assert [s.endpoint()[0] for s in moved] == [other] * 2
         assert envs.load()[own]["up"] is False and envs.load()[own]["failures"] >= 1
         with _real_gateway(port):  # restarted on its port (systemd, the node's supervisor)
             await asyncio.sleep(0.4)
-            revived = await envs.open(_task(), cpus=1, memory_mb=256)
+            revived = await envs.open(_task(), cpus=1, memory_mb=256)  # though it counts 4 to 2
             assert revived.endpoint()[0] == own and envs.load()[own]["up"] is True
-            await revived.close()
+            for session in (*home, revived):  # the restarted gateway never knew the old ones
+                await session.close()
         for session in moved:
             await session.close()
         for client in clients:
