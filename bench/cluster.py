@@ -17,7 +17,12 @@ killed with SIGKILL); the trainer host comes back (its node restarted, as system
 requeue would) since a torch.distributed group cannot lose a rank and go on; the run trains
 `--versions` more policy versions, every node is stopped and the audit reads everything back.
 
-    sudo .venv/bin/python bench/cluster.py --json [--versions 6] [--window-s 60]
+    sudo .venv/bin/python bench/cluster.py --json [--versions 6] [--window-s 60] \
+        [--tool-latency-s 2 --sft-steps 60]
+
+`--tool-latency-s` adds a sleep to every tool call (the sandbox is held, the CPU is not), so a
+rollout host is bound by tool latency as with remote tools or slow test suites; a short SFT warm
+start (`--sft-steps`) teaches the tiny model to call the tool at all (`tool_calls_per_trajectory`).
 
 Needs root (namespaces), the Kafka jars `stacx infra up` installed and bubblewrap (the gateways'
 process backend). Last stdout line: the JSON object.
@@ -66,14 +71,23 @@ def tool_python(latency_s: float) -> str:
 
 
 def cluster_tree(
-    lab: NetLab, runs_dir: Path, run_id: str, *, quick: bool, tool_latency_s: float = 0.0
+    lab: NetLab,
+    runs_dir: Path,
+    run_id: str,
+    *,
+    quick: bool,
+    tool_latency_s: float = 0.0,
+    sft_steps: int = 0,
 ) -> dict[str, Any]:
     """The quickstart as a cluster file over the lab's hosts, small enough for two cores."""
     tree: dict[str, Any] = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
     tree.pop("bootstrap_servers", None)
     cfg = tree["pipeline"]
     cfg.update(name=run_id, runs_dir=str(runs_dir), plugin_paths=[str(REPO / "examples")], live=False)
-    cfg.pop("sft", None)  # plumbing under fire, not learning: no warm start
+    if sft_steps:  # a short warm start teaches the tool-call format (tool latency then applies)
+        cfg["sft"].update(steps=sft_steps, skill_steps=int(sft_steps * 0.9), batch_size=16)
+    else:
+        cfg.pop("sft", None)  # plumbing under fire, not learning: no warm start
     cfg["evaluation"] = {"every_versions": 0, "final_samples_per_problem": 0}
     cfg["tasks"]["options"].update(num_train=256, num_heldout=8)
     cfg["steps"] = 1000
@@ -159,6 +173,8 @@ class Watch:
             }
         )
         self.trajectories: list[float] = []
+        self.tool_calls: list[int] = []
+        """Tool turns of each trajectory (the tool latency applies to each)."""
         self.versions = 0
 
     def start(self) -> Watch:
@@ -176,6 +192,7 @@ class Watch:
                 continue
             if msg.topic() == self.layout.topics.trajectories:
                 self.trajectories.append(time.monotonic())
+                self.tool_calls.append(_tool_turns(msg.value()))
             elif msg.value():
                 with contextlib.suppress(Exception):
                     v = decode(msg.value(), WeightVersion)
@@ -186,12 +203,25 @@ class Watch:
         n = sum(1 for t in self.trajectories if start <= t < end)
         return round(n / max(1e-9, end - start), 3)
 
+    def tool_calls_per_trajectory(self, start: float, end: float) -> float | None:
+        calls = [c for t, c in zip(self.trajectories, self.tool_calls, strict=True) if start <= t < end]
+        return round(sum(calls) / len(calls), 3) if calls else None
+
     def wait(self, until: Any, timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
         while not until():
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what} within {timeout_s:.0f}s")
             self.poll(2.0)
+
+
+def _tool_turns(payload: bytes) -> int:
+    from consumers.assembly.claims import decode_trajectory
+
+    try:
+        return sum(1 for turn in decode_trajectory(payload).turns if turn.role == "tool")
+    except Exception:  # the count is a description of the load, never a reason to stop
+        return 0
 
 
 def _args() -> argparse.Namespace:
@@ -205,6 +235,9 @@ def _args() -> argparse.Namespace:
         type=float,
         default=0.0,
         help="seconds added to every tool call, so that a host is bound by tool latency, not CPU",
+    )
+    parser.add_argument(
+        "--sft-steps", type=int, default=0, help="SFT warm start steps (0: none; it teaches tool calls)"
     )
     parser.add_argument("--keep", help="keep the run's files in this folder")
     parser.add_argument("--json", action="store_true", help="print the JSON line only")
@@ -253,7 +286,14 @@ def run(args: argparse.Namespace, lab: NetLab, root: Path) -> dict[str, Any]:
 
     run_id = f"cluster-{lab.prefix}"
     cluster_file = root / "cluster.yaml"
-    tree = cluster_tree(lab, root / "runs", run_id, quick=args.quick, tool_latency_s=args.tool_latency_s)
+    tree = cluster_tree(
+        lab,
+        root / "runs",
+        run_id,
+        quick=args.quick,
+        tool_latency_s=args.tool_latency_s,
+        sft_steps=args.sft_steps,
+    )
     cluster_file.write_text(yaml.safe_dump(tree))
     spec = load_spec(cluster_file)
     layout = RunLayout.create(spec)
@@ -290,6 +330,10 @@ def run(args: argparse.Namespace, lab: NetLab, root: Path) -> dict[str, Any]:
         one, two = watch.rate(one_start, one_end), watch.rate(two_start, two_end)
         result["trajectories_per_s"] = {"1": one, "2": two}
         result["rollout_scale_out"] = round(two / one, 3) if one else None
+        result["tool_calls_per_trajectory"] = {
+            "1": watch.tool_calls_per_trajectory(one_start, one_end),
+            "2": watch.tool_calls_per_trajectory(two_start, two_end),
+        }
         before = watch.versions
         watch.wait(lambda: watch.versions >= max(1, before), args.timeout_s, "a first policy version")
         for host in ("kafka-3", "roll-2", "train-2"):
@@ -305,6 +349,8 @@ def run(args: argparse.Namespace, lab: NetLab, root: Path) -> dict[str, Any]:
         result["error"] = str(exc)
     finally:
         result["policy_versions"] = watch.versions
+        if "version_at_loss" in result:
+            result["versions_after_losses"] = watch.versions - result["version_at_loss"]
         result["wall_s"] = round(time.monotonic() - started, 1)
     for name, lab_host in lab.hosts.items():  # every node but the brokers stopped (SIGTERM)
         for proc in lab_host.processes if name not in BROKERS else []:
