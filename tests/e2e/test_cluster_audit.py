@@ -1,0 +1,68 @@
+"""Many hosts, short: `bench/cluster.py --quick` runs the quickstart over namespaced hosts (3
+KRaft brokers, 2 rollout hosts with a gateway and a server each, the assembler and trainer rank 0,
+trainer rank 1), loses a broker, a rollout host and a trainer host mid-run, brings the trainer
+host back, and audits the run's topics, the assembler's state, the trainer's lineage and every
+host's logs.
+
+Asserts what the cluster promises: nothing lost, nothing trained twice, no version regression,
+and the run goes on after the losses (policy versions resume: the surviving rollout worker takes
+over the lost one's tasks instead of waiting at its staleness bound). The throughput figures are
+the benchmark's (bench/RESULTS.md), not asserted here.
+
+Needs root (network namespaces), `ip` and bubblewrap, and the Kafka jars `stacx infra up`
+installed; without them it fails, it does not skip. The shared local broker is not touched.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infra.services import kafka
+from infra.services.netlab import netlab_problem
+
+REPO = Path(__file__).resolve().parents[2]
+RUN_TIMEOUT_S = 2400
+
+
+def _run_to_the_end(cmd: list[str], *, cwd: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """Run the bench; past `timeout_s` it gets SIGTERM (it then stops every node and deletes its
+    namespaces) rather than the SIGKILL of `subprocess.run`, which would leave them behind."""
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        stdout, stderr = proc.communicate(timeout=300)
+        raise AssertionError(f"bench/cluster.py ran past {timeout_s} s:\n{stderr[-3000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 400)
+def test_losing_a_broker_a_rollout_host_and_a_trainer_host_loses_nothing_and_stalls_nothing(
+    tmp_path: Path,
+) -> None:
+    problem = netlab_problem()
+    assert problem is None, f"cannot build the network-namespace hosts: {problem}"
+    assert (kafka.jar_dir() / ".complete").exists(), "no Kafka jars: run `stacx infra up` once"
+    cmd = [sys.executable, str(REPO / "bench" / "cluster.py"), "--json", "--quick", "--versions", "2",
+           "--window-s", "20", "--timeout-s", "600", "--keep", str(tmp_path / "run")]
+    out = _run_to_the_end(cmd, cwd=tmp_path, timeout_s=RUN_TIMEOUT_S)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    shown = json.dumps(result, indent=1)  # the whole audit when an assertion fails
+    assert "error" not in result, shown  # every wait met, the versions after the losses included
+    assert (result["brokers"], result["rollout_hosts"], result["trainer_hosts"]) == (3, 2, 2), shown
+    assert result["topics"] == {"replication_factor": 3, "min_insync_replicas": 2}, shown
+    assert result["lost_hosts"] == ["kafka-3", "roll-2", "train-2"], shown
+    assert result["versions_after_losses"] >= 2, shown  # no stall after the losses
+    assert result["policy_versions"] >= 3 and result["trained_batches"] >= 3, shown
+    for key in ("lost", "trained_twice", "version_regressions", "trainer_dead_letters",
+                "served_regressions", "served_unannounced", "orphans"):
+        assert result[key] == 0, (key, shown)
+    assert result["server_loads"] >= 2, shown  # read from every rollout host's inference log
