@@ -86,7 +86,7 @@ def planned_model_dir(spec: PipelineSpec, layout: RunLayout) -> Path:
         return base_model_dir(spec, layout)
     skill = min(sft.skill_steps, sft.steps)
     mixture = sft.steps - skill
-    return layout.sft_root / ("sft" if mixture else "sft-skill") / f"v{mixture or skill}"
+    return layout.sft_root / ("sft" if mixture else "sft-skill") / f"v{mixture or skill:08d}"  # as exported
 
 
 def plan(spec: PipelineSpec, layout: RunLayout, *, model_dir: Path | None = None) -> ServicePlan:

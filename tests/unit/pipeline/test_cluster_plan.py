@@ -228,3 +228,22 @@ def test_producers_wait_for_every_in_sync_replica() -> None:
     config = EventProducer.Config(bootstrap_servers="10.0.0.1:9092")
     settings = EventProducer._librdkafka_config(config)
     assert settings["acks"] == "all" and settings["enable.idempotence"] is True
+
+
+@pytest.mark.parametrize(
+    ("steps", "skill_steps", "export"), [(60, 54, "sft/v00000006"), (40, 40, "sft-skill/v00000040")]
+)
+def test_every_host_starts_from_the_directory_the_sft_warm_start_exports(
+    steps: int, skill_steps: int, export: str
+) -> None:
+    """The hosts other than the set-up host never see the SFT run: they plan its export's path,
+    which must be the directory the trainer's export writes (trainer/engine.py: `v{step:08d}`)."""
+    tree = _tree()
+    tree["pipeline"]["sft"].update(steps=steps, skill_steps=skill_steps)
+    spec = _spec(tree)
+    layout = RunLayout.create(spec)
+    trainer = plan_node(spec, layout, "train-2").files["trainer.yaml"]
+    rollout = plan_node(spec, layout, "roll-1").files["rollout.yaml"]
+    expected = layout.sft_root / export
+    assert Path(trainer["models"]["policy"]["path"]) == expected
+    assert Path(rollout["inference"]["tokenizer"]) == expected.resolve()
