@@ -871,6 +871,12 @@ def _peak_pss(runs: list[SideRun], system: str) -> int:
     return max((r.peak_pss_bytes for r in runs if r.system == system), default=0)
 
 
+def memory_ratio(runs: list[SideRun]) -> float | None:
+    """Our peak summed PSS over TRL's (the highest of each side's runs); None when TRL's is unmeasured."""
+    theirs = _peak_pss(runs, "trl")
+    return round(_peak_pss(runs, "stacx") / theirs, 3) if theirs else None
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="wall-clock budget per run")
@@ -956,14 +962,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result[key + suffix] = value
         pair = [r for r in runs if r.latency == (setting == "latency")]
         if pair:
-            theirs = _peak_pss(pair, "trl")
-            result["memory_ratio" + suffix] = round(_peak_pss(pair, "stacx") / theirs, 3) if theirs else None
-    ours, theirs = _peak_pss(runs, "stacx"), _peak_pss(runs, "trl")
+            result["memory_ratio" + suffix] = memory_ratio(pair)
     result.update(
         {
-            "memory_ratio": round(ours / theirs, 3) if theirs else None,
-            "peak_pss_mib_stacx": round(ours / 2**20, 1),
-            "peak_pss_mib_trl": round(theirs / 2**20, 1),
+            "memory_ratio": memory_ratio(runs),
+            "peak_pss_mib_stacx": round(_peak_pss(runs, "stacx") / 2**20, 1),
+            "peak_pss_mib_trl": round(_peak_pss(runs, "trl") / 2**20, 1),
             "curves": measured["curves"],
             "runs": [r.summary() for r in runs],
             "settings": settings_side_by_side(cfg, trl_python, str(base.pipeline.tasks.source)),
