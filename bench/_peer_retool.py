@@ -16,9 +16,11 @@ TRL does without vLLM; tool output tokens get `env_mask` 0, like loss mask 0 in 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -126,6 +128,29 @@ def run_tool(python: str, code: str, *, timeout_s: float = 30.0) -> str:
     return (done.stdout + done.stderr)[:2000]
 
 
+_PRINTED_SUM = re.compile(r"\s*print\(([0-9+\-*() ]{1,120})\)\s*")
+
+
+def inline_arithmetic(code: str) -> str | None:
+    """What `python3 -` prints for `print(<integer + - * expression>)`, computed here (None for any
+    other code): the scorer's shortcut, exact for the calls it takes, a process for the rest."""
+    match = _PRINTED_SUM.fullmatch(code)
+    if not match or "**" in match.group(1):
+        return None
+    try:
+        tree = ast.parse(match.group(1), mode="eval")
+    except SyntaxError:
+        return None
+    allowed = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Add, ast.Sub, ast.Mult, ast.USub, ast.UAdd)
+    for node in ast.walk(tree):
+        if not (isinstance(node, allowed) or (isinstance(node, ast.Constant) and type(node.value) is int)):
+            return None
+    if any(isinstance(n, ast.Constant) and len(str(n.value)) > 1 and str(n.value)[0] == "0"
+           for n in ast.walk(tree)):  # python3 rejects leading zeros: let it say so
+        return None
+    return f"{eval(compile(tree, '<tool>', 'eval'))}\n"  # noqa: S307 (checked: integer + - * only)
+
+
 # ----------------------------------------------------------------------------- episodes
 
 
@@ -164,7 +189,11 @@ class EpisodeSampler:
         sampling: SamplingConfig,
         tool_workers: int = 64,
         task_file: Path = TASK_FILE,
+        inline_tools: bool = False,
     ) -> None:
+        """`inline_tools`: answer plain arithmetic calls in this process (`inline_arithmetic`;
+        the scorer only: the racing sides run every call as a process)."""
+        self.inline_tools = inline_tools
         self.tok = tokenizer
         self.python = python
         self.sampling = sampling
@@ -251,7 +280,11 @@ class EpisodeSampler:
             codes.append(
                 text[text.rfind(TOOL_CALL_OPEN) + len(TOOL_CALL_OPEN) :].split(TOOL_CALL_CLOSE, 1)[0]
             )
-        outputs = list(self.pool.map(lambda code: run_tool(self.python, code), codes))
+        def tool(code: str) -> str:
+            inline = inline_arithmetic(code.strip("\n")) if self.inline_tools else None
+            return inline if inline is not None else run_tool(self.python, code)
+
+        outputs = list(self.pool.map(tool, codes))
         for e, output in zip(calls, outputs, strict=True):
             obs = self.encode(self.task.tool_response_text(output))
             e.completion_ids += obs
@@ -279,7 +312,11 @@ def evaluate_checkpoint(
     torch.set_num_threads(threads)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     sampler = EpisodeSampler(
-        AutoTokenizer.from_pretrained(tokenizer_dir), python="python3", sampling=sampling, task_file=task_file
+        AutoTokenizer.from_pretrained(tokenizer_dir),
+        python="python3",
+        sampling=sampling,
+        task_file=task_file,
+        inline_tools=True,
     )
     torch.manual_seed(seed)
     episodes = sampler.sample(model, [p.prompt for p in problems])

@@ -222,3 +222,12 @@ def test_chain_task_needs_two_calls_and_keeps_heldout_apart(peer: ModuleType) ->
     assert chain.reward(segments[-1], problem.answer) == 1.0
     again = chain.make_problems(8, seed=3)
     assert [p.expression for p in chain.make_problems(8, seed=3)] == [p.expression for p in again]
+
+
+def test_scorer_inline_tool_prints_what_python_prints(peer: ModuleType) -> None:
+    """The scorer's shortcut answers plain integer arithmetic exactly as `python3 -` does and
+    leaves everything else (powers, leading zeros, other code) to a real process."""
+    for code in ("print(37*48+19)", "print(1795+56*71)", "print((37*48-9)+56*71)", "print(3*-2)"):
+        assert peer.inline_arithmetic(code) == peer.run_tool("python3", code)
+    for code in ("print(9**99)", "print(07+1)", "import os", "print(1-)", "print(2.5*2)", "x=1"):
+        assert peer.inline_arithmetic(code) is None
