@@ -38,6 +38,7 @@ if sys.path and Path(sys.path[0]).resolve() == _HERE:  # run as a script: the pa
 
 import argparse  # noqa: E402
 import copy  # noqa: E402
+import dataclasses  # noqa: E402
 import hashlib  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
@@ -510,10 +511,16 @@ class SideRun:
         }
 
 
+def tool_python(cfg: BenchConfig, *, latency: bool, seed: int) -> str:
+    """The tool interpreter of a run: with latency, the delay seeded by the run's seed (the same
+    delays on both sides for the same call)."""
+    return dataclasses.replace(cfg.latency, seed=seed).python_command() if latency else "python3"
+
+
 def run_stacx(
     base: PipelineSpec, cfg: BenchConfig, sft_dir: Path, *, latency: bool, seed: int = 0
 ) -> SideRun:
-    python = cfg.latency.python_command() if latency else "python3"
+    python = tool_python(cfg, latency=latency, seed=seed)
     name = f"peer-stacx-{'lat' if latency else 'plain'}-s{seed}-{os.getpid()}"
     pipeline = BudgetPipeline(
         stacx_spec(base, cfg, name=name, python=python, seed=seed), sft_dir=sft_dir, budget_s=cfg.budget_s
@@ -563,7 +570,7 @@ def run_trl(python: Path, cfg: BenchConfig, sft_dir: Path, *, latency: bool, see
         out_dir=str(out),
         started_at=started,
         budget_s=cfg.budget_s,
-        python=cfg.latency.python_command() if latency else "python3",
+        python=tool_python(cfg, latency=latency, seed=seed),
         threads=cfg.threads,
         num_train=cfg.num_train,
         heldout_seed=10_000 + cfg.task_seed,
