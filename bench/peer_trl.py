@@ -1,30 +1,34 @@
 """STACX vs TRL's GRPOTrainer on the same work: which gets a better policy sooner?
 
-    .venv/bin/python bench/peer_trl.py --json                  # full: 2 x 2 runs of --budget-s each
-    .venv/bin/python bench/peer_trl.py --budget-s 90 --json    # a quick check
+    .venv/bin/python bench/peer_trl.py --json            # default: 3 seeds x 2 sides x 2 latency settings
+    .venv/bin/python bench/peer_trl.py --quick --json    # the whole path, 60 s runs, 2 seeds
 
-Both sides start from the quickstart's SFT checkpoint (built once, here, with the quickstart's own
-SFT code) and train GRPO on the quickstart's tool-integrated arithmetic (ReTool: `<tool_call>`
-runs `python3 -` on the code, the output comes back inline, reward 1 for the exact answer) with
-the same group size, prompts per step, learning rate, KL, clip, sampling limits and wall-clock
-budget, one after the other on the same machine (each has all its cores):
+Both sides start from one SFT checkpoint (built once, cached, with the pipeline's own SFT code on the
+config's tiny model and the task's demonstrations) and train GRPO on the race task of
+bench/peer_chain.yaml: two-step tool-integrated arithmetic (examples/quickstart/chain.py; ReTool:
+`<tool_call>` runs `python3 -` on the code, the output comes back inline; two calls per problem, the
+second on the first one's output; reward 1 for the exact answer), with the same group size, prompts
+per step, learning rate, KL, clip, sampling limits and wall-clock budget, one run after the other on
+the same machine (each has all its cores):
 
-- STACX: the quickstart pipeline's real services (sandbox gateway, inference server, Faust
-  assembler, FSDP2 trainer, rollout service, all through Kafka) on free ports and its own run name;
-  the only changes are the shared starting checkpoint, a wall-clock stop, and the sandbox backend
-  (`process`, bubblewrap: the peer has no sandbox, and one Docker container per episode would be
-  the whole story);
+- STACX: the pipeline's real services (sandbox gateway, inference server, Faust assembler, FSDP2
+  trainer, rollout service, all through Kafka) on free ports and its own run name; the only changes
+  are the shared starting checkpoint, a wall-clock stop, the seed, and the sandbox backend (`process`,
+  bubblewrap: the peer has no sandbox, and one Docker container per episode would be the whole story);
 - TRL: `trl.GRPOTrainer` in its own virtual environment under the project's cache
   (`venv-trl-<version>`, reusing our torch and transformers through a .pth so nothing multi-GB is
   downloaded and nothing of ours is changed), with the ReTool episode in its `rollout_func` hook.
 
-Each side is run twice: plain tool calls, and tool calls with heavy-tailed latency (Pareto). Every
-policy version is saved with its wall time; afterwards the version each side had at the fixed
-wall-clock checkpoints is scored on the same held-out problems with the same sampler and seed.
-Last line (JSON): time_to_target_ratio (TRL's time to the target success / ours; target = the lower
-of the two final successes) and success_at_budget_ours / _trl, without and with latency, plus
-throughput, trainer idle fraction, peak memory (memory_ratio: our summed PSS over TRL's, and our
-PSS per service) and both sides' settings side by side.
+Each side runs `--seeds` times without and with added tool latency (`--latency-model pareto`:
+heavy-tailed; `recorded`: a value of bench/data/tool_latency_process.json, our sandbox's recorded exec
+times on this task's calls, per call; the draw is seeded by the run's seed and the call, alike on both
+sides). Every policy version is saved with its wall time; afterwards the version each run had at
+`--checkpoints` evenly spaced wall-clock checkpoints is scored on the task's held-out problems (512,
+disjoint from training) with the same sampler and seed. Last line (JSON), per latency setting:
+mean success over wall time with a 95 % seed-bootstrap band, `time_to_target_ratio` (TRL's time to
+the target / ours; target = the lower of the two final mean successes) and `auc_ratio` (area under
+our curve / TRL's), each with a 95 % interval; `memory_ratio` (our peak summed PSS over TRL's), the
+seeds, per-run throughput, trainer idle fraction and memory, and both sides' settings side by side.
 """
 
 from __future__ import annotations
@@ -802,9 +806,12 @@ def plot(path: Path, ts: list[float], curves: dict[str, dict[str, dict[str, list
         ax.set_xlabel("wall time since start (s)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
-    axes[0][0].set_ylabel(f"held-out success ({num_heldout} problems), mean of {seeds} seeds, 95 % band")
+    axes[0][0].set_ylabel(f"held-out success ({num_heldout} problems)")
     axes[0][0].set_ylim(0, 1)
-    fig.suptitle("STACX vs TRL GRPOTrainer: same SFT start, task, settings and budget", fontsize=9)
+    fig.suptitle(
+        f"STACX vs TRL GRPOTrainer, same SFT start, task, settings and budget: mean of {seeds} seeds, 95 % band",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
