@@ -809,7 +809,7 @@ def plot(path: Path, ts: list[float], curves: dict[str, dict[str, dict[str, list
     axes[0][0].set_ylabel(f"held-out success ({num_heldout} problems)")
     axes[0][0].set_ylim(0, 1)
     fig.suptitle(
-        f"STACX vs TRL GRPOTrainer (same SFT start, task, settings, budget): mean of {seeds} seeds, 95 % band",
+        f"STACX vs TRL GRPOTrainer (same SFT start, task, settings, budget): {seeds} seeds, 95 % band",
         fontsize=9,
     )
     fig.tight_layout()
