@@ -315,7 +315,7 @@ def build_sft(spec: PipelineSpec, root: Path) -> Path:
     make_tiny_model(base, **_tiny(spec))
     tokenizer = HFTokenizer(str(base))
     batches = demonstration_batches(
-        _task_set(spec),
+        _task_set(spec).demonstration,
         DemonstrationEncoder(tokenizer=tokenizer, system_prompt=system),
         _sft_config(spec),
         end_token=tokenizer.inner.eos_token or "",
