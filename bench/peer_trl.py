@@ -1,7 +1,7 @@
 """STACX vs TRL's GRPOTrainer on the same work: which gets a better policy sooner?
 
     .venv/bin/python bench/peer_trl.py --json            # default: 3 seeds x 2 sides x 2 latency settings
-    .venv/bin/python bench/peer_trl.py --quick --json    # the whole path, 60 s runs, 2 seeds
+    .venv/bin/python bench/peer_trl.py --quick --json    # the whole path: 40 s runs, 1 seed
 
 Both sides start from one SFT checkpoint (built once, cached, with the pipeline's own SFT code on the
 config's tiny model and the task's demonstrations) and train GRPO on the race task of
@@ -896,7 +896,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="wall-clock budget per run")
     parser.add_argument("--seeds", type=int, default=3, help="runs per side and latency setting (0..N-1)")
     parser.add_argument("--checkpoints", type=int, default=3, help="scored per run, 0 and the budget in")
-    parser.add_argument("--quick", action="store_true", help="a check of the whole path: 60 s runs, 2 seeds")
+    parser.add_argument("--quick", action="store_true", help="a check of the whole path: 40 s runs, 1 seed")
     parser.add_argument("--latency", choices=["both", "off", "on"], default="both")
     parser.add_argument("--latency-model", choices=["pareto", "recorded"], default="pareto")
     parser.add_argument("--latency-sample", default=str(RECORDED), help="the recorded sample (JSON, exec_s)")
@@ -914,7 +914,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.budget_s, args.seeds = min(args.budget_s, 60.0), min(args.seeds, 2)
+        args.budget_s, args.seeds = min(args.budget_s, 40.0), 1
 
     started = time.monotonic()
     base = load_spec(args.config)
