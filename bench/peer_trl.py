@@ -81,7 +81,7 @@ RACE_CONFIG = _HERE / "peer_chain.yaml"
 """The default task: two tool calls per problem, 512 held-out problems (examples/quickstart/chain.py)."""
 TRL_VERSION = "1.16.0"
 TASK = "arithmetic_tool"
-DEFAULT_BUDGET_S = 75.0
+DEFAULT_BUDGET_S = 120.0
 """Per run: 3 seeds x 2 sides x 2 latency settings, startup and scoring fit in 30 minutes on 2 cores."""
 
 
@@ -895,7 +895,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="wall-clock budget per run")
     parser.add_argument("--seeds", type=int, default=3, help="runs per side and latency setting (0..N-1)")
-    parser.add_argument("--checkpoints", type=int, default=3, help="scored per run, 0 and the budget in")
+    parser.add_argument("--checkpoints", type=int, default=7, help="scored per run, 0 and the budget in")
     parser.add_argument("--quick", action="store_true", help="a check of the whole path: 40 s runs, 1 seed")
     parser.add_argument("--latency", choices=["both", "off", "on"], default="both")
     parser.add_argument("--latency-model", choices=["pareto", "recorded"], default="pareto")
