@@ -16,9 +16,11 @@ TRL does without vLLM; tool output tokens get `env_mask` 0, like loss mask 0 in 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -35,10 +37,14 @@ TOOL_CALL_OPEN = "<tool_call>"
 
 
 def load_task(path: Path = TASK_FILE) -> ModuleType:
-    """The quickstart's arithmetic task module (problems, reward, tool-response format)."""
-    name = "_peer_arithmetic"
+    """A quickstart task module (problems, reward, tool-response format) by file; its package's
+    folder (examples/) goes on sys.path so that it can import its sibling `quickstart.arithmetic`."""
+    name = f"_peer_task_{Path(path).stem}"
     if name in sys.modules:
         return sys.modules[name]
+    folder = str(Path(path).resolve().parents[1])
+    if folder not in sys.path:
+        sys.path.append(folder)
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -52,25 +58,57 @@ def load_task(path: Path = TASK_FILE) -> ModuleType:
 
 @dataclass(kw_only=True, slots=True)
 class ToolLatency:
-    """Heavy-tailed delay added to every tool call: `min(cap_s, scale_s * Pareto(alpha))`."""
+    """Delay added to every tool call, before the code runs: `min(cap_s, scale_s * Pareto(alpha))`
+    (`model="pareto"`), or a value of a recorded sample of real sandbox exec times
+    (`model="recorded"`, `samples_s`). The draw is seeded by `seed` and the call's code, so both
+    systems see the same delay for the same call."""
 
     scale_s: float = 0.0
-    """Pareto scale (the minimum delay); 0 disables the delay."""
+    """Pareto scale (the minimum delay); 0 disables the Pareto delay."""
     alpha: float = 1.5
     """Pareto shape: mean `scale_s * alpha / (alpha - 1)`, infinite variance below 2."""
     cap_s: float = 10.0
     """Upper bound (below the sandbox step timeout)."""
+    model: str = "pareto"
+    """`pareto` or `recorded`."""
+    samples_s: list[float] = field(default_factory=list)
+    """The recorded sample (`recorded`): one value drawn per call."""
+    seed: int = 0
+
+    def enabled(self) -> bool:
+        return bool(self.samples_s) if self.model == "recorded" else self.scale_s > 0
 
     def python_command(self) -> str:
-        """The interpreter command both systems run as `<command> -` with the code on stdin."""
-        if self.scale_s <= 0:
+        """The interpreter command both systems run as `<command> -` with the code on stdin
+        (inside double quotes in bash: no `"`, `$` or backquote in it)."""
+        if not self.enabled():
             return "python3"
+        if self.model == "recorded":
+            values = ",".join(str(round(x * 1000)) for x in self.samples_s)
+            delay = f"min({self.cap_s!r},r.choice(({values},))/1000)"
+        else:
+            delay = f"min({self.cap_s!r},{self.scale_s!r}*r.paretovariate({self.alpha!r}))"
         code = (
-            "import random,sys,time;"
-            f"time.sleep(min({self.cap_s!r},{self.scale_s!r}*random.paretovariate({self.alpha!r})));"
-            "exec(compile(sys.stdin.read(),'<tool>','exec'))"
+            "import random,sys,time;c=sys.stdin.read();"
+            f"r=random.Random(str({self.seed!r})+c.strip());time.sleep({delay});"
+            "exec(compile(c,'<tool>','exec'))"
         )
         return f'python3 -c "{code}"'
+
+    def describe(self) -> dict[str, Any]:
+        if self.model == "recorded":
+            import statistics
+
+            return {
+                "distribution": "a value of the recorded sandbox exec-time sample per call",
+                "samples": len(self.samples_s),
+                "median_s": round(statistics.median(self.samples_s), 4) if self.samples_s else None,
+                "mean_s": round(statistics.fmean(self.samples_s), 4) if self.samples_s else None,
+                "cap_s": self.cap_s,
+                "seed": self.seed,
+            }
+        return {"distribution": "min(cap, scale * Pareto(alpha)) per call", "scale_s": self.scale_s,
+                "alpha": self.alpha, "cap_s": self.cap_s, "seed": self.seed}
 
 
 def run_tool(python: str, code: str, *, timeout_s: float = 30.0) -> str:
@@ -88,6 +126,29 @@ def run_tool(python: str, code: str, *, timeout_s: float = 30.0) -> str:
     except subprocess.TimeoutExpired:
         return "\n[timed out]"
     return (done.stdout + done.stderr)[:2000]
+
+
+_PRINTED_SUM = re.compile(r"\s*print\(([0-9+\-*() ]{1,120})\)\s*")
+
+
+def inline_arithmetic(code: str) -> str | None:
+    """What `python3 -` prints for `print(<integer + - * expression>)`, computed here (None for any
+    other code): the scorer's shortcut, exact for the calls it takes, a process for the rest."""
+    match = _PRINTED_SUM.fullmatch(code)
+    if not match or "**" in match.group(1):
+        return None
+    try:
+        tree = ast.parse(match.group(1), mode="eval")
+    except SyntaxError:
+        return None
+    allowed = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Add, ast.Sub, ast.Mult, ast.USub, ast.UAdd)
+    for node in ast.walk(tree):
+        if not (isinstance(node, allowed) or (isinstance(node, ast.Constant) and type(node.value) is int)):
+            return None
+    if any(isinstance(n, ast.Constant) and len(str(n.value)) > 1 and str(n.value)[0] == "0"
+           for n in ast.walk(tree)):  # python3 rejects leading zeros: let it say so
+        return None
+    return f"{eval(compile(tree, '<tool>', 'eval'))}\n"  # noqa: S307 (checked: integer + - * only)
 
 
 # ----------------------------------------------------------------------------- episodes
@@ -121,8 +182,18 @@ class EpisodeSampler:
     a turn concurrently, splice the `<tool_response>` in, generate again."""
 
     def __init__(
-        self, tokenizer: Any, *, python: str, sampling: SamplingConfig, tool_workers: int = 64
+        self,
+        tokenizer: Any,
+        *,
+        python: str,
+        sampling: SamplingConfig,
+        tool_workers: int = 64,
+        task_file: Path = TASK_FILE,
+        inline_tools: bool = False,
     ) -> None:
+        """`inline_tools`: answer plain arithmetic calls in this process (`inline_arithmetic`;
+        the scorer only: the racing sides run every call as a process)."""
+        self.inline_tools = inline_tools
         self.tok = tokenizer
         self.python = python
         self.sampling = sampling
@@ -130,7 +201,7 @@ class EpisodeSampler:
         self.tool_close = tokenizer.convert_tokens_to_ids(TOOL_CALL_CLOSE)
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
         self.pool = ThreadPoolExecutor(tool_workers, thread_name_prefix="peer-tool")
-        self.task = load_task()
+        self.task = load_task(task_file)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False))
@@ -209,7 +280,11 @@ class EpisodeSampler:
             codes.append(
                 text[text.rfind(TOOL_CALL_OPEN) + len(TOOL_CALL_OPEN) :].split(TOOL_CALL_CLOSE, 1)[0]
             )
-        outputs = list(self.pool.map(lambda code: run_tool(self.python, code), codes))
+        def tool(code: str) -> str:
+            inline = inline_arithmetic(code.strip("\n")) if self.inline_tools else None
+            return inline if inline is not None else run_tool(self.python, code)
+
+        outputs = list(self.pool.map(tool, codes))
         for e, output in zip(calls, outputs, strict=True):
             obs = self.encode(self.task.tool_response_text(output))
             e.completion_ids += obs
@@ -228,6 +303,7 @@ def evaluate_checkpoint(
     sampling: SamplingConfig,
     seed: int,
     threads: int,
+    task_file: Path = TASK_FILE,
 ) -> dict[str, float]:
     """Held-out success and tool-use rate of one checkpoint, one sample per problem."""
     import torch
@@ -236,7 +312,11 @@ def evaluate_checkpoint(
     torch.set_num_threads(threads)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     sampler = EpisodeSampler(
-        AutoTokenizer.from_pretrained(tokenizer_dir), python="python3", sampling=sampling
+        AutoTokenizer.from_pretrained(tokenizer_dir),
+        python="python3",
+        sampling=sampling,
+        task_file=task_file,
+        inline_tools=True,
     )
     torch.manual_seed(seed)
     episodes = sampler.sample(model, [p.prompt for p in problems])
@@ -245,6 +325,7 @@ def evaluate_checkpoint(
     return {
         "success": sum(rewards) / len(rewards),
         "tool_rate": sum(e.tool_calls > 0 for e in episodes) / len(episodes),
+        "two_calls_rate": sum(e.tool_calls > 1 for e in episodes) / len(episodes),
     }
 
 
@@ -276,12 +357,13 @@ class TrlSettings:
     max_grad_norm: float
     seed: int
     sampling: dict[str, Any]
+    task_file: str = str(TASK_FILE)
 
 
 def _train_dataset(s: TrlSettings) -> Any:
     from datasets import Dataset
 
-    task = load_task()
+    task = load_task(Path(s.task_file))
     heldout = task.make_problems(s.num_heldout, seed=s.heldout_seed)
     exclude = frozenset(p.expression for p in heldout)
     train = task.make_problems(s.num_train, seed=s.task_seed, exclude=exclude)
@@ -332,10 +414,12 @@ def run_trl(s: TrlSettings) -> dict[str, Any]:
     from trl import GRPOTrainer
 
     torch.set_num_threads(s.threads)
-    task = load_task()
+    task = load_task(Path(s.task_file))
     tokenizer = AutoTokenizer.from_pretrained(s.sft_dir)
     model = AutoModelForCausalLM.from_pretrained(s.sft_dir, dtype=torch.float32)
-    sampler = EpisodeSampler(tokenizer, python=s.python, sampling=SamplingConfig(**s.sampling))
+    sampler = EpisodeSampler(
+        tokenizer, python=s.python, sampling=SamplingConfig(**s.sampling), task_file=Path(s.task_file)
+    )
     stats: dict[str, Any] = {
         "trajectories": 0,
         "tool_calls": 0,

@@ -1,30 +1,34 @@
 """STACX vs TRL's GRPOTrainer on the same work: which gets a better policy sooner?
 
-    .venv/bin/python bench/peer_trl.py --json                  # full: 2 x 2 runs of --budget-s each
-    .venv/bin/python bench/peer_trl.py --budget-s 90 --json    # a quick check
+    .venv/bin/python bench/peer_trl.py --json            # default: 3 seeds x 2 sides x 2 latency settings
+    .venv/bin/python bench/peer_trl.py --quick --json    # the whole path: 40 s runs, 1 seed
 
-Both sides start from the quickstart's SFT checkpoint (built once, here, with the quickstart's own
-SFT code) and train GRPO on the quickstart's tool-integrated arithmetic (ReTool: `<tool_call>`
-runs `python3 -` on the code, the output comes back inline, reward 1 for the exact answer) with
-the same group size, prompts per step, learning rate, KL, clip, sampling limits and wall-clock
-budget, one after the other on the same machine (each has all its cores):
+Both sides start from one SFT checkpoint (built once, cached, with the pipeline's own SFT code on the
+config's tiny model and the task's demonstrations) and train GRPO on the race task of
+bench/peer_chain.yaml: two-step tool-integrated arithmetic (examples/quickstart/chain.py; ReTool:
+`<tool_call>` runs `python3 -` on the code, the output comes back inline; two calls per problem, the
+second on the first one's output; reward 1 for the exact answer), with the same group size, prompts
+per step, learning rate, KL, clip, sampling limits and wall-clock budget, one run after the other on
+the same machine (each has all its cores):
 
-- STACX: the quickstart pipeline's real services (sandbox gateway, inference server, Faust
-  assembler, FSDP2 trainer, rollout service, all through Kafka) on free ports and its own run name;
-  the only changes are the shared starting checkpoint, a wall-clock stop, and the sandbox backend
-  (`process`, bubblewrap: the peer has no sandbox, and one Docker container per episode would be
-  the whole story);
+- STACX: the pipeline's real services (sandbox gateway, inference server, Faust assembler, FSDP2
+  trainer, rollout service, all through Kafka) on free ports and its own run name; the only changes
+  are the shared starting checkpoint, a wall-clock stop, the seed, and the sandbox backend (`process`,
+  bubblewrap: the peer has no sandbox, and one Docker container per episode would be the whole story);
 - TRL: `trl.GRPOTrainer` in its own virtual environment under the project's cache
   (`venv-trl-<version>`, reusing our torch and transformers through a .pth so nothing multi-GB is
   downloaded and nothing of ours is changed), with the ReTool episode in its `rollout_func` hook.
 
-Each side is run twice: plain tool calls, and tool calls with heavy-tailed latency (Pareto). Every
-policy version is saved with its wall time; afterwards the version each side had at the fixed
-wall-clock checkpoints is scored on the same held-out problems with the same sampler and seed.
-Last line (JSON): time_to_target_ratio (TRL's time to the target success / ours; target = the lower
-of the two final successes) and success_at_budget_ours / _trl, without and with latency, plus
-throughput, trainer idle fraction, peak memory (memory_ratio: our summed PSS over TRL's, and our
-PSS per service) and both sides' settings side by side.
+Each side runs `--seeds` times without and with added tool latency (`--latency-model pareto`:
+heavy-tailed; `recorded`: a value of bench/data/tool_latency_process.json, our sandbox's recorded exec
+times on this task's calls, per call; the draw is seeded by the run's seed and the call, alike on both
+sides). Every policy version is saved with its wall time; afterwards the version each run had at
+`--checkpoints` evenly spaced wall-clock checkpoints is scored on the task's held-out problems (512,
+disjoint from training) with the same sampler and seed. Last line (JSON), per latency setting:
+mean success over wall time with a 95 % seed-bootstrap band, `time_to_target_ratio` (TRL's time to
+the target / ours; target = the lower of the two final mean successes) and `auc_ratio` (area under
+our curve / TRL's), each with a 95 % interval; `memory_ratio` (our peak summed PSS over TRL's), the
+seeds, per-run throughput, trainer idle fraction and memory, and both sides' settings side by side.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ if sys.path and Path(sys.path[0]).resolve() == _HERE:  # run as a script: the pa
 
 import argparse  # noqa: E402
 import copy  # noqa: E402
+import dataclasses  # noqa: E402
 import hashlib  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
@@ -72,8 +77,12 @@ def _load_peer() -> ModuleType:
 peer = _load_peer()
 REPO = _HERE.parent
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
+RACE_CONFIG = _HERE / "peer_chain.yaml"
+"""The default task: two tool calls per problem, 512 held-out problems (examples/quickstart/chain.py)."""
 TRL_VERSION = "1.16.0"
 TASK = "arithmetic_tool"
+DEFAULT_BUDGET_S = 120.0
+"""Per run: 3 seeds x 2 sides x 2 latency settings, startup and scoring fit in 30 minutes on 2 cores."""
 
 
 # ----------------------------------------------------------------------------- TRL's venv
@@ -96,7 +105,9 @@ class BenchConfig:
     """What both sides share, read off examples/quickstart.yaml (and the command line)."""
 
     budget_s: float
-    checkpoint_every_s: float
+    checkpoints: int
+    """Wall-clock checkpoints scored per run, t = 0 (the shared SFT start) and the budget included."""
+    seeds: list[int]
     latency: Any
     """`_peer_retool.ToolLatency`."""
     threads: int
@@ -113,6 +124,8 @@ class BenchConfig:
     num_train: int
     num_heldout: int
     task_seed: int
+    task_file: str
+    """The task module (problems, reward), which the TRL side and the scorer load by file."""
     eval_seed: int = 1234
 
 
@@ -126,10 +139,9 @@ def bench_config(spec: PipelineSpec, args: argparse.Namespace) -> BenchConfig:
     optimizer = spec.trainer.get("optimizer") or {}
     return BenchConfig(
         budget_s=args.budget_s,
-        checkpoint_every_s=args.checkpoint_every_s or args.budget_s / 6,
-        latency=peer.ToolLatency(
-            scale_s=args.latency_scale_s, alpha=args.latency_alpha, cap_s=args.latency_cap_s
-        ),
+        checkpoints=args.checkpoints,
+        seeds=list(range(args.seeds)),
+        latency=latency_model(args),
         threads=os.cpu_count() or 1,
         out=Path(args.out).resolve(),
         group_size=int(spec.assembler["grouping"]["group_size"]),
@@ -145,19 +157,60 @@ def bench_config(spec: PipelineSpec, args: argparse.Namespace) -> BenchConfig:
             max_turns=int(ev["max_turns"]),
             max_tokens=int(ev["max_tokens"]),
         ),
-        num_train=_arithmetic(spec).num_train,
-        num_heldout=_arithmetic(spec).num_heldout,
-        task_seed=_arithmetic(spec).seed,
+        num_train=_task_options(spec).num_train,
+        num_heldout=_task_options(spec).num_heldout,
+        task_seed=_task_options(spec).seed,
+        task_file=str(task_file(spec)),
     )
 
 
-def _arithmetic(spec: PipelineSpec) -> Any:
-    """The quickstart task source's settings (the peer comparison needs them)."""
+PEER_SOURCES = {"quickstart.arithmetic:ArithmeticTasks": 128, "quickstart.chain:ChainTasks": 512}
+"""Task sources the peer side can run (a torch-free module of examples/quickstart/), with the
+number of held-out problems each makes by default."""
+
+
+RECORDED = _HERE / "data" / "tool_latency_process.json"
+"""The recorded sample of our sandbox's exec times on the race task's tool calls (bench/tool_latency.py)."""
+
+
+def latency_model(args: argparse.Namespace) -> Any:
+    """The tool latency of the latency runs: the Pareto model or the recorded sample."""
+    if args.latency_model == "pareto":
+        return peer.ToolLatency(
+            scale_s=args.latency_scale_s, alpha=args.latency_alpha, cap_s=args.latency_cap_s
+        )
+    path = Path(args.latency_sample)
+    try:
+        samples = [float(x) for x in json.loads(path.read_text())["exec_s"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(
+            f"{path}: no recorded sample ({type(exc).__name__}: {exc}); record one with "
+            "bench/tool_latency.py or pass --latency-model pareto"
+        ) from None
+    return peer.ToolLatency(model="recorded", samples_s=samples, cap_s=args.latency_cap_s)
+
+
+def _task_options(spec: PipelineSpec) -> Any:
+    """The task source's settings (the peer comparison needs them)."""
     tasks = spec.pipeline.tasks
-    if not tasks.source or not tasks.source.endswith("arithmetic:ArithmeticTasks"):
-        raise SystemExit(f"{spec.source}: the peer benchmark needs the quickstart's task source")
-    options = {"num_train": 4096, "num_heldout": 128, "seed": 0, **tasks.options}
+    if tasks.source not in PEER_SOURCES:
+        raise SystemExit(
+            f"{spec.source}: pipeline.tasks.source {tasks.source!r} has no peer side; "
+            f"use one of {', '.join(sorted(PEER_SOURCES))}"
+        )
+    options = {"num_train": 4096, "num_heldout": PEER_SOURCES[tasks.source], "seed": 0, **tasks.options}
     return SimpleNamespace(**options, model_dump=lambda: dict(options))
+
+
+def task_file(spec: PipelineSpec) -> Path:
+    """The task source's module file, found on the config's plug-in paths."""
+    _task_options(spec)
+    module = str(spec.pipeline.tasks.source).split(":", 1)[0]
+    for folder in spec.plugin_paths:
+        path = Path(folder) / (module.replace(".", "/") + ".py")
+        if path.is_file():
+            return path
+    raise SystemExit(f"{spec.source}: {module} is on none of pipeline.plugin_paths; add examples/ there")
 
 
 def _task_set(spec: PipelineSpec) -> Any:
@@ -169,7 +222,7 @@ def _task_set(spec: PipelineSpec) -> Any:
         if folder not in sys.path:
             sys.path.insert(0, folder)
     source = spec.pipeline.tasks.source
-    assert source is not None  # `_arithmetic` checked it
+    assert source is not None  # `_task_options` checked it
     return build_task_set(source, spec.pipeline.tasks.options)
 
 
@@ -191,9 +244,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def stacx_spec(base: PipelineSpec, cfg: BenchConfig, *, name: str, python: str) -> PipelineSpec:
-    """The quickstart config on free ports, its own run name, no periodic evaluation, every
-    exported version kept, the process sandbox backend, and `python` as the tool interpreter."""
+def stacx_spec(
+    base: PipelineSpec, cfg: BenchConfig, *, name: str, python: str, seed: int = 0
+) -> PipelineSpec:
+    """The config on free ports, its own run name, no periodic evaluation, every exported version
+    kept, the process sandbox backend, `python` as the tool interpreter, and `seed` for the
+    rollout order, the sampler and the trainer."""
     tree: dict[str, Any] = {
         "bootstrap_servers": base.bootstrap_servers,
         "pipeline": {
@@ -217,7 +273,11 @@ def stacx_spec(base: PipelineSpec, cfg: BenchConfig, *, name: str, python: str) 
         },
         "inference": {
             **copy.deepcopy(base.inference),
-            "server": {**(base.inference.get("server") or {}), "port": free_port()},
+            "server": {
+                **(base.inference.get("server") or {}),
+                "port": free_port(),
+                "engine": {**((base.inference.get("server") or {}).get("engine") or {}), "seed": seed},
+            },
         },
         "rollout": copy.deepcopy(base.rollout),
         "assembler": copy.deepcopy(base.assembler),
@@ -225,7 +285,9 @@ def stacx_spec(base: PipelineSpec, cfg: BenchConfig, *, name: str, python: str) 
     }
     tree["rollout"]["manager"]["evaluators"][TASK].setdefault("scaffold_options", {})["python"] = python
     tree["trainer"].setdefault("export", {})["keep_last"] = None
-    return parse_spec(tree, source=f"{QUICKSTART} (peer_trl: {name})")
+    tree["trainer"]["seed"] = seed
+    tree["rollout"].setdefault("data", {})["seed"] = seed
+    return parse_spec(tree, source=f"{base.source} (peer_trl: {name})")
 
 
 # ----------------------------------------------------------------------------- the shared SFT
@@ -242,7 +304,7 @@ def build_sft(spec: PipelineSpec, root: Path) -> Path:
     system = str((_evaluator(spec).get("scaffold_options") or {}).get("system_prompt", ""))
     key = hashlib.sha256(
         json.dumps(
-            [_tiny(spec), _sft_config(spec).model_dump(), _arithmetic(spec).model_dump(), system],
+            [_tiny(spec), _sft_config(spec).model_dump(), _task_options(spec).model_dump(), system],
             sort_keys=True,
         ).encode()
     ).hexdigest()[:12]
@@ -252,9 +314,8 @@ def build_sft(spec: PipelineSpec, root: Path) -> Path:
     base = root / f"sft-{key}" / "base"
     make_tiny_model(base, **_tiny(spec))
     tokenizer = HFTokenizer(str(base))
-    _arithmetic(spec)
     batches = demonstration_batches(
-        _task_set(spec),
+        _task_set(spec).demonstration,
         DemonstrationEncoder(tokenizer=tokenizer, system_prompt=system),
         _sft_config(spec),
         end_token=tokenizer.inner.eos_token or "",
@@ -429,6 +490,7 @@ class SideRun:
     budget_s: float
     startup_s: float
     """Until the first rollout could start (STACX: services up; TRL: trainer built)."""
+    seed: int = 0
     curve: list[dict[str, float]] = field(default_factory=list)
 
     def version_at(self, t: float) -> str:
@@ -436,6 +498,9 @@ class SideRun:
 
     def summary(self) -> dict[str, Any]:
         return {
+            "system": self.system,
+            "latency": self.latency,
+            "seed": self.seed,
             "policy_versions": len(self.versions) - 1,
             "trajectories_per_s": round(self.trajectories / self.budget_s, 3),
             "trainer_tokens_per_s": round(self.trainer_tokens / self.budget_s, 1),
@@ -450,11 +515,19 @@ class SideRun:
         }
 
 
-def run_stacx(base: PipelineSpec, cfg: BenchConfig, sft_dir: Path, *, latency: bool) -> SideRun:
-    python = cfg.latency.python_command() if latency else "python3"
-    name = f"peer-stacx-{'lat' if latency else 'plain'}-{os.getpid()}"
+def tool_python(cfg: BenchConfig, *, latency: bool, seed: int) -> str:
+    """The tool interpreter of a run: with latency, the delay seeded by the run's seed (the same
+    delays on both sides for the same call)."""
+    return dataclasses.replace(cfg.latency, seed=seed).python_command() if latency else "python3"
+
+
+def run_stacx(
+    base: PipelineSpec, cfg: BenchConfig, sft_dir: Path, *, latency: bool, seed: int = 0
+) -> SideRun:
+    python = tool_python(cfg, latency=latency, seed=seed)
+    name = f"peer-stacx-{'lat' if latency else 'plain'}-s{seed}-{os.getpid()}"
     pipeline = BudgetPipeline(
-        stacx_spec(base, cfg, name=name, python=python), sft_dir=sft_dir, budget_s=cfg.budget_s
+        stacx_spec(base, cfg, name=name, python=python, seed=seed), sft_dir=sft_dir, budget_s=cfg.budget_s
     )
     pipeline.run()
     m = pipeline.metrics
@@ -487,11 +560,12 @@ def run_stacx(base: PipelineSpec, cfg: BenchConfig, sft_dir: Path, *, latency: b
         cpu_s=pipeline.memory.cpu_s,
         budget_s=cfg.budget_s,
         startup_s=pipeline.timings.get("services_s", 0.0),
+        seed=seed,
     )
 
 
-def run_trl(python: Path, cfg: BenchConfig, sft_dir: Path, *, latency: bool) -> SideRun:
-    out = cfg.out / f"trl-{'lat' if latency else 'plain'}"
+def run_trl(python: Path, cfg: BenchConfig, sft_dir: Path, *, latency: bool, seed: int = 0) -> SideRun:
+    out = cfg.out / f"trl-{'lat' if latency else 'plain'}-s{seed}"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     started = time.time()
@@ -500,7 +574,7 @@ def run_trl(python: Path, cfg: BenchConfig, sft_dir: Path, *, latency: bool) -> 
         out_dir=str(out),
         started_at=started,
         budget_s=cfg.budget_s,
-        python=cfg.latency.python_command() if latency else "python3",
+        python=tool_python(cfg, latency=latency, seed=seed),
         threads=cfg.threads,
         num_train=cfg.num_train,
         heldout_seed=10_000 + cfg.task_seed,
@@ -513,8 +587,9 @@ def run_trl(python: Path, cfg: BenchConfig, sft_dir: Path, *, latency: bool) -> 
         clip_low=cfg.clip_low,
         clip_high=cfg.clip_high,
         max_grad_norm=cfg.max_grad_norm,
-        seed=cfg.task_seed,
+        seed=seed,
         sampling=asdict(cfg.sampling),
+        task_file=cfg.task_file,
     )
     (out / "settings.json").write_text(json.dumps(asdict(settings)))
     env = {
@@ -559,6 +634,7 @@ def run_trl(python: Path, cfg: BenchConfig, sft_dir: Path, *, latency: bool) -> 
         cpu_s=memory.cpu_s,
         budget_s=cfg.budget_s,
         startup_s=result["ready_at"] - started,
+        seed=seed,
     )
 
 
@@ -569,7 +645,7 @@ class Scorer:
     """Held-out success of checkpoints: the same problems, sampler and seed for every one (cached)."""
 
     def __init__(self, cfg: BenchConfig, tokenizer_dir: Path) -> None:
-        task = peer.load_task()
+        task = peer.load_task(Path(cfg.task_file))
         self.problems = task.make_problems(cfg.num_heldout, seed=10_000 + cfg.task_seed)
         self.cfg = cfg
         self.tokenizer_dir = str(tokenizer_dir)
@@ -584,73 +660,158 @@ class Scorer:
                 sampling=self.cfg.sampling,
                 seed=self.cfg.eval_seed,
                 threads=self.cfg.threads,
+                task_file=Path(self.cfg.task_file),
             )
         return self.cache[model_dir]
 
+    def times(self) -> list[float]:
+        """The wall-clock checkpoints: evenly spaced from 0 to the budget."""
+        n = max(2, self.cfg.checkpoints)
+        return [round(self.cfg.budget_s * k / (n - 1), 1) for k in range(n)]
+
     def curve(self, run: SideRun) -> list[dict[str, float]]:
-        points, t = [], 0.0
-        while t <= run.budget_s + 1e-6:
-            scored = self.score(run.version_at(t))
+        points = []
+        for t in self.times():
+            scored = self.score(run.version_at(t + 1e-6))
             points.append(
                 {
-                    "t_s": round(t, 1),
+                    "t_s": t,
                     "success": round(scored["success"], 4),
                     "tool_rate": round(scored["tool_rate"], 4),
+                    "two_calls_rate": round(scored.get("two_calls_rate", 0.0), 4),
                 }
             )
-            t += self.cfg.checkpoint_every_s
         return points
 
 
-def time_to(curve: list[dict[str, float]], target: float) -> float | None:
-    """First wall time the held-out success reaches `target` (linear between checkpoints)."""
-    for before, after in zip(curve, curve[1:], strict=False):
-        if before["success"] >= target:
-            return before["t_s"]
-        if after["success"] >= target:
-            gain = after["success"] - before["success"]
-            return before["t_s"] + (after["t_s"] - before["t_s"]) * (target - before["success"]) / gain
-    return curve[-1]["t_s"] if curve and curve[-1]["success"] >= target else None
+def time_to(ts: Any, success: Any, target: float) -> float | None:
+    """First wall time the success curve (at checkpoint times `ts`) reaches `target`, linear
+    between checkpoints; None when it never does."""
+    points = [(float(t), float(y)) for t, y in zip(ts, success, strict=True)]
+    for (t0, s0), (t1, s1) in zip(points, points[1:], strict=False):
+        if s0 >= target:
+            return float(t0)
+        if s1 >= target:
+            return float(t0 + (t1 - t0) * (target - s0) / (s1 - s0))
+    return points[-1][0] if points and points[-1][1] >= target else None
 
 
-def compare(ours: SideRun, trl: SideRun) -> dict[str, Any]:
-    target = min(ours.curve[-1]["success"], trl.curve[-1]["success"])
-    t_ours, t_trl = time_to(ours.curve, target), time_to(trl.curve, target)
-    ratio = None if not t_ours or t_trl is None else round(t_trl / t_ours, 3)
+def auc(ts: Any, success: Any) -> float:
+    """Area under the success curve over the budget, divided by the budget (the mean success over
+    wall time, trapezoids between checkpoints)."""
+    import numpy as np
+
+    t, y = np.asarray(ts, dtype=float), np.asarray(success, dtype=float)
+    return float(np.sum((y[1:] + y[:-1]) / 2 * np.diff(t)) / (t[-1] - t[0]))
+
+
+def seed_resamples(n: int, *, draws: int, rng: Any, exact_up_to: int = 4) -> Any:
+    """Bootstrap resamples of `n` seeds (rows of seed indices): all n**n ordered draws with
+    replacement when n <= exact_up_to (the exact bootstrap), else `draws` random ones."""
+    import itertools
+
+    import numpy as np
+
+    if n <= exact_up_to:
+        return np.array(list(itertools.product(range(n), repeat=n)))
+    return rng.integers(0, n, size=(draws, n))
+
+
+def _ci95(values: Any) -> list[float] | None:
+    import numpy as np
+
+    v = np.asarray([x for x in values if x is not None], dtype=float)
+    if not len(v):
+        return None
+    return [round(float(np.percentile(v, 2.5)), 4), round(float(np.percentile(v, 97.5)), 4)]
+
+
+def band(curves: Any) -> dict[str, list[float]]:
+    """Mean success over seeds at each checkpoint (rows: seeds) with its 95 % band: the 2.5th and
+    97.5th percentiles of the mean over seed resamples."""
+    import numpy as np
+
+    y = np.asarray(curves, dtype=float)
+    means = y[seed_resamples(len(y), draws=4000, rng=np.random.default_rng(0))].mean(axis=1)
     return {
-        "target_success": target,
-        "time_to_target_s_ours": t_ours,
-        "time_to_target_s_trl": t_trl,
-        "time_to_target_ratio": ratio,
-        "success_at_budget_ours": ours.curve[-1]["success"],
-        "success_at_budget_trl": trl.curve[-1]["success"],
-        "memory_ratio": round(ours.peak_pss_bytes / trl.peak_pss_bytes, 3) if trl.peak_pss_bytes else None,
+        "mean": [round(float(x), 4) for x in y.mean(axis=0)],
+        "lo": [round(float(x), 4) for x in np.percentile(means, 2.5, axis=0)],
+        "hi": [round(float(x), 4) for x in np.percentile(means, 97.5, axis=0)],
     }
 
 
-def plot(path: Path, runs: list[SideRun]) -> None:
+def _race_point(ts: Any, ours: Any, trl: Any) -> tuple[float, float | None, float | None, float | None]:
+    """(target, time_to_target_ratio, auc_ratio, t_ours) of mean curves ours, trl (rows: seeds)."""
+    m_ours, m_trl = ours.mean(axis=0), trl.mean(axis=0)
+    target = float(min(m_ours[-1], m_trl[-1]))
+    t_ours, t_trl = time_to(ts, m_ours, target), time_to(ts, m_trl, target)
+    ratio = t_trl / t_ours if t_ours and t_trl is not None else None
+    a_trl = auc(ts, m_trl)
+    return target, ratio, (auc(ts, m_ours) / a_trl if a_trl > 0 else None), t_ours
+
+
+def race_stats(ts: Any, ours: Any, trl: Any, *, draws: int = 4000, seed: int = 0) -> dict[str, Any]:
+    """Time to target and area under the curve, STACX over TRL, from each side's held-out success
+    at checkpoint times `ts` (rows: seeds), with 95 % intervals from a seed bootstrap (each side's
+    seeds resampled independently; exact enumeration for few seeds). time_to_target_ratio = TRL's
+    time to the target / ours, target = the lower of the two final mean successes; auc_ratio = our
+    area / TRL's. A resample where the ratio is undefined (target met at t = 0) is left out of its
+    interval; `ratio_defined_fraction` says how many were kept."""
+    import itertools
+
+    import numpy as np
+
+    ys, yt = np.asarray(ours, dtype=float), np.asarray(trl, dtype=float)
+    rng = np.random.default_rng(seed)
+    ro = seed_resamples(len(ys), draws=draws, rng=rng)
+    rt = seed_resamples(len(yt), draws=draws, rng=rng)
+    exact = len(ro) * len(rt) <= draws * 16
+    pairs = list(itertools.product(ro, rt)) if exact else list(zip(ro, rt, strict=False))
+    boot = [_race_point(ts, ys[i], yt[j]) for i, j in pairs]
+    target, ratio, auc_ratio, t_ours = _race_point(ts, ys, yt)
+    t_trl = time_to(ts, yt.mean(0), target)
+    ratios = [b[1] for b in boot]
+    return {
+        "target_success": round(target, 4),
+        "time_to_target_s_ours": None if t_ours is None else round(t_ours, 1),
+        "time_to_target_s_trl": None if t_trl is None else round(t_trl, 1),
+        "time_to_target_ratio": None if ratio is None else round(ratio, 3),
+        "time_to_target_ratio_ci95": _ci95(ratios),
+        "ratio_defined_fraction": round(sum(r is not None for r in ratios) / len(ratios), 3),
+        "auc_ours": round(auc(ts, ys.mean(0)), 4),
+        "auc_trl": round(auc(ts, yt.mean(0)), 4),
+        "auc_ratio": None if auc_ratio is None else round(auc_ratio, 3),
+        "auc_ratio_ci95": _ci95(b[2] for b in boot),
+        "success_final_ours": round(float(ys.mean(0)[-1]), 4),
+        "success_final_trl": round(float(yt.mean(0)[-1]), 4),
+    }
+
+
+def plot(path: Path, ts: list[float], curves: dict[str, dict[str, dict[str, list[float]]]], *,
+         num_heldout: int, seeds: int, latency_label: str) -> None:
+    """Mean held-out success over wall time with its 95 % band, one panel per latency setting."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for run in runs:
-        ax.plot(
-            [p["t_s"] for p in run.curve],
-            [p["success"] for p in run.curve],
-            marker="o",
-            color="tab:blue" if run.system == "stacx" else "tab:orange",
-            linestyle="--" if run.latency else "-",
-            label=f"{'STACX' if run.system == 'stacx' else 'TRL GRPOTrainer'}"
-            f"{', heavy-tailed tool latency' if run.latency else ''}",
-        )
-    ax.set_xlabel("wall time since start (s)")
-    ax.set_ylabel("held-out success (128 problems)")
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    ax.set_title("STACX vs TRL GRPOTrainer: same checkpoint, task, settings and budget", fontsize=9)
+    fig, axes = plt.subplots(1, len(curves), figsize=(5.2 * len(curves), 4.0), sharey=True, squeeze=False)
+    for ax, (setting, sides) in zip(axes[0], curves.items(), strict=True):
+        for system, b in sides.items():
+            color = "tab:blue" if system == "stacx" else "tab:orange"
+            label = "STACX" if system == "stacx" else "TRL GRPOTrainer"
+            ax.plot(ts, b["mean"], marker="o", color=color, label=label)
+            ax.fill_between(ts, b["lo"], b["hi"], color=color, alpha=0.2)
+        ax.set_title(latency_label if setting == "latency" else "no added tool latency", fontsize=9)
+        ax.set_xlabel("wall time since start (s)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    axes[0][0].set_ylabel(f"held-out success ({num_heldout} problems)")
+    axes[0][0].set_ylim(0, 1)
+    fig.suptitle(
+        f"STACX vs TRL GRPOTrainer (same SFT start, task, settings, budget): {seeds} seeds, 95 % band",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -659,10 +820,10 @@ def plot(path: Path, runs: list[SideRun]) -> None:
 # ----------------------------------------------------------------------------- main
 
 
-def settings_side_by_side(cfg: BenchConfig, trl_python: Path) -> dict[str, Any]:
+def settings_side_by_side(cfg: BenchConfig, trl_python: Path, task_source: str) -> dict[str, Any]:
     shared = {
-        "start_checkpoint": "quickstart SFT (examples/quickstart.yaml sft + demonstrations)",
-        "task": "quickstart arithmetic, tool-integrated (ReTool: python3 tool, inline <tool_response>)",
+        "start_checkpoint": "the config's SFT (its pipeline.sft + the task's demonstrations), built once",
+        "task": f"{task_source}, tool-integrated (ReTool: python3 tool, inline <tool_response>)",
         "reward": "1 for the exact integer answer, else 0",
         "group_size": cfg.group_size,
         "prompts_per_step": cfg.prompts_per_step,
@@ -677,6 +838,7 @@ def settings_side_by_side(cfg: BenchConfig, trl_python: Path) -> dict[str, Any]:
         "sampling": asdict(cfg.sampling),
         "cpu_cores": cfg.threads,
         "budget_s": cfg.budget_s,
+        "seeds": cfg.seeds,
     }
     return {
         "stacx": {
@@ -685,6 +847,7 @@ def settings_side_by_side(cfg: BenchConfig, trl_python: Path) -> dict[str, Any]:
             "generation": "built-in inference server (1 thread, batch <= 64)",
             "trainer": "FSDP2, 2 CPU ranks, fp32",
             "tool": "python3 in a bubblewrap sandbox (process backend)",
+            "seed_sets": "rollout order, sampler, trainer",
         },
         "trl": {
             **shared,
@@ -692,30 +855,66 @@ def settings_side_by_side(cfg: BenchConfig, trl_python: Path) -> dict[str, Any]:
             "generation": f"transformers generate via rollout_func ({cfg.threads} torch threads)",
             "trainer": "accelerate on CPU, fp32",
             "tool": "python3 child process, a turn's calls run concurrently",
+            "seed_sets": "GRPOConfig.seed (data order, sampler, init of the trainer's RNGs)",
             "venv": str(trl_python.parents[1]),
         },
-        "tool_latency": {"distribution": "min(cap, scale * Pareto(alpha)) per call", **asdict(cfg.latency)},
+        "tool_latency": cfg.latency.describe(),
     }
+
+
+def _curves(scorer: Scorer, runs: list[SideRun]) -> dict[str, Any]:
+    """{setting: {system: band}} and the statistics of each setting with both sides run."""
+    ts = scorer.times()
+    curves: dict[str, Any] = {}
+    stats: dict[str, Any] = {}
+    for latency, setting in ((False, "plain"), (True, "latency")):
+        sides = {}
+        for system in ("stacx", "trl"):
+            mine = [r for r in runs if r.latency == latency and r.system == system]
+            rows = [[p["success"] for p in r.curve] for r in mine]
+            if rows:
+                sides[system] = {**band(rows), "seeds": rows}
+        if sides:
+            curves[setting] = sides
+        if len(sides) == 2:
+            stats[setting] = race_stats(ts, sides["stacx"]["seeds"], sides["trl"]["seeds"])
+    return {"curves": curves, "stats": stats}
+
+
+def _peak_pss(runs: list[SideRun], system: str) -> int:
+    return max((r.peak_pss_bytes for r in runs if r.system == system), default=0)
+
+
+def memory_ratio(runs: list[SideRun]) -> float | None:
+    """Our peak summed PSS over TRL's (the highest of each side's runs); None when TRL's is unmeasured."""
+    theirs = _peak_pss(runs, "trl")
+    return round(_peak_pss(runs, "stacx") / theirs, 3) if theirs else None
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget-s", type=float, default=240.0, help="wall-clock budget of each run")
-    parser.add_argument("--checkpoint-every-s", type=float, default=0.0, help="default: budget / 6")
+    parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="wall-clock budget per run")
+    parser.add_argument("--seeds", type=int, default=3, help="runs per side and latency setting (0..N-1)")
+    parser.add_argument("--checkpoints", type=int, default=7, help="scored per run, 0 and the budget in")
+    parser.add_argument("--quick", action="store_true", help="a check of the whole path: 40 s runs, 1 seed")
     parser.add_argument("--latency", choices=["both", "off", "on"], default="both")
+    parser.add_argument("--latency-model", choices=["pareto", "recorded"], default="pareto")
+    parser.add_argument("--latency-sample", default=str(RECORDED), help="the recorded sample (JSON, exec_s)")
     parser.add_argument("--latency-scale-s", type=float, default=0.2)
     parser.add_argument("--latency-alpha", type=float, default=1.5)
     parser.add_argument("--latency-cap-s", type=float, default=10.0)
     parser.add_argument(
         "--sft-from",
         default="",
-        help="an SFT export of the same quickstart config (runs/NAME/models/sft/v*), copied; default: build",
+        help="an SFT export of the same config (runs/NAME/models/sft/v*), copied; default: build",
     )
-    parser.add_argument("--config", default=str(QUICKSTART))
+    parser.add_argument("--config", default=str(RACE_CONFIG))
     parser.add_argument("--out", default=str(REPO / "runs" / "peer-trl"))
     parser.add_argument("--png", default="", help="default: <out>/peer_trl.png")
     parser.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.budget_s, args.seeds = min(args.budget_s, 40.0), 1
 
     started = time.monotonic()
     base = load_spec(args.config)
@@ -734,34 +933,58 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"[peer_trl] SFT checkpoint {sft_dir} ({sft_s:.0f}s)", flush=True)
 
     runs: list[SideRun] = []
+    (cfg.out / "sides.jsonl").unlink(missing_ok=True)
     for latency in {"both": [False, True], "off": [False], "on": [True]}[args.latency]:
-        for side in ("stacx", "trl"):
-            if side == "stacx":
-                runs.append(run_stacx(base, cfg, sft_dir, latency=latency))
-            else:
-                runs.append(run_trl(trl_python, cfg, sft_dir, latency=latency))
-            with open(cfg.out / "sides.jsonl", "a") as saved:  # what scoring needs, kept if it fails
-                saved.write(json.dumps({**asdict(runs[-1]), "at": time.time()}) + "\n")
-            print(f"[peer_trl] {side} latency={latency}: {len(runs[-1].versions) - 1} versions", flush=True)
+        for seed in cfg.seeds:
+            for side in ("stacx", "trl"):
+                if side == "stacx":
+                    runs.append(run_stacx(base, cfg, sft_dir, latency=latency, seed=seed))
+                else:
+                    runs.append(run_trl(trl_python, cfg, sft_dir, latency=latency, seed=seed))
+                with open(cfg.out / "sides.jsonl", "a") as saved:  # what scoring needs, kept if it fails
+                    saved.write(json.dumps({**asdict(runs[-1]), "at": time.time()}) + "\n")
+                print(
+                    f"[peer_trl] {side} latency={latency} seed={seed}: {len(runs[-1].versions) - 1} versions",
+                    flush=True,
+                )
     t = time.monotonic()
     scorer = Scorer(cfg, sft_dir)
     for run in runs:
         run.curve = scorer.curve(run)
     eval_s = time.monotonic() - t
+    measured = _curves(scorer, runs)
     png = Path(args.png) if args.png else cfg.out / "peer_trl.png"
-    plot(png, runs)
+    latency_label = (
+        "recorded sandbox exec times added to each tool call"
+        if cfg.latency.model == "recorded"
+        else f"heavy-tailed tool latency (Pareto, scale {cfg.latency.scale_s} s, alpha {cfg.latency.alpha})"
+    )
+    plot(png, scorer.times(), measured["curves"], num_heldout=cfg.num_heldout, seeds=len(cfg.seeds),
+         latency_label=latency_label)
 
-    result: dict[str, Any] = {"benchmark": "peer_trl"}
-    for latency, suffix in ((False, ""), (True, "_latency")):
-        pair = [r for r in runs if r.latency == latency]
-        if len(pair) == 2:
-            for key, value in compare(pair[0], pair[1]).items():
-                result[key + suffix] = value
-            result["stacx" + suffix] = pair[0].summary()
-            result["trl" + suffix] = pair[1].summary()
+    result: dict[str, Any] = {
+        "benchmark": "peer_trl",
+        "task": base.pipeline.tasks.source,
+        "num_heldout": cfg.num_heldout,
+        "seeds": cfg.seeds,
+        "budget_s": cfg.budget_s,
+        "checkpoints_s": scorer.times(),
+        "latency_model": cfg.latency.model,
+    }
+    for setting, suffix in (("plain", ""), ("latency", "_latency")):
+        for key, value in measured["stats"].get(setting, {}).items():
+            result[key + suffix] = value
+        pair = [r for r in runs if r.latency == (setting == "latency")]
+        if pair:
+            result["memory_ratio" + suffix] = memory_ratio(pair)
     result.update(
         {
-            "settings": settings_side_by_side(cfg, trl_python),
+            "memory_ratio": memory_ratio(runs),
+            "peak_pss_mib_stacx": round(_peak_pss(runs, "stacx") / 2**20, 1),
+            "peak_pss_mib_trl": round(_peak_pss(runs, "trl") / 2**20, 1),
+            "curves": measured["curves"],
+            "runs": [r.summary() for r in runs],
+            "settings": settings_side_by_side(cfg, trl_python, str(base.pipeline.tasks.source)),
             "checkpoints_scored": len(scorer.cache),
             "timings_s": {
                 "trl_venv": round(venv_s, 1),

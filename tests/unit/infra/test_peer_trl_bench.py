@@ -39,11 +39,60 @@ def _curve(*points: tuple[float, float]) -> list[dict[str, float]]:
 
 
 def test_time_to_target_interpolates_between_checkpoints(bench: ModuleType) -> None:
-    curve = _curve((0, 0.2), (30, 0.4), (60, 0.8))
-    assert bench.time_to(curve, 0.6) == pytest.approx(45.0)
-    assert bench.time_to(curve, 0.4) == pytest.approx(30.0)
-    assert bench.time_to(curve, 0.1) == 0
-    assert bench.time_to(curve, 0.9) is None
+    ts, success = [0, 30, 60], [0.2, 0.4, 0.8]
+    assert bench.time_to(ts, success, 0.6) == pytest.approx(45.0)
+    assert bench.time_to(ts, success, 0.4) == pytest.approx(30.0)
+    assert bench.time_to(ts, success, 0.1) == 0
+    assert bench.time_to(ts, success, 0.9) is None
+
+
+def test_auc_is_the_mean_success_over_the_budget(bench: ModuleType) -> None:
+    # trapezoids: (0 + 0.5) / 2 * 10 + (0.5 + 0.5) / 2 * 10 = 7.5 over 20 s
+    assert bench.auc([0, 10, 20], [0.0, 0.5, 0.5]) == pytest.approx(0.375)
+    # uneven checkpoints: (0.2 + 0.4) / 2 * 10 + (0.4 + 1.0) / 2 * 30 = 24 over 40 s
+    assert bench.auc([0, 10, 40], [0.2, 0.4, 1.0]) == pytest.approx(0.6)
+
+
+def test_band_is_the_exact_seed_bootstrap_of_the_mean(bench: ModuleType) -> None:
+    # two seeds, 0 and 1: the four ordered resamples have means 0, 0.5, 0.5, 1; numpy's linear
+    # percentiles of those: 2.5 % -> 0.075 * 0.5 = 0.0375, 97.5 % -> 1 - 0.0375
+    got = bench.band([[0.0, 0.2], [1.0, 0.2]])
+    assert got["mean"] == pytest.approx([0.5, 0.2])
+    assert got["lo"] == pytest.approx([0.0375, 0.2])
+    assert got["hi"] == pytest.approx([0.9625, 0.2])
+    assert len(bench.seed_resamples(3, draws=10, rng=None)) == 27  # 3**3 ordered draws
+
+
+def test_race_stats_ratios_by_hand(bench: ModuleType) -> None:
+    ts = [0, 30, 60]
+    ours = [[0.2, 0.8, 0.9], [0.2, 0.8, 0.9]]  # identical seeds: every interval is the point
+    trl = [[0.2, 0.4, 0.6], [0.2, 0.4, 0.6]]
+    got = bench.race_stats(ts, ours, trl)
+    assert got["target_success"] == pytest.approx(0.6)  # the lower final mean
+    assert got["time_to_target_s_ours"] == pytest.approx(20.0)  # 0.2 -> 0.8 over 0..30 s
+    assert got["time_to_target_s_trl"] == pytest.approx(60.0)
+    assert got["time_to_target_ratio"] == pytest.approx(3.0)
+    assert got["time_to_target_ratio_ci95"] == pytest.approx([3.0, 3.0])
+    # AUC: ours (0.5 * 30 + 0.85 * 30) / 60 = 0.675, TRL (0.3 * 30 + 0.5 * 30) / 60 = 0.4
+    assert got["auc_ratio"] == pytest.approx(0.675 / 0.4, abs=1e-3)
+    assert got["auc_ratio_ci95"] == pytest.approx([1.6875, 1.6875], abs=1e-4)
+
+
+def test_race_stats_interval_spans_the_seeds(bench: ModuleType) -> None:
+    """Two TRL seeds ending at 0.4 and 0.8, the target taken from each resample's lower final
+    mean: the slow seed twice is the slowest resample, the fast one twice the fastest."""
+    ts = [0, 30, 60]
+    ours = [[0.0, 0.8, 0.8]]
+    trl = [[0.0, 0.2, 0.4], [0.0, 0.4, 0.8]]
+    got = bench.race_stats(ts, ours, trl)
+    # point: TRL mean (0, 0.3, 0.6), target 0.6 -> TRL 60 s, ours 22.5 s
+    assert got["time_to_target_ratio"] == pytest.approx(60 / 22.5, abs=1e-3)
+    lo, hi = got["time_to_target_ratio_ci95"]
+    # resamples: (slow, slow) target 0.4 -> 60 / 15 = 4; (fast, fast) target 0.8 -> 60 / 30 = 2;
+    # mixed (twice) -> 60 / 22.5; numpy's linear percentiles of [2, 2.667, 2.667, 4]
+    assert lo == pytest.approx(2 + 0.075 * (8 / 3 - 2), abs=1e-3)
+    assert hi == pytest.approx(4 - 0.075 * (4 - 8 / 3), abs=1e-3)
+    assert got["ratio_defined_fraction"] == 1.0
 
 
 def _side(bench: ModuleType, system: str, curve: list[dict[str, float]], pss: int = 0) -> Any:
@@ -65,22 +114,12 @@ def _side(bench: ModuleType, system: str, curve: list[dict[str, float]], pss: in
     )
 
 
-def test_ratio_is_trl_time_over_ours_at_the_lower_final_success(bench: ModuleType) -> None:
-    ours = _side(bench, "stacx", _curve((0, 0.2), (30, 0.8), (60, 0.9)))
-    trl = _side(bench, "trl", _curve((0, 0.2), (30, 0.4), (60, 0.6)))
-    result = bench.compare(ours, trl)
-    assert result["target_success"] == 0.6
-    assert result["time_to_target_s_trl"] == pytest.approx(60.0)
-    assert result["time_to_target_s_ours"] == pytest.approx(20.0)
-    assert result["time_to_target_ratio"] == pytest.approx(3.0)
-
-
 def test_memory_ratio_is_our_summed_pss_over_trls(bench: ModuleType) -> None:
     curve = _curve((0, 0.2), (60, 0.6))
-    ours, trl = _side(bench, "stacx", curve, pss=3 * 2**30), _side(bench, "trl", curve, pss=2 * 2**30)
-    assert bench.compare(ours, trl)["memory_ratio"] == pytest.approx(1.5)
-    unmeasured = _side(bench, "trl", curve)
-    assert bench.compare(ours, unmeasured)["memory_ratio"] is None
+    ours = [_side(bench, "stacx", curve, pss=3 * 2**30), _side(bench, "stacx", curve, pss=2 * 2**30)]
+    trl = [_side(bench, "trl", curve, pss=2 * 2**30), _side(bench, "trl", curve, pss=1 * 2**30)]
+    assert bench.memory_ratio(ours + trl) == pytest.approx(1.5)  # each side's highest peak
+    assert bench.memory_ratio([*ours, _side(bench, "trl", curve)]) is None
 
 
 def test_sampler_splits_shared_pages_that_summed_rss_counts_twice(bench: ModuleType) -> None:
@@ -141,3 +180,54 @@ def test_peer_prompt_ids_match_the_rollout_engine(peer: ModuleType, tmp_path: Pa
 
     template = ToolCallingScaffold().response_template.replace("{output}", "1795\n")
     assert observation == sampler.encode(template)
+
+
+def test_recorded_latency_draws_from_the_sample_seeded_by_the_call(peer: ModuleType) -> None:
+    """The delay is a value of the recorded sample (0.3 s or 0.6 s here), the same for the same call
+    and seed (so both systems see the same), and the code still runs."""
+    import time
+
+    assert peer.ToolLatency(model="recorded").python_command() == "python3"  # no sample: no delay
+    command = peer.ToolLatency(model="recorded", samples_s=[0.3, 0.6], seed=7).python_command()
+
+    def timed(code: str) -> tuple[str, float]:
+        t = time.monotonic()
+        out = peer.run_tool(command, code)
+        return out, time.monotonic() - t
+
+    first, t1 = timed("print(6*7)\n")
+    again, t2 = timed("print(6*7)")  # the same call, without the trailing newline
+    assert first == again == "42\n"
+    assert t1 >= 0.3 and t2 >= 0.3
+    assert (t1 >= 0.6) == (t2 >= 0.6)  # the same draw both times
+    seeded = {
+        peer.ToolLatency(model="recorded", samples_s=[0.0, 1.0], seed=s).python_command() for s in (0, 1)
+    }
+    assert len(seeded) == 2  # the seed is part of the command
+
+
+def test_chain_task_needs_two_calls_and_keeps_heldout_apart(peer: ModuleType) -> None:
+    import random
+
+    chain = peer.load_task(peer.REPO_ROOT / "examples" / "quickstart" / "chain.py")
+    tasks = chain.ChainTasks(num_train=256, num_heldout=512)
+    assert len(tasks.heldout) == 512 and not tasks.exclude & {p.expression for p in tasks.train}
+    problem = tasks.heldout[0]
+    assert eval(problem.expression) == problem.answer  # noqa: S307 (our own arithmetic)
+    segments = chain.demonstration(problem, random.Random(0), chain.DemonstrationConfig(tool_fraction=1.0))
+    assert len(segments) == 5  # call, response, call on the first result, response, answer
+    second = segments[2][len("<tool_call>") : -len("</tool_call>")]
+    assert second == f"print({problem.inner_value}+{problem.outer})"
+    assert peer.run_tool("python3", second) == f"{problem.answer}\n"
+    assert chain.reward(segments[-1], problem.answer) == 1.0
+    again = chain.make_problems(8, seed=3)
+    assert [p.expression for p in chain.make_problems(8, seed=3)] == [p.expression for p in again]
+
+
+def test_scorer_inline_tool_prints_what_python_prints(peer: ModuleType) -> None:
+    """The scorer's shortcut answers plain integer arithmetic exactly as `python3 -` does and
+    leaves everything else (powers, leading zeros, other code) to a real process."""
+    for code in ("print(37*48+19)", "print(1795+56*71)", "print((37*48-9)+56*71)", "print(3*-2)"):
+        assert peer.inline_arithmetic(code) == peer.run_tool("python3", code)
+    for code in ("print(9**99)", "print(07+1)", "import os", "print(1-)", "print(2.5*2)", "x=1"):
+        assert peer.inline_arithmetic(code) is None
