@@ -36,12 +36,12 @@ def model_problem(path: Path, what: str) -> str | None:
 
 
 def tokenizer_problem(path: Path, what: str) -> str | None:
-    from rollout.tokens import HFTokenizer
+    from rollout.tokens import load_tokenizer
 
     if not path.is_dir():
         return f"{what}={path}: no such directory; point it at the model directory"
     try:
-        HFTokenizer(str(path))
+        load_tokenizer(path)
     except Exception as exc:  # transformers raises OSError, ValueError, ... for a bad directory
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return f"{what}={path}: the tokenizer does not load ({first})"

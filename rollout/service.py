@@ -32,7 +32,7 @@ from rollout.protocols import (
     VersionSource,
 )
 from rollout.teacher import AggreVaTeRows, DAggerLabels, TeacherInTheLoop
-from rollout.tokens import HFTokenizer, model_vocab_size
+from rollout.tokens import load_tokenizer, model_vocab_size
 from schemas.records import TaskSample
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ def manager_config(config: RolloutConfig) -> RolloutManager.Config:
 def build_tokenizer(config: RolloutConfig) -> Tokenizer:
     if not config.inference.tokenizer:
         raise ConfigError("inference.tokenizer is not set; point it at the model directory")
-    return HFTokenizer(config.inference.tokenizer)
+    return load_tokenizer(config.inference.tokenizer)
 
 
 @contextlib.asynccontextmanager
