@@ -267,6 +267,7 @@ def main() -> int:
             if args.keep
             else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="stacx-cluster-")))
         )
+        root.mkdir(parents=True, exist_ok=True)  # --keep may name a folder not made yet
         lab = stack.enter_context(NetLab([*BROKERS, *ROLLOUTS, *TRAINERS, "control"]))
         try:
             result = run(args, lab, root)
