@@ -28,9 +28,9 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 __all__ = [
     "ANSWER_CLOSE",
@@ -56,6 +56,16 @@ __all__ = [
 ]
 
 TASK_TYPE = "arithmetic_tool"
+
+
+class Expressed(Protocol):
+    """A problem: what it asks, as one expression (distinct problems have distinct expressions)."""
+
+    @property
+    def expression(self) -> str: ...
+
+
+P = TypeVar("P", bound=Expressed)
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
@@ -96,17 +106,24 @@ def sample_problem(rng: random.Random) -> Problem:
     return Problem(expression=template.format(a=a, b=b, c=c), answer=value)
 
 
-def make_problems(num: int, *, seed: int, exclude: frozenset[str] = frozenset()) -> list[Problem]:
-    """`num` distinct problems (none whose expression is in `exclude`), reproducible by `seed`."""
+def distinct_problems(
+    num: int, sample: Callable[[random.Random], P], *, seed: int, exclude: frozenset[str] = frozenset()
+) -> list[P]:
+    """`num` problems of `sample` with distinct expressions (none in `exclude`), reproducible by `seed`."""
     rng = random.Random(seed)
     seen: set[str] = set(exclude)
-    problems: list[Problem] = []
+    problems: list[P] = []
     while len(problems) < num:
-        problem = sample_problem(rng)
+        problem = sample(rng)
         if problem.expression not in seen:
             seen.add(problem.expression)
             problems.append(problem)
     return problems
+
+
+def make_problems(num: int, *, seed: int, exclude: frozenset[str] = frozenset()) -> list[Problem]:
+    """`num` distinct problems (none whose expression is in `exclude`), reproducible by `seed`."""
+    return distinct_problems(num, sample_problem, seed=seed, exclude=exclude)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -187,7 +204,13 @@ def score(answer: str | None, data: Mapping[str, Any]) -> dict[str, float]:
 
 class ArithmeticTasks:
     """The quickstart's task source (`tasks: {source: quickstart.arithmetic:ArithmeticTasks}`):
-    held-out problems first, training problems excluding them, demonstrations of both."""
+    held-out problems first, training problems excluding them, demonstrations of both.
+
+    A task of another problem shape subclasses it and names its own `sample` and `demonstrate`
+    (see `quickstart.chain`)."""
+
+    sample: Callable[[random.Random], Any] = staticmethod(sample_problem)
+    demonstrate: Callable[..., list[str]] = staticmethod(demonstration)
 
     def __init__(self, *, num_train: int = 4096, num_heldout: int = 128, seed: int = 0,
                  tool_fraction: float = 0.3, mental_accuracy: float = 0.5,
@@ -198,9 +221,9 @@ class ArithmeticTasks:
         (skill) SFT steps, where the tiny model learns to copy the expression and the output."""
         if num_train < 1 or num_heldout < 1:
             raise ValueError("num_train and num_heldout must be >= 1")
-        self.heldout = make_problems(num_heldout, seed=10_000 + seed)
+        self.heldout = distinct_problems(num_heldout, self.sample, seed=10_000 + seed)
         self.exclude = frozenset(p.expression for p in self.heldout)
-        self.train = make_problems(num_train, seed=seed, exclude=self.exclude)
+        self.train = distinct_problems(num_train, self.sample, seed=seed, exclude=self.exclude)
         self.skill = DemonstrationConfig(tool_fraction=skill_tool_fraction, mental_accuracy=mental_accuracy)
         self.mixture = DemonstrationConfig(tool_fraction=tool_fraction, mental_accuracy=mental_accuracy)
 
@@ -212,13 +235,13 @@ class ArithmeticTasks:
 
     def demonstration(self, rng: random.Random, *, skill: bool) -> tuple[str, list[str]]:
         """(prompt, segments) of one fresh demonstration (never a held-out problem)."""
-        problem = sample_problem(rng)
+        problem = self.sample(rng)
         while problem.expression in self.exclude:
-            problem = sample_problem(rng)
-        return problem.prompt, demonstration(problem, rng, self.skill if skill else self.mixture)
+            problem = self.sample(rng)
+        return problem.prompt, self.demonstrate(problem, rng, self.skill if skill else self.mixture)
 
 
-def _rows(problems: list[Problem], *, prefix: str) -> list[dict[str, Any]]:
+def _rows(problems: Sequence[Any], *, prefix: str) -> list[dict[str, Any]]:
     return [
         {"task_id": f"{prefix}-{i:05d}", "task_type": TASK_TYPE, "prompt": p.prompt,
          "data": json.loads(p.task_data())}

@@ -18,26 +18,27 @@ are those of `quickstart.arithmetic`; the module is free of torch and of STACX i
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
-from typing import Any
 
 from quickstart.arithmetic import (
     ANSWER_CLOSE,
     ANSWER_OPEN,
     MIN_FACTOR,
+    TASK_TYPE,
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
+    ArithmeticTasks,
     DemonstrationConfig,
+    distinct_problems,
     reward,
     score,
     tool_response_text,
 )
 
-__all__ = ["ChainTasks", "Problem", "demonstration", "make_problems", "reward", "sample_problem", "score",
-           "tool_response_text"]
-
-TASK_TYPE = "arithmetic_tool"
+__all__ = ["TASK_TYPE", "ChainTasks", "Problem", "demonstration", "make_problems", "reward", "sample_problem",
+           "score", "tool_response_text"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +58,9 @@ class Problem:
     def prompt(self) -> str:
         return f"What is {self.expression}?"
 
-    def task_data(self) -> dict[str, str]:
-        return {"answer": str(self.answer), "expression": self.expression}
+    def task_data(self) -> str:
+        """JSON payload carried by the `TaskSample` (what the reward needs)."""
+        return json.dumps({"answer": str(self.answer), "expression": self.expression})
 
 
 def sample_problem(rng: random.Random) -> Problem:
@@ -72,15 +74,7 @@ def sample_problem(rng: random.Random) -> Problem:
 
 def make_problems(num: int, *, seed: int, exclude: frozenset[str] = frozenset()) -> list[Problem]:
     """`num` distinct problems (none whose expression is in `exclude`), reproducible by `seed`."""
-    rng = random.Random(seed)
-    seen: set[str] = set(exclude)
-    problems: list[Problem] = []
-    while len(problems) < num:
-        problem = sample_problem(rng)
-        if problem.expression not in seen:
-            seen.add(problem.expression)
-            problems.append(problem)
-    return problems
+    return distinct_problems(num, sample_problem, seed=seed, exclude=exclude)
 
 
 def demonstration(problem: Problem, rng: random.Random, config: DemonstrationConfig,
@@ -100,36 +94,15 @@ def demonstration(problem: Problem, rng: random.Random, config: DemonstrationCon
     return [f"{ANSWER_OPEN}{guess}{ANSWER_CLOSE}{end}"]
 
 
-class ChainTasks:
-    """Task source (`tasks: {source: quickstart.chain:ChainTasks}`): held-out problems first
-    (seed 10000 + seed), training problems excluding them, demonstrations of both routes."""
+class ChainTasks(ArithmeticTasks):
+    """Task source (`tasks: {source: quickstart.chain:ChainTasks}`): the quickstart's, with the
+    two-step problems, more held-out problems and a warm start that rarely calls the tool."""
+
+    sample = staticmethod(sample_problem)
+    demonstrate = staticmethod(demonstration)
 
     def __init__(self, *, num_train: int = 4096, num_heldout: int = 512, seed: int = 0,
                  tool_fraction: float = 0.15, mental_accuracy: float = 0.1,
                  skill_tool_fraction: float = 0.9) -> None:
-        if num_train < 1 or num_heldout < 1:
-            raise ValueError("num_train and num_heldout must be >= 1")
-        self.heldout = make_problems(num_heldout, seed=10_000 + seed)
-        self.exclude = frozenset(p.expression for p in self.heldout)
-        self.train = make_problems(num_train, seed=seed, exclude=self.exclude)
-        self.skill = DemonstrationConfig(tool_fraction=skill_tool_fraction, mental_accuracy=mental_accuracy)
-        self.mixture = DemonstrationConfig(tool_fraction=tool_fraction, mental_accuracy=mental_accuracy)
-
-    def train_tasks(self) -> list[dict[str, Any]]:
-        return _rows(self.train, prefix="train")
-
-    def heldout_tasks(self) -> list[dict[str, Any]]:
-        return _rows(self.heldout, prefix="heldout")
-
-    def demonstration(self, rng: random.Random, *, skill: bool) -> tuple[str, list[str]]:
-        problem = sample_problem(rng)
-        while problem.expression in self.exclude:
-            problem = sample_problem(rng)
-        return problem.prompt, demonstration(problem, rng, self.skill if skill else self.mixture)
-
-
-def _rows(problems: list[Problem], *, prefix: str) -> list[dict[str, Any]]:
-    return [
-        {"task_id": f"{prefix}-{i:05d}", "task_type": TASK_TYPE, "prompt": p.prompt, "data": p.task_data()}
-        for i, p in enumerate(problems)
-    ]
+        super().__init__(num_train=num_train, num_heldout=num_heldout, seed=seed, tool_fraction=tool_fraction,
+                         mental_accuracy=mental_accuracy, skill_tool_fraction=skill_tool_fraction)
