@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 from pathlib import Path
 
 
@@ -40,3 +41,18 @@ def run_processes(run_prefix: str) -> list[int]:
         if any(v.startswith(needle) for v in env) and alive(int(proc.name)):
             found.append(int(proc.name))
     return found
+
+
+def run_to_the_end(
+    cmd: list[str], *, cwd: Path, timeout_s: float, what: str
+) -> subprocess.CompletedProcess[str]:
+    """Run a benchmark that cleans up after itself; past `timeout_s` it gets SIGTERM (it then stops
+    what it started) rather than the SIGKILL of `subprocess.run`, which would leave that behind."""
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        stdout, stderr = proc.communicate(timeout=300)
+        raise AssertionError(f"{what} ran past {timeout_s} s:\n{stderr[-3000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)

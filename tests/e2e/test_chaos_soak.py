@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
-from process_checks import alive, run_processes
+from process_checks import alive, run_processes, run_to_the_end
 from run_names import run_name
 
 from infra.pipeline.layout import RunTopics
@@ -79,19 +79,6 @@ def _untouched(bootstrap: str, run_id: str, run: RunTopics, member: Consumer) ->
     assert committed.offset == 1
 
 
-def _run_to_the_end(cmd: list[str], *, cwd: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
-    """Run the soak; past `timeout_s` it gets SIGTERM (it then stops its services and broker)
-    rather than the SIGKILL of `subprocess.run`, which would leave them behind."""
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        stdout, stderr = proc.communicate(timeout=300)
-        raise AssertionError(f"the soak ran past {timeout_s} s:\n{stderr[-3000:]}") from None
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_a_short_soak_under_kills_loses_nothing_and_leaves_nothing(
@@ -100,8 +87,8 @@ def test_a_short_soak_under_kills_loses_nothing_and_leaves_nothing(
     shared_broker = kafka.running_pid()
     assert shared_broker is not None and alive(shared_broker), "the local broker of `stacx infra up`"
     name = run_name("chaos")
-    out = _run_to_the_end(_chaos(name, "--json", "--minutes", "4", "--interval-s", "20",
-                                 "--seed", "1"), cwd=tmp_path, timeout_s=1400)
+    out = run_to_the_end(_chaos(name, "--json", "--minutes", "4", "--interval-s", "20",
+                                 "--seed", "1"), cwd=tmp_path, timeout_s=1400, what="the soak")
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     shown = json.dumps(result, indent=1)  # the whole audit when an assertion fails

@@ -16,30 +16,17 @@ installed; without them it fails, it does not skip. The shared local broker is n
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from process_checks import run_to_the_end
 
 from infra.services import kafka
 from infra.services.netlab import netlab_problem
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 2400
-
-
-def _run_to_the_end(cmd: list[str], *, cwd: Path, timeout_s: float) -> subprocess.CompletedProcess[str]:
-    """Run the bench; past `timeout_s` it gets SIGTERM (it then stops every node and deletes its
-    namespaces) rather than the SIGKILL of `subprocess.run`, which would leave them behind."""
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        stdout, stderr = proc.communicate(timeout=300)
-        raise AssertionError(f"bench/cluster.py ran past {timeout_s} s:\n{stderr[-3000:]}") from None
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
 @pytest.mark.slow
@@ -52,7 +39,7 @@ def test_losing_a_broker_a_rollout_host_and_a_trainer_host_loses_nothing_and_sta
     assert (kafka.jar_dir() / ".complete").exists(), "no Kafka jars: run `stacx infra up` once"
     cmd = [sys.executable, str(REPO / "bench" / "cluster.py"), "--json", "--quick", "--versions", "2",
            "--window-s", "20", "--timeout-s", "600", "--keep", str(tmp_path / "run")]
-    out = _run_to_the_end(cmd, cwd=tmp_path, timeout_s=RUN_TIMEOUT_S)
+    out = run_to_the_end(cmd, cwd=tmp_path, timeout_s=RUN_TIMEOUT_S, what="bench/cluster.py")
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     shown = json.dumps(result, indent=1)  # the whole audit when an assertion fails
