@@ -350,7 +350,8 @@ class MemorySampler:
     times) and PSS (proportional set size: a shared page is split among the processes mapping it,
     so the sum is the memory the side really holds; Linux only, RSS where smaps cannot be read).
     PSS is what the comparison uses; RSS is kept for the history of the figure. Also the peak PSS
-    of each named tree, to tell where the memory goes."""
+    of each named tree and of each process in it, with whether that process loaded torch, to tell
+    where the memory goes."""
 
     def __init__(self, roots: Any, every_s: float = 1.0) -> None:
         self.roots = roots
@@ -362,6 +363,8 @@ class MemorySampler:
         self.peak_pss_by_name: dict[str, int] = {}
         self.cpu_by_pid: dict[int, float] = {}
         """Latest CPU seconds seen per process (its own plus its reaped children's)."""
+        self.processes: dict[str, dict[int, dict[str, Any]]] = {}
+        """{name: {pid: {"torch", "peak_pss", "cmd"}}} of every process seen in each tree."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="peer-memory", daemon=True)
 
@@ -384,13 +387,44 @@ class MemorySampler:
                 root = psutil.Process(pid)
                 for proc in [root, *root.children(recursive=True)]:
                     rss[proc.pid] = proc.memory_info().rss
-                    pss[name] = pss.get(name, 0) + _pss(proc, rss[proc.pid])
+                    own = _pss(proc, rss[proc.pid])
+                    pss[name] = pss.get(name, 0) + own
+                    self._note(name, proc, own)
                     cpu = proc.cpu_times()
                     used = cpu.user + cpu.system + cpu.children_user + cpu.children_system
                     self.cpu_by_pid[proc.pid] = max(used, self.cpu_by_pid.get(proc.pid, 0.0))
             except psutil.Error:  # a process ended between listing and reading
                 continue
         return sum(rss.values()), pss
+
+    def _note(self, name: str, proc: Any, pss: int) -> None:
+        seen = self.processes.setdefault(name, {}).get(proc.pid)
+        if seen is None:
+            seen = {"torch": False, "peak_pss": 0, "cmd": " ".join(proc.cmdline()[:3])[-80:]}
+            self.processes[name][proc.pid] = seen
+        seen["torch"] = seen["torch"] or _loads_torch(proc.pid)
+        seen["peak_pss"] = max(seen["peak_pss"], pss)
+
+    def process_summary(self, min_pss_bytes: int = 8 * 2**20) -> dict[str, list[dict[str, Any]]]:
+        """Per tree, the processes above `min_pss_bytes` at their peak (tool processes and shells
+        are noise): pid, whether it loaded torch, peak PSS in MiB, the command's start."""
+        return {
+            name: [
+                {
+                    "pid": pid,
+                    "torch": p["torch"],
+                    "peak_pss_mib": round(p["peak_pss"] / 2**20, 1),
+                    "cmd": p["cmd"],
+                }
+                for pid, p in sorted(procs.items())
+                if p["peak_pss"] > min_pss_bytes
+            ]
+            for name, procs in sorted(self.processes.items())
+        }
+
+    def torch_processes(self) -> dict[str, int]:
+        """{name: how many processes of its tree loaded torch}."""
+        return {name: sum(p["torch"] for p in procs) for name, procs in self.process_summary().items()}
 
     @property
     def cpu_s(self) -> float:
@@ -403,6 +437,14 @@ class MemorySampler:
             self.peak_pss_bytes = max(self.peak_pss_bytes, sum(pss.values()))
             for name, used in pss.items():
                 self.peak_pss_by_name[name] = max(used, self.peak_pss_by_name.get(name, 0))
+
+
+def _loads_torch(pid: int) -> bool:
+    """Whether the process has torch's C++ library mapped (it imported torch)."""
+    try:
+        return "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
 
 
 def _pss(proc: Any, rss: int) -> int:
@@ -492,6 +534,8 @@ class SideRun:
     """Until the first rollout could start (STACX: services up; TRL: trainer built)."""
     seed: int = 0
     curve: list[dict[str, float]] = field(default_factory=list)
+    torch_processes_by_service: dict[str, int] = field(default_factory=dict)
+    """How many of each service's processes loaded torch (where the memory goes)."""
 
     def version_at(self, t: float) -> str:
         return [path for at, path in self.versions if at <= t][-1]
@@ -509,6 +553,7 @@ class SideRun:
             "peak_pss_mib": round(self.peak_pss_bytes / 2**20, 1),
             "peak_pss_mib_by_service": {
                 n: round(b / 2**20, 1) for n, b in sorted(self.peak_pss_by_service.items())},
+            "torch_processes_by_service": self.torch_processes_by_service,
             "cpu_s": round(self.cpu_s, 1),
             "startup_s": round(self.startup_s, 1),
             "heldout_curve": self.curve,
@@ -557,6 +602,7 @@ def run_stacx(
         peak_memory_bytes=pipeline.memory.peak_bytes,
         peak_pss_bytes=pipeline.memory.peak_pss_bytes,
         peak_pss_by_service=dict(pipeline.memory.peak_pss_by_name),
+        torch_processes_by_service=pipeline.memory.torch_processes(),
         cpu_s=pipeline.memory.cpu_s,
         budget_s=cfg.budget_s,
         startup_s=pipeline.timings.get("services_s", 0.0),
@@ -631,6 +677,7 @@ def run_trl(python: Path, cfg: BenchConfig, sft_dir: Path, *, latency: bool, see
         peak_memory_bytes=memory.peak_bytes,
         peak_pss_bytes=memory.peak_pss_bytes,
         peak_pss_by_service=dict(memory.peak_pss_by_name),
+        torch_processes_by_service=memory.torch_processes(),
         cpu_s=memory.cpu_s,
         budget_s=cfg.budget_s,
         startup_s=result["ready_at"] - started,

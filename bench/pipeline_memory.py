@@ -4,11 +4,12 @@
     .venv/bin/python bench/pipeline_memory.py --budget-s 60 --json
 
 Runs the STACX side of bench/peer_trl.py exactly as that benchmark does (the quickstart's real
-services from the shared SFT checkpoint, process sandbox, free ports, a wall-clock stop) and, next
-to its PSS sampler, looks once a second at every process of every service: its PSS and whether it
-maps libtorch (a process that imported torch maps `libtorch_cpu`). Last line (JSON): the peak
-summed PSS, the peak PSS per service, per service the processes that loaded torch, and the
-trajectories/s and policy versions of the run (so a memory change can be checked for lost speed).
+services from the shared SFT checkpoint, process sandbox, free ports, a wall-clock stop); its PSS
+sampler, which looks once a second at every process of every service, also records each process's
+peak PSS and whether it maps libtorch (a process that imported torch maps `libtorch_cpu`). Last
+line (JSON): the peak summed PSS, the peak PSS per service, per service the processes that loaded
+torch, and the trajectories/s and policy versions of the run (so a memory change can be checked
+for lost speed).
 `limit_pss_mib` is `--trl-peak-mib` (TRL's peak PSS on this task, from bench/peer_trl.py) × 1.5,
 the goal the pipeline is held to; `ok` says whether the peak summed PSS is under it.
 """
@@ -26,7 +27,6 @@ import argparse  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import threading  # noqa: E402
 from types import ModuleType  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -47,70 +47,6 @@ def _load_peer_trl() -> ModuleType:
     # `demonstration` function (infra/pipeline/orchestrator.py passes `task_set.demonstration`)
     module._task_set = lambda spec: task_set(spec).demonstration
     return module
-
-
-def loads_torch(pid: int) -> bool:
-    """Whether the process maps libtorch (it imported torch)."""
-    try:
-        return "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
-    except OSError:
-        return False
-
-
-class TorchWatch:
-    """Every process of every service seen while the run lasts, and whether it loaded torch."""
-
-    def __init__(self, roots: Any, every_s: float = 1.0) -> None:
-        self.roots = roots
-        self.every_s = every_s
-        self.by_service: dict[str, dict[int, dict[str, Any]]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="torch-watch", daemon=True)
-
-    def __enter__(self) -> TorchWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _run(self) -> None:
-        import psutil
-
-        while not self._stop.wait(self.every_s):
-            for name, pid in self.roots().items():
-                try:
-                    root = psutil.Process(pid)
-                    procs = [root, *root.children(recursive=True)]
-                except psutil.Error:
-                    continue
-                for proc in procs:
-                    try:
-                        pss = int(proc.memory_full_info().pss)
-                        cmd = " ".join(proc.cmdline()[:3])[-80:]
-                    except psutil.Error:
-                        continue
-                    seen = self.by_service.setdefault(name, {}).setdefault(
-                        proc.pid, {"torch": False, "peak_pss": 0, "cmd": cmd}
-                    )
-                    seen["torch"] = seen["torch"] or loads_torch(proc.pid)
-                    seen["peak_pss"] = max(seen["peak_pss"], pss)
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            name: [
-                {
-                    "pid": pid,
-                    "torch": p["torch"],
-                    "peak_pss_mib": round(p["peak_pss"] / 2**20, 1),
-                    "cmd": p["cmd"],
-                }
-                for pid, p in sorted(procs.items())
-                if p["peak_pss"] > 8 * 2**20  # tool processes and shells: noise
-            ]
-            for name, procs in sorted(self.by_service.items())
-        }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -146,8 +82,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     pipeline = peer_trl.BudgetPipeline(
         peer_trl.stacx_spec(base, cfg, name=name, python="python3"), sft_dir=sft_dir, budget_s=cfg.budget_s
     )
-    with TorchWatch(lambda: {n: s.pid for n, s in pipeline.services.items() if s.pid is not None}) as watch:
-        pipeline.run()
+    pipeline.run()
+    processes = pipeline.memory.process_summary()
     limit = 1.5 * args.trl_peak_mib
     peak = pipeline.memory.peak_pss_bytes / 2**20
     result = {
@@ -158,8 +94,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "peak_pss_mib_by_service": {
             n: round(b / 2**20, 1) for n, b in sorted(pipeline.memory.peak_pss_by_name.items())
         },
-        "torch_processes": {n: sum(p["torch"] for p in procs) for n, procs in watch.summary().items()},
-        "processes": watch.summary(),
+        "torch_processes": pipeline.memory.torch_processes(),
+        "processes": processes,
         "trajectories_per_s": round(pipeline.trajectories_at_budget / args.budget_s, 3),
         "policy_versions": len(pipeline.metrics.version_times),
         "limit_pss_mib": round(limit, 1),

@@ -148,6 +148,31 @@ def test_sampler_splits_shared_pages_that_summed_rss_counts_twice(bench: ModuleT
     assert rss - sum(pss.values()) >= 56 << 20  # the mapped file: twice in RSS, once in PSS
 
 
+def test_sampler_tells_which_processes_loaded_torch(bench: ModuleType) -> None:
+    """Two real processes, one that imported torch and one that did not: the sampler's per-process
+    summary marks only the first, each with its own peak PSS."""
+    import subprocess
+
+    script = "{} print('ready', flush=True); import time; time.sleep(60)"
+    argv = {name: [sys.executable, "-c", script.format(code)]
+            for name, code in (("torch", "import torch;"), ("plain", "b = bytearray(32 << 20);"))}
+    procs = {name: subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for name, cmd in argv.items()}
+    try:
+        for proc in procs.values():
+            assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        sampler = bench.MemorySampler(lambda: {name: proc.pid for name, proc in procs.items()})
+        sampler.sample()
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
+    summary = sampler.process_summary()
+    assert [p["torch"] for p in summary["torch"]] == [True]
+    assert [p["torch"] for p in summary["plain"]] == [False]
+    assert summary["plain"][0]["peak_pss_mib"] >= 32
+    assert summary["torch"][0]["pid"] == procs["torch"].pid
+
+
 def test_latency_tool_still_runs_the_code(peer: ModuleType) -> None:
     assert peer.ToolLatency(scale_s=0.0).python_command() == "python3"
     slow = peer.ToolLatency(scale_s=0.01, alpha=1.5, cap_s=0.05).python_command()
