@@ -194,6 +194,12 @@ class WeightVersion:
     never announced with two different hashes, and subscribers refuse one that conflicts."""
 
 
+def export_dir_name(step: int) -> str:
+    """The folder the policy exported at `step` gets under its model's export root
+    (`v00000006`): zero-padded, so names sort as steps do."""
+    return f"v{step:08d}"
+
+
 STEP_FIGURE_PREFIX = "step."
 """`WeightVersion.metadata` keys `step.<figure>` carry, as exact float text, the figures of the
 trainer step that made the version: `loss`, `num_tokens`, `seconds`, and each role's loss terms and

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from opentelemetry import metrics as otel_metrics
 
-from schemas.records import STEP_FIGURE_PREFIX, TrainingBatch, WeightVersion
+from schemas.records import STEP_FIGURE_PREFIX, TrainingBatch, WeightVersion, export_dir_name
 from trainer.backends import Backend, build_backend
 from trainer.batch import (
     TensorBatch,
@@ -471,7 +471,7 @@ class StacxTrainer:
         assert cfg.dir is not None and worker.module is not None
         root = Path(cfg.dir) / cfg.model_name
         model_cfg = self._model_config(worker.slot)
-        path = export_hf(state, worker.module.config, root / f"v{self.step_count:08d}",
+        path = export_hf(state, worker.module.config, root / export_dir_name(self.step_count),
                          tokenizer_dir=model_cfg.path)
         prune_exports(root, cfg.keep_last)
         if self.publisher is not None:

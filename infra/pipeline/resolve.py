@@ -43,6 +43,7 @@ from infra.pipeline.layout import (
 )
 from infra.pipeline.wires import WIRES, get_path, wire_conflicts
 from rollout.tokens import model_vocab_size
+from schemas.records import export_dir_name
 
 __all__ = [
     "ServicePlan",
@@ -86,7 +87,7 @@ def planned_model_dir(spec: PipelineSpec, layout: RunLayout) -> Path:
         return base_model_dir(spec, layout)
     skill = min(sft.skill_steps, sft.steps)
     mixture = sft.steps - skill
-    return layout.sft_root / ("sft" if mixture else "sft-skill") / f"v{mixture or skill:08d}"  # as exported
+    return layout.sft_root / ("sft" if mixture else "sft-skill") / export_dir_name(mixture or skill)
 
 
 def plan(spec: PipelineSpec, layout: RunLayout, *, model_dir: Path | None = None) -> ServicePlan:

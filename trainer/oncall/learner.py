@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from schemas import topics
+from schemas.records import export_dir_name
 from trainer.config import TrainerConfig
 from trainer.engine import StacxTrainer, StepResult
 from trainer.errors import ConfigError
@@ -195,7 +196,7 @@ class OnlineLearner:
     def _candidate_path(self, step: int) -> Path:
         export = self.trainer_config.export
         assert export.dir is not None
-        return Path(export.dir) / export.model_name / f"v{step:08d}"
+        return Path(export.dir) / export.model_name / export_dir_name(step)
 
     def _gate(self, step: int, batch_id: str) -> None:
         path = self._candidate_path(step)
