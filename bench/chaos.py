@@ -72,6 +72,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from infra.pipeline import load_spec  # noqa: E402
+from infra.pipeline.layout import service_logs  # noqa: E402
 from infra.pipeline.orchestrator import Pipeline  # noqa: E402
 
 log = logging.getLogger("stacx.chaos")
@@ -426,12 +427,6 @@ def audit(pipeline: Pipeline) -> dict[str, Any]:
         "distinct_contents": len(set(hashes.values())) == len(hashes),
         **served_by_servers(pipeline.layout.logs_dir, run.model_name, announced),
     }
-
-
-def service_logs(logs_dir: Path, name: str) -> list[Path]:
-    """A service's log files: `logs/<name>` of a one-host run, `logs/<host>/<name>` of each host
-    of a cluster run (`stacx node up`)."""
-    return [p for p in (logs_dir / name, *sorted(logs_dir.glob(f"*/{name}"))) if p.is_file()]
 
 
 def served_by_servers(logs_dir: Path, model_name: str, announced: list[Any]) -> dict[str, Any]:

@@ -938,7 +938,8 @@ def memory_ratio(runs: list[SideRun]) -> float | None:
     return round(_peak_pss(runs, "stacx") / theirs, 3) if theirs else None
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's options (bench/pipeline_memory.py runs the STACX side with them too)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="wall-clock budget per run")
     parser.add_argument("--seeds", type=int, default=3, help="runs per side and latency setting (0..N-1)")
@@ -959,7 +960,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", default=str(REPO / "runs" / "peer-trl"))
     parser.add_argument("--png", default="", help="default: <out>/peer_trl.png")
     parser.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = build_parser().parse_args(argv)
     if args.quick:
         args.budget_s, args.seeds = min(args.budget_s, 40.0), 1
 

@@ -65,17 +65,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     peer_trl = _load_peer_trl()
     base = load_spec(args.config)
-    cfg = peer_trl.bench_config(
-        base,
-        argparse.Namespace(
-            budget_s=args.budget_s,
-            checkpoint_every_s=0.0,
-            latency_scale_s=0.2,
-            latency_alpha=1.5,
-            latency_cap_s=10.0,
-            out=args.out,
-        ),
-    )
+    options = ["--budget-s", str(args.budget_s), "--config", args.config, "--out", args.out]
+    cfg = peer_trl.bench_config(base, peer_trl.build_parser().parse_args(options))
     cfg.out.mkdir(parents=True, exist_ok=True)
     sft_dir = peer_trl.build_sft(base, stacx_home() / "peer-trl")  # the same cache as peer_trl.py
     name = f"memory-stacx-{os.getpid()}"

@@ -208,6 +208,17 @@ def _user_sections(spec: PipelineSpec) -> dict[str, Any]:
     return {"rollout": spec.rollout, "assembler": spec.assembler, "trainer": spec.trainer}
 
 
+def host_logs_dir(logs_dir: Path, host: str) -> Path:
+    """Where the services of one host of a cluster run log (`stacx node up --host HOST`)."""
+    return logs_dir / host
+
+
+def service_logs(logs_dir: Path, name: str) -> list[Path]:
+    """A service's log files: `logs/<name>` of a one-host run, `logs/<host>/<name>` of each host
+    of a cluster run."""
+    return [p for p in (logs_dir / name, *sorted(logs_dir.glob(f"*/{name}"))) if p.is_file()]
+
+
 def rollout_section(
     spec: PipelineSpec,
     layout: RunLayout,

@@ -35,6 +35,7 @@ from infra.pipeline.layout import (
     RunLayout,
     assembler_section,
     gateway_section,
+    host_logs_dir,
     inference_section,
     rollout_section,
     trainer_section,
@@ -284,7 +285,7 @@ class NodeRunner:
         self.layout = layout
         self.node = plan_node(spec, layout, host_name)
         self.config_dir = layout.config_dir / self.node.host.name
-        self.logs_dir = layout.logs_dir / self.node.host.name
+        self.logs_dir = host_logs_dir(layout.logs_dir, self.node.host.name)
         self.supervisor = Supervisor(spec.pipeline.services.restarts)
         self.services: dict[str, ServiceProcess] = {}
         self._token = os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)
