@@ -167,24 +167,37 @@ async def _check(router: str, urls: list[str], servers: list[ServiceProcess], su
     async with httpx.AsyncClient(timeout=120) as http:
         answers = await asyncio.gather(*(http.post(f"{router}/generate", json=body) for _ in range(4)))
     assert all(a.status_code == 200 for a in answers)
-    grown = sorted(_requests(u) - b for u, b in zip(urls, before, strict=True))
-    assert grown == [0.0, 4.0], grown
+    grown = [_requests(u) - b for u, b in zip(urls, before, strict=True)]
+    assert sorted(grown) == [0.0, 4.0], grown
+    holder = grown.index(4.0)  # the server that holds this prompt: the victim
 
     kafka = (bootstrap, topic)
     killed: list[int] = []
+    long_answers: list[httpx.Response] = []
 
     async def kill_then_supervise(manager: RolloutManager) -> None:
         deadline = time.monotonic() + 300
-        while not killed:
-            busy = [i for i, u in enumerate(urls) if _workers(router)[u]["in_flight"]]
-            if busy and manager.summary.num_episodes >= 4:
-                killed.append(busy[0])
-            else:
-                assert time.monotonic() < deadline, "no request in flight on any server"
+        while manager.summary.num_episodes < 4:  # the rollout is under way on both servers
+            assert time.monotonic() < deadline, "the rollout did not get going"
+            await asyncio.sleep(0.05)
+        # a request surely in flight at the kill: the held prompt (affinity sends it to the victim)
+        # with a long completion; the router must move it to the other server
+        long_body = {"input_ids": list(range(1, 60)),
+                     "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True, "temperature": 0.0}}
+        async with httpx.AsyncClient(timeout=600) as http:
+            routed_before = int(_workers(router)[urls[holder]]["routed"])  # type: ignore[call-overload]
+            long = asyncio.create_task(http.post(f"{router}/generate", json=long_body))
+            while int(_workers(router)[urls[holder]]["routed"]) == routed_before:  # type: ignore[call-overload]
+                assert not long.done(), long.result().text
+                assert time.monotonic() < deadline, "the long request was not routed to its holder"
                 await asyncio.sleep(0.05)
-        victim = servers[killed[0]]
-        assert victim.pid is not None
-        os.killpg(victim.pid, signal.SIGKILL)  # mid-request, no goodbye
+            await asyncio.sleep(0.5)
+            assert not long.done(), "the long request ended before the kill"
+            killed.append(holder)
+            victim = servers[holder]
+            assert victim.pid is not None
+            os.killpg(victim.pid, signal.SIGKILL)  # mid-request, no goodbye
+            long_answers.append(await long)
         while not supervisor.poll():
             assert time.monotonic() < deadline, "the supervisor did not restart the killed server"
             await asyncio.sleep(0.2)
@@ -194,6 +207,8 @@ async def _check(router: str, urls: list[str], servers: list[ServiceProcess], su
     name = servers[killed[0]].spec.name
     assert supervisor.restarts[name] == 1
     assert int(_workers(router)["failovers"]) >= 1  # type: ignore[call-overload]
+    assert long_answers[0].status_code == 200, long_answers[0].text  # answered by the other server
+    assert len(long_answers[0].json()["output_ids"]) == 3000
     routed = {u: int(_workers(router)[u]["routed"]) for u in urls}  # type: ignore[call-overload]
     assert all(routed.values()), routed  # groups went to both servers
 
