@@ -151,6 +151,11 @@ class Cluster:
         argv = [self.stacx, "node", "up", "--cluster", str(self.file), "--host", host]
         self.lab.start(host, argv, log_path=self.root / "nodes" / f"{host}.log", env=self.env, cwd=self.root)
 
+    def running(self, host: str) -> bool:
+        """Every service of `host` started and ready (its node's log says so)."""
+        log_path = self.root / "nodes" / f"{host}.log"
+        return log_path.exists() and f"node {host}: running " in log_path.read_text(errors="replace")
+
     def lose(self, host: str) -> None:
         log.warning("cluster: host %s lost (every process killed)", host)
         self.lab.kill_host(host)
@@ -323,8 +328,8 @@ def run(args: argparse.Namespace, lab: NetLab, root: Path) -> dict[str, Any]:
         watch.poll(args.window_s)
         one_end = time.monotonic()
         nodes.up("roll-2")
-        watch.wait(lambda: watch.rate(one_end, time.monotonic()) > 0, args.timeout_s, "roll-2 joining")
-        watch.poll(30.0)  # roll-2's services up and its worker assigned partitions of the tasks
+        watch.wait(lambda: nodes.running("roll-2"), args.timeout_s, "roll-2's services up")
+        watch.poll(30.0)  # roll-2's worker assigned partitions of the tasks and under way
         two_start = time.monotonic()
         watch.poll(args.window_s)
         two_end = time.monotonic()

@@ -351,14 +351,26 @@ class WeightSubscriber:
 
 def subscriber_group(model_name: str, server_url: str, topic: str = topics.WEIGHTS) -> str:
     """`stacx-weights-<run>-<model>-<host>-<port>` for a run's topic (`stacx.weights.<run>`),
-    `stacx-weights-<model>-<host>-<port>` for the shared one: one group per inference server and
+    `stacx-weights-<model>-<host>-<port>` for the shared one (<host>: the server's address, or this
+    machine's host name for a loopback one): one group per inference server and
     run, named so operators find it (`stacx topics describe`, kafka-consumer-groups.sh), the same
     after a restart. The run is in the name so that deleting one run's groups (`stacx topics gc
     --run`) never touches another run's server on the same port."""
-    port = urlsplit(server_url).port or 0
+    url = urlsplit(server_url)
     run = topic.removeprefix(topics.WEIGHTS + ".") if topic != topics.WEIGHTS else ""
     scope = f"{run}-" if run else ""
-    return f"stacx-weights-{scope}{model_name}-{socket.gethostname()}-{port}"
+    return f"stacx-weights-{scope}{model_name}-{_server_host(url.hostname)}-{url.port or 0}"
+
+
+LOCAL_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1", "0.0.0.0", "::"})
+"""Server addresses that name no machine: the group takes the machine's host name instead."""
+
+
+def _server_host(address: str | None) -> str:
+    """The server's own address when it has one others reach it by (a cluster host's, unique in
+    the cluster even where every host reports the same host name, as network namespaces and
+    cloned containers do), else this machine's host name."""
+    return socket.gethostname() if (address or "") in LOCAL_HOSTS else str(address)
 
 
 def _inject_trace_context(request: httpx.Request) -> None:

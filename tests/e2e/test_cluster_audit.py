@@ -53,3 +53,8 @@ def test_losing_a_broker_a_rollout_host_and_a_trainer_host_loses_nothing_and_sta
                 "served_regressions", "served_unannounced", "orphans"):
         assert result[key] == 0, (key, shown)
     assert result["server_loads"] >= 2, shown  # read from every rollout host's inference log
+    # every host's server follows the weights (a group of its own: hosts on one port never share it)
+    served = result["served_last_by_log"]
+    assert served["roll-1/inference.log"] >= result["version_at_loss"], shown
+    assert served["roll-2/inference.log"] >= 1, shown  # ready (it waits for the newest version) and serving
+    assert result["tool_calls_per_trajectory"]["2"] is not None, shown  # both hosts' window had work

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import pytest
 
 from consumers.weights import WeightSubscriber
 from schemas.records import WeightVersion
@@ -189,6 +190,24 @@ def test_catch_up_commits_what_it_read_and_the_group_is_named_after_the_server()
     assert isinstance(source, FakeSource) and source.commits == [None]  # everything read
     group = subscriber_group("policy", "http://127.0.0.1:30000")
     assert group.startswith("stacx-weights-policy-") and group.endswith("-30000")
+
+
+def test_servers_on_the_same_port_of_hosts_with_one_host_name_get_a_group_each(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Network namespaces (and cloned containers) report one host name for every host: servers on
+    the same port must still not share a group, or one of them stops seeing versions."""
+    import socket
+
+    from consumers.weights import subscriber_group
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "same")
+    topic = "stacx.weights.run-1"
+    groups = {subscriber_group("policy", f"http://10.231.0.{i}:30010", topic) for i in (5, 6)}
+    assert groups == {f"stacx-weights-run-1-policy-10.231.0.{i}-30010" for i in (5, 6)}
+    for local in ("127.0.0.1", "localhost", "0.0.0.0", "[::1]"):  # names no machine: the host name
+        group = subscriber_group("policy", f"http://{local}:30010", topic)
+        assert group == "stacx-weights-run-1-policy-same-30010", local
 
 
 def test_the_update_request_has_sglangs_fields_and_the_version_as_a_string() -> None:
