@@ -227,9 +227,13 @@ def rollout_section(
     inference_url: str,
     gateway_url: str,
     fallback_gateways: Sequence[str] = (),
+    worker: str | None = None,
 ) -> dict[str, Any]:
     """`stacx rollout` config: the spec's `rollout` section plus this run's data and endpoints;
-    `gateway_url` preferred, `fallback_gateways` (other hosts') used while it is down or full."""
+    `gateway_url` preferred, `fallback_gateways` (other hosts') used while it is down or full.
+    `worker` (a cluster host's name) names this worker's weights follower group: each worker
+    needs its own, since the weights topic has one partition and a shared group hands it to
+    one member only (the others would stop seeing new versions)."""
     user_sandbox = spec.rollout.get("sandbox") or {}
     sandbox: dict[str, Any] = {"url": gateway_url}
     if fallback_gateways and not {"url", "urls"} & set(user_sandbox):
@@ -246,7 +250,7 @@ def rollout_section(
                 "follow_weights": True,
                 "trajectories_topic": layout.topics.trajectories,
                 "weights_topic": layout.topics.weights,
-                "weights_group": f"stacx-rollout-weights-{layout.run_id}",
+                "weights_group": f"stacx-rollout-weights-{layout.run_id}" + (f"-{worker}" if worker else ""),
             },
             "manager": {"model_name": layout.model_name, **_trained_groups(spec)},
             "progress": False,

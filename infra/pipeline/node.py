@@ -172,6 +172,7 @@ def _section(
                 for url in (_url(other, gateway_port) for other in cluster.with_role("gateway"))
                 if url != gateway_url
             ],
+            worker=host.name,
         )
     if role == "assembler":
         return assembler_section(spec, layout)

@@ -136,6 +136,9 @@ def test_a_rollout_worker_uses_its_own_hosts_gateway_and_server_and_shares_the_t
     groups = {s["data"]["consumer_group"] for s in sections.values()}
     topics = {s["data"]["topic"] for s in sections.values()}
     assert groups == {"stacx-rollout-cluster-demo"} and topics == {"stacx.tasks.cluster-demo"}
+    # but a weights follower group each: the weights topic's one partition goes to one member only
+    followers = [s["kafka"]["weights_group"] for s in sections.values()]
+    assert followers == [f"stacx-rollout-weights-cluster-demo-{h}" for h in ("roll-1", "roll-2")]
     gateway = plan_node(spec, layout, "roll-2").files["gateway.yaml"]["gateway"]
     assert gateway["host"] == "10.0.0.12"
 
