@@ -151,6 +151,7 @@ class EventConsumer:
         self._dlq_sent: list[Future[Delivery]] = []
         self._pending_seeks: list[Callable[[list[Any]], list[Any]]] = []
         self._closed = False
+        self._paused = False
         self.num_dead_letters = 0
         """Events sent to the DLQ (or dropped with a log line when there is none)."""
         self._consumer = Consumer(self._librdkafka_config(config))
@@ -292,6 +293,19 @@ class EventConsumer:
     def assignment(self) -> list[tuple[str, int]]:
         """(topic, partition) pairs currently assigned to this member."""
         return [(tp.topic, tp.partition) for tp in self._consumer.assignment()]
+
+    def pause(self) -> None:
+        """Fetch nothing from the assigned partitions, nor from those a rebalance assigns later,
+        until `resume()`. `poll` still serves the group: a member that waits while paused keeps
+        its place, and a rebalance (a peer joining or leaving) completes without waiting for it
+        to be polled again (up to `max_poll_interval_ms`)."""
+        self._paused = True
+        self._consumer.pause(self._consumer.assignment())
+
+    def resume(self) -> None:
+        """Fetch again from every assigned partition, from where reading stopped."""
+        self._paused = False
+        self._consumer.resume(self._consumer.assignment())
 
     def close(self) -> None:
         """Flush dead letters and leave the group (uncommitted events will be redelivered)."""
@@ -449,6 +463,8 @@ class EventConsumer:
             partitions = [moved.get((p.topic, p.partition), p) for p in partitions]
             self._pending_seeks.clear()
         consumer.assign(partitions)
+        if self._paused and partitions:
+            consumer.pause(partitions)
         if self._assign_listener is not None:
             self._assign_listener([(p.topic, p.partition) for p in partitions])
 

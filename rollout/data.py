@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import random
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,6 +221,9 @@ class KafkaTaskSource:
         self._assigned: set[tuple[str, int]] = set()
         """The partitions of the last assignment (a rebalance hands out the whole set)."""
         self._ever_assigned = False
+        self._paused = False
+        self._held: deque[Any] = deque()
+        """Events a keep-alive poll returned (fetched before the pause took effect): served first."""
         self.num_takeovers = 0
         """Rebalances that assigned this worker partitions it did not have before (not the first)."""
 
@@ -244,9 +248,29 @@ class KafkaTaskSource:
             log.info("tasks of partitions %s re-served here (the group rebalanced)", sorted(gained))
         self._assigned, self._ever_assigned = set(partitions), True
 
+    def keep_alive(self) -> None:
+        """Serve the group while no task is wanted (the worker is full, or waits at its staleness
+        bound): fetching paused, so nothing new is taken, but a rebalance completes at once
+        instead of waiting for this member's next poll: a joining peer starts, a departed
+        peer's tasks are re-served here (a takeover), in seconds, not after `max.poll.interval`."""
+        if not self._paused:
+            self._consumer.pause()
+            self._paused = True
+        event = self._consumer.poll(0)
+        if event is not None:
+            self._held.append(event)
+
     async def next_group(self) -> TaskGroup | None:
+        if self._paused:
+            await asyncio.to_thread(self._consumer.resume)
+            self._paused = False
         while True:
-            event = await asyncio.to_thread(self._consumer.poll, self.config.poll_timeout_s)
+            if self._held:
+                event = self._held.popleft()
+                if (event.topic, event.partition) not in self._assigned:
+                    continue  # a rebalance since moved its partition: the new owner reads it
+            else:
+                event = await asyncio.to_thread(self._consumer.poll, self.config.poll_timeout_s)
             if event is not None and isinstance(event.value, TaskSample):
                 self._idle = 0
                 if self._taken_here(event):

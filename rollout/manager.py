@@ -51,6 +51,8 @@ _OUT_OF_VOCABULARY = _meter.create_counter(
 log = logging.getLogger(__name__)
 
 DEFAULT_EVALUATOR = "default"
+KEEP_ALIVE_S = 1.0
+"""While the scheduler is full, how often a consumer-group source is kept alive (`keep_alive`)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -359,7 +361,7 @@ class RolloutManager:
         while self._stopping is None and (num_groups is None or pulled < num_groups):
             if len(self.scheduler) >= self.config.scheduler.lookahead:
                 self._space.clear()
-                await self._space.wait()
+                await self._await_space()
                 continue
             group = await self.source.next_group()
             if group is None:
@@ -369,6 +371,16 @@ class RolloutManager:
             self._wakeup.set()
         self._source_done = True
         self._wakeup.set()
+
+    async def _await_space(self) -> None:
+        """Wait for room in the scheduler; a source that belongs to a consumer group is kept
+        alive meanwhile (`keep_alive`: its rebalances are served, nothing is taken)."""
+        keep_alive = getattr(self.source, "keep_alive", None)
+        while not self._space.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._space.wait(), KEEP_ALIVE_S)
+            if keep_alive is not None and not self._space.is_set():
+                await asyncio.to_thread(keep_alive)
 
     def _dispatch_done(self, num_groups: int | None) -> bool:
         if self._window:
