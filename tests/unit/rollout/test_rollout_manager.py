@@ -126,6 +126,25 @@ async def test_staleness_bound_stops_pulling_until_the_policy_advances() -> None
     assert [t.policy_version for t in manager.publisher.published[-2:]] == [2, 2]
 
 
+async def test_a_worker_waiting_at_the_bound_keeps_its_group_source_alive(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """While no task is wanted, a consumer-group source is kept alive (its rebalances served):
+    otherwise a joining or departing peer waits for this worker's next poll."""
+    import rollout.manager as manager_module
+
+    monkeypatch.setattr(manager_module, "KEEP_ALIVE_S", 0.01)
+    versions = StaticVersion(0)
+    manager = _manager(_tasks(200), versions=versions, max_staleness=0, train_groups_per_version=1)
+    calls: list[int] = []
+    manager.source.keep_alive = lambda: calls.append(len(calls))  # type: ignore[attr-defined]
+    run = asyncio.create_task(manager.run())
+    await _until(lambda: manager.num_stalls == 1 and len(calls) >= 3)  # at the bound, the lookahead full
+    assert manager.summary.num_groups == 1
+    versions.version = 1  # room again: pulling goes on
+    await _until(lambda: manager.summary.num_groups == 2)
+    manager.stop("cancel")
+    await asyncio.wait_for(run, 30)
+
+
 def _trained_groups(published, statuses=("COMPLETED",)) -> set[str]:
     return {t.group_id for t in published if t.status.value in statuses}
 
