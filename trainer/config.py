@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from schemas import topics
 from trainer.errors import ConfigError
-from trainer.models import ModelConfig
+from trainer.model_config import ModelConfig
 
 __all__ = [
     "BackendConfig",

@@ -38,18 +38,19 @@ from trainer.batch import (
 )
 from trainer.checkpoint import CheckpointManager
 from trainer.config import TrainerConfig
-from trainer.distributed import place_groups, spawn
+from trainer.distributed import place_groups
 from trainer.errors import BatchValidationError, ConfigError
 from trainer.export import content_hash, export_hf, prune_exports
 from trainer.losses import Normaliser
 from trainer.models import ModelConfig, build_model
 from trainer.protocols import BatchSource, Positions, SourcedBatch, WeightPublisher
 from trainer.publish import build_publisher
+from trainer.ranks import spawn_trainer, spawns_ranks
 from trainer.recipe import DataSync, ModelSlot, TrainingConfig, get_recipe
 from trainer.sources import build_source
 from trainer.workers import ModelWorker, RoleWorker, build_optimizer
 
-__all__ = ["StacxTrainer", "StepResult", "merge_metrics", "metrics_text", "step_figures"]
+__all__ = ["StacxTrainer", "StepResult", "merge_metrics", "metrics_text", "run_rank", "step_figures"]
 
 _meter = otel_metrics.get_meter("stacx.trainer")
 _STEP_SECONDS = _meter.create_histogram("stacx.trainer.step_duration", unit="s",
@@ -129,13 +130,10 @@ class StacxTrainer:
                rank_setup: Callable[[], object] | None = None) -> None:
         """Run to completion: in this process, or spawned on `backend.world_size` local ranks.
         `rank_setup` (picklable) runs first in each spawned rank (the service's tracing set-up)."""
-        import os
-
-        if config.backend.kind == "fsdp2" and config.backend.world_size > 1 \
-                and "RANK" not in os.environ:
-            spawn(_run_rank, config.backend.world_size, config, max_steps, rank_setup)
+        if spawns_ranks(config.backend):
+            spawn_trainer(config, max_steps, rank_setup)
         else:
-            _run_rank(config, max_steps)
+            run_rank(config, max_steps)
 
     # ----------------------------------------------------------------------------- building
 
@@ -539,8 +537,9 @@ def merge_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
     return merged
 
 
-def _run_rank(config: TrainerConfig, max_steps: int | None,
-              rank_setup: Callable[[], object] | None = None) -> None:
+def run_rank(config: TrainerConfig, max_steps: int | None,
+             rank_setup: Callable[[], object] | None = None) -> None:
+    """One trainer run to completion (`trainer.ranks.TRAINER_RANK`: what each spawned rank runs)."""
     if rank_setup is not None:
         rank_setup()
     with StacxTrainer.from_config(config) as trainer:

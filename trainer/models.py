@@ -6,7 +6,6 @@ Shape legend: B sequences, L padded length, V vocabulary, H hidden size.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,6 +13,7 @@ import torch
 from torch import nn
 
 from trainer.errors import ConfigError
+from trainer.model_config import ModelConfig
 from trainer.protocols import ModelOutput
 
 __all__ = ["Head", "ModelConfig", "StacxModel", "build_model", "tiny_qwen2_config"]
@@ -25,30 +25,6 @@ TINY_QWEN2: dict[str, Any] = {
     "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
     "tie_word_embeddings": False,
 }
-
-
-@dataclass(kw_only=True, slots=True)
-class ModelConfig:
-    """Where a role's weights come from."""
-
-    path: str | None = None
-    """Local Hugging Face model directory (config.json + safetensors); never downloaded."""
-    tiny: dict[str, Any] | None = None
-    """Qwen2Config overrides for a randomly initialised tiny model (tests, examples); for a slot
-    with a `flow` head, FlowConfig fields of the 2-D flow model (trainer/flow.py)."""
-    seed: int = 0
-    """Initialisation seed for `tiny` models: the same seed gives the same weights."""
-    dtype: str = "float32"
-    """Parameter dtype when loading (`float32`, `bfloat16`)."""
-    attn_implementation: str = "sdpa"
-    """Attention kernel passed to transformers (`sdpa`, `eager`, `flash_attention_2`)."""
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Further keyword arguments for `from_pretrained`."""
-
-    def __post_init__(self) -> None:
-        if (self.path is None) == (self.tiny is None):
-            raise ConfigError("model: set exactly one of `path` (a local HF directory) or `tiny` "
-                              "(a dict of Qwen2Config overrides, {} for the default tiny model)")
 
 
 def tiny_qwen2_config(**overrides: Any) -> Any:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -57,43 +56,57 @@ def _apply_overrides(config: Any, args: argparse.Namespace) -> None:
         config.source.replay_from_timestamp_ms = args.replay_from_timestamp_ms
 
 
-def load_trainer_config(path: str) -> Any:
-    """TrainerConfig from a YAML file (the whole file, or its `trainer:` section), validated with
-    the model path and recipe resolved; `ConfigError` lists every problem, one line each."""
+def load_trainer_config(path: str, overrides: argparse.Namespace | None = None) -> Any:
+    """TrainerConfig from a YAML file (the whole file, or its `trainer:` section) with the command
+    line's `overrides`, validated with the model paths and the recipe resolved; `ConfigError`
+    lists every problem, one line each. When the config spawns local ranks they resolve the
+    recipe (it imports torch, which the launcher never does) and a bad one is still one line."""
     from infra.checks import model_problem
     from infra.config import ConfigError, build, load_yaml
-    from trainer import TrainerConfig, TrainerError, get_recipe
+    from trainer.config import TrainerConfig
+    from trainer.ranks import spawns_ranks
 
     tree = load_yaml(path)
     where = path
     if isinstance(tree.get("trainer"), dict):  # a shared stack file: use its `trainer` section
         tree, where = tree["trainer"], f"{path}: trainer"
     config = build(TrainerConfig, tree, where=where)
+    if overrides is not None:
+        _apply_overrides(config, overrides)
     lines = []
     for role, model in sorted(config.models.items()):
         problem = model.path and model_problem(Path(model.path), f"models.{role}.path")
         if problem:
             lines.append(f"{where}: {problem}")
-    try:
-        get_recipe(config.recipe)  # before spawning ranks
-    except TrainerError as exc:
-        lines.append(f"{where}: recipe: {exc}")
+    if not spawns_ranks(config.backend):
+        problem = _recipe_problem(config.recipe)
+        if problem:
+            lines.append(problem if overrides and overrides.recipe else f"{where}: recipe: {problem}")
     if lines:
         raise ConfigError(lines)
     return config
 
 
-def _train(args: argparse.Namespace) -> int:
-    from infra.config import ConfigError
-    from trainer import StacxTrainer, TrainerError, get_recipe
+def _recipe_problem(ref: str) -> str | None:
+    from trainer.errors import TrainerError
+    from trainer.recipe import get_recipe
 
     try:
-        config = load_trainer_config(args.config)
-        _apply_overrides(config, args)
-        get_recipe(config.recipe)  # a --recipe override, before spawning ranks
+        get_recipe(ref)
+    except TrainerError as exc:
+        return str(exc)
+    return None
+
+
+def _train(args: argparse.Namespace) -> int:
+    from infra.config import ConfigError
+    from trainer.errors import TrainerError
+    from trainer.ranks import spawns_ranks
+
+    try:
+        config = load_trainer_config(args.config, args)
     except (ConfigError, TrainerError) as exc:
-        for line in str(exc).splitlines():
-            print(f"stacx train: {line}", file=sys.stderr)
+        _print_lines(exc)
         return 2
     if config.source.kind == "kafka":
         from infra.services.reachability import kafka_problem
@@ -102,15 +115,39 @@ def _train(args: argparse.Namespace) -> int:
         if unreachable:
             print(f"stacx train: {unreachable}", file=sys.stderr)
             return 1
+    rank_setup = functools.partial(setup_rank, "train")
     try:
-        spawns = config.backend.kind == "fsdp2" and config.backend.world_size > 1 and "RANK" not in os.environ
-        if not spawns:
-            setup_metrics("train")
-        StacxTrainer.launch(config, rank_setup=functools.partial(setup_rank, "train"))
+        if spawns_ranks(config.backend):
+            return _spawn_ranks(config, rank_setup, args)
+        from trainer import StacxTrainer
+
+        setup_metrics("train")
+        StacxTrainer.launch(config, rank_setup=rank_setup)
     except TrainerError as exc:
         log.error("%s", exc)
         return 1
     return 0
+
+
+def _spawn_ranks(config: Any, rank_setup: Any, args: argparse.Namespace) -> int:
+    """Train on spawned local ranks; a config problem one of them found is one line, exit 2."""
+    from trainer.errors import ConfigError, RecipeError
+    from trainer.ranks import spawn_trainer
+
+    try:
+        spawn_trainer(config, rank_setup=rank_setup)
+    except RecipeError as exc:  # what the launcher would have reported before spawning
+        _print_lines(exc if args.recipe else f"{args.config}: recipe: {exc}")
+        return 2
+    except ConfigError as exc:
+        _print_lines(exc)
+        return 2
+    return 0
+
+
+def _print_lines(message: object) -> None:
+    for line in str(message).splitlines():
+        print(f"stacx train: {line}", file=sys.stderr)
 
 
 def _recipes(args: argparse.Namespace) -> int:

@@ -97,6 +97,7 @@ def _nothing_starts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         monkeypatch.setattr(target, name, started)
     monkeypatch.setattr("infra.pipeline.orchestrator.Pipeline._prepare_run_dir", started)
     monkeypatch.setattr("trainer.StacxTrainer.launch", started)
+    monkeypatch.setattr("trainer.ranks.spawn_trainer", started)  # `stacx train` on local ranks
     monkeypatch.setattr("rollout.service.run_rollout", started)
     monkeypatch.setattr("consumers.assembly.AssemblerApp.run", started)
     previous = signal.getsignal(signal.SIGTERM)  # `stacx` installs its own handler
