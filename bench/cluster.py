@@ -11,18 +11,19 @@ c10d rendezvous, gloo over the lab's network), and `control`, where this script 
 Kafka reads (it joins that namespace after building the lab).
 
 Scale-out: roll-2's node starts `--window-s` after roll-1's workers produce their first
-trajectory; `trajectories_per_s` is measured over a window with one rollout host and a window with
-two, on the same task stream. Then kafka-3, roll-2 and train-2 are lost (every process of the host
+trajectory; once its services are up (and 30 s more), `trajectories_per_s` is measured over a
+window with two rollout hosts, beside the window with one, on the same task stream. Then kafka-3, roll-2 and train-2 are lost (every process of the host
 killed with SIGKILL); the trainer host comes back (its node restarted, as systemd or a Slurm
 requeue would) since a torch.distributed group cannot lose a rank and go on; the run trains
 `--versions` more policy versions, every node is stopped and the audit reads everything back.
 
     sudo .venv/bin/python bench/cluster.py --json [--versions 6] [--window-s 60] \
-        [--tool-latency-s 2 --sft-steps 60]
+        [--tool-latency-s 2 --sft-steps 900]
 
-`--tool-latency-s` adds a sleep to every tool call (the sandbox is held, the CPU is not), so a
-rollout host is bound by tool latency as with remote tools or slow test suites; a short SFT warm
-start (`--sft-steps`) teaches the tiny model to call the tool at all (`tool_calls_per_trajectory`).
+`--tool-latency-s` (default 2 s) adds a sleep to every tool call (the sandbox is held, the CPU is
+not), so a rollout host is bound by tool latency as with remote tools or slow test suites; the SFT
+warm start (`--sft-steps`, default 900) teaches the tiny model to call the tool
+(`tool_calls_per_trajectory`). `--tool-latency-s 0 --sft-steps 0` is the CPU-bound case.
 
 Needs root (namespaces), the Kafka jars `stacx infra up` installed and bubblewrap (the gateways'
 process backend). Last stdout line: the JSON object.
@@ -238,11 +239,15 @@ def _args() -> argparse.Namespace:
     parser.add_argument(
         "--tool-latency-s",
         type=float,
-        default=0.0,
-        help="seconds added to every tool call, so that a host is bound by tool latency, not CPU",
+        default=2.0,
+        help="seconds added to every tool call, so that a host is bound by tool latency, not CPU "
+        "(0: none, the hosts are then bound by CPU)",
     )
     parser.add_argument(
-        "--sft-steps", type=int, default=0, help="SFT warm start steps (0: none; it teaches tool calls)"
+        "--sft-steps",
+        type=int,
+        default=900,
+        help="SFT warm start steps (0: none); it teaches tool calls, so the tool latency applies",
     )
     parser.add_argument("--keep", help="keep the run's files in this folder")
     parser.add_argument("--json", action="store_true", help="print the JSON line only")

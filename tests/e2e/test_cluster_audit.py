@@ -38,7 +38,8 @@ def test_losing_a_broker_a_rollout_host_and_a_trainer_host_loses_nothing_and_sta
     assert problem is None, f"cannot build the network-namespace hosts: {problem}"
     assert (kafka.jar_dir() / ".complete").exists(), "no Kafka jars: run `stacx infra up` once"
     cmd = [sys.executable, str(REPO / "bench" / "cluster.py"), "--json", "--quick", "--versions", "2",
-           "--window-s", "20", "--timeout-s", "600", "--keep", str(tmp_path / "run")]
+           "--window-s", "20", "--timeout-s", "600", "--tool-latency-s", "0", "--sft-steps", "0",
+           "--keep", str(tmp_path / "run")]
     out = run_to_the_end(cmd, cwd=tmp_path, timeout_s=RUN_TIMEOUT_S, what="bench/cluster.py")
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
