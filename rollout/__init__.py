@@ -11,8 +11,7 @@ Public names are imported lazily (PEP 562), so `import rollout` (and its `infere
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from schemas.lazy import lazy_attributes
 
 __all__ = [
     "Evaluator",
@@ -57,7 +56,4 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module 'rollout' has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOMES[name]), name)
+__getattr__ = lazy_attributes(__name__, _HOMES)

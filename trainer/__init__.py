@@ -10,8 +10,9 @@ Public names are imported lazily (PEP 562), so `import trainer.config` (and the 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from schemas.lazy import lazy_attributes
 
 if TYPE_CHECKING:  # the real types for mypy; at run time `__getattr__` imports them on first use
     from trainer.batch import TensorBatch, to_tensor_batch, validate_batch
@@ -114,7 +115,4 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module 'trainer' has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOMES[name]), name)
+__getattr__ = lazy_attributes(__name__, _HOMES)

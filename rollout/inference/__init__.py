@@ -8,8 +8,9 @@ engine's torch (a process that only talks to a server stays a few tens of MiB).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from schemas.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from rollout.inference.client import GenerateResult, InferenceClient, ModelInfo
@@ -69,7 +70,4 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module 'rollout.inference' has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOMES[name]), name)
+__getattr__ = lazy_attributes(__name__, _HOMES)
