@@ -12,10 +12,11 @@ Kafka reads (it joins that namespace after building the lab).
 
 Scale-out: roll-2's node starts `--window-s` after roll-1's workers produce their first
 trajectory; once its services are up (and 30 s more), `trajectories_per_s` is measured over a
-window with two rollout hosts, beside the window with one, on the same task stream. Then kafka-3, roll-2 and train-2 are lost (every process of the host
-killed with SIGKILL); the trainer host comes back (its node restarted, as systemd or a Slurm
-requeue would) since a torch.distributed group cannot lose a rank and go on; the run trains
-`--versions` more policy versions, every node is stopped and the audit reads everything back.
+window with two rollout hosts, beside the window with one, on the same task stream. Then
+kafka-3, roll-2 and train-2 are lost (every process of the host killed with SIGKILL); the trainer
+host comes back (its node restarted, as systemd or a Slurm requeue would) since a
+torch.distributed group cannot lose a rank and go on; the run trains `--versions` more policy
+versions, every node is stopped and the audit reads everything back.
 
     sudo .venv/bin/python bench/cluster.py --json [--versions 6] [--window-s 60] \
         [--tool-latency-s 2 --sft-steps 900]
