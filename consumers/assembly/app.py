@@ -45,6 +45,7 @@ from faust.types import TP
 from opentelemetry import metrics
 
 from consumers.assembly.assignor import make_assignor
+from consumers.assembly.batched import batched_since_committed, group_ids_header
 from consumers.assembly.batching import BatchBuilder, RejectedGroup
 from consumers.assembly.claims import BatchEncoder, decode_trajectory
 from consumers.assembly.envelope import encode_group
@@ -275,6 +276,8 @@ class AssemblerApp:
         """Packed batches waiting for the claim-check blob store, oldest first."""
         self.blob_store_problem: str | None = None
         """Why the blob store cannot be written now (None: it can); a health signal."""
+        self.batched_unchecked = False
+        """The groups partition was assigned and `_mark_batched_groups` has not run since."""
         self.trace_links = TraceLinks()
         """Trajectory trace contexts on their way to the batch span that links them."""
         self.app = _new_faust_app(config)
@@ -411,6 +414,9 @@ class AssemblerApp:
 
     async def _batch_stream(self, stream: faust.StreamT) -> AsyncIterator[list[Output]]:
         async for event in cast(faust.Stream, stream).noack().events():  # acks: `self.pool_held`
+            if self.batched_unchecked:
+                self.batched_unchecked = False
+                await self._mark_batched_groups()
             outputs: list[Output] = []
             for taken in await self._in_order(event):
                 outputs += await self._on_pooled_event(taken)
@@ -519,7 +525,7 @@ class AssemblerApp:
                 self.config.batches_topic,
                 batch.batch_id.encode(),
                 value,
-                headers=self._described(value, headers),
+                headers=self._described(value, [*(headers or []), group_ids_header(batch.group_ids)]),
             )
 
     def _rejected_output(self, rejected: RejectedGroup) -> list[Output]:
@@ -690,6 +696,27 @@ class AssemblerApp:
 
     async def _on_partitions_assigned(self, sender: Any, assigned: set[Any], **kwargs: Any) -> None:
         await self.inputs.assigned_of(assigned, (self.config.trajectories_topic, self.config.groups_topic))
+        if any(tp.topic == self.config.groups_topic for tp in assigned):
+            self.batched_unchecked = True
+
+    async def _mark_batched_groups(self) -> None:
+        """At stage 2's first event after taking the groups partition, before it packs a group
+        read again: mark packed the groups of the batches its last owner delivered but had not
+        marked yet (`batched`). Not in the rebalance callback: that one stays short."""
+        cfg = self.config
+        try:
+            found = await asyncio.to_thread(
+                batched_since_committed, self._reader(), groups_topic=cfg.groups_topic,
+                batches_topic=cfg.batches_topic, codec=self.codec,
+            )
+        except AssemblyError as exc:
+            log.warning("cannot read the batches delivered before this assignment (%s): a group a "
+                        "stopped worker batched without marking it may be batched again", exc)
+            return
+        fresh = self.packed_marks.found_batched(found, at=self.clock())
+        if fresh:
+            log.info("%d group(s) already in batches on %s had no packed mark: marked packed",
+                     fresh, cfg.batches_topic)
 
     def _group_output(self, group: Any) -> Output:
         output = Output(

@@ -87,6 +87,10 @@ class GapReader(Protocol):
         `.value()`...), in order."""
         ...
 
+    def records_since(self, topic: str, timestamp_ms: int) -> list[Any]:
+        """Every record of `topic` (all its partitions) written at or after `timestamp_ms`."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -225,6 +229,27 @@ class KafkaGapReader:
                 found.append(message)
         finally:
             self._reader.unassign()
+
+    def records_since(self, topic: str, timestamp_ms: int) -> list[Any]:
+        """Every record of `topic` written at or after `timestamp_ms`, each partition read to
+        its end (the broker's time index finds where)."""
+        try:
+            metadata = self._group.list_topics(topic, timeout=self.timeout_s).topics[topic]
+            if metadata.error is not None:
+                raise KafkaException(metadata.error)
+            wanted = [TopicPartition(topic, p, timestamp_ms) for p in sorted(metadata.partitions)]
+            starts = self._group.offsets_for_times(wanted, timeout=self.timeout_s)
+        except KafkaException as exc:
+            what = f"cannot find the records of {topic} since {timestamp_ms}"
+            raise kafka_failure(what, exc.args[0]) from exc
+        found: list[Any] = []
+        for start in starts:
+            if start.offset < 0:  # no record that recent
+                continue
+            end = self.end_offset(topic, start.partition)
+            if start.offset < end:
+                found += self.read(topic, start.partition, range(start.offset, end))
+        return found
 
     def close(self) -> None:
         self._group.close()

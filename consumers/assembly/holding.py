@@ -215,6 +215,15 @@ class PendingMarks(MutableMapping[str, Any]):
     def __len__(self) -> int:
         return len(self.pending) + sum(1 for k in self.table if k not in self.pending)
 
+    def found_batched(self, keys: Iterable[str], at: Any) -> int:
+        """Groups found in delivered batches with no mark (their worker stopped before writing
+        it): marked in memory, never written (their events are acknowledged as duplicates, so
+        they are not read again). How many were unmarked."""
+        fresh = [key for key in keys if key not in self]
+        for key in fresh:
+            self.pending[key] = at
+        return len(fresh)
+
     def confirm(self, keys: Iterable[str]) -> None:
         """The batch of these groups is delivered: write their marks (one record each)."""
         for key in keys:

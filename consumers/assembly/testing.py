@@ -115,6 +115,9 @@ class RecordsReader:
         where = (topic, partition)
         return [r for r in self.records if (r.topic(), r.partition()) == where and r.offset() in offsets]
 
+    def records_since(self, topic: str, timestamp_ms: int) -> list[Any]:
+        return [r for r in self.records if r.topic() == topic and r.timestamp()[1] >= timestamp_ms]
+
     def close(self) -> None:
         pass
 

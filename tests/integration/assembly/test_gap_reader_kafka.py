@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 
@@ -58,3 +59,21 @@ def test_read_returns_exactly_the_records_of_the_range(
         (i, f"v{i}".encode(), [("n", str(i).encode())]) for i in (1, 2, 3)
     ]
     assert [m.offset() for m in again] == [4]
+
+
+def test_records_since_a_time_are_those_of_every_partition_written_from_it(
+    kafka_bootstrap: str, fresh_topic: Callable[..., str]
+) -> None:
+    topic = fresh_topic("gaps", partitions=2)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "enable.idempotence": True})
+    now_ms = int(time.time() * 1000)
+    for i in range(4):  # record timestamps a second apart, as producers set them
+        producer.produce(topic, value=f"v{i}".encode(), partition=i % 2, timestamp=now_ms - 4_000 + 1_000 * i)
+    assert producer.flush(30) == 0
+    reader = KafkaGapReader(kafka_bootstrap, f"test-gaps-{uuid.uuid4().hex[:8]}", timeout_s=15)
+    try:
+        since = sorted(m.value() for m in reader.records_since(topic, now_ms - 3_000))
+        none = reader.records_since(topic, now_ms + 1_000)
+    finally:
+        reader.close()
+    assert since == [b"v1", b"v2", b"v3"] and none == []

@@ -6,9 +6,11 @@ import asyncio
 import uuid
 from typing import Any
 
+from confluent_kafka import Message
 from faust.types import TP
 
 from consumers.assembly import TICK_KEY, AssemblerApp, GroupAssembler, MixturePlanner, Output
+from consumers.assembly.batched import batch_group_ids
 from consumers.assembly.holding import GroupRecords, HeldAcks, PendingMarks, TrackedPool
 from consumers.assembly.testing import (
     ListForwarder,
@@ -288,3 +290,36 @@ async def test_the_dropped_last_sample_of_a_quiet_partition_is_read_on_a_tick() 
     assert reader.reads == [(topic, 0, range(1, 2))]
     (group,) = out.on(asm.config.groups_topic)  # g closed with its last sample
     assert asm.stats.trajectories == 2 and asm.held.num_waiting == 0  # delivered: all acknowledged
+
+
+async def test_groups_a_stopped_worker_batched_but_never_marked_are_not_batched_again() -> None:
+    out = ListForwarder()
+    asm = _assembler(out)
+    async with asm.group_agent.test_context() as agent:
+        for group in ("g0", "g1", "g2", "g3"):
+            for index in range(2):
+                await _put(agent, group, index)
+    groups = out.on(asm.config.groups_topic)
+    async with asm.batch_agent.test_context() as agent:
+        for group in groups[:2]:
+            await agent.put(group.value, key=group.key)
+    (batch,) = out.on(asm.config.batches_topic)  # delivered; the worker is killed before its marks
+    topic = asm.config.groups_topic
+    records = [kafka_record(topic, i, g.value, g.key or b"") for i, g in enumerate(groups)]
+    records.append(Message(topic=asm.config.batches_topic, partition=0, offset=0, key=batch.key,
+                           value=batch.value, headers=batch.headers, timestamp=(1, 1000)))
+    again = ListForwarder()
+    successor = AssemblerApp(asm.config, forwarder=again, codec=Codec(), gap_reader=RecordsReader(records))
+    await successor._on_partitions_assigned(successor.app, {TP(topic, 0)})
+    async with successor.batch_agent.test_context() as agent:
+        with on_topic(agent, topic):
+            for group in groups:  # read again from the committed offset
+                await agent.put(group.value, key=group.key)
+    (second,) = again.on(asm.config.batches_topic)
+    assert set(Codec().decode(second.value, TrainingBatch).group_ids) == {"g2", "g3"}
+    assert successor.stats.groups_redelivered == 2
+
+    # a batch written without the header (an earlier version) is decoded for its groups
+    bare = Message(topic=asm.config.batches_topic, partition=0, offset=0, value=batch.value,
+                   timestamp=(1, 1000))
+    assert sorted(batch_group_ids(bare, Codec())) == ["g0", "g1"]

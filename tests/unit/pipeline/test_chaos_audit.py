@@ -81,16 +81,19 @@ def test_a_cluster_run_is_audited_from_every_hosts_logs(chaos: ModuleType, tmp_p
     assert chaos.service_logs(tmp_path, "assembler.log")[0] == tmp_path / "assembler.log"
 
 
-def _sleep() -> None:
+def _sleep(started: Any) -> None:
+    started.set()
     time.sleep(30)
 
 
 def test_rank_pids_finds_spawned_ranks_not_the_resource_tracker(chaos: ModuleType) -> None:
     context = multiprocessing.get_context("spawn")
-    ranks = [context.Process(target=_sleep) for _ in range(2)]
+    started = [context.Event() for _ in range(2)]
+    ranks = [context.Process(target=_sleep, args=(event,)) for event in started]
     for rank in ranks:
         rank.start()
-    try:
+    try:  # start() returns before the child has exec'd; running Python, it has
+        assert all(event.wait(timeout=60) for event in started)
         assert sorted(chaos.rank_pids(os.getpid())) == sorted(r.pid for r in ranks)
     finally:
         for rank in ranks:
