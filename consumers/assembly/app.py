@@ -59,7 +59,8 @@ from consumers.assembly.mixture import MixturePlanner
 from consumers.assembly.protocols import Forwarder, Output
 from consumers.assembly.stats import AssemblyStats
 from consumers.assembly.tracing import TraceLinks
-from consumers.assembly.worker import SignalledWorker
+from consumers.assembly.watchdog import RebalanceWatchdog
+from consumers.assembly.worker import SignalledWorker, WorkerGaveUp
 from consumers.dead_letters import keep_original
 from consumers.library_patches import FETCH_MAX_WAIT_MS, IdempotentApp, use_fast_lz4
 from producers.errors import BlobStoreError
@@ -164,6 +165,11 @@ class AssemblerApp:
         and Faust's 45-60 s default made restarts take a minute). Brokers accept 6-300 s."""
         heartbeat_interval_s: float = 3.0
         """Consumer heartbeats; at most a third of `session_timeout_s`."""
+        rebalance_timeout_s: float = 300.0
+        """Longest time the worker may take to join its group and restore its tables, at start
+        or in a rebalance; past it the worker stops with exit status 1 so that its supervisor
+        restarts it (Faust can hang there, `watchdog`). Longer than a broker restart. 0: wait
+        forever."""
         group_instance_id: str | None = None
         """Static membership (KIP-345): a restarted worker with the same id takes its partitions
         back without a rebalance. Give each worker its own stable id; None: dynamic members."""
@@ -226,6 +232,8 @@ class AssemblerApp:
                 raise AssemblyConfigError(f"standby_replicas must be >= 0, got {self.standby_replicas}")
             if self.tick_interval_s <= 0:
                 raise AssemblyConfigError(f"tick_interval_s must be > 0, got {self.tick_interval_s}")
+            if self.rebalance_timeout_s < 0:
+                raise AssemblyConfigError(f"rebalance_timeout_s must be >= 0, got {self.rebalance_timeout_s}")
             if self.quiet_check_s <= 0:
                 raise AssemblyConfigError(f"quiet_check_s must be > 0, got {self.quiet_check_s}")
             if self.grouping.max_clock_step_s < 2 * self.tick_interval_s:
@@ -818,6 +826,20 @@ class AssemblerApp:
             grouping.closed_ttl_s = retention_ms / 1000
             self.config.batching.packed_ttl_s = max(self.config.batching.packed_ttl_s, retention_ms / 1000)
 
+    def _watch_rebalances(self, worker: SignalledWorker, watchdog: RebalanceWatchdog) -> None:
+        """Poll `watchdog` on the worker's loop (a callback: it runs while Faust's own tasks
+        wait) until the worker stops; give up once it stays unsettled too long."""
+        settled = self.app.rebalancing_count > 0 and not self.app.rebalancing
+        waited = watchdog.overdue(settled)
+        if waited is not None:
+            worker.give_up(
+                f"the assembler has not finished joining group {self.config.app_id} and restoring "
+                f"its tables for {waited:.0f}s (rebalance_timeout_s={watchdog.timeout_s:g}): check "
+                "the brokers; it exits so that its supervisor restarts it"
+            )
+        elif worker.stopped_by is None:
+            worker.loop.call_later(watchdog.poll_s, self._watch_rebalances, worker, watchdog)
+
     def worker(self, *, loglevel: str = "info") -> SignalledWorker:
         """A Faust worker (`worker.run()` blocks until it is stopped)."""
         worker = SignalledWorker(self.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
@@ -835,10 +857,14 @@ class AssemblerApp:
             self.codec.local_schema(record_type)
         self._cover_retention()
         worker = self.worker(loglevel=loglevel)
+        if self.config.rebalance_timeout_s > 0:
+            self._watch_rebalances(worker, RebalanceWatchdog(self.config.rebalance_timeout_s))
         try:
             worker.run()
         except AssemblyError:
             raise
+        except WorkerGaveUp as exc:
+            raise AssemblyError(str(exc)) from exc
         except Exception as exc:  # the worker crashed (`app.crash`): Faust re-raises the reason
             raise AssemblyError(f"the assembler stopped on an error: {type(exc).__name__}: {exc}") from exc
         finally:

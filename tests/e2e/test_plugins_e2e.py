@@ -230,6 +230,11 @@ def _tail(path: Path, lines: int = 40) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
 
+def _service_logs(logs: Path) -> str:
+    """The tail of every service's log (a run that failed or stalled: which service stopped)."""
+    return "".join(f"\n--- {p.name}\n{_tail(p, 25)}" for p in sorted(logs.glob("*.log")))
+
+
 def _trajectories(bootstrap: str, topic: str) -> list[Trajectory]:
     return [decode_trajectory(r.value) for r in read_range(bootstrap, ReplayRange(topic=topic))]
 
@@ -253,7 +258,7 @@ def test_a_run_uses_a_users_task_source_scaffold_rewards_and_recipe(
     output = tmp_path / "run.out"
     code = _stacx(python, "run", str(config), cwd=tmp_path, log=output, timeout_s=RUN_TIMEOUT_S)
     root = tmp_path / "runs" / name
-    assert code == 0, f"{_tail(output)}\n--- trainer.log\n{_tail(root / 'logs' / 'trainer.log')}"
+    assert code == 0, f"{_tail(output)}{_service_logs(root / 'logs')}"
 
     report = json.loads((root / "report.json").read_text())
     assert report["status"] == "ok" and report["policy_versions"] >= STEPS
