@@ -126,6 +126,8 @@ class BenchConfig:
     task_seed: int
     task_file: str
     """The task module (problems, reward), which the TRL side and the scorer load by file."""
+    trainer_ranks: int = 1
+    """Our trainer's FSDP2 ranks (`trainer.backend.world_size`)."""
     eval_seed: int = 1234
 
 
@@ -146,6 +148,7 @@ def bench_config(spec: PipelineSpec, args: argparse.Namespace) -> BenchConfig:
         out=Path(args.out).resolve(),
         group_size=int(spec.assembler["grouping"]["group_size"]),
         prompts_per_step=int(spec.rollout["manager"]["train_groups_per_version"]),
+        trainer_ranks=int((spec.trainer.get("backend") or {}).get("world_size", 1)),
         lr=float(optimizer.get("lr", 1e-5)),
         kl_beta=float(policy.get("kl_beta", 0.04)),
         clip_low=float(policy.get("clip_low", 0.2)),
@@ -892,7 +895,7 @@ def settings_side_by_side(cfg: BenchConfig, trl_python: Path, task_source: str) 
             **shared,
             "mode": "asynchronous services through Kafka, max_staleness 1",
             "generation": "built-in inference server (1 thread, batch <= 64)",
-            "trainer": "FSDP2, 2 CPU ranks, fp32",
+            "trainer": f"FSDP2, {cfg.trainer_ranks} CPU rank(s), fp32",
             "tool": "python3 in a bubblewrap sandbox (process backend)",
             "seed_sets": "rollout order, sampler, trainer",
         },

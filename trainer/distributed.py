@@ -12,12 +12,19 @@ from trainer.ranks import free_port, spawn
 
 __all__ = ["free_port", "init_process_group", "place_groups", "spawn"]
 
-def init_process_group(use_cuda: bool) -> tuple[int, int]:
-    """Join the env:// process group (NCCL on GPU, gloo on CPU); returns (rank, world_size)."""
+def init_process_group(use_cuda: bool, world_size: int = 1) -> tuple[int, int]:
+    """Join the env:// process group (NCCL on GPU, gloo on CPU); returns (rank, world_size).
+    Outside torchrun/spawn a `world_size` of 1 is a group of this process alone (an in-memory
+    store: nothing listens), so one rank trains in the calling process."""
     if not dist.is_initialized():
         if "RANK" not in os.environ:
-            raise RuntimeError("backend.kind=fsdp2 outside torchrun/spawn: no RANK in the "
-                               "environment (StacxTrainer.launch spawns the ranks for you)")
+            if world_size != 1:
+                raise RuntimeError(f"backend.kind=fsdp2 with world_size={world_size} outside torchrun/"
+                                   "spawn: no RANK in the environment (StacxTrainer.launch spawns "
+                                   "the ranks for you)")
+            dist.init_process_group("nccl" if use_cuda else "gloo", store=dist.HashStore(), rank=0,
+                                    world_size=1)
+            return 0, 1
         if use_cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl" if use_cuda else "gloo")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file
 
 from schemas.records import TrainingBatch
@@ -53,6 +55,20 @@ def test_fsdp2_step_equals_single_process_step(tmp_path: Path) -> None:
         assert a.keys() == b.keys()
         for key in a:
             assert torch.allclose(a[key], b[key], atol=2e-6), f"{recipe}: {key}"
+
+
+def test_fsdp2_on_one_rank_trains_in_the_calling_process_like_a_single_step(tmp_path: Path) -> None:
+    """world_size 1 outside torchrun/spawn: a process group of this process alone (no RANK in
+    the environment, nothing spawned), left again at the end; the step equals the single one."""
+    assert "RANK" not in os.environ and not dist.is_initialized()
+    batches = synthetic_batches(1, num_groups=2, group_size=2, ragged=False)
+    run_steps(tiny_trainer_config("grpo", tmp_path / "single"), batches, 1, str(tmp_path / "single.json"))
+    backend = BackendConfig(kind="fsdp2", world_size=1, device="cpu")
+    run_steps(tiny_trainer_config("grpo", tmp_path / "fsdp", backend=backend), batches, 1,
+              str(tmp_path / "fsdp.json"))
+    assert not dist.is_initialized()
+    single = json.loads((tmp_path / "single.json").read_text())
+    assert json.loads((tmp_path / "fsdp.json").read_text()) == pytest.approx(single, rel=1e-5, abs=1e-6)
 
 
 def _uneven_batch() -> TrainingBatch:
