@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from wandb_records import config as wandb_config
 from wandb_records import history as wandb_history
-from wandb_records import offline_runs
+from wandb_records import offline_runs, records
 
 from infra.tracking import Table, TrackedRun, build_tracker
 
@@ -70,11 +71,13 @@ def test_wandb_offline_run_holds_each_series_by_version_and_sync_would_upload_it
         for key, value in row.items():
             if key.startswith(("trainer/", "rollout/")) and isinstance(value, int | float):
                 series.setdefault(key, []).append((row["policy_version"], float(value)))  # JSON: 2.0 is 2
+    kinds = Counter(r.WhichOneof("record_type") for r in records(offline))
+    files = sorted(f"{p.name}:{p.stat().st_size}" for p in offline.iterdir())
     assert series == {
         "trainer/loss": [(1, 0.5), (2, 0.25)],
         "trainer/policy/grad_norm": [(1, 2.0)],
         "rollout/reward_mean": [(0, 0.125), (1, 0.375)],
-    }
+    }, f"{len(rows)} history rows; records {dict(kinds)}; files {files}"
     (table_row,) = [r for r in rows if "trajectories/_type" in r]
     assert table_row["policy_version"] == 0 and table_row["trajectories/_type"] == "table-file"
     assert table_row["trajectories/nrows"] == 2
