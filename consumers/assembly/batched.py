@@ -18,9 +18,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from consumers.assembly.claims import decode_resolved
 from consumers.assembly.gaps import GapReader
-from producers.blobs import FsspecBlobStore
-from schemas.claimcheck import ClaimCheck
 from schemas.codec import Codec
 from schemas.records import TrainingBatch
 
@@ -44,9 +43,7 @@ def batch_group_ids(record: Any, codec: Codec) -> list[str]:
     for key, value in record.headers() or []:
         if key == GROUP_IDS_HEADER:
             return [str(g) for g in json.loads(value)]
-    decoded = codec.decode(record.value())
-    if isinstance(decoded, ClaimCheck):
-        decoded = codec.decode(FsspecBlobStore.get(decoded.uri, sha256=decoded.sha256))
+    decoded = decode_resolved(record.value(), codec)
     return sorted(set(decoded.group_ids)) if isinstance(decoded, TrainingBatch) else []
 
 

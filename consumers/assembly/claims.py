@@ -8,6 +8,7 @@ state and resolves them whenever it needs the record; batches above the limit go
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from consumers.assembly.errors import AssemblyConfigError, InvalidTrajectoryError
 from producers.blobs import FsspecBlobStore, default_blob_url
@@ -16,7 +17,15 @@ from schemas.claimcheck import ClaimCheck
 from schemas.codec import Codec, default_codec
 from schemas.records import TrainingBatch, Trajectory
 
-__all__ = ["BatchEncoder", "decode_trajectory"]
+__all__ = ["BatchEncoder", "decode_resolved", "decode_trajectory"]
+
+
+def decode_resolved(payload: bytes, codec: Codec) -> Any:
+    """Decode an event, fetching it from the blob store if it is a claim check."""
+    record = codec.decode(payload)
+    if isinstance(record, ClaimCheck):
+        record = codec.decode(FsspecBlobStore.get(record.uri, sha256=record.sha256))
+    return record
 
 
 def decode_trajectory(payload: bytes, codec: Codec | None = None) -> Trajectory:
@@ -24,10 +33,7 @@ def decode_trajectory(payload: bytes, codec: Codec | None = None) -> Trajectory:
 
     `codec` resolves writer schemas (the assembler passes its catalogue codec, so a compatible
     newer `Trajectory` decodes); default: the built-in schemas only."""
-    codec = codec or default_codec()
-    record = codec.decode(payload)
-    if isinstance(record, ClaimCheck):
-        record = codec.decode(FsspecBlobStore.get(record.uri, sha256=record.sha256))
+    record = decode_resolved(payload, codec or default_codec())
     if not isinstance(record, Trajectory):
         raise InvalidTrajectoryError(
             f"expected a Trajectory event, got a {type(record).__name__}: it was published to the wrong topic"

@@ -24,7 +24,7 @@ class RebalanceWatchdog:
     timeout_s: float
     """Longest wait for the group join and the table recovery (0: never give up)."""
     clock: Callable[[], float] = time.monotonic
-    _since: float | None = field(default=None, init=False)
+    _since: float | None = field(init=False)
 
     def __post_init__(self) -> None:
         self._since = self.clock()  # a worker starts unsettled
