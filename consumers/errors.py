@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ConsumerClosedError", "ConsumerError", "UnexpectedRecordError"]
+__all__ = ["CommitRefusedError", "ConsumerClosedError", "ConsumerError", "UnexpectedRecordError"]
 
 
 class ConsumerError(Exception):
@@ -17,6 +17,16 @@ class ConsumerError(Exception):
 
 class ConsumerClosedError(ConsumerError):
     """An operation on a closed EventConsumer."""
+
+
+class CommitRefusedError(ConsumerError):
+    """The group moved on since the events were read (this member was evicted, e.g. its session
+    timed out while the broker restarted, or a rebalance is under way): the broker refused the
+    commit. Nothing is lost: the events are redelivered to whoever owns the partition now,
+    this member included once it has rejoined."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retriable=True)
 
 
 class UnexpectedRecordError(ConsumerError):

@@ -15,7 +15,7 @@ from typing import Any
 from opentelemetry.context import Context
 
 from consumers.dead_letters import keep_original
-from consumers.errors import ConsumerClosedError, ConsumerError, UnexpectedRecordError
+from consumers.errors import CommitRefusedError, ConsumerClosedError, ConsumerError, UnexpectedRecordError
 from producers import BlobStoreError, Delivery, EventProducer, FsspecBlobStore, context_from_headers
 from producers.event_producer import registry_client
 from schemas import topics as topic_names
@@ -208,6 +208,8 @@ class EventConsumer:
         """Commit synchronously: past `events`, or (None) past everything polled so far.
 
         Dead letters produced so far are flushed first, so no event is committed unaccounted.
+        CommitRefusedError when the group moved on since the events were read (the events are
+        redelivered); ConsumerError for any other failure.
         """
         from confluent_kafka import KafkaException, TopicPartition
 
@@ -217,8 +219,8 @@ class EventConsumer:
             try:
                 self._consumer.commit(asynchronous=False)
             except KafkaException as exc:
-                if "NO_OFFSET" not in str(exc):  # nothing consumed since the last commit
-                    raise ConsumerError(f"commit failed: {exc}") from exc
+                if not _nothing_to_commit(exc):  # nothing consumed since the last commit
+                    raise _commit_error(exc) from exc
             return
         batch = [events] if isinstance(events, ConsumedEvent) else list(events)
         ends: dict[tuple[str, int], int] = {}
@@ -226,7 +228,10 @@ class EventConsumer:
             ends[(e.topic, e.partition)] = max(ends.get((e.topic, e.partition), 0), e.offset + 1)
         if ends:
             offsets = [TopicPartition(t, p, o) for (t, p), o in ends.items()]
-            self._consumer.commit(offsets=offsets, asynchronous=False)
+            try:
+                self._consumer.commit(offsets=offsets, asynchronous=False)
+            except KafkaException as exc:
+                raise _commit_error(exc) from exc
 
     def seek(self, topic: str, partition: int, offset: int) -> None:
         """Read `topic`/`partition` from `offset` next.
@@ -524,6 +529,30 @@ class _CollectorPause:
 
 
 _TRACE_HEADERS = ("traceparent", "tracestate", "baggage")
+
+
+def _error_code(exc: Exception) -> int | None:
+    from confluent_kafka import KafkaError
+
+    return exc.args[0].code() if exc.args and isinstance(exc.args[0], KafkaError) else None
+
+
+def _nothing_to_commit(exc: Exception) -> bool:
+    from confluent_kafka import KafkaError
+
+    return _error_code(exc) == KafkaError._NO_OFFSET  # librdkafka's local codes start with _
+
+
+def _commit_error(exc: Exception) -> ConsumerError:
+    """CommitRefusedError when the broker refused the commit because the group moved on."""
+    from confluent_kafka import KafkaError
+
+    moved_on = (KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION,
+                KafkaError.REBALANCE_IN_PROGRESS, KafkaError.FENCED_INSTANCE_ID)
+    if _error_code(exc) in moved_on:
+        return CommitRefusedError(f"commit refused, the group moved on since these events were read "
+                                  f"(they are redelivered): {exc}")
+    return ConsumerError(f"commit failed: {exc}")
 
 
 def _trace_of(headers: Mapping[str, str]) -> dict[str, str] | None:

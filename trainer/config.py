@@ -95,6 +95,9 @@ class SourceConfig:
     """Consumer session timeout: how soon a crashed trainer's partitions are reassigned, so a
     restarted trainer reads again within about this time (heartbeats run in the background,
     a long step does not count against it)."""
+    max_poll_interval_ms: int = 300_000
+    """The longest gap between two reads before the group evicts the trainer (a step longer
+    than this costs a rejoin and one refused commit, which the next checkpoint makes good)."""
     dlq_topic: str | None = topics.DLQ
     """Where batches the trainer cannot use go, with the reason (None: only logged)."""
 

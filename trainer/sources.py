@@ -80,11 +80,15 @@ class KafkaBatchSource:
                 EventConsumer.Config(
                     bootstrap_servers=config.bootstrap_servers, group_id=config.group_id,
                     topics=[config.topic], client_id=client_id, dlq_topic=config.dlq_topic,
-                    session_timeout_ms=config.session_timeout_ms),
+                    session_timeout_ms=config.session_timeout_ms,
+                    max_poll_interval_ms=config.max_poll_interval_ms),
                 validator=_validate_event, expected=TrainingBatch)
         except Exception as exc:
             raise SourceError(f"cannot consume {config.topic} at "
                               f"{config.bootstrap_servers}: {exc}") from exc
+        self._floor: Positions = {}
+        """Per partition, the offset below which events were already handed out (set when a
+        commit is refused: the rejoined consumer reads again from the last commit)."""
         self._replay_pending = config.replay_from_offset is not None
         if config.replay_from_timestamp_ms is not None:
             self.consumer.seek_to_timestamp(config.replay_from_timestamp_ms)
@@ -103,6 +107,8 @@ class KafkaBatchSource:
             if event is None:
                 return None
             self._last_activity = time.monotonic()
+            if event.offset < self._floor.get(f"{event.topic}/{event.partition}", 0):
+                continue  # read again after a refused commit: the trainer is past it
             return SourcedBatch(batch=event.value, topic=event.topic, partition=event.partition,
                                 offset=event.offset, trace_context=event.trace_context,
                                 key=event.key, headers=event.headers)
@@ -144,18 +150,27 @@ class KafkaBatchSource:
             self.consumer.seek(topic, int(partition), offset)
 
     def commit(self, positions: Positions) -> None:
-        from consumers import ConsumedEvent
+        """Commit `positions`. A commit the broker refuses because the group moved on (the
+        trainer's session timed out while the broker restarted, say) does not stop training:
+        the checkpoint already holds the positions, the next checkpoint commits them, and what
+        the rejoined consumer reads again below them is dropped here, not handed out twice."""
+        from consumers import CommitRefusedError, ConsumedEvent
 
         # EventConsumer commits "past" events: describe each next offset as its predecessor
         events = [ConsumedEvent(None, None, key.rsplit("/", 1)[0], int(key.rsplit("/", 1)[1]),
                                 offset - 1, 0) for key, offset in positions.items()]
         try:
             self.consumer.commit(events)
+        except CommitRefusedError as exc:
+            log.warning("%s; positions %s stay in the checkpoint, the next one commits them",
+                        exc, positions)
+            self._floor.update(positions)
         except Exception as exc:
             raise SourceError(f"committing {positions} failed: {exc}") from exc
 
     def seek(self, positions: Positions) -> None:
         self._replay_pending = False
+        self._floor.clear()
         self._apply(positions)
 
     def close(self) -> None:

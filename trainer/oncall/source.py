@@ -157,13 +157,16 @@ class ReadyBatchSource:
         return batch
 
     def commit(self, positions: Positions) -> None:
-        from consumers import ConsumedEvent
+        from consumers import CommitRefusedError, ConsumedEvent
 
         events = [
             ConsumedEvent(None, None, key.rsplit("/", 1)[0], int(key.rsplit("/", 1)[1]), offset - 1, 0)
             for key, offset in positions.items()
         ]
-        self.consumer.commit(events)
+        try:
+            self.consumer.commit(events)
+        except CommitRefusedError as exc:  # redelivered trajectories are recognised by id
+            log.warning("%s; the next checkpoint commits %s", exc, positions)
 
     def seek(self, positions: Positions) -> None:
         for key, offset in positions.items():

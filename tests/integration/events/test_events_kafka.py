@@ -15,7 +15,7 @@ from events_kafka_helpers import collect, consumer, trajectory
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from consumers import ConsumerError, Deduplicator, EventConsumer
+from consumers import CommitRefusedError, ConsumerError, Deduplicator, EventConsumer
 from producers import EventProducer
 from schemas.catalogue import SchemaCatalogue, catalogue_codec
 from schemas.claimcheck import ClaimCheck
@@ -312,3 +312,21 @@ def test_catalogue_codec_registers_before_first_use(kafka_bootstrap: str, fresh_
     reader.refresh()
     assert [i.fingerprint for i in reader.registered()] == [data[2:10].hex()]
     assert catalogue_codec(config).decode(data, Trajectory).trajectory_id == "traj-000001"
+
+
+def test_a_commit_after_the_group_moved_on_is_refused_and_nothing_is_lost(
+    kafka_bootstrap: str, fresh_topic: TopicFactory, fresh_group: str
+) -> None:
+    topic = fresh_topic("evicted", partitions=1)
+    with producer(kafka_bootstrap) as p:
+        for i in range(3):
+            p.publish(topic, trajectory(i)).result(timeout=30)
+    with consumer(kafka_bootstrap, fresh_group, topic, None, session_timeout_ms=6000,
+                  max_poll_interval_ms=6000) as evicted:
+        events = collect(evicted, 3, settle_s=0.5)
+        time.sleep(9)  # no read for longer than max.poll.interval: librdkafka leaves the group
+        with pytest.raises(CommitRefusedError, match="the group moved on") as refused:
+            evicted.commit(events)
+        assert refused.value.retriable
+    with consumer(kafka_bootstrap, fresh_group, topic, None) as owner:  # redelivered to the owner
+        assert [e.value.trajectory_id for e in collect(owner, 3)] == [f"traj-{i:06d}" for i in range(3)]

@@ -132,3 +132,42 @@ def test_weight_versions_are_published_and_replay_starts_at_an_offset(
     assert [(v.model_name, v.version) for v in versions] == [("tiny-policy", 1), ("tiny-policy", 2)]
     assert (Path(versions[-1].path) / "model.safetensors").is_file()
     assert events[0].key == "tiny-policy"
+
+
+def _poll_batch(source, timeout_s: float = 60.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        sourced = source.poll(0.5)
+        if sourced is not None:
+            return sourced
+    raise AssertionError(f"no batch within {timeout_s:.0f}s")
+
+
+def test_a_commit_refused_after_the_group_evicted_the_trainer_loses_and_repeats_nothing(
+        kafka_bootstrap: str, fresh_topic, fresh_group: str, caplog) -> None:
+    """A step longer than max.poll.interval (or a session lost while the broker restarts): the
+    group evicts the trainer and refuses its next commit. Training goes on, the batches read again
+    from the last commit are not handed out twice, and the next commit lands."""
+    from trainer import SourceConfig
+    from trainer.sources import KafkaBatchSource
+
+    topic = fresh_topic("batches", partitions=1, config={"max.message.bytes": "8388608"})
+    batches = synthetic_batches(3)
+    with EventProducer(EventProducer.Config(bootstrap_servers=kafka_bootstrap)) as producer:
+        for b in batches:
+            producer.publish(topic, b, key=b.batch_id).result(timeout=30)
+    source = KafkaBatchSource(SourceConfig(
+        bootstrap_servers=kafka_bootstrap, topic=topic, group_id=fresh_group,
+        session_timeout_ms=6000, max_poll_interval_ms=6000))
+    try:
+        read = [_poll_batch(source), _poll_batch(source)]
+        time.sleep(9)  # one long step: librdkafka leaves the group after 6 s without a read
+        source.commit({f"{topic}/0": read[-1].offset + 1})  # refused, and training goes on
+        assert "commit refused, the group moved on" in caplog.text
+        following = _poll_batch(source)
+        assert following.batch.batch_id == batches[2].batch_id, "read again from the last commit"
+        source.commit({f"{topic}/0": following.offset + 1})
+    finally:
+        source.close()
+    assert [r.batch.batch_id for r in read] == [b.batch_id for b in batches[:2]]
+    assert _committed(kafka_bootstrap, fresh_group, topic) == 3
