@@ -57,4 +57,6 @@ class WandbTracker:
         self._run.log({name: self._wandb.Table(columns=list(table.columns), data=rows), STEP_METRIC: step})
 
     def finish(self) -> None:
+        """Finish the run. W&B's service process writes the `.wandb` file: it is complete once
+        that service stops (`wandb.teardown()`, or this process's exit), not always on return."""
         self._run.finish()

@@ -61,8 +61,13 @@ def test_tensorboard_event_files_hold_each_series_by_version(tmp_path: Path) -> 
 
 
 def test_wandb_offline_run_holds_each_series_by_version_and_sync_would_upload_it(tmp_path: Path) -> None:
+    import wandb
+
     run = _run(tmp_path, "wandb")
     _feed(build_tracker("wandb", {"project": "stacx-tests"}, run))
+    # `finish()` returns before W&B's service process has flushed the run's file (about one
+    # time in five here); it is complete once the service stops, as at the process's exit
+    wandb.teardown()
 
     (offline,) = offline_runs(run.dir)
     rows = wandb_history(offline)
