@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterable
@@ -89,6 +90,8 @@ class KafkaBatchSource:
         self._floor: Positions = {}
         """Per partition, the offset below which events were already handed out (set when a
         commit is refused: the rejoined consumer reads again from the last commit)."""
+        self._uncommitted: Positions | None = None
+        """The positions of the last commit when the broker refused it."""
         self._replay_pending = config.replay_from_offset is not None
         if config.replay_from_timestamp_ms is not None:
             self.consumer.seek_to_timestamp(config.replay_from_timestamp_ms)
@@ -165,8 +168,11 @@ class KafkaBatchSource:
             log.warning("%s; positions %s stay in the checkpoint, the next one commits them",
                         exc, positions)
             self._floor.update(positions)
+            self._uncommitted = dict(positions)
         except Exception as exc:
             raise SourceError(f"committing {positions} failed: {exc}") from exc
+        else:
+            self._uncommitted = None
 
     def seek(self, positions: Positions) -> None:
         self._replay_pending = False
@@ -174,6 +180,11 @@ class KafkaBatchSource:
         self._apply(positions)
 
     def close(self) -> None:
+        """Close the consumer; positions whose commit was refused last are tried once more
+        (the consumer has rejoined its group by now, unless the broker is still away)."""
+        if self._uncommitted:
+            with contextlib.suppress(SourceError):
+                self.commit(self._uncommitted)
         self.consumer.close()
 
 
