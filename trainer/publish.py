@@ -34,7 +34,10 @@ class KafkaWeightPublisher:
             EventProducer.Config(bootstrap_servers=config.bootstrap_servers, client_id=client_id))
 
     def publish(self, version: WeightVersion) -> None:
-        self.producer.publish(self.topic, version, key=version.model_name).result(timeout=30)
+        """Publish and wait for the acknowledgement as long as the producer retries (its
+        delivery timeout), so a broker restarting meanwhile costs a wait, not the trainer."""
+        wait_s = self.producer.config.delivery_timeout_ms / 1000 + 5
+        self.producer.publish(self.topic, version, key=version.model_name).result(timeout=wait_s)
 
     def close(self) -> None:
         self.producer.close()

@@ -139,3 +139,20 @@ def test_a_crash_after_the_announcement_does_not_announce_it_again(tmp_path: Pat
     assert resumed.published_version == 2
     resumed.run(3)
     assert [v.version for v in [*first.published, *second.published]] == [1, 2, 3]
+
+
+def test_the_announcement_waits_as_long_as_the_producer_retries() -> None:
+    """A broker restarting while a version is announced costs a wait, not the trainer: the
+    delivery report is awaited for the producer's whole delivery timeout, not a shorter one."""
+    from types import SimpleNamespace
+
+    from trainer.publish import KafkaWeightPublisher
+
+    waited: list[float] = []
+    future = SimpleNamespace(result=lambda timeout: waited.append(timeout))
+    publisher = KafkaWeightPublisher.__new__(KafkaWeightPublisher)
+    publisher.topic = "weights"
+    publisher.producer = SimpleNamespace(config=SimpleNamespace(delivery_timeout_ms=120_000),
+                                         publish=lambda topic, record, key: future)
+    publisher.publish(WeightVersion(model_name="m", version=1, path="/w/v1", step=1))
+    assert waited and waited[0] >= 120
