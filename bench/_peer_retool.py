@@ -329,7 +329,9 @@ def evaluate_checkpoint(
     )
     torch.manual_seed(seed)
     prompts = [p.prompt for p in problems]
-    episodes = [e for i in range(0, len(prompts), chunk) for e in sampler.sample(model, prompts[i:][:chunk])]
+    episodes = []
+    for start in range(0, len(prompts), chunk):
+        episodes += sampler.sample(model, prompts[start : start + chunk])
     task = sampler.task
     rewards = [task.reward(e.text, p.answer) for e, p in zip(episodes, problems, strict=True)]
     return {

@@ -211,7 +211,7 @@ class EventConsumer:
         CommitRefusedError when the group moved on since the events were read (the events are
         redelivered); ConsumerError for any other failure.
         """
-        from confluent_kafka import KafkaException, TopicPartition
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
         self._check_open()
         self._flush_dlq()
@@ -219,7 +219,7 @@ class EventConsumer:
             try:
                 self._consumer.commit(asynchronous=False)
             except KafkaException as exc:
-                if not _nothing_to_commit(exc):  # nothing consumed since the last commit
+                if _error_code(exc) != KafkaError._NO_OFFSET:  # _NO_OFFSET: nothing read since
                     raise _commit_error(exc) from exc
             return
         batch = [events] if isinstance(events, ConsumedEvent) else list(events)
@@ -535,12 +535,6 @@ def _error_code(exc: Exception) -> int | None:
     from confluent_kafka import KafkaError
 
     return exc.args[0].code() if exc.args and isinstance(exc.args[0], KafkaError) else None
-
-
-def _nothing_to_commit(exc: Exception) -> bool:
-    from confluent_kafka import KafkaError
-
-    return _error_code(exc) == KafkaError._NO_OFFSET  # librdkafka's local codes start with _
 
 
 def _commit_error(exc: Exception) -> ConsumerError:

@@ -14,7 +14,7 @@ from trainer.config import SourceConfig
 from trainer.errors import SourceError
 from trainer.protocols import Positions, SourcedBatch
 
-__all__ = ["InMemoryBatchSource", "KafkaBatchSource", "build_source"]
+__all__ = ["InMemoryBatchSource", "KafkaBatchSource", "build_source", "commit_positions"]
 
 log = logging.getLogger(__name__)
 
@@ -157,22 +157,13 @@ class KafkaBatchSource:
         trainer's session timed out while the broker restarted, say) does not stop training:
         the checkpoint already holds the positions, the next checkpoint commits them, and what
         the rejoined consumer reads again below them is dropped here, not handed out twice."""
-        from consumers import CommitRefusedError, ConsumedEvent
-
-        # EventConsumer commits "past" events: describe each next offset as its predecessor
-        events = [ConsumedEvent(None, None, key.rsplit("/", 1)[0], int(key.rsplit("/", 1)[1]),
-                                offset - 1, 0) for key, offset in positions.items()]
         try:
-            self.consumer.commit(events)
-        except CommitRefusedError as exc:
-            log.warning("%s; positions %s stay in the checkpoint, the next one commits them",
-                        exc, positions)
-            self._floor.update(positions)
-            self._uncommitted = dict(positions)
+            committed = commit_positions(self.consumer, positions)
         except Exception as exc:
             raise SourceError(f"committing {positions} failed: {exc}") from exc
-        else:
-            self._uncommitted = None
+        self._uncommitted = None if committed else dict(positions)
+        if not committed:
+            self._floor.update(positions)
 
     def seek(self, positions: Positions) -> None:
         self._replay_pending = False
@@ -186,6 +177,22 @@ class KafkaBatchSource:
             with contextlib.suppress(SourceError):
                 self.commit(self._uncommitted)
         self.consumer.close()
+
+
+def commit_positions(consumer: Any, positions: Positions) -> bool:
+    """Commit the next offsets `positions` through an EventConsumer-like `consumer`; False (and
+    one warning) when the broker refused them because the group moved on since they were read."""
+    from consumers import CommitRefusedError, ConsumedEvent
+
+    # EventConsumer commits "past" events: describe each next offset as its predecessor
+    events = [ConsumedEvent(None, None, key.rsplit("/", 1)[0], int(key.rsplit("/", 1)[1]),
+                            offset - 1, 0) for key, offset in positions.items()]
+    try:
+        consumer.commit(events)
+    except CommitRefusedError as exc:
+        log.warning("%s; positions %s stay in the checkpoint, the next one commits them", exc, positions)
+        return False
+    return True
 
 
 def _validate_event(record: object) -> None:

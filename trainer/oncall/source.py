@@ -28,6 +28,7 @@ from schemas.records import TrainingBatch, Trajectory
 from trainer.errors import ConfigError
 from trainer.oncall.readiness import ReadinessPolicy
 from trainer.protocols import Positions, SourcedBatch
+from trainer.sources import commit_positions
 
 __all__ = ["Ledger", "ReadyBatchSource", "TrajectoryEvents"]
 
@@ -157,16 +158,7 @@ class ReadyBatchSource:
         return batch
 
     def commit(self, positions: Positions) -> None:
-        from consumers import CommitRefusedError, ConsumedEvent
-
-        events = [
-            ConsumedEvent(None, None, key.rsplit("/", 1)[0], int(key.rsplit("/", 1)[1]), offset - 1, 0)
-            for key, offset in positions.items()
-        ]
-        try:
-            self.consumer.commit(events)
-        except CommitRefusedError as exc:  # redelivered trajectories are recognised by id
-            log.warning("%s; the next checkpoint commits %s", exc, positions)
+        commit_positions(self.consumer, positions)  # refused: redelivered trajectories are known by id
 
     def seek(self, positions: Positions) -> None:
         for key, offset in positions.items():
