@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import importlib.util
 import json
 import os
@@ -178,9 +179,16 @@ class Episode:
     tool_calls: int = 0
 
 
+class BudgetSpent(Exception):
+    """The wall-clock budget ran out while a batch of episodes was being sampled."""
+
+
 class EpisodeSampler:
     """Batched ReTool episodes: generate until `</tool_call>` or end of turn, run the tool calls of
     a turn concurrently, splice the `<tool_response>` in, generate again."""
+
+    deadline: float | None = None
+    """Epoch seconds after which `sample` raises BudgetSpent at its next turn (None: never)."""
 
     def __init__(
         self,
@@ -222,6 +230,8 @@ class EpisodeSampler:
             for turn in range(self.sampling.max_turns):
                 if not live:
                     break
+                if self.deadline is not None and time.time() >= self.deadline:
+                    raise BudgetSpent
                 calls = self._turn(model, live, last=turn == self.sampling.max_turns - 1)
                 self._run_tools(calls)
                 live = calls
@@ -459,6 +469,7 @@ def run_trl(s: TrlSettings) -> dict[str, Any]:
     sampler = EpisodeSampler(
         tokenizer, python=s.python, sampling=SamplingConfig(**s.sampling), task_file=Path(s.task_file)
     )
+    sampler.deadline = s.started_at + s.budget_s  # a step that would end after it is not waited for
     stats: dict[str, Any] = {
         "trajectories": 0,
         "tool_calls": 0,
@@ -531,7 +542,8 @@ def run_trl(s: TrlSettings) -> dict[str, Any]:
         callbacks=[WallClock()],
     )
     ready_at = time.time()
-    trainer.train()
+    with contextlib.suppress(BudgetSpent):
+        trainer.train()
     return {
         "versions": versions,
         "ready_at": ready_at,

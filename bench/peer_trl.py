@@ -248,6 +248,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def max_versions(cfg: BenchConfig) -> int:
+    """The STACX side's step cap: one policy version a second (4x the fastest rate seen here), so
+    the wall-clock budget stops it first; the run's tasks topic gets what that many versions can
+    use (one pass over the training tasks, not 16)."""
+    return max(64, int(cfg.budget_s))
+
+
+def delete_own_run(bootstrap: str, run_id: str) -> None:
+    """Delete the topics and consumer groups of one finished STACX run of this benchmark (its
+    own run id, nothing else); a refusal is one line, and the run stays for `stacx topics`."""
+    from infra.services import topic_admin
+    from infra.services.errors import InfraError
+
+    try:
+        topic_admin.delete_run(bootstrap, run_id)
+    except InfraError as exc:
+        print(f"[peer_trl] run {run_id} kept on the broker ({exc}); delete it with "
+              f"`stacx topics gc --run {run_id}`", flush=True)
+
+
 def stacx_spec(
     base: PipelineSpec, cfg: BenchConfig, *, name: str, python: str, seed: int = 0
 ) -> PipelineSpec:
@@ -259,7 +279,7 @@ def stacx_spec(
         "pipeline": {
             "name": name,
             "runs_dir": str(cfg.out / "runs"),
-            "steps": 100_000,  # stopped by the wall-clock budget instead
+            "steps": max_versions(cfg),  # stopped by the wall-clock budget first
             "timeout_s": cfg.budget_s + 600,
             "live": False,
             "tasks": base.pipeline.tasks.model_dump(exclude_none=True),
@@ -578,8 +598,14 @@ def run_stacx(
     pipeline = BudgetPipeline(
         stacx_spec(base, cfg, name=name, python=python, seed=seed), sft_dir=sft_dir, budget_s=cfg.budget_s
     )
-    pipeline.run()
+    try:
+        pipeline.run()
+    finally:
+        delete_own_run(base.bootstrap_servers, pipeline.layout.run_id)
     m = pipeline.metrics
+    if m.policy_version >= max_versions(cfg):
+        raise SystemExit(f"the STACX side reached its cap of {max_versions(cfg)} versions in "
+                         f"{cfg.budget_s} s; raise max_versions in bench/peer_trl.py")
     assert isinstance(m, TimedRunMetrics)
     t0, end = pipeline.started_at, pipeline.started_at + cfg.budget_s
     weights = pipeline.layout.weights_dir.resolve() / pipeline.layout.model_name

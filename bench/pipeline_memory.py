@@ -73,7 +73,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     pipeline = peer_trl.BudgetPipeline(
         peer_trl.stacx_spec(base, cfg, name=name, python="python3"), sft_dir=sft_dir, budget_s=cfg.budget_s
     )
-    pipeline.run()
+    try:
+        pipeline.run()
+    finally:
+        peer_trl.delete_own_run(base.bootstrap_servers, pipeline.layout.run_id)
     processes = pipeline.memory.process_summary()
     limit = 1.5 * args.trl_peak_mib
     peak = pipeline.memory.peak_pss_bytes / 2**20

@@ -102,11 +102,17 @@ def serve_config(args: argparse.Namespace) -> Any:
     return section_with_overrides(args, "inference", ServeConfig, SERVE_FLAGS)
 
 
+FOLLOWER_STOP_S = 10.0
+"""How long a stopping server waits for its weight follower to leave its consumer group."""
+
+
 def _start_follower(
     config: Any, base_url: str, on_caught_up: Callable[[], None] | None = None
-) -> threading.Event | None:
+) -> Callable[[], None] | None:
     """Follow the weight topic from a thread; `on_caught_up` runs once the newest version is
-    loaded (or catching up failed, which is logged: the server then serves what it has)."""
+    loaded (or catching up failed, which is logged: the server then serves what it has).
+    Returns what stops it: the follower closes its consumer, so the server leaves its group at
+    once instead of a session timeout later."""
     if not config.follow_weights:
         return None
     from consumers.weights import WeightSubscriber, WeightUpdateError
@@ -127,10 +133,21 @@ def _start_follower(
         finally:
             if on_caught_up is not None:
                 on_caught_up()
-        subscriber.run(stop)
+        try:
+            subscriber.run(stop)
+        finally:
+            subscriber.close()
 
-    threading.Thread(target=follow, name="stacx-weights", daemon=True).start()
-    return stop
+    thread = threading.Thread(target=follow, name="stacx-weights", daemon=True)
+    thread.start()
+
+    def stop_following() -> None:
+        stop.set()
+        thread.join(FOLLOWER_STOP_S)
+        if thread.is_alive():
+            log.warning("the weight follower did not stop within %.0f s", FOLLOWER_STOP_S)
+
+    return stop_following
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -159,10 +176,10 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"stacx serve: {exc}", file=sys.stderr)
         return 2
     # The follower starts before the HTTP server is up; its client retries until it answers.
-    stop = _start_follower(config, engine.base_url, getattr(engine, "mark_weights_current", None))
+    stop_following = _start_follower(config, engine.base_url, getattr(engine, "mark_weights_current", None))
     freeze_startup_heap("serve")
     try:
         return engine.serve()
     finally:
-        if stop is not None:
-            stop.set()
+        if stop_following is not None:
+            stop_following()

@@ -18,7 +18,7 @@ import pytest
 from inference_fixtures import serve_tiny
 from ports import free_port
 
-from consumers.weights import WeightSubscriber
+from consumers.weights import WeightSubscriber, subscriber_group
 from producers import EventProducer
 from rollout.inference import InferenceServer
 from schemas.records import WeightVersion
@@ -156,4 +156,19 @@ def test_a_restarted_server_is_ready_only_once_it_serves_the_newest_version(
         os.killpg(serve.pid, signal.SIGTERM)
         serve.wait(timeout=60)
         log.close()
+        members = _members_of(kafka_bootstrap, model)
         _delete_groups_of(kafka_bootstrap, model)
+    # the stopped server left its follower group at once (else it stays "running" for a session
+    # timeout, and `stacx topics gc --run` refuses to delete the run)
+    assert members == {subscriber_group(model, base_url, topic): 0}, members
+
+
+def _members_of(bootstrap: str, model: str) -> dict[str, int]:
+    """Members of every consumer group named after the model, by group."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    listed = admin.list_consumer_groups(request_timeout=10).result()
+    ours = [g.group_id for g in listed.valid if model in g.group_id]
+    described = admin.describe_consumer_groups(ours, request_timeout=10) if ours else {}
+    return {group: len(future.result().members) for group, future in described.items()}

@@ -207,6 +207,28 @@ def test_peer_prompt_ids_match_the_rollout_engine(peer: ModuleType, tmp_path: Pa
     assert observation == sampler.encode(template)
 
 
+def test_sampler_stops_at_its_deadline_between_turns(peer: ModuleType, tmp_path: Path) -> None:
+    """The TRL side's sampler raises BudgetSpent once its deadline has passed (a step that would
+    end after the budget is not waited for) and samples as before without one."""
+    import time
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rollout.models import make_tiny_model
+
+    make_tiny_model(tmp_path, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                    num_attention_heads=2, num_key_value_heads=1)
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path))
+    sampler = peer.EpisodeSampler(AutoTokenizer.from_pretrained(str(tmp_path)), python="python3",
+                                  sampling=peer.SamplingConfig(max_new_tokens=4, max_turns=2))
+    assert len(sampler.sample(model, ["What is 1+1?"])) == 1
+    sampler.deadline = time.time() + 3600
+    assert len(sampler.sample(model, ["What is 1+1?"])) == 1
+    sampler.deadline = time.time() - 1
+    with pytest.raises(peer.BudgetSpent):
+        sampler.sample(model, ["What is 1+1?"])
+
+
 def test_recorded_latency_draws_from_the_sample_seeded_by_the_call(peer: ModuleType) -> None:
     """The delay is a value of the recorded sample (0.3 s or 0.6 s here), the same for the same call
     and seed (so both systems see the same), and the code still runs."""
@@ -256,3 +278,17 @@ def test_scorer_inline_tool_prints_what_python_prints(peer: ModuleType) -> None:
         assert peer.inline_arithmetic(code) == peer.run_tool("python3", code)
     for code in ("print(9**99)", "print(07+1)", "import os", "print(1-)", "print(2.5*2)", "x=1"):
         assert peer.inline_arithmetic(code) is None
+
+
+def test_race_run_caps_its_versions_and_publishes_one_pass_of_tasks(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    """The STACX side's step cap lies far above what its budget allows (one version a second), so
+    the budget stops it; and its tasks topic gets one pass over the 4,096 training tasks, not 16."""
+    from infra.pipeline.orchestrator import Pipeline
+
+    base = bench.load_spec(bench.RACE_CONFIG)
+    cfg = bench.bench_config(base, bench.build_parser().parse_args(["--out", str(tmp_path)]))
+    spec = bench.stacx_spec(base, cfg, name="peer-unit", python="python3")
+    assert spec.pipeline.steps == bench.max_versions(cfg) == 120 >= 4 * 27  # 27: the most seen in 120 s
+    assert Pipeline(spec)._task_passes(cfg.num_train) == 1
