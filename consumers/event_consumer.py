@@ -18,6 +18,7 @@ from consumers.dead_letters import keep_original
 from consumers.errors import CommitRefusedError, ConsumerClosedError, ConsumerError, UnexpectedRecordError
 from producers import BlobStoreError, Delivery, EventProducer, FsspecBlobStore, context_from_headers
 from producers.event_producer import registry_client
+from producers.kafka_log import kafka_logger
 from schemas import topics as topic_names
 from schemas.catalogue import SchemaCatalogue
 from schemas.claimcheck import ClaimCheck
@@ -488,6 +489,7 @@ class EventConsumer:
             "session.timeout.ms": config.session_timeout_ms,
             "max.poll.interval.ms": config.max_poll_interval_ms,
             "fetch.queue.backoff.ms": config.fetch_queue_backoff_ms,
+            "logger": kafka_logger(),
             "isolation.level": "read_committed",
             **config.kafka,
         }

@@ -14,6 +14,7 @@ from typing import Any
 
 from producers.blobs import DEFAULT_BLOB_ENV, FsspecBlobStore, default_blob_url, is_local_url
 from producers.errors import DeliveryError, ProducerClosedError
+from producers.kafka_log import kafka_logger
 from producers.tracing import TRACEPARENT, publish_span, trace_headers
 from schemas import topics
 from schemas.catalogue import SchemaCatalogue
@@ -344,6 +345,7 @@ class EventProducer:
             "queue.buffering.max.messages": config.queue_max_messages,
             "queue.buffering.max.kbytes": config.queue_max_kbytes,
             "delivery.timeout.ms": config.delivery_timeout_ms,
+            "logger": kafka_logger(),
             **config.kafka,
         }
 
