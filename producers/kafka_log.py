@@ -58,7 +58,8 @@ class RepeatFilter(logging.Filter):
             self._passed[kind] = now
             held = self._held.pop(kind, 0)
         if held:
-            record.msg, record.args = f"{text} ({held} alike held back in the last {self.every_s:.0f} s)", None
+            record.msg = f"{text} ({held} alike held back in the last {self.every_s:.0f} s)"
+            record.args = None
         return True
 
     def _forget_before(self, cutoff: float) -> None:

@@ -40,7 +40,8 @@ def test_a_line_with_a_percent_sign_is_kept_as_it_is() -> None:
     assert not repeat.filter(_record("100% of the queue"))
     now[0] = 2.0
     record = _record("100% of the queue")
-    assert repeat.filter(record) and record.getMessage() == "100% of the queue (1 alike held back in the last 1 s)"
+    assert repeat.filter(record)
+    assert record.getMessage() == "100% of the queue (1 alike held back in the last 1 s)"
 
 
 def test_the_product_clients_log_through_the_filtered_logger() -> None:
