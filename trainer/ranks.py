@@ -12,6 +12,8 @@ naming the rank and how it ended. Either way the other ranks are stopped first.
 
 from __future__ import annotations
 
+import atexit
+import faulthandler
 import logging
 import multiprocessing
 import os
@@ -90,6 +92,8 @@ def spawn(fn: str | Callable[..., Any], world_size: int, *args: Any) -> None:
 def _entry(rank: int, fn: str | Callable[..., Any], world_size: int, port: int, args: tuple,
            log_level: int, reports: SimpleQueue[Report]) -> None:
     _die_with_parent()
+    faulthandler.enable()  # a fatal signal (a library's abort) prints where each thread was
+    atexit.register(_end_finished_rank)  # runs after the handlers registered later (tracing's flush)
     logging.basicConfig(level=log_level,
                         format=f"%(asctime)s %(levelname)s rank{rank} %(name)s: %(message)s")
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
@@ -98,6 +102,7 @@ def _entry(rank: int, fn: str | Callable[..., Any], world_size: int, port: int, 
     target = import_object(fn) if isinstance(fn, str) else fn
     try:
         target(*args)
+        _rank_state["finished"] = True
     except KeyboardInterrupt:  # Ctrl-C reaches every rank of the terminal's process group
         raise SystemExit(128 + signal.SIGINT) from None
     except RecipeError as exc:  # the user's to fix: one line at the launcher, no traceback
@@ -106,6 +111,27 @@ def _entry(rank: int, fn: str | Callable[..., Any], world_size: int, port: int, 
     except FileConfigError as exc:
         reports.put((rank, "config", str(exc)))
         raise SystemExit(_CONFIG_EXIT) from None
+
+
+_rank_state = {"finished": False}
+"""Whether this rank's function returned (set in the rank's process only)."""
+
+
+def _end_finished_rank() -> None:
+    """A rank whose function returned ends here, after the exit handlers registered after
+    `_entry`'s (the tracing set-up's span flush), its logs and output flushed, and before the
+    interpreter's teardown. There the native objects libraries still hold (gloo work of the last
+    FSDP2 collective and its threads) are destroyed after the process group is gone; a clean
+    two-rank run once lost a rank to SIGABRT there ("terminate called without an active
+    exception", a joinable C++ thread destroyed), after its last job had started. The
+    `faulthandler` of `_entry` prints the Python stacks of any such abort that remains. A rank
+    that failed exits the normal way, with its status."""
+    if not _rank_state["finished"]:
+        return
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)
 
 
 def _share_cpus(world_size: int) -> None:

@@ -104,3 +104,41 @@ def test_a_rank_killed_alone_stops_the_others_with_one_line_not_a_traceback(tmp_
     assert "terminated with signal SIGKILL; the other ranks were stopped" in stdout, (stdout, stderr)
     assert "Traceback" not in stderr
     assert _wait_gone(ranks) == []
+
+
+FINISHING = textwrap.dedent(
+    """
+    import atexit, os, sys
+    from pathlib import Path
+    from trainer.ranks import spawn
+
+    class AbortsAtTeardown:
+        '''A native object a library still holds when the interpreter is torn down, whose
+        destructor aborts there (as a joinable C++ thread's does).'''
+        def __del__(self):
+            os.abort()
+
+    def rank(out):
+        atexit.register(lambda: Path(out, f"flushed-{os.getpid()}").write_text("spans"))
+        sys.modules[__name__].held = AbortsAtTeardown()
+
+    if __name__ == "__main__":
+        spawn(rank, 2, sys.argv[1])
+        print("ranks ended cleanly", flush=True)
+    """
+)
+
+
+def test_a_rank_whose_work_is_done_ends_before_the_teardown_and_after_its_exit_handlers(
+    tmp_path: Path,
+) -> None:
+    """A finished rank runs the exit handlers its work registered (tracing's span flush), then
+    ends with status 0 before the interpreter's teardown, where a library's native object could
+    still abort the process (SIGABRT) after a clean run."""
+    script, out = tmp_path / "finish.py", tmp_path / "ranks"
+    script.write_text(FINISHING)
+    out.mkdir()
+    done = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "ranks ended cleanly" in done.stdout, done.stdout + done.stderr
+    assert sorted(p.read_text() for p in out.iterdir()) == ["spans", "spans"]
