@@ -27,7 +27,8 @@ sides). Every policy version is saved with its wall time; afterwards the version
 disjoint from training) with the same sampler and seed. Last line (JSON), per latency setting:
 mean success over wall time with a 95 % seed-bootstrap band, `time_to_target_ratio` (TRL's time to
 the target / ours; target = the lower of the two final mean successes) and `auc_ratio` (area under
-our curve / TRL's), each with a 95 % interval; `memory_ratio` (our peak summed PSS over TRL's), the
+our curve / TRL's), each with a 95 % interval; `memory_ratio` (our peak summed PSS over TRL's),
+`sft_start` (the start's SHA-256 and held-out success: runs compare only where these agree), the
 seeds, per-run throughput, trainer idle fraction and memory, and both sides' settings side by side.
 """
 
@@ -362,6 +363,23 @@ def build_sft(spec: PipelineSpec, root: Path) -> Path:
         )
     done.write_text(str(model))
     return model
+
+
+def weights_sha256(model_dir: Path) -> str:
+    """SHA-256 over a checkpoint's safetensors files (names and bytes, in name order): two runs
+    started from the same weights exactly when these agree. The SFT start is bit-identical when
+    rebuilt on one machine but differs between machines (their CPU kernels round differently), so
+    figures are comparable only between runs whose starts agree."""
+    digest = hashlib.sha256()
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise SystemExit(f"no *.safetensors in {model_dir}: not a checkpoint the race can start from")
+    for path in files:
+        digest.update(path.name.encode())
+        with open(path, "rb") as data:
+            for block in iter(lambda: data.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -1095,6 +1113,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "budget_s": cfg.budget_s,
         "checkpoints_s": scorer.times(),
         "latency_model": cfg.latency.model,
+        "sft_start": {
+            "sha256": weights_sha256(sft_dir),
+            "success": round(scorer.score(str(sft_dir))["success"], 4),
+        },
     }
     for setting, suffix in (("plain", ""), ("latency", "_latency")):
         for key, value in measured["stats"].get(setting, {}).items():

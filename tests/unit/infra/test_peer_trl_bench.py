@@ -292,3 +292,29 @@ def test_race_run_caps_its_versions_and_publishes_one_pass_of_tasks(
     spec = bench.stacx_spec(base, cfg, name="peer-unit", python="python3")
     assert spec.pipeline.steps == bench.max_versions(cfg) == 120 >= 4 * 27  # 27: the most seen in 120 s
     assert Pipeline(spec)._task_passes(cfg.num_train) == 1
+
+
+def test_the_start_fingerprint_changes_with_any_weight_byte_and_names_a_missing_checkpoint(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    """Two runs share a start exactly when their SFT weights are byte-equal: one flipped byte gives
+    another fingerprint, a copy the same one, and a folder without weights stops the bench."""
+    import hashlib
+    import shutil
+
+    a = tmp_path / "a"
+    a.mkdir()
+    (a / "model.safetensors").write_bytes(bytes(range(256)) * 64)
+    (a / "config.json").write_text("{}")  # not weights: not in the fingerprint
+    b = tmp_path / "b"
+    shutil.copytree(a, b)
+    (b / "config.json").write_text('{"other": 1}')
+    assert bench.weights_sha256(a) == bench.weights_sha256(b)
+    expected = hashlib.sha256(b"model.safetensors" + bytes(range(256)) * 64).hexdigest()
+    assert bench.weights_sha256(a) == expected
+    flipped = bytearray((b / "model.safetensors").read_bytes())
+    flipped[1000] ^= 1
+    (b / "model.safetensors").write_bytes(bytes(flipped))
+    assert bench.weights_sha256(a) != bench.weights_sha256(b)
+    with pytest.raises(SystemExit, match="no \\*.safetensors"):
+        bench.weights_sha256(tmp_path)
