@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from producers.blobs import BlobInfo, FsspecBlobStore
+from producers.kafka_log import kafka_logger
 from schemas.claimcheck import ClaimCheck
 from schemas.codec import decode
 from schemas.records import DeadLetter
@@ -84,6 +85,7 @@ def referenced_in_topic(bootstrap_servers: str, topic: str, *, timeout_s: float 
         {
             "bootstrap.servers": bootstrap_servers,
             "group.id": f"stacx-blob-gc-{uuid.uuid4().hex[:8]}",
+            "logger": kafka_logger(),
             "enable.auto.commit": False,
         }
     )

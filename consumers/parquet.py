@@ -30,6 +30,7 @@ import numpy as np
 
 from consumers.errors import ConsumerError
 from consumers.replay import RangeRecord, ReplayRange, read_range
+from producers.kafka_log import kafka_logger
 from schemas.codec import Codec, encode
 from schemas.records import Trajectory
 
@@ -264,6 +265,7 @@ def import_file(bootstrap: str, source: Path, topic: str) -> int:
             "enable.idempotence": True,
             "acks": "all",
             "compression.type": "lz4",
+            "logger": kafka_logger(),
         }
     )
     keep_partitions = _fits(producer, topic, rows)

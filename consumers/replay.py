@@ -31,6 +31,7 @@ from consumers.assembly.mixture import MixturePlanner
 from consumers.assembly.stats import AssemblyStats
 from consumers.assembly.tracing import TraceLinks
 from consumers.errors import ConsumerError
+from producers.kafka_log import kafka_logger
 from schemas import topics
 from schemas.codec import Codec
 
@@ -86,6 +87,7 @@ def read_range(bootstrap_servers: str, spec: ReplayRange, *, timeout_s: float = 
         {
             "bootstrap.servers": bootstrap_servers,
             "group.id": "stacx-replay-reader",
+            "logger": kafka_logger(),
             "enable.auto.commit": False,
         }
     )

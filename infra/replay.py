@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from consumers.replay import ReplayAssembler, ReplayRange, ReplayResult
+from producers.kafka_log import kafka_logger
 from schemas.topics import TopicPolicy
 
 
@@ -226,6 +227,7 @@ def _publish(
             "acks": "all",
             "compression.type": "lz4",
             "message.max.bytes": BATCHES_MAX_MESSAGE_BYTES,
+            "logger": kafka_logger(),
         }
     )
     for batch_id, value in batches:

@@ -34,6 +34,7 @@ from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException
 from faust.types import TP
 
 from consumers.assembly.errors import AssemblyError, BrokerUnavailableError
+from producers.kafka_log import kafka_logger
 
 __all__ = ["GapReader", "InputOrder", "KafkaGapReader", "OffsetGuard", "Refetched", "ack"]
 
@@ -169,7 +170,8 @@ class KafkaGapReader:
     def __init__(self, bootstrap_servers: str, group_id: str, *, timeout_s: float = 30.0) -> None:
         self.timeout_s = timeout_s
         self._group = Consumer(
-            {"bootstrap.servers": bootstrap_servers, "group.id": group_id, "enable.auto.commit": False}
+            {"bootstrap.servers": bootstrap_servers, "group.id": group_id, "enable.auto.commit": False,
+             "logger": kafka_logger()}
         )
         self._reader = Consumer(
             {
@@ -178,6 +180,7 @@ class KafkaGapReader:
                 "enable.auto.commit": False,
                 "isolation.level": "read_uncommitted",  # as the Faust consumer reads
                 "enable.partition.eof": True,  # a range may run to the end of the partition
+                "logger": kafka_logger(),
             }
         )
 

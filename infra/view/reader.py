@@ -18,6 +18,7 @@ from typing import Any
 from consumers.assembly.claims import decode_trajectory
 from consumers.assembly.errors import InvalidTrajectoryError
 from producers.errors import BlobStoreError
+from producers.kafka_log import kafka_logger
 from schemas.catalogue import SchemaCatalogue
 from schemas.codec import Codec
 from schemas.errors import SchemaError
@@ -148,6 +149,7 @@ class RunTopicsReader:
                 "enable.auto.commit": False,
                 "enable.partition.eof": False,
                 "fetch.message.max.bytes": 16 * 1024 * 1024,
+                "logger": kafka_logger(),
             }
         )
 
