@@ -121,11 +121,11 @@ def _end_finished_rank() -> None:
     """A rank whose function returned ends here, after the exit handlers registered after
     `_entry`'s (the tracing set-up's span flush), its logs and output flushed, and before the
     interpreter's teardown. There the native objects libraries still hold (gloo work of the last
-    FSDP2 collective and its threads) are destroyed after the process group is gone; a clean
-    two-rank run once lost a rank to SIGABRT there ("terminate called without an active
-    exception", a joinable C++ thread destroyed), after its last job had started. The
-    `faulthandler` of `_entry` prints the Python stacks of any such abort that remains. A rank
-    that failed exits the normal way, with its status."""
+    FSDP2 collective and its threads) are destroyed after the process group is gone. A clean
+    two-rank run once lost a rank to SIGABRT after its last job had started ("terminate called
+    without an active exception": a C++ thread destroyed while joinable), which that teardown
+    explains; the `faulthandler` of `_entry` prints the Python stacks of any such abort that
+    remains. A rank that failed exits the normal way, with its status."""
     if not _rank_state["finished"]:
         return
     logging.shutdown()
