@@ -44,9 +44,15 @@ class RepeatFilter(logging.Filter):
         self.held_back = 0
         """Lines held back since this filter was made."""
 
+    def kind(self, record: logging.LogRecord) -> str | None:
+        """What makes lines alike: the text with its numbers set aside (None: always passes)."""
+        return _NUMBERS.sub("#", record.getMessage())
+
     def filter(self, record: logging.LogRecord) -> bool:
+        kind = self.kind(record)
+        if kind is None:
+            return True
         text = record.getMessage()
-        kind = _NUMBERS.sub("#", text)
         now = self._clock()
         with self._lock:
             last = self._passed.get(kind)

@@ -4,7 +4,8 @@ thousands of times a second.
 While a topic it writes to is missing, aiokafka asks for metadata every 100 ms and logs
 "Topic X not found in cluster metadata" for every missing topic at every answer (about 1,700
 lines a second were seen). `OncePerTopic` lets such a line through once per topic per
-`every_s`; the assembler says itself which topic is missing and what it does meanwhile.
+`every_s` (a `RepeatFilter` keyed by message and topic, which counts what it held back); the
+assembler says itself which topic is missing and what it does meanwhile.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import logging
 import time
 from collections.abc import Callable
 
+from producers.kafka_log import RepeatFilter
+
 __all__ = ["AIOKAFKA_CLUSTER_LOGGER", "OncePerTopic", "quiet_missing_topics"]
 
 AIOKAFKA_CLUSTER_LOGGER = "aiokafka.cluster"
@@ -20,26 +23,17 @@ AIOKAFKA_CLUSTER_LOGGER = "aiokafka.cluster"
 _REPEATED = ("Topic %s not found in cluster metadata", "Error fetching metadata for topic %s: %s")
 
 
-class OncePerTopic(logging.Filter):
-    """Passes a repeated metadata error once per topic every `every_s` seconds."""
+class OncePerTopic(RepeatFilter):
+    """Passes a repeated metadata error once per topic every `every_s` seconds; other lines pass."""
 
     def __init__(self, every_s: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
-        super().__init__()
-        self.every_s = every_s
-        self._clock = clock
-        self._last: dict[tuple[str, str], float] = {}
+        super().__init__(every_s, clock)
 
-    def filter(self, record: logging.LogRecord) -> bool:
+    def kind(self, record: logging.LogRecord) -> str | None:
         if record.msg not in _REPEATED or not record.args:
-            return True
+            return None
         args = record.args if isinstance(record.args, tuple) else (record.args,)
-        key = (str(record.msg), str(args[0]))
-        now = self._clock()
-        last = self._last.get(key)
-        if last is not None and now - last < self.every_s:
-            return False
-        self._last[key] = now
-        return True
+        return f"{record.msg}\0{args[0]}"
 
 
 def quiet_missing_topics(every_s: float = 300.0) -> None:
