@@ -4,7 +4,8 @@
     .venv/bin/python bench/peer_trl.py --quick --json    # the whole path: 40 s runs, 1 seed
 
 Both sides start from one SFT checkpoint (built once, cached, with the pipeline's own SFT code on the
-config's tiny model and the task's demonstrations) and train GRPO on the race task of
+config's tiny model and the task's demonstrations, its CPU kernels pinned to AVX2 so that the start
+does not depend on the vector width of the machine's CPU) and train GRPO on the race task of
 bench/peer_chain.yaml: two-step tool-integrated arithmetic (examples/quickstart/chain.py; ReTool:
 `<tool_call>` runs `python3 -` on the code, the output comes back inline; two calls per problem, the
 second on the first one's output; reward 1 for the exact answer), with the same group size, prompts
@@ -28,7 +29,7 @@ disjoint from training) with the same sampler and seed. Last line (JSON), per la
 mean success over wall time with a 95 % seed-bootstrap band, `time_to_target_ratio` (TRL's time to
 the target / ours; target = the lower of the two final mean successes) and `auc_ratio` (area under
 our curve / TRL's), each with a 95 % interval; `memory_ratio` (our peak summed PSS over TRL's),
-`sft_start` (the start's SHA-256 and held-out success: runs compare only where these agree), the
+`sft_start` (the start's SHA-256, held-out success and kernels: runs compare only where these agree), the
 seeds, per-run throughput, trainer idle fraction and memory, and both sides' settings side by side.
 """
 
@@ -318,58 +319,110 @@ def stacx_spec(
 # ----------------------------------------------------------------------------- the shared SFT
 
 
-def build_sft(spec: PipelineSpec, root: Path) -> Path:
+SFT_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+"""The CPU kernels the SFT start is built with, on any x86-64 machine that has AVX2: torch's own
+kernels, MKL's (conditional numerical reproducibility) and oneDNN's, each through its documented
+setting. Left to choose, each library picks the widest vector unit it finds, which rounds
+differently, and over 450 SFT steps that is another start: left to choose, an AVX-512 machine built
+one scoring 0.04 where other machines built 0.05 and 0.11 from the same config. Pinned, that
+AVX-512 machine builds a start scoring 0.10, the same bytes with torch's setting alone."""
+
+
+def sft_kernel_env() -> dict[str, str]:
+    """`SFT_KERNELS` where this CPU has AVX2, else nothing (other machines build natively, and
+    `sft_start` in the JSON says so)."""
+    try:
+        flags = next(
+            (line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), ""
+        )
+    except OSError:
+        return {}
+    return dict(SFT_KERNELS) if " avx2" in flags else {}
+
+
+def build_sft(spec: PipelineSpec, root: Path, *, config: str | Path) -> Path:
+    """The race's SFT start, built once in a process of its own with the CPU kernels of
+    `sft_kernel_env()` (they are chosen when torch loads) and cached under `root` by the config
+    and kernels that shape it. `config` is the file `spec` was loaded from."""
+    folder = root / f"sft-{_sft_key(spec, sft_kernel_env())}"
+    done = folder / "ready"
+    if done.exists():
+        return Path(done.read_text())
+    argv = [sys.executable, str(_HERE / "peer_trl.py"), "--config", str(config), "--sft-into", str(folder)]
+    proc = subprocess.run(argv, env={**os.environ, **sft_kernel_env()}, cwd=REPO, check=False)
+    if proc.returncode != 0 or not done.exists():
+        raise SystemExit(f"building the SFT start failed (exit {proc.returncode}): {' '.join(argv)}")
+    return Path(done.read_text())
+
+
+def _system_prompt(spec: PipelineSpec) -> str:
+    return str((_evaluator(spec).get("scaffold_options") or {}).get("system_prompt", ""))
+
+
+def _sft_key(spec: PipelineSpec, kernels: dict[str, str]) -> str:
+    shape = [_tiny(spec), _sft_config(spec).model_dump(), _task_options(spec).model_dump()]
+    shape.append(_system_prompt(spec))
+    if kernels:  # builds before the kernels were pinned keep their key
+        shape.append(kernels)
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def build_sft_here(spec: PipelineSpec, folder: Path) -> Path:
     """The quickstart's SFT checkpoint (its own code: tiny model, demonstrations, two sft runs),
-    cached under `root` by the config that shapes it."""
+    built in this process into `folder`, whose `ready` file names it when done."""
     from infra.pipeline.sft import DemonstrationEncoder, demonstration_batches, run_sft
     from rollout.models import make_tiny_model
     from rollout.tokens import HFTokenizer
 
-    p = spec.pipeline
-    system = str((_evaluator(spec).get("scaffold_options") or {}).get("system_prompt", ""))
-    key = hashlib.sha256(
-        json.dumps(
-            [_tiny(spec), _sft_config(spec).model_dump(), _task_options(spec).model_dump(), system],
-            sort_keys=True,
-        ).encode()
-    ).hexdigest()[:12]
-    done = root / f"sft-{key}" / "ready"
-    if done.exists():
-        return Path(done.read_text())
-    base = root / f"sft-{key}" / "base"
+    sft = _sft_config(spec)
+    system = _system_prompt(spec)
+    base = folder / "base"
     make_tiny_model(base, **_tiny(spec))
     tokenizer = HFTokenizer(str(base))
     batches = demonstration_batches(
         _task_set(spec).demonstration,
         DemonstrationEncoder(tokenizer=tokenizer, system_prompt=system),
-        _sft_config(spec),
+        sft,
         end_token=tokenizer.inner.eos_token or "",
     )
-    skill, mixture = batches[: p.sft.skill_steps], batches[p.sft.skill_steps :]
+    skill, mixture = batches[: sft.skill_steps], batches[sft.skill_steps :]
     model = base
     if skill:
         model = run_sft(
             model,
-            base.parent,
+            folder,
             skill,
-            lr=p.sft.lr,
-            warmup_steps=p.sft.warmup_steps,
-            seed=p.sft.seed,
+            lr=sft.lr,
+            warmup_steps=sft.warmup_steps,
+            seed=sft.seed,
             export_name="sft-skill",
         )
     if mixture:
-        model = run_sft(
-            model, base.parent, mixture, lr=p.sft.mixture_lr, seed=p.sft.seed + 1, export_name="sft"
-        )
-    done.write_text(str(model))
+        model = run_sft(model, folder, mixture, lr=sft.mixture_lr, seed=sft.seed + 1, export_name="sft")
+    import torch
+
+    kernels = {"torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    kernels.update({name: os.environ[name] for name in SFT_KERNELS if name in os.environ})
+    (folder / KERNELS_FILE).write_text(json.dumps(kernels, sort_keys=True))
+    (folder / "ready").write_text(str(model))
     return model
+
+
+KERNELS_FILE = "kernels.json"
+"""Beside a built start's `ready`: the kernels torch used and the settings that pinned them."""
+
+
+def built_kernels(sft_dir: Path) -> dict[str, str] | str:
+    """What `build_sft_here` recorded of the kernels that built `sft_dir` (a `run_sft` export,
+    `<build folder>/<name>/v<version>`); "unrecorded" for a start built elsewhere."""
+    recorded = Path(sft_dir).parent.parent / KERNELS_FILE
+    return json.loads(recorded.read_text()) if recorded.is_file() else "unrecorded"
 
 
 def weights_sha256(model_dir: Path) -> str:
     """SHA-256 over a checkpoint's safetensors files (names and bytes, in name order): two runs
-    started from the same weights exactly when these agree. The SFT start is bit-identical when
-    rebuilt on one machine but differs between machines (their CPU kernels round differently), so
-    figures are comparable only between runs whose starts agree."""
+    started from the same weights exactly when these agree, so figures are compared only between
+    runs whose starts agree (see `SFT_KERNELS` for why a start can differ between machines)."""
     digest = hashlib.sha256()
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
@@ -1047,6 +1100,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="an SFT export of the same config (runs/NAME/models/sft/v*), copied; default: build",
     )
     parser.add_argument("--config", default=str(RACE_CONFIG))
+    parser.add_argument("--sft-into", default="", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(REPO / "runs" / "peer-trl"))
     parser.add_argument("--png", default="", help="default: <out>/peer_trl.png")
     parser.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
@@ -1055,6 +1109,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
+    if args.sft_into:  # the child of `build_sft`
+        return {"sft": str(build_sft_here(load_spec(args.config), Path(args.sft_into)))}
     if args.quick:
         args.budget_s, args.seeds = min(args.budget_s, 40.0), 1
 
@@ -1070,7 +1126,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         shutil.rmtree(sft_dir, ignore_errors=True)
         shutil.copytree(args.sft_from, sft_dir)
     else:
-        sft_dir = build_sft(base, stacx_home() / "peer-trl")
+        sft_dir = build_sft(base, stacx_home() / "peer-trl", config=args.config)
     sft_s = time.monotonic() - t
     print(f"[peer_trl] SFT checkpoint {sft_dir} ({sft_s:.0f}s)", flush=True)
 
@@ -1116,6 +1172,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "sft_start": {
             "sha256": weights_sha256(sft_dir),
             "success": round(scorer.score(str(sft_dir))["success"], 4),
+            "kernels": "given" if args.sft_from else built_kernels(sft_dir),
         },
     }
     for setting, suffix in (("plain", ""), ("latency", "_latency")):

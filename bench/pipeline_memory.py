@@ -40,12 +40,6 @@ def _load_peer_trl() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules["peer_trl"] = module
     spec.loader.exec_module(module)
-    task_set = module._task_set
-    if "demonstration" in module.build_sft.__code__.co_names:  # pragma: no cover
-        return module
-    # build_sft hands `_task_set(spec)` to demonstration_batches, which takes the source's
-    # `demonstration` function (infra/pipeline/orchestrator.py passes `task_set.demonstration`)
-    module._task_set = lambda spec: task_set(spec).demonstration
     return module
 
 
@@ -68,7 +62,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     options = ["--budget-s", str(args.budget_s), "--config", args.config, "--out", args.out]
     cfg = peer_trl.bench_config(base, peer_trl.build_parser().parse_args(options))
     cfg.out.mkdir(parents=True, exist_ok=True)
-    sft_dir = peer_trl.build_sft(base, stacx_home() / "peer-trl")  # the same cache as peer_trl.py
+    # the same cache as peer_trl.py
+    sft_dir = peer_trl.build_sft(base, stacx_home() / "peer-trl", config=args.config)
     name = f"memory-stacx-{os.getpid()}"
     pipeline = peer_trl.BudgetPipeline(
         peer_trl.stacx_spec(base, cfg, name=name, python="python3"), sft_dir=sft_dir, budget_s=cfg.budget_s

@@ -318,3 +318,75 @@ def test_the_start_fingerprint_changes_with_any_weight_byte_and_names_a_missing_
     assert bench.weights_sha256(a) != bench.weights_sha256(b)
     with pytest.raises(SystemExit, match="no \\*.safetensors"):
         bench.weights_sha256(tmp_path)
+
+
+def _has_avx2() -> bool:
+    flags = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")]
+    return bool(flags) and "avx2" in flags[0].split()
+
+
+def test_the_sft_kernel_settings_pin_a_fresh_torch_to_avx2(bench: ModuleType) -> None:
+    """torch picks its CPU kernels when it loads: a process started with `sft_kernel_env()` runs
+    the AVX2 ones even on an AVX-512 CPU (the start's bytes depended on that choice)."""
+    import os
+    import subprocess
+
+    if not _has_avx2():
+        assert bench.sft_kernel_env() == {}
+        return
+    pins = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    assert bench.sft_kernel_env() == pins
+    probe = "import torch; print(torch.backends.cpu.get_cpu_capability())"
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**os.environ, **bench.sft_kernel_env()},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "AVX2"
+
+
+def _small_race_config(tmp_path: Path, **sft: int) -> Path:
+    """The race config with a few-step SFT (the same code path, seconds instead of a minute)."""
+    import yaml
+
+    tree = yaml.safe_load((BENCH / "peer_chain.yaml").read_text())
+    tree["pipeline"]["plugin_paths"] = [str(BENCH.parent / "examples")]
+    tree["pipeline"]["sft"].update(sft)
+    path = tmp_path / "race.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def test_the_sft_start_is_built_in_a_pinned_child_once_and_records_its_kernels(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = _small_race_config(tmp_path, steps=3, skill_steps=2, batch_size=4, warmup_steps=1)
+    spec = bench.load_spec(str(config))
+    root = tmp_path / "cache"
+    start = bench.build_sft(spec, root, config=config)
+    assert start.name.startswith("v") and start.parent.name == "sft"
+    assert list(start.glob("*.safetensors"))
+    kernels = bench.built_kernels(start)
+    if _has_avx2():
+        assert kernels == {"torch_cpu_capability": "AVX2", **bench.SFT_KERNELS}
+        assert start.parents[1].name == f"sft-{bench._sft_key(spec, bench.SFT_KERNELS)}"
+        assert bench._sft_key(spec, bench.SFT_KERNELS) != bench._sft_key(spec, {})
+    else:
+        assert set(kernels) == {"torch_cpu_capability"}
+
+    def no_child(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a cached start was built again")
+
+    monkeypatch.setattr(bench.subprocess, "run", no_child)
+    assert bench.build_sft(spec, root, config=config) == start
+    assert bench.built_kernels(tmp_path) == "unrecorded"
+
+
+def test_a_failed_sft_build_stops_the_bench_with_one_line(bench: ModuleType, tmp_path: Path) -> None:
+    config = _small_race_config(tmp_path, steps=3, skill_steps=2, batch_size=4, warmup_steps=1)
+    spec = bench.load_spec(str(config))
+    config.write_text("pipeline: {name: [unparsable")  # the child reads the file again
+    with pytest.raises(SystemExit, match="building the SFT start failed"):
+        bench.build_sft(spec, tmp_path / "cache", config=config)
