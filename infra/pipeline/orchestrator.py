@@ -385,11 +385,17 @@ class Pipeline:
         rollout_file = self._write_yaml(cfg_dir / "rollout.yaml", services.rollout)
         assembler_file = self._write_yaml(cfg_dir / "assembler.yaml", services.assembler)
         trainer_file = self._write_yaml(cfg_dir / "trainer.yaml", services.trainer)
-        self._start(ServiceSpec(name="assembler", args=["assemble", "--config", str(assembler_file)]))
         trainer_env = visible_devices(placement(self.spec)[0].trainer)
-        self._start(ServiceSpec(name="trainer", args=["train", str(trainer_file)], finishes=True,
-                                env=trainer_env))
-        self._start(ServiceSpec(name="rollout", args=["rollout", str(rollout_file), "--no-progress"]))
+        specs = [
+            ServiceSpec(name="assembler", args=["assemble", "--config", str(assembler_file)]),
+            ServiceSpec(name="trainer", args=["train", str(trainer_file)], finishes=True, env=trainer_env),
+            ServiceSpec(name="rollout", args=["rollout", str(rollout_file), "--no-progress"]),
+        ]
+        # all three at once, then wait for them together: they meet only through the run's topics,
+        # whose consumers start from the earliest offset, so none needs another one up first
+        started = [self._start(spec, wait=False) for spec in specs]
+        for service in started:
+            service.wait_ready(self.cfg.services.startup_timeout_s)
 
     def _follow(self, refresh: Any) -> None:
         """Until the trainer has published the last version: refresh, evaluate, watch services."""
