@@ -323,9 +323,9 @@ SFT_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CP
 """The CPU kernels the SFT start is built with, on any x86-64 machine that has AVX2: torch's own
 kernels, MKL's (conditional numerical reproducibility) and oneDNN's, each through its documented
 setting. Left to choose, each library picks the widest vector unit it finds, which rounds
-differently, and over 450 SFT steps that is another start: left to choose, an AVX-512 machine built
-one scoring 0.04 where other machines built 0.05 and 0.11 from the same config. Pinned, that
-AVX-512 machine builds a start scoring 0.10, the same bytes with torch's setting alone."""
+differently, and over 450 SFT steps that is another start: from the same config an AVX-512 machine
+built one scoring 0.04 where other machines built 0.05 and 0.11. Pinned, that machine builds a
+start scoring 0.10 (the same bytes with torch's setting alone)."""
 
 
 def sft_kernel_env() -> dict[str, str]:
@@ -337,7 +337,7 @@ def sft_kernel_env() -> dict[str, str]:
         )
     except OSError:
         return {}
-    return dict(SFT_KERNELS) if " avx2" in flags else {}
+    return dict(SFT_KERNELS) if "avx2" in flags.split() else {}
 
 
 def build_sft(spec: PipelineSpec, root: Path, *, config: str | Path) -> Path:
