@@ -344,12 +344,13 @@ def build_sft(spec: PipelineSpec, root: Path, *, config: str | Path) -> Path:
     """The race's SFT start, built once in a process of its own with the CPU kernels of
     `sft_kernel_env()` (they are chosen when torch loads) and cached under `root` by the config
     and kernels that shape it. `config` is the file `spec` was loaded from."""
-    folder = root / f"sft-{_sft_key(spec, sft_kernel_env())}"
+    kernels = sft_kernel_env()
+    folder = root / f"sft-{_sft_key(spec, kernels)}"
     done = folder / "ready"
     if done.exists():
         return Path(done.read_text())
     argv = [sys.executable, str(_HERE / "peer_trl.py"), "--config", str(config), "--sft-into", str(folder)]
-    proc = subprocess.run(argv, env={**os.environ, **sft_kernel_env()}, cwd=REPO, check=False)
+    proc = subprocess.run(argv, env={**os.environ, **kernels}, cwd=REPO, check=False)
     if proc.returncode != 0 or not done.exists():
         raise SystemExit(f"building the SFT start failed (exit {proc.returncode}): {' '.join(argv)}")
     return Path(done.read_text())
