@@ -478,20 +478,35 @@ class MemorySampler:
 
         rss: dict[int, int] = {}
         pss: dict[str, int] = {}
-        for name, pid in self.roots().items():
+        for name, proc in self._owned():
             try:
-                root = psutil.Process(pid)
-                for proc in [root, *root.children(recursive=True)]:
-                    rss[proc.pid] = proc.memory_info().rss
-                    own = _pss(proc, rss[proc.pid])
-                    pss[name] = pss.get(name, 0) + own
-                    self._note(name, proc, own)
-                    cpu = proc.cpu_times()
-                    used = cpu.user + cpu.system + cpu.children_user + cpu.children_system
-                    self.cpu_by_pid[proc.pid] = max(used, self.cpu_by_pid.get(proc.pid, 0.0))
+                rss[proc.pid] = proc.memory_info().rss
+                own = _pss(proc, rss[proc.pid])
+                pss[name] = pss.get(name, 0) + own
+                self._note(name, proc, own)
+                cpu = proc.cpu_times()
+                used = cpu.user + cpu.system + cpu.children_user + cpu.children_system
+                self.cpu_by_pid[proc.pid] = max(used, self.cpu_by_pid.get(proc.pid, 0.0))
             except psutil.Error:  # a process ended between listing and reading
                 continue
         return sum(rss.values()), pss
+
+    def _owned(self) -> list[tuple[str, Any]]:
+        """(name, process) for every process of the trees once, under the nearest named root
+        (a service forked by the preloader is in the preloader's tree and is its own root)."""
+        import psutil
+
+        trees: list[tuple[str, list[Any]]] = []
+        for name, pid in self.roots().items():
+            try:
+                root = psutil.Process(pid)
+                trees.append((name, [root, *root.children(recursive=True)]))
+            except psutil.Error:
+                continue
+        owner: dict[int, tuple[str, Any]] = {}
+        for name, procs in sorted(trees, key=lambda tree: -len(tree[1])):  # enclosing trees first
+            owner.update({proc.pid: (name, proc) for proc in procs})
+        return list(owner.values())
 
     def _note(self, name: str, proc: Any, pss: int) -> None:
         seen = self.processes.setdefault(name, {}).get(proc.pid)
@@ -584,7 +599,7 @@ class BudgetPipeline(Pipeline):
         self.budget_s = budget_s
         self.started_at = 0.0
         self.trajectories_at_budget = 0
-        self.memory = MemorySampler(lambda: {n: s.pid for n, s in self.services.items() if s.pid is not None})
+        self.memory = MemorySampler(self.process_roots)
 
     def _sft(self) -> Path:
         self._sft_dir = self.sft_given

@@ -51,6 +51,7 @@ from infra.pipeline.layout import (
 )
 from infra.pipeline.monitor import EvalPoint, RunMetrics, TopicMonitor, assembler_keeps
 from infra.pipeline.placement import visible_devices
+from infra.pipeline.preload import Preloader
 from infra.pipeline.report import plot_curve, write_report
 from infra.pipeline.resolve import base_model_dir, plan, transcript_adapter
 from infra.pipeline.services import ServiceProcess, ServiceSpec, Supervisor
@@ -73,6 +74,8 @@ __all__ = ["Pipeline", "run_pipeline"]
 log = logging.getLogger(__name__)
 
 TOKEN_ENV = "STACX_SANDBOX_TOKEN"
+LEARNERS = ("assembler", "trainer", "rollout")
+"""The GRPO services, waited for together once the rollout service has started."""
 MAX_TASK_EVENTS = 65_536
 """Most training-task events one run writes to its tasks topic."""
 
@@ -98,6 +101,7 @@ class Pipeline:
         self._pending_eval: concurrent.futures.Future[EvalResult] | None = None
         self._sft_dir = base_model_dir(spec, self.layout)
         self.tracking: TrackingFeed | None = None
+        self.preloader: Preloader | None = None
 
     def _task_set(self) -> Any:
         """The task-source plug-in of `pipeline.tasks.source` (None for harbor, jsonl, topic)."""
@@ -328,6 +332,7 @@ class Pipeline:
 
     def _start_serving(self, sft_dir: Path) -> None:
         self.metrics.stage = "starting the sandbox gateway and the inference server(s)"
+        self._start_preloader()
         cfg_dir = self.layout.config_dir
         gateway = gateway_section(self.spec, self.layout)
         gateway_file = self._write_yaml(cfg_dir / "gateway.yaml", {"gateway": gateway})
@@ -340,6 +345,7 @@ class Pipeline:
             wait=False,
         )
         names = ["gateway"]
+        self._start_learners(sft_dir)
         for server in inference_services(self.spec, self.layout, model_dir=sft_dir):
             path = self._write_yaml(cfg_dir / f"{server.name}.yaml", {"inference": server.section})
             self._start(
@@ -379,23 +385,26 @@ class Pipeline:
             if monitor.error:
                 log.warning("%s", monitor.error)
 
-    def _start_training_services(self, sft_dir: Path) -> None:
+    def _start_learners(self, sft_dir: Path) -> None:
+        """The assembler and the trainer, started with the inference server and not waited for
+        here: they meet the rest only through the run's topics, whose consumers start from the
+        earliest offset, so their start-up overlaps the server's instead of following it."""
         cfg_dir = self.layout.config_dir
         services = plan(self.spec, self.layout, model_dir=sft_dir)
-        rollout_file = self._write_yaml(cfg_dir / "rollout.yaml", services.rollout)
         assembler_file = self._write_yaml(cfg_dir / "assembler.yaml", services.assembler)
         trainer_file = self._write_yaml(cfg_dir / "trainer.yaml", services.trainer)
         trainer_env = visible_devices(placement(self.spec)[0].trainer)
-        specs = [
-            ServiceSpec(name="assembler", args=["assemble", "--config", str(assembler_file)]),
-            ServiceSpec(name="trainer", args=["train", str(trainer_file)], finishes=True, env=trainer_env),
-            ServiceSpec(name="rollout", args=["rollout", str(rollout_file), "--no-progress"]),
-        ]
-        # all three at once, then wait for them together: they meet only through the run's topics,
-        # whose consumers start from the earliest offset, so none needs another one up first
-        started = [self._start(spec, wait=False) for spec in specs]
-        for service in started:
-            service.wait_ready(self.cfg.services.startup_timeout_s)
+        self._start(ServiceSpec(name="assembler", args=["assemble", "--config", str(assembler_file)]), wait=False)
+        self._start(ServiceSpec(name="trainer", args=["train", str(trainer_file)], finishes=True, env=trainer_env),
+                    wait=False)
+
+    def _start_training_services(self, sft_dir: Path) -> None:
+        """The rollout service (it needs the inference server up), then all three are waited for."""
+        services = plan(self.spec, self.layout, model_dir=sft_dir)
+        rollout_file = self._write_yaml(self.layout.config_dir / "rollout.yaml", services.rollout)
+        self._start(ServiceSpec(name="rollout", args=["rollout", str(rollout_file), "--no-progress"]), wait=False)
+        for name in LEARNERS:
+            self.services[name].wait_ready(self.cfg.services.startup_timeout_s)
 
     def _follow(self, refresh: Any) -> None:
         """Until the trainer has published the last version: refresh, evaluate, watch services."""
@@ -610,13 +619,31 @@ class Pipeline:
 
     # ----------------------------------------------------------------------------- services
 
+    def _run_env(self) -> dict[str, str]:
+        return {TOKEN_ENV: self._token, "STACX_RUN_ID": self.layout.run_id}  # the id finds the run's processes
+
+    def _start_preloader(self) -> None:
+        """The process the torch-importing services are forked from (`pipeline.services.preload`);
+        its imports run while the gateway starts."""
+        if not self.cfg.services.preload or self.preloader is not None:
+            return
+        self.preloader = Preloader({**os.environ, **self._run_env()}, self.layout.logs_dir / "preload.log")
+        self.preloader.start()
+
+    def process_roots(self) -> dict[str, int]:
+        """The run's top processes by name: its services and the preloader."""
+        roots = {name: s.pid for name, s in self.services.items() if s.pid is not None}
+        if self.preloader is not None and self.preloader.pid is not None:
+            roots["preload"] = self.preloader.pid
+        return roots
+
     def _start(self, spec: ServiceSpec, *, wait: bool = True) -> ServiceProcess:
-        spec.env.setdefault(TOKEN_ENV, self._token)
-        spec.env.setdefault("STACX_RUN_ID", self.layout.run_id)  # finds the run's processes
+        for name, value in self._run_env().items():
+            spec.env.setdefault(name, value)
         if self.cfg.tracing is not None:  # one section turns tracing on (or off) everywhere
             for name, value in self.cfg.tracing.to_env(len(self.services)).items():
                 spec.env.setdefault(name, value)
-        service = ServiceProcess(spec, self.layout.logs_dir).start()
+        service = ServiceProcess(spec, self.layout.logs_dir, launcher=self.preloader).start()
         self.services[spec.name] = service
         self.supervisor.add(service)
         if wait:
@@ -638,6 +665,9 @@ class Pipeline:
                 self._stop_service(name)
         with contextlib.suppress(Exception):
             self._reap_sandboxes()
+        if self.preloader is not None:
+            with contextlib.suppress(Exception):
+                self.preloader.close()
 
     def _reap_sandboxes(self) -> None:
         """Remove containers of this run that the gateway left behind (it was killed, or the

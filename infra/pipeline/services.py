@@ -18,10 +18,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from infra.pipeline.errors import ServiceError
 
 __all__ = [
+    "ChildProcess",
+    "Launcher",
     "RestartBudget",
     "RestartPolicy",
     "ServiceProcess",
@@ -68,18 +71,50 @@ class ServiceSpec:
     """Run this program with `args` instead of `stacx` (tests, external services)."""
 
 
+class ChildProcess(Protocol):
+    """What a `ServiceProcess` needs of its process: `subprocess.Popen`'s names."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
+class Launcher(Protocol):
+    """Starts some `stacx` commands another way than a fresh process (infra.pipeline.preload)."""
+
+    def takes(self, spec: ServiceSpec) -> bool: ...
+
+    def spawn(self, args: list[str], env: dict[str, str], log_path: Path) -> ChildProcess: ...
+
+
 class ServiceProcess:
     """A started service: readiness, liveness, log tail, stop."""
 
-    def __init__(self, spec: ServiceSpec, log_dir: Path) -> None:
+    def __init__(self, spec: ServiceSpec, log_dir: Path, *, launcher: Launcher | None = None) -> None:
         self.spec = spec
         self.log_path = log_dir / f"{spec.name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: ChildProcess | None = None
+        self.launcher = launcher
 
     def start(self) -> ServiceProcess:
         argv = [*(self.spec.program or stacx_argv()), *self.spec.args]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1"}
+        if self.launcher is not None and self.launcher.takes(self.spec):
+            with self.log_path.open("ab") as out:
+                out.write(f"$ {' '.join(argv)}  (forked from the run's preloader)\n".encode())
+            try:
+                self.proc = self.launcher.spawn(self.spec.args, env, self.log_path)
+            except ServiceError as exc:
+                log.warning("%s: %s; starting it as a fresh process", self.spec.name, exc)
+            else:
+                log.info("started %s (pid %d, forked): %s", self.spec.name, self.proc.pid, " ".join(argv))
+                return self
         with self.log_path.open("ab") as out:
             out.write(f"$ {' '.join(argv)}\n".encode())
             out.flush()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -146,6 +148,30 @@ def test_sampler_splits_shared_pages_that_summed_rss_counts_twice(bench: ModuleT
                 proc.wait()
     assert set(pss) == {"p0", "p1"}
     assert rss - sum(pss.values()) >= 56 << 20  # the mapped file: twice in RSS, once in PSS
+
+
+def test_sampler_counts_a_process_under_two_named_roots_once(bench: ModuleType) -> None:
+    """A service forked by the preloader is in the preloader's tree and is a named root itself: its
+    memory counts once, under its own name (counted under both, the STACX side's peak doubled)."""
+    import subprocess
+
+    child = "b = bytearray(48 << 20); print('ready', flush=True); import time; time.sleep(60)"
+    parent = (f"import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', {child!r}], "
+              "stdout=subprocess.PIPE, text=True); print(p.pid, p.stdout.readline().strip(), flush=True); p.wait()")
+    proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    child_pid, ready = proc.stdout.readline().split()
+    try:
+        assert ready == "ready"
+        sampler = bench.MemorySampler(lambda: {"preload": proc.pid, "trainer": int(child_pid)})
+        rss, pss = sampler.sample()
+    finally:
+        os.kill(int(child_pid), signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+    assert pss["trainer"] >= 48 << 20
+    assert pss["preload"] < 40 << 20  # the parent alone, not the child again
+    assert sum(pss.values()) <= rss + (4 << 20)
 
 
 def test_sampler_tells_which_processes_loaded_torch(bench: ModuleType) -> None:

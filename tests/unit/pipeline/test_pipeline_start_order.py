@@ -21,7 +21,7 @@ class _Recorded:
 
     events: list[tuple[str, str]] = []
 
-    def __init__(self, spec: ServiceSpec, log_dir: Path) -> None:
+    def __init__(self, spec: ServiceSpec, log_dir: Path, **_: object) -> None:
         self.spec = spec
 
     def start(self) -> _Recorded:
@@ -32,19 +32,28 @@ class _Recorded:
         self.events.append(("ready", self.spec.name))
 
 
-def test_assembler_trainer_and_rollout_all_start_before_any_is_waited_for(
+def test_the_learners_start_with_the_server_and_all_are_waited_for_together(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each wait costs at least the settle time of a service without a health URL (2 s): waited
-    for one by one, the rollout service started 4 s after the inference server was up."""
+    for one by one, the rollout service started 4 s after the inference server was up. The
+    assembler and the trainer need nothing but the run's topics, so they start with the server:
+    their start-up overlaps its own instead of following it (the first policy version came 3 s
+    sooner). Only the rollout service waits for the server."""
     spec = load_spec(REPO / "examples" / "quickstart.yaml")
     spec.pipeline.runs_dir = str(tmp_path / "runs")
+    spec.pipeline.services.preload = False
     pipeline = Pipeline(spec)
     events: list[tuple[str, Any]] = []
     monkeypatch.setattr(_Recorded, "events", events)
     monkeypatch.setattr(orchestrator, "ServiceProcess", _Recorded)
-    pipeline._start_training_services(make_tiny_model(tmp_path / "model"))
+    model = make_tiny_model(tmp_path / "model")
+    pipeline._start_serving(model)
+    assert events == [("start", "gateway"), ("start", "assembler"), ("start", "trainer"), ("start", "inference"),
+                      ("ready", "gateway"), ("ready", "inference")]
+    events.clear()
+    pipeline._start_training_services(model)
     names = ["assembler", "trainer", "rollout"]
-    assert events == [("start", n) for n in names] + [("ready", n) for n in names]
+    assert events == [("start", "rollout")] + [("ready", n) for n in names]
     assert pipeline.services["trainer"].spec.finishes
-    assert set(pipeline.supervisor.services) == set(names)
+    assert set(pipeline.supervisor.services) == {"gateway", "inference", *names}
