@@ -76,6 +76,8 @@ log = logging.getLogger(__name__)
 TOKEN_ENV = "STACX_SANDBOX_TOKEN"
 LEARNERS = ("assembler", "trainer", "rollout")
 """The GRPO services, waited for together once the rollout service has started."""
+STOP_WAVES = (("rollout",), ("trainer", "assembler", "router"))
+"""Stopped first, wave by wave (the rest after them): see `Pipeline._stop_waves`."""
 MAX_TASK_EVENTS = 65_536
 """Most training-task events one run writes to its tasks topic."""
 
@@ -345,7 +347,6 @@ class Pipeline:
             wait=False,
         )
         names = ["gateway"]
-        self._start_learners(sft_dir)
         for server in inference_services(self.spec, self.layout, model_dir=sft_dir):
             path = self._write_yaml(cfg_dir / f"{server.name}.yaml", {"inference": server.section})
             self._start(
@@ -358,6 +359,7 @@ class Pipeline:
                 wait=False,
             )
             names.append(server.name)
+        self._start_learners(sft_dir)  # after the server: it is what the first rollouts wait for
         for name in names:
             self.services[name].wait_ready(self.cfg.services.startup_timeout_s)
         router = router_section(self.spec, self.layout, model_dir=sft_dir)
@@ -386,8 +388,8 @@ class Pipeline:
                 log.warning("%s", monitor.error)
 
     def _start_learners(self, sft_dir: Path) -> None:
-        """The assembler and the trainer, started with the inference server and not waited for
-        here: they meet the rest only through the run's topics, whose consumers start from the
+        """The assembler and the trainer, started right after the inference server and not waited
+        for here: they meet the rest only through the run's topics, whose consumers start from the
         earliest offset, so their start-up overlaps the server's instead of following it."""
         cfg_dir = self.layout.config_dir
         services = plan(self.spec, self.layout, model_dir=sft_dir)
@@ -657,12 +659,21 @@ class Pipeline:
             self.metrics.stage = f"stopping {name}"
             service.stop()
 
+    def _stop_waves(self) -> list[list[str]]:
+        """The order of a shutdown: the rollout service (no new requests), then what consumes
+        its output and the router, then the rest (servers, gateway) in reverse start order."""
+        waves = [[n for n in wave if n in self.services] for wave in STOP_WAVES]
+        waves.append([n for n in reversed(self.services) if not any(n in wave for wave in STOP_WAVES)])
+        return [wave for wave in waves if wave]
+
     def _shutdown(self) -> None:
         self._eval_pool.shutdown(wait=False, cancel_futures=True)
-        first = ("rollout", "trainer", "assembler", "router")
-        for name in [*first, *(n for n in reversed(self.services) if n not in first)]:
-            with contextlib.suppress(Exception):
-                self._stop_service(name)
+        for wave in self._stop_waves():  # the services of a wave stop together, the waves in turn
+            with concurrent.futures.ThreadPoolExecutor(len(wave), "stacx-stop") as pool:
+                stops = {name: pool.submit(self._stop_service, name) for name in wave}
+            for name, stop in stops.items():
+                if stop.exception() is not None:
+                    log.warning("stopping %s: %s", name, stop.exception())
         with contextlib.suppress(Exception):
             self._reap_sandboxes()
         if self.preloader is not None:

@@ -2,7 +2,7 @@
 
 On one host the inference server and the trainer each import torch and transformers: seconds of
 start-up apiece, and each holds its own copy of what those imports build in memory. A run's
-`Preloader` starts one small process (`python -m infra.pipeline.preload`) that imports them once,
+`Preloader` starts one process (this module's `main`) that imports them once,
 before any thread exists, and then forks a service on request: the child starts its `stacx`
 command at once and shares the imported pages with its siblings until it writes them
 (copy-on-write), as gunicorn's `--preload` and Android's zygote do.
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from infra.pipeline.errors import ServiceError
+from infra.services.processes import pid_alive, tail
 
 if TYPE_CHECKING:
     from infra.pipeline.services import ServiceSpec
@@ -155,7 +156,7 @@ class Preloader:
         with self._changed:
             if pid in self._exits:
                 return self._exits[pid]
-        if not self.alive() and not _exists(pid):
+        if not self.alive() and not pid_alive(pid):
             return -signal.SIGKILL
         return None
 
@@ -176,8 +177,11 @@ class Preloader:
         if not self.alive():
             raise PreloadError(f"the preloader has exited; log {self.log_path}")
         assert self.proc is not None and self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(request).encode() + b"\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+            self.proc.stdin.flush()
+        except OSError as exc:  # it exited between the check and the write
+            raise PreloadError(f"the preloader has exited ({exc}); log {self.log_path}") from exc
 
     def _answer(self, kind: str) -> dict[str, Any]:
         deadline = time.monotonic() + self.timeout_s
@@ -185,7 +189,7 @@ class Preloader:
             while not self._started:
                 if not self.alive() and not (self._reader and self._reader.is_alive()):
                     raise PreloadError(f"the preloader exited before it was {kind}; log {self.log_path}:\n"
-                                       f"{_tail(self.log_path)}")
+                                       f"{tail(self.log_path, 15)}")
                 if time.monotonic() >= deadline:
                     raise PreloadError(f"the preloader was not {kind} within {self.timeout_s:.0f}s; "
                                        f"log {self.log_path}")
@@ -207,23 +211,6 @@ class Preloader:
                 self._changed.notify_all()
         with self._changed:
             self._changed.notify_all()
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 # ------------------------------------------------------------------------------ the preloader

@@ -78,6 +78,9 @@ def test_stop_ends_a_forked_service_by_its_group(preloader: Preloader, tmp_path:
     service = ServiceProcess(_service("inference", tmp_path, "sleep"), tmp_path, launcher=preloader).start()
     pid = int(_wait_for(tmp_path / "inference.json")["pid"])  # type: ignore[call-overload]
     assert service.alive()
+    # what /proc shows of the forked service's environment is the preloader's, which names the run:
+    # tools that find a run's processes by it (the test suite's leak check) find this one too
+    assert b"STACX_RUN_ID=preload-test-run" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     service.stop(timeout_s=30)
     assert service.proc is not None and service.proc.returncode == -signal.SIGTERM
     assert not service.alive()

@@ -1,7 +1,8 @@
-"""The orchestrator starts the GRPO services at once and then waits for them together."""
+"""The orchestrator starts the GRPO services at once and waits for them together; it stops them in waves."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,8 @@ def test_the_learners_start_with_the_server_and_all_are_waited_for_together(
     for one by one, the rollout service started 4 s after the inference server was up. The
     assembler and the trainer need nothing but the run's topics, so they start with the server:
     their start-up overlaps its own instead of following it (the first policy version came 3 s
-    sooner). Only the rollout service waits for the server."""
+    sooner). The server starts first: the first rollouts wait for it, and a forked trainer would
+    otherwise take the preloader's first turn. Only the rollout service waits for the server."""
     spec = load_spec(REPO / "examples" / "quickstart.yaml")
     spec.pipeline.runs_dir = str(tmp_path / "runs")
     spec.pipeline.services.preload = False
@@ -49,7 +51,7 @@ def test_the_learners_start_with_the_server_and_all_are_waited_for_together(
     monkeypatch.setattr(orchestrator, "ServiceProcess", _Recorded)
     model = make_tiny_model(tmp_path / "model")
     pipeline._start_serving(model)
-    assert events == [("start", "gateway"), ("start", "assembler"), ("start", "trainer"), ("start", "inference"),
+    assert events == [("start", "gateway"), ("start", "inference"), ("start", "assembler"), ("start", "trainer"),
                       ("ready", "gateway"), ("ready", "inference")]
     events.clear()
     pipeline._start_training_services(model)
@@ -57,3 +59,38 @@ def test_the_learners_start_with_the_server_and_all_are_waited_for_together(
     assert events == [("start", "rollout")] + [("ready", n) for n in names]
     assert pipeline.services["trainer"].spec.finishes
     assert set(pipeline.supervisor.services) == {"gateway", "inference", *names}
+
+
+class _Stoppable:
+    """A started service whose stop() notes when it began and ended; the second wave's two stops
+    meet at a barrier, which only two stops running at once can pass."""
+
+    def __init__(self, name: str, events: list[str], barrier: threading.Barrier) -> None:
+        self.name, self.events, self.barrier = name, events, barrier
+
+    def stop(self) -> None:
+        self.events.append(f"stop {self.name}")
+        if self.name in ("trainer", "assembler"):
+            self.barrier.wait()
+        self.events.append(f"stopped {self.name}")
+
+
+def test_shutdown_stops_in_waves_and_each_wave_at_once(tmp_path: Path) -> None:
+    """One by one, a run's five services took 5 s to stop; the rollout service still stops
+    first (no new requests) and the servers and the gateway last (in-flight episodes finish)."""
+    spec = load_spec(REPO / "examples" / "quickstart.yaml")
+    spec.pipeline.runs_dir = str(tmp_path / "runs")
+    pipeline = Pipeline(spec)
+    events: list[str] = []
+    barrier = threading.Barrier(2, timeout=60)
+    for name in ("gateway", "inference", "assembler", "trainer", "rollout"):
+        pipeline.services[name] = _Stoppable(name, events, barrier)  # type: ignore[assignment]
+    pipeline._reap_sandboxes = lambda: None  # type: ignore[method-assign]  # no engine here
+    pipeline._shutdown()
+    assert events[:2] == ["stop rollout", "stopped rollout"]
+    assert set(events[2:4]) == {"stop trainer", "stop assembler"}  # both began before either ended
+    assert set(events[4:6]) == {"stopped trainer", "stopped assembler"}
+    last = events[6:]
+    assert set(last) == {"stop inference", "stopped inference", "stop gateway", "stopped gateway"}
+    assert last.index("stopped gateway") > last.index("stop gateway")
+    assert not barrier.broken
