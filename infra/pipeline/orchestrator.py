@@ -395,16 +395,18 @@ class Pipeline:
         services = plan(self.spec, self.layout, model_dir=sft_dir)
         assembler_file = self._write_yaml(cfg_dir / "assembler.yaml", services.assembler)
         trainer_file = self._write_yaml(cfg_dir / "trainer.yaml", services.trainer)
-        trainer_env = visible_devices(placement(self.spec)[0].trainer)
-        self._start(ServiceSpec(name="assembler", args=["assemble", "--config", str(assembler_file)]), wait=False)
-        self._start(ServiceSpec(name="trainer", args=["train", str(trainer_file)], finishes=True, env=trainer_env),
-                    wait=False)
+        env = visible_devices(placement(self.spec)[0].trainer)
+        assembler = ServiceSpec(name="assembler", args=["assemble", "--config", str(assembler_file)])
+        trainer = ServiceSpec(name="trainer", args=["train", str(trainer_file)], finishes=True, env=env)
+        self._start(assembler, wait=False)
+        self._start(trainer, wait=False)
 
     def _start_training_services(self, sft_dir: Path) -> None:
         """The rollout service (it needs the inference server up), then all three are waited for."""
         services = plan(self.spec, self.layout, model_dir=sft_dir)
         rollout_file = self._write_yaml(self.layout.config_dir / "rollout.yaml", services.rollout)
-        self._start(ServiceSpec(name="rollout", args=["rollout", str(rollout_file), "--no-progress"]), wait=False)
+        rollout = ServiceSpec(name="rollout", args=["rollout", str(rollout_file), "--no-progress"])
+        self._start(rollout, wait=False)
         for name in LEARNERS:
             self.services[name].wait_ready(self.cfg.services.startup_timeout_s)
 
@@ -622,7 +624,8 @@ class Pipeline:
     # ----------------------------------------------------------------------------- services
 
     def _run_env(self) -> dict[str, str]:
-        return {TOKEN_ENV: self._token, "STACX_RUN_ID": self.layout.run_id}  # the id finds the run's processes
+        # the run id in every process's environment finds the run's processes
+        return {TOKEN_ENV: self._token, "STACX_RUN_ID": self.layout.run_id}
 
     def _start_preloader(self) -> None:
         """The process the torch-importing services are forked from (`pipeline.services.preload`);

@@ -202,14 +202,17 @@ class Preloader:
     def _read(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
         for line in self.proc.stdout:
-            message = json.loads(line)
-            with self._changed:
-                if message.get("kind") == "exited":
-                    self._exits[int(message["pid"])] = int(message["status"])
-                else:
-                    self._started.append(message)
-                self._changed.notify_all()
+            self._on_message(json.loads(line))
         with self._changed:
+            self._changed.notify_all()
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        with self._changed:
+            if message.get("kind") == "exited":
+                self._exits[int(message["pid"])] = int(message["status"])
+            else:  # pids come again (pid_max is often 32768): a new service drops the old one's status
+                self._exits.pop(int(message.get("pid", 0)), None)
+                self._started.append(message)
             self._changed.notify_all()
 
 
@@ -267,8 +270,9 @@ def serve(entry: str, modules: list[str]) -> None:
     # a Python thread could hold a lock (logging's, the import lock) at the fork, and the child would
     # wait for it forever; native pools (OpenBLAS's) stop and restart around a fork on their own
     if threading.active_count() > 1:
-        raise SystemExit(f"stacx preload: importing {', '.join(modules)} started the threads "
-                         f"{[t.name for t in threading.enumerate()]}; services start as fresh processes instead")
+        names = [t.name for t in threading.enumerate()]
+        raise SystemExit(f"stacx preload: importing {', '.join(modules)} started the threads {names}; "
+                         "services start as fresh processes instead")
     # what was imported stays untouched by the children's garbage collector, so their copies of
     # those pages stay shared (CPython's gc.freeze, made for pre-fork servers)
     gc.freeze()

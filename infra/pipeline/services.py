@@ -113,7 +113,8 @@ class ServiceProcess:
             except ServiceError as exc:
                 log.warning("%s: %s; starting it as a fresh process", self.spec.name, exc)
             else:
-                log.info("started %s (pid %d, forked): %s", self.spec.name, self.proc.pid, " ".join(argv))
+                log.info("started %s (pid %d): %s (forked from the run's preloader)",
+                         self.spec.name, self.proc.pid, " ".join(argv))
                 return self
         with self.log_path.open("ab") as out:
             out.write(f"$ {' '.join(argv)}\n".encode())

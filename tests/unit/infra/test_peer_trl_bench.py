@@ -157,7 +157,8 @@ def test_sampler_counts_a_process_under_two_named_roots_once(bench: ModuleType) 
 
     child = "b = bytearray(48 << 20); print('ready', flush=True); import time; time.sleep(60)"
     parent = (f"import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', {child!r}], "
-              "stdout=subprocess.PIPE, text=True); print(p.pid, p.stdout.readline().strip(), flush=True); p.wait()")
+              "stdout=subprocess.PIPE, text=True); "
+              "print(p.pid, p.stdout.readline().strip(), flush=True); p.wait()")
     proc = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     child_pid, ready = proc.stdout.readline().split()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from infra.pipeline.errors import ServiceError
-from infra.pipeline.preload import Preloader, PreloadError, forkable
+from infra.pipeline.preload import ForkedProcess, Preloader, PreloadError, forkable
 from infra.pipeline.services import ServiceProcess, ServiceSpec
 
 PROBE = '''
@@ -56,8 +56,11 @@ def _service(name: str, tmp_path: Path, *args: str) -> ServiceSpec:
                                                                "SERVICE_ONLY": name})
 
 
-def test_a_service_is_forked_with_its_own_env_session_and_exit_status(preloader: Preloader, tmp_path: Path) -> None:
-    service = ServiceProcess(_service("trainer", tmp_path, "exit", "3"), tmp_path / "logs", launcher=preloader).start()
+def test_a_service_is_forked_with_its_own_env_session_and_exit_status(
+    preloader: Preloader, tmp_path: Path
+) -> None:
+    spec = _service("trainer", tmp_path, "exit", "3")
+    service = ServiceProcess(spec, tmp_path / "logs", launcher=preloader).start()
     seen = _wait_for(tmp_path / "trainer.json")
     assert seen["ppid"] == preloader.pid  # forked, not spawned by the run
     assert seen["pgid"] == seen["pid"] == seen["sid"]  # its own session: stop() signals its group
@@ -66,7 +69,8 @@ def test_a_service_is_forked_with_its_own_env_session_and_exit_status(preloader:
     assert seen["cwd"] == os.getcwd() and seen["loaded"]
     # the run's id is in what /proc shows of the preloader, so tools that find a run's processes by
     # their environment find the forked ones too
-    assert b"STACX_RUN_ID=preload-test-run" in Path(f"/proc/{preloader.pid}/environ").read_bytes().split(b"\0")
+    environ = Path(f"/proc/{preloader.pid}/environ").read_bytes().split(b"\0")
+    assert b"STACX_RUN_ID=preload-test-run" in environ
     assert service.proc is not None and service.proc.wait(timeout=60) == 3
     log = service.log_path.read_text()
     assert "forked from the run's preloader" in log and "probe printed this" in log
@@ -88,7 +92,9 @@ def test_stop_ends_a_forked_service_by_its_group(preloader: Preloader, tmp_path:
         os.kill(pid, 0)  # reaped by the preloader
 
 
-def test_closing_the_preloader_leaves_running_services_to_their_owner(preloader: Preloader, tmp_path: Path) -> None:
+def test_closing_the_preloader_leaves_running_services_to_their_owner(
+    preloader: Preloader, tmp_path: Path
+) -> None:
     service = ServiceProcess(_service("trainer", tmp_path, "sleep"), tmp_path, launcher=preloader).start()
     _wait_for(tmp_path / "trainer.json")
     preloader.close()
@@ -109,7 +115,8 @@ def test_only_torch_commands_without_import_time_settings_are_forked() -> None:
 
 
 def test_a_preloader_that_cannot_start_leaves_the_service_to_a_fresh_process(tmp_path: Path) -> None:
-    broken = Preloader(dict(os.environ), tmp_path / "preload.log", modules=("no_such_module_for_stacx",)).start()
+    modules = ("no_such_module_for_stacx",)
+    broken = Preloader(dict(os.environ), tmp_path / "preload.log", modules=modules).start()
     with pytest.raises(PreloadError, match="exited before it was ready"):
         broken.spawn(["train", "--help"], dict(os.environ), tmp_path / "x.log")
     assert "no_such_module_for_stacx" in (tmp_path / "preload.log").read_text()
@@ -131,3 +138,13 @@ class _Failing:
 
     def spawn(self, args: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
         raise PreloadError(f"the preloader has exited; log {self.tmp_path / 'preload.log'}")
+
+
+def test_a_pid_that_comes_again_is_not_taken_for_the_earlier_service(preloader: Preloader) -> None:
+    """pid_max is often 32768: in a soak a killed service's pid came back for a later one, which the
+    run then took for dead (the old exit status), restarted, and left running."""
+    loader = preloader
+    loader._on_message({"kind": "exited", "pid": 4242, "status": -9})
+    assert loader.exit_status(4242) == -9
+    loader._on_message({"kind": "started", "pid": 4242})
+    assert ForkedProcess(4242, loader).poll() is None  # the new service runs (the preloader is not gone)
