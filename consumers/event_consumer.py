@@ -218,7 +218,7 @@ class EventConsumer:
         self._flush_dlq()
         if events is None:
             try:
-                self._consumer.commit(asynchronous=False)
+                self._commit_waiting(lambda: self._consumer.commit(asynchronous=False))
             except KafkaException as exc:
                 if _error_code(exc) != KafkaError._NO_OFFSET:  # _NO_OFFSET: nothing read since
                     raise _commit_error(exc) from exc
@@ -230,9 +230,30 @@ class EventConsumer:
         if ends:
             offsets = [TopicPartition(t, p, o) for (t, p), o in ends.items()]
             try:
-                self._consumer.commit(offsets=offsets, asynchronous=False)
+                self._commit_waiting(lambda: self._consumer.commit(offsets=offsets, asynchronous=False))
             except KafkaException as exc:
                 raise _commit_error(exc) from exc
+
+    COMMIT_WAIT_S = 60.0
+    """How long a commit waits out a coordinator that is loading or moving (a broker restart)."""
+
+    def _commit_waiting(self, commit: Callable[[], Any]) -> None:
+        """`commit()`, retried with backoff while the group coordinator is loading, moving or
+        unreachable (KafkaException for anything else, or once `COMMIT_WAIT_S` has passed)."""
+        from confluent_kafka import KafkaException
+
+        deadline = time.monotonic() + self.COMMIT_WAIT_S
+        delay = 0.1
+        while True:
+            try:
+                commit()
+                return
+            except KafkaException as exc:
+                if _error_code(exc) not in _coordinator_busy() or time.monotonic() + delay > deadline:
+                    raise
+                log.warning("commit waits for the group coordinator (%s): retrying in %.1fs", exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     def seek(self, topic: str, partition: int, offset: int) -> None:
         """Read `topic`/`partition` from `offset` next.
@@ -537,6 +558,16 @@ def _error_code(exc: Exception) -> int | None:
     from confluent_kafka import KafkaError
 
     return exc.args[0].code() if exc.args and isinstance(exc.args[0], KafkaError) else None
+
+
+def _coordinator_busy() -> frozenset[int]:
+    """Commit errors of a group coordinator that is loading, moving or not reachable yet: the
+    commit succeeds once it is back, so it is retried instead of failing the consumer."""
+    from confluent_kafka import KafkaError
+
+    return frozenset({KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE,
+                      KafkaError.NOT_COORDINATOR, KafkaError._WAIT_COORD, KafkaError._TRANSPORT,
+                      KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT})
 
 
 def _commit_error(exc: Exception) -> ConsumerError:

@@ -116,3 +116,51 @@ def test_the_pause_restores_the_state_it_found() -> None:
         assert not gc.isenabled()  # the caller's own pause is left alone
     finally:
         gc.enable()
+
+
+class _BusyCoordinator(_FakeKafka):
+    """A commit that meets a coordinator still loading after a broker restart `busy` times."""
+
+    def __init__(self, busy: int, code: int) -> None:
+        super().__init__([])
+        self.busy, self.code, self.commits = busy, code, 0
+
+    def commit(self, **kwargs: Any) -> None:
+        from confluent_kafka import KafkaError, KafkaException
+
+        self.commits += 1
+        if self.commits <= self.busy:
+            raise KafkaException(KafkaError(self.code))
+
+
+def test_a_commit_waits_out_a_coordinator_that_is_loading(
+    make_consumer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a broker restart the first commits met COORDINATOR_LOAD_IN_PROGRESS and _WAIT_COORD
+    and the trainer exited, spending its restart budget on a broker that came back in seconds."""
+    from confluent_kafka import KafkaError
+
+    from consumers.event_consumer import time as clock
+
+    monkeypatch.setattr(clock, "sleep", lambda s: None)
+    for code in (KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError._WAIT_COORD):
+        consumer, _ = make_consumer([])
+        fake = consumer._consumer = _BusyCoordinator(3, code)
+        consumer.commit()
+        assert fake.commits == 4
+
+
+def test_a_commit_refused_or_failed_otherwise_is_not_retried(make_consumer: Any) -> None:
+    from confluent_kafka import KafkaError
+
+    from consumers import CommitRefusedError, ConsumerError
+
+    consumer, _ = make_consumer([])
+    fake = consumer._consumer = _BusyCoordinator(1, KafkaError.ILLEGAL_GENERATION)
+    with pytest.raises(CommitRefusedError):
+        consumer.commit()
+    assert fake.commits == 1
+    fake = consumer._consumer = _BusyCoordinator(1, KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    with pytest.raises(ConsumerError, match="commit failed"):
+        consumer.commit()
+    assert fake.commits == 1
