@@ -611,7 +611,7 @@ class BudgetPipeline(Pipeline):
         self.started_at = time.time()
         with self.memory:
             self._timed("services_s", self._start_serving, sft_dir)
-            self._timed("grpo_s", self._grpo, sft_dir, refresh)
+            self._timed("grpo_s", self._grpo, refresh)
 
     def _follow(self, refresh: Any) -> None:
         while time.time() - self.started_at < self.budget_s:

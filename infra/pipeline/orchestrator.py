@@ -163,7 +163,7 @@ class Pipeline:
         self._timed("services_s", self._start_serving, sft_dir)
         if self._evaluates():
             self.evals["before"] = self._timed("eval_before_s", self._evaluate, "before", True)
-        self._timed("grpo_s", self._grpo, sft_dir, refresh)
+        self._timed("grpo_s", self._grpo, refresh)
         self._stop_service("rollout")
         self._await_swap(self.metrics.policy_version)
         if self._evaluates():
@@ -368,7 +368,7 @@ class Pipeline:
             self._start(ServiceSpec(name="router", ready_url=f"{self.inference_url}/health",
                                     args=["route", "--config", str(path)]))
 
-    def _grpo(self, sft_dir: Path, refresh: Any) -> None:
+    def _grpo(self, refresh: Any) -> None:
         self.metrics.stage = "starting the assembler, the trainer and the rollout service"
         monitor = TopicMonitor(
             self.metrics,
@@ -379,7 +379,7 @@ class Pipeline:
             model_name=self.layout.model_name,
         ).start()
         try:
-            self._start_training_services(sft_dir)
+            self._start_training_services()
             self.metrics.stage = f"GRPO through Kafka (target: {self.cfg.steps} policy versions)"
             self._follow(refresh)
         finally:
@@ -390,9 +390,11 @@ class Pipeline:
     def _start_learners(self, sft_dir: Path) -> None:
         """The assembler and the trainer, started right after the inference server and not waited
         for here: they meet the rest only through the run's topics, whose consumers start from the
-        earliest offset, so their start-up overlaps the server's instead of following it."""
+        earliest offset, so their start-up overlaps the server's instead of following it. The
+        rollout service's config is written here too (one plan for the three)."""
         cfg_dir = self.layout.config_dir
         services = plan(self.spec, self.layout, model_dir=sft_dir)
+        self._write_yaml(cfg_dir / "rollout.yaml", services.rollout)
         assembler_file = self._write_yaml(cfg_dir / "assembler.yaml", services.assembler)
         trainer_file = self._write_yaml(cfg_dir / "trainer.yaml", services.trainer)
         env = visible_devices(placement(self.spec)[0].trainer)
@@ -401,10 +403,9 @@ class Pipeline:
         self._start(assembler, wait=False)
         self._start(trainer, wait=False)
 
-    def _start_training_services(self, sft_dir: Path) -> None:
+    def _start_training_services(self) -> None:
         """The rollout service (it needs the inference server up), then all three are waited for."""
-        services = plan(self.spec, self.layout, model_dir=sft_dir)
-        rollout_file = self._write_yaml(self.layout.config_dir / "rollout.yaml", services.rollout)
+        rollout_file = self.layout.config_dir / "rollout.yaml"  # written by `_start_learners`
         rollout = ServiceSpec(name="rollout", args=["rollout", str(rollout_file), "--no-progress"])
         self._start(rollout, wait=False)
         for name in LEARNERS:

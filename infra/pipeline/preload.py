@@ -112,7 +112,7 @@ class Preloader:
         self.proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
         self._changed = threading.Condition()
-        self._started: list[dict[str, Any]] = []
+        self._answers: list[dict[str, Any]] = []
         self._exits: dict[int, int] = {}
         self._reader: threading.Thread | None = None
         self._ready = False
@@ -186,7 +186,7 @@ class Preloader:
     def _answer(self, kind: str) -> dict[str, Any]:
         deadline = time.monotonic() + self.timeout_s
         with self._changed:
-            while not self._started:
+            while not self._answers:
                 if not self.alive() and not (self._reader and self._reader.is_alive()):
                     raise PreloadError(f"the preloader exited before it was {kind}; log {self.log_path}:\n"
                                        f"{tail(self.log_path, 15)}")
@@ -194,7 +194,7 @@ class Preloader:
                     raise PreloadError(f"the preloader was not {kind} within {self.timeout_s:.0f}s; "
                                        f"log {self.log_path}")
                 self._changed.wait(0.2)
-            answer = self._started.pop(0)
+            answer = self._answers.pop(0)
         if answer.get("kind") != kind:
             raise PreloadError(f"the preloader answered {answer} where {kind!r} was due")
         return answer
@@ -212,7 +212,7 @@ class Preloader:
                 self._exits[int(message["pid"])] = int(message["status"])
             else:  # pids come again (pid_max is often 32768): a new service drops the old one's status
                 self._exits.pop(int(message.get("pid", 0)), None)
-                self._started.append(message)
+                self._answers.append(message)
             self._changed.notify_all()
 
 

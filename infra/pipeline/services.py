@@ -105,30 +105,31 @@ class ServiceProcess:
         argv = [*(self.spec.program or stacx_argv()), *self.spec.args]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1"}
-        if self.launcher is not None and self.launcher.takes(self.spec):
-            with self.log_path.open("ab") as out:
-                out.write(f"$ {' '.join(argv)}  (forked from the run's preloader)\n".encode())
-            try:
-                self.proc = self.launcher.spawn(self.spec.args, env, self.log_path)
-            except ServiceError as exc:
-                log.warning("%s: %s; starting it as a fresh process", self.spec.name, exc)
-            else:
-                log.info("started %s (pid %d): %s (forked from the run's preloader)",
-                         self.spec.name, self.proc.pid, " ".join(argv))
-                return self
+        self.proc = self._forked(argv, env)
+        how = " (forked from the run's preloader)" if self.proc is not None else ""
+        if self.proc is None:
+            self.proc = self._spawned(argv, env)
+        log.info("started %s (pid %d): %s%s", self.spec.name, self.proc.pid, " ".join(argv), how)
+        return self
+
+    def _forked(self, argv: list[str], env: dict[str, str]) -> ChildProcess | None:
+        """The service forked by the launcher, or None when it does not take it or fails."""
+        if self.launcher is None or not self.launcher.takes(self.spec):
+            return None
+        with self.log_path.open("ab") as out:
+            out.write(f"$ {' '.join(argv)}  (forked from the run's preloader)\n".encode())
+        try:
+            return self.launcher.spawn(self.spec.args, env, self.log_path)
+        except ServiceError as exc:
+            log.warning("%s: %s; starting it as a fresh process", self.spec.name, exc)
+            return None
+
+    def _spawned(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         with self.log_path.open("ab") as out:
             out.write(f"$ {' '.join(argv)}\n".encode())
             out.flush()
-            self.proc = subprocess.Popen(
-                argv,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        log.info("started %s (pid %d): %s", self.spec.name, self.proc.pid, " ".join(argv))
-        return self
+            return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
 
     @property
     def pid(self) -> int | None:

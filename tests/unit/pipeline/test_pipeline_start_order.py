@@ -54,7 +54,7 @@ def test_the_learners_start_with_the_server_and_all_are_waited_for_together(
     started = [("start", n) for n in ("gateway", "inference", "assembler", "trainer")]
     assert events == [*started, ("ready", "gateway"), ("ready", "inference")]
     events.clear()
-    pipeline._start_training_services(model)
+    pipeline._start_training_services()
     names = ["assembler", "trainer", "rollout"]
     assert events == [("start", "rollout")] + [("ready", n) for n in names]
     assert pipeline.services["trainer"].spec.finishes
