@@ -144,6 +144,10 @@ class ServiceProcess:
         except OSError:
             return "(no log)"
 
+    def finished(self) -> bool:
+        """The service exited 0 and `finishes` says that is its end (the trainer after max_steps)."""
+        return self.spec.finishes and self.proc is not None and self.proc.poll() == 0
+
     def check_alive(self) -> None:
         """Raise ServiceError, with the log tail, when the service has exited."""
         if self.proc is not None and self.proc.poll() is not None:
@@ -153,10 +157,13 @@ class ServiceProcess:
             )
 
     def wait_ready(self, timeout_s: float) -> None:
-        """Block until ready; ServiceError when it dies or `timeout_s` passes."""
+        """Block until ready; ServiceError when it dies or `timeout_s` passes. A service that
+        `finishes` and has already ended with status 0 (a short trainer) was ready: it is done."""
         deadline = time.monotonic() + timeout_s
         settle = time.monotonic() + 2.0
         while time.monotonic() < deadline:
+            if self.finished():
+                return
             self.check_alive()
             if self.spec.ready_url is None:
                 if time.monotonic() >= settle:
@@ -308,8 +315,7 @@ class Supervisor:
 
     def finished(self, name: str) -> bool:
         """The service exited 0 and `finishes` says that is its end."""
-        service = self.services[name]
-        return service.spec.finishes and service.proc is not None and service.proc.poll() == 0
+        return self.services[name].finished()
 
     def poll(self) -> list[str]:
         """Check every service once; returns the names restarted by this call."""

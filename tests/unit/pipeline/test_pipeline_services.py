@@ -146,3 +146,19 @@ def test_a_finished_service_is_not_restarted(tmp_path: Path) -> None:
     _wait_exit(service)
     assert supervisor.poll() == [] and supervisor.poll() == []
     assert supervisor.finished("trainer") and supervisor.restarts == {"trainer": 0}
+
+
+def test_a_service_that_finishes_before_it_is_waited_for_counts_as_ready(tmp_path: Path) -> None:
+    """The trainer starts with the inference server now; with a few steps it was done before the
+    run waited for it, and the run failed on "service trainer exited with status 0"."""
+    done = ServiceProcess(_shell("trainer", "exit 0", finishes=True), tmp_path).start()
+    _wait_exit(done)
+    done.wait_ready(60)
+    crashed = ServiceProcess(_shell("assembler", "exit 0"), tmp_path).start()  # not one that finishes
+    _wait_exit(crashed)
+    with pytest.raises(ServiceError, match="exited with status 0"):
+        crashed.wait_ready(60)
+    failed = ServiceProcess(_shell("trainer", "exit 3", finishes=True), tmp_path).start()
+    _wait_exit(failed)
+    with pytest.raises(ServiceError, match="exited with status 3"):
+        failed.wait_ready(60)
