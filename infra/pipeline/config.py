@@ -180,10 +180,10 @@ class ServicesConfig(_Schema):
     """How long a service may take to become ready."""
     restarts: RestartPolicy = Field(default_factory=RestartPolicy)
     """How a crashed service is restarted: backoff and a restart budget per service."""
-    preload: bool = False
+    preload: bool = True
     """Fork the services that import torch (inference server, trainer) from one process that has
-    imported torch and transformers once: they start sooner and share those pages. Off (the
-    default until the chaos soak passes with it on every time): each starts as a fresh process."""
+    imported torch and transformers once: they start sooner and share those pages. Off: each
+    starts as a fresh process."""
 
 
 MOVED_SERVICE_FIELDS = {
