@@ -35,6 +35,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+FORKED = " (forked from the run's preloader)"
+"""How a start line and a service log's first line say that the service was forked, not spawned."""
 
 
 def stacx_argv() -> list[str]:
@@ -105,10 +107,9 @@ class ServiceProcess:
         argv = [*(self.spec.program or stacx_argv()), *self.spec.args]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1"}
-        self.proc = self._forked(argv, env)
-        how = " (forked from the run's preloader)" if self.proc is not None else ""
-        if self.proc is None:
-            self.proc = self._spawned(argv, env)
+        forked = self._forked(argv, env)
+        self.proc = forked if forked is not None else self._spawned(argv, env)
+        how = FORKED if forked is not None else ""
         log.info("started %s (pid %d): %s%s", self.spec.name, self.proc.pid, " ".join(argv), how)
         return self
 
@@ -117,7 +118,7 @@ class ServiceProcess:
         if self.launcher is None or not self.launcher.takes(self.spec):
             return None
         with self.log_path.open("ab") as out:
-            out.write(f"$ {' '.join(argv)}  (forked from the run's preloader)\n".encode())
+            out.write(f"$ {' '.join(argv)} {FORKED}\n".encode())
         try:
             return self.launcher.spawn(self.spec.args, env, self.log_path)
         except ServiceError as exc:
