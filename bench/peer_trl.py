@@ -134,6 +134,8 @@ class BenchConfig:
     """The task module (problems, reward), which the TRL side and the scorer load by file."""
     trainer_ranks: int = 1
     """Our trainer's FSDP2 ranks (`trainer.backend.world_size`)."""
+    off_policy: str = "none"
+    """Our trainer's off-policy correction (`role_options.policy.off_policy`, docs/losses.md)."""
     eval_seed: int = 1234
 
 
@@ -155,6 +157,7 @@ def bench_config(spec: PipelineSpec, args: argparse.Namespace) -> BenchConfig:
         group_size=int(spec.assembler["grouping"]["group_size"]),
         prompts_per_step=int(spec.rollout["manager"]["train_groups_per_version"]),
         trainer_ranks=int((spec.trainer.get("backend") or {}).get("world_size", 1)),
+        off_policy=str(policy.get("off_policy", "none")),
         lr=float(optimizer.get("lr", 1e-5)),
         kl_beta=float(policy.get("kl_beta", 0.04)),
         clip_low=float(policy.get("clip_low", 0.2)),
@@ -1053,6 +1056,7 @@ def settings_side_by_side(cfg: BenchConfig, trl_python: Path, task_source: str) 
         "stacx": {
             **shared,
             "mode": "asynchronous services through Kafka, max_staleness 1",
+            "off_policy_correction": cfg.off_policy,
             "generation": "built-in inference server (1 thread, batch <= 64)",
             "trainer": f"FSDP2, {cfg.trainer_ranks} CPU rank(s), fp32",
             "tool": "python3 in a bubblewrap sandbox (process backend)",
@@ -1061,6 +1065,7 @@ def settings_side_by_side(cfg: BenchConfig, trl_python: Path, task_source: str) 
         "trl": {
             **shared,
             "mode": f"trl {TRL_VERSION} GRPOTrainer, synchronous, one process, on-policy",
+            "off_policy_correction": "none needed (on-policy: the ratio is 1)",
             "generation": f"transformers generate via rollout_func ({cfg.threads} torch threads)",
             "trainer": "accelerate on CPU, fp32",
             "tool": "python3 child process, a turn's calls run concurrently",

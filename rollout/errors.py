@@ -12,6 +12,7 @@ __all__ = [
     "ResourceDeadlockError",
     "RewardError",
     "RolloutError",
+    "ServicesNotReadyError",
 ]
 
 
@@ -28,6 +29,10 @@ class ConfigError(RolloutError, _SharedConfigError):
 
 class ResourceDeadlockError(ConfigError):
     """The global budget cannot satisfy some evaluator's maximal demand: it could never run."""
+
+
+class ServicesNotReadyError(RolloutError):
+    """The inference server or a sandbox gateway did not answer within `inference.wait_ready_s`."""
 
 
 class EpisodeError(RolloutError):

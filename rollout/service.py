@@ -11,14 +11,15 @@ import contextlib
 import dataclasses
 import logging
 import signal
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rollout.adapters import InferenceAdapter, KafkaTrajectoryPublisher, WeightsFollower
 from rollout.blackbox.adapter import is_external
 from rollout.config import RolloutConfig
 from rollout.data import JsonlTaskSource, KafkaTaskSource, ListTaskSource, build_task_set, task_samples
-from rollout.errors import ConfigError
+from rollout.errors import ConfigError, ServicesNotReadyError
 from rollout.fakes import MemoryPublisher, StaticVersion
 from rollout.gateways import GatewayEnvironments
 from rollout.manager import RolloutManager, RolloutSummary
@@ -77,6 +78,28 @@ def build_inference(config: RolloutConfig) -> tuple[InferenceClient, Any]:
     return InferenceAdapter(client), client
 
 
+Probe = Callable[[], Awaitable[bool]]
+
+
+async def wait_until_up(probes: Mapping[str, Probe], timeout_s: float, *, poll_s: float = 0.1) -> float:
+    """Poll every probe (name: whether that service answers now) until all have answered; the
+    seconds waited. ServicesNotReadyError naming those still silent after `timeout_s`."""
+    started = time.monotonic()
+    waiting = dict(probes)
+    while True:
+        answered = await asyncio.gather(*(probe() for probe in waiting.values()))
+        waiting = {name: probe for (name, probe), up in zip(waiting.items(), answered, strict=True) if not up}
+        waited = time.monotonic() - started
+        if not waiting:
+            return waited
+        if waited >= timeout_s:
+            raise ServicesNotReadyError(
+                f"{', '.join(waiting)} did not answer within {timeout_s:g} s; start "
+                f"{'it' if len(waiting) == 1 else 'them'} or raise inference.wait_ready_s"
+            )
+        await asyncio.sleep(min(poll_s, timeout_s - waited))
+
+
 def build_environments(config: RolloutConfig, closers: list[Any]) -> GatewayEnvironments:
     """One gateway client per `sandbox.urls` entry behind one `GatewayEnvironments`."""
     from sandbox.client import SandboxClient
@@ -132,12 +155,17 @@ async def open_manager(
 ) -> AsyncIterator[RolloutManager]:
     """A manager wired to real services (any seam may be passed in instead); closes them all."""
     closers: list[Any] = []
+    probes: dict[str, Probe] = {}
     try:
         if inference is None:
-            inference, raw = build_inference(config)
-            closers.append(raw)
+            inference, server = build_inference(config)
+            closers.append(server)
+            probes[f"the inference server at {config.inference.url}"] = server.health
         if sandbox is None and config.sandbox is not None:
-            sandbox = build_environments(config, closers)
+            environments = build_environments(config, closers)
+            for gateway in environments.gateways:
+                probes[f"the sandbox gateway at {gateway.url}"] = gateway.client.answers
+            sandbox = environments
         if publisher is None:
             publisher = (
                 KafkaTrajectoryPublisher(
@@ -158,6 +186,9 @@ async def open_manager(
         if config.teacher is not None:
             inference, publisher = _with_teacher(config.teacher, inference, publisher, versions,
                                                  closers)
+        if probes and config.inference.wait_ready_s > 0:  # started with them: the rest is set up by now
+            waited_s = await wait_until_up(probes, config.inference.wait_ready_s)
+            log.info("%s answered (waited %.1f s)", " and ".join(probes), waited_s)
         capture = build_capture(config)
         if capture is not None:
             closers.append(capture)

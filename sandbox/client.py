@@ -159,6 +159,14 @@ class SandboxClient:
         response = await self._request("GET", "/healthz", retry=True, accept=_DEGRADED)
         return Health.model_validate(response.json())
 
+    async def answers(self) -> bool:
+        """Whether the gateway answers `/healthz` now (degraded included), without retrying."""
+        try:
+            await self._request("GET", "/healthz", accept=_DEGRADED)
+        except SandboxError:
+            return False
+        return True
+
     async def metrics(self) -> str:
         return (await self._request("GET", "/metrics", retry=True)).text
 

@@ -56,6 +56,7 @@ def _load(path: str, args: argparse.Namespace) -> Any:
 
 
 def _rollout(args: argparse.Namespace) -> int:
+    from rollout.errors import ServicesNotReadyError
     from rollout.service import run_rollout
 
     config = _load(args.config, args)
@@ -73,7 +74,11 @@ def _rollout(args: argparse.Namespace) -> int:
             return 1
     tasks = _harbor_tasks(config.data.task_dirs) if config.data.task_dirs else None
     freeze_startup_heap("rollout")
-    summary = asyncio.run(run_rollout(config, tasks=tasks))
+    try:
+        summary = asyncio.run(run_rollout(config, tasks=tasks))
+    except ServicesNotReadyError as exc:  # inference.wait_ready_s ran out
+        print(f"stacx rollout: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps(_report(summary)))
     if summary.stopped_by is not None:
         print(f"stacx rollout: stopped by {summary.stopped_by.name}", file=sys.stderr, flush=True)

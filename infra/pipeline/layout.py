@@ -242,7 +242,11 @@ def rollout_section(
         spec.rollout,
         {
             "data": {**task_data(spec, layout), **_group_size(spec, "samples_per_task")},
-            "inference": {"url": inference_url, "tokenizer": str(model_dir.resolve())},
+            "inference": {
+                "url": inference_url,
+                "tokenizer": str(model_dir.resolve()),
+                "wait_ready_s": spec.pipeline.services.startup_timeout_s,  # started with the server
+            },
             "sandbox": sandbox,
             "kafka": {
                 "bootstrap_servers": spec.bootstrap_servers,

@@ -51,7 +51,7 @@ from infra.pipeline.layout import (
 )
 from infra.pipeline.monitor import EvalPoint, RunMetrics, TopicMonitor, assembler_keeps
 from infra.pipeline.placement import visible_devices
-from infra.pipeline.preload import Preloader
+from infra.pipeline.preload import Preloader, model_modules
 from infra.pipeline.report import plot_curve, write_report
 from infra.pipeline.resolve import base_model_dir, plan, transcript_adapter
 from infra.pipeline.services import ServiceProcess, ServiceSpec, Supervisor
@@ -334,7 +334,7 @@ class Pipeline:
 
     def _start_serving(self, sft_dir: Path) -> None:
         self.metrics.stage = "starting the sandbox gateway and the inference server(s)"
-        self._start_preloader()
+        self._start_preloader(sft_dir)
         cfg_dir = self.layout.config_dir
         gateway = gateway_section(self.spec, self.layout)
         gateway_file = self._write_yaml(cfg_dir / "gateway.yaml", {"gateway": gateway})
@@ -347,6 +347,9 @@ class Pipeline:
             wait=False,
         )
         names = ["gateway"]
+        assembler, trainer, rollout = self._learner_specs(sft_dir)
+        for spec in (assembler, rollout):  # fresh processes: they start while the preloader imports
+            self._start(spec, wait=False)
         for server in inference_services(self.spec, self.layout, model_dir=sft_dir):
             path = self._write_yaml(cfg_dir / f"{server.name}.yaml", {"inference": server.section})
             self._start(
@@ -359,7 +362,7 @@ class Pipeline:
                 wait=False,
             )
             names.append(server.name)
-        self._start_learners(sft_dir)  # after the server: it is what the first rollouts wait for
+        self._start(trainer, wait=False)  # forked after the server: the first rollouts wait for it
         for name in names:
             self.services[name].wait_ready(self.cfg.services.startup_timeout_s)
         router = router_section(self.spec, self.layout, model_dir=sft_dir)
@@ -379,7 +382,7 @@ class Pipeline:
             model_name=self.layout.model_name,
         ).start()
         try:
-            self._start_training_services()
+            self._wait_training_services()
             self.metrics.stage = f"GRPO through Kafka (target: {self.cfg.steps} policy versions)"
             self._follow(refresh)
         finally:
@@ -387,27 +390,26 @@ class Pipeline:
             if monitor.error:
                 log.warning("%s", monitor.error)
 
-    def _start_learners(self, sft_dir: Path) -> None:
-        """The assembler and the trainer, started right after the inference server and not waited
-        for here: they meet the rest only through the run's topics, whose consumers start from the
-        earliest offset, so their start-up overlaps the server's instead of following it. The
-        rollout service's config is written here too (one plan for the three)."""
+    def _learner_specs(self, sft_dir: Path) -> tuple[ServiceSpec, ServiceSpec, ServiceSpec]:
+        """The assembler, the trainer and the rollout service, their configs written. They start
+        with the gateway and the inference server, not waited for there: the assembler and the
+        trainer meet the rest only through the run's topics, whose consumers start from the
+        earliest offset, and the rollout service waits for the server's health itself
+        (`inference.wait_ready_s`), so their start-up overlaps the server's instead of following it."""
         cfg_dir = self.layout.config_dir
         services = plan(self.spec, self.layout, model_dir=sft_dir)
-        self._write_yaml(cfg_dir / "rollout.yaml", services.rollout)
+        rollout_file = self._write_yaml(cfg_dir / "rollout.yaml", services.rollout)
         assembler_file = self._write_yaml(cfg_dir / "assembler.yaml", services.assembler)
         trainer_file = self._write_yaml(cfg_dir / "trainer.yaml", services.trainer)
         env = visible_devices(placement(self.spec)[0].trainer)
-        assembler = ServiceSpec(name="assembler", args=["assemble", "--config", str(assembler_file)])
-        trainer = ServiceSpec(name="trainer", args=["train", str(trainer_file)], finishes=True, env=env)
-        self._start(assembler, wait=False)
-        self._start(trainer, wait=False)
+        return (
+            ServiceSpec(name="assembler", args=["assemble", "--config", str(assembler_file)]),
+            ServiceSpec(name="trainer", args=["train", str(trainer_file)], finishes=True, env=env),
+            ServiceSpec(name="rollout", args=["rollout", str(rollout_file), "--no-progress"]),
+        )
 
-    def _start_training_services(self) -> None:
-        """The rollout service (it needs the inference server up), then all three are waited for."""
-        rollout_file = self.layout.config_dir / "rollout.yaml"  # written by `_start_learners`
-        rollout = ServiceSpec(name="rollout", args=["rollout", str(rollout_file), "--no-progress"])
-        self._start(rollout, wait=False)
+    def _wait_training_services(self) -> None:
+        """The assembler, the trainer and the rollout service (started by `_start_serving`)."""
         for name in LEARNERS:
             self.services[name].wait_ready(self.cfg.services.startup_timeout_s)
 
@@ -628,12 +630,13 @@ class Pipeline:
         # the run id in every process's environment finds the run's processes
         return {TOKEN_ENV: self._token, "STACX_RUN_ID": self.layout.run_id}
 
-    def _start_preloader(self) -> None:
-        """The process the torch-importing services are forked from (`pipeline.services.preload`);
-        its imports run while the gateway starts."""
+    def _start_preloader(self, model_dir: Path) -> None:
+        """The process the torch-importing services are forked from (`pipeline.services.preload`),
+        with the modeling code of the run's model; its imports run while the gateway starts."""
         if not self.cfg.services.preload or self.preloader is not None:
             return
-        self.preloader = Preloader({**os.environ, **self._run_env()}, self.layout.logs_dir / "preload.log")
+        self.preloader = Preloader({**os.environ, **self._run_env()}, self.layout.logs_dir / "preload.log",
+                                   optional=model_modules(model_dir))
         self.preloader.start()
 
     def process_roots(self) -> dict[str, int]:

@@ -22,6 +22,7 @@ import gc
 import importlib
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -38,7 +39,8 @@ from infra.services.processes import pid_alive, tail
 if TYPE_CHECKING:
     from infra.pipeline.services import ServiceSpec
 
-__all__ = ["FORKED_COMMANDS", "PRELOAD_MODULES", "ForkedProcess", "PreloadError", "Preloader", "forkable"]
+__all__ = ["FORKED_COMMANDS", "PRELOAD_MODULES", "ForkedProcess", "PreloadError", "Preloader", "forkable",
+           "model_modules"]
 
 PRELOAD_MODULES = ("torch", "transformers", "infra.cli", "rollout.inference.server", "trainer")
 """Imported once by the preloader; `trainer` imports the FSDP2 engine's modules."""
@@ -52,6 +54,9 @@ IMPORT_TIME_PREFIXES = ("OMP_", "KMP_", "GOMP_", "MKL_", "ONEDNN_", "DNNL_", "AT
 _KEPT = frozenset({"PYTHONUNBUFFERED"})
 
 
+OPTIONAL = "--optional"
+"""On the preloader's command line, before the modules it imports if they exist (a model's)."""
+_MODEL_TYPE = re.compile(r"[a-z0-9_]+")
 _MAIN = "import sys; from infra.pipeline.preload import main; main(sys.argv[1:])"
 """The preloader's command (not `-m`: the package's __init__ has imported this module already)."""
 
@@ -103,10 +108,12 @@ class Preloader:
     """One run's preloader process: `start()`, `spawn()` services, `close()`."""
 
     def __init__(self, env: dict[str, str], log_path: Path, *, modules: Iterable[str] = PRELOAD_MODULES,
-                 entry: str = ENTRY, timeout_s: float = 120.0) -> None:
+                 optional: Iterable[str] = (), entry: str = ENTRY, timeout_s: float = 120.0) -> None:
         self.env = env
         self.log_path = log_path
         self.modules = tuple(modules)
+        self.optional = tuple(optional)
+        """Imported too where they exist (`model_modules`); a missing one is skipped."""
         self.entry = entry
         self.timeout_s = timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
@@ -128,7 +135,7 @@ class Preloader:
         """Start the preloader; its imports go on while the run starts other things (the first
         `spawn` waits for them)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-c", _MAIN, self.entry, *self.modules]
+        argv = [sys.executable, "-c", _MAIN, self.entry, *self.modules, OPTIONAL, *self.optional]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                          env={**self.env, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
@@ -261,11 +268,31 @@ def _resolve(entry: str) -> Callable[[list[str]], Any]:
     return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
 
 
-def serve(entry: str, modules: list[str]) -> None:
-    """The preloader's loop: import `modules` and `entry` ("module:function"), then fork one
-    service per request, running `entry(args)`, until stdin ends."""
+def model_modules(model_dir: Path) -> tuple[str, ...]:
+    """The transformers modules that loading the model in `model_dir` imports lazily: the Auto
+    classes and its architecture's modeling file (seconds of imports in every service that loads
+    it). Nothing when its config.json names no model type."""
+    try:
+        model_type = json.loads((model_dir / "config.json").read_text())["model_type"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ()
+    name = str(model_type).replace("-", "_")
+    if not _MODEL_TYPE.fullmatch(name):
+        return ()
+    return ("transformers.models.auto.modeling_auto", f"transformers.models.{name}.modeling_{name}")
+
+
+def serve(entry: str, modules: list[str], optional: Iterable[str] = ()) -> None:
+    """The preloader's loop: import `modules`, those of `optional` that exist and `entry`
+    ("module:function"), then fork one service per request, running `entry(args)`, until stdin
+    ends."""
     for name in modules:
         importlib.import_module(name)
+    for name in optional:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:  # a model type transformers names otherwise: its services import it
+            print(f"stacx preload: {name} not preloaded ({exc})", file=sys.stderr, flush=True)
     run = _resolve(entry)
     # a Python thread could hold a lock (logging's, the import lock) at the fork, and the child would
     # wait for it forever; native pools (OpenBLAS's) stop and restart around a fork on their own
@@ -298,6 +325,11 @@ def serve(entry: str, modules: list[str]) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """`ENTRY MODULE...`: the preloader process (see `Preloader`)."""
+    """`ENTRY MODULE... [--optional MODULE...]`: the preloader process (see `Preloader`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run stops it by closing its stdin
-    serve(argv[0], argv[1:])
+    modules = argv[1:]
+    optional: list[str] = []
+    if OPTIONAL in modules:
+        at = modules.index(OPTIONAL)
+        modules, optional = modules[:at], modules[at + 1:]
+    serve(argv[0], modules, optional)

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from infra.pipeline.errors import ServiceError
-from infra.pipeline.preload import ForkedProcess, Preloader, PreloadError, forkable
+from infra.pipeline.preload import ForkedProcess, Preloader, PreloadError, forkable, model_modules
 from infra.pipeline.services import ServiceProcess, ServiceSpec
+from rollout.models import make_tiny_model
 
 PROBE = '''
 import json, os, signal, sys, time
@@ -25,7 +26,8 @@ def main(args):
     with open(os.environ["PROBE_OUT"], "w") as out:
         json.dump({"args": args, "argv": sys.argv, "pid": os.getpid(), "ppid": os.getppid(),
                    "pgid": os.getpgid(0), "sid": os.getsid(0), "cwd": os.getcwd(),
-                   "service_env": os.environ.get("SERVICE_ONLY"), "loaded": "json" in sys.modules}, out)
+                   "service_env": os.environ.get("SERVICE_ONLY"), "loaded": "json" in sys.modules,
+                   "optional_loaded": "csv" in sys.modules}, out)
     print("probe printed this", flush=True)
     if args[1] == "exit":
         raise SystemExit(int(args[2]))
@@ -148,3 +150,38 @@ def test_a_pid_that_comes_again_is_not_taken_for_the_earlier_service(preloader: 
     assert loader.exit_status(4242) == -9
     loader._on_message({"kind": "started", "pid": 4242})
     assert ForkedProcess(4242, loader).poll() is None  # the new service runs (the preloader is not gone)
+
+
+def test_optional_modules_are_preloaded_where_they_exist_and_skipped_with_a_line(tmp_path: Path) -> None:
+    (tmp_path / "probe_entry.py").write_text(PROBE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    loader = Preloader(env, tmp_path / "preload.log", modules=("json",),
+                       optional=("no_such_model_module_for_stacx", "csv"), entry="probe_entry:main").start()
+    try:
+        spec = _service("trainer", tmp_path, "exit", "0")
+        service = ServiceProcess(spec, tmp_path, launcher=loader).start()
+        seen = _wait_for(tmp_path / "trainer.json")
+        assert seen["ppid"] == loader.pid and seen["optional_loaded"]  # forked after importing csv
+        assert service.proc is not None and service.proc.wait(timeout=60) == 0
+    finally:
+        loader.close()
+    log = (tmp_path / "preload.log").read_text()
+    assert "stacx preload: no_such_model_module_for_stacx not preloaded" in log
+
+
+def test_model_modules_are_what_transformers_imports_to_load_the_model(tmp_path: Path) -> None:
+    """Checked against transformers itself: a fresh process that loads the run's kind of model
+    has imported exactly these modules, so the preloader spares its services those imports."""
+    model = make_tiny_model(tmp_path / "model")
+    modules = model_modules(model)
+    assert modules and modules[0] == "transformers.models.auto.modeling_auto"
+    probe = ("import sys, json; from transformers import AutoModelForCausalLM; "
+             f"AutoModelForCausalLM.from_pretrained({str(model)!r}); "
+             f"print(json.dumps([m in sys.modules for m in {list(modules)!r}]))")
+    argv = [sys.executable, "-c", probe]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [True] * len(modules)
+    (tmp_path / "bad").mkdir()
+    assert model_modules(tmp_path / "bad") == ()  # no config.json
+    (tmp_path / "bad" / "config.json").write_text(json.dumps({"model_type": "../evil"}))
+    assert model_modules(tmp_path / "bad") == ()

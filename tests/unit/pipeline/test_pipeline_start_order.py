@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from infra.pipeline import orchestrator
 from infra.pipeline.config import load_spec
@@ -38,10 +39,11 @@ def test_the_learners_start_with_the_server_and_all_are_waited_for_together(
 ) -> None:
     """Each wait costs at least the settle time of a service without a health URL (2 s): waited
     for one by one, the rollout service started 4 s after the inference server was up. The
-    assembler and the trainer need nothing but the run's topics, so they start with the server:
-    their start-up overlaps its own instead of following it (the first policy version came 3 s
-    sooner). The server starts first: the first rollouts wait for it, and a forked trainer would
-    otherwise take the preloader's first turn. Only the rollout service waits for the server."""
+    assembler and the trainer need nothing but the run's topics, and the rollout service waits
+    for the server's health itself, so all three start with the server: their start-up overlaps
+    its own instead of following it. The two that are fresh processes start first, while the
+    preloader still imports; of the forked two the server goes first: the first rollouts wait
+    for it, and the trainer would otherwise take the preloader's first turn."""
     spec = load_spec(REPO / "examples" / "quickstart.yaml")
     spec.pipeline.runs_dir = str(tmp_path / "runs")
     spec.pipeline.services.preload = False
@@ -51,12 +53,14 @@ def test_the_learners_start_with_the_server_and_all_are_waited_for_together(
     monkeypatch.setattr(orchestrator, "ServiceProcess", _Recorded)
     model = make_tiny_model(tmp_path / "model")
     pipeline._start_serving(model)
-    started = [("start", n) for n in ("gateway", "inference", "assembler", "trainer")]
+    started = [("start", n) for n in ("gateway", "assembler", "rollout", "inference", "trainer")]
     assert events == [*started, ("ready", "gateway"), ("ready", "inference")]
+    rollout = yaml.safe_load((pipeline.layout.config_dir / "rollout.yaml").read_text())
+    assert rollout["inference"]["wait_ready_s"] == spec.pipeline.services.startup_timeout_s
     events.clear()
-    pipeline._start_training_services()
+    pipeline._wait_training_services()
     names = ["assembler", "trainer", "rollout"]
-    assert events == [("start", "rollout")] + [("ready", n) for n in names]
+    assert events == [("ready", n) for n in names]
     assert pipeline.services["trainer"].spec.finishes
     assert set(pipeline.supervisor.services) == {"gateway", "inference", *names}
 
