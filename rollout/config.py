@@ -66,9 +66,10 @@ class InferenceConfig:
     tokenizer: str | None = None
     """HF tokenizer directory (usually the model directory)."""
     wait_ready_s: float = 0.0
-    """At start, wait up to this long until the server's `/health` and every sandbox gateway's
-    `/healthz` answer, before the first episode (`stacx run` starts the rollout service together
-    with them and sets it); 0: do not wait (requests still retry while one is unreachable)."""
+    """At start, wait up to this long until the server's `/health` and a sandbox gateway's
+    `/healthz` (any of `sandbox.urls`) answer, before the first episode (`stacx run` starts the
+    rollout service together with them and sets it); 0: do not wait (requests still retry while
+    one is unreachable)."""
 
     def __post_init__(self) -> None:
         if self.wait_ready_s < 0:

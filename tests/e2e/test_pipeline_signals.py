@@ -61,6 +61,12 @@ def _group_alive(pid: int) -> bool:
     return True
 
 
+def _rolling_out(log: Path) -> bool:
+    """The rollout service has found its server and gateway up and starts episodes (it is started
+    with them and waits for them itself)."""
+    return log.exists() and "answered (waited" in log.read_text(errors="replace")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_sigterm_to_stacx_run_leaves_no_process_and_no_container(
@@ -71,7 +77,7 @@ def test_sigterm_to_stacx_run_leaves_no_process_and_no_container(
     proc = subprocess.Popen([STACX, "run", str(config), "--no-live"], stdout=out, stderr=subprocess.STDOUT)
     logs = tmp_path / name / "logs"
     deadline = time.monotonic() + 420
-    while not ((logs / "rollout.log").exists() and _run_containers(docker_client, name)):
+    while not (_rolling_out(logs / "rollout.log") and _run_containers(docker_client, name)):
         assert proc.poll() is None, (tmp_path / "run.out").read_text()[-3000:]
         assert time.monotonic() < deadline, "the run never reached GRPO with sandboxes running"
         time.sleep(1.0)

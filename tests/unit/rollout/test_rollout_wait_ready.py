@@ -10,7 +10,7 @@ import pytest
 
 from rollout.errors import ServicesNotReadyError
 from rollout.inference import InferenceClient
-from rollout.service import wait_until_up
+from rollout.service import any_answers, wait_until_up
 from sandbox.client import SandboxClient
 
 
@@ -70,3 +70,21 @@ def test_gives_up_after_the_timeout_naming_what_stayed_silent() -> None:
     with pytest.raises(ServicesNotReadyError, match=r"^the inference server did not answer within 0.05 s; "
                                                     r"start it or raise inference.wait_ready_s$"):
         asyncio.run(wait())
+
+
+def test_a_rollout_worker_with_several_gateways_waits_for_one_not_all() -> None:
+    """Another host's gateway may be down for good (a lost host): a worker that waited for every
+    gateway would never start."""
+    up_seen: list[str] = []
+    up = SandboxClient(SandboxClient.Config(base_url="http://up", transport=_scripted([None, 200], up_seen)))
+    lost = SandboxClient(SandboxClient.Config(base_url="http://lost", transport=_scripted([None], [])))
+
+    async def wait() -> float:
+        try:
+            return await wait_until_up({"gateways": any_answers([up, lost])}, 5.0, poll_s=0.001)
+        finally:
+            await up.aclose()
+            await lost.aclose()
+
+    assert asyncio.run(wait()) >= 0.0
+    assert up_seen == ["/healthz"] * 2
