@@ -281,6 +281,11 @@ class GatewayEnvironments:
         """The first gateway's client (single-gateway callers)."""
         return self.gateways[0].client
 
+    async def any_answers(self) -> bool:
+        """Whether any gateway answers `/healthz` now (start-up: none is marked down; another
+        host's may be down for good, so one is enough)."""
+        return any(await asyncio.gather(*(g.client.answers() for g in self.gateways)))
+
     def load(self) -> dict[str, dict[str, Any]]:
         """Per-gateway load: sessions open, opened, failures, up, backend, problem."""
         return {g.url: g.load() for g in self.gateways}

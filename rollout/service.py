@@ -39,7 +39,7 @@ from schemas.records import TaskSample
 if TYPE_CHECKING:
     from rollout.blackbox.capture import CallCapture
 
-__all__ = ["any_answers", "build_source", "open_manager", "run_rollout", "wait_until_up"]
+__all__ = ["build_source", "open_manager", "run_rollout", "wait_until_up"]
 
 log = logging.getLogger(__name__)
 
@@ -98,16 +98,6 @@ async def wait_until_up(probes: Mapping[str, Probe], timeout_s: float, *, poll_s
                 f"{'it' if len(waiting) == 1 else 'them'} or raise inference.wait_ready_s"
             )
         await asyncio.sleep(min(poll_s, timeout_s - waited))
-
-
-def any_answers(clients: Sequence[Any]) -> Probe:
-    """One probe for several gateways: episodes can start once any of them answers (the others,
-    another host's, may be down for good)."""
-
-    async def probe() -> bool:
-        return any(await asyncio.gather(*(client.answers() for client in clients)))
-
-    return probe
 
 
 def build_environments(config: RolloutConfig, closers: list[Any]) -> GatewayEnvironments:
@@ -174,7 +164,7 @@ async def open_manager(
         if sandbox is None and config.sandbox is not None:
             environments = build_environments(config, closers)
             urls = ", ".join(g.url for g in environments.gateways)
-            probes[f"a sandbox gateway of {urls}"] = any_answers([g.client for g in environments.gateways])
+            probes[f"a sandbox gateway of {urls}"] = environments.any_answers
             sandbox = environments
         if publisher is None:
             publisher = (

@@ -9,8 +9,9 @@ import httpx
 import pytest
 
 from rollout.errors import ServicesNotReadyError
+from rollout.gateways import GatewayEnvironments
 from rollout.inference import InferenceClient
-from rollout.service import any_answers, wait_until_up
+from rollout.service import wait_until_up
 from sandbox.client import SandboxClient
 
 
@@ -81,7 +82,8 @@ def test_a_rollout_worker_with_several_gateways_waits_for_one_not_all() -> None:
 
     async def wait() -> float:
         try:
-            return await wait_until_up({"gateways": any_answers([up, lost])}, 5.0, poll_s=0.001)
+            probes = {"gateways": GatewayEnvironments([up, lost]).any_answers}
+            return await wait_until_up(probes, 5.0, poll_s=0.001)
         finally:
             await up.aclose()
             await lost.aclose()
