@@ -1,7 +1,7 @@
 """Benchmark: trajectories/s through the Faust assembler vs a plain confluent-kafka loop.
 
 Both read the same preloaded trajectories topic in the same run:
-  baseline   confluent-kafka consume -> decode (schemas.codec) -> produce the event unchanged
+  baseline   confluent-kafka consume -> decode (stacx.schemas.codec) -> produce the event unchanged
   assembler  the `stacx assemble` worker (in this process): group, filter, mix, pack, produce
 Rates count input trajectories from the first event consumed to the last output written.
 `ratio` = assembler rate / baseline rate (best of `--runs` rounds each). CPU seconds are this
@@ -48,16 +48,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from confluent_kafka import Consumer, Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-from consumers.assembly import (  # noqa: E402
+from stacx.consumers.assembly import (  # noqa: E402
     AssemblerApp,
     AssemblyStats,
     GroupAssembler,
     MixturePlanner,
 )
-from consumers.assembly.testing import make_trajectory  # noqa: E402
-from schemas import topics  # noqa: E402
-from schemas.codec import decode, encode  # noqa: E402
-from schemas.records import Trajectory  # noqa: E402
+from stacx.consumers.assembly.testing import make_trajectory  # noqa: E402
+from stacx.schemas import topics  # noqa: E402
+from stacx.schemas.codec import decode, encode  # noqa: E402
+from stacx.schemas.records import Trajectory  # noqa: E402
 
 
 def _create_topics(admin: AdminClient, names: dict[str, int]) -> None:
@@ -363,7 +363,7 @@ def run_workers(
                 log_file = open(Path(workdir) / f"worker-{i}.log", "wb")  # noqa: SIM115
                 procs.append(
                     subprocess.Popen(
-                        [sys.executable, "-m", "infra.cli", "assemble", "--config", str(path)],
+                        [sys.executable, "-m", "stacx.infra.cli", "assemble", "--config", str(path)],
                         cwd=Path(__file__).resolve().parents[1],
                         stdout=log_file,
                         stderr=subprocess.STDOUT,

@@ -43,10 +43,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from consumers import EventConsumer  # noqa: E402
-from producers import EventProducer  # noqa: E402
-from schemas import topics  # noqa: E402
-from schemas.records import Trajectory, logprobs, loss_mask, token_ids, trajectory_id  # noqa: E402
+from stacx.consumers import EventConsumer  # noqa: E402
+from stacx.producers import EventProducer  # noqa: E402
+from stacx.schemas import topics  # noqa: E402
+from stacx.schemas.records import Trajectory, logprobs, loss_mask, token_ids, trajectory_id  # noqa: E402
 
 TARGET = 2.5
 

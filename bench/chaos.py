@@ -71,9 +71,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from infra.pipeline import load_spec  # noqa: E402
-from infra.pipeline.layout import service_logs  # noqa: E402
-from infra.pipeline.orchestrator import Pipeline  # noqa: E402
+from stacx.infra.pipeline import load_spec  # noqa: E402
+from stacx.infra.pipeline.layout import service_logs  # noqa: E402
+from stacx.infra.pipeline.orchestrator import Pipeline  # noqa: E402
 
 log = logging.getLogger("stacx.chaos")
 
@@ -193,9 +193,9 @@ def private_broker(heap: str = "512m") -> Iterator[str]:
     STACX_HOME with its own data directory, log and pid file, free loopback ports. This process
     and the services it starts see it through the environment (STACX_HOME, STACX_KAFKA,
     STACX_KAFKA_PORT, STACX_KAFKA_CONTROLLER_PORT). Stopped by its pid and removed at the end."""
-    from infra.services import kafka
-    from infra.services.errors import InfraError
-    from infra.services.topics import ensure_topics
+    from stacx.infra.services import kafka
+    from stacx.infra.services.errors import InfraError
+    from stacx.infra.services.topics import ensure_topics
 
     jars = kafka.jar_dir()
     if not (jars / ".complete").exists():
@@ -228,9 +228,9 @@ def private_broker(heap: str = "512m") -> Iterator[str]:
 def restart_broker(down_s: float = 5.0) -> None:
     """Stop the soak's own broker (by its pid file), wait, start it again. Refuses any other
     broker: a restart breaks every client of that broker."""
-    from infra import paths
-    from infra.services import kafka
-    from infra.services.processes import stop_pid
+    from stacx.infra import paths
+    from stacx.infra.services import kafka
+    from stacx.infra.services.processes import stop_pid
 
     if not _PRIVATE_HOME or paths.stacx_home() != _PRIVATE_HOME[-1]:
         raise RuntimeError("chaos: the broker restart is only for the soak's own broker "
@@ -319,11 +319,11 @@ Slot = tuple[str, int]
 def audit(pipeline: Pipeline) -> dict[str, Any]:
     """Counts over the run's topics, the assembler's changelogs, the trainer's lineage and
     committed offset, and the inference server's loads."""
-    from consumers.assembly.claims import decode_trajectory
-    from consumers.assembly.envelope import decode_group
-    from schemas import topics
-    from schemas.codec import decode
-    from schemas.records import DeadLetter, TrainingBatch, WeightVersion
+    from stacx.consumers.assembly.claims import decode_trajectory
+    from stacx.consumers.assembly.envelope import decode_group
+    from stacx.schemas import topics
+    from stacx.schemas.codec import decode
+    from stacx.schemas.records import DeadLetter, TrainingBatch, WeightVersion
 
     bootstrap, run = pipeline.spec.bootstrap_servers, pipeline.layout
     app_id = f"stacx-assembler-{run.run_id}"
@@ -453,7 +453,7 @@ _DROPPED = re.compile(r"group (?P<group>\S+) of \S+ dropped: (?P<reason>[a-z ]+)
 
 def dropped_groups(log_path: Path) -> dict[str, str]:
     """{group id: why} of the groups the assembler dropped whole, from its own lines (one per
-    group, across every restart; `consumers.assembly.stats.DROPPED_LINE`)."""
+    group, across every restart; `stacx.consumers.assembly.stats.DROPPED_LINE`)."""
     try:
         lines = log_path.read_text(errors="replace").splitlines()
     except OSError:

@@ -2,7 +2,7 @@
 `stacx node up --cluster FILE --host NAME`, then the loss of a broker, a rollout host and a
 trainer host mid-run, and the audit of bench/chaos.py over the run's topics and checkpoints.
 
-Hosts (network namespaces of `infra.services.netlab`, each with its own address on a bridge the
+Hosts (network namespaces of `stacx.infra.services.netlab`, each with its own address on a bridge the
 bench creates; nothing reaches any other address): kafka-1..3 (one KRaft cluster; the topic
 policy gives replication 3 and min.insync.replicas 2), roll-1 and roll-2 (gateway, inference
 server, rollout worker each; the workers share the run's tasks topic as one consumer group),
@@ -49,10 +49,10 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from infra.pipeline import load_spec  # noqa: E402
-from infra.pipeline.layout import RunLayout  # noqa: E402
-from infra.services import kafka  # noqa: E402
-from infra.services.netlab import NetLab, lab_home, netlab_problem, stop_group  # noqa: E402
+from stacx.infra.pipeline import load_spec  # noqa: E402
+from stacx.infra.pipeline.layout import RunLayout  # noqa: E402
+from stacx.infra.services import kafka  # noqa: E402
+from stacx.infra.services.netlab import NetLab, lab_home, netlab_problem, stop_group  # noqa: E402
 
 log = logging.getLogger("stacx.cluster")
 
@@ -189,8 +189,8 @@ class Watch:
         return self
 
     def poll(self, seconds: float) -> None:
-        from schemas.codec import decode
-        from schemas.records import WeightVersion
+        from stacx.schemas.codec import decode
+        from stacx.schemas.records import WeightVersion
 
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
@@ -223,7 +223,7 @@ class Watch:
 
 
 def _tool_turns(payload: bytes) -> int:
-    from consumers.assembly.claims import decode_trajectory
+    from stacx.consumers.assembly.claims import decode_trajectory
 
     try:
         return sum(1 for turn in decode_trajectory(payload).turns if turn.role == "tool")
@@ -292,7 +292,7 @@ def main() -> int:
 
 
 def run(args: argparse.Namespace, lab: NetLab, root: Path) -> dict[str, Any]:
-    from infra.pipeline.orchestrator import Pipeline
+    from stacx.infra.pipeline.orchestrator import Pipeline
 
     chaos = _chaos_module()  # the soak's audit: lost, trained twice, version regressions
 

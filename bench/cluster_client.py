@@ -18,8 +18,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from infra.pipeline import load_spec  # noqa: E402
-from infra.pipeline.layout import RunLayout  # noqa: E402
+from stacx.infra.pipeline import load_spec  # noqa: E402
+from stacx.infra.pipeline.layout import RunLayout  # noqa: E402
 
 
 def wait(spec: Any, brokers: int, timeout_s: float) -> dict[str, Any]:
@@ -39,7 +39,7 @@ def wait(spec: Any, brokers: int, timeout_s: float) -> dict[str, Any]:
 
 
 def create(spec: Any) -> dict[str, Any]:
-    from infra.services.topics import ensure_topics
+    from stacx.infra.services.topics import ensure_topics
 
     layout = RunLayout.create(spec)
     specs = layout.topics.specs(spec.topics)
@@ -68,7 +68,7 @@ def produce(spec: Any, topic: str, first: int, count: int) -> dict[str, Any]:
     """`count` records keyed `first..`, with the product producers' librdkafka settings."""
     from confluent_kafka import Producer
 
-    from producers.event_producer import EventProducer
+    from stacx.producers.event_producer import EventProducer
 
     settings = EventProducer._librdkafka_config(
         EventProducer.Config(bootstrap_servers=spec.bootstrap_servers)

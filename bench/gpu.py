@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/gpu.py --json          (tests/gpu/run_on_device.sh runs it)
 
-In one run, on models made locally (`rollout.models.make_tiny_model`, nothing downloaded):
+In one run, on models made locally (`stacx.rollout.models.make_tiny_model`, nothing downloaded):
 * serving: the same prompts (`--prompts` requests of `--prompt-tokens` ids, `--new-tokens`
   each, all sent at once, greedy, `ignore_eos`) to SGLang through the rollout's path
   (`InferenceClient` behind `stacx route`'s router app) and through a bench_serving-style
@@ -51,7 +51,7 @@ def _parse_args() -> argparse.Namespace:
 
 
 def _missing() -> str | None:
-    from rollout.inference.sglang import unavailable_reason
+    from stacx.rollout.inference.sglang import unavailable_reason
 
     return unavailable_reason()
 
@@ -68,7 +68,7 @@ def _prompts(args: argparse.Namespace) -> list[list[int]]:
 
 async def _ours(url: str, prompts: list[list[int]], new_tokens: int) -> float:
     """Generated tokens/s through the rollout's client."""
-    from rollout.inference import InferenceClient, SamplingParams
+    from stacx.rollout.inference import InferenceClient, SamplingParams
 
     params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     async with InferenceClient(InferenceClient.Config(base_url=url)) as client:
@@ -93,7 +93,7 @@ async def _peer(url: str, prompts: list[list[int]], new_tokens: int) -> float:
 
 
 def _serving(model: Path, args: argparse.Namespace) -> dict[str, Any]:
-    from rollout.inference.sglang import SGLangServer
+    from stacx.rollout.inference.sglang import SGLangServer
 
     prompts = _prompts(args)
     server = SGLangServer(SGLangServer.Config(model_path=str(model), port=_port(), dtype="bfloat16",
@@ -121,8 +121,8 @@ def _through_router(upstream: str, prompts: list[list[int]], new_tokens: int) ->
 
     import uvicorn
 
-    from rollout.inference.router import RouterConfig
-    from rollout.inference.router_app import build_router_app
+    from stacx.rollout.inference.router import RouterConfig
+    from stacx.rollout.inference.router_app import build_router_app
 
     port = _port()
     app = build_router_app(RouterConfig(port=port, upstreams=[upstream]))
@@ -139,7 +139,7 @@ def _through_router(upstream: str, prompts: list[list[int]], new_tokens: int) ->
 
 
 def _builtin(model: Path, prompts: list[list[int]], new_tokens: int) -> float:
-    from rollout.inference import InferenceServer
+    from stacx.rollout.inference import InferenceServer
 
     server = InferenceServer(InferenceServer.Config(model_path=str(model), port=0, device="cuda",
                                                     dtype="bfloat16"))
@@ -153,10 +153,10 @@ def _builtin(model: Path, prompts: list[list[int]], new_tokens: int) -> float:
 
 def _weight_sync(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     """`update_weights_from_disk` of a checkpoint of about `--sync-gb` GB (bf16), confirmed."""
-    from consumers.weights import WeightSubscriber
-    from rollout.inference.sglang import SGLangServer
-    from rollout.models import make_tiny_model
-    from schemas.records import WeightVersion
+    from stacx.consumers.weights import WeightSubscriber
+    from stacx.rollout.inference.sglang import SGLangServer
+    from stacx.rollout.models import make_tiny_model
+    from stacx.schemas.records import WeightVersion
 
     layers = 8
     hidden = 2048
@@ -207,9 +207,9 @@ class _NoEvents:
 
 def _trainer(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     """GRPO steps of FSDP2 on one GPU (NCCL, bf16, activation checkpointing): tokens/s, MFU."""
-    from trainer import BackendConfig
-    from trainer.distributed import spawn
-    from trainer.testing import run_jobs, synthetic_batches, tiny_trainer_config
+    from stacx.trainer import BackendConfig
+    from stacx.trainer.distributed import spawn
+    from stacx.trainer.testing import run_jobs, synthetic_batches, tiny_trainer_config
 
     batches = synthetic_batches(args.trainer_steps + 1, num_groups=8, group_size=8, prompt_length=128,
                                 response_length=384, ragged=False)
@@ -232,7 +232,7 @@ def _trainer(root: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _num_params(config: Any) -> int:
-    from trainer.models import build_model
+    from stacx.trainer.models import build_model
 
     model = build_model(config.models["policy"])
     return sum(p.numel() for p in model.parameters())
@@ -244,7 +244,7 @@ def main() -> int:
     if missing is not None:
         print(f"bench/gpu.py: cannot run here: {missing}", file=sys.stderr)
         return 2
-    from rollout.models import make_tiny_model
+    from stacx.rollout.models import make_tiny_model
 
     figures: dict[str, Any] = {"bench": "gpu", "date": time.strftime("%Y-%m-%d")}
     with tempfile.TemporaryDirectory() as tmp:

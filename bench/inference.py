@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/inference.py --json
 
-In one run, on one tiny model made locally (`rollout.models.make_tiny_model`):
+In one run, on one tiny model made locally (`stacx.rollout.models.make_tiny_model`):
 * generated tokens/s at batch 1, 8 and 32: concurrent `/generate` requests through
   `InferenceClient` vs one batched `model.generate` call (greedy, fixed length);
   `throughput_ratio` = server / direct at batch 32 (target >= 0.8);
@@ -72,7 +72,7 @@ def _direct_once(model: Any, batch: int, args: argparse.Namespace) -> float:
 
 
 async def _server_once(client: Any, batch: int, args: argparse.Namespace) -> float:
-    from rollout.inference import SamplingParams
+    from stacx.rollout.inference import SamplingParams
 
     params = SamplingParams(max_new_tokens=args.new_tokens, temperature=0.0, ignore_eos=True)
     start = time.perf_counter()
@@ -123,7 +123,7 @@ def _swap_latencies(
 
 async def _grpo_once(client: Any, args: argparse.Namespace) -> float:
     """Seconds to serve every sample of every prompt, all requests sent at once."""
-    from rollout.inference import SamplingParams
+    from stacx.rollout.inference import SamplingParams
 
     params = SamplingParams(max_new_tokens=args.grpo_new_tokens, temperature=1.0, ignore_eos=True)
     prompts = _prompts(args.grpo_prompts, args.grpo_prompt_tokens)
@@ -137,7 +137,7 @@ async def _grpo_once(client: Any, args: argparse.Namespace) -> float:
 
 def _grpo(model_dir: Path, args: argparse.Namespace) -> dict[str, float]:
     """The GRPO case on a server with the prefix cache and on one without."""
-    from rollout.inference import BatchingEngine, InferenceClient, InferenceServer
+    from stacx.rollout.inference import BatchingEngine, InferenceClient, InferenceServer
 
     seconds: dict[str, float] = {}
     hit_rate = 0.0
@@ -166,8 +166,8 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from rollout.inference import BatchingEngine, InferenceClient, InferenceServer, load_model
-    from rollout.models import make_tiny_model
+    from stacx.rollout.inference import BatchingEngine, InferenceClient, InferenceServer, load_model
+    from stacx.rollout.models import make_tiny_model
 
     shape = {
         "hidden_size": args.hidden_size,

@@ -6,7 +6,7 @@ Tasks: every single-container recipe of the Harbor cookbook ($STACX_HARBOR_COOKB
 ../shared/harbor-cookbook) and the project's own tasks (examples/tasks), on the local Docker
 engine:
 
-- STACX: the oracle as `stacx tasks check` runs it (`sandbox.checks.check_path`: a session on
+- STACX: the oracle as `stacx tasks check` runs it (`stacx.sandbox.checks.check_path`: a session on
   the same engine, the solution of every step, the verifier after each step);
 - Harbor: `harbor trials start -a oracle` from PyPI `harbor` in its own virtual environment (the
   Terminus-2 scaffold's), i.e. Harbor's own trial runner, oracle agent and verifier. Its Docker
@@ -38,8 +38,8 @@ import time  # noqa: E402
 import uuid  # noqa: E402
 from dataclasses import asdict, dataclass  # noqa: E402
 
-from rollout.blackbox.adapter import DRIVERS, build_external  # noqa: E402
-from rollout.blackbox.venvs import ensure_python  # noqa: E402
+from stacx.rollout.blackbox.adapter import DRIVERS, build_external  # noqa: E402
+from stacx.rollout.blackbox.venvs import ensure_python  # noqa: E402
 
 REPO = _HERE.parent
 TOKEN = "parity-bench"
@@ -74,10 +74,10 @@ def task_dirs() -> list[tuple[str, Path]]:
 async def stacx_check(task_dir: Path) -> tuple[float, float | None]:
     """What `stacx tasks check` reports: the oracle's reward (every step of a multi-step task)
     and the no-op agent's."""
-    from sandbox.backends import DockerBackend
-    from sandbox.checks import check_path
-    from sandbox.images import TaskImageBuilder
-    from sandbox.sessions import SessionManager
+    from stacx.sandbox.backends import DockerBackend
+    from stacx.sandbox.checks import check_path
+    from stacx.sandbox.images import TaskImageBuilder
+    from stacx.sandbox.sessions import SessionManager
 
     config = SessionManager.Config(owner=f"bench-parity-stacx-{uuid.uuid4().hex[:8]}", max_lifetime_s=3600.0)
     async with SessionManager(config, DockerBackend(), images=TaskImageBuilder()) as manager:
@@ -89,7 +89,7 @@ async def stacx_check(task_dir: Path) -> tuple[float, float | None]:
 
 def harbor_trial(python: str, url: str, task_dir: Path, trials: Path, agent: str) -> float:
     harbor = str(Path(python).with_name("harbor"))
-    from sandbox.images import TOOLS_DIR
+    from stacx.sandbox.images import TOOLS_DIR
 
     env = {
         **os.environ,
@@ -162,11 +162,11 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="*", help="only these task names")
     args = parser.parse_args()
 
-    from infra.services import harbor_images
-    from sandbox.backends import DockerBackend
-    from sandbox.images import TaskImageBuilder
-    from sandbox.sessions import SessionManager
-    from sandbox.testing import serve_gateway
+    from stacx.infra.services import harbor_images
+    from stacx.sandbox.backends import DockerBackend
+    from stacx.sandbox.images import TaskImageBuilder
+    from stacx.sandbox.sessions import SessionManager
+    from stacx.sandbox.testing import serve_gateway
 
     say = (lambda line: None) if args.json else print
     started = time.monotonic()

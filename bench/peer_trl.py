@@ -59,12 +59,12 @@ from dataclasses import asdict, dataclass, field  # noqa: E402
 from types import ModuleType, SimpleNamespace  # noqa: E402
 from typing import Any  # noqa: E402
 
-from infra.paths import stacx_home  # noqa: E402
-from infra.pipeline.config import PipelineSpec, load_spec, parse_spec  # noqa: E402
-from infra.pipeline.monitor import RunMetrics  # noqa: E402
-from infra.pipeline.orchestrator import Pipeline  # noqa: E402
-from infra.sidevenv import SideVenvError, ensure_side_venv  # noqa: E402
-from schemas.records import TrainingBatch, WeightVersion  # noqa: E402
+from stacx.infra.paths import stacx_home  # noqa: E402
+from stacx.infra.pipeline.config import PipelineSpec, load_spec, parse_spec  # noqa: E402
+from stacx.infra.pipeline.monitor import RunMetrics  # noqa: E402
+from stacx.infra.pipeline.orchestrator import Pipeline  # noqa: E402
+from stacx.infra.sidevenv import SideVenvError, ensure_side_venv  # noqa: E402
+from stacx.schemas.records import TrainingBatch, WeightVersion  # noqa: E402
 
 
 def _load_peer() -> ModuleType:
@@ -227,7 +227,7 @@ def task_file(spec: PipelineSpec) -> Path:
 
 def _task_set(spec: PipelineSpec) -> Any:
     """The quickstart's task source, as the pipeline builds it."""
-    from rollout.data import build_task_set
+    from stacx.rollout.data import build_task_set
 
     for path in spec.plugin_paths:
         folder = str(path)
@@ -266,8 +266,8 @@ def max_versions(cfg: BenchConfig) -> int:
 def delete_own_run(bootstrap: str, run_id: str) -> None:
     """Delete the topics and consumer groups of one finished STACX run of this benchmark (its
     own run id, nothing else); a refusal is one line, and the run stays for `stacx topics`."""
-    from infra.services import topic_admin
-    from infra.services.errors import InfraError
+    from stacx.infra.services import topic_admin
+    from stacx.infra.services.errors import InfraError
 
     try:
         topic_admin.delete_run(bootstrap, run_id)
@@ -377,9 +377,9 @@ def _sft_key(spec: PipelineSpec, kernels: dict[str, str]) -> str:
 def build_sft_here(spec: PipelineSpec, folder: Path) -> Path:
     """The quickstart's SFT checkpoint (its own code: tiny model, demonstrations, two sft runs),
     built in this process into `folder`, whose `ready` file names it when done."""
-    from infra.pipeline.sft import DemonstrationEncoder, demonstration_batches, run_sft
-    from rollout.models import make_tiny_model
-    from rollout.tokens import HFTokenizer
+    from stacx.infra.pipeline.sft import DemonstrationEncoder, demonstration_batches, run_sft
+    from stacx.rollout.models import make_tiny_model
+    from stacx.rollout.tokens import HFTokenizer
 
     sft = _sft_config(spec)
     system = _system_prompt(spec)
@@ -702,7 +702,7 @@ def run_stacx(
     assert isinstance(m, TimedRunMetrics)
     t0, end = pipeline.started_at, pipeline.started_at + cfg.budget_s
     weights = pipeline.layout.weights_dir.resolve() / pipeline.layout.model_name
-    exported = sorted(m.version_times.items())  # directory names as trainer.export writes them:
+    exported = sorted(m.version_times.items())  # directory names as stacx.trainer.export writes them:
     versions = [(0.0, str(sft_dir))] + [
         (at - t0, str(weights / f"v{v:08d}")) for v, at in exported if at <= end
     ]

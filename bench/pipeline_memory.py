@@ -30,8 +30,8 @@ import os  # noqa: E402
 from types import ModuleType  # noqa: E402
 from typing import Any  # noqa: E402
 
-from infra.paths import stacx_home  # noqa: E402
-from infra.pipeline.config import load_spec  # noqa: E402
+from stacx.infra.paths import stacx_home  # noqa: E402
+from stacx.infra.pipeline.config import load_spec  # noqa: E402
 
 
 def _load_peer_trl() -> ModuleType:

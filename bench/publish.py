@@ -46,11 +46,11 @@ from typing import Any
 
 import numpy as np
 
-from consumers import EventConsumer
-from producers import EventProducer
-from schemas import topics
-from schemas.codec import encode
-from schemas.records import Trajectory, Turn, logprobs, loss_mask, token_ids
+from stacx.consumers import EventConsumer
+from stacx.producers import EventProducer
+from stacx.schemas import topics
+from stacx.schemas.codec import encode
+from stacx.schemas.records import Trajectory, Turn, logprobs, loss_mask, token_ids
 
 TOOL_CLASS = "org.apache.kafka.tools.ProducerPerformance"
 LOG_DIRS_CLASS = "org.apache.kafka.tools.LogDirsCommand"
@@ -83,7 +83,7 @@ def jar_dir(override: str | None) -> Path:
     if override:
         return Path(override)
     try:
-        from infra.services.kafka import jar_dir as infra_jar_dir
+        from stacx.infra.services.kafka import jar_dir as infra_jar_dir
 
         return infra_jar_dir()
     except ImportError:

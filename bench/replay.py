@@ -1,7 +1,7 @@
 """Benchmark: replay throughput (trajectories/s) from a retained topic through the assembler's
 stages into encoded batches, vs a plain consume -> decode loop over the same topic, same run.
 
-  plain   consumers.replay.read_range (confluent-kafka) -> schemas.codec decode of every record
+  plain   stacx.consumers.replay.read_range (confluent-kafka) -> stacx.schemas.codec decode of every record
   replay  read_range -> ReplayAssembler (group, filter, mix, pack, encode batches), as `stacx replay`
 Both read the whole preloaded topic; rates count input trajectories over wall time from the first
 read to the last batch. `ratio` = replay rate / plain rate. Last stdout line: the JSON figures.
@@ -25,11 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-from consumers.assembly.testing import make_trajectory  # noqa: E402
-from consumers.replay import ReplayAssembler, ReplayRange, read_range  # noqa: E402
-from infra.config import build  # noqa: E402
-from schemas.codec import Codec, encode  # noqa: E402
-from schemas.topics import default_bootstrap  # noqa: E402
+from stacx.consumers.assembly.testing import make_trajectory  # noqa: E402
+from stacx.consumers.replay import ReplayAssembler, ReplayRange, read_range  # noqa: E402
+from stacx.infra.config import build  # noqa: E402
+from stacx.schemas.codec import Codec, encode  # noqa: E402
+from stacx.schemas.topics import default_bootstrap  # noqa: E402
 
 
 def _preload(bootstrap: str, topic: str, args: argparse.Namespace) -> int:

@@ -39,13 +39,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rollout.data import ListTaskSource  # noqa: E402
-from rollout.evaluator import Evaluator  # noqa: E402
-from rollout.fakes import MemoryPublisher, StaticVersion  # noqa: E402
-from rollout.manager import RolloutManager  # noqa: E402
-from rollout.protocols import ExecResult, Generation, SamplingParams  # noqa: E402
-from rollout.tokens import ChatFormat, HFTokenizer  # noqa: E402
-from schemas.records import TaskSample  # noqa: E402
+from stacx.rollout.data import ListTaskSource  # noqa: E402
+from stacx.rollout.evaluator import Evaluator  # noqa: E402
+from stacx.rollout.fakes import MemoryPublisher, StaticVersion  # noqa: E402
+from stacx.rollout.manager import RolloutManager  # noqa: E402
+from stacx.rollout.protocols import ExecResult, Generation, SamplingParams  # noqa: E402
+from stacx.rollout.tokens import ChatFormat, HFTokenizer  # noqa: E402
+from stacx.schemas.records import TaskSample  # noqa: E402
 
 LIMIT_US_PER_STEP = 1000.0
 TARGET_CONCURRENT = 256
@@ -107,7 +107,7 @@ def _tasks(num: int) -> list[TaskSample]:
 def _policy(tokenizer: HFTokenizer, steps: int, code: str = CODE) -> FastPolicy:
     chat = ChatFormat(tokenizer)
     evaluator = Evaluator.Config(scaffold="retool")
-    from rollout.scaffolds import build_scaffold
+    from stacx.rollout.scaffolds import build_scaffold
 
     scaffold = build_scaffold(evaluator.scaffold)
     prompt = chat.prompt_ids(scaffold.initial_messages(_tasks(1)[0]))
@@ -241,8 +241,8 @@ class TimedEnvironments:
 async def docker(
     tokenizer: HFTokenizer, url: str, token: str | None, episodes: int, steps: int, concurrency: int
 ) -> dict:
-    from rollout.adapters import GatewayEnvironments
-    from sandbox.client import SandboxClient
+    from stacx.rollout.adapters import GatewayEnvironments
+    from stacx.sandbox.client import SandboxClient
 
     policy = _policy(tokenizer, steps)
     config = SandboxClient.Config(base_url=url, token=token, max_connections=concurrency + 16, timeout_s=600)
@@ -280,7 +280,7 @@ def _leaked(owner: str) -> int:
 @contextlib.contextmanager
 def _gateway_process(owner: str, image: str, max_sessions: int, backend: str = "docker") -> Iterator[str]:
     """`stacx gateway` in its own process (as deployed: no GIL shared with the engine)."""
-    from sandbox.testing import gateway_process
+    from stacx.sandbox.testing import gateway_process
 
     args = ("--owner", owner, "--image", image, "--max-sessions", str(max_sessions), "--backend", backend)
     with gateway_process(*args, token="bench") as (url, _):
@@ -306,8 +306,8 @@ def _docker_part(tokenizer: HFTokenizer, args: argparse.Namespace) -> dict:
 
 async def _through_gateways(tokenizer: HFTokenizer, urls: list[str], args: argparse.Namespace) -> dict:
     """The episodes through `urls`, each gateway taking at most `gw_sessions` of them at once."""
-    from rollout.gateways import GatewayEnvironments
-    from sandbox.client import SandboxClient
+    from stacx.rollout.gateways import GatewayEnvironments
+    from stacx.sandbox.client import SandboxClient
 
     code = f"import time; time.sleep({args.gw_step_s}); print(6*7)"
     policy = _policy(tokenizer, args.steps, code)
@@ -375,7 +375,7 @@ def main() -> None:
     parser.add_argument("--gw-step-s", type=float, default=2.0, help="seconds of one environment step")
     args = parser.parse_args()
 
-    from rollout.models import make_tokenizer
+    from stacx.rollout.models import make_tokenizer
 
     tokenizer = HFTokenizer(make_tokenizer())
     figures = asyncio.run(overhead(tokenizer, args.overhead_episodes, args.steps, args.concurrency))

@@ -29,14 +29,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sandbox.backends import DockerBackend  # noqa: E402
-from sandbox.backends.docker import LABEL_OWNER, LABEL_SESSION  # noqa: E402
-from sandbox.client import SandboxClient  # noqa: E402
-from sandbox.limits import SessionLimits  # noqa: E402
-from sandbox.models import ExecRequest, SessionSpec  # noqa: E402
-from sandbox.protocols import SandboxSpec  # noqa: E402
-from sandbox.sessions import SessionManager  # noqa: E402
-from sandbox.testing import serve_gateway  # noqa: E402
+from stacx.sandbox.backends import DockerBackend  # noqa: E402
+from stacx.sandbox.backends.docker import LABEL_OWNER, LABEL_SESSION  # noqa: E402
+from stacx.sandbox.client import SandboxClient  # noqa: E402
+from stacx.sandbox.limits import SessionLimits  # noqa: E402
+from stacx.sandbox.models import ExecRequest, SessionSpec  # noqa: E402
+from stacx.sandbox.protocols import SandboxSpec  # noqa: E402
+from stacx.sandbox.sessions import SessionManager  # noqa: E402
+from stacx.sandbox.testing import serve_gateway  # noqa: E402
 
 COMMAND = "echo step"
 BENCH_PIDS = 64

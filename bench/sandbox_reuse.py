@@ -24,11 +24,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sandbox.backends import DockerBackend  # noqa: E402
-from sandbox.backends.docker import LABEL_OWNER  # noqa: E402
-from sandbox.client import SandboxClient  # noqa: E402
-from sandbox.sessions import SessionManager  # noqa: E402
-from sandbox.testing import serve_gateway  # noqa: E402
+from stacx.sandbox.backends import DockerBackend  # noqa: E402
+from stacx.sandbox.backends.docker import LABEL_OWNER  # noqa: E402
+from stacx.sandbox.client import SandboxClient  # noqa: E402
+from stacx.sandbox.sessions import SessionManager  # noqa: E402
+from stacx.sandbox.testing import serve_gateway  # noqa: E402
 
 TOOL_CALL = "python3 -c 'print(sum(i * i for i in range(1000)))'"
 TARGET_SPEEDUP = 1.3

@@ -30,9 +30,9 @@ sys.path.insert(0, str(_HERE.parent))
 
 import numpy as np  # noqa: E402
 
-from sandbox.client import SandboxClient  # noqa: E402
-from sandbox.sessions import SessionManager  # noqa: E402
-from sandbox.testing import serve_gateway  # noqa: E402
+from stacx.sandbox.client import SandboxClient  # noqa: E402
+from stacx.sandbox.sessions import SessionManager  # noqa: E402
+from stacx.sandbox.testing import serve_gateway  # noqa: E402
 
 CHAIN = _HERE.parent / "examples" / "quickstart" / "chain.py"
 
@@ -57,10 +57,10 @@ def tool_calls(num_problems: int, seed: int) -> list[str]:
 
 def _backend(name: str) -> Any:
     if name == "process":
-        from sandbox.backends.process import ProcessBackend
+        from stacx.sandbox.backends.process import ProcessBackend
 
         return ProcessBackend()
-    from sandbox.backends import DockerBackend
+    from stacx.sandbox.backends import DockerBackend
 
     return DockerBackend(DockerBackend.Config())
 

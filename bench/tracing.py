@@ -59,7 +59,7 @@ EXPORT_SETTLE_S = 6.0
 
 def _round(args: argparse.Namespace, tracing: bool) -> dict[str, Any]:
     """One measured round in this process (the `--worker` mode)."""
-    from infra.telemetry import TracingConfig, setup_tracing, shutdown_tracing
+    from stacx.infra.telemetry import TracingConfig, setup_tracing, shutdown_tracing
 
     section = TracingConfig(enabled=tracing, endpoint=args.otlp_endpoint, sample_ratio=args.sample_ratio)
     os.environ.update(section.to_env())  # the gateway process inherits the same setting
@@ -73,14 +73,14 @@ def _round(args: argparse.Namespace, tracing: bool) -> dict[str, Any]:
 
 async def _episodes(args: argparse.Namespace) -> dict[str, Any]:
     from bench.rollout import _manager, _policy
-    from infra.heap import freeze_startup_heap
-    from infra.telemetry import dropped_spans
-    from rollout.adapters import KafkaTrajectoryPublisher
-    from rollout.gateways import GatewayEnvironments
-    from rollout.models import make_tokenizer
-    from rollout.tokens import HFTokenizer
-    from sandbox.client import SandboxClient
-    from sandbox.testing import gateway_process
+    from stacx.infra.heap import freeze_startup_heap
+    from stacx.infra.telemetry import dropped_spans
+    from stacx.rollout.adapters import KafkaTrajectoryPublisher
+    from stacx.rollout.gateways import GatewayEnvironments
+    from stacx.rollout.models import make_tokenizer
+    from stacx.rollout.tokens import HFTokenizer
+    from stacx.sandbox.client import SandboxClient
+    from stacx.sandbox.testing import gateway_process
 
     tokenizer = HFTokenizer(make_tokenizer())
     code = f"import time; time.sleep({args.tool_seconds}); print(6*7)" if args.tool_seconds else "print(6*7)"
@@ -176,7 +176,7 @@ class ServedPolicy:
         self.scripted, self.client = scripted, client
 
     async def generate(self, input_ids: Any, params: Any) -> Any:
-        from rollout.inference.sampling import SamplingParams
+        from stacx.rollout.inference.sampling import SamplingParams
 
         turn = await self.scripted.generate(input_ids, params)
         n = len(turn.output_ids)
@@ -192,8 +192,8 @@ def _server(args: argparse.Namespace) -> Iterator[tuple[Any, int] | None]:
         return
     import httpx
 
-    from rollout.inference.client import InferenceClient
-    from rollout.models import make_tiny_model
+    from stacx.rollout.inference.client import InferenceClient
+    from stacx.rollout.models import make_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model = make_tiny_model(Path(tmp) / "tiny", seed=0)
@@ -295,8 +295,8 @@ def _topic(bootstrap: str, name: str) -> Iterator[None]:
     after the run when this bench created it."""
     from confluent_kafka.admin import AdminClient
 
-    from infra.services.topics import ensure_topics
-    from schemas.topics import TopicSpec
+    from stacx.infra.services.topics import ensure_topics
+    from stacx.schemas.topics import TopicSpec
 
     (line,) = ensure_topics(bootstrap, (TopicSpec(name),))
     try:

@@ -29,8 +29,8 @@ from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
-from schemas.records import TrainingBatch  # noqa: E402
-from trainer import (  # noqa: E402
+from stacx.schemas.records import TrainingBatch  # noqa: E402
+from stacx.trainer import (  # noqa: E402
     BackendConfig,
     InMemoryBatchSource,
     ModelConfig,
@@ -38,9 +38,9 @@ from trainer import (  # noqa: E402
     TrainerConfig,
     to_tensor_batch,
 )
-from trainer.config import CheckpointConfig, ExportConfig, SourceConfig  # noqa: E402
-from trainer.models import build_model  # noqa: E402
-from trainer.testing import synthetic_batches  # noqa: E402
+from stacx.trainer.config import CheckpointConfig, ExportConfig, SourceConfig  # noqa: E402
+from stacx.trainer.models import build_model  # noqa: E402
+from stacx.trainer.testing import synthetic_batches  # noqa: E402
 
 MODEL = {"vocab_size": 2048, "hidden_size": 128, "intermediate_size": 256,
          "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2}
@@ -121,7 +121,7 @@ def fsdp_rank(batches: list[TrainingBatch], warmup: int, out_path: str) -> None:
     (rank 1 waits at a barrier meanwhile), so load swings hit both alike."""
     import torch.distributed as dist
 
-    from trainer.backends import SingleProcessBackend
+    from stacx.trainer.backends import SingleProcessBackend
 
     config = trainer_config(BackendConfig(kind="fsdp2", world_size=2, device="cpu"))
     sharded = StacxTrainer(config, source=InMemoryBatchSource([]))
@@ -149,7 +149,7 @@ def fsdp_rank(batches: list[TrainingBatch], warmup: int, out_path: str) -> None:
 
 
 def fsdp_times(batches: list[TrainingBatch], warmup: int) -> dict[str, list[float]]:
-    from trainer.distributed import spawn
+    from stacx.trainer.distributed import spawn
 
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "times.json")

@@ -1,10 +1,15 @@
 """STACX consumers: typed Kafka consumption, dead letters, replay, deduplication."""
 
-from consumers.dedup import Deduplicator
-from consumers.errors import CommitRefusedError, ConsumerClosedError, ConsumerError, UnexpectedRecordError
-from consumers.event_consumer import ConsumedEvent, EventConsumer, Validator
-from consumers.memory import InMemoryConsumer
-from consumers.protocols import EventSource
+from stacx.consumers.dedup import Deduplicator
+from stacx.consumers.errors import (
+    CommitRefusedError,
+    ConsumerClosedError,
+    ConsumerError,
+    UnexpectedRecordError,
+)
+from stacx.consumers.event_consumer import ConsumedEvent, EventConsumer, Validator
+from stacx.consumers.memory import InMemoryConsumer
+from stacx.consumers.protocols import EventSource
 
 __all__ = [
     "CommitRefusedError",

@@ -18,11 +18,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from producers.blobs import BlobInfo, FsspecBlobStore
-from producers.kafka_log import kafka_logger
-from schemas.claimcheck import ClaimCheck
-from schemas.codec import decode
-from schemas.records import DeadLetter
+from stacx.producers.blobs import BlobInfo, FsspecBlobStore
+from stacx.producers.kafka_log import kafka_logger
+from stacx.schemas.claimcheck import ClaimCheck
+from stacx.schemas.codec import decode
+from stacx.schemas.records import DeadLetter
 
 __all__ = ["GcReport", "TopicUnreadable", "collect", "delete_topic_blobs", "referenced_in_topic"]
 
@@ -73,9 +73,9 @@ def referenced_in_topic(bootstrap_servers: str, topic: str, *, timeout_s: float 
     """Digests of every blob a retained record of `topic` refers to (reads it to its end)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-    from schemas import topics
-    from schemas.catalogue import SchemaCatalogue
-    from schemas.codec import Codec
+    from stacx.schemas import topics
+    from stacx.schemas.catalogue import SchemaCatalogue
+    from stacx.schemas.codec import Codec
 
     catalogue = SchemaCatalogue(
         SchemaCatalogue.Config(bootstrap_servers=bootstrap_servers, topic=topics.SCHEMAS, create_topic=False)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from producers.blobs import FsspecBlobStore
-from producers.errors import BlobStoreError
-from schemas.claimcheck import ClaimCheck
-from schemas.codec import decode, encode
+from stacx.producers.blobs import FsspecBlobStore
+from stacx.producers.errors import BlobStoreError
+from stacx.schemas.claimcheck import ClaimCheck
+from stacx.schemas.codec import decode, encode
 
 __all__ = ["keep_original"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from schemas.identity import record_id
+from stacx.schemas.identity import record_id
 
 __all__ = ["Deduplicator"]
 

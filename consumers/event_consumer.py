@@ -14,18 +14,23 @@ from typing import Any
 
 from opentelemetry.context import Context
 
-from consumers.dead_letters import keep_original
-from consumers.errors import CommitRefusedError, ConsumerClosedError, ConsumerError, UnexpectedRecordError
-from producers import BlobStoreError, Delivery, EventProducer, FsspecBlobStore, context_from_headers
-from producers.event_producer import registry_client
-from producers.kafka_log import kafka_logger
-from schemas import topics as topic_names
-from schemas.catalogue import SchemaCatalogue
-from schemas.claimcheck import ClaimCheck
-from schemas.codec import Codec
-from schemas.errors import SchemaError
-from schemas.records import DeadLetter
-from schemas.validation import validate as validate_record
+from stacx.consumers.dead_letters import keep_original
+from stacx.consumers.errors import (
+    CommitRefusedError,
+    ConsumerClosedError,
+    ConsumerError,
+    UnexpectedRecordError,
+)
+from stacx.producers import BlobStoreError, Delivery, EventProducer, FsspecBlobStore, context_from_headers
+from stacx.producers.event_producer import registry_client
+from stacx.producers.kafka_log import kafka_logger
+from stacx.schemas import topics as topic_names
+from stacx.schemas.catalogue import SchemaCatalogue
+from stacx.schemas.claimcheck import ClaimCheck
+from stacx.schemas.codec import Codec
+from stacx.schemas.errors import SchemaError
+from stacx.schemas.records import DeadLetter
+from stacx.schemas.validation import validate as validate_record
 
 __all__ = ["ConsumedEvent", "EventConsumer", "Validator"]
 
@@ -85,7 +90,7 @@ class EventConsumer:
         dlq_topic: str | None = topic_names.DLQ
         """Dead-letter topic for undecodable or invalid events; None only logs them."""
         validate: bool = True
-        """Check record invariants (schemas.validation) and dead-letter violations."""
+        """Check record invariants (stacx.schemas.validation) and dead-letter violations."""
         resolve_claim_checks: bool = True
         """Fetch claim-checked records from the blob store (False hands out the ClaimCheck)."""
         schema_registry_url: str | None = None

@@ -14,9 +14,9 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.event_consumer import ConsumedEvent, EventConsumer
-from schemas import topics
-from schemas.records import Trajectory, TrajectoryStatus
+from stacx.consumers.event_consumer import ConsumedEvent, EventConsumer
+from stacx.schemas import topics
+from stacx.schemas.records import Trajectory, TrajectoryStatus
 
 __all__ = ["KeepRule", "LearnerFeed"]
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from consumers.errors import ConsumerClosedError
-from consumers.event_consumer import ConsumedEvent
-from producers.memory import InMemoryPublisher
-from schemas.validation import validate
+from stacx.consumers.errors import ConsumerClosedError
+from stacx.consumers.event_consumer import ConsumedEvent
+from stacx.producers.memory import InMemoryPublisher
+from stacx.schemas.validation import validate
 
 __all__ = ["InMemoryConsumer"]
 

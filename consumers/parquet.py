@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from consumers.errors import ConsumerError
-from consumers.replay import RangeRecord, ReplayRange, read_range
-from producers.kafka_log import kafka_logger
-from schemas.codec import Codec, encode
-from schemas.records import Trajectory
+from stacx.consumers.errors import ConsumerError
+from stacx.consumers.replay import RangeRecord, ReplayRange, read_range
+from stacx.producers.kafka_log import kafka_logger
+from stacx.schemas.codec import Codec, encode
+from stacx.schemas.records import Trajectory
 
 __all__ = [
     "KAFKA_COLUMNS",

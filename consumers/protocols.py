@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from consumers.event_consumer import ConsumedEvent
+from stacx.consumers.event_consumer import ConsumedEvent
 
 __all__ = ["EventSource"]
 

@@ -22,18 +22,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.assembly.batching import BatchBuilder
-from consumers.assembly.claims import BatchEncoder, decode_trajectory
-from consumers.assembly.envelope import ReadyGroup, encode_group
-from consumers.assembly.filters import SampleFilter, invalid_reason
-from consumers.assembly.grouping import GroupAssembler
-from consumers.assembly.mixture import MixturePlanner
-from consumers.assembly.stats import AssemblyStats
-from consumers.assembly.tracing import TraceLinks
-from consumers.errors import ConsumerError
-from producers.kafka_log import kafka_logger
-from schemas import topics
-from schemas.codec import Codec
+from stacx.consumers.assembly.batching import BatchBuilder
+from stacx.consumers.assembly.claims import BatchEncoder, decode_trajectory
+from stacx.consumers.assembly.envelope import ReadyGroup, encode_group
+from stacx.consumers.assembly.filters import SampleFilter, invalid_reason
+from stacx.consumers.assembly.grouping import GroupAssembler
+from stacx.consumers.assembly.mixture import MixturePlanner
+from stacx.consumers.assembly.stats import AssemblyStats
+from stacx.consumers.assembly.tracing import TraceLinks
+from stacx.consumers.errors import ConsumerError
+from stacx.producers.kafka_log import kafka_logger
+from stacx.schemas import topics
+from stacx.schemas.codec import Codec
 
 __all__ = ["RangeRecord", "ReplayAssembler", "ReplayRange", "ReplayResult", "read_range"]
 

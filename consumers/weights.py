@@ -27,10 +27,10 @@ import httpx
 from opentelemetry import metrics, propagate
 from opentelemetry.trace import SpanKind
 
-from consumers.errors import ConsumerError
-from producers.tracing import context_from_headers, span, tracing_on
-from schemas import topics
-from schemas.records import WeightVersion
+from stacx.consumers.errors import ConsumerError
+from stacx.producers.tracing import context_from_headers, span, tracing_on
+from stacx.schemas import topics
+from stacx.schemas.records import WeightVersion
 
 __all__ = ["EventSource", "WeightConflictError", "WeightSubscriber", "WeightUpdateError", "subscriber_group"]
 
@@ -56,7 +56,7 @@ MAX_REMEMBERED_HASHES = 4096
 
 
 class EventSource(Protocol):
-    """What the subscriber needs from `consumers.EventConsumer` (a fake fits in tests)."""
+    """What the subscriber needs from `stacx.consumers.EventConsumer` (a fake fits in tests)."""
 
     def poll(self, timeout: float = 1.0) -> Any: ...
 
@@ -132,7 +132,7 @@ class WeightSubscriber:
         self._hashes: OrderedDict[int, str] = OrderedDict()
 
     def _default_source(self) -> EventSource:
-        from consumers.event_consumer import EventConsumer
+        from stacx.consumers.event_consumer import EventConsumer
 
         group = self.config.group_id or subscriber_group(
             self.config.model_name, self.config.server_url, self.config.topic

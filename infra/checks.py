@@ -36,7 +36,7 @@ def model_problem(path: Path, what: str) -> str | None:
 
 
 def tokenizer_problem(path: Path, what: str) -> str | None:
-    from rollout.tokens import load_tokenizer
+    from stacx.rollout.tokens import load_tokenizer
 
     if not path.is_dir():
         return f"{what}={path}: no such directory; point it at the model directory"
@@ -55,11 +55,11 @@ _PROBE_TASK = {"task_id": "check", "task_type": "check", "prompt": "check"}
 def plugin_problems(config: Any) -> list[str]:
     """One `field.path: problem` line per plug-in of a `RolloutConfig` that does not resolve:
     each evaluator's scaffold, reward, verifier; the scheduler's strategy; the data source."""
-    from rollout.blackbox.adapter import build_external, is_external
-    from rollout.errors import ConfigError as RolloutConfigError
-    from rollout.rewards import get_reward, get_verifier
-    from rollout.scaffolds import build_scaffold
-    from rollout.scheduler import build_strategy
+    from stacx.rollout.blackbox.adapter import build_external, is_external
+    from stacx.rollout.errors import ConfigError as RolloutConfigError
+    from stacx.rollout.rewards import get_reward, get_verifier
+    from stacx.rollout.scaffolds import build_scaffold
+    from stacx.rollout.scheduler import build_strategy
 
     checks: list[tuple[str, Any]] = []
     for name, e in config.manager.evaluators.items():
@@ -74,7 +74,7 @@ def plugin_problems(config: Any) -> list[str]:
             checks.append((f"{where}.reward", partial(get_reward, e.reward, e.reward_options)))
     checks.append(("manager.scheduler.strategy", lambda: build_strategy(config.manager.scheduler)))
     if config.data.source:
-        from rollout.data import build_task_set
+        from stacx.rollout.data import build_task_set
 
         checks.append(("data.source", lambda: build_task_set(config.data.source, config.data.source_options)))
     lines = []
@@ -88,10 +88,16 @@ def plugin_problems(config: Any) -> list[str]:
 
 def rollout_config_problem(config: Any) -> str | None:
     """None when `config`'s evaluators, scheduler and pool resolve; else the problem."""
-    from rollout.data import ListTaskSource, task_from_dict
-    from rollout.errors import RolloutError
-    from rollout.fakes import FakeCapture, FakeEnvironments, FakeTokenizer, MemoryPublisher, ScriptedInference
-    from rollout.manager import RolloutManager
+    from stacx.rollout.data import ListTaskSource, task_from_dict
+    from stacx.rollout.errors import RolloutError
+    from stacx.rollout.fakes import (
+        FakeCapture,
+        FakeEnvironments,
+        FakeTokenizer,
+        MemoryPublisher,
+        ScriptedInference,
+    )
+    from stacx.rollout.manager import RolloutManager
 
     tokenizer = FakeTokenizer()
     try:
@@ -112,8 +118,8 @@ def rollout_config_problem(config: Any) -> str | None:
 
 def harbor_problems(root: Path, what: str) -> list[str]:
     """One line per task under `root` that does not load or cannot run here; none found is one."""
-    from sandbox.errors import SandboxError
-    from sandbox.tasks import find_task_dirs, load_task
+    from stacx.sandbox.errors import SandboxError
+    from stacx.sandbox.tasks import find_task_dirs, load_task
 
     try:
         directories = find_task_dirs(root)
@@ -136,8 +142,8 @@ def harbor_problems(root: Path, what: str) -> list[str]:
 
 def jsonl_problems(path: Path, what: str) -> list[str]:
     """One line per bad row of a tasks.jsonl (at most 5); an empty or missing file is one."""
-    from rollout.data import task_from_dict
-    from rollout.errors import ConfigError as RolloutConfigError
+    from stacx.rollout.data import task_from_dict
+    from stacx.rollout.errors import ConfigError as RolloutConfigError
 
     if not path.is_file():
         return [f"{what}={path}: no such file"]

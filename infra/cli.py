@@ -1,6 +1,6 @@
 """The `stacx` command line: one subcommand module per service under `infra/commands/`.
 
-Each module in `infra.commands` exposes `register(subparsers)`, adding its subcommands with
+Each module in `stacx.infra.commands` exposes `register(subparsers)`, adding its subcommands with
 `set_defaults(func=...)`; `func(args) -> int` is the exit status.
 
 Every command stops the same way on SIGINT and SIGTERM (what Ctrl-C, `timeout`, CI and service
@@ -19,8 +19,8 @@ import signal
 import sys
 from typing import Any
 
-from infra import commands
-from infra.telemetry import setup_metrics, setup_tracing
+from stacx.infra import commands
+from stacx.infra.telemetry import setup_metrics, setup_tracing
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):
             continue
-        module = importlib.import_module(f"infra.commands.{info.name}")
+        module = importlib.import_module(f"stacx.infra.commands.{info.name}")
         module.register(sub)
     return parser
 

@@ -1,4 +1,4 @@
-"""Config files for `stacx` commands: the product's one loader (`schemas.config`), plus the
+"""Config files for `stacx` commands: the product's one loader (`stacx.schemas.config`), plus the
 command-line layer every service command shares: its section from `--config FILE` with the
 flags given on top (`section_with_overrides`)."""
 
@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from schemas.config import ConfigError, bootstrap_servers, build, load_yaml, resolve_path, section
+from stacx.schemas.config import ConfigError, bootstrap_servers, build, load_yaml, resolve_path, section
 
 __all__ = [
     "ConfigError",

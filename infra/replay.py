@@ -1,7 +1,7 @@
 """Replay runs (`stacx replay CONFIG`): train again from a retained trajectories topic, into a run of its own.
 
 Reads a range of the source topic (offsets, or times resolved with `offsets_for_times`),
-assembles it deterministically (`consumers.replay`), publishes the batches to
+assembles it deterministically (`stacx.consumers.replay`), publishes the batches to
 `stacx.batches.<name>` and trains on them with any recipe and seed, publishing weights to
 `stacx.weights.<name>`. Writes `<runs_dir>/<name>/replay.json`: range, batch ids, the sha256 of
 every batch, the final weights' content hash."""
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from consumers.replay import ReplayAssembler, ReplayRange, ReplayResult
-from producers.kafka_log import kafka_logger
-from schemas.topics import TopicPolicy
+from stacx.consumers.replay import ReplayAssembler, ReplayRange, ReplayResult
+from stacx.producers.kafka_log import kafka_logger
+from stacx.schemas.topics import TopicPolicy
 
 
 @dataclass(kw_only=True, slots=True)
@@ -53,9 +53,9 @@ class ReplayFile:
 
 def run_replay(spec: ReplayFile, *, base_dir: Path) -> dict[str, Any]:
     """Assemble, publish, train; the summary also written to `<runs_dir>/<name>/replay.json`."""
-    from infra.config import bootstrap_servers
-    from infra.pipeline.layout import RunTopics
-    from infra.services.topics import ensure_topics
+    from stacx.infra.config import bootstrap_servers
+    from stacx.infra.pipeline.layout import RunTopics
+    from stacx.infra.services.topics import ensure_topics
 
     bootstrap = str(spec.bootstrap_servers or bootstrap_servers({}))
     cfg = spec.replay
@@ -79,7 +79,7 @@ def run_replay(spec: ReplayFile, *, base_dir: Path) -> dict[str, Any]:
     _publish(bootstrap, run.batches, batches, result.headers)
     root = Path(cfg.runs_dir) / cfg.name
     trainer = _trainer_config(spec, bootstrap, run, root, num_batches=len(batches))
-    from trainer import StacxTrainer
+    from stacx.trainer import StacxTrainer
 
     StacxTrainer.launch(trainer)
     summary = {
@@ -140,8 +140,8 @@ def role_options_for(recipe: str, options: dict[str, Any]) -> tuple[dict[str, An
 def _recipe_options(recipe: str) -> dict[str, set[str]] | None:
     """The option names (specialization fields) of each role of a registered recipe; None when
     `recipe` is no registered name."""
-    from trainer.errors import TrainerError
-    from trainer.recipe import get_recipe
+    from stacx.trainer.errors import TrainerError
+    from stacx.trainer.recipe import get_recipe
 
     try:
         roles = get_recipe(recipe).roles
@@ -153,10 +153,10 @@ def _recipe_options(recipe: str) -> dict[str, set[str]] | None:
 
 def check_vocabulary(trainer: dict[str, Any], max_token_id: int, source: str) -> None:
     """Every token model of the trainer has room for the replayed token ids (else one line)."""
-    from infra.config import build
-    from trainer import TrainerConfig
-    from trainer.errors import TrainerError
-    from trainer.recipe import get_recipe
+    from stacx.infra.config import build
+    from stacx.trainer import TrainerConfig
+    from stacx.trainer.errors import TrainerError
+    from stacx.trainer.recipe import get_recipe
 
     config = build(TrainerConfig, dict(trainer), where="trainer")
     try:
@@ -178,7 +178,7 @@ def check_vocabulary(trainer: dict[str, Any], max_token_id: int, source: str) ->
 
 def _vocab_size(model: Any) -> int | None:
     if model.tiny is not None:
-        from trainer.models import TINY_QWEN2
+        from stacx.trainer.models import TINY_QWEN2
 
         return int({**TINY_QWEN2, **model.tiny}["vocab_size"])
     config = Path(str(model.path)) / "config.json"
@@ -189,7 +189,7 @@ def _vocab_size(model: Any) -> int | None:
 
 
 def _refuse_existing(bootstrap: str, names: list[str], run: str) -> None:
-    from infra.services.topics import missing_topics
+    from stacx.infra.services.topics import missing_topics
 
     missing = missing_topics(bootstrap, names)
     if missing is None:
@@ -204,8 +204,8 @@ def _refuse_existing(bootstrap: str, names: list[str], run: str) -> None:
 def _assemble(
     bootstrap: str, source: ReplayRange, config: ReplayAssembler.Config, batches_topic: str
 ) -> tuple[ReplayResult, int]:
-    from consumers.replay import read_range
-    from schemas.catalogue import SchemaCatalogue, catalogue_codec
+    from stacx.consumers.replay import read_range
+    from stacx.schemas.catalogue import SchemaCatalogue, catalogue_codec
 
     records = read_range(bootstrap, source)
     codec = catalogue_codec(SchemaCatalogue.Config(bootstrap_servers=bootstrap))
@@ -218,7 +218,7 @@ def _publish(
 ) -> None:
     from confluent_kafka import Producer
 
-    from schemas.topics import BATCHES_MAX_MESSAGE_BYTES
+    from stacx.schemas.topics import BATCHES_MAX_MESSAGE_BYTES
 
     producer = Producer(
         {
@@ -238,8 +238,8 @@ def _publish(
 
 
 def _trainer_config(spec: ReplayFile, bootstrap: str, run: Any, root: Path, *, num_batches: int) -> Any:
-    from infra.config import build
-    from trainer import TrainerConfig
+    from stacx.infra.config import build
+    from stacx.trainer import TrainerConfig
 
     tree = dict(spec.trainer)
     config = build(TrainerConfig, tree, where="trainer")
@@ -260,9 +260,9 @@ def _trainer_config(spec: ReplayFile, bootstrap: str, run: Any, root: Path, *, n
 
 def _final_weights(bootstrap: str, topic: str, model_name: str) -> dict[str, Any] | None:
     """The newest WeightVersion of `model_name` on the replay's weights topic."""
-    from consumers.replay import ReplayRange, read_range
-    from schemas.codec import Codec
-    from schemas.records import WeightVersion
+    from stacx.consumers.replay import ReplayRange, read_range
+    from stacx.schemas.codec import Codec
+    from stacx.schemas.records import WeightVersion
 
     codec = Codec()
     latest: WeightVersion | None = None

@@ -89,7 +89,7 @@ if [[ -L "$LOCAL" || ! -x "$LOCAL/bin/python" ]] || ! grep -qxF "$SHARED_SITE" "
   done
 fi
 
-if [[ ! -x "$LOCAL/bin/stacx" ]] || ! "$LOCAL/bin/python" -c 'import infra.cli' 2>/dev/null; then
+if [[ ! -x "$LOCAL/bin/stacx" ]] || ! "$LOCAL/bin/python" -c 'import stacx.infra.cli' 2>/dev/null; then
   say "installing stacx (editable) into .venv"
   if ! "$LOCAL/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e "$ROOT" \
       >"$LOCAL/install.log" 2>&1; then

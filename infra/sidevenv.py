@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from infra.paths import stacx_home
+from stacx.infra.paths import stacx_home
 
 __all__ = ["SideVenvError", "ensure_side_venv"]
 

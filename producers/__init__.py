@@ -1,11 +1,11 @@
 """STACX producers: typed records to Kafka (idempotent, compressed, batched, traced)."""
 
-from producers.blobs import FsspecBlobStore, default_blob_url
-from producers.errors import BlobStoreError, DeliveryError, ProducerClosedError, ProducerError
-from producers.event_producer import Delivery, EventProducer
-from producers.memory import InMemoryPublisher, StoredEvent
-from producers.protocols import BlobStore, Publisher
-from producers.tracing import context_from_headers, trace_headers
+from stacx.producers.blobs import FsspecBlobStore, default_blob_url
+from stacx.producers.errors import BlobStoreError, DeliveryError, ProducerClosedError, ProducerError
+from stacx.producers.event_producer import Delivery, EventProducer
+from stacx.producers.memory import InMemoryPublisher, StoredEvent
+from stacx.producers.protocols import BlobStore, Publisher
+from stacx.producers.tracing import context_from_headers, trace_headers
 
 __all__ = [
     "BlobStore",

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from producers.errors import BlobStoreError
+from stacx.producers.errors import BlobStoreError
 
 __all__ = ["DEFAULT_BLOB_ENV", "BlobInfo", "FsspecBlobStore", "default_blob_url", "is_local_url"]
 

@@ -12,16 +12,16 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from producers.blobs import DEFAULT_BLOB_ENV, FsspecBlobStore, default_blob_url, is_local_url
-from producers.errors import DeliveryError, ProducerClosedError
-from producers.kafka_log import kafka_logger
-from producers.tracing import TRACEPARENT, publish_span, trace_headers
-from schemas import topics
-from schemas.catalogue import SchemaCatalogue
-from schemas.claimcheck import ClaimCheck
-from schemas.codec import Codec
-from schemas.identity import record_id, record_key
-from schemas.validation import validate as validate_record
+from stacx.producers.blobs import DEFAULT_BLOB_ENV, FsspecBlobStore, default_blob_url, is_local_url
+from stacx.producers.errors import DeliveryError, ProducerClosedError
+from stacx.producers.kafka_log import kafka_logger
+from stacx.producers.tracing import TRACEPARENT, publish_span, trace_headers
+from stacx.schemas import topics
+from stacx.schemas.catalogue import SchemaCatalogue
+from stacx.schemas.claimcheck import ClaimCheck
+from stacx.schemas.codec import Codec
+from stacx.schemas.identity import record_id, record_key
+from stacx.schemas.validation import validate as validate_record
 
 __all__ = ["Delivery", "EventProducer", "registry_client"]
 
@@ -102,7 +102,7 @@ class EventProducer:
         trace_context: bool = True
         """Inject the current W3C trace context into each event's headers."""
         validate: bool = True
-        """Refuse records that break their type's invariants (`schemas.validation`: equal array
+        """Refuse records that break their type's invariants (`stacx.schemas.validation`: equal array
         lengths, finite rewards and logprobs...) with `RecordValidationError` naming the field."""
         poll_interval_s: float = 0.1
         """Poll period of the background thread that serves delivery reports."""

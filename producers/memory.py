@@ -1,7 +1,7 @@
 """In-memory publisher for unit tests: same API as EventProducer, no broker.
 
 Every record goes through the real codec (so an unencodable record fails here too) and is kept
-per topic; `InMemoryConsumer` (consumers.memory) reads them back.
+per topic; `InMemoryConsumer` (stacx.consumers.memory) reads them back.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from producers.errors import ProducerClosedError
-from producers.event_producer import Delivery
-from schemas.codec import Codec, default_codec
-from schemas.identity import record_id, record_key
-from schemas.records import now_ms
-from schemas.validation import validate
+from stacx.producers.errors import ProducerClosedError
+from stacx.producers.event_producer import Delivery
+from stacx.schemas.codec import Codec, default_codec
+from stacx.schemas.identity import record_id, record_key
+from stacx.schemas.records import now_ms
+from stacx.schemas.validation import validate
 
 __all__ = ["InMemoryPublisher", "StoredEvent"]
 

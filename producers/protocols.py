@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Protocol
 
-from producers.event_producer import Delivery
+from stacx.producers.event_producer import Delivery
 
 __all__ = ["BlobStore", "Publisher"]
 

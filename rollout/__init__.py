@@ -3,7 +3,7 @@
 Public names are imported lazily (PEP 562), so `import rollout` (and its `inference` and
 `models` subpackages) stays cheap.
 
-    from rollout import RolloutManager, ListTaskSource
+    from stacx.rollout import RolloutManager, ListTaskSource
     manager = RolloutManager(config, source=..., tokenizer=..., inference=..., publisher=...,
                              sandbox=...)
     summary = await manager.run(num_groups=8)
@@ -11,7 +11,7 @@ Public names are imported lazily (PEP 562), so `import rollout` (and its `infere
 
 from __future__ import annotations
 
-from schemas.lazy import lazy_attributes
+from stacx.schemas.lazy import lazy_attributes
 
 __all__ = [
     "Evaluator",
@@ -35,24 +35,24 @@ __all__ = [
 ]
 
 _HOMES = {
-    "Evaluator": "rollout.evaluator",
-    "GatewayEnvironments": "rollout.gateways",
-    "HFTokenizer": "rollout.tokens",
-    "InferenceAdapter": "rollout.adapters",
-    "JsonlTaskSource": "rollout.data",
-    "KafkaTaskSource": "rollout.data",
-    "KafkaTrajectoryPublisher": "rollout.adapters",
-    "ListTaskSource": "rollout.data",
-    "ResourcePool": "rollout.resources",
-    "Resources": "rollout.resources",
-    "RolloutConfig": "rollout.config",
-    "RolloutError": "rollout.errors",
-    "RolloutManager": "rollout.manager",
-    "TaskScheduler": "rollout.scheduler",
-    "WeightsFollower": "rollout.adapters",
-    "load_config": "rollout.config",
-    "register_reward": "rollout.rewards",
-    "run_rollout": "rollout.service",
+    "Evaluator": "stacx.rollout.evaluator",
+    "GatewayEnvironments": "stacx.rollout.gateways",
+    "HFTokenizer": "stacx.rollout.tokens",
+    "InferenceAdapter": "stacx.rollout.adapters",
+    "JsonlTaskSource": "stacx.rollout.data",
+    "KafkaTaskSource": "stacx.rollout.data",
+    "KafkaTrajectoryPublisher": "stacx.rollout.adapters",
+    "ListTaskSource": "stacx.rollout.data",
+    "ResourcePool": "stacx.rollout.resources",
+    "Resources": "stacx.rollout.resources",
+    "RolloutConfig": "stacx.rollout.config",
+    "RolloutError": "stacx.rollout.errors",
+    "RolloutManager": "stacx.rollout.manager",
+    "TaskScheduler": "stacx.rollout.scheduler",
+    "WeightsFollower": "stacx.rollout.adapters",
+    "load_config": "stacx.rollout.config",
+    "register_reward": "stacx.rollout.rewards",
+    "run_rollout": "stacx.rollout.service",
 }
 
 

@@ -13,11 +13,11 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from rollout.errors import InferenceCallError
-from rollout.gateways import GatewayEnvironments, GatewaySession
-from rollout.protocols import Generation, SamplingParams
-from schemas import topics
-from schemas.records import Trajectory, WeightVersion
+from stacx.rollout.errors import InferenceCallError
+from stacx.rollout.gateways import GatewayEnvironments, GatewaySession
+from stacx.rollout.protocols import Generation, SamplingParams
+from stacx.schemas import topics
+from stacx.schemas.records import Trajectory, WeightVersion
 
 __all__ = [
     "GatewayEnvironments",
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 class InferenceAdapter:
-    """Adapts `rollout.inference.InferenceClient` (built-in server or SGLang) to the evaluator's
+    """Adapts `stacx.rollout.inference.InferenceClient` (built-in server or SGLang) to the evaluator's
     `InferenceClient` protocol: our `SamplingParams` in, a `Generation` out.
 
     `client.generate(input_ids, sampling, return_logprob=True)` must return an object (or dict)
@@ -41,7 +41,7 @@ class InferenceAdapter:
     def __init__(self, client: Any, sampling_type: Any = None) -> None:
         self.client = client
         if sampling_type is None:
-            from rollout.inference.sampling import SamplingParams as sampling_type
+            from stacx.rollout.inference.sampling import SamplingParams as sampling_type
         self.sampling_type = sampling_type
 
     async def generate(self, input_ids: Sequence[int], params: SamplingParams) -> Generation:
@@ -96,7 +96,7 @@ class KafkaTrajectoryPublisher:
         self, producer: Any = None, *, bootstrap_servers: str | None = None, topic: str = topics.TRAJECTORIES
     ) -> None:
         if producer is None:
-            from producers import EventProducer
+            from stacx.producers import EventProducer
 
             config = EventProducer.Config(client_id="stacx-rollout")
             if bootstrap_servers:
@@ -149,7 +149,7 @@ class WeightsFollower:
 
     @staticmethod
     def _make(bootstrap_servers: str | None, topic: str, group_id: str) -> Any:
-        from consumers import EventConsumer
+        from stacx.consumers import EventConsumer
 
         config = EventConsumer.Config(topics=[topic], group_id=group_id, auto_offset_reset="earliest")
         if bootstrap_servers:

@@ -1,5 +1,5 @@
 """The rollout service configuration: the `rollout:` section, read by the one config loader
-(`schemas.config`). Unknown keys are errors naming their path, so a typo never silently falls
+(`stacx.schemas.config`). Unknown keys are errors naming their path, so a typo never silently falls
 back to a default."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollout.errors import ConfigError
-from rollout.manager import RolloutManager
-from rollout.teacher import TeacherInTheLoop
-from schemas import topics
+from stacx.rollout.errors import ConfigError
+from stacx.rollout.manager import RolloutManager
+from stacx.rollout.teacher import TeacherInTheLoop
+from stacx.schemas import topics
 
 __all__ = [
     "DataConfig",
@@ -37,7 +37,7 @@ class DataConfig:
     """Kafka topic of TaskSample events (e.g. stacx.tasks), read through a consumer group."""
     source: str | None = None
     """A task-source plug-in: registered name, `package.module:Factory`, or an entry point in
-    `stacx.task_sources` (its `train_tasks()`; see rollout.data)."""
+    `stacx.task_sources` (its `train_tasks()`; see stacx.rollout.data)."""
     source_options: dict[str, Any] = field(default_factory=dict)
     """Keyword options of the task source."""
     consumer_group: str = "stacx-rollout"
@@ -180,10 +180,10 @@ class RolloutConfig:
 
 
 def load_config(path: str | Path) -> RolloutConfig:
-    """A RolloutConfig from a YAML file through the one config loader (`schemas.config`);
+    """A RolloutConfig from a YAML file through the one config loader (`stacx.schemas.config`);
     relative data paths are resolved against the working directory, else the file's folder."""
-    from schemas.config import ConfigError as FileError
-    from schemas.config import build, load_yaml, resolve_path
+    from stacx.schemas.config import ConfigError as FileError
+    from stacx.schemas.config import build, load_yaml, resolve_path
 
     try:
         config = build(RolloutConfig, load_yaml(path), where=str(path))

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollout.errors import ConfigError
-from rollout.protocols import TaskGroup
-from schemas.plugins import PluginError, Registry
-from schemas.records import TaskSample
+from stacx.rollout.errors import ConfigError
+from stacx.rollout.protocols import TaskGroup
+from stacx.schemas.plugins import PluginError, Registry
+from stacx.schemas.records import TaskSample
 
 __all__ = [
     "JsonlTaskSource",
@@ -100,7 +100,7 @@ class _JsonlTasks:
         return load_tasks_jsonl(self.path)
 
 
-TASK_SOURCES.add("jsonl", _JsonlTasks, origin="builtin (rollout.data)")
+TASK_SOURCES.add("jsonl", _JsonlTasks, origin="builtin (stacx.rollout.data)")
 
 
 def build_task_set(ref: str, options: Mapping[str, Any] | None = None) -> Any:
@@ -228,7 +228,7 @@ class KafkaTaskSource:
         """Rebalances that assigned this worker partitions it did not have before (not the first)."""
 
     def _make_consumer(self) -> Any:
-        from consumers import EventConsumer
+        from stacx.consumers import EventConsumer
 
         return EventConsumer(
             EventConsumer.Config(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas.config import ConfigError as _SharedConfigError
+from stacx.schemas.config import ConfigError as _SharedConfigError
 
 __all__ = [
     "ConfigError",
@@ -24,7 +24,7 @@ class RolloutError(Exception):
 
 class ConfigError(RolloutError, _SharedConfigError):
     """A configuration value is missing or invalid; the message names the field and the fix
-    (a `schemas.config.ConfigError`: the config loader reports it with its field path)."""
+    (a `stacx.schemas.config.ConfigError`: the config loader reports it with its field path)."""
 
 
 class ResourceDeadlockError(ConfigError):

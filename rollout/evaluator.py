@@ -20,18 +20,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from opentelemetry.trace import SpanKind
 
-from producers.tracing import span
-from rollout.blackbox.adapter import EpisodeSpec, build_external, is_external
-from rollout.blackbox.join import external_metadata, join_calls
-from rollout.blackbox.runner import ScaffoldOutputError, ScaffoldRunner, gateway_endpoint
-from rollout.errors import (
+from stacx.producers.tracing import span
+from stacx.rollout.blackbox.adapter import EpisodeSpec, build_external, is_external
+from stacx.rollout.blackbox.join import external_metadata, join_calls
+from stacx.rollout.blackbox.runner import ScaffoldOutputError, ScaffoldRunner, gateway_endpoint
+from stacx.rollout.errors import (
     ConfigError,
     EnvironmentStepError,
     EpisodeError,
     InferenceCallError,
     RewardError,
 )
-from rollout.protocols import (
+from stacx.rollout.protocols import (
     Action,
     EnvironmentFactory,
     EnvironmentSession,
@@ -46,12 +46,12 @@ from rollout.protocols import (
     TaskGroup,
     Tokenizer,
 )
-from rollout.resources import EvaluatorDemand, ResourcePool, Resources
-from rollout.rewards import Verifier, get_reward, get_verifier, reward_components
-from rollout.scaffolds import build_scaffold
-from rollout.tokens import ChatFormat, TokenBuffer
-from schemas.plugins import first_line
-from schemas.records import (
+from stacx.rollout.resources import EvaluatorDemand, ResourcePool, Resources
+from stacx.rollout.rewards import Verifier, get_reward, get_verifier, reward_components
+from stacx.rollout.scaffolds import build_scaffold
+from stacx.rollout.tokens import ChatFormat, TokenBuffer
+from stacx.schemas.plugins import first_line
+from stacx.schemas.records import (
     ToolCall,
     Trajectory,
     TrajectoryStatus,
@@ -63,7 +63,7 @@ from schemas.records import (
 )
 
 if TYPE_CHECKING:
-    from rollout.blackbox.capture import CallCapture
+    from stacx.rollout.blackbox.capture import CallCapture
 
 __all__ = ["EpisodeStats", "Evaluator"]
 

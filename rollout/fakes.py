@@ -8,13 +8,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout.protocols import (
+from stacx.rollout.protocols import (
     ExecResult,
     Generation,
     Message,
     SamplingParams,
 )
-from schemas.records import TaskSample, Trajectory
+from stacx.schemas.records import TaskSample, Trajectory
 
 __all__ = [
     "FakeCapture",

@@ -25,9 +25,9 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout.errors import ConfigError, EnvironmentStepError, RewardError
-from rollout.protocols import ExecResult
-from schemas.records import TaskSample
+from stacx.rollout.errors import ConfigError, EnvironmentStepError, RewardError
+from stacx.rollout.protocols import ExecResult
+from stacx.schemas.records import TaskSample
 
 __all__ = [
     "DEFAULT_IMAGE",
@@ -49,7 +49,7 @@ Sleep = Callable[[float], Awaitable[None]]
 
 def _gateway_failure(exc: BaseException) -> bool:
     """True for errors that say the gateway (not the request) is the problem: unreachable,
-    5xx answers, a wedged engine. Duck-typed on `sandbox.errors` attributes."""
+    5xx answers, a wedged engine. Duck-typed on `stacx.sandbox.errors` attributes."""
     if _gateway_full(exc):
         return False
     if getattr(exc, "retriable", False):

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics
 
-from producers.tracing import span
-from rollout.errors import ConfigError
-from rollout.evaluator import Evaluator
-from rollout.protocols import (
+from stacx.producers.tracing import span
+from stacx.rollout.errors import ConfigError
+from stacx.rollout.evaluator import Evaluator
+from stacx.rollout.protocols import (
     EnvironmentFactory,
     InferenceClient,
     TaskGroup,
@@ -26,13 +26,13 @@ from rollout.protocols import (
     TrajectoryPublisher,
     VersionSource,
 )
-from rollout.resources import LocalPool, ResourcePool, Resources, check_feasible
-from rollout.scheduler import TaskScheduler
-from rollout.tokens import out_of_vocabulary
-from schemas.records import Trajectory, TrajectoryStatus, trajectory_id
+from stacx.rollout.resources import LocalPool, ResourcePool, Resources, check_feasible
+from stacx.rollout.scheduler import TaskScheduler
+from stacx.rollout.tokens import out_of_vocabulary
+from stacx.schemas.records import Trajectory, TrajectoryStatus, trajectory_id
 
 if TYPE_CHECKING:
-    from rollout.blackbox.capture import CallCapture
+    from stacx.rollout.blackbox.capture import CallCapture
 
 __all__ = ["RolloutManager", "RolloutSummary"]
 

@@ -8,7 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from rollout.manager import RolloutManager
+from stacx.rollout.manager import RolloutManager
 
 __all__ = ["live_progress", "metrics_line", "reward_table"]
 

@@ -1,7 +1,7 @@
 """The seams of the rollout engine: every I/O dependency is one of these small Protocols.
 
-Real implementations live in `rollout.adapters` (inference client, sandbox gateway client, Kafka);
-in-memory fakes for tests live in `rollout.fakes`.
+Real implementations live in `stacx.rollout.adapters` (inference client, sandbox gateway client, Kafka);
+in-memory fakes for tests live in `stacx.rollout.fakes`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from schemas.records import TaskSample, Trajectory
+from stacx.schemas.records import TaskSample, Trajectory
 
 __all__ = [
     "Action",

@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 
-from rollout.errors import ConfigError, ResourceDeadlockError
+from stacx.rollout.errors import ConfigError, ResourceDeadlockError
 
 __all__ = [
     "EvaluatorDemand",

@@ -12,10 +12,10 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from rollout.errors import ConfigError, RewardError
-from rollout.protocols import EnvironmentSession, RewardFunction
-from schemas.plugins import PluginError, Registry, accepts
-from schemas.records import TaskSample
+from stacx.rollout.errors import ConfigError, RewardError
+from stacx.rollout.protocols import EnvironmentSession, RewardFunction
+from stacx.schemas.plugins import PluginError, Registry, accepts
+from stacx.schemas.records import TaskSample
 
 __all__ = [
     "REWARDS",
@@ -90,7 +90,7 @@ def _as_number(text: str) -> float | None:
     return float(text) if _NUMBER.match(text) else None
 
 
-@REWARDS.register("exact_answer", origin="builtin (rollout.rewards)")
+@REWARDS.register("exact_answer", origin="builtin (stacx.rollout.rewards)")
 def exact_answer(answer: str | None, data: Mapping[str, Any]) -> dict[str, float]:
     """1.0 when the answer equals `data["answer"]` (numerically when both are numbers)."""
     if answer is None or "answer" not in data:
@@ -104,7 +104,7 @@ def exact_answer(answer: str | None, data: Mapping[str, Any]) -> dict[str, float
     return {"reward": float(correct), "answered": 1.0}
 
 
-@REWARDS.register("exact_match", origin="builtin (rollout.rewards)")
+@REWARDS.register("exact_match", origin="builtin (stacx.rollout.rewards)")
 def exact_match(answer: str | None, data: Mapping[str, Any]) -> dict[str, float]:
     """1.0 when the stripped answer string equals `data["answer"]`."""
     correct = answer is not None and answer.strip() == str(data.get("answer", "")).strip()
@@ -117,7 +117,7 @@ def _in_math(text: str) -> str:
     return stripped if "$" in stripped or "\\boxed" in stripped else f"${stripped}$"
 
 
-@REWARDS.register("math_equivalent", origin="builtin (rollout.rewards)")
+@REWARDS.register("math_equivalent", origin="builtin (stacx.rollout.rewards)")
 def math_equivalent(answer: str | None, data: Mapping[str, Any]) -> dict[str, float]:
     """1.0 when math-verify finds the answer mathematically equal to `data["answer"]`
     (`1/2`, `0.5` and `\\frac{1}{2}` agree); an answer it cannot parse scores 0."""
@@ -151,7 +151,7 @@ VERIFIERS: Registry[Verifier] = Registry("verifiers", what="verifier", check=_ch
 """Verifiers used by `reward: verifier`, chosen by the evaluator's `verifier:` field."""
 
 
-@VERIFIERS.register("harbor", origin="builtin (rollout.rewards)")
+@VERIFIERS.register("harbor", origin="builtin (stacx.rollout.rewards)")
 async def harbor_verifier(session: EnvironmentSession, task: TaskSample) -> Mapping[str, float]:
     """The task's tests in the sandbox (`bash /tests/test.sh`, then /logs/verifier/reward.*)."""
     return await session.verify()

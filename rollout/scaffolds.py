@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rollout.errors import ConfigError
-from rollout.protocols import Action, ExecResult, Message, Observation, Scaffold
-from schemas.plugins import PluginError, Registry
-from schemas.records import TaskSample
+from stacx.rollout.errors import ConfigError
+from stacx.rollout.protocols import Action, ExecResult, Message, Observation, Scaffold
+from stacx.schemas.plugins import PluginError, Registry
+from stacx.schemas.records import TaskSample
 
 __all__ = [
     "SCAFFOLDS",
@@ -207,7 +207,7 @@ def _check(factory: Any) -> str | None:
     if isinstance(factory, type):
         missing = [m for m in _SCAFFOLD_METHODS if not callable(getattr(factory, m, None))]
         if missing:
-            return f"class {factory.__name__} lacks {', '.join(missing)} (rollout.protocols.Scaffold)"
+            return f"class {factory.__name__} lacks {', '.join(missing)} (stacx.rollout.protocols.Scaffold)"
     return None
 
 
@@ -218,7 +218,7 @@ for _name, _factory in (
     ("terminal", TerminalScaffold),
     ("single_turn", SingleTurnScaffold),
 ):
-    SCAFFOLDS.add(_name, _factory, origin="builtin (rollout.scaffolds)")
+    SCAFFOLDS.add(_name, _factory, origin="builtin (stacx.rollout.scaffolds)")
 
 
 def build_scaffold(ref: str, **options: object) -> Scaffold:
@@ -231,5 +231,5 @@ def build_scaffold(ref: str, **options: object) -> Scaffold:
     missing += [a for a in ("name", "needs_sandbox", "stop") if not hasattr(scaffold, a)]
     if missing:
         lacks = ", ".join(missing)
-        raise ConfigError(f"{ref!r}: the scaffold it built lacks {lacks} (rollout.protocols.Scaffold)")
+        raise ConfigError(f"{ref!r}: the scaffold it built lacks {lacks} (stacx.rollout.protocols.Scaffold)")
     return scaffold

@@ -18,9 +18,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rollout.errors import ConfigError
-from rollout.protocols import TaskGroup
-from schemas.plugins import PluginError, Registry, accepts
+from stacx.rollout.errors import ConfigError
+from stacx.rollout.protocols import TaskGroup
+from stacx.schemas.plugins import PluginError, Registry, accepts
 
 __all__ = [
     "FairShareStrategy",
@@ -185,7 +185,7 @@ for _name, _factory in (
     ("fair_share", lambda config: FairShareStrategy(config.weights)),
     ("task_aware", lambda config: TaskAwareStrategy(config.ratios, config.batch_size)),
 ):
-    STRATEGIES.add(_name, _factory, origin="builtin (rollout.scheduler)")
+    STRATEGIES.add(_name, _factory, origin="builtin (stacx.rollout.scheduler)")
 
 
 def build_strategy(config: TaskScheduler.Config) -> SchedulingStrategy:

@@ -15,16 +15,16 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rollout.adapters import InferenceAdapter, KafkaTrajectoryPublisher, WeightsFollower
-from rollout.blackbox.adapter import is_external
-from rollout.config import RolloutConfig
-from rollout.data import JsonlTaskSource, KafkaTaskSource, ListTaskSource, build_task_set, task_samples
-from rollout.errors import ConfigError, ServicesNotReadyError
-from rollout.fakes import MemoryPublisher, StaticVersion
-from rollout.gateways import GatewayEnvironments
-from rollout.manager import RolloutManager, RolloutSummary
-from rollout.progress import live_progress, metrics_line
-from rollout.protocols import (
+from stacx.rollout.adapters import InferenceAdapter, KafkaTrajectoryPublisher, WeightsFollower
+from stacx.rollout.blackbox.adapter import is_external
+from stacx.rollout.config import RolloutConfig
+from stacx.rollout.data import JsonlTaskSource, KafkaTaskSource, ListTaskSource, build_task_set, task_samples
+from stacx.rollout.errors import ConfigError, ServicesNotReadyError
+from stacx.rollout.fakes import MemoryPublisher, StaticVersion
+from stacx.rollout.gateways import GatewayEnvironments
+from stacx.rollout.manager import RolloutManager, RolloutSummary
+from stacx.rollout.progress import live_progress, metrics_line
+from stacx.rollout.protocols import (
     EnvironmentFactory,
     InferenceClient,
     TaskSource,
@@ -32,12 +32,12 @@ from rollout.protocols import (
     TrajectoryPublisher,
     VersionSource,
 )
-from rollout.teacher import AggreVaTeRows, DAggerLabels, TeacherInTheLoop
-from rollout.tokens import load_tokenizer, model_vocab_size
-from schemas.records import TaskSample
+from stacx.rollout.teacher import AggreVaTeRows, DAggerLabels, TeacherInTheLoop
+from stacx.rollout.tokens import load_tokenizer, model_vocab_size
+from stacx.schemas.records import TaskSample
 
 if TYPE_CHECKING:
-    from rollout.blackbox.capture import CallCapture
+    from stacx.rollout.blackbox.capture import CallCapture
 
 __all__ = ["build_source", "open_manager", "run_rollout", "wait_until_up"]
 
@@ -71,8 +71,8 @@ def build_source(config: RolloutConfig, tasks: Sequence[TaskSample] | None = Non
 
 
 def build_inference(config: RolloutConfig) -> tuple[InferenceClient, Any]:
-    """The async inference client of `rollout.inference` wrapped as an `InferenceClient`."""
-    from rollout.inference.client import InferenceClient as HttpInferenceClient
+    """The async inference client of `stacx.rollout.inference` wrapped as an `InferenceClient`."""
+    from stacx.rollout.inference.client import InferenceClient as HttpInferenceClient
 
     client = HttpInferenceClient(HttpInferenceClient.Config(base_url=config.inference.url))
     return InferenceAdapter(client), client
@@ -102,7 +102,7 @@ async def wait_until_up(probes: Mapping[str, Probe], timeout_s: float, *, poll_s
 
 def build_environments(config: RolloutConfig, closers: list[Any]) -> GatewayEnvironments:
     """One gateway client per `sandbox.urls` entry behind one `GatewayEnvironments`."""
-    from sandbox.client import SandboxClient
+    from stacx.sandbox.client import SandboxClient
 
     assert config.sandbox is not None
     sandbox = config.sandbox
@@ -220,7 +220,7 @@ def _with_teacher(
 ) -> tuple[InferenceClient, TrajectoryPublisher]:
     """The student's client mixed with the teacher's server; DAgger and AggreVaTe publish their
     training rows instead of the episodes."""
-    from rollout.inference.client import InferenceClient as HttpInferenceClient
+    from stacx.rollout.inference.client import InferenceClient as HttpInferenceClient
 
     assert config.url is not None
     client = HttpInferenceClient(HttpInferenceClient.Config(base_url=config.url))
@@ -236,7 +236,7 @@ def build_capture(config: RolloutConfig) -> CallCapture | None:
     """The in-process agent proxy, when an evaluator runs a black-box scaffold."""
     if not any(is_external(e.scaffold) for e in config.manager.evaluators.values()):
         return None
-    from rollout.blackbox.capture import CallCapture
+    from stacx.rollout.blackbox.capture import CallCapture
 
     capture = CallCapture(
         CallCapture.Config(

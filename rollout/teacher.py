@@ -32,15 +32,15 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from rollout.errors import ConfigError
-from rollout.protocols import (
+from stacx.rollout.errors import ConfigError
+from stacx.rollout.protocols import (
     Generation,
     InferenceClient,
     SamplingParams,
     TrajectoryPublisher,
     VersionSource,
 )
-from schemas.records import (
+from stacx.schemas.records import (
     Trajectory,
     TrajectoryStatus,
     Turn,
@@ -91,7 +91,7 @@ class BetaSchedule:
 
 
 class TokenScorer(Protocol):
-    """Teacher-forced logprobs of `input_ids[start:]` (rollout.inference.InferenceClient.score)."""
+    """Teacher-forced logprobs of `input_ids[start:]` (stacx.rollout.inference.InferenceClient.score)."""
 
     async def score(self, input_ids: list[int], start: int) -> list[float]: ...
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from rollout.protocols import Message, Tokenizer
-from schemas.records import Logprobs, LossMask, TokenIds, logprobs, loss_mask, token_ids
+from stacx.rollout.protocols import Message, Tokenizer
+from stacx.schemas.records import Logprobs, LossMask, TokenIds, logprobs, loss_mask, token_ids
 
 __all__ = [
     "ChatFormat",

@@ -1,12 +1,12 @@
 """STACX environment engine: the sandbox gateway, its backends, Harbor tasks and verifier.
 
 The rollout engine uses `SandboxClient` (HTTP) and the models; tests use
-`sandbox.testing.serve_gateway` with `FakeBackend`, `ProcessBackend` or `DockerBackend`.
+`stacx.sandbox.testing.serve_gateway` with `FakeBackend`, `ProcessBackend` or `DockerBackend`.
 """
 
-from sandbox.client import SandboxClient
-from sandbox.errors import SandboxError
-from sandbox.models import (
+from stacx.sandbox.client import SandboxClient
+from stacx.sandbox.errors import SandboxError
+from stacx.sandbox.models import (
     ExecRequest,
     ExecResult,
     FileWritten,
@@ -15,7 +15,7 @@ from sandbox.models import (
     SessionSpec,
     VerifyResult,
 )
-from sandbox.tasks import HarborTask, discover_tasks, load_task, to_task_sample
+from stacx.sandbox.tasks import HarborTask, discover_tasks, load_task, to_task_sample
 
 __all__ = [
     "ExecRequest",

@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandbox.errors import SandboxError
-from sandbox.models import ExecResult, SessionSpec, VerifyResult
-from sandbox.sessions import SessionManager
-from sandbox.tasks import HarborTask, TaskStep, load_task
-from sandbox.terminal import clean_text
-from sandbox.trials import TrialOutcome, run_trial
-from sandbox.verifier import run_oracle, timeout_source
+from stacx.sandbox.errors import SandboxError
+from stacx.sandbox.models import ExecResult, SessionSpec, VerifyResult
+from stacx.sandbox.sessions import SessionManager
+from stacx.sandbox.tasks import HarborTask, TaskStep, load_task
+from stacx.sandbox.terminal import clean_text
+from stacx.sandbox.trials import TrialOutcome, run_trial
+from stacx.sandbox.verifier import run_oracle, timeout_source
 
 __all__ = ["TaskCheck", "check_path", "check_task", "network_hint", "python_hint", "ran_to_assertions"]
 

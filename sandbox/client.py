@@ -4,7 +4,7 @@
         async with client.session(SessionSpec(image="stacx/sandbox:bookworm")) as session:
             result = await client.exec(session.id, "python3 -c 'print(1)'", timeout_s=10)
 
-Errors come back as the gateway raised them (`sandbox.errors`), e.g. `SessionNotFound`.
+Errors come back as the gateway raised them (`stacx.sandbox.errors`), e.g. `SessionNotFound`.
 
 Calls that are safe to repeat (session start, reads, uploads, close) are retried with bounded
 exponential backoff when the gateway cannot be reached (connection refused or reset) or answers
@@ -26,8 +26,8 @@ import httpx
 from opentelemetry import propagate
 from pydantic import BaseModel, ValidationError
 
-from sandbox.errors import BackendError, InvalidSpec, SandboxError, SessionNotFound, error_class
-from sandbox.models import (
+from stacx.sandbox.errors import BackendError, InvalidSpec, SandboxError, SessionNotFound, error_class
+from stacx.sandbox.models import (
     ExecRequest,
     ExecResult,
     FileWritten,
@@ -36,9 +36,9 @@ from sandbox.models import (
     SessionSpec,
     VerifyResult,
 )
-from sandbox.paths import tar_directory
-from sandbox.tasks import HarborTask, load_task
-from sandbox.verifier import run_oracle, verify
+from stacx.sandbox.paths import tar_directory
+from stacx.sandbox.tasks import HarborTask, load_task
+from stacx.sandbox.verifier import run_oracle, verify
 
 __all__ = ["SandboxClient"]
 
@@ -76,7 +76,7 @@ class SandboxClient:
         """Connection pool size; allow one per concurrent session."""
         keepalive_expiry_s: float = 5.0
         """Drop idle connections after this long; keep it below the gateway's keep-alive timeout
-        (sandbox.gateway.KEEP_ALIVE_S) so a request never races the server closing it."""
+        (stacx.sandbox.gateway.KEEP_ALIVE_S) so a request never races the server closing it."""
         transport: httpx.AsyncBaseTransport | None = None
         """Custom transport (e.g. `httpx.ASGITransport(app)` to call a gateway in-process)."""
         max_retries: int = 3

@@ -45,8 +45,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from pydantic import BaseModel
 
-from sandbox.errors import AuthError, RequestTooLarge, SandboxError, SessionNotFound
-from sandbox.models import (
+from stacx.sandbox.errors import AuthError, RequestTooLarge, SandboxError, SessionNotFound
+from stacx.sandbox.models import (
     ExecRequest,
     ExecResult,
     FileWritten,
@@ -55,8 +55,8 @@ from sandbox.models import (
     SessionSpec,
     VerifyResult,
 )
-from sandbox.protocols import SandboxBackend
-from sandbox.sessions import SessionManager
+from stacx.sandbox.protocols import SandboxBackend
+from stacx.sandbox.sessions import SessionManager
 
 __all__ = [
     "CLIENT_TOKENS_ENV",
@@ -489,18 +489,18 @@ class Gateway:
         sessions: SessionManager.Config = field(default_factory=SessionManager.Config)
         python_dir: str | None = None
         """Host directory of Python installations that Harbor sandboxes see (read-only) at
-        `sandbox.images.PYTHON_DIR` (`TaskImageBuilder.Config.python_dir`)."""
+        `stacx.sandbox.images.PYTHON_DIR` (`TaskImageBuilder.Config.python_dir`)."""
         log_level: str = "info"
 
     def __init__(self, config: Config, *, backend: SandboxBackend | None = None) -> None:
-        from sandbox.backends import build_backend
+        from stacx.sandbox.backends import build_backend
 
         self.config = config
         self.token = config.token or os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)
         self.backend = backend or build_backend(config.backend)
         images = None
         if self.backend.name == "docker":
-            from sandbox.images import TaskImageBuilder
+            from stacx.sandbox.images import TaskImageBuilder
 
             images = TaskImageBuilder(TaskImageBuilder.Config(python_dir=config.python_dir))
         self.manager = SessionManager(config.sessions, self.backend, images=images)

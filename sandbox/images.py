@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandbox.errors import BackendError, BaseImageMissing, ImageBuildError, InvalidSpec
-from sandbox.tasks import HarborTask
-from sandbox.terminal import clean_text
+from stacx.sandbox.errors import BackendError, BaseImageMissing, ImageBuildError, InvalidSpec
+from stacx.sandbox.tasks import HarborTask
+from stacx.sandbox.terminal import clean_text
 
 __all__ = [
     "DEFAULT_BASE_IMAGES",

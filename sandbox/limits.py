@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sandbox.errors import CapacityExceeded, GatewayConfigError, LimitExceeded
-from sandbox.protocols import HostCapacity
+from stacx.sandbox.errors import CapacityExceeded, GatewayConfigError, LimitExceeded
+from stacx.sandbox.protocols import HostCapacity
 
 __all__ = ["LINUX_DEFAULT_PID_MAX", "PID_RESERVE", "Reservation", "SessionLimits"]
 

@@ -7,7 +7,7 @@ import posixpath
 import tarfile
 from pathlib import Path
 
-from sandbox.errors import PathRejected
+from stacx.sandbox.errors import PathRejected
 
 __all__ = ["EXTRA_WRITABLE_ROOTS", "check_archive", "resolve_path", "tar_directory", "tar_files"]
 

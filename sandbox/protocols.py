@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from sandbox.models import ExecRequest, ExecResult
+from stacx.sandbox.models import ExecRequest, ExecResult
 
 __all__ = ["HostCapacity", "SandboxBackend", "SandboxHandle", "SandboxOps", "SandboxSpec"]
 

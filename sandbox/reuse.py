@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from sandbox.protocols import SandboxHandle, SandboxSpec
+from stacx.sandbox.protocols import SandboxHandle, SandboxSpec
 
 __all__ = ["Resettable", "ReusePool", "ShapeKey", "shape_key"]
 

@@ -1,7 +1,7 @@
 """Session manager: one sandbox per session, lifetimes, idle timeouts, reaper and warm pool.
 
 The gateway is a thin HTTP layer over this class; tests and `stacx tasks check` use it
-in-process. It has the `SandboxOps` methods, so `sandbox.verifier` runs against it directly.
+in-process. It has the `SandboxOps` methods, so `stacx.sandbox.verifier` runs against it directly.
 """
 
 from __future__ import annotations
@@ -21,10 +21,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sandbox.errors import CapacityExceeded, InvalidSpec, SessionExpired, SessionNotFound, TaskUnsupported
-from sandbox.images import PYTHON_DIR, TOOLS_DIR, TaskImageBuilder
-from sandbox.limits import Reservation, SessionLimits
-from sandbox.models import (
+from stacx.sandbox.errors import (
+    CapacityExceeded,
+    InvalidSpec,
+    SessionExpired,
+    SessionNotFound,
+    TaskUnsupported,
+)
+from stacx.sandbox.images import PYTHON_DIR, TOOLS_DIR, TaskImageBuilder
+from stacx.sandbox.limits import Reservation, SessionLimits
+from stacx.sandbox.models import (
     DEFAULT_WORKDIR,
     ExecRequest,
     ExecResult,
@@ -33,12 +39,12 @@ from sandbox.models import (
     SessionSpec,
     VerifyResult,
 )
-from sandbox.paths import check_archive, resolve_path, tar_files
-from sandbox.protocols import SandboxBackend, SandboxHandle, SandboxSpec
-from sandbox.reuse import Resettable, ReusePool, ShapeKey, shape_key
-from sandbox.task_config import resolve_env
-from sandbox.tasks import HarborTask, load_task
-from sandbox.verifier import verify
+from stacx.sandbox.paths import check_archive, resolve_path, tar_files
+from stacx.sandbox.protocols import SandboxBackend, SandboxHandle, SandboxSpec
+from stacx.sandbox.reuse import Resettable, ReusePool, ShapeKey, shape_key
+from stacx.sandbox.task_config import resolve_env
+from stacx.sandbox.tasks import HarborTask, load_task
+from stacx.sandbox.verifier import verify
 
 __all__ = ["SessionManager"]
 

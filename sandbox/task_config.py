@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandbox.errors import TaskFormatError
+from stacx.sandbox.errors import TaskFormatError
 
 __all__ = [
     "KNOWN_FIELDS",

@@ -4,7 +4,7 @@ A single-step task holds `task.toml`, `instruction.md`, `environment/Dockerfile`
 `[environment] docker_image`), `tests/test.sh` and, optionally, `solution/solve.sh`. A multi-step
 task (`[[steps]]`) holds `steps/<name>/instruction.md`, `steps/<name>/tests/` (merged over the
 top-level `tests/`), `steps/<name>/solution/solve.sh` and `steps/<name>/workdir/` for each step.
-The field rules are in `sandbox.task_config`.
+The field rules are in `stacx.sandbox.task_config`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandbox import task_config as tc
-from sandbox.errors import TaskFormatError
-from sandbox.task_config import Healthcheck, StepConfig
-from schemas.records import TaskSample
+from stacx.sandbox import task_config as tc
+from stacx.sandbox.errors import TaskFormatError
+from stacx.sandbox.task_config import Healthcheck, StepConfig
+from stacx.schemas.records import TaskSample
 
 __all__ = ["HarborTask", "TaskStep", "discover_tasks", "find_task_dirs", "load_task", "to_task_sample"]
 

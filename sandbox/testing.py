@@ -21,13 +21,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sandbox.backends.fake import FakeBackend
-from sandbox.backends.lifecycle import LifecycleGuard
-from sandbox.gateway import KEEP_ALIVE_S, create_app
-from sandbox.images import ImageChoice, TaskImageBuilder
-from sandbox.protocols import SandboxBackend, SandboxHandle, SandboxSpec
-from sandbox.sessions import SessionManager
-from sandbox.tasks import HarborTask
+from stacx.sandbox.backends.fake import FakeBackend
+from stacx.sandbox.backends.lifecycle import LifecycleGuard
+from stacx.sandbox.gateway import KEEP_ALIVE_S, create_app
+from stacx.sandbox.images import ImageChoice, TaskImageBuilder
+from stacx.sandbox.protocols import SandboxBackend, SandboxHandle, SandboxSpec
+from stacx.sandbox.sessions import SessionManager
+from stacx.sandbox.tasks import HarborTask
 
 __all__ = ["FakeBackend", "FakeTaskImages", "WedgingBackend", "gateway_process", "serve_app", "serve_gateway"]
 

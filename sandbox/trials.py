@@ -12,13 +12,13 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from sandbox.errors import HealthcheckFailed
-from sandbox.models import VerifyResult
-from sandbox.paths import tar_directory
-from sandbox.protocols import SandboxOps
-from sandbox.task_config import Healthcheck
-from sandbox.tasks import HarborTask, TaskStep
-from sandbox.verifier import scalar_reward, verify
+from stacx.sandbox.errors import HealthcheckFailed
+from stacx.sandbox.models import VerifyResult
+from stacx.sandbox.paths import tar_directory
+from stacx.sandbox.protocols import SandboxOps
+from stacx.sandbox.task_config import Healthcheck
+from stacx.sandbox.tasks import HarborTask, TaskStep
+from stacx.sandbox.verifier import scalar_reward, verify
 
 __all__ = ["Agent", "StepOutcome", "TrialOutcome", "run_healthcheck", "run_trial", "total_rewards"]
 

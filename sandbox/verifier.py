@@ -4,7 +4,7 @@ Works over anything with `SandboxOps` (the HTTP `SandboxClient` or an in-process
 `SessionManager`): copy tests/ (the task's, then the step's over it) to /tests, run
 `bash /tests/test.sh` with the verifier timeout and `[verifier.env]`, then read
 /logs/verifier/reward.json (an object of numbers: named rewards) or reward.txt (one float).
-Where the offline verifier tools are mounted (`sandbox.images.TOOLS_DIR`), test.sh finds uv/uvx,
+Where the offline verifier tools are mounted (`stacx.sandbox.images.TOOLS_DIR`), test.sh finds uv/uvx,
 pytest wheels, python3 and curl there, as if its `curl .../uv/install.sh | sh` had worked.
 """
 
@@ -13,19 +13,19 @@ from __future__ import annotations
 import json
 import math
 
-from sandbox.errors import (
+from stacx.sandbox.errors import (
     RewardFileEmpty,
     RewardFileMalformed,
     RewardFileMissing,
     SandboxFileNotFound,
 )
-from sandbox.images import PYTHON_DIR, TOOLS_DIR
-from sandbox.models import ExecResult, VerifyResult
-from sandbox.paths import tar_directory
-from sandbox.protocols import SandboxOps
-from sandbox.task_config import resolve_env
-from sandbox.tasks import HarborTask, TaskStep
-from sandbox.terminal import clean_text
+from stacx.sandbox.images import PYTHON_DIR, TOOLS_DIR
+from stacx.sandbox.models import ExecResult, VerifyResult
+from stacx.sandbox.paths import tar_directory
+from stacx.sandbox.protocols import SandboxOps
+from stacx.sandbox.task_config import resolve_env
+from stacx.sandbox.tasks import HarborTask, TaskStep
+from stacx.sandbox.terminal import clean_text
 
 __all__ = [
     "ORACLE_COMMAND",

@@ -1,7 +1,7 @@
 """Event records, Avro schemas and topic names: the contract every STACX service speaks."""
 
-from schemas import topics
-from schemas.records import (
+from stacx.schemas import topics
+from stacx.schemas.records import (
     AgentInteraction,
     DeadLetter,
     Feedback,

@@ -13,9 +13,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas import topics
-from schemas.codec import Codec, SchemaInfo, builtin_schemas, load_schema
-from schemas.errors import SchemaError
+from stacx.schemas import topics
+from stacx.schemas.codec import Codec, SchemaInfo, builtin_schemas, load_schema
+from stacx.schemas.errors import SchemaError
 
 __all__ = ["SchemaCatalogue", "catalogue_codec"]
 
@@ -36,7 +36,7 @@ class SchemaCatalogue:
         min_refresh_interval_s: float = 2.0
         """Lookups of unknown fingerprints re-read the topic at most this often."""
         create_topic: bool = True
-        """Create the catalogue topic (with its `schemas.topics` spec) when it is missing."""
+        """Create the catalogue topic (with its `stacx.schemas.topics` spec) when it is missing."""
         topic_policy: topics.TopicPolicy = field(default_factory=topics.TopicPolicy)
         """Replication (and compression) the catalogue topic is created with."""
         kafka: dict[str, str] = field(default_factory=dict)

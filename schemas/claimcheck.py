@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from schemas.records import now_ms
+from stacx.schemas.records import now_ms
 
 __all__ = ["ClaimCheck"]
 

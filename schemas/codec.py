@@ -28,10 +28,10 @@ import fastavro
 from fastavro.schema import fingerprint as _avro_fingerprint
 from fastavro.schema import to_parsing_canonical_form
 
-from schemas import records
-from schemas._convert import RecordConverter, build_converters, full_name
-from schemas.claimcheck import ClaimCheck
-from schemas.errors import CodecError, SchemaError, UnknownSchemaError
+from stacx.schemas import records
+from stacx.schemas._convert import RecordConverter, build_converters, full_name
+from stacx.schemas.claimcheck import ClaimCheck
+from stacx.schemas.errors import CodecError, SchemaError, UnknownSchemaError
 
 __all__ = [
     "BUILTIN_CLASSES",
@@ -132,7 +132,7 @@ def load_schema(schema: Mapping[str, Any] | str) -> SchemaInfo:
 @cache
 def builtin_schemas() -> tuple[SchemaInfo, ...]:
     """The current version of every built-in schema (`schemas/avsc/*.avsc`)."""
-    folder = resources.files("schemas") / "avsc"
+    folder = resources.files("stacx.schemas") / "avsc"
     files = sorted((p for p in folder.iterdir() if p.name.endswith(".avsc")), key=lambda p: p.name)
     return tuple(load_schema(p.read_text(encoding="utf-8")) for p in files)
 

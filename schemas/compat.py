@@ -11,8 +11,8 @@ import enum
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from schemas._convert import full_name
-from schemas.errors import IncompatibleSchemaError
+from stacx.schemas._convert import full_name
+from stacx.schemas.errors import IncompatibleSchemaError
 
 __all__ = ["Compatibility", "check_compatibility", "compatibility_problems", "reader_problems"]
 

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import pydantic
 import yaml
 
-from schemas.topics import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP
+from stacx.schemas.topics import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP
 
 __all__ = ["ConfigError", "bootstrap_servers", "build", "load_yaml", "resolve_path", "section"]
 
@@ -111,7 +111,7 @@ def build(cls: type[T], data: Mapping[str, Any], where: str) -> T:
     except (TypeError, ValueError) as exc:  # a library config's own check (__post_init__)
         raise ConfigError(f"{where}: {exc}") from exc
     except Exception as exc:
-        if type(exc).__name__.endswith("ConfigError"):  # e.g. trainer.errors.ConfigError
+        if type(exc).__name__.endswith("ConfigError"):  # e.g. stacx.trainer.errors.ConfigError
             raise ConfigError(f"{where}: {exc}") from exc
         raise
     return value

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from schemas.claimcheck import ClaimCheck
-from schemas.records import (
+from stacx.schemas.claimcheck import ClaimCheck
+from stacx.schemas.records import (
     AgentInteraction,
     DeadLetter,
     Feedback,

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable, Mapping, Sized
 
 import numpy as np
 
-from schemas.errors import RecordValidationError
-from schemas.records import AgentInteraction, Feedback, TrainingBatch, Trajectory
+from stacx.schemas.errors import RecordValidationError
+from stacx.schemas.records import AgentInteraction, Feedback, TrainingBatch, Trajectory
 
 __all__ = ["record_problems", "validate"]
 

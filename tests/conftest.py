@@ -16,7 +16,7 @@ import pytest
 from process_checks import run_processes
 from run_names import SESSION_PREFIX
 
-from schemas import topics
+from stacx.schemas import topics
 
 SANDBOX_IMAGE = "stacx/sandbox:bookworm"
 START_HINT = "start the local services with `.venv/bin/stacx infra up` (`make test` does this)"
@@ -74,7 +74,7 @@ def _run_ids(bootstrap: str) -> set[str] | None:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    from infra.services.topic_admin import run_of
+    from stacx.infra.services.topic_admin import run_of
 
     try:
         names = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=5).topics
@@ -99,8 +99,8 @@ def sweep_session_runs(bootstrap: str, prefix: str) -> None:
     """Delete the runs whose id starts with `prefix` (a session's own). A run whose group still
     has members is retried while no process of that run is alive and for at most
     STALE_MEMBER_WAIT_S (a member killed with -9 stays until its session times out)."""
-    from infra.services.errors import InfraError
-    from infra.services.topic_admin import delete_run
+    from stacx.infra.services.errors import InfraError
+    from stacx.infra.services.topic_admin import delete_run
 
     found = _run_ids(bootstrap)
     waiting = sorted(run for run in found or () if run.startswith(prefix))

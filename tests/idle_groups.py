@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from infra.services import topic_admin
+from stacx.infra.services import topic_admin
 
 
 def assert_describe_finds_idle_group(bootstrap: str, run_id: str, group: str, topic: str) -> None:

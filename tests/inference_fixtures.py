@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from rollout.inference import InferenceServer
+    from stacx.rollout.inference import InferenceServer
 
 
 @pytest.fixture(autouse=True)
@@ -27,7 +27,7 @@ def _one_torch_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rollout.models import make_tiny_model
+    from stacx.rollout.models import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny-seed0"), seed=0)
 
@@ -35,7 +35,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def other_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Same architecture, different weights (seed 1): what a training step publishes."""
-    from rollout.models import make_tiny_model
+    from stacx.rollout.models import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny-seed1"), seed=1)
 
@@ -45,7 +45,7 @@ def serve_tiny(model_dir: Path, **config: Any) -> Iterator[InferenceServer]:
     """A started built-in server on `model_dir` (any free port, one torch thread), stopped after."""
     import torch
 
-    from rollout.inference import InferenceServer
+    from stacx.rollout.inference import InferenceServer
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the engine thread keeps the setting it was built with

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from schemas.records import AgentInteraction, Feedback, logprobs, loss_mask, token_ids
+from stacx.schemas.records import AgentInteraction, Feedback, logprobs, loss_mask, token_ids
 
 
 def call(

@@ -20,7 +20,7 @@ def tasks_section(**options: Any) -> dict[str, Any]:
 
 def arithmetic() -> ModuleType:
     """The plug-in module, imported through the plug-in path as every service imports it."""
-    from infra.pipeline.config import use_plugin_paths
+    from stacx.infra.pipeline.config import use_plugin_paths
 
     use_plugin_paths([EXAMPLES])
     return importlib.import_module("quickstart.arithmetic")

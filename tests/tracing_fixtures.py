@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util._once import Once
 
-from infra.services.jaeger import JaegerConfig
+from stacx.infra.services.jaeger import JaegerConfig
 
 
 @contextmanager

@@ -1,9 +1,9 @@
 """STACX trainer: declarative recipes on FSDP2 or single-process backends.
 
-Public names are imported lazily (PEP 562), so `import trainer.config` (and the rank launcher,
-`trainer.ranks`) stays free of torch.
+Public names are imported lazily (PEP 562), so `import stacx.trainer.config` (and the rank launcher,
+`stacx.trainer.ranks`) stays free of torch.
 
-    from trainer import StacxTrainer, TrainerConfig, InMemoryBatchSource
+    from stacx.trainer import StacxTrainer, TrainerConfig, InMemoryBatchSource
     trainer = StacxTrainer.from_config(config, source=InMemoryBatchSource(batches))
     trainer.run(max_steps=10)
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from schemas.lazy import lazy_attributes
+from stacx.schemas.lazy import lazy_attributes
 
 if TYPE_CHECKING:  # the real types for mypy; at run time `__getattr__` imports them on first use
-    from trainer.batch import TensorBatch, to_tensor_batch, validate_batch
-    from trainer.config import (
+    from stacx.trainer.batch import TensorBatch, to_tensor_batch, validate_batch
+    from stacx.trainer.config import (
         BackendConfig,
         CheckpointConfig,
         ExportConfig,
@@ -25,8 +25,8 @@ if TYPE_CHECKING:  # the real types for mypy; at run time `__getattr__` imports 
         TrainerConfig,
         load_config,
     )
-    from trainer.engine import StacxTrainer, StepResult
-    from trainer.errors import (
+    from stacx.trainer.engine import StacxTrainer, StepResult
+    from stacx.trainer.errors import (
         BatchValidationError,
         CheckpointError,
         ConfigError,
@@ -34,11 +34,19 @@ if TYPE_CHECKING:  # the real types for mypy; at run time `__getattr__` imports 
         SourceError,
         TrainerError,
     )
-    from trainer.model_config import ModelConfig
-    from trainer.protocols import BatchSource, ModelOutput, Specialization, WeightPublisher
-    from trainer.publish import InMemoryWeightPublisher, KafkaWeightPublisher
-    from trainer.recipe import DataSync, ModelSlot, Role, TrainingConfig, get_recipe, list_recipes, recipe
-    from trainer.sources import InMemoryBatchSource, KafkaBatchSource
+    from stacx.trainer.model_config import ModelConfig
+    from stacx.trainer.protocols import BatchSource, ModelOutput, Specialization, WeightPublisher
+    from stacx.trainer.publish import InMemoryWeightPublisher, KafkaWeightPublisher
+    from stacx.trainer.recipe import (
+        DataSync,
+        ModelSlot,
+        Role,
+        TrainingConfig,
+        get_recipe,
+        list_recipes,
+        recipe,
+    )
+    from stacx.trainer.sources import InMemoryBatchSource, KafkaBatchSource
 
 __all__ = [
     "BackendConfig",
@@ -78,40 +86,40 @@ __all__ = [
 ]
 
 _HOMES = {
-    "BackendConfig": "trainer.config",
-    "BatchSource": "trainer.protocols",
-    "BatchValidationError": "trainer.errors",
-    "CheckpointConfig": "trainer.config",
-    "CheckpointError": "trainer.errors",
-    "ConfigError": "trainer.errors",
-    "DataSync": "trainer.recipe",
-    "ExportConfig": "trainer.config",
-    "InMemoryBatchSource": "trainer.sources",
-    "InMemoryWeightPublisher": "trainer.publish",
-    "KafkaBatchSource": "trainer.sources",
-    "KafkaWeightPublisher": "trainer.publish",
-    "ModelConfig": "trainer.model_config",
-    "ModelOutput": "trainer.protocols",
-    "ModelSlot": "trainer.recipe",
-    "OptimizerConfig": "trainer.config",
-    "RecipeError": "trainer.errors",
-    "Role": "trainer.recipe",
-    "SourceConfig": "trainer.config",
-    "SourceError": "trainer.errors",
-    "Specialization": "trainer.protocols",
-    "StacxTrainer": "trainer.engine",
-    "StepResult": "trainer.engine",
-    "TensorBatch": "trainer.batch",
-    "TrainerConfig": "trainer.config",
-    "TrainerError": "trainer.errors",
-    "TrainingConfig": "trainer.recipe",
-    "WeightPublisher": "trainer.protocols",
-    "get_recipe": "trainer.recipe",
-    "list_recipes": "trainer.recipe",
-    "load_config": "trainer.config",
-    "recipe": "trainer.recipe",
-    "to_tensor_batch": "trainer.batch",
-    "validate_batch": "trainer.batch",
+    "BackendConfig": "stacx.trainer.config",
+    "BatchSource": "stacx.trainer.protocols",
+    "BatchValidationError": "stacx.trainer.errors",
+    "CheckpointConfig": "stacx.trainer.config",
+    "CheckpointError": "stacx.trainer.errors",
+    "ConfigError": "stacx.trainer.errors",
+    "DataSync": "stacx.trainer.recipe",
+    "ExportConfig": "stacx.trainer.config",
+    "InMemoryBatchSource": "stacx.trainer.sources",
+    "InMemoryWeightPublisher": "stacx.trainer.publish",
+    "KafkaBatchSource": "stacx.trainer.sources",
+    "KafkaWeightPublisher": "stacx.trainer.publish",
+    "ModelConfig": "stacx.trainer.model_config",
+    "ModelOutput": "stacx.trainer.protocols",
+    "ModelSlot": "stacx.trainer.recipe",
+    "OptimizerConfig": "stacx.trainer.config",
+    "RecipeError": "stacx.trainer.errors",
+    "Role": "stacx.trainer.recipe",
+    "SourceConfig": "stacx.trainer.config",
+    "SourceError": "stacx.trainer.errors",
+    "Specialization": "stacx.trainer.protocols",
+    "StacxTrainer": "stacx.trainer.engine",
+    "StepResult": "stacx.trainer.engine",
+    "TensorBatch": "stacx.trainer.batch",
+    "TrainerConfig": "stacx.trainer.config",
+    "TrainerError": "stacx.trainer.errors",
+    "TrainingConfig": "stacx.trainer.recipe",
+    "WeightPublisher": "stacx.trainer.protocols",
+    "get_recipe": "stacx.trainer.recipe",
+    "list_recipes": "stacx.trainer.recipe",
+    "load_config": "stacx.trainer.config",
+    "recipe": "stacx.trainer.recipe",
+    "to_tensor_batch": "stacx.trainer.batch",
+    "validate_batch": "stacx.trainer.batch",
 }
 
 

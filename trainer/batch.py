@@ -11,9 +11,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from schemas.records import TrainingBatch
-from trainer.errors import BatchValidationError
-from trainer.losses import Normaliser
+from stacx.schemas.records import TrainingBatch
+from stacx.trainer.errors import BatchValidationError
+from stacx.trainer.losses import Normaliser
 
 __all__ = ["TensorBatch", "check_greedy_rows", "check_vocabulary", "to_tensor_batch",
            "validate_batch"]

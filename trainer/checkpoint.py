@@ -23,10 +23,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from trainer.backends.base import Backend
-from trainer.config import CheckpointConfig
-from trainer.errors import CheckpointError
-from trainer.workers import ModelWorker
+from stacx.trainer.backends.base import Backend
+from stacx.trainer.config import CheckpointConfig
+from stacx.trainer.errors import CheckpointError
+from stacx.trainer.workers import ModelWorker
 
 __all__ = ["CheckpointManager"]
 

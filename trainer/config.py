@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from schemas import topics
-from trainer.errors import ConfigError
-from trainer.model_config import ModelConfig
+from stacx.schemas import topics
+from stacx.trainer.errors import ConfigError
+from stacx.trainer.model_config import ModelConfig
 
 __all__ = [
     "BackendConfig",
@@ -165,9 +165,9 @@ class TrainerConfig:
 
 def load_config(path: str | Path) -> TrainerConfig:
     """A TrainerConfig from YAML (the whole file, or its `trainer` section), through the one
-    config loader (`schemas.config`): every problem is one line with its field path."""
-    from schemas.config import ConfigError as FileError
-    from schemas.config import build, load_yaml
+    config loader (`stacx.schemas.config`): every problem is one line with its field path."""
+    from stacx.schemas.config import ConfigError as FileError
+    from stacx.schemas.config import build, load_yaml
 
     try:
         tree = load_yaml(path)

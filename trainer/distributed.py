@@ -1,5 +1,5 @@
 """Process groups: joining the env:// group (spawned local ranks or a torchrun launch) and placing
-worker groups on ranks. Spawning the ranks is `trainer.ranks` (no torch there), re-exported here."""
+worker groups on ranks. Spawning the ranks is `stacx.trainer.ranks` (no torch there), re-exported here."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from trainer.ranks import free_port, spawn
+from stacx.trainer.ranks import free_port, spawn
 
 __all__ = ["free_port", "init_process_group", "place_groups", "spawn"]
 

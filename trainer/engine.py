@@ -27,28 +27,28 @@ import numpy as np
 import torch
 from opentelemetry import metrics as otel_metrics
 
-from schemas.records import STEP_FIGURE_PREFIX, TrainingBatch, WeightVersion, export_dir_name
-from trainer.backends import Backend, build_backend
-from trainer.batch import (
+from stacx.schemas.records import STEP_FIGURE_PREFIX, TrainingBatch, WeightVersion, export_dir_name
+from stacx.trainer.backends import Backend, build_backend
+from stacx.trainer.batch import (
     TensorBatch,
     check_greedy_rows,
     check_vocabulary,
     to_tensor_batch,
     validate_batch,
 )
-from trainer.checkpoint import CheckpointManager
-from trainer.config import TrainerConfig
-from trainer.distributed import place_groups
-from trainer.errors import BatchValidationError, ConfigError
-from trainer.export import content_hash, export_hf, prune_exports
-from trainer.losses import Normaliser
-from trainer.models import ModelConfig, build_model
-from trainer.protocols import BatchSource, Positions, SourcedBatch, WeightPublisher
-from trainer.publish import build_publisher
-from trainer.ranks import spawn_trainer, spawns_ranks
-from trainer.recipe import DataSync, ModelSlot, TrainingConfig, get_recipe
-from trainer.sources import build_source
-from trainer.workers import ModelWorker, RoleWorker, build_optimizer
+from stacx.trainer.checkpoint import CheckpointManager
+from stacx.trainer.config import TrainerConfig
+from stacx.trainer.distributed import place_groups
+from stacx.trainer.errors import BatchValidationError, ConfigError
+from stacx.trainer.export import content_hash, export_hf, prune_exports
+from stacx.trainer.losses import Normaliser
+from stacx.trainer.models import ModelConfig, build_model
+from stacx.trainer.protocols import BatchSource, Positions, SourcedBatch, WeightPublisher
+from stacx.trainer.publish import build_publisher
+from stacx.trainer.ranks import spawn_trainer, spawns_ranks
+from stacx.trainer.recipe import DataSync, ModelSlot, TrainingConfig, get_recipe
+from stacx.trainer.sources import build_source
+from stacx.trainer.workers import ModelWorker, RoleWorker, build_optimizer
 
 __all__ = ["StacxTrainer", "StepResult", "merge_metrics", "metrics_text", "run_rank", "step_figures"]
 
@@ -517,7 +517,7 @@ def metrics_text(metrics: dict[str, float]) -> str:
 
 def step_figures(result: StepResult) -> dict[str, str]:
     """The step's loss, tokens, time and merged metrics as WeightVersion metadata
-    (`schemas.records.STEP_FIGURE_PREFIX`)."""
+    (`stacx.schemas.records.STEP_FIGURE_PREFIX`)."""
     figures = {"loss": result.loss, "num_tokens": float(result.num_tokens), "seconds": result.seconds,
                **result.metrics}
     return {STEP_FIGURE_PREFIX + name: repr(float(value)) for name, value in figures.items()}
@@ -539,7 +539,7 @@ def merge_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
 
 def run_rank(config: TrainerConfig, max_steps: int | None,
              rank_setup: Callable[[], object] | None = None) -> None:
-    """One trainer run to completion (`trainer.ranks.TRAINER_RANK`: what each spawned rank runs)."""
+    """One trainer run to completion (`stacx.trainer.ranks.TRAINER_RANK`: what each spawned rank runs)."""
     if rank_setup is not None:
         rank_setup()
     with StacxTrainer.from_config(config) as trainer:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas.config import ConfigError as _SharedConfigError
+from stacx.schemas.config import ConfigError as _SharedConfigError
 
 __all__ = [
     "BatchValidationError",
@@ -22,7 +22,7 @@ class TrainerError(Exception):
 
 class ConfigError(TrainerError, _SharedConfigError):
     """A trainer config field is missing or invalid; the message names the field and the fix
-    (a `schemas.config.ConfigError`: the config loader reports it with its field path)."""
+    (a `stacx.schemas.config.ConfigError`: the config loader reports it with its field path)."""
 
 
 class RecipeError(TrainerError):

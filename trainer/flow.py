@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from schemas.records import TrainingBatch, logprobs, loss_mask, token_ids
-from trainer.errors import ConfigError, RecipeError
-from trainer.protocols import ModelOutput
+from stacx.schemas.records import TrainingBatch, logprobs, loss_mask, token_ids
+from stacx.trainer.errors import ConfigError, RecipeError
+from stacx.trainer.protocols import ModelOutput
 
 __all__ = ["FLOW_TOKEN", "POINT_SCALE", "FlowConfig", "FlowModel", "decode_points",
            "point_batch"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.errors import ConfigError
+from stacx.trainer.errors import ConfigError
 
 __all__ = ["ModelConfig"]
 

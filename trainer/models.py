@@ -12,9 +12,9 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from trainer.errors import ConfigError
-from trainer.model_config import ModelConfig
-from trainer.protocols import ModelOutput
+from stacx.trainer.errors import ConfigError
+from stacx.trainer.model_config import ModelConfig
+from stacx.trainer.protocols import ModelOutput
 
 __all__ = ["Head", "ModelConfig", "StacxModel", "build_model", "tiny_qwen2_config"]
 
@@ -94,7 +94,7 @@ def _load_backbone(cfg: ModelConfig, head: Head) -> nn.Module:
 def build_model(cfg: ModelConfig, head: Head = "lm") -> nn.Module:
     """Build (on CPU) the model of one model slot: a StacxModel, or a FlowModel for `flow`."""
     if head == "flow":
-        from trainer.flow import build_flow_model
+        from stacx.trainer.flow import build_flow_model
 
         if cfg.tiny is None:
             raise ConfigError("a `flow` slot needs `tiny` (FlowConfig fields, {} for defaults); "

@@ -22,7 +22,7 @@ from typing import Literal, get_args
 
 import torch
 
-from trainer.losses import LOG_RATIO_CLAMP, masked_mean
+from stacx.trainer.losses import LOG_RATIO_CLAMP, masked_mean
 
 __all__ = ["OFF_POLICY_MODES", "OffPolicyMode", "check_off_policy", "importance_weights",
            "mismatch_metrics"]

@@ -7,8 +7,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from schemas.records import TrainingBatch, WeightVersion
-from trainer.batch import TensorBatch
+from stacx.schemas.records import TrainingBatch, WeightVersion
+from stacx.trainer.batch import TensorBatch
 
 __all__ = [
     "BatchSource",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from schemas.records import WeightVersion
-from trainer.config import ExportConfig
+from stacx.schemas.records import WeightVersion
+from stacx.trainer.config import ExportConfig
 
 __all__ = ["InMemoryWeightPublisher", "KafkaWeightPublisher", "build_publisher"]
 
@@ -27,7 +27,7 @@ class KafkaWeightPublisher:
     """Publishes through the shared EventProducer; waits for the delivery report."""
 
     def __init__(self, config: ExportConfig, client_id: str = "stacx-trainer") -> None:
-        from producers import EventProducer
+        from stacx.producers import EventProducer
 
         self.topic = config.topic
         self.producer: Any = EventProducer(

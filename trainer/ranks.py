@@ -24,19 +24,19 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import wait
 from typing import TYPE_CHECKING, Any
 
-from schemas.config import ConfigError as FileConfigError
-from schemas.plugins import import_object
-from trainer.errors import ConfigError, RankError, RecipeError, TrainerError
+from stacx.schemas.config import ConfigError as FileConfigError
+from stacx.schemas.plugins import import_object
+from stacx.trainer.errors import ConfigError, RankError, RecipeError, TrainerError
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
     from multiprocessing.queues import SimpleQueue
 
-    from trainer.config import BackendConfig, TrainerConfig
+    from stacx.trainer.config import BackendConfig, TrainerConfig
 
 __all__ = ["TRAINER_RANK", "free_port", "spawn", "spawn_trainer", "spawns_ranks"]
 
-TRAINER_RANK = "trainer.engine:run_rank"
+TRAINER_RANK = "stacx.trainer.engine:run_rank"
 """The rank function of `spawn_trainer`: `run_rank(config, max_steps, rank_setup)`."""
 
 _PR_SET_PDEATHSIG = 1

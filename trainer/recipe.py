@@ -10,10 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.plugins import PluginError, Registry, accepts, first_line
-from trainer.errors import RecipeError
-from trainer.models import Head
-from trainer.protocols import Specialization
+from stacx.schemas.plugins import PluginError, Registry, accepts, first_line
+from stacx.trainer.errors import RecipeError
+from stacx.trainer.models import Head
+from stacx.trainer.protocols import Specialization
 
 __all__ = [
     "DataSync",
@@ -121,7 +121,7 @@ class TrainingConfig:
 
 
 def _load_builtin() -> None:
-    import trainer.recipes  # noqa: F401  (registers the shipped recipes)
+    import stacx.trainer.recipes  # noqa: F401  (registers the shipped recipes)
 
 
 def _check(factory: Any) -> str | None:
@@ -141,7 +141,7 @@ def recipe(name: str) -> Callable[[Callable[[], TrainingConfig]], Callable[[], T
     def register(factory: Callable[[], TrainingConfig]) -> Callable[[], TrainingConfig]:
         if RECIPES.is_registered(name):
             raise RecipeError(f"recipe {name!r} is registered twice")
-        shipped = factory.__module__.startswith("trainer.recipes")
+        shipped = factory.__module__.startswith("stacx.trainer.recipes")
         RECIPES.add(name, factory, origin=f"{'builtin' if shipped else 'registered'} ({factory.__module__})")
         return factory
 

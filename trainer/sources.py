@@ -8,11 +8,11 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from schemas.records import TrainingBatch
-from trainer.batch import validate_batch
-from trainer.config import SourceConfig
-from trainer.errors import SourceError
-from trainer.protocols import Positions, SourcedBatch
+from stacx.schemas.records import TrainingBatch
+from stacx.trainer.batch import validate_batch
+from stacx.trainer.config import SourceConfig
+from stacx.trainer.errors import SourceError
+from stacx.trainer.protocols import Positions, SourcedBatch
 
 __all__ = ["InMemoryBatchSource", "KafkaBatchSource", "build_source", "commit_positions"]
 
@@ -72,7 +72,7 @@ class KafkaBatchSource:
     """
 
     def __init__(self, config: SourceConfig, client_id: str = "stacx-trainer") -> None:
-        from consumers import EventConsumer
+        from stacx.consumers import EventConsumer
 
         self.config = config
         self._last_activity: float | None = None
@@ -122,7 +122,7 @@ class KafkaBatchSource:
         return int(self.consumer.num_dead_letters)
 
     def reject(self, sourced: SourcedBatch, error: Exception) -> None:
-        from consumers import ConsumedEvent
+        from stacx.consumers import ConsumedEvent
 
         event = ConsumedEvent(sourced.batch, sourced.key, sourced.topic, sourced.partition,
                               sourced.offset, 0, dict(sourced.headers))
@@ -182,7 +182,7 @@ class KafkaBatchSource:
 def commit_positions(consumer: Any, positions: Positions) -> bool:
     """Commit the next offsets `positions` through an EventConsumer-like `consumer`; False (and
     one warning) when the broker refused them because the group moved on since they were read."""
-    from consumers import CommitRefusedError, ConsumedEvent
+    from stacx.consumers import CommitRefusedError, ConsumedEvent
 
     # EventConsumer commits "past" events: describe each next offset as its predecessor
     events = [ConsumedEvent(None, None, key.rsplit("/", 1)[0], int(key.rsplit("/", 1)[1]),

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.batch import TensorBatch
-from trainer.errors import RecipeError
-from trainer.losses import Aggregation, aggregate, check_aggregation, token_logprobs
-from trainer.offpolicy import OffPolicyMode, check_off_policy, importance_weights, mismatch_metrics
-from trainer.protocols import ModelOutput
+from stacx.trainer.batch import TensorBatch
+from stacx.trainer.errors import RecipeError
+from stacx.trainer.losses import Aggregation, aggregate, check_aggregation, token_logprobs
+from stacx.trainer.offpolicy import OffPolicyMode, check_off_policy, importance_weights, mismatch_metrics
+from stacx.trainer.protocols import ModelOutput
 
 __all__ = ["Aggregated", "FlowErrors", "PolicyGradient", "TokenLogprobs", "behaviour_logprobs",
            "terminal_rewards"]

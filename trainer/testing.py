@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from schemas.records import TrainingBatch, logprobs, loss_mask, token_ids
-from trainer.config import CheckpointConfig, ExportConfig, SourceConfig, TrainerConfig
-from trainer.models import ModelConfig
+from stacx.schemas.records import TrainingBatch, logprobs, loss_mask, token_ids
+from stacx.trainer.config import CheckpointConfig, ExportConfig, SourceConfig, TrainerConfig
+from stacx.trainer.models import ModelConfig
 
 __all__ = ["run_gradients", "run_jobs", "run_steps", "synthetic_batch", "synthetic_batches",
            "tiny_trainer_config"]
@@ -102,9 +102,9 @@ def run_steps(config: TrainerConfig, batches: list[TrainingBatch], steps: int,
     """Train `steps` steps from memory and write rank 0's losses as JSON (a spawn target)."""
     import json
 
-    from trainer.engine import StacxTrainer
-    from trainer.publish import InMemoryWeightPublisher
-    from trainer.sources import InMemoryBatchSource
+    from stacx.trainer.engine import StacxTrainer
+    from stacx.trainer.publish import InMemoryWeightPublisher
+    from stacx.trainer.sources import InMemoryBatchSource
 
     trainer = StacxTrainer(config, source=InMemoryBatchSource(batches),
                            publisher=InMemoryWeightPublisher())
@@ -121,9 +121,9 @@ def run_gradients(config: TrainerConfig, batch: TrainingBatch, out_path: str) ->
     every trainable parameter (`torch.save`): {"loss": float, "grads": {slot.param: tensor}}."""
     import torch
 
-    from trainer.engine import StacxTrainer
-    from trainer.publish import InMemoryWeightPublisher
-    from trainer.sources import InMemoryBatchSource
+    from stacx.trainer.engine import StacxTrainer
+    from stacx.trainer.publish import InMemoryWeightPublisher
+    from stacx.trainer.sources import InMemoryBatchSource
 
     trainer = StacxTrainer(config, source=InMemoryBatchSource([]),
                            publisher=InMemoryWeightPublisher())

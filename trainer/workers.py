@@ -9,11 +9,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.batch import TensorBatch
-from trainer.config import OptimizerConfig
-from trainer.errors import RecipeError
-from trainer.protocols import ModelOutput, Specialization
-from trainer.recipe import ModelSlot, Role
+from stacx.trainer.batch import TensorBatch
+from stacx.trainer.config import OptimizerConfig
+from stacx.trainer.errors import RecipeError
+from stacx.trainer.protocols import ModelOutput, Specialization
+from stacx.trainer.recipe import ModelSlot, Role
 
 __all__ = ["ModelWorker", "RoleWorker", "build_optimizer"]
 

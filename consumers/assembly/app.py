@@ -44,31 +44,31 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from faust.types import TP
 from opentelemetry import metrics
 
-from consumers.assembly.assignor import make_assignor
-from consumers.assembly.batched import batched_since_committed, group_ids_header
-from consumers.assembly.batching import BatchBuilder, RejectedGroup
-from consumers.assembly.claims import BatchEncoder, decode_trajectory
-from consumers.assembly.envelope import encode_group
-from consumers.assembly.errors import AssemblyConfigError, AssemblyError, OutputTopicMissing
-from consumers.assembly.filters import SampleFilter, invalid_reason
-from consumers.assembly.gaps import GapReader, InputOrder, KafkaGapReader, ack
-from consumers.assembly.grouping import GroupAssembler
-from consumers.assembly.holding import GroupRecords, HeldAcks, PendingMarks, TrackedPool
-from consumers.assembly.missing import quiet_missing_topics
-from consumers.assembly.mixture import MixturePlanner
-from consumers.assembly.protocols import Forwarder, Output
-from consumers.assembly.stats import AssemblyStats
-from consumers.assembly.tracing import TraceLinks
-from consumers.assembly.watchdog import RebalanceWatchdog
-from consumers.assembly.worker import SignalledWorker, WorkerGaveUp
-from consumers.dead_letters import keep_original
-from consumers.library_patches import FETCH_MAX_WAIT_MS, IdempotentApp, use_fast_lz4
-from producers.errors import BlobStoreError
-from schemas import topics
-from schemas.catalogue import SchemaCatalogue, catalogue_codec
-from schemas.claimcheck import ClaimCheck
-from schemas.codec import Codec
-from schemas.records import DeadLetter, TrainingBatch, WeightVersion, now_ms
+from stacx.consumers.assembly.assignor import make_assignor
+from stacx.consumers.assembly.batched import batched_since_committed, group_ids_header
+from stacx.consumers.assembly.batching import BatchBuilder, RejectedGroup
+from stacx.consumers.assembly.claims import BatchEncoder, decode_trajectory
+from stacx.consumers.assembly.envelope import encode_group
+from stacx.consumers.assembly.errors import AssemblyConfigError, AssemblyError, OutputTopicMissing
+from stacx.consumers.assembly.filters import SampleFilter, invalid_reason
+from stacx.consumers.assembly.gaps import GapReader, InputOrder, KafkaGapReader, ack
+from stacx.consumers.assembly.grouping import GroupAssembler
+from stacx.consumers.assembly.holding import GroupRecords, HeldAcks, PendingMarks, TrackedPool
+from stacx.consumers.assembly.missing import quiet_missing_topics
+from stacx.consumers.assembly.mixture import MixturePlanner
+from stacx.consumers.assembly.protocols import Forwarder, Output
+from stacx.consumers.assembly.stats import AssemblyStats
+from stacx.consumers.assembly.tracing import TraceLinks
+from stacx.consumers.assembly.watchdog import RebalanceWatchdog
+from stacx.consumers.assembly.worker import SignalledWorker, WorkerGaveUp
+from stacx.consumers.dead_letters import keep_original
+from stacx.consumers.library_patches import FETCH_MAX_WAIT_MS, IdempotentApp, use_fast_lz4
+from stacx.producers.errors import BlobStoreError
+from stacx.schemas import topics
+from stacx.schemas.catalogue import SchemaCatalogue, catalogue_codec
+from stacx.schemas.claimcheck import ClaimCheck
+from stacx.schemas.codec import Codec
+from stacx.schemas.records import DeadLetter, TrainingBatch, WeightVersion, now_ms
 
 __all__ = [
     "TICK_KEY",

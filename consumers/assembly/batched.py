@@ -18,10 +18,10 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from consumers.assembly.claims import decode_resolved
-from consumers.assembly.gaps import GapReader
-from schemas.codec import Codec
-from schemas.records import TrainingBatch
+from stacx.consumers.assembly.claims import decode_resolved
+from stacx.consumers.assembly.gaps import GapReader
+from stacx.schemas.codec import Codec
+from stacx.schemas.records import TrainingBatch
 
 __all__ = ["GROUP_IDS_HEADER", "batched_since_committed", "group_ids_header"]
 

@@ -14,16 +14,16 @@ import heapq
 from dataclasses import dataclass
 from typing import Any
 
-from consumers.assembly.claims import decode_trajectory
-from consumers.assembly.envelope import ReadyGroup, decode_group
-from consumers.assembly.errors import AssemblyConfigError
-from consumers.assembly.filters import FailurePolicy, SampleFilter
-from consumers.assembly.mixture import MixturePlanner, PoolEntry
-from consumers.assembly.packing import PackedGroup, pack_batch
-from consumers.assembly.protocols import StateTable
-from consumers.assembly.stats import AssemblyStats, log_dropped
-from schemas.codec import Codec
-from schemas.records import TrainingBatch
+from stacx.consumers.assembly.claims import decode_trajectory
+from stacx.consumers.assembly.envelope import ReadyGroup, decode_group
+from stacx.consumers.assembly.errors import AssemblyConfigError
+from stacx.consumers.assembly.filters import FailurePolicy, SampleFilter
+from stacx.consumers.assembly.mixture import MixturePlanner, PoolEntry
+from stacx.consumers.assembly.packing import PackedGroup, pack_batch
+from stacx.consumers.assembly.protocols import StateTable
+from stacx.consumers.assembly.stats import AssemblyStats, log_dropped
+from stacx.schemas.codec import Codec
+from stacx.schemas.records import TrainingBatch
 
 __all__ = ["BatchBuilder", "RejectedGroup"]
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.assembly.errors import AssemblyConfigError, InvalidTrajectoryError
-from producers.blobs import FsspecBlobStore, default_blob_url
-from schemas import topics
-from schemas.claimcheck import ClaimCheck
-from schemas.codec import Codec, default_codec
-from schemas.records import TrainingBatch, Trajectory
+from stacx.consumers.assembly.errors import AssemblyConfigError, InvalidTrajectoryError
+from stacx.producers.blobs import FsspecBlobStore, default_blob_url
+from stacx.schemas import topics
+from stacx.schemas.claimcheck import ClaimCheck
+from stacx.schemas.codec import Codec, default_codec
+from stacx.schemas.records import TrainingBatch, Trajectory
 
 __all__ = ["BatchEncoder", "decode_resolved", "decode_trajectory"]
 

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from consumers.assembly.errors import AssemblyConfigError
-from consumers.assembly.protocols import LatestVersions
-from schemas.records import Trajectory
-from schemas.validation import record_problems
+from stacx.consumers.assembly.errors import AssemblyConfigError
+from stacx.consumers.assembly.protocols import LatestVersions
+from stacx.schemas.records import Trajectory
+from stacx.schemas.validation import record_problems
 
 __all__ = ["FailurePolicy", "SampleFilter", "Verdict", "invalid_reason", "oldest_policy_version"]
 

@@ -33,8 +33,8 @@ import faust
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
 from faust.types import TP
 
-from consumers.assembly.errors import AssemblyError, BrokerUnavailableError
-from producers.kafka_log import kafka_logger
+from stacx.consumers.assembly.errors import AssemblyError, BrokerUnavailableError
+from stacx.producers.kafka_log import kafka_logger
 
 __all__ = ["GapReader", "InputOrder", "KafkaGapReader", "OffsetGuard", "Refetched", "ack"]
 

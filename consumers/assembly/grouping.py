@@ -38,12 +38,12 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from consumers.assembly.envelope import ReadyGroup
-from consumers.assembly.errors import AssemblyConfigError
-from consumers.assembly.filters import SampleFilter, Verdict, oldest_policy_version
-from consumers.assembly.protocols import StateTable
-from consumers.assembly.stats import AssemblyStats, log_dropped
-from schemas.records import Trajectory
+from stacx.consumers.assembly.envelope import ReadyGroup
+from stacx.consumers.assembly.errors import AssemblyConfigError
+from stacx.consumers.assembly.filters import SampleFilter, Verdict, oldest_policy_version
+from stacx.consumers.assembly.protocols import StateTable
+from stacx.consumers.assembly.stats import AssemblyStats, log_dropped
+from stacx.schemas.records import Trajectory
 
 __all__ = ["GroupAssembler", "PartialPolicy"]
 

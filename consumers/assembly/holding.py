@@ -28,7 +28,7 @@ from collections.abc import Hashable, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from consumers.assembly.protocols import StateTable
+from stacx.consumers.assembly.protocols import StateTable
 
 __all__ = ["GroupRecords", "HeldAcks", "PendingMarks", "TrackedPool"]
 

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from producers.kafka_log import RepeatFilter
+from stacx.producers.kafka_log import RepeatFilter
 
 __all__ = ["AIOKAFKA_CLUSTER_LOGGER", "OncePerTopic", "quiet_missing_topics"]
 

@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from consumers.assembly.errors import AssemblyConfigError
+from stacx.consumers.assembly.errors import AssemblyConfigError
 
 __all__ = ["BatchUnit", "MixturePlanner", "PoolEntry", "quotas"]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from schemas.records import TrainingBatch, Trajectory
+from stacx.schemas.records import TrainingBatch, Trajectory
 
 __all__ = ["PackedGroup", "batch_id", "pack_batch"]
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass
 
-from schemas.records import TrainingBatch
+from stacx.schemas.records import TrainingBatch
 
 __all__ = ["DROPPED_LINE", "AssemblyStats", "log_dropped"]
 
-log = logging.getLogger("consumers.assembly")
+log = logging.getLogger("stacx.consumers.assembly")
 
 DROPPED_LINE = "group %s of %s dropped: %s"
 """The line of a group dropped whole (the chaos audit reads it back from the assembler's log)."""

@@ -10,8 +10,8 @@ from typing import Any
 from confluent_kafka import Message
 from faust.types import TP
 
-from consumers.assembly.protocols import Output
-from schemas.records import (
+from stacx.consumers.assembly.protocols import Output
+from stacx.schemas.records import (
     Trajectory,
     TrajectoryStatus,
     logprobs,

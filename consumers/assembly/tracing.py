@@ -18,7 +18,7 @@ from typing import Any
 
 from opentelemetry import trace
 
-from producers.tracing import TRACEPARENT, context_from_headers, trace_headers, tracing_on
+from stacx.producers.tracing import TRACEPARENT, context_from_headers, trace_headers, tracing_on
 
 __all__ = ["LINKS_HEADER", "TraceLinks"]
 

@@ -1,9 +1,9 @@
 """On-call RL stream processing: logged calls -> trajectories (prefix merge) -> joined with
 delayed feedback -> rewarded trajectories for the online learner. See docs/oncall.md."""
 
-from consumers.oncall.app import ONCALL_TICK_KEY, OncallJoinApp, ensure_join_topics
-from consumers.oncall.join import FeedbackJoin, Joined, JoinStats, Rejected, SessionState, feedback_id
-from consumers.oncall.trajectories import (
+from stacx.consumers.oncall.app import ONCALL_TICK_KEY, OncallJoinApp, ensure_join_topics
+from stacx.consumers.oncall.join import FeedbackJoin, Joined, JoinStats, Rejected, SessionState, feedback_id
+from stacx.consumers.oncall.trajectories import (
     OpenTrajectory,
     TrajectoryBuilder,
     interaction_split,

@@ -26,17 +26,17 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 from faust.types import TP
 
-from consumers.assembly.app import FaustForwarder
-from consumers.assembly.errors import AssemblyError
-from consumers.assembly.gaps import GapReader, InputOrder, KafkaGapReader, ack
-from consumers.assembly.protocols import Forwarder, Output
-from consumers.library_patches import IdempotentApp
-from consumers.oncall.clock import EventClock
-from consumers.oncall.join import FeedbackJoin, Joined, JoinStats, Rejected, feedback_id
-from schemas import topics
-from schemas.codec import decode, encode
-from schemas.records import AgentInteraction, DeadLetter, Feedback, now_ms
-from schemas.validation import validate
+from stacx.consumers.assembly.app import FaustForwarder
+from stacx.consumers.assembly.errors import AssemblyError
+from stacx.consumers.assembly.gaps import GapReader, InputOrder, KafkaGapReader, ack
+from stacx.consumers.assembly.protocols import Forwarder, Output
+from stacx.consumers.library_patches import IdempotentApp
+from stacx.consumers.oncall.clock import EventClock
+from stacx.consumers.oncall.join import FeedbackJoin, Joined, JoinStats, Rejected, feedback_id
+from stacx.schemas import topics
+from stacx.schemas.codec import decode, encode
+from stacx.schemas.records import AgentInteraction, DeadLetter, Feedback, now_ms
+from stacx.schemas.validation import validate
 
 __all__ = ["ONCALL_TICK_KEY", "OncallJoinApp", "ensure_join_topics"]
 

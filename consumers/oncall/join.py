@@ -32,8 +32,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from consumers.oncall.trajectories import OpenTrajectory, TrajectoryBuilder
-from schemas.records import AgentInteraction, Feedback, Trajectory
+from stacx.consumers.oncall.trajectories import OpenTrajectory, TrajectoryBuilder
+from stacx.schemas.records import AgentInteraction, Feedback, Trajectory
 
 __all__ = ["FeedbackJoin", "JoinStats", "Joined", "Rejected", "SessionState", "feedback_id"]
 

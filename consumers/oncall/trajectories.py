@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from schemas.records import AgentInteraction, Trajectory, TrajectoryStatus, Turn
+from stacx.schemas.records import AgentInteraction, Trajectory, TrajectoryStatus, Turn
 
 __all__ = ["OpenTrajectory", "TrajectoryBuilder", "interaction_split", "trajectory_id_for"]
 

@@ -77,8 +77,8 @@ def warm_start(run: Run, steps: int, batch_size: int) -> Path:
     """Tiny model, then SFT on the demonstration mixture; returns the SFT model directory."""
     from transformers import AutoTokenizer
 
-    from infra.pipeline.sft import run_sft
-    from rollout.models import make_tiny_model
+    from stacx.infra.pipeline.sft import run_sft
+    from stacx.rollout.models import make_tiny_model
 
     base = make_tiny_model(run.dir / "models" / "base", seed=0)
     task.install_chat_template(str(base))
@@ -111,7 +111,7 @@ def warm_start(run: Run, steps: int, batch_size: int) -> Path:
 def sft_batch(rows: list[tuple[list[int], list[int]]], step: int, prompt_lengths: list[int]) -> Any:
     import numpy as np
 
-    from schemas.records import TrainingBatch
+    from stacx.schemas.records import TrainingBatch
 
     lengths = np.array([len(ids) for ids, _ in rows], dtype=np.int32)
     n = len(rows)

@@ -143,7 +143,7 @@ class DemonstrationConfig:
 
 
 def tool_response_text(stdout: str) -> str:
-    """The observation the ReTool scaffold (`rollout.scaffolds.ToolCallingScaffold.observe`)
+    """The observation the ReTool scaffold (`stacx.rollout.scaffolds.ToolCallingScaffold.observe`)
     appends after a tool call; kept identical so that demonstrations match rollouts."""
     return f"\n{TOOL_RESPONSE_OPEN}\n{stdout}\n{TOOL_RESPONSE_CLOSE}\n"
 

@@ -9,7 +9,7 @@ effective supervised tokens (loss-masked tokens trained on), which these equal b
 equalise. The teacher is trained on the training tasks only; success is measured on the
 held-out tasks, which no policy trains on. Rows are Trajectory records, packed by the
 assembler's `pack_batch` into TrainingBatches and trained by StacxTrainer with the shipped
-recipes `sft`, `opd`, `dagger`, `aggrevate`; DAgger rows come from `rollout.teacher.dagger_rows`.
+recipes `sft`, `opd`, `dagger`, `aggrevate`; DAgger rows come from `stacx.rollout.teacher.dagger_rows`.
 Writes results.json, table.md and curves.png under --out and prints the table.
 """
 
@@ -26,9 +26,9 @@ import corridor as cd
 import numpy as np
 import torch
 
-from consumers.assembly.packing import PackedGroup, pack_batch
-from rollout.teacher import BetaSchedule, dagger_rows
-from schemas.records import (
+from stacx.consumers.assembly.packing import PackedGroup, pack_batch
+from stacx.rollout.teacher import BetaSchedule, dagger_rows
+from stacx.schemas.records import (
     TrainingBatch,
     Trajectory,
     Turn,
@@ -37,9 +37,9 @@ from schemas.records import (
     token_ids,
     trajectory_id,
 )
-from trainer import InMemoryBatchSource, ModelConfig, StacxTrainer
-from trainer.models import build_model
-from trainer.testing import tiny_trainer_config
+from stacx.trainer import InMemoryBatchSource, ModelConfig, StacxTrainer
+from stacx.trainer.models import build_model
+from stacx.trainer.testing import tiny_trainer_config
 
 STRATEGIES = ("sft", "opd", "dagger", "aggrevate")
 ITERATIONS = 10

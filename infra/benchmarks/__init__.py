@@ -1,7 +1,7 @@
 """Built-in benchmark suites for `stacx bench`: one adapter per suite, each a plug-in of the
 `benchmarks` extension point (see docs/benchmarks.md)."""
 
-from infra.benchmarks.protocols import BenchmarkSuite, LoadedSuite, SuiteScore, TaskOutcome
-from infra.benchmarks.registry import BENCHMARKS, build_suite
+from stacx.infra.benchmarks.protocols import BenchmarkSuite, LoadedSuite, SuiteScore, TaskOutcome
+from stacx.infra.benchmarks.registry import BENCHMARKS, build_suite
 
 __all__ = ["BENCHMARKS", "BenchmarkSuite", "LoadedSuite", "SuiteScore", "TaskOutcome", "build_suite"]

@@ -15,12 +15,12 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from infra.benchmarks.protocols import LoadedSuite, SuiteScore, TaskOutcome
-from infra.benchmarks.registry import BENCHMARKS
-from infra.benchmarks.stats import bootstrap_interval, harmonic_mean
-from rollout.protocols import EnvironmentSession
-from rollout.rewards import VERIFIERS
-from schemas.records import TaskSample
+from stacx.infra.benchmarks.protocols import LoadedSuite, SuiteScore, TaskOutcome
+from stacx.infra.benchmarks.registry import BENCHMARKS
+from stacx.infra.benchmarks.stats import bootstrap_interval, harmonic_mean
+from stacx.rollout.protocols import EnvironmentSession
+from stacx.rollout.rewards import VERIFIERS
+from stacx.schemas.records import TaskSample
 
 __all__ = ["AlgoTune", "algotune_verifier", "task_speedup"]
 
@@ -37,7 +37,7 @@ PROMPT = (
 )
 
 
-@VERIFIERS.register("algotune", origin="builtin (infra.benchmarks.algotune)")
+@VERIFIERS.register("algotune", origin="builtin (stacx.infra.benchmarks.algotune)")
 async def algotune_verifier(session: EnvironmentSession, task: TaskSample) -> dict[str, float]:
     """Validity, then speedup, of the agent's /workspace/solver.py against the task's reference."""
     await session.exec(f"cat > {TASK_FILE}", stdin=json.loads(task.data)["reference"], timeout_s=60)
@@ -64,7 +64,7 @@ def task_speedup(samples: Sequence[dict[str, float]], k: int) -> float:
     return max([BASELINE, *valid])
 
 
-@BENCHMARKS.register("algotune", origin="builtin (infra.benchmarks.algotune)")
+@BENCHMARKS.register("algotune", origin="builtin (stacx.infra.benchmarks.algotune)")
 class AlgoTune:
     """AlgoTune numerical-program speedups: the AlgoTune score (harmonic-mean speedup)."""
 

@@ -8,14 +8,14 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-from infra.benchmarks.protocols import LoadedSuite, SuiteScore, TaskOutcome
-from infra.benchmarks.registry import BENCHMARKS
-from infra.benchmarks.scoring import rate_score
-from schemas.records import TaskSample
+from stacx.infra.benchmarks.protocols import LoadedSuite, SuiteScore, TaskOutcome
+from stacx.infra.benchmarks.registry import BENCHMARKS
+from stacx.infra.benchmarks.scoring import rate_score
+from stacx.schemas.records import TaskSample
 
 __all__ = ["HarborSuite", "Seta", "TerminalBench2"]
 
-_ORIGIN = "builtin (infra.benchmarks.harbor_suites)"
+_ORIGIN = "builtin (stacx.infra.benchmarks.harbor_suites)"
 
 
 class HarborSuite:
@@ -31,8 +31,8 @@ class HarborSuite:
         self.task_type: str = self.name
 
     def load(self, path: Path) -> LoadedSuite:
-        from sandbox.errors import SandboxError
-        from sandbox.tasks import find_task_dirs, load_task, to_task_sample
+        from stacx.sandbox.errors import SandboxError
+        from stacx.sandbox.tasks import find_task_dirs, load_task, to_task_sample
 
         if not path.is_dir():
             return LoadedSuite([], [f"{path}: not a folder; point --from at the {self.name} task folders"])

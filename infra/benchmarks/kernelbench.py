@@ -16,12 +16,12 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from infra.benchmarks.protocols import LoadedSuite, SuiteScore, TaskOutcome
-from infra.benchmarks.registry import BENCHMARKS
-from infra.benchmarks.stats import bootstrap_interval, geometric_mean, wilson_interval
-from rollout.protocols import EnvironmentSession
-from rollout.rewards import VERIFIERS
-from schemas.records import TaskSample
+from stacx.infra.benchmarks.protocols import LoadedSuite, SuiteScore, TaskOutcome
+from stacx.infra.benchmarks.registry import BENCHMARKS
+from stacx.infra.benchmarks.stats import bootstrap_interval, geometric_mean, wilson_interval
+from stacx.rollout.protocols import EnvironmentSession
+from stacx.rollout.rewards import VERIFIERS
+from stacx.schemas.records import TaskSample
 
 __all__ = ["KernelBench", "kernel_outcome", "kernelbench_verifier"]
 
@@ -39,7 +39,7 @@ HARNESS = Path(__file__).with_name("kernelbench_harness.py")
 """The check run in the sandbox (the task image needs python3 and torch; a GPU for CUDA kernels)."""
 
 
-@VERIFIERS.register("kernelbench", origin="builtin (infra.benchmarks.kernelbench)")
+@VERIFIERS.register("kernelbench", origin="builtin (stacx.infra.benchmarks.kernelbench)")
 async def kernelbench_verifier(session: EnvironmentSession, task: TaskSample) -> dict[str, float]:
     """Correctness, then speedup, of the agent's /workspace/model_new.py against the task's reference."""
     reference = json.loads(task.data)["reference"]
@@ -67,7 +67,7 @@ def kernel_outcome(samples: Sequence[dict[str, float]], k: int) -> dict[str, flo
             "fast_1": float(bool(speedups) and best > 1.0)}
 
 
-@BENCHMARKS.register("kernelbench", origin="builtin (infra.benchmarks.kernelbench)")
+@BENCHMARKS.register("kernelbench", origin="builtin (stacx.infra.benchmarks.kernelbench)")
 class KernelBench:
     """KernelBench GPU-kernel tasks: success rate, fast_1 and speedup."""
 

@@ -16,18 +16,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from infra.benchmarks.protocols import LoadedSuite, SuiteScore, TaskOutcome
-from infra.benchmarks.registry import BENCHMARKS
-from infra.benchmarks.rows import data_files, read_rows
-from infra.benchmarks.scoring import rate_score
-from rollout.scaffolds import extract_answer
-from schemas.records import TaskSample
+from stacx.infra.benchmarks.protocols import LoadedSuite, SuiteScore, TaskOutcome
+from stacx.infra.benchmarks.registry import BENCHMARKS
+from stacx.infra.benchmarks.rows import data_files, read_rows
+from stacx.infra.benchmarks.scoring import rate_score
+from stacx.rollout.scaffolds import extract_answer
+from stacx.schemas.records import TaskSample
 
 __all__ = ["Aime2024", "Gsm8k", "MathSuite", "Minerva", "MathHendrycks"]
 
 INSTRUCTION = "Solve the problem. Put your final answer within \\boxed{}."
 _ID_FIELDS = ("id", "ID", "unique_id", "idx")
-_ORIGIN = "builtin (infra.benchmarks.math_suites)"
+_ORIGIN = "builtin (stacx.infra.benchmarks.math_suites)"
 
 
 class MathSuite:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from schemas.records import TaskSample
+from stacx.schemas.records import TaskSample
 
 __all__ = ["BenchmarkSuite", "LoadedSuite", "SuiteScore", "TaskOutcome"]
 

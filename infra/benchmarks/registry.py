@@ -11,17 +11,17 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from infra.benchmarks.protocols import BenchmarkSuite
-from schemas.plugins import PluginError, Registry
+from stacx.infra.benchmarks.protocols import BenchmarkSuite
+from stacx.schemas.plugins import PluginError, Registry
 
 __all__ = ["BENCHMARKS", "BUILTIN_MODULES", "build_suite"]
 
 BUILTIN_MODULES = (
-    "infra.benchmarks.harbor_suites",
-    "infra.benchmarks.swebench",
-    "infra.benchmarks.kernelbench",
-    "infra.benchmarks.algotune",
-    "infra.benchmarks.math_suites",
+    "stacx.infra.benchmarks.harbor_suites",
+    "stacx.infra.benchmarks.swebench",
+    "stacx.infra.benchmarks.kernelbench",
+    "stacx.infra.benchmarks.algotune",
+    "stacx.infra.benchmarks.math_suites",
 )
 """The shipped adapters: each module registers its suites on import."""
 
@@ -35,7 +35,8 @@ def _check(factory: Any) -> str | None:
     if isinstance(factory, type):
         missing = [m for m in _METHODS if not callable(getattr(factory, m, None))]
         if missing:
-            return f"class {factory.__name__} lacks {', '.join(missing)} (infra.benchmarks.BenchmarkSuite)"
+            suite = "stacx.infra.benchmarks.BenchmarkSuite"
+            return f"class {factory.__name__} lacks {', '.join(missing)} ({suite})"
     return None
 
 
@@ -57,7 +58,8 @@ def build_suite(ref: str) -> BenchmarkSuite:
     missing += [m for m in _METHODS if not callable(getattr(suite, m, None))]
     if missing:
         raise PluginError(
-            f"{ref!r}: the suite it built lacks {', '.join(missing)} (infra.benchmarks.BenchmarkSuite)",
+            f"{ref!r}: the suite it built lacks {', '.join(missing)} "
+                    "(stacx.infra.benchmarks.BenchmarkSuite)",
             kind="signature",
         )
     return suite

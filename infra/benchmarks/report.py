@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from infra.benchmarks.protocols import SuiteScore, TaskOutcome
+from stacx.infra.benchmarks.protocols import SuiteScore, TaskOutcome
 
 __all__ = ["ResultFileError", "compare_lines", "read_results", "result_document", "score_table"]
 

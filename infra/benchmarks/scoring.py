@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from infra.benchmarks.protocols import SuiteScore, TaskOutcome
-from infra.benchmarks.stats import pass_at_k, wilson_interval
+from stacx.infra.benchmarks.protocols import SuiteScore, TaskOutcome
+from stacx.infra.benchmarks.stats import pass_at_k, wilson_interval
 
 __all__ = ["SUCCESS", "passed", "rate_score"]
 

@@ -19,13 +19,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from infra.benchmarks.protocols import LoadedSuite, SuiteScore, TaskOutcome
-from infra.benchmarks.registry import BENCHMARKS
-from infra.benchmarks.rows import data_files, read_rows
-from infra.benchmarks.scoring import rate_score
-from rollout.protocols import EnvironmentSession
-from rollout.rewards import VERIFIERS
-from schemas.records import TaskSample
+from stacx.infra.benchmarks.protocols import LoadedSuite, SuiteScore, TaskOutcome
+from stacx.infra.benchmarks.registry import BENCHMARKS
+from stacx.infra.benchmarks.rows import data_files, read_rows
+from stacx.infra.benchmarks.scoring import rate_score
+from stacx.rollout.protocols import EnvironmentSession
+from stacx.rollout.rewards import VERIFIERS
+from stacx.schemas.records import TaskSample
 
 __all__ = ["SweBenchVerified", "parse_pytest_report", "resolved", "swebench_verifier"]
 
@@ -35,7 +35,7 @@ REPO_DIR = "/testbed"
 """Where the SWE-bench environment images hold the repository."""
 _STATUS = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+(\S+)", re.MULTILINE)
 _PASSING = {"PASSED", "XFAIL"}
-_ORIGIN = "builtin (infra.benchmarks.swebench)"
+_ORIGIN = "builtin (stacx.infra.benchmarks.swebench)"
 
 
 def resolved(fail_to_pass: Sequence[str], pass_to_pass: Sequence[str], status: Mapping[str, str]) -> bool:

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from infra.heap import freeze_startup_heap
+from stacx.infra.heap import freeze_startup_heap
 
 _OVERRIDES = {
     "bootstrap": "bootstrap_servers",
@@ -50,8 +50,8 @@ def register(subparsers: Any) -> None:
 
 def build_config(args: argparse.Namespace) -> Any:
     """AssemblerApp.Config from the YAML file (if any) and the command-line overrides."""
-    from consumers.assembly import AssemblerApp
-    from infra.config import ConfigError, bootstrap_servers, build, load_yaml
+    from stacx.consumers.assembly import AssemblerApp
+    from stacx.infra.config import ConfigError, bootstrap_servers, build, load_yaml
 
     tree = load_yaml(args.config) if args.config else {}
     source = args.config or "command line"
@@ -87,7 +87,7 @@ def _nested_override(data: dict[str, Any], section: str, **values: Any) -> None:
 def _dlq_problem(config: Any) -> str | None:
     """A mistyped `dlq_topic` would be auto-created (with the broker's default retention): the
     dead-letter topic must exist (`stacx infra up` creates stacx.dlq)."""
-    from infra.services.topics import missing_topics
+    from stacx.infra.services.topics import missing_topics
 
     missing = missing_topics(config.bootstrap_servers, [config.dlq_topic], timeout_s=10.0)
     if not missing:  # there, or the cluster did not answer (the worker reports that itself)
@@ -99,9 +99,9 @@ def _dlq_problem(config: Any) -> str | None:
 
 
 def _assemble(args: argparse.Namespace) -> int:
-    from consumers.assembly import AssemblerApp, AssemblyError
-    from infra.config import ConfigError
-    from infra.services.reachability import kafka_problem
+    from stacx.consumers.assembly import AssemblerApp, AssemblyError
+    from stacx.infra.config import ConfigError
+    from stacx.infra.services.reachability import kafka_problem
 
     try:
         config = build_config(args)

@@ -60,8 +60,8 @@ def _fail(action: str, line: str, status: int = 2) -> int:
 
 
 def _suite(ref: str, action: str) -> Any:
-    from infra.benchmarks import build_suite
-    from schemas.plugins import PluginError
+    from stacx.infra.benchmarks import build_suite
+    from stacx.schemas.plugins import PluginError
 
     try:
         return build_suite(ref)
@@ -74,7 +74,7 @@ def _list(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from infra.benchmarks import BENCHMARKS, build_suite
+    from stacx.infra.benchmarks import BENCHMARKS, build_suite
 
     table = Table(title="benchmark suites (stacx bench run SUITE CONFIG --from PATH)")
     for column in ("suite", "metric", "input layout", "origin"):
@@ -106,8 +106,8 @@ def _prepare(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from infra.benchmarks import TaskOutcome
-    from rollout.service import run_rollout
+    from stacx.infra.benchmarks import TaskOutcome
+    from stacx.rollout.service import run_rollout
 
     suite = _suite(args.suite, "run")
     if suite is None:
@@ -158,9 +158,9 @@ def _unique(tasks: list[Any]) -> list[Any]:
 def _config(args: argparse.Namespace, suite: Any, tasks: list[Any], tasks_file: Path) -> Any:
     """The rollout config of `args.config` with the suite's tasks and its evaluator; None after
     printing every problem (one line each)."""
-    from infra.checks import rollout_problems
-    from rollout.config import RolloutConfig
-    from schemas.config import ConfigError, build, load_yaml
+    from stacx.infra.checks import rollout_problems
+    from stacx.rollout.config import RolloutConfig
+    from stacx.schemas.config import ConfigError, build, load_yaml
 
     with tasks_file.open("w") as out:
         for task in tasks:
@@ -215,7 +215,7 @@ def _evaluators(evaluators: dict[str, Any], suite: Any, scaffold: str | None, sa
 def _score(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from infra.benchmarks.report import ResultFileError, outcomes_of, read_results
+    from stacx.infra.benchmarks.report import ResultFileError, outcomes_of, read_results
 
     suite = _suite(args.suite, "score")
     if suite is None:
@@ -231,7 +231,7 @@ def _score(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace, suite: Any, outcomes: list[Any], k: int,
             run: dict[str, Any], console: Any) -> int:
-    from infra.benchmarks.report import (
+    from stacx.infra.benchmarks.report import (
         ResultFileError,
         compare_lines,
         read_results,

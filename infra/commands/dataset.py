@@ -31,16 +31,16 @@ def register(subparsers: Any) -> None:
 
 
 def _bootstrap(args: argparse.Namespace) -> str:
-    from infra.config import bootstrap_servers
+    from stacx.infra.config import bootstrap_servers
 
     return str(args.bootstrap or bootstrap_servers({}))
 
 
 def _export(args: argparse.Namespace) -> int:
-    from consumers.errors import ConsumerError
-    from consumers.parquet import export_topic
-    from consumers.replay import ReplayRange
-    from infra.commands.replay import epoch_ms
+    from stacx.consumers.errors import ConsumerError
+    from stacx.consumers.parquet import export_topic
+    from stacx.consumers.replay import ReplayRange
+    from stacx.infra.commands.replay import epoch_ms
 
     try:
         spec = ReplayRange(
@@ -68,9 +68,9 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from consumers.errors import ConsumerError
-    from consumers.parquet import import_file
-    from infra.services.topics import missing_topics
+    from stacx.consumers.errors import ConsumerError
+    from stacx.consumers.parquet import import_file
+    from stacx.infra.services.topics import missing_topics
 
     bootstrap = _bootstrap(args)
     if missing_topics(bootstrap, [args.topic]):

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infra.config import ConfigError, build, load_yaml
-from infra.services import smoke, stack
-from infra.services.errors import InfraError
-from schemas.topics import TopicPolicy
+from stacx.infra.config import ConfigError, build, load_yaml
+from stacx.infra.services import smoke, stack
+from stacx.infra.services.errors import InfraError
+from stacx.schemas.topics import TopicPolicy
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -40,7 +40,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def _hosts(args: argparse.Namespace) -> int:
-    from infra.pipeline import PipelineConfigError, load_spec
+    from stacx.infra.pipeline import PipelineConfigError, load_spec
 
     try:
         cluster = load_spec(args.cluster, check=False).cluster
@@ -64,10 +64,10 @@ def _hosts(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from infra.pipeline import PipelineConfigError, PipelineError, load_spec
-    from infra.pipeline.errors import ServiceError
-    from infra.pipeline.layout import RunLayout
-    from infra.pipeline.node import NodeRunner, explain_node
+    from stacx.infra.pipeline import PipelineConfigError, PipelineError, load_spec
+    from stacx.infra.pipeline.errors import ServiceError
+    from stacx.infra.pipeline.layout import RunLayout
+    from stacx.infra.pipeline.node import NodeRunner, explain_node
 
     try:
         spec = load_spec(args.cluster)

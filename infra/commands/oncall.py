@@ -51,15 +51,15 @@ def register(subparsers: Any) -> None:
 
 
 def _tree(path: Path) -> dict[str, Any]:
-    from infra.config import load_yaml
+    from stacx.infra.config import load_yaml
 
     return load_yaml(path)
 
 
 def learner_config(tree: dict[str, Any], source: str) -> Any:
-    from infra.config import bootstrap_servers, build
-    from trainer import TrainerConfig
-    from trainer.oncall import OnlineLearner
+    from stacx.infra.config import bootstrap_servers, build
+    from stacx.trainer import TrainerConfig
+    from stacx.trainer.oncall import OnlineLearner
 
     data = dict(tree.get("oncall") or {})
     data.setdefault("bootstrap_servers", bootstrap_servers(tree))
@@ -68,8 +68,8 @@ def learner_config(tree: dict[str, Any], source: str) -> Any:
 
 
 def join_config(tree: dict[str, Any], source: str) -> Any:
-    from consumers.oncall import OncallJoinApp
-    from infra.config import bootstrap_servers, build
+    from stacx.consumers.oncall import OncallJoinApp
+    from stacx.infra.config import bootstrap_servers, build
 
     data = dict(tree.get("join") or {})
     data.setdefault("bootstrap_servers", bootstrap_servers(tree))
@@ -77,9 +77,9 @@ def join_config(tree: dict[str, Any], source: str) -> Any:
 
 
 def _learn(args: argparse.Namespace) -> int:
-    from infra.config import ConfigError, build
-    from trainer.errors import TrainerError
-    from trainer.oncall import HeldOutEvaluator, KafkaWeightLog, OnlineLearner
+    from stacx.infra.config import ConfigError, build
+    from stacx.trainer.errors import TrainerError
+    from stacx.trainer.oncall import HeldOutEvaluator, KafkaWeightLog, OnlineLearner
 
     try:
         tree = _tree(args.config)
@@ -110,7 +110,7 @@ def _learn(args: argparse.Namespace) -> int:
 
 def _staging_server(config: Any) -> Any:
     """A private inference server for the gate's evaluations (never serves users)."""
-    from rollout.inference import InferenceServer
+    from stacx.rollout.inference import InferenceServer
 
     path = config.trainer.models["policy"].path
     server = InferenceServer(
@@ -122,8 +122,8 @@ def _staging_server(config: Any) -> Any:
 
 
 def _join(args: argparse.Namespace) -> int:
-    from consumers.oncall import OncallJoinApp
-    from infra.config import ConfigError
+    from stacx.consumers.oncall import OncallJoinApp
+    from stacx.infra.config import ConfigError
 
     try:
         config = join_config(_tree(args.config), str(args.config))
@@ -134,7 +134,7 @@ def _join(args: argparse.Namespace) -> int:
 
 
 def _deployments(args: argparse.Namespace) -> Any:
-    from trainer.oncall import Deployments, KafkaWeightLog, VersionHistory
+    from stacx.trainer.oncall import Deployments, KafkaWeightLog, VersionHistory
 
     config = learner_config(_tree(args.config), str(args.config))
     history = VersionHistory(Path(config.state_dir) / "versions.jsonl")
@@ -144,8 +144,8 @@ def _deployments(args: argparse.Namespace) -> Any:
 
 
 def _rollback(args: argparse.Namespace) -> int:
-    from infra.config import ConfigError
-    from trainer.errors import TrainerError
+    from stacx.infra.config import ConfigError
+    from stacx.trainer.errors import TrainerError
 
     try:
         deployments = _deployments(args)
@@ -164,7 +164,7 @@ def _rollback(args: argparse.Namespace) -> int:
 
 
 def _versions(args: argparse.Namespace) -> int:
-    from trainer.oncall import VersionHistory
+    from stacx.trainer.oncall import VersionHistory
 
     config = learner_config(_tree(args.config), str(args.config))
     for entry in VersionHistory(Path(config.state_dir) / "versions.jsonl").entries():

@@ -8,15 +8,15 @@ import sys
 from typing import Any
 
 _OWNERS = (
-    "rollout.rewards",
-    "rollout.scaffolds",
-    "rollout.blackbox.adapter",
-    "rollout.data",
-    "rollout.scheduler",
-    "rollout.inference.serving",
-    "trainer.recipe",
-    "infra.tracking",
-    "infra.benchmarks",
+    "stacx.rollout.rewards",
+    "stacx.rollout.scaffolds",
+    "stacx.rollout.blackbox.adapter",
+    "stacx.rollout.data",
+    "stacx.rollout.scheduler",
+    "stacx.rollout.inference.serving",
+    "stacx.trainer.recipe",
+    "stacx.infra.tracking",
+    "stacx.infra.benchmarks",
 )
 """Modules that own an extension point's registry (importing them creates it)."""
 
@@ -28,7 +28,7 @@ def register(subparsers: Any) -> None:
 
 
 def _plugins(args: argparse.Namespace) -> int:
-    from schemas.plugins import registries
+    from stacx.schemas.plugins import registries
 
     for module in _OWNERS:
         importlib.import_module(module)

@@ -7,7 +7,7 @@ import logging
 import sys
 from typing import Any
 
-from infra.heap import freeze_startup_heap
+from stacx.infra.heap import freeze_startup_heap
 
 log = logging.getLogger("stacx.proxy")
 
@@ -45,8 +45,8 @@ PROXY_FLAGS = {
 
 def build_config(args: argparse.Namespace) -> Any:
     """ProxyServer.Config from the YAML file (if any) and the command-line overrides."""
-    from infra.config import bootstrap_servers, section_with_overrides
-    from rollout.proxy import ProxyServer
+    from stacx.infra.config import bootstrap_servers, section_with_overrides
+    from stacx.rollout.proxy import ProxyServer
 
     return section_with_overrides(
         args,
@@ -59,8 +59,8 @@ def build_config(args: argparse.Namespace) -> Any:
 
 def _proxy(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call otherwise
-    from infra.config import ConfigError
-    from rollout.proxy import ProxyError, ProxyServer
+    from stacx.infra.config import ConfigError
+    from stacx.rollout.proxy import ProxyError, ProxyServer
 
     try:
         server = ProxyServer(build_config(args))

@@ -72,7 +72,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _init(args: argparse.Namespace) -> int:
-    from infra.pipeline.starter import STARTER_CONFIG
+    from stacx.infra.pipeline.starter import STARTER_CONFIG
 
     path: Path = args.path
     if path.exists() and not args.force:
@@ -92,7 +92,7 @@ def _apply(spec: Any, args: argparse.Namespace) -> None:
     """Command-line overrides of the `pipeline` section, validated like the file's values."""
     import pydantic
 
-    from infra.pipeline import PipelineConfigError
+    from stacx.infra.pipeline import PipelineConfigError
 
     overrides = {"name": args.name, "steps": args.steps, "runs_dir": args.runs_dir, "timeout_s": args.timeout}
     if args.no_live:
@@ -106,7 +106,7 @@ def _apply(spec: Any, args: argparse.Namespace) -> None:
             problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
             raise PipelineConfigError(f"pipeline.{key}={value!r} (command line): {problem}") from exc
     if args.steps is not None:  # the trainer's max_steps follows pipeline.steps
-        from infra.pipeline.resolve import check_sections
+        from stacx.infra.pipeline.resolve import check_sections
 
         check_sections(spec)
 
@@ -117,15 +117,15 @@ def _say_errors(command: str, exc: BaseException) -> None:
 
 
 def _execute(config_path: Path, args: argparse.Namespace) -> int:
-    from infra.pipeline import (
+    from stacx.infra.pipeline import (
         MissingComponentError,
         PipelineConfigError,
         PipelineError,
         load_spec,
         run_pipeline,
     )
-    from infra.pipeline.layout import RunLayout
-    from infra.pipeline.resolve import check_resolved, explain
+    from stacx.infra.pipeline.layout import RunLayout
+    from stacx.infra.pipeline.resolve import check_resolved, explain
 
     try:
         spec = load_spec(config_path)
@@ -182,7 +182,7 @@ def _print_summary(report: dict[str, Any]) -> None:
 
 def view_hint(report: dict[str, Any]) -> str:
     """The `stacx view` command that shows this run, and the page of the run."""
-    from infra.commands.view import DEFAULT_PORT
+    from stacx.infra.commands.view import DEFAULT_PORT
 
     runs_dir = Path(report["curve_png"]).parent.parent
     url = f"http://127.0.0.1:{DEFAULT_PORT}/runs/{quote(str(report['run_id']), safe='')}"

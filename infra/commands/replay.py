@@ -22,7 +22,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--to-offset", type=int)
     p.add_argument("--from-time", help="start at this time (ISO 8601, or epoch ms)")
     p.add_argument("--to-time", help="stop before this time (ISO 8601, or epoch ms)")
-    p.add_argument("--recipe", help="override trainer.recipe")
+    p.add_argument("--recipe", help="override stacx.trainer.recipe")
     p.add_argument("--seed", type=int, help="override trainer.seed")
     p.set_defaults(func=_replay)
 
@@ -34,8 +34,8 @@ def epoch_ms(value: str) -> int:
 
 
 def load(args: argparse.Namespace) -> Any:
-    from infra.config import build, load_yaml
-    from infra.replay import ReplayFile, role_options_for
+    from stacx.infra.config import build, load_yaml
+    from stacx.infra.replay import ReplayFile, role_options_for
 
     tree = load_yaml(args.config)
     section = dict(tree.get("replay") or {})
@@ -65,8 +65,8 @@ def load(args: argparse.Namespace) -> Any:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from infra.config import ConfigError
-    from infra.replay import run_replay
+    from stacx.infra.config import ConfigError
+    from stacx.infra.replay import run_replay
 
     try:
         spec = load(args)

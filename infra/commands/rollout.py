@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from infra.heap import freeze_startup_heap
+from stacx.infra.heap import freeze_startup_heap
 
 
 def register(subparsers: Any) -> None:
@@ -31,9 +31,9 @@ def register(subparsers: Any) -> None:
 def load_rollout_config(path: str) -> Any:
     """RolloutConfig from a YAML file, validated, with everything it points at resolved
     (evaluators, tokenizer, tasks); `ConfigError` lists every problem, one line each."""
-    from infra.checks import rollout_problems
-    from infra.config import ConfigError
-    from rollout.config import load_config
+    from stacx.infra.checks import rollout_problems
+    from stacx.infra.config import ConfigError
+    from stacx.rollout.config import load_config
 
     config = load_config(path)  # the one loader; relative data paths resolved against the file
     lines = rollout_problems(config, path)
@@ -43,7 +43,7 @@ def load_rollout_config(path: str) -> Any:
 
 
 def _load(path: str, args: argparse.Namespace) -> Any:
-    from infra.config import ConfigError
+    from stacx.infra.config import ConfigError
 
     try:
         config = load_rollout_config(path)
@@ -56,8 +56,8 @@ def _load(path: str, args: argparse.Namespace) -> Any:
 
 
 def _rollout(args: argparse.Namespace) -> int:
-    from rollout.errors import ServicesNotReadyError
-    from rollout.service import run_rollout
+    from stacx.rollout.errors import ServicesNotReadyError
+    from stacx.rollout.service import run_rollout
 
     config = _load(args.config, args)
     if config is None:
@@ -66,7 +66,7 @@ def _rollout(args: argparse.Namespace) -> int:
         config.num_groups = args.num_groups
     kafka = config.kafka
     if kafka.publish or kafka.follow_weights or config.data.topic:
-        from infra.services.reachability import kafka_problem
+        from stacx.infra.services.reachability import kafka_problem
 
         unreachable = kafka_problem(kafka.bootstrap_servers)
         if unreachable:
@@ -89,8 +89,8 @@ def _rollout(args: argparse.Namespace) -> int:
 def _harbor_tasks(directory: str) -> list[Any]:
     """TaskSamples of every runnable task under `directory`; each broken or unsupported task is
     skipped with one line on stderr (the others still run)."""
-    from sandbox.errors import SandboxError
-    from sandbox.tasks import find_task_dirs, load_task, to_task_sample
+    from stacx.sandbox.errors import SandboxError
+    from stacx.sandbox.tasks import find_task_dirs, load_task, to_task_sample
 
     samples = []
     for path in find_task_dirs(directory):
@@ -109,9 +109,9 @@ def _harbor_tasks(directory: str) -> list[Any]:
 def _eval(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from rollout.config import DataConfig
-    from rollout.progress import reward_table
-    from rollout.service import run_rollout
+    from stacx.rollout.config import DataConfig
+    from stacx.rollout.progress import reward_table
+    from stacx.rollout.service import run_rollout
 
     config = _load(args.config, args)
     if config is None:

@@ -27,10 +27,10 @@ ROUTE_FLAGS = {"upstream": "upstreams", "host": "host", "port": "port"}
 
 def _route(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per forwarded call otherwise
-    from infra.config import ConfigError, section_with_overrides
-    from rollout.inference import InferenceError
-    from rollout.inference.router import RouterConfig
-    from rollout.inference.router_app import RouterServer
+    from stacx.infra.config import ConfigError, section_with_overrides
+    from stacx.rollout.inference import InferenceError
+    from stacx.rollout.inference.router import RouterConfig
+    from stacx.rollout.inference.router_app import RouterServer
 
     try:
         config = section_with_overrides(args, "router", RouterConfig, ROUTE_FLAGS)

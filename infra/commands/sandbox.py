@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from infra.heap import freeze_startup_heap
+from stacx.infra.heap import freeze_startup_heap
 
 
 def register(subparsers: Any) -> None:
@@ -111,15 +111,15 @@ GATEWAY_FLAGS = {
 
 def gateway_config(args: argparse.Namespace) -> Any:
     """`Gateway.Config` from the `gateway:` section of `--config` (if any) with the flags on top."""
-    from infra.config import section_with_overrides
-    from sandbox.gateway import Gateway
+    from stacx.infra.config import section_with_overrides
+    from stacx.sandbox.gateway import Gateway
 
     return section_with_overrides(args, "gateway", Gateway.Config, GATEWAY_FLAGS)
 
 
 def _gateway(args: argparse.Namespace) -> int:
-    from infra.config import ConfigError
-    from sandbox.errors import GatewayConfigError
+    from stacx.infra.config import ConfigError
+    from stacx.sandbox.errors import GatewayConfigError
 
     try:
         config = gateway_config(args)
@@ -134,7 +134,7 @@ def _gateway(args: argparse.Namespace) -> int:
 
 
 def _serve_gateway(config: Any) -> int:
-    from sandbox.gateway import Gateway
+    from stacx.sandbox.gateway import Gateway
 
     gateway = Gateway(config)
     if config.auth and not (config.token or _env_token()):
@@ -145,7 +145,7 @@ def _serve_gateway(config: Any) -> int:
 
 
 def _env_token() -> str | None:
-    from sandbox.gateway import TOKEN_ENV
+    from stacx.sandbox.gateway import TOKEN_ENV
 
     return os.environ.get(TOKEN_ENV)
 
@@ -154,7 +154,7 @@ def _base_images(pairs: list[str]) -> dict[str, str]:
     """The base-image map: the `--base-image FROM=LOCAL` pairs in the order given (FROM may be an
     fnmatch pattern such as `python:*`; the first match wins), then the defaults they do not
     replace."""
-    from sandbox.images import DEFAULT_BASE_IMAGES
+    from stacx.sandbox.images import DEFAULT_BASE_IMAGES
 
     given: dict[str, str] = {}
     for pair in pairs:
@@ -173,8 +173,8 @@ def _base_images(pairs: list[str]) -> dict[str, str]:
 
 
 def _tasks_check(args: argparse.Namespace) -> int:
-    from sandbox.errors import SandboxError
-    from sandbox.tasks import find_task_dirs
+    from stacx.sandbox.errors import SandboxError
+    from stacx.sandbox.tasks import find_task_dirs
 
     try:
         base_images = _base_images(args.base_image)
@@ -196,10 +196,10 @@ def _tasks_check(args: argparse.Namespace) -> int:
 async def _run_checks(
     directories: list[Path], base_images: dict[str, str], jobs: int, *, as_json: bool, python_dir: str | None
 ) -> list[Any]:
-    from sandbox.backends import DockerBackend
-    from sandbox.checks import check_path
-    from sandbox.images import TaskImageBuilder
-    from sandbox.sessions import SessionManager
+    from stacx.sandbox.backends import DockerBackend
+    from stacx.sandbox.checks import check_path
+    from stacx.sandbox.images import TaskImageBuilder
+    from stacx.sandbox.sessions import SessionManager
 
     manager = SessionManager(
         # A unique owner per run (concurrent checks must not reap each other); a short lifetime
@@ -252,10 +252,10 @@ def _describe(check: Any) -> str:
 
 
 def _tasks_images(args: argparse.Namespace) -> int:
-    from infra.services import harbor_images
-    from infra.services.errors import InfraError
-    from infra.services.sandbox_image import image_exists
-    from sandbox.images import DEFAULT_BASE_IMAGES
+    from stacx.infra.services import harbor_images
+    from stacx.infra.services.errors import InfraError
+    from stacx.infra.services.sandbox_image import image_exists
+    from stacx.sandbox.images import DEFAULT_BASE_IMAGES
 
     if args.action == "build":
         try:
@@ -274,8 +274,8 @@ def _tasks_images(args: argparse.Namespace) -> int:
 
 
 def _tasks_import(args: argparse.Namespace) -> int:
-    from sandbox.errors import SandboxError
-    from sandbox.tasks import discover_tasks, to_task_sample
+    from stacx.sandbox.errors import SandboxError
+    from stacx.sandbox.tasks import discover_tasks, to_task_sample
 
     try:
         tasks = discover_tasks(args.dir)

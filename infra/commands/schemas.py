@@ -44,9 +44,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _catalogue(args: argparse.Namespace) -> Any:
-    from infra.config import bootstrap_servers
-    from schemas.catalogue import SchemaCatalogue
-    from schemas.topics import SCHEMAS
+    from stacx.infra.config import bootstrap_servers
+    from stacx.schemas.catalogue import SchemaCatalogue
+    from stacx.schemas.topics import SCHEMAS
 
     config = SchemaCatalogue.Config(
         bootstrap_servers=args.bootstrap or bootstrap_servers({}), topic=args.topic or SCHEMAS, timeout_s=10.0
@@ -70,7 +70,7 @@ def _read_catalogue(args: argparse.Namespace) -> Any | None:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from schemas.codec import builtin_schemas
+    from stacx.schemas.codec import builtin_schemas
 
     local = {i.fingerprint for i in builtin_schemas()}
     rows = [(i.name, i.fingerprint, "local (current)") for i in builtin_schemas()]
@@ -96,7 +96,7 @@ def _list(args: argparse.Namespace) -> int:
 def _candidates(args: argparse.Namespace) -> list[Any]:
     from pathlib import Path
 
-    from schemas.codec import builtin_schemas, load_schema
+    from stacx.schemas.codec import builtin_schemas, load_schema
 
     if not getattr(args, "schema", None):
         return list(builtin_schemas())
@@ -104,7 +104,7 @@ def _candidates(args: argparse.Namespace) -> list[Any]:
 
 
 def _problems(args: argparse.Namespace, catalogue: Any, mode: str) -> dict[str, list[str]]:
-    from schemas.compat import Compatibility, compatibility_problems
+    from stacx.schemas.compat import Compatibility, compatibility_problems
 
     found: dict[str, list[str]] = {}
     for info in _candidates(args):

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from infra.heap import freeze_startup_heap
+from stacx.infra.heap import freeze_startup_heap
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def register(subparsers: Any) -> None:
 
 
 def _models_tiny(args: argparse.Namespace) -> int:
-    from rollout.models import ModelFactoryError, make_tiny_model
+    from stacx.rollout.models import ModelFactoryError, make_tiny_model
 
     try:
         out = make_tiny_model(
@@ -96,8 +96,8 @@ SERVE_FLAGS = {
 
 def serve_config(args: argparse.Namespace) -> Any:
     """The `inference:` section of `--config` (if any) with the flags given on top."""
-    from infra.config import section_with_overrides
-    from rollout.inference.serving import ServeConfig
+    from stacx.infra.config import section_with_overrides
+    from stacx.rollout.inference.serving import ServeConfig
 
     return section_with_overrides(args, "inference", ServeConfig, SERVE_FLAGS)
 
@@ -115,7 +115,7 @@ def _start_follower(
     once instead of a session timeout later."""
     if not config.follow_weights:
         return None
-    from consumers.weights import WeightSubscriber, WeightUpdateError
+    from stacx.consumers.weights import WeightSubscriber, WeightUpdateError
 
     kwargs = {"bootstrap_servers": config.bootstrap_servers} if config.bootstrap_servers else {}
     if config.weights_topic:
@@ -151,9 +151,9 @@ def _start_follower(
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from infra.config import ConfigError
-    from rollout.inference import InferenceError
-    from rollout.inference.serving import build_engine
+    from stacx.infra.config import ConfigError
+    from stacx.rollout.inference import InferenceError
+    from stacx.rollout.inference.serving import build_engine
 
     try:
         config = serve_config(args)

@@ -45,7 +45,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _bootstrap(args: argparse.Namespace) -> str:
-    from infra.config import bootstrap_servers
+    from stacx.infra.config import bootstrap_servers
 
     return str(args.bootstrap or bootstrap_servers({}))
 
@@ -55,8 +55,8 @@ def _mb(size: int | None) -> str:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from infra.services import topic_admin
-    from infra.services.errors import InfraError
+    from stacx.infra.services import topic_admin
+    from stacx.infra.services.errors import InfraError
 
     try:
         infos = topic_admin.topic_infos(_bootstrap(args), sizes=not args.no_sizes)
@@ -84,8 +84,8 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _describe(args: argparse.Namespace) -> int:
-    from infra.services import topic_admin
-    from infra.services.errors import InfraError
+    from stacx.infra.services import topic_admin
+    from stacx.infra.services.errors import InfraError
 
     try:
         summary, lags = topic_admin.describe(_bootstrap(args), args.run, sizes=not args.no_sizes)
@@ -116,10 +116,10 @@ def _gc(args: argparse.Namespace) -> int:
 
 
 def _gc_runs(args: argparse.Namespace) -> int:
-    from consumers.blob_gc import delete_topic_blobs
-    from infra.services import topic_admin
-    from infra.services.errors import InfraError
-    from producers.blobs import FsspecBlobStore
+    from stacx.consumers.blob_gc import delete_topic_blobs
+    from stacx.infra.services import topic_admin
+    from stacx.infra.services.errors import InfraError
+    from stacx.producers.blobs import FsspecBlobStore
 
     verb = "would delete" if args.dry_run else "deleted"
     code = 0
@@ -142,8 +142,8 @@ def _gc_runs(args: argparse.Namespace) -> int:
 
 
 def _gc_blobs(args: argparse.Namespace) -> int:
-    from consumers.blob_gc import collect, referenced_in_topic
-    from producers.blobs import FsspecBlobStore
+    from stacx.consumers.blob_gc import collect, referenced_in_topic
+    from stacx.producers.blobs import FsspecBlobStore
 
     store = FsspecBlobStore(args.store)
     bootstrap = _bootstrap(args)

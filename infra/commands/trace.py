@@ -42,7 +42,7 @@ def register(subparsers: Any) -> None:
 
 
 def _trace(args: argparse.Namespace) -> int:
-    from infra.traces import TraceQueryError, fetch_trace, find_traces, render_tree, render_waterfall
+    from stacx.infra.traces import TraceQueryError, fetch_trace, find_traces, render_tree, render_waterfall
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per query otherwise
     try:

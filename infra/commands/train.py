@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from infra.telemetry import setup_metrics, setup_rank
+from stacx.infra.telemetry import setup_metrics, setup_rank
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +61,10 @@ def load_trainer_config(path: str, overrides: argparse.Namespace | None = None) 
     line's `overrides`, validated with the model paths and the recipe resolved; `ConfigError`
     lists every problem, one line each. When the config spawns local ranks they resolve the
     recipe (it imports torch, which the launcher never does) and a bad one is still one line."""
-    from infra.checks import model_problem
-    from infra.config import ConfigError, build, load_yaml
-    from trainer.config import TrainerConfig
-    from trainer.ranks import spawns_ranks
+    from stacx.infra.checks import model_problem
+    from stacx.infra.config import ConfigError, build, load_yaml
+    from stacx.trainer.config import TrainerConfig
+    from stacx.trainer.ranks import spawns_ranks
 
     tree = load_yaml(path)
     where = path
@@ -88,8 +88,8 @@ def load_trainer_config(path: str, overrides: argparse.Namespace | None = None) 
 
 
 def _recipe_problem(ref: str) -> str | None:
-    from trainer.errors import TrainerError
-    from trainer.recipe import get_recipe
+    from stacx.trainer.errors import TrainerError
+    from stacx.trainer.recipe import get_recipe
 
     try:
         get_recipe(ref)
@@ -99,9 +99,9 @@ def _recipe_problem(ref: str) -> str | None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from infra.config import ConfigError
-    from trainer.errors import TrainerError
-    from trainer.ranks import spawns_ranks
+    from stacx.infra.config import ConfigError
+    from stacx.trainer.errors import TrainerError
+    from stacx.trainer.ranks import spawns_ranks
 
     try:
         config = load_trainer_config(args.config, args)
@@ -109,7 +109,7 @@ def _train(args: argparse.Namespace) -> int:
         _print_lines(exc)
         return 2
     if config.source.kind == "kafka":
-        from infra.services.reachability import kafka_problem
+        from stacx.infra.services.reachability import kafka_problem
 
         unreachable = kafka_problem(config.source.bootstrap_servers)
         if unreachable:
@@ -119,7 +119,7 @@ def _train(args: argparse.Namespace) -> int:
     try:
         if spawns_ranks(config.backend):
             return _spawn_ranks(config, rank_setup, args)
-        from trainer import StacxTrainer
+        from stacx.trainer import StacxTrainer
 
         setup_metrics("train")
         StacxTrainer.launch(config, rank_setup=rank_setup)
@@ -131,8 +131,8 @@ def _train(args: argparse.Namespace) -> int:
 
 def _spawn_ranks(config: Any, rank_setup: Any, args: argparse.Namespace) -> int:
     """Train on spawned local ranks; a config problem one of them found is one line, exit 2."""
-    from trainer.errors import ConfigError, RecipeError
-    from trainer.ranks import spawn_trainer
+    from stacx.trainer.errors import ConfigError, RecipeError
+    from stacx.trainer.ranks import spawn_trainer
 
     try:
         spawn_trainer(config, rank_setup=rank_setup)
@@ -151,7 +151,7 @@ def _print_lines(message: object) -> None:
 
 
 def _recipes(args: argparse.Namespace) -> int:
-    from trainer import list_recipes
+    from stacx.trainer import list_recipes
 
     entries = list_recipes()
     width = max(len(name) for name, _ in entries)

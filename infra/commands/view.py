@@ -50,9 +50,9 @@ def register(subparsers: Any) -> None:
 
 def build_config(args: argparse.Namespace) -> Any:
     """ViewConfig from the `view:` section of --config (if any) and the command-line overrides."""
-    from infra.commands.trace import DEFAULT_QUERY_URL
-    from infra.config import bootstrap_servers, section_with_overrides
-    from infra.view import ViewConfig
+    from stacx.infra.commands.trace import DEFAULT_QUERY_URL
+    from stacx.infra.config import bootstrap_servers, section_with_overrides
+    from stacx.infra.view import ViewConfig
 
     def defaults(tree: Any) -> dict[str, Any]:
         return {
@@ -66,8 +66,8 @@ def build_config(args: argparse.Namespace) -> Any:
 def _view(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from infra.config import ConfigError
-    from infra.view import create_app
+    from stacx.infra.config import ConfigError
+    from stacx.infra.view import create_app
 
     try:
         config = build_config(args)

@@ -1,17 +1,17 @@
 """The end-to-end pipeline orchestrator behind `stacx quickstart` and `stacx run CONFIG.yaml`.
 
-from infra.pipeline import load_spec, run_pipeline
+from stacx.infra.pipeline import load_spec, run_pipeline
 report = run_pipeline(load_spec("examples/quickstart.yaml"))
 """
 
-from infra.pipeline.config import PipelineConfig, PipelineSpec, load_spec, parse_spec
-from infra.pipeline.errors import (
+from stacx.infra.pipeline.config import PipelineConfig, PipelineSpec, load_spec, parse_spec
+from stacx.infra.pipeline.errors import (
     MissingComponentError,
     PipelineConfigError,
     PipelineError,
     ServiceError,
 )
-from infra.pipeline.orchestrator import Pipeline, run_pipeline
+from stacx.infra.pipeline.orchestrator import Pipeline, run_pipeline
 
 __all__ = [
     "MissingComponentError",

@@ -24,14 +24,14 @@ from typing import Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.config import ConfigError, load_yaml
-from infra.pipeline.errors import PipelineConfigError
-from infra.pipeline.placement import ResourcesConfig
-from infra.pipeline.services import RestartPolicy
-from infra.pipeline.wires import wire_value
-from infra.telemetry import TracingConfig
-from infra.tracking.config import TrackingConfig
-from schemas.topics import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, TopicPolicy
+from stacx.infra.config import ConfigError, load_yaml
+from stacx.infra.pipeline.errors import PipelineConfigError
+from stacx.infra.pipeline.placement import ResourcesConfig
+from stacx.infra.pipeline.services import RestartPolicy
+from stacx.infra.pipeline.wires import wire_value
+from stacx.infra.telemetry import TracingConfig
+from stacx.infra.tracking.config import TrackingConfig
+from stacx.schemas.topics import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, TopicPolicy
 
 __all__ = [
     "ROLES",
@@ -104,7 +104,7 @@ _TASK_KINDS = ("source", "harbor", "jsonl", "topic")
 class TranscriptsConfig(_Schema):
     """SFT transcripts of a black-box scaffold (Harbor or JSONL tasks): each row of a JSONL file
     is a task instruction and an answer, rendered as the scaffold's first model call
-    (`rollout.blackbox.transcripts`) with the answer as the generated part."""
+    (`stacx.rollout.blackbox.transcripts`) with the answer as the generated part."""
 
     path: str
     """JSONL rows `{"instruction": ..., "answer": ..., "kind": "expert" | "novice"}`: an expert
@@ -120,7 +120,7 @@ class TranscriptsConfig(_Schema):
 
 
 class TinyModelSpec(_Schema):
-    """Shape of the tiny Qwen2 made by `rollout.models.make_tiny_model` (`stacx models tiny`)."""
+    """Shape of the tiny Qwen2 made by `stacx.rollout.models.make_tiny_model` (`stacx models tiny`)."""
 
     hidden_size: int = Field(default=64, ge=1)
     """Residual width."""
@@ -247,7 +247,7 @@ class PipelineConfig(_Schema):
     tracing: TracingConfig | None = None
     """OpenTelemetry tracing of every service (absent: the OTEL_* variables decide, off by
     default); passed to each service as the standard OTEL_* variables."""
-    # -- experiment trackers (infra.tracking) --
+    # -- experiment trackers (stacx.infra.tracking) --
     tracking: TrackingConfig | None = None
     """Experiment trackers fed from the run's topics (`[tensorboard, wandb, mlflow]`, each a
     name or `{name, options}`); their files go to `<runs_dir>/<name>/tracking/<tracker>/`."""
@@ -407,7 +407,7 @@ def topic_policy_for(brokers: int, written: Mapping[str, Any]) -> dict[str, Any]
 
 class PipelineFile(_Schema):
     """The whole pipeline YAML. Service sections are checked against the services' own schemas
-    once the run's values are filled in (see `infra.pipeline.resolve`)."""
+    once the run's values are filled in (see `stacx.infra.pipeline.resolve`)."""
 
     bootstrap_servers: str | None = None
     """Kafka bootstrap servers of every service (default: $STACX_KAFKA, else 127.0.0.1:9092)."""
@@ -422,15 +422,15 @@ class PipelineFile(_Schema):
     """Which host runs which service (`stacx node up --cluster FILE --host NAME`); default:
     one host runs them all (`stacx run`)."""
     gateway: dict[str, Any] = Field(default_factory=dict)
-    """`stacx gateway --config` section (sandbox.gateway.Gateway.Config)."""
+    """`stacx gateway --config` section (stacx.sandbox.gateway.Gateway.Config)."""
     inference: dict[str, Any] = Field(default_factory=dict)
-    """`stacx serve --config` section (rollout.inference.serving.ServeConfig)."""
+    """`stacx serve --config` section (stacx.rollout.inference.serving.ServeConfig)."""
     rollout: dict[str, Any] = Field(default_factory=dict)
-    """`stacx rollout` config (rollout.config.RolloutConfig)."""
+    """`stacx rollout` config (stacx.rollout.config.RolloutConfig)."""
     assembler: dict[str, Any] = Field(default_factory=dict)
-    """`stacx assemble` config (consumers.assembly.AssemblerApp.Config)."""
+    """`stacx assemble` config (stacx.consumers.assembly.AssemblerApp.Config)."""
     trainer: dict[str, Any] = Field(default_factory=dict)
-    """`stacx train` config (trainer.TrainerConfig)."""
+    """`stacx train` config (stacx.trainer.TrainerConfig)."""
 
     @pydantic.model_validator(mode="after")
     def _replicas_fit(self) -> PipelineFile:
@@ -456,15 +456,15 @@ class PipelineSpec:
     pipeline: PipelineConfig
     """Orchestrator settings."""
     rollout: dict[str, Any]
-    """`rollout.config.RolloutConfig` section as the user wrote it."""
+    """`stacx.rollout.config.RolloutConfig` section as the user wrote it."""
     gateway: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """`sandbox.gateway.Gateway.Config` section as the user wrote it."""
+    """`stacx.sandbox.gateway.Gateway.Config` section as the user wrote it."""
     inference: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """`rollout.inference.serving.ServeConfig` section as the user wrote it."""
+    """`stacx.rollout.inference.serving.ServeConfig` section as the user wrote it."""
     assembler: dict[str, Any]
-    """`consumers.assembly.AssemblerApp.Config` section as the user wrote it."""
+    """`stacx.consumers.assembly.AssemblerApp.Config` section as the user wrote it."""
     trainer: dict[str, Any]
-    """`trainer.TrainerConfig` section as the user wrote it."""
+    """`stacx.trainer.TrainerConfig` section as the user wrote it."""
     topics: TopicPolicy = dataclasses.field(default_factory=TopicPolicy)
     """How the run's topics (and the assembler's own) are created."""
     plugin_paths: list[Path] = dataclasses.field(default_factory=list)
@@ -525,7 +525,7 @@ def parse_spec(
     spec = _spec(parsed, source, base_dir or Path.cwd())
     use_plugin_paths(spec.plugin_paths)
     if check:
-        from infra.pipeline.resolve import check_sections
+        from stacx.infra.pipeline.resolve import check_sections
 
         check_sections(spec, lines, unchecked=replaced)
     elif lines:

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from schemas.records import TaskSample, Trajectory
+from stacx.schemas.records import TaskSample, Trajectory
 
 __all__ = ["EvalResult", "evaluate_heldout", "run_evaluation"]
 
@@ -41,8 +41,8 @@ class _Collector:
 
 
 def _eval_config(rollout_section: dict[str, Any], *, heldout_path: str, samples: int) -> Any:
-    from infra.config import build
-    from rollout.config import RolloutConfig
+    from stacx.infra.config import build
+    from stacx.rollout.config import RolloutConfig
 
     section = copy.deepcopy(rollout_section)
     section["data"] = {"path": heldout_path, "samples_per_task": samples, "epochs": 1, "shuffle": False}
@@ -74,8 +74,8 @@ async def evaluate_heldout(
     rollout_section: dict[str, Any], tasks: list[TaskSample], *, heldout_path: str, samples: int, version: int
 ) -> EvalResult:
     """Roll out every task `samples` times at the rollout config's temperature."""
-    from rollout.fakes import StaticVersion
-    from rollout.service import open_manager
+    from stacx.rollout.fakes import StaticVersion
+    from stacx.rollout.service import open_manager
 
     started = time.monotonic()
     config = _eval_config(rollout_section, heldout_path=heldout_path, samples=samples)

@@ -2,7 +2,7 @@
 service, filled in from the pipeline spec. Pure functions: unit-tested without services.
 
 The run's values fill only what the user left empty: a value set in the YAML is kept (and
-`infra.pipeline.resolve` rejects one that would break the loop, naming it)."""
+`stacx.infra.pipeline.resolve` rejects one that would break the loop, naming it)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.config import resolve_path
-from infra.pipeline.config import PipelineSpec
-from infra.pipeline.placement import Placement, place, visible_devices
-from infra.pipeline.wires import wire_value
-from schemas import topics
+from stacx.infra.config import resolve_path
+from stacx.infra.pipeline.config import PipelineSpec
+from stacx.infra.pipeline.placement import Placement, place, visible_devices
+from stacx.infra.pipeline.wires import wire_value
+from stacx.schemas import topics
 
 __all__ = [
     "RunLayout",
@@ -167,7 +167,7 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 
 
 def task_data(spec: PipelineSpec, layout: RunLayout) -> dict[str, Any]:
-    """`rollout.data`'s task source for `pipeline.tasks` (a task-source plug-in: the run's topic)."""
+    """`stacx.rollout.data`'s task source for `pipeline.tasks` (a task-source plug-in: the run's topic)."""
     tasks = spec.pipeline.tasks
     if tasks.harbor is not None:
         return {"task_dirs": str(resolve_path(tasks.harbor, spec.base_dir))}
@@ -189,8 +189,8 @@ def _group_size(spec: PipelineSpec, key: str) -> dict[str, Any]:
 def _trained_groups(spec: PipelineSpec) -> dict[str, Any]:
     """What the rollout's staleness bound must know of the assembler: which episodes it trains on
     and how many a group needs, so that a group it will drop does not hold the bound."""
-    from consumers.assembly.filters import FailurePolicy, SampleFilter
-    from consumers.assembly.grouping import GroupAssembler, PartialPolicy
+    from stacx.consumers.assembly.filters import FailurePolicy, SampleFilter
+    from stacx.consumers.assembly.grouping import GroupAssembler, PartialPolicy
 
     filtering = spec.assembler.get("filtering") or {}
     grouping = spec.assembler.get("grouping") or {}

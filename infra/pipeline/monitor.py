@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.assembly.filters import SampleFilter, invalid_reason
-from schemas.records import TrainingBatch, Trajectory, TrajectoryStatus, WeightVersion
+from stacx.consumers.assembly.filters import SampleFilter, invalid_reason
+from stacx.schemas.records import TrainingBatch, Trajectory, TrajectoryStatus, WeightVersion
 
 __all__ = ["EvalPoint", "RunMetrics", "TopicMonitor", "VersionStats", "assembler_keeps"]
 
@@ -194,7 +194,7 @@ class TopicMonitor:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        from consumers import EventConsumer
+        from stacx.consumers import EventConsumer
 
         try:
             consumer = EventConsumer(

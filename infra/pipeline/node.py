@@ -28,10 +28,10 @@ from typing import Any
 
 import yaml
 
-from infra import paths
-from infra.pipeline.config import ClusterConfig, HostConfig, PipelineSpec
-from infra.pipeline.errors import PipelineError
-from infra.pipeline.layout import (
+from stacx.infra import paths
+from stacx.infra.pipeline.config import ClusterConfig, HostConfig, PipelineSpec
+from stacx.infra.pipeline.errors import PipelineError
+from stacx.infra.pipeline.layout import (
     RunLayout,
     assembler_section,
     gateway_section,
@@ -40,8 +40,8 @@ from infra.pipeline.layout import (
     rollout_section,
     trainer_section,
 )
-from infra.pipeline.resolve import planned_model_dir
-from infra.pipeline.services import ServiceProcess, ServiceSpec, Supervisor
+from stacx.infra.pipeline.resolve import planned_model_dir
+from stacx.infra.pipeline.services import ServiceProcess, ServiceSpec, Supervisor
 
 __all__ = ["NodePlan", "NodeRunner", "broker_of", "explain_node", "plan_node"]
 
@@ -62,7 +62,7 @@ class NodePlan:
     sets_up: bool
     """This host creates the run's topics, model and tasks (the assembler's host)."""
     broker: Any = None
-    """`infra.services.kafka.ClusterBroker` of this host, or None."""
+    """`stacx.infra.services.kafka.ClusterBroker` of this host, or None."""
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Config file name (under `<run>/config/<host>/`) -> its contents."""
     services: list[ServiceSpec] = field(default_factory=list)
@@ -83,7 +83,7 @@ def _endpoint(cluster: ClusterConfig, host: HostConfig, role: str, port: int) ->
 
 def broker_of(cluster: ClusterConfig, host: HostConfig, run_id: str) -> Any:
     """The `ClusterBroker` of `host` (node ids follow the broker hosts' order in the file)."""
-    from infra.services.kafka import ClusterBroker, cluster_id_for
+    from stacx.infra.services.kafka import ClusterBroker, cluster_id_for
 
     brokers = cluster.with_role("broker")
     voters = ",".join(f"{i}@{h.address}:{cluster.controller_port}" for i, h in enumerate(brokers, 1))
@@ -235,7 +235,7 @@ def _trainer_spec(node: NodePlan, cluster: ClusterConfig, path: str) -> ServiceS
             f"--local-addr={node.host.address}",
             "--max-restarts=0",  # the node's supervisor restarts the whole launch
             "-m",
-            "infra.cli",
+            "stacx.infra.cli",
             "train",
             path,
         ],
@@ -259,7 +259,7 @@ def explain_node(spec: PipelineSpec, layout: RunLayout, host_name: str) -> str:
         "sets_up_run": node.sets_up,
     }
     if node.broker is not None:
-        from infra.services.kafka import cluster_properties
+        from stacx.infra.services.kafka import cluster_properties
 
         doc["broker"] = {"node_id": node.broker.node_id, "properties": cluster_properties(node.broker)}
     if node.trainer_ranks is not None:
@@ -308,14 +308,14 @@ class NodeRunner:
     # -- brokers and set-up ----------------------------------------------------------------------
 
     def _start_broker(self) -> None:
-        from infra.services.kafka import prepare_cluster_broker
+        from stacx.infra.services.kafka import prepare_cluster_broker
 
         argv = prepare_cluster_broker(self.node.broker)
         self._start(ServiceSpec(name="broker", program=argv[:1], args=argv[1:]), wait=False)
 
     def _await_brokers(self) -> None:
         """Until every broker host answers (a lone one cannot host replicated topics)."""
-        from infra.services.reachability import kafka_problem
+        from stacx.infra.services.reachability import kafka_problem
 
         want = max(1, len(self.spec.cluster.with_role("broker")))
         deadline = time.monotonic() + self.spec.cluster.setup_timeout_s
@@ -339,7 +339,7 @@ class NodeRunner:
 
     def _setup(self) -> Path:
         """Topics, model, tasks and SFT, as the single-host pipeline sets them up; then the marker."""
-        from infra.pipeline.orchestrator import Pipeline
+        from stacx.infra.pipeline.orchestrator import Pipeline
 
         marker = self.layout.root / SETUP_MARKER
         if marker.is_file():  # a restarted node: the run is set up already
@@ -355,14 +355,14 @@ class NodeRunner:
         return model_dir
 
     def _shared_topics(self) -> None:
-        from infra.services.topics import ensure_topics
+        from stacx.infra.services.topics import ensure_topics
 
         ensure_topics(self.spec.bootstrap_servers, policy=self.spec.topics)
 
     def _retrying(self, step: Any) -> Any:
         """`step()`, again while the young cluster refuses topic creation (a broker still
         joining, a slow controller), until `cluster.setup_timeout_s`."""
-        from infra.services.errors import InfraError
+        from stacx.infra.services.errors import InfraError
 
         deadline = time.monotonic() + self.spec.cluster.setup_timeout_s
         while True:

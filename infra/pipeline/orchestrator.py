@@ -34,12 +34,12 @@ from typing import Any
 
 import yaml
 
-from infra.config import build, resolve_path
-from infra.pipeline import preflight
-from infra.pipeline.config import PipelineSpec
-from infra.pipeline.errors import PipelineError, ServiceError, StallError
-from infra.pipeline.evaluation import EvalResult, run_evaluation
-from infra.pipeline.layout import (
+from stacx.infra.config import build, resolve_path
+from stacx.infra.pipeline import preflight
+from stacx.infra.pipeline.config import PipelineSpec
+from stacx.infra.pipeline.errors import PipelineError, ServiceError, StallError
+from stacx.infra.pipeline.evaluation import EvalResult, run_evaluation
+from stacx.infra.pipeline.layout import (
     RunLayout,
     gateway_backend,
     gateway_section,
@@ -49,15 +49,15 @@ from infra.pipeline.layout import (
     router_section,
     service_urls,
 )
-from infra.pipeline.monitor import EvalPoint, RunMetrics, TopicMonitor, assembler_keeps
-from infra.pipeline.placement import visible_devices
-from infra.pipeline.preload import Preloader, model_modules
-from infra.pipeline.report import plot_curve, write_report
-from infra.pipeline.resolve import base_model_dir, plan, transcript_adapter
-from infra.pipeline.services import ServiceProcess, ServiceSpec, Supervisor
-from infra.pipeline.sft import DemonstrationEncoder, demonstration_batches, run_sft, transcript_batches
-from infra.pipeline.stall import Progress, StallWatch, diagnose
-from infra.pipeline.tasks import (
+from stacx.infra.pipeline.monitor import EvalPoint, RunMetrics, TopicMonitor, assembler_keeps
+from stacx.infra.pipeline.placement import visible_devices
+from stacx.infra.pipeline.preload import Preloader, model_modules
+from stacx.infra.pipeline.report import plot_curve, write_report
+from stacx.infra.pipeline.resolve import base_model_dir, plan, transcript_adapter
+from stacx.infra.pipeline.services import ServiceProcess, ServiceSpec, Supervisor
+from stacx.infra.pipeline.sft import DemonstrationEncoder, demonstration_batches, run_sft, transcript_batches
+from stacx.infra.pipeline.stall import Progress, StallWatch, diagnose
+from stacx.infra.pipeline.tasks import (
     heldout_rows,
     jsonl_rows,
     publish_tasks,
@@ -65,9 +65,9 @@ from infra.pipeline.tasks import (
     task_order,
     write_tasks,
 )
-from infra.pipeline.tracking import start_tracking
-from infra.pipeline.view import render, status_line
-from infra.tracking import TrackingFeed
+from stacx.infra.pipeline.tracking import start_tracking
+from stacx.infra.pipeline.view import render, status_line
+from stacx.infra.tracking import TrackingFeed
 
 __all__ = ["Pipeline", "run_pipeline"]
 
@@ -110,8 +110,8 @@ class Pipeline:
         tasks = self.cfg.tasks
         if tasks.source is None:
             return None
-        from rollout.data import build_task_set
-        from rollout.errors import ConfigError
+        from stacx.rollout.data import build_task_set
+        from stacx.rollout.errors import ConfigError
 
         try:
             return build_task_set(tasks.source, tasks.options)
@@ -204,14 +204,14 @@ class Pipeline:
         logging.getLogger().addHandler(handler)
 
     def _setup(self) -> None:
-        from infra.services.topics import ensure_topics
+        from stacx.infra.services.topics import ensure_topics
 
         self.metrics.stage = "creating topics, model and tasks"
         policy = self.spec.topics
         ensure_topics(self.spec.bootstrap_servers, self.layout.topics.specs(policy), policy)
         model = self.cfg.model
         if model.tiny is not None:
-            from rollout.models import make_tiny_model
+            from stacx.rollout.models import make_tiny_model
 
             make_tiny_model(self.layout.base_model, **model.tiny.model_dump())
         if self.task_set is not None:
@@ -257,7 +257,7 @@ class Pipeline:
         scaffold_options = options.get("scaffold_options") or {}
         if "system_prompt" in scaffold_options:
             return str(scaffold_options["system_prompt"])
-        from rollout.scaffolds import RETOOL_SYSTEM
+        from stacx.rollout.scaffolds import RETOOL_SYSTEM
 
         return RETOOL_SYSTEM
 
@@ -275,7 +275,7 @@ class Pipeline:
 
     def _demonstration_batches(self) -> list[Any]:
         """The task source's demonstrations, rendered like a rollout episode."""
-        from rollout.tokens import HFTokenizer
+        from stacx.rollout.tokens import HFTokenizer
 
         assert self.task_set is not None and self.cfg.sft is not None
         tokenizer = HFTokenizer(str(self._sft_dir))
@@ -285,8 +285,8 @@ class Pipeline:
 
     def _transcript_batches(self) -> list[Any]:
         """Scaffold transcripts, rendered as the scaffold's first model call through the proxy."""
-        from rollout.blackbox.transcripts import TranscriptRenderer
-        from rollout.tokens import HFTokenizer
+        from stacx.rollout.blackbox.transcripts import TranscriptRenderer
+        from stacx.rollout.tokens import HFTokenizer
 
         transcripts, sft = self.cfg.transcripts, self.cfg.sft
         assert transcripts is not None and sft is not None
@@ -479,7 +479,7 @@ class Pipeline:
     # ----------------------------------------------------------------------------- evaluation
 
     def _heldout_tasks(self, full: bool) -> list[Any]:
-        from rollout.data import task_from_dict
+        from stacx.rollout.data import task_from_dict
 
         rows = self.heldout_rows if full else self.heldout_rows[: self.cfg.evaluation.num_problems]
         return [task_from_dict(r, where="heldout") for r in rows]
@@ -692,7 +692,7 @@ class Pipeline:
         engine was wedged when it closed its sessions): by owner label, nothing else."""
         if "gateway" not in self.services or gateway_backend(self.spec) != "docker":
             return
-        from sandbox.backends import DockerBackend
+        from stacx.sandbox.backends import DockerBackend
 
         async def reap() -> int:
             backend = DockerBackend()
@@ -797,7 +797,7 @@ class Pipeline:
 
 def _assembler_filtering(spec: PipelineSpec) -> Any:
     """The assembler's `filtering` section (what decides which trajectories make batches)."""
-    from consumers.assembly import SampleFilter
+    from stacx.consumers.assembly import SampleFilter
 
     return build(SampleFilter.Config, spec.assembler.get("filtering") or {}, where="assembler.filtering")
 

@@ -1,6 +1,6 @@
 """Before starting anything: is the config sound, and is every service the pipeline needs up?
 
-Config problems (`infra.pipeline.resolve.check_resolved`) come first and stop the run with
+Config problems (`stacx.infra.pipeline.resolve.check_resolved`) come first and stop the run with
 `PipelineConfigError`; then every missing service (Kafka, its topics, Docker and the sandbox
 image, free ports) is collected and reported at once, each naming how to get it.
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infra.pipeline.config import PipelineSpec
-from infra.pipeline.errors import MissingComponentError
-from infra.pipeline.layout import (
+from stacx.infra.pipeline.config import PipelineSpec
+from stacx.infra.pipeline.errors import MissingComponentError
+from stacx.infra.pipeline.layout import (
     RunLayout,
     gateway_backend,
     inference_services,
@@ -24,7 +24,7 @@ __all__ = ["check_all"]
 
 
 def _kafka_problem(bootstrap: str) -> str | None:
-    from infra.services.reachability import kafka_problem
+    from stacx.infra.services.reachability import kafka_problem
 
     return kafka_problem(bootstrap, timeout_s=5.0)
 
@@ -47,7 +47,7 @@ def _docker_problem(image: str) -> str | None:
 
 
 def _ports_problems(spec: PipelineSpec) -> list[str]:
-    from infra.services.processes import port_holder, port_open
+    from stacx.infra.services.processes import port_holder, port_open
 
     problems = []
     inference_url, gateway_url = service_urls(spec)
@@ -68,8 +68,8 @@ def _ports_problems(spec: PipelineSpec) -> list[str]:
 
 def _topic_problems(spec: PipelineSpec) -> list[str]:
     """Topics the run reads but does not create: a mistyped name would be auto-created empty."""
-    from infra.services.topics import missing_topics
-    from schemas.topics import DLQ
+    from stacx.infra.services.topics import missing_topics
+    from stacx.schemas.topics import DLQ
 
     wanted = {str(spec.assembler.get("dlq_topic") or DLQ): "assembler.dlq_topic"}
     if spec.pipeline.tasks.topic:
@@ -87,7 +87,7 @@ def accelerator_problems(spec: PipelineSpec) -> list[str]:
     GPUs as `resources:` names; one line each."""
     problems = []
     if serving_options(spec)[0] == "sglang":
-        from rollout.inference.sglang import unavailable_reason
+        from stacx.rollout.inference.sglang import unavailable_reason
 
         reason = unavailable_reason()
         if reason is not None:
@@ -108,7 +108,7 @@ def accelerator_problems(spec: PipelineSpec) -> list[str]:
 def check_all(spec: PipelineSpec) -> None:
     """Raise PipelineConfigError for a config problem, else MissingComponentError naming
     everything that is missing."""
-    from infra.pipeline.resolve import check_resolved
+    from stacx.infra.pipeline.resolve import check_resolved
 
     check_resolved(spec)
     missing = accelerator_problems(spec)

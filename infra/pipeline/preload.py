@@ -33,18 +33,18 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from infra.pipeline.errors import ServiceError
-from infra.services.processes import pid_alive, tail
+from stacx.infra.pipeline.errors import ServiceError
+from stacx.infra.services.processes import pid_alive, tail
 
 if TYPE_CHECKING:
-    from infra.pipeline.services import ServiceSpec
+    from stacx.infra.pipeline.services import ServiceSpec
 
 __all__ = ["FORKED_COMMANDS", "PRELOAD_MODULES", "ForkedProcess", "PreloadError", "Preloader", "forkable",
            "model_modules"]
 
-PRELOAD_MODULES = ("torch", "transformers", "infra.cli", "rollout.inference.server", "trainer")
+PRELOAD_MODULES = ("torch", "transformers", "stacx.infra.cli", "stacx.rollout.inference.server", "trainer")
 """Imported once by the preloader; `trainer` imports the FSDP2 engine's modules."""
-ENTRY = "infra.cli:main"
+ENTRY = "stacx.infra.cli:main"
 """What a forked child runs with the request's arguments: the `stacx` command line."""
 FORKED_COMMANDS = frozenset({"serve", "train"})
 """The `stacx` commands that import torch (the rest do not: they start as fresh processes)."""
@@ -57,7 +57,7 @@ _KEPT = frozenset({"PYTHONUNBUFFERED"})
 OPTIONAL = "--optional"
 """On the preloader's command line, before the modules it imports if they exist (a model's)."""
 _MODEL_TYPE = re.compile(r"[a-z0-9_]+")
-_MAIN = "import sys; from infra.pipeline.preload import main; main(sys.argv[1:])"
+_MAIN = "import sys; from stacx.infra.pipeline.preload import main; main(sys.argv[1:])"
 """The preloader's command (not `-m`: the package's __init__ has imported this module already)."""
 
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from infra.pipeline.monitor import RunMetrics
+from stacx.infra.pipeline.monitor import RunMetrics
 
 __all__ = ["plot_curve", "write_report"]
 

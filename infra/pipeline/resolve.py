@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from infra.checks import (
+from stacx.infra.checks import (
     harbor_problems,
     jsonl_problems,
     model_problem,
@@ -25,10 +25,10 @@ from infra.checks import (
     rollout_config_problem,
     tokenizer_problem,
 )
-from infra.config import ConfigError, build, resolve_path
-from infra.pipeline.config import PipelineSpec
-from infra.pipeline.errors import PipelineConfigError
-from infra.pipeline.layout import (
+from stacx.infra.config import ConfigError, build, resolve_path
+from stacx.infra.pipeline.config import PipelineSpec
+from stacx.infra.pipeline.errors import PipelineConfigError
+from stacx.infra.pipeline.layout import (
     RunLayout,
     assembler_section,
     gateway_section,
@@ -41,9 +41,9 @@ from infra.pipeline.layout import (
     task_data,
     trainer_section,
 )
-from infra.pipeline.wires import WIRES, get_path, wire_conflicts
-from rollout.tokens import model_vocab_size
-from schemas.records import export_dir_name
+from stacx.infra.pipeline.wires import WIRES, get_path, wire_conflicts
+from stacx.rollout.tokens import model_vocab_size
+from stacx.schemas.records import export_dir_name
 
 __all__ = [
     "ServicePlan",
@@ -172,7 +172,7 @@ def serving_explained(spec: PipelineSpec, layout: RunLayout, model_dir: Path) ->
 
 def _serve_command(section: dict[str, Any]) -> list[str] | str:
     """The command an inference server runs: SGLang's launch line, or `stacx serve` (built-in)."""
-    from rollout.inference.serving import ServeConfig, sglang_server
+    from stacx.rollout.inference.serving import ServeConfig, sglang_server
 
     try:
         config = build(ServeConfig, section, where="inference")
@@ -251,12 +251,12 @@ def _owned_conflicts(spec: PipelineSpec, layout: RunLayout) -> dict[str, str]:
 def _built_sections(spec: PipelineSpec, layout: RunLayout) -> tuple[dict[str, Any], list[str]]:
     """Every service section, completed with the run's values, built by the one config loader;
     the sections that do not build are left out, their problems are the lines."""
-    from consumers.assembly import AssemblerApp
-    from rollout.config import RolloutConfig
-    from rollout.inference.router import RouterConfig
-    from rollout.inference.serving import ServeConfig
-    from sandbox.gateway import Gateway
-    from trainer.config import TrainerConfig
+    from stacx.consumers.assembly import AssemblerApp
+    from stacx.rollout.config import RolloutConfig
+    from stacx.rollout.inference.router import RouterConfig
+    from stacx.rollout.inference.serving import ServeConfig
+    from stacx.sandbox.gateway import Gateway
+    from stacx.trainer.config import TrainerConfig
 
     p = plan(spec, layout)
     built: dict[str, Any] = {}
@@ -364,14 +364,14 @@ def _unique(lines: list[str]) -> list[str]:
 
 
 def _recipe_problems(spec: PipelineSpec, config: Any) -> list[str]:
-    from trainer import TrainerError, get_recipe
+    from stacx.trainer import TrainerError, get_recipe
 
     try:
         recipe = get_recipe(config.recipe)
     except TrainerError as exc:
-        return [f"{spec.source}: trainer.recipe: {exc}"]
+        return [f"{spec.source}: stacx.trainer.recipe: {exc}"]
     if recipe.needs_greedy_row:  # the rollout samples every group at its evaluators' temperature
-        return [f"{spec.source}: trainer.recipe: {config.recipe!r} needs one greedy (temperature 0) "
+        return [f"{spec.source}: stacx.trainer.recipe: {config.recipe!r} needs one greedy (temperature 0) "
                 "sample per prompt group as its baseline, and the pipeline's rollout samples none; "
                 "use rloo or grpo here, or train it with `stacx train` on batches that carry one"]
     return []
@@ -434,8 +434,8 @@ def _task_problems(spec: PipelineSpec, layout: RunLayout) -> list[str]:
 
 def _source_problems(spec: PipelineSpec) -> list[str]:
     """The task-source plug-in imports, builds with its options, and can warm-start `sft`."""
-    from rollout.data import build_task_set
-    from rollout.errors import ConfigError as RolloutConfigError
+    from stacx.rollout.data import build_task_set
+    from stacx.rollout.errors import ConfigError as RolloutConfigError
 
     tasks, cfg = spec.pipeline.tasks, spec.pipeline
     assert tasks.source is not None
@@ -454,7 +454,7 @@ def _source_problems(spec: PipelineSpec) -> list[str]:
 
 def transcript_adapter(spec: PipelineSpec) -> Any:
     """The black-box scaffold adapter that renders `pipeline.transcripts` (its evaluator's)."""
-    from rollout.blackbox.adapter import build_external, is_external
+    from stacx.rollout.blackbox.adapter import build_external, is_external
 
     transcripts = spec.pipeline.transcripts
     assert transcripts is not None
@@ -476,7 +476,7 @@ def transcript_adapter(spec: PipelineSpec) -> Any:
 
 def _transcript_problems(spec: PipelineSpec) -> list[str]:
     """The transcripts file reads, each row has its fields, the first renders as the first call."""
-    from rollout.errors import ConfigError as RolloutConfigError
+    from stacx.rollout.errors import ConfigError as RolloutConfigError
 
     transcripts = spec.pipeline.transcripts
     if transcripts is None:

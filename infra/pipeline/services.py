@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from infra.pipeline.errors import ServiceError
+from stacx.infra.pipeline.errors import ServiceError
 
 __all__ = [
     "ChildProcess",
@@ -42,7 +42,7 @@ FORKED = " (forked from the run's preloader)"
 def stacx_argv() -> list[str]:
     """How to invoke `stacx` with this interpreter (the console script when installed)."""
     script = Path(sys.executable).with_name("stacx")
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "infra.cli"]
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "stacx.infra.cli"]
 
 
 def http_ready(url: str, timeout_s: float = 2.0) -> bool:
@@ -87,7 +87,7 @@ class ChildProcess(Protocol):
 
 
 class Launcher(Protocol):
-    """Starts some `stacx` commands another way than a fresh process (infra.pipeline.preload)."""
+    """Starts some `stacx` commands another way than a fresh process (stacx.infra.pipeline.preload)."""
 
     def takes(self, spec: ServiceSpec) -> bool: ...
 

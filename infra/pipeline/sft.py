@@ -1,7 +1,7 @@
 """SFT warm start: a task source's demonstrations -> `TrainingBatch`es -> the trainer's `sft` recipe.
 
 Demonstrations are tokenised exactly as the rollout engine builds episodes: the prompt through
-the tokenizer's chat template (`rollout.tokens.ChatFormat`), policy segments and the tool
+the tokenizer's chat template (`stacx.rollout.tokens.ChatFormat`), policy segments and the tool
 observation tokenised separately, observation tokens with loss mask 0. The trainer runs in this
 process on the single-process backend from an in-memory batch source (no Kafka needed), and
 exports an HF directory the inference server loads.
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from infra.pipeline.config import SFTConfig, TranscriptsConfig
-from schemas.records import TrainingBatch
+from stacx.infra.pipeline.config import SFTConfig, TranscriptsConfig
+from stacx.schemas.records import TrainingBatch
 
 __all__ = ["DemonstrationEncoder", "demonstration_batches", "run_sft", "transcript_batches"]
 
@@ -33,12 +33,12 @@ class DemonstrationEncoder:
     """Token ids and loss mask of one demonstration, rendered like a rollout episode."""
 
     tokenizer: Any
-    """A `rollout.tokens.HFTokenizer`."""
+    """A `stacx.rollout.tokens.HFTokenizer`."""
     system_prompt: str = ""
     """The scaffold's system prompt (empty: none, which keeps sequences short)."""
 
     def encode(self, prompt: str, segments: Sequence[str]) -> tuple[list[int], list[int]]:
-        from rollout.tokens import ChatFormat
+        from stacx.rollout.tokens import ChatFormat
 
         messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         ids = ChatFormat(self.tokenizer).prompt_ids([*messages, {"role": "user", "content": prompt}])
@@ -75,7 +75,7 @@ def _pack(rows: list[tuple[list[int], list[int]]], *, step: int, prompt_lengths:
 
 
 Demonstration = Callable[..., tuple[str, Sequence[str]]]
-"""`demonstration(rng, *, skill) -> (prompt, segments)` of a task source (rollout.data)."""
+"""`demonstration(rng, *, skill) -> (prompt, segments)` of a task source (stacx.rollout.data)."""
 
 
 def demonstration_batches(
@@ -147,7 +147,7 @@ def run_sft(
 ) -> Path:
     """Train the `sft` recipe on `batches` from `base_model`; returns the exported HF directory
     (`out_root/<export_name>/v<steps>`)."""
-    from trainer import (
+    from stacx.trainer import (
         BackendConfig,
         ExportConfig,
         InMemoryBatchSource,
@@ -187,7 +187,7 @@ def run_sft(
 def _quiet_steps() -> Iterator[None]:
     """The trainer's line per step is left out of the warm start: its progress is the run's stage
     (`on_step`), so hundreds of SFT steps do not fill the terminal."""
-    engine = logging.getLogger("trainer.engine")
+    engine = logging.getLogger("stacx.trainer.engine")
     level = engine.level
     engine.setLevel(logging.WARNING)
     try:

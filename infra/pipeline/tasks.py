@@ -10,9 +10,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from infra.config import resolve_path
-from infra.pipeline.config import PipelineSpec
-from infra.pipeline.errors import PipelineConfigError
+from stacx.infra.config import resolve_path
+from stacx.infra.pipeline.config import PipelineSpec
+from stacx.infra.pipeline.errors import PipelineConfigError
 
 __all__ = [
     "harbor_rows",
@@ -28,9 +28,9 @@ __all__ = [
 def source_rows(rows: Iterable[Any], *, where: str) -> list[dict[str, Any]]:
     """JSON rows (tasks.jsonl, task events) of a task source's `TaskSample`s or mappings,
     each checked as a `TaskSample`."""
-    from rollout.data import task_from_dict
-    from rollout.errors import ConfigError
-    from schemas.records import TaskSample
+    from stacx.rollout.data import task_from_dict
+    from stacx.rollout.errors import ConfigError
+    from stacx.schemas.records import TaskSample
 
     out = []
     for i, row in enumerate(rows):
@@ -52,7 +52,7 @@ def write_tasks(path: Path, rows: list[dict[str, Any]]) -> Path:
 
 def harbor_rows(root: Path) -> list[dict[str, Any]]:
     """TaskSample rows of every Harbor task under `root` (what `stacx tasks import` writes)."""
-    from sandbox.tasks import discover_tasks, to_task_sample
+    from stacx.sandbox.tasks import discover_tasks, to_task_sample
 
     return [dataclasses.asdict(to_task_sample(task)) for task in discover_tasks(root)]
 
@@ -89,8 +89,8 @@ def publish_tasks(bootstrap_servers: str, topic: str, rows: list[dict[str, Any]]
 
     The rollout service reads them through a consumer group and commits a task only once its
     whole group is published: a restarted rollout service goes on where it stopped."""
-    from producers import EventProducer
-    from rollout.data import task_from_dict
+    from stacx.producers import EventProducer
+    from stacx.rollout.data import task_from_dict
 
     producer = EventProducer(
         EventProducer.Config(bootstrap_servers=bootstrap_servers, client_id="stacx-run-tasks")

@@ -1,16 +1,16 @@
 """The run's trackers (`pipeline.tracking`): opened before the services start, fed by a consumer
-thread of the orchestrator from the run's topics and the servers' metrics (infra.tracking)."""
+thread of the orchestrator from the run's topics and the servers' metrics (stacx.infra.tracking)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 from typing import Any
 
-from infra.pipeline.config import PipelineSpec
-from infra.pipeline.errors import PipelineError
-from infra.pipeline.layout import RunLayout
-from infra.tracking import MetricsEndpoint, RunFigures, TrackingError, TrackingFeed, open_trackers
-from infra.tracking.figures import Keeps
+from stacx.infra.pipeline.config import PipelineSpec
+from stacx.infra.pipeline.errors import PipelineError
+from stacx.infra.pipeline.layout import RunLayout
+from stacx.infra.tracking import MetricsEndpoint, RunFigures, TrackingError, TrackingFeed, open_trackers
+from stacx.infra.tracking.figures import Keeps
 
 __all__ = ["start_tracking", "tracking_group"]
 

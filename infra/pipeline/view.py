@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra.pipeline.monitor import RunMetrics
+from stacx.infra.pipeline.monitor import RunMetrics
 
 __all__ = ["render", "status_line"]
 

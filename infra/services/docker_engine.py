@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from infra import paths
-from infra.services import tools
-from infra.services.errors import InfraError
-from infra.services.processes import pid_alive, read_pid, stop_pid, tail
+from stacx.infra import paths
+from stacx.infra.services import tools
+from stacx.infra.services.errors import InfraError
+from stacx.infra.services.processes import pid_alive, read_pid, stop_pid, tail
 
 START_TIMEOUT_S = 60.0
 

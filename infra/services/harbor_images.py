@@ -1,12 +1,12 @@
 """Local stand-ins for the public base images Harbor tasks start FROM, and the verifier tools image.
 
 This machine has no image registry. `FROM ubuntu:24.04` is resolved through the base-image map of
-`sandbox.images` to a local image built here: Debian bookworm from `debootstrap` (the Debian mirror
+`stacx.sandbox.images` to a local image built here: Debian bookworm from `debootstrap` (the Debian mirror
 this machine's apt uses), with that mirror in its apt sources so task Dockerfiles can still
 `apt-get install` at build time (builds use the host network). The verifier tools image holds what
 the standard Harbor `tests/test.sh` downloads at verify time (uv/uvx, pytest wheels, a relocatable
 python3 and curl) so that verifiers run without internet; sessions mount it at
-`sandbox.images.TOOLS_DIR`.
+`stacx.sandbox.images.TOOLS_DIR`.
 
 The stand-ins trust what this machine trusts: the certificates of the host's CA bundle that Debian's
 lacks (a TLS-intercepting proxy's) join the image's bundle, and the host's pip configuration
@@ -28,11 +28,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra import paths
-from infra.services import tools
-from infra.services.errors import InfraError
-from infra.services.sandbox_image import debian_mirror, image_exists
-from sandbox.images import STAND_IN_DEBIAN, STAND_IN_PYTHON, TOOLS_DIR, TOOLS_IMAGE
+from stacx.infra import paths
+from stacx.infra.services import tools
+from stacx.infra.services.errors import InfraError
+from stacx.infra.services.sandbox_image import debian_mirror, image_exists
+from stacx.sandbox.images import STAND_IN_DEBIAN, STAND_IN_PYTHON, TOOLS_DIR, TOOLS_IMAGE
 
 __all__ = [
     "STAND_INS",

@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra import paths
-from infra.services import tools
-from infra.services.errors import InfraError
-from infra.services.processes import pid_alive, port_open, read_pid, require_free_port, stop_pid, tail
+from stacx.infra import paths
+from stacx.infra.services import tools
+from stacx.infra.services.errors import InfraError
+from stacx.infra.services.processes import pid_alive, port_open, read_pid, require_free_port, stop_pid, tail
 
 VERSION = "1.76.0"
 MODULE = "github.com/jaegertracing/jaeger"

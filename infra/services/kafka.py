@@ -17,10 +17,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra import paths
-from infra.services import tools
-from infra.services.errors import InfraError
-from infra.services.processes import (
+from stacx.infra import paths
+from stacx.infra.services import tools
+from stacx.infra.services.errors import InfraError
+from stacx.infra.services.processes import (
     pid_alive,
     port_open,
     read_pid,
@@ -356,7 +356,7 @@ def wait_ready(config: KafkaConfig, pid: int, started: float) -> None:
 def broker_answers(bootstrap: str, timeout_s: float = 5.0) -> bool:
     """True when a broker at `bootstrap` answers a metadata request (librdkafka's connection
     FAIL lines of the probe are not shown)."""
-    from infra.services.reachability import kafka_problem
+    from stacx.infra.services.reachability import kafka_problem
 
     return kafka_problem(bootstrap, timeout_s=timeout_s) is None
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from infra.services import kafka
-from infra.services.errors import InfraError
+from stacx.infra.services import kafka
+from stacx.infra.services.errors import InfraError
 
 __all__ = ["consumer_groups", "describe_groups", "describe_producers", "run_tool"]
 

@@ -34,7 +34,7 @@ SUBNET = "10.231.0.0/24"
 def lab_home(root: Path) -> Path:
     """A STACX_HOME of a lab's own under `root`, with the Kafka jars `stacx infra up` installed
     linked in (the lab's brokers keep their data and logs apart from the machine's broker)."""
-    from infra.services import kafka
+    from stacx.infra.services import kafka
 
     jars = kafka.jar_dir()
     home = root / "home"

@@ -8,7 +8,7 @@ import socket
 import time
 from pathlib import Path
 
-from infra.services.errors import InfraError
+from stacx.infra.services.errors import InfraError
 
 
 def read_pid(pid_file: Path) -> int | None:

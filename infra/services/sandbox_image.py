@@ -13,9 +13,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from infra import paths
-from infra.services import tools
-from infra.services.errors import InfraError
+from stacx.infra import paths
+from stacx.infra.services import tools
+from stacx.infra.services.errors import InfraError
 
 IMAGE = "stacx/sandbox:bookworm"
 SUITE = "bookworm"

@@ -9,8 +9,8 @@ import uuid
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from infra.services.errors import InfraError
-from infra.services.sandbox_image import IMAGE
+from stacx.infra.services.errors import InfraError
+from stacx.infra.services.sandbox_image import IMAGE
 
 
 def kafka_round_trip(bootstrap: str) -> str:

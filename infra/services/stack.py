@@ -6,10 +6,10 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from infra.services import docker_engine, jaeger, kafka, sandbox_image, tools
-from infra.services.errors import InfraError
-from infra.services.topics import ensure_topics
-from schemas.topics import BOOTSTRAP_ENV, TopicPolicy
+from stacx.infra.services import docker_engine, jaeger, kafka, sandbox_image, tools
+from stacx.infra.services.errors import InfraError
+from stacx.infra.services.topics import ensure_topics
+from stacx.schemas.topics import BOOTSTRAP_ENV, TopicPolicy
 
 
 @dataclass(kw_only=True, slots=True)

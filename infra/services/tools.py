@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.services.errors import InfraError
+from stacx.infra.services.errors import InfraError
 
 __all__ = ["TOOLS", "Tool", "ensure", "missing"]
 

@@ -19,9 +19,9 @@ from typing import Any
 from confluent_kafka import ConsumerGroupState, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from infra.services import kafka_tools
-from infra.services.errors import InfraError
-from schemas import topics
+from stacx.infra.services import kafka_tools
+from stacx.infra.services.errors import InfraError
+from stacx.schemas import topics
 
 __all__ = [
     "GroupLag",

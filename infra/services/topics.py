@@ -1,12 +1,12 @@
-"""Idempotent creation of the topics of ARCHITECTURE.md (names and configs live in `schemas.topics`)."""
+"""Idempotent creation of the topics of ARCHITECTURE.md (names and configs live in `stacx.schemas.topics`)."""
 
 from __future__ import annotations
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from infra.services.errors import InfraError
-from schemas.topics import TOPICS, TopicPolicy, TopicSpec
+from stacx.infra.services.errors import InfraError
+from stacx.schemas.topics import TOPICS, TopicPolicy, TopicSpec
 
 _WARNINGS = 4
 """librdkafka's syslog level for these short-lived clients: warnings and worse, no info lines."""

@@ -10,14 +10,14 @@ weight-version events and the servers' Prometheus figures into per-version figur
 
 from __future__ import annotations
 
-from infra.tracking.config import TrackerSpec, TrackingConfig
-from infra.tracking.errors import MissingTrackerPackage, TrackingError
-from infra.tracking.feed import TrackingFeed
-from infra.tracking.figures import Point, RunFigures
-from infra.tracking.protocols import Cell, Table, TrackedRun, Tracker, TrackerFactory
-from infra.tracking.registry import TRACKERS, build_tracker, tracker_problem
-from infra.tracking.scrape import MetricsEndpoint
-from infra.tracking.trackers import TrackerSet, open_trackers
+from stacx.infra.tracking.config import TrackerSpec, TrackingConfig
+from stacx.infra.tracking.errors import MissingTrackerPackage, TrackingError
+from stacx.infra.tracking.feed import TrackingFeed
+from stacx.infra.tracking.figures import Point, RunFigures
+from stacx.infra.tracking.protocols import Cell, Table, TrackedRun, Tracker, TrackerFactory
+from stacx.infra.tracking.registry import TRACKERS, build_tracker, tracker_problem
+from stacx.infra.tracking.scrape import MetricsEndpoint
+from stacx.infra.tracking.trackers import TrackerSet, open_trackers
 
 __all__ = [
     "TRACKERS",

@@ -28,7 +28,7 @@ class TrackerSpec(BaseModel):
 
     @pydantic.model_validator(mode="after")
     def _buildable(self) -> TrackerSpec:
-        from infra.tracking.registry import tracker_problem
+        from stacx.infra.tracking.registry import tracker_problem
 
         problem = tracker_problem(self.name, self.options)
         if problem:

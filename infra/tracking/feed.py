@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.tracking.figures import Point, RunFigures
-from infra.tracking.scrape import MetricsEndpoint, ScrapeRates
-from infra.tracking.trackers import TrackerSet
-from schemas.records import TrainingBatch, Trajectory, WeightVersion
+from stacx.infra.tracking.figures import Point, RunFigures
+from stacx.infra.tracking.scrape import MetricsEndpoint, ScrapeRates
+from stacx.infra.tracking.trackers import TrackerSet
+from stacx.schemas.records import TrainingBatch, Trajectory, WeightVersion
 
 __all__ = ["TrackingFeed"]
 
@@ -113,7 +113,7 @@ class TrackingFeed:
             self.trackers.finish()
 
     def _consumer(self) -> Any:
-        from consumers import EventConsumer
+        from stacx.consumers import EventConsumer
 
         try:
             return EventConsumer(

@@ -19,8 +19,14 @@ import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from infra.tracking.protocols import Cell, Table
-from schemas.records import STEP_FIGURE_PREFIX, TrainingBatch, Trajectory, TrajectoryStatus, WeightVersion
+from stacx.infra.tracking.protocols import Cell, Table
+from stacx.schemas.records import (
+    STEP_FIGURE_PREFIX,
+    TrainingBatch,
+    Trajectory,
+    TrajectoryStatus,
+    WeightVersion,
+)
 
 __all__ = [
     "SAMPLE_COLUMNS",

@@ -8,8 +8,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from infra.tracking.protocols import Table, TrackedRun
-from infra.tracking.requirements import Requirement
+from stacx.infra.tracking.protocols import Table, TrackedRun
+from stacx.infra.tracking.requirements import Requirement
 
 __all__ = ["MlflowTracker", "flatten"]
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from infra.tracking.errors import MissingTrackerPackage, TrackingError
-from infra.tracking.mlflow_tracker import MlflowTracker
-from infra.tracking.protocols import TrackedRun, Tracker, TrackerFactory
-from infra.tracking.requirements import Requirement
-from infra.tracking.tensorboard_tracker import TensorBoardTracker
-from infra.tracking.wandb_tracker import WandbTracker
-from schemas.plugins import PluginError, Registry, accepts
+from stacx.infra.tracking.errors import MissingTrackerPackage, TrackingError
+from stacx.infra.tracking.mlflow_tracker import MlflowTracker
+from stacx.infra.tracking.protocols import TrackedRun, Tracker, TrackerFactory
+from stacx.infra.tracking.requirements import Requirement
+from stacx.infra.tracking.tensorboard_tracker import TensorBoardTracker
+from stacx.infra.tracking.wandb_tracker import WandbTracker
+from stacx.schemas.plugins import PluginError, Registry, accepts
 
 __all__ = ["TRACKERS", "build_tracker", "tracker_problem"]
 
@@ -22,9 +22,9 @@ def _check(obj: Any) -> str | None:
 
 TRACKERS: Registry[TrackerFactory] = Registry("trackers", what="tracker", check=_check)
 """`factory(run: TrackedRun, **options) -> Tracker` by name."""
-TRACKERS.add("tensorboard", TensorBoardTracker, origin="builtin (infra.tracking)")
-TRACKERS.add("wandb", WandbTracker, origin="builtin (infra.tracking)")
-TRACKERS.add("mlflow", MlflowTracker, origin="builtin (infra.tracking)")
+TRACKERS.add("tensorboard", TensorBoardTracker, origin="builtin (stacx.infra.tracking)")
+TRACKERS.add("wandb", WandbTracker, origin="builtin (stacx.infra.tracking)")
+TRACKERS.add("mlflow", MlflowTracker, origin="builtin (stacx.infra.tracking)")
 
 _PROBE = TrackedRun(name="run", run_id="run-0", dir=Path("."))
 """Stands for the run when a factory's signature is checked before the run exists."""

@@ -7,7 +7,7 @@ import importlib.util
 from dataclasses import dataclass
 from types import ModuleType
 
-from infra.tracking.errors import MissingTrackerPackage
+from stacx.infra.tracking.errors import MissingTrackerPackage
 
 __all__ = ["Requirement"]
 

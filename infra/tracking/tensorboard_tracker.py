@@ -7,8 +7,8 @@ from typing import Any, ClassVar
 
 import yaml
 
-from infra.tracking.protocols import Cell, Table, TrackedRun
-from infra.tracking.requirements import Requirement
+from stacx.infra.tracking.protocols import Cell, Table, TrackedRun
+from stacx.infra.tracking.requirements import Requirement
 
 __all__ = ["TensorBoardTracker", "markdown_table"]
 

@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from infra.tracking.config import TrackingConfig
-from infra.tracking.errors import TrackingError
-from infra.tracking.protocols import Table, TrackedRun, Tracker
-from infra.tracking.registry import build_tracker
+from stacx.infra.tracking.config import TrackingConfig
+from stacx.infra.tracking.errors import TrackingError
+from stacx.infra.tracking.protocols import Table, TrackedRun, Tracker
+from stacx.infra.tracking.registry import build_tracker
 
 __all__ = ["TrackerSet", "open_trackers"]
 

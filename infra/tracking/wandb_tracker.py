@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from infra.tracking.protocols import Table, TrackedRun
-from infra.tracking.requirements import Requirement
+from stacx.infra.tracking.protocols import Table, TrackedRun
+from stacx.infra.tracking.requirements import Requirement
 
 __all__ = ["STEP_METRIC", "WandbTracker"]
 

@@ -1,6 +1,6 @@
 """The `stacx view` web app: run list, a run's status and curves, the trajectory browser.
 
-Pages are server-rendered (`infra.view.pages`); the only asset is the local stylesheet. A run's
+Pages are server-rendered (`stacx.infra.view.pages`); the only asset is the local stylesheet. A run's
 topics are read on demand and on from where they stopped, so a live run's pages grow as it goes.
 """
 
@@ -18,8 +18,8 @@ import yaml
 from fastapi import FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, Response
 
-from infra.view.curves import per_version, read_trainer_steps
-from infra.view.pages import (
+from stacx.infra.view.curves import per_version, read_trainer_steps
+from stacx.infra.view.pages import (
     STYLESHEET,
     TrajectoryFilter,
     run_list_page,
@@ -27,8 +27,8 @@ from infra.view.pages import (
     trajectories_page,
     trajectory_page,
 )
-from infra.view.reader import RunTopicsReader
-from infra.view.runs import RunEntry, merge_runs, runs_in_dir, runs_on_broker
+from stacx.infra.view.reader import RunTopicsReader
+from stacx.infra.view.runs import RunEntry, merge_runs, runs_in_dir, runs_on_broker
 
 __all__ = ["ViewConfig", "create_app"]
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from infra.view.reader import TrajectorySummary, VersionPoint
+from stacx.infra.view.reader import TrajectorySummary, VersionPoint
 
 __all__ = [
     "SUCCESS_REWARD",
@@ -36,7 +36,7 @@ _STEP_LINE = re.compile(
     r"^(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*?trainer\.engine: step (?P<step>\d+) "
     r"batch (?P<batch>\S+) loss (?P<loss>\S+) tokens (?P<tokens>\d+)"
 )
-"""The trainer's line per optimizer step (`trainer.engine`, one per step on rank 0)."""
+"""The trainer's line per optimizer step (`stacx.trainer.engine`, one per step on rank 0)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,11 +10,11 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
-from infra.view.chart import Line, line_chart
-from infra.view.curves import SUCCESS_REWARD, TrainerStep, VersionRow, throughput, tokens_per_s
-from infra.view.reader import Fetched, TrajectorySummary
-from infra.view.runs import RunEntry
-from infra.view.tokens import turn_spans
+from stacx.infra.view.chart import Line, line_chart
+from stacx.infra.view.curves import SUCCESS_REWARD, TrainerStep, VersionRow, throughput, tokens_per_s
+from stacx.infra.view.reader import Fetched, TrajectorySummary
+from stacx.infra.view.runs import RunEntry
+from stacx.infra.view.tokens import turn_spans
 
 __all__ = [
     "STYLESHEET",

@@ -15,14 +15,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from consumers.assembly.claims import decode_trajectory
-from consumers.assembly.errors import InvalidTrajectoryError
-from producers.errors import BlobStoreError
-from producers.kafka_log import kafka_logger
-from schemas.catalogue import SchemaCatalogue
-from schemas.codec import Codec
-from schemas.errors import SchemaError
-from schemas.records import Trajectory, WeightVersion
+from stacx.consumers.assembly.claims import decode_trajectory
+from stacx.consumers.assembly.errors import InvalidTrajectoryError
+from stacx.producers.errors import BlobStoreError
+from stacx.producers.kafka_log import kafka_logger
+from stacx.schemas.catalogue import SchemaCatalogue
+from stacx.schemas.codec import Codec
+from stacx.schemas.errors import SchemaError
+from stacx.schemas.records import Trajectory, WeightVersion
 
 __all__ = ["Fetched", "RunTopicsReader", "TrajectorySummary", "VersionPoint", "trace_id_of"]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from schemas import topics
+from stacx.schemas import topics
 
 __all__ = ["RunEntry", "RunStatus", "merge_runs", "read_run_dir", "runs_in_dir", "runs_on_broker"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from schemas.records import Trajectory
+from stacx.schemas.records import Trajectory
 
 __all__ = ["TokenSpan", "turn_spans"]
 

@@ -19,10 +19,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rollout.errors import ConfigError
-from rollout.protocols import Action, ExecResult, Message, Observation
-from schemas.plugins import PluginError, Registry, import_object
-from schemas.records import TaskSample
+from stacx.rollout.errors import ConfigError
+from stacx.rollout.protocols import Action, ExecResult, Message, Observation
+from stacx.schemas.plugins import PluginError, Registry, import_object
+from stacx.schemas.records import TaskSample
 
 __all__ = [
     "DRIVERS",
@@ -106,7 +106,7 @@ class ExternalScaffold:
 
     def first_messages(self, instruction: str) -> list[Message]:
         """The chat messages of the scaffold's first model call for a task with `instruction`:
-        what SFT transcripts are rendered from (`rollout.blackbox.transcripts`). Adapters that
+        what SFT transcripts are rendered from (`stacx.rollout.blackbox.transcripts`). Adapters that
         know their prompt templates override it."""
         raise ConfigError(
             f"scaffold {self.name!r} does not say what its first model call looks like, so "
@@ -119,12 +119,12 @@ class ExternalScaffold:
 
 
 def _load_builtin() -> None:
-    import rollout.blackbox.scaffolds  # noqa: F401  (registers the shipped adapters)
+    import stacx.rollout.blackbox.scaffolds  # noqa: F401  (registers the shipped adapters)
 
 
 def _check(cls: Any) -> str | None:
     if not (isinstance(cls, type) and issubclass(cls, ExternalScaffold)):
-        return f"{cls!r} is not a subclass of rollout.blackbox.ExternalScaffold"
+        return f"{cls!r} is not a subclass of stacx.rollout.blackbox.ExternalScaffold"
     return None
 
 
@@ -147,7 +147,7 @@ def register(name: str) -> Callable[[_S], _S]:
 
 
 def _origin(cls: type) -> str:
-    shipped = cls.__module__.startswith("rollout.blackbox.scaffolds")
+    shipped = cls.__module__.startswith("stacx.rollout.blackbox.scaffolds")
     return f"{'builtin' if shipped else 'registered'} ({cls.__module__})"
 
 

@@ -16,11 +16,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from producers.event_producer import Delivery
-from producers.protocols import Publisher
-from rollout.proxy.app import AgentProxy
-from rollout.proxy.server import ProxyServer
-from schemas.records import AgentInteraction
+from stacx.producers.event_producer import Delivery
+from stacx.producers.protocols import Publisher
+from stacx.rollout.proxy.app import AgentProxy
+from stacx.rollout.proxy.server import ProxyServer
+from stacx.schemas.records import AgentInteraction
 
 __all__ = ["CallCapture", "CapturePublisher"]
 

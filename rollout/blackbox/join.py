@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from rollout.tokens import TokenBuffer
-from schemas.records import AgentInteraction, Turn, token_ids
+from stacx.rollout.tokens import TokenBuffer
+from stacx.schemas.records import AgentInteraction, Turn, token_ids
 
 __all__ = ["JoinedCalls", "external_metadata", "join_calls"]
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollout.blackbox.adapter import DRIVERS, EpisodeSpec, ExternalScaffold
-from rollout.blackbox.venvs import ensure_python
-from rollout.errors import EnvironmentStepError, EpisodeError
+from stacx.rollout.blackbox.adapter import DRIVERS, EpisodeSpec, ExternalScaffold
+from stacx.rollout.blackbox.venvs import ensure_python
+from stacx.rollout.errors import EnvironmentStepError, EpisodeError
 
 __all__ = [
     "ScaffoldCrashed",

@@ -2,7 +2,7 @@
 
 A demonstration is (task instruction, answer text). The prompt is what the scaffold sends first
 (`ExternalScaffold.first_messages`), rendered by the agent proxy's own renderer
-(`rollout.proxy.render.PromptRenderer`), so the ids are exactly those a captured episode starts
+(`stacx.rollout.proxy.render.PromptRenderer`), so the ids are exactly those a captured episode starts
 with; the answer follows as generated tokens (loss mask 1) closed by the end-of-turn token, as the
 inference server returns a finished completion. One-call episodes (the answer ends the episode,
 e.g. a mini-swe-agent action that submits) are then token for token what GRPO trains on.
@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rollout.blackbox.adapter import ExternalScaffold
-from rollout.errors import ConfigError
-from rollout.inference.openai_api import ChatCompletionRequest
-from rollout.proxy.render import PromptRenderer
+from stacx.rollout.blackbox.adapter import ExternalScaffold
+from stacx.rollout.errors import ConfigError
+from stacx.rollout.inference.openai_api import ChatCompletionRequest
+from stacx.rollout.proxy.render import PromptRenderer
 
 __all__ = ["TranscriptRenderer"]
 

@@ -16,8 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rollout.blackbox.adapter import ExternalScaffold
-from rollout.errors import ConfigError, RolloutError
+from stacx.rollout.blackbox.adapter import ExternalScaffold
+from stacx.rollout.errors import ConfigError, RolloutError
 
 __all__ = ["ScaffoldInstallError", "ensure_python", "find_interpreter", "scaffold_home"]
 

@@ -1,6 +1,6 @@
 """Inference serving: the built-in SGLang-compatible server, its batching engine, the client.
 
-from rollout.inference import InferenceClient, InferenceServer, SamplingParams
+from stacx.rollout.inference import InferenceClient, InferenceServer, SamplingParams
 
 Names are imported on first use: a client, a router or an error type does not pull in the
 engine's torch (a process that only talks to a server stays a few tens of MiB).
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from schemas.lazy import lazy_attributes
+from stacx.schemas.lazy import lazy_attributes
 
 if TYPE_CHECKING:
-    from rollout.inference.client import GenerateResult, InferenceClient, ModelInfo
-    from rollout.inference.engine import BatchingEngine, GenerationOutput
-    from rollout.inference.errors import (
+    from stacx.rollout.inference.client import GenerateResult, InferenceClient, ModelInfo
+    from stacx.rollout.inference.engine import BatchingEngine, GenerationOutput
+    from stacx.rollout.inference.errors import (
         EngineStoppedError,
         InferenceError,
         InvalidRequestError,
@@ -24,10 +24,10 @@ if TYPE_CHECKING:
         ServerUnavailableError,
         WeightLoadError,
     )
-    from rollout.inference.fake import ScriptedBackend
-    from rollout.inference.protocols import GenerationBackend
-    from rollout.inference.sampling import SamplingParams
-    from rollout.inference.server import InferenceServer, load_model
+    from stacx.rollout.inference.fake import ScriptedBackend
+    from stacx.rollout.inference.protocols import GenerationBackend
+    from stacx.rollout.inference.sampling import SamplingParams
+    from stacx.rollout.inference.server import InferenceServer, load_model
 
 __all__ = [
     "BatchingEngine",
@@ -50,23 +50,23 @@ __all__ = [
 ]
 
 _HOMES = {
-    "BatchingEngine": "rollout.inference.engine",
-    "EngineStoppedError": "rollout.inference.errors",
-    "GenerateResult": "rollout.inference.client",
-    "GenerationBackend": "rollout.inference.protocols",
-    "GenerationOutput": "rollout.inference.engine",
-    "InferenceClient": "rollout.inference.client",
-    "InferenceError": "rollout.inference.errors",
-    "InferenceServer": "rollout.inference.server",
-    "InvalidRequestError": "rollout.inference.errors",
-    "ModelInfo": "rollout.inference.client",
-    "OverloadedError": "rollout.inference.errors",
-    "SamplingParams": "rollout.inference.sampling",
-    "ScriptedBackend": "rollout.inference.fake",
-    "ServerError": "rollout.inference.errors",
-    "ServerUnavailableError": "rollout.inference.errors",
-    "WeightLoadError": "rollout.inference.errors",
-    "load_model": "rollout.inference.server",
+    "BatchingEngine": "stacx.rollout.inference.engine",
+    "EngineStoppedError": "stacx.rollout.inference.errors",
+    "GenerateResult": "stacx.rollout.inference.client",
+    "GenerationBackend": "stacx.rollout.inference.protocols",
+    "GenerationOutput": "stacx.rollout.inference.engine",
+    "InferenceClient": "stacx.rollout.inference.client",
+    "InferenceError": "stacx.rollout.inference.errors",
+    "InferenceServer": "stacx.rollout.inference.server",
+    "InvalidRequestError": "stacx.rollout.inference.errors",
+    "ModelInfo": "stacx.rollout.inference.client",
+    "OverloadedError": "stacx.rollout.inference.errors",
+    "SamplingParams": "stacx.rollout.inference.sampling",
+    "ScriptedBackend": "stacx.rollout.inference.fake",
+    "ServerError": "stacx.rollout.inference.errors",
+    "ServerUnavailableError": "stacx.rollout.inference.errors",
+    "WeightLoadError": "stacx.rollout.inference.errors",
+    "load_model": "stacx.rollout.inference.server",
 }
 
 

@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rollout.inference.errors import InvalidRequestError
-from rollout.inference.sampling import SAMPLING_EPS, SamplingParams
+from stacx.rollout.inference.errors import InvalidRequestError
+from stacx.rollout.inference.sampling import SAMPLING_EPS, SamplingParams
 
 __all__ = [
     "MAX_LOGIT_BIAS",

@@ -17,9 +17,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rollout.inference import native_routes, openai_routes
-from rollout.inference.errors import InferenceError
-from rollout.inference.state import ClientDisconnected, ServingState
+from stacx.rollout.inference import native_routes, openai_routes
+from stacx.rollout.inference.errors import InferenceError
+from stacx.rollout.inference.state import ClientDisconnected, ServingState
 
 FRAMEWORK_TELEMETRY: dict[str, Any] = (
     {"telemetry": {"tracing": False, "operation_spans": False, "metrics": False, "logs": False}}

@@ -15,14 +15,14 @@ from typing import Any
 import httpx
 from opentelemetry import propagate
 
-from rollout.inference.errors import (
+from stacx.rollout.inference.errors import (
     InferenceError,
     InvalidRequestError,
     OverloadedError,
     ServerError,
     ServerUnavailableError,
 )
-from rollout.inference.sampling import SamplingParams
+from stacx.rollout.inference.sampling import SamplingParams
 
 __all__ = ["GenerateResult", "InferenceClient", "ModelInfo"]
 

@@ -31,18 +31,18 @@ from typing import Any
 
 import torch
 
-from rollout.inference import batch_cache, prefill
-from rollout.inference.errors import (
+from stacx.rollout.inference import batch_cache, prefill
+from stacx.rollout.inference.errors import (
     EngineStoppedError,
     InvalidRequestError,
     OverloadedError,
     RequestFailedError,
 )
-from rollout.inference.grammar import GrammarCompiler
-from rollout.inference.job import GenerationOutput, Job, RequestOptions
-from rollout.inference.metrics import Metrics
-from rollout.inference.prefix_cache import PrefixCache
-from rollout.inference.sampling import RowSampling, SampleResult, SamplingParams, sample_tokens
+from stacx.rollout.inference.grammar import GrammarCompiler
+from stacx.rollout.inference.job import GenerationOutput, Job, RequestOptions
+from stacx.rollout.inference.metrics import Metrics
+from stacx.rollout.inference.prefix_cache import PrefixCache
+from stacx.rollout.inference.sampling import RowSampling, SampleResult, SamplingParams, sample_tokens
 
 __all__ = ["BatchingEngine", "GenerationOutput", "RequestOptions"]
 

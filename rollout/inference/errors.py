@@ -19,7 +19,7 @@ __all__ = [
 
 
 class InferenceError(Exception):
-    """Root of every error raised by `rollout.inference`."""
+    """Root of every error raised by `stacx.rollout.inference`."""
 
     retriable = False
     status_code = 500

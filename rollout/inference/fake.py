@@ -6,8 +6,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from rollout.inference.client import GenerateResult, ModelInfo
-from rollout.inference.sampling import SamplingParams
+from stacx.rollout.inference.client import GenerateResult, ModelInfo
+from stacx.rollout.inference.sampling import SamplingParams
 
 __all__ = ["ScriptedBackend"]
 

@@ -19,7 +19,7 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from rollout.inference.errors import InvalidRequestError
+from stacx.rollout.inference.errors import InvalidRequestError
 
 if TYPE_CHECKING:
     import torch

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout.inference.detokenize import IncrementalDetokenizer, StopMatcher
-from rollout.inference.grammar import TokenGuide
-from rollout.inference.sampling import SamplingParams
+from stacx.rollout.inference.detokenize import IncrementalDetokenizer, StopMatcher
+from stacx.rollout.inference.grammar import TokenGuide
+from stacx.rollout.inference.sampling import SamplingParams
 
 __all__ = ["GenerationOutput", "Job", "RequestOptions", "StreamChunk", "TopLogprobs"]
 

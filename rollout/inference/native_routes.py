@@ -16,13 +16,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from opentelemetry import propagate
 from opentelemetry.trace import SpanKind
 
-from producers.tracing import span
-from rollout.inference.api import AbortRequest, GenerateRequest, NativeItem, UpdateWeightsRequest
-from rollout.inference.errors import InferenceError, InvalidRequestError, WeightLoadError
-from rollout.inference.job import GenerationOutput, RequestOptions, StreamChunk, TopLogprobs
-from rollout.inference.sampling import SamplingParams
-from rollout.inference.state import Generation, ServingState
-from rollout.inference.weight_files import check_state_dict, read_state_dict
+from stacx.producers.tracing import span
+from stacx.rollout.inference.api import AbortRequest, GenerateRequest, NativeItem, UpdateWeightsRequest
+from stacx.rollout.inference.errors import InferenceError, InvalidRequestError, WeightLoadError
+from stacx.rollout.inference.job import GenerationOutput, RequestOptions, StreamChunk, TopLogprobs
+from stacx.rollout.inference.sampling import SamplingParams
+from stacx.rollout.inference.state import Generation, ServingState
+from stacx.rollout.inference.weight_files import check_state_dict, read_state_dict
 
 __all__ = ["error_body", "install"]
 

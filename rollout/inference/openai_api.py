@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rollout.inference.api import (
+from stacx.rollout.inference.api import (
     MAX_N,
     SEED_RANGE,
     NullMeansDefault,
@@ -23,8 +23,8 @@ from rollout.inference.api import (
     parse_logit_bias,
     warn_unknown,
 )
-from rollout.inference.errors import InvalidRequestError
-from rollout.inference.sampling import SAMPLING_EPS, SamplingParams
+from stacx.rollout.inference.errors import InvalidRequestError
+from stacx.rollout.inference.sampling import SAMPLING_EPS, SamplingParams
 
 __all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "StreamOptions"]
 

@@ -20,13 +20,13 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from rollout.inference.detokenize import token_bytes
-from rollout.inference.errors import InferenceError, ServerUnavailableError
-from rollout.inference.job import GenerationOutput, RequestOptions, TopLogprobs
-from rollout.inference.native_routes import error_body
-from rollout.inference.openai_api import ChatCompletionRequest, CompletionRequest
-from rollout.inference.sampling import SamplingParams
-from rollout.inference.state import Generation, ServingState
+from stacx.rollout.inference.detokenize import token_bytes
+from stacx.rollout.inference.errors import InferenceError, ServerUnavailableError
+from stacx.rollout.inference.job import GenerationOutput, RequestOptions, TopLogprobs
+from stacx.rollout.inference.native_routes import error_body
+from stacx.rollout.inference.openai_api import ChatCompletionRequest, CompletionRequest
+from stacx.rollout.inference.sampling import SamplingParams
+from stacx.rollout.inference.state import Generation, ServingState
 
 __all__ = [
     "ModelNotFoundError",

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from rollout.inference import batch_cache
-from rollout.inference.job import Job, TopLogprobs
-from rollout.inference.prefix_cache import LayerKV, PrefixCache
+from stacx.rollout.inference import batch_cache
+from stacx.rollout.inference.job import Job, TopLogprobs
+from stacx.rollout.inference.prefix_cache import LayerKV, PrefixCache
 
 __all__ = ["PrefillInputs", "PrefillRow", "build_inputs", "group_rows", "prompt_logprobs"]
 

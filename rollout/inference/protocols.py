@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from rollout.inference.client import GenerateResult, ModelInfo
-    from rollout.inference.sampling import SamplingParams
+    from stacx.rollout.inference.client import GenerateResult, ModelInfo
+    from stacx.rollout.inference.sampling import SamplingParams
 
 __all__ = ["GenerationBackend"]
 
@@ -16,7 +16,7 @@ class GenerationBackend(Protocol):
     """Token-in, token-out generation with logprobs and weight versions.
 
     `InferenceClient` implements it over HTTP (built-in server or SGLang);
-    `rollout.inference.fake.ScriptedBackend` implements it in memory for tests.
+    `stacx.rollout.inference.fake.ScriptedBackend` implements it in memory for tests.
     """
 
     async def generate(

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rollout.inference.errors import InferenceError, ServerUnavailableError
+from stacx.rollout.inference.errors import InferenceError, ServerUnavailableError
 
 __all__ = ["PrefixRouter", "RouterConfig"]
 

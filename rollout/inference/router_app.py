@@ -27,8 +27,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
-from rollout.inference.errors import ServerUnavailableError
-from rollout.inference.router import PrefixRouter, RouterConfig
+from stacx.rollout.inference.errors import ServerUnavailableError
+from stacx.rollout.inference.router import PrefixRouter, RouterConfig
 
 __all__ = ["ROUTED_PATHS", "RouterServer", "build_router_app", "prefix_ids"]
 

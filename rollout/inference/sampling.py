@@ -17,12 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from rollout.inference.grammar import allowed_mask
+from stacx.rollout.inference.grammar import allowed_mask
 
 if TYPE_CHECKING:
     import torch
 
-    from rollout.inference.grammar import TokenGuide
+    from stacx.rollout.inference.grammar import TokenGuide
 
 __all__ = [
     "SAMPLING_EPS",

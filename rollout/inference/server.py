@@ -13,10 +13,10 @@ from typing import Any
 
 import uvicorn
 
-from rollout.inference.app import build_app
-from rollout.inference.engine import BatchingEngine
-from rollout.inference.errors import InferenceError, ServerUnavailableError
-from rollout.inference.state import ServingState
+from stacx.rollout.inference.app import build_app
+from stacx.rollout.inference.engine import BatchingEngine
+from stacx.rollout.inference.errors import InferenceError, ServerUnavailableError
+from stacx.rollout.inference.state import ServingState
 
 __all__ = ["InferenceServer", "load_model"]
 

@@ -12,10 +12,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rollout.inference.errors import InferenceError
-from rollout.inference.router import RouterConfig
-from rollout.inference.server import InferenceServer
-from schemas.plugins import PluginError, Registry, accepts
+from stacx.rollout.inference.errors import InferenceError
+from stacx.rollout.inference.router import RouterConfig
+from stacx.rollout.inference.server import InferenceServer
+from stacx.schemas.plugins import PluginError, Registry, accepts
 
 __all__ = ["ENGINES", "ServeConfig", "ServedEngine", "build_engine", "sglang_server"]
 
@@ -92,7 +92,7 @@ class _Builtin:
 
 class _SGLang:
     def __init__(self, config: ServeConfig) -> None:
-        from rollout.inference.sglang import unavailable_reason
+        from stacx.rollout.inference.sglang import unavailable_reason
 
         reason = unavailable_reason()
         if reason is not None:
@@ -116,7 +116,7 @@ class _SGLang:
 
 def sglang_server(config: ServeConfig) -> Any:
     """The `SGLangServer` (launch command, readiness, stop) this section describes."""
-    from rollout.inference.sglang import SGLangServer
+    from stacx.rollout.inference.sglang import SGLangServer
 
     server = config.server
     return SGLangServer(
@@ -141,8 +141,8 @@ def _check(factory: Any) -> str | None:
 
 ENGINES: Registry[Any] = Registry("inference_engines", what="inference engine", check=_check)
 """`factory(config: ServeConfig, **engine_options) -> ServedEngine` by name."""
-ENGINES.add("builtin", _Builtin, origin="builtin (rollout.inference.serving)")
-ENGINES.add("sglang", _SGLang, origin="builtin (rollout.inference.serving)")
+ENGINES.add("builtin", _Builtin, origin="builtin (stacx.rollout.inference.serving)")
+ENGINES.add("sglang", _SGLang, origin="builtin (stacx.rollout.inference.serving)")
 
 
 def build_engine(config: ServeConfig) -> ServedEngine:

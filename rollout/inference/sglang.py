@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from rollout.inference.errors import InferenceError, ServerUnavailableError
+from stacx.rollout.inference.errors import InferenceError, ServerUnavailableError
 
 __all__ = ["SGLangServer", "unavailable_reason"]
 

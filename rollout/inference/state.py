@@ -14,10 +14,10 @@ from typing import Any
 
 from fastapi import Request
 
-from rollout.inference.engine import BatchingEngine
-from rollout.inference.errors import InferenceError, InvalidRequestError
-from rollout.inference.job import GenerationOutput, RequestOptions, StreamChunk
-from rollout.inference.sampling import SamplingParams
+from stacx.rollout.inference.engine import BatchingEngine
+from stacx.rollout.inference.errors import InferenceError, InvalidRequestError
+from stacx.rollout.inference.job import GenerationOutput, RequestOptions, StreamChunk
+from stacx.rollout.inference.sampling import SamplingParams
 
 __all__ = ["ClientDisconnected", "Generation", "ServingState"]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from rollout.inference.errors import WeightLoadError
+from stacx.rollout.inference.errors import WeightLoadError
 
 __all__ = ["check_state_dict", "read_state_dict", "safetensors_files"]
 

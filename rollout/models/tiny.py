@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollout.models.errors import ModelFactoryError
-from rollout.models.tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, make_tokenizer
+from stacx.rollout.models.errors import ModelFactoryError
+from stacx.rollout.models.tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, make_tokenizer
 
 __all__ = ["SPECIAL_TOKENS", "TinyModelConfig", "make_tiny_model"]
 

@@ -1,19 +1,19 @@
 """The agent proxy: an OpenAI-compatible endpoint in front of the inference servers that records
 every call token for token to `stacx.agent-logs` (on-call RL). See docs/oncall.md.
 
-    from rollout.proxy import AgentProxy, ProxyServer
+    from stacx.rollout.proxy import AgentProxy, ProxyServer
     with ProxyServer(ProxyServer.Config(proxy=AgentProxy.Config(upstreams=[url]), port=0)) as proxy:
         openai.OpenAI(base_url=f"{proxy.base_url}/v1", api_key="-")
 """
 
-from rollout.proxy.app import AgentProxy, FeedbackRequest, build_interaction
-from rollout.proxy.errors import ProxyConfigError, ProxyError, UnsupportedRequestError, UpstreamError
-from rollout.proxy.metrics import ProxyMetrics
-from rollout.proxy.recorder import EventRecorder
-from rollout.proxy.render import PromptRenderer, RenderedPrompt
-from rollout.proxy.routing import SessionRouter
-from rollout.proxy.server import ProxyServer, upstream_model_info
-from rollout.proxy.upstream import Generation, UpstreamClient
+from stacx.rollout.proxy.app import AgentProxy, FeedbackRequest, build_interaction
+from stacx.rollout.proxy.errors import ProxyConfigError, ProxyError, UnsupportedRequestError, UpstreamError
+from stacx.rollout.proxy.metrics import ProxyMetrics
+from stacx.rollout.proxy.recorder import EventRecorder
+from stacx.rollout.proxy.render import PromptRenderer, RenderedPrompt
+from stacx.rollout.proxy.routing import SessionRouter
+from stacx.rollout.proxy.server import ProxyServer, upstream_model_info
+from stacx.rollout.proxy.upstream import Generation, UpstreamClient
 
 __all__ = [
     "AgentProxy",

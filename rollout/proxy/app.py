@@ -35,26 +35,26 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from opentelemetry import propagate, trace
 from pydantic import BaseModel, Field, ValidationError
 
-from producers.tracing import trace_headers
-from rollout.inference.app import FRAMEWORK_TELEMETRY
-from rollout.inference.client import sampling_payload
-from rollout.inference.errors import InferenceError
-from rollout.inference.openai_api import ChatCompletionRequest, CompletionRequest
-from rollout.proxy.continuation import ChatContinuations
-from rollout.proxy.errors import ProxyConfigError, ProxyError, UnsupportedRequestError, UpstreamError
-from rollout.proxy.metrics import ProxyMetrics
-from rollout.proxy.recorder import EventRecorder
-from rollout.proxy.render import (
+from stacx.producers.tracing import trace_headers
+from stacx.rollout.inference.app import FRAMEWORK_TELEMETRY
+from stacx.rollout.inference.client import sampling_payload
+from stacx.rollout.inference.errors import InferenceError
+from stacx.rollout.inference.openai_api import ChatCompletionRequest, CompletionRequest
+from stacx.rollout.proxy.continuation import ChatContinuations
+from stacx.rollout.proxy.errors import ProxyConfigError, ProxyError, UnsupportedRequestError, UpstreamError
+from stacx.rollout.proxy.metrics import ProxyMetrics
+from stacx.rollout.proxy.recorder import EventRecorder
+from stacx.rollout.proxy.render import (
     PromptRenderer,
     RenderedPrompt,
     chat_message,
     request_messages_json,
     streamed_content,
 )
-from rollout.proxy.routing import SessionRouter
-from rollout.proxy.upstream import Generation, UpstreamClient
-from schemas import topics
-from schemas.records import AgentInteraction, Feedback, logprobs, loss_mask, now_ms, token_ids
+from stacx.rollout.proxy.routing import SessionRouter
+from stacx.rollout.proxy.upstream import Generation, UpstreamClient
+from stacx.schemas import topics
+from stacx.schemas.records import AgentInteraction, Feedback, logprobs, loss_mask, now_ms, token_ids
 
 __all__ = ["AgentProxy", "FeedbackRequest"]
 
@@ -116,7 +116,7 @@ class AgentProxy:
         """Sessions remembered by the router (least recently used are forgotten)."""
         exact_continuation: bool = False
         """Continue a session's chat with the sampled token ids instead of re-rendering the
-        previous answer (see `rollout.proxy.continuation`); on for black-box scaffolds in RL."""
+        previous answer (see `stacx.rollout.proxy.continuation`); on for black-box scaffolds in RL."""
         upstream_timeout_s: float = 600.0
         """Timeout of one call to a server."""
         recorder: EventRecorder.Config = field(default_factory=EventRecorder.Config)

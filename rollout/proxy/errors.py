@@ -6,7 +6,7 @@ __all__ = ["ProxyConfigError", "ProxyError", "UnsupportedRequestError", "Upstrea
 
 
 class ProxyError(Exception):
-    """Root of every error raised by `rollout.proxy`."""
+    """Root of every error raised by `stacx.rollout.proxy`."""
 
     retriable = False
     status_code = 500

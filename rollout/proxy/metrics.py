@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rollout.inference.metrics import LATENCY_BUCKETS_S, PrometheusMetrics
+from stacx.rollout.inference.metrics import LATENCY_BUCKETS_S, PrometheusMetrics
 
 __all__ = ["ProxyMetrics"]
 

@@ -21,9 +21,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from producers.protocols import Publisher
-from rollout.proxy.errors import ProxyConfigError
-from rollout.proxy.metrics import ProxyMetrics
+from stacx.producers.protocols import Publisher
+from stacx.rollout.proxy.errors import ProxyConfigError
+from stacx.rollout.proxy.metrics import ProxyMetrics
 
 __all__ = ["EventRecorder", "PendingEvent"]
 

@@ -12,10 +12,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from rollout.inference.detokenize import token_bytes
-from rollout.inference.openai_api import ChatCompletionRequest, CompletionRequest
-from rollout.inference.openai_routes import chat_message, streamed_content, tool_primer
-from rollout.proxy.errors import UnsupportedRequestError
+from stacx.rollout.inference.detokenize import token_bytes
+from stacx.rollout.inference.openai_api import ChatCompletionRequest, CompletionRequest
+from stacx.rollout.inference.openai_routes import chat_message, streamed_content, tool_primer
+from stacx.rollout.proxy.errors import UnsupportedRequestError
 
 __all__ = ["PromptRenderer", "RenderedPrompt", "chat_message", "streamed_content"]
 

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from rollout.proxy.errors import ProxyConfigError
+from stacx.rollout.proxy.errors import ProxyConfigError
 
 __all__ = ["SessionRouter"]
 

@@ -13,12 +13,12 @@ from typing import Any
 import httpx
 import uvicorn
 
-from producers.protocols import Publisher
-from rollout.proxy.app import AgentProxy
-from rollout.proxy.errors import ProxyConfigError, ProxyError
-from rollout.proxy.metrics import ProxyMetrics
-from rollout.proxy.recorder import EventRecorder
-from rollout.proxy.render import PromptRenderer
+from stacx.producers.protocols import Publisher
+from stacx.rollout.proxy.app import AgentProxy
+from stacx.rollout.proxy.errors import ProxyConfigError, ProxyError
+from stacx.rollout.proxy.metrics import ProxyMetrics
+from stacx.rollout.proxy.recorder import EventRecorder
+from stacx.rollout.proxy.render import PromptRenderer
 
 __all__ = ["ProxyServer", "upstream_model_info"]
 
@@ -87,7 +87,7 @@ class ProxyServer:
         self._thread: threading.Thread | None = None
 
     def _producer(self) -> Publisher:
-        from producers import EventProducer
+        from stacx.producers import EventProducer
 
         fields: dict[str, Any] = {"client_id": "stacx-proxy", **self.config.producer}
         if self.config.bootstrap_servers:

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from rollout.proxy.errors import UpstreamError
+from stacx.rollout.proxy.errors import UpstreamError
 
 __all__ = ["Generation", "UpstreamClient", "parse_generation"]
 

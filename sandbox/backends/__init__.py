@@ -1,12 +1,12 @@
-"""Sandbox backends behind `sandbox.protocols.SandboxBackend`: docker, process (bubblewrap), fake."""
+"""Sandbox backends behind `stacx.sandbox.protocols.SandboxBackend`: docker, process (bubblewrap), fake."""
 
 from __future__ import annotations
 
-from sandbox.backends.docker import DockerBackend
-from sandbox.backends.fake import FakeBackend
-from sandbox.backends.process import ProcessBackend
-from sandbox.errors import InvalidSpec
-from sandbox.protocols import SandboxBackend
+from stacx.sandbox.backends.docker import DockerBackend
+from stacx.sandbox.backends.fake import FakeBackend
+from stacx.sandbox.backends.process import ProcessBackend
+from stacx.sandbox.errors import InvalidSpec
+from stacx.sandbox.protocols import SandboxBackend
 
 __all__ = ["BACKENDS", "DockerBackend", "FakeBackend", "ProcessBackend", "build_backend"]
 

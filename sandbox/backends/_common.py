@@ -7,9 +7,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox.errors import BackendError, FileOperationFailed, SandboxFileNotFound
-from sandbox.models import ExecResult
-from sandbox.protocols import HostCapacity
+from stacx.sandbox.errors import BackendError, FileOperationFailed, SandboxFileNotFound
+from stacx.sandbox.models import ExecResult
+from stacx.sandbox.protocols import HostCapacity
 
 NOT_FOUND_EXIT = 44
 """Exit status of READ_FILE_SCRIPT when the file is missing."""

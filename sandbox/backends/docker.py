@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sandbox.backends._common import (
+from stacx.sandbox.backends._common import (
     KILL_MARKED_SCRIPT,
     LIST_MARKED_SCRIPT,
     OOM_EVENTS_SCRIPT,
@@ -48,10 +48,10 @@ from sandbox.backends._common import (
     to_result,
     tracked_exec_argv,
 )
-from sandbox.backends.lifecycle import LifecycleGuard
-from sandbox.errors import BackendError, BaseImageMissing, PathRejected, SandboxStopped
-from sandbox.models import ExecRequest, ExecResult
-from sandbox.protocols import HostCapacity, SandboxHandle, SandboxSpec
+from stacx.sandbox.backends.lifecycle import LifecycleGuard
+from stacx.sandbox.errors import BackendError, BaseImageMissing, PathRejected, SandboxStopped
+from stacx.sandbox.models import ExecRequest, ExecResult
+from stacx.sandbox.protocols import HostCapacity, SandboxHandle, SandboxSpec
 
 __all__ = ["LABEL_EXPIRES", "LABEL_INSTANCE", "LABEL_OWNER", "LABEL_SESSION", "DockerBackend"]
 

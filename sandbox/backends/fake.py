@@ -9,9 +9,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from sandbox.errors import BackendError, SandboxFileNotFound
-from sandbox.models import ExecRequest, ExecResult
-from sandbox.protocols import HostCapacity, SandboxHandle, SandboxSpec
+from stacx.sandbox.errors import BackendError, SandboxFileNotFound
+from stacx.sandbox.models import ExecRequest, ExecResult
+from stacx.sandbox.protocols import HostCapacity, SandboxHandle, SandboxSpec
 
 __all__ = ["FAKE_HOST", "FakeBackend", "FakeSandbox"]
 
@@ -64,7 +64,7 @@ class FakeBackend:
 
     @property
     def problem(self) -> str | None:
-        """Never degraded (`sandbox.testing.WedgingBackend` is a fake that wedges)."""
+        """Never degraded (`stacx.sandbox.testing.WedgingBackend` is a fake that wedges)."""
         return None
 
     async def start(self, spec: SandboxSpec) -> SandboxHandle:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
-from sandbox.errors import EngineWedged
+from stacx.sandbox.errors import EngineWedged
 
 __all__ = ["LifecycleGuard"]
 

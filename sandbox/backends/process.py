@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox.backends._common import (
+from stacx.sandbox.backends._common import (
     READ_DIR_SCRIPT,
     READ_FILE_SCRIPT,
     TIMEOUT_GRACE_S,
@@ -33,9 +33,9 @@ from sandbox.backends._common import (
     local_capacity,
     to_result,
 )
-from sandbox.errors import BackendError
-from sandbox.models import ExecRequest, ExecResult
-from sandbox.protocols import HostCapacity, SandboxHandle, SandboxSpec
+from stacx.sandbox.errors import BackendError
+from stacx.sandbox.models import ExecRequest, ExecResult
+from stacx.sandbox.protocols import HostCapacity, SandboxHandle, SandboxSpec
 
 __all__ = ["ProcessBackend"]
 

@@ -29,9 +29,9 @@ from confluent_kafka.admin import AdminClient
 from process_checks import alive, run_processes, run_to_the_end
 from run_names import run_name
 
-from infra.pipeline.layout import RunTopics
-from infra.services import kafka, topic_admin
-from infra.services.topics import ensure_topics
+from stacx.infra.pipeline.layout import RunTopics
+from stacx.infra.services import kafka, topic_admin
+from stacx.infra.services.topics import ensure_topics
 
 REPO = Path(__file__).resolve().parents[2]
 

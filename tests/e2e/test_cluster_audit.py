@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from process_checks import run_to_the_end
 
-from infra.services import kafka
-from infra.services.netlab import netlab_problem
+from stacx.infra.services import kafka
+from stacx.infra.services.netlab import netlab_problem
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 2400

@@ -19,7 +19,7 @@ import yaml
 from ports import free_port
 from run_names import run_name
 
-from sandbox.backends.docker import LABEL_OWNER
+from stacx.sandbox.backends.docker import LABEL_OWNER
 
 REPO = Path(__file__).resolve().parents[2]
 STACX = str(Path(sys.executable).with_name("stacx"))

@@ -32,9 +32,9 @@ import yaml
 from ports import free_port
 from run_names import run_name
 
-from consumers.assembly.claims import decode_trajectory
-from consumers.replay import ReplayRange, read_range
-from schemas.records import Trajectory
+from stacx.consumers.assembly.claims import decode_trajectory
+from stacx.consumers.replay import ReplayRange, read_range
+from stacx.schemas.records import Trajectory
 
 STEPS = 2
 NUM_TASKS = 8
@@ -55,7 +55,7 @@ class CountingTasks:
                  "data": {"answer": str(i)}} for i in range(self.num_tasks)]
 ''',
     "plugacc/agent.py": '''
-from rollout.protocols import Action, Observation
+from stacx.rollout.protocols import Action, Observation
 
 
 class Echo:
@@ -83,8 +83,8 @@ def score(answer, data, *, weight: float = 1.0):
     "plugacc/recipes.py": '''
 from dataclasses import dataclass
 
-from trainer.recipe import ModelSlot, Role, TrainingConfig
-from trainer.recipes.grpo import GRPO
+from stacx.trainer.recipe import ModelSlot, Role, TrainingConfig
+from stacx.trainer.recipes.grpo import GRPO
 
 
 @dataclass(kw_only=True, slots=True)
@@ -213,7 +213,7 @@ def _stacx(python: Path, *args: str, cwd: Path, log: Path, timeout_s: float) -> 
     """`stacx ARGS` by the layer's interpreter; on a timeout it is stopped like a user's ^C
     (SIGTERM: the run stops its services) and the test fails."""
     with log.open("wb") as out:
-        proc = subprocess.Popen([str(python), "-m", "infra.cli", *args], cwd=cwd, env=_env(),
+        proc = subprocess.Popen([str(python), "-m", "stacx.infra.cli", *args], cwd=cwd, env=_env(),
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             return proc.wait(timeout=timeout_s)
@@ -279,6 +279,6 @@ def test_a_run_uses_a_users_task_source_scaffold_rewards_and_recipe(
         assert t.rewards["plugacc_length"] == len(t.metadata["answer"])
 
     steps = [line for line in (root / "logs" / "trainer.log").read_text().splitlines()
-             if " trainer.engine: step " in line]
+             if " stacx.trainer.engine: step " in line]
     assert len(steps) >= STEPS, steps
     assert all(" policy/plugacc_marker=7 " in f"{line} " for line in steps), steps

@@ -11,10 +11,10 @@ import pytest
 from run_names import run_name
 from test_quickstart_e2e import REPO, _small
 
-from infra.config import build
-from infra.pipeline import load_spec, run_pipeline
-from infra.replay import ReplayFile, run_replay
-from infra.services import topic_admin
+from stacx.infra.config import build
+from stacx.infra.pipeline import load_spec, run_pipeline
+from stacx.infra.replay import ReplayFile, run_replay
+from stacx.infra.services import topic_admin
 
 
 def _replay(bootstrap: str, source: str, name: str, model: Path, runs: Path, recipe: str) -> dict[str, Any]:

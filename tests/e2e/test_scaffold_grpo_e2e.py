@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from small_runs import shrink
 
-from infra.pipeline import load_spec, run_pipeline
+from stacx.infra.pipeline import load_spec, run_pipeline
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "scaffold_grpo"

@@ -20,10 +20,10 @@ from confluent_kafka import Consumer, TopicPartition
 from test_quickstart_e2e import REPO, _small
 from tracing_fixtures import running_jaeger
 
-from infra.pipeline import load_spec, run_pipeline
-from infra.services.jaeger import JaegerConfig
-from infra.telemetry import TracingConfig
-from infra.traces import Trace, fetch_trace, render_tree, render_waterfall
+from stacx.infra.pipeline import load_spec, run_pipeline
+from stacx.infra.services.jaeger import JaegerConfig
+from stacx.infra.telemetry import TracingConfig
+from stacx.infra.traces import Trace, fetch_trace, render_tree, render_waterfall
 
 STEPS = 2
 

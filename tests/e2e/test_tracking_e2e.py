@@ -19,10 +19,10 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from small_runs import shrink
 from wandb_records import history, offline_runs
 
-from infra.pipeline import load_spec, run_pipeline
-from infra.tracking import TrackingConfig
-from schemas.codec import decode
-from schemas.records import STEP_FIGURE_PREFIX, Trajectory, WeightVersion
+from stacx.infra.pipeline import load_spec, run_pipeline
+from stacx.infra.tracking import TrackingConfig
+from stacx.schemas.codec import decode
+from stacx.schemas.records import STEP_FIGURE_PREFIX, Trajectory, WeightVersion
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 2

@@ -4,7 +4,7 @@
 #   OUT=/tmp/gpu-out bash tests/gpu/run_on_device.sh
 #
 # Nothing is downloaded but packages from PyPI: the models are made locally
-# (rollout.models.make_tiny_model). Every step's log and the bench JSON land in $OUT; the exit
+# (stacx.rollout.models.make_tiny_model). Every step's log and the bench JSON land in $OUT; the exit
 # status is the first failing step's. No test skips: tests/gpu fails where CUDA or SGLang is missing.
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu-out}"

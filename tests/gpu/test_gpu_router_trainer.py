@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rollout.inference.sglang import SGLangServer, unavailable_reason
-from rollout.models import make_tiny_model
+from stacx.rollout.inference.sglang import SGLangServer, unavailable_reason
+from stacx.rollout.models import make_tiny_model
 
 pytestmark = pytest.mark.gpu
 
@@ -51,7 +51,8 @@ def test_two_sglang_servers_behind_the_router(tmp_path: Path) -> None:
             server.start()
         for server in servers:
             server.wait_ready(timeout_s=600)
-        route = subprocess.Popen([sys.executable, "-m", "infra.cli", "route", "--port", str(router_port),
+        route = subprocess.Popen([sys.executable, "-m", "stacx.infra.cli", "route",
+                                  "--port", str(router_port),
                                   *(a for s in servers for a in ("--upstream", s.base_url))])
         deadline = time.monotonic() + 120
         while not _ok(f"{router}/health"):
@@ -90,9 +91,9 @@ def test_fsdp2_on_nccl_with_bf16_checkpointing_and_offload(tmp_path: Path) -> No
 
     if not torch.cuda.is_available():
         pytest.fail("no CUDA GPU is visible to torch", pytrace=False)
-    from trainer import BackendConfig
-    from trainer.distributed import spawn
-    from trainer.testing import run_jobs, synthetic_batches, tiny_trainer_config
+    from stacx.trainer import BackendConfig
+    from stacx.trainer.distributed import spawn
+    from stacx.trainer.testing import run_jobs, synthetic_batches, tiny_trainer_config
 
     batches = synthetic_batches(2, num_groups=2, group_size=2, ragged=False)
     results = {}

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from consumers.weights import WeightSubscriber
-from rollout.inference import InferenceClient, SamplingParams
-from rollout.inference.sglang import SGLangServer, unavailable_reason
-from rollout.models import make_tiny_model
-from schemas.records import WeightVersion
+from stacx.consumers.weights import WeightSubscriber
+from stacx.rollout.inference import InferenceClient, SamplingParams
+from stacx.rollout.inference.sglang import SGLangServer, unavailable_reason
+from stacx.rollout.models import make_tiny_model
+from stacx.schemas.records import WeightVersion
 
 pytestmark = pytest.mark.gpu
 

@@ -1,9 +1,9 @@
 """Backends: where models live and how they are sharded, checkpointed and exported."""
 
-from trainer.backends.base import Backend
-from trainer.backends.fsdp import FSDP2Backend
-from trainer.backends.single import SingleProcessBackend
-from trainer.config import BackendConfig
+from stacx.trainer.backends.base import Backend
+from stacx.trainer.backends.fsdp import FSDP2Backend
+from stacx.trainer.backends.single import SingleProcessBackend
+from stacx.trainer.config import BackendConfig
 
 __all__ = ["Backend", "FSDP2Backend", "SingleProcessBackend", "build_backend"]
 

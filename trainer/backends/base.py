@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.config import BackendConfig
+from stacx.trainer.config import BackendConfig
 
 __all__ = ["Backend"]
 

@@ -9,9 +9,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer.backends.base import Backend, checkpointed
-from trainer.config import BackendConfig
-from trainer.distributed import init_process_group
+from stacx.trainer.backends.base import Backend, checkpointed
+from stacx.trainer.config import BackendConfig
+from stacx.trainer.distributed import init_process_group
 
 __all__ = ["FSDP2Backend"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainer.backends.base import Backend
+from stacx.trainer.backends.base import Backend
 
 __all__ = ["SingleProcessBackend"]
 

@@ -1,11 +1,11 @@
 """The online learner of on-call RL: readiness policy, promotion gate, rollback. See docs/oncall.md."""
 
-from trainer.oncall.deploy import Deployments, KafkaWeightLog, VersionHistory, WeightLog
-from trainer.oncall.evaluation import HeldOutEvaluator, load_scorer
-from trainer.oncall.gate import Decision, EvalReport, PromotionGate
-from trainer.oncall.learner import Evaluator, OnlineLearner, audit, trained_manifests
-from trainer.oncall.readiness import ReadinessPolicy
-from trainer.oncall.source import Ledger, ReadyBatchSource, TrajectoryEvents
+from stacx.trainer.oncall.deploy import Deployments, KafkaWeightLog, VersionHistory, WeightLog
+from stacx.trainer.oncall.evaluation import HeldOutEvaluator, load_scorer
+from stacx.trainer.oncall.gate import Decision, EvalReport, PromotionGate
+from stacx.trainer.oncall.learner import Evaluator, OnlineLearner, audit, trained_manifests
+from stacx.trainer.oncall.readiness import ReadinessPolicy
+from stacx.trainer.oncall.source import Ledger, ReadyBatchSource, TrajectoryEvents
 
 __all__ = [
     "Decision",

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from schemas import topics
-from schemas.records import WeightVersion, now_ms
-from trainer.errors import ConfigError, TrainerError
+from stacx.schemas import topics
+from stacx.schemas.records import WeightVersion, now_ms
+from stacx.trainer.errors import ConfigError, TrainerError
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class KafkaWeightLog:
     """The compacted weights topic: `latest` reads it to its end, `publish` waits for the ack."""
 
     def __init__(self, bootstrap_servers: str, topic: str = topics.WEIGHTS) -> None:
-        from producers import EventProducer
+        from stacx.producers import EventProducer
 
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
@@ -51,7 +51,7 @@ class KafkaWeightLog:
         )
 
     def latest(self, model_name: str, timeout_s: float = 120.0) -> WeightVersion | None:
-        from consumers import EventConsumer
+        from stacx.consumers import EventConsumer
 
         consumer = EventConsumer(
             EventConsumer.Config(

@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
-from trainer.errors import ConfigError, TrainerError
-from trainer.oncall.gate import EvalReport
+from stacx.trainer.errors import ConfigError, TrainerError
+from stacx.trainer.oncall.gate import EvalReport
 
 __all__ = ["HeldOutEvaluator", "load_scorer"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from trainer.errors import ConfigError
+from stacx.trainer.errors import ConfigError
 
 __all__ = ["Decision", "EvalReport", "PromotionGate"]
 

@@ -23,15 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from schemas import topics
-from schemas.records import export_dir_name
-from trainer.config import TrainerConfig
-from trainer.engine import StacxTrainer, StepResult
-from trainer.errors import ConfigError
-from trainer.oncall.deploy import Deployments, VersionHistory, WeightLog
-from trainer.oncall.gate import EvalReport, PromotionGate
-from trainer.oncall.readiness import ReadinessPolicy
-from trainer.oncall.source import Ledger, ReadyBatchSource, TrajectoryEvents
+from stacx.schemas import topics
+from stacx.schemas.records import export_dir_name
+from stacx.trainer.config import TrainerConfig
+from stacx.trainer.engine import StacxTrainer, StepResult
+from stacx.trainer.errors import ConfigError
+from stacx.trainer.oncall.deploy import Deployments, VersionHistory, WeightLog
+from stacx.trainer.oncall.gate import EvalReport, PromotionGate
+from stacx.trainer.oncall.readiness import ReadinessPolicy
+from stacx.trainer.oncall.source import Ledger, ReadyBatchSource, TrajectoryEvents
 
 __all__ = ["Evaluator", "OnlineLearner", "audit", "trained_manifests"]
 
@@ -131,7 +131,7 @@ class OnlineLearner:
         self._reset_after_restart()
 
     def _consumer(self) -> TrajectoryEvents:
-        from consumers import EventConsumer
+        from stacx.consumers import EventConsumer
 
         return EventConsumer(
             EventConsumer.Config(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer.errors import ConfigError
+from stacx.trainer.errors import ConfigError
 
 __all__ = ["ReadinessPolicy"]
 

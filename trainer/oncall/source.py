@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from consumers.assembly.packing import PackedGroup, pack_batch
-from consumers.protocols import EventSource
-from schemas.records import TrainingBatch, Trajectory
-from trainer.errors import ConfigError
-from trainer.oncall.readiness import ReadinessPolicy
-from trainer.protocols import Positions, SourcedBatch
-from trainer.sources import commit_positions
+from stacx.consumers.assembly.packing import PackedGroup, pack_batch
+from stacx.consumers.protocols import EventSource
+from stacx.schemas.records import TrainingBatch, Trajectory
+from stacx.trainer.errors import ConfigError
+from stacx.trainer.oncall.readiness import ReadinessPolicy
+from stacx.trainer.protocols import Positions, SourcedBatch
+from stacx.trainer.sources import commit_positions
 
 __all__ = ["Ledger", "ReadyBatchSource", "TrajectoryEvents"]
 

@@ -1,6 +1,6 @@
 """Shipped recipes: one module per algorithm (config + at most one specialization)."""
 
-from trainer.recipes import (  # noqa: F401  (import registers each recipe)
+from stacx.trainer.recipes import (  # noqa: F401  (import registers each recipe)
     aggrevate,
     cispo,
     dagger,

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.batch import TensorBatch
-from trainer.losses import cispo_loss, group_advantages
-from trainer.recipe import ModelSlot, Role, TrainingConfig, recipe
-from trainer.specialization import Aggregated, behaviour_logprobs
+from stacx.trainer.batch import TensorBatch
+from stacx.trainer.losses import cispo_loss, group_advantages
+from stacx.trainer.recipe import ModelSlot, Role, TrainingConfig, recipe
+from stacx.trainer.specialization import Aggregated, behaviour_logprobs
 
 
 @dataclass(kw_only=True, slots=True)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from trainer.recipe import ModelSlot, Role, TrainingConfig, recipe
-from trainer.recipes.grpo import GRPO
+from stacx.trainer.recipe import ModelSlot, Role, TrainingConfig, recipe
+from stacx.trainer.recipes.grpo import GRPO
 
 
 @recipe("dapo")

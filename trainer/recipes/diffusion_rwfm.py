@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.batch import TensorBatch
-from trainer.errors import RecipeError
-from trainer.losses import reward_weighted_flow_loss
-from trainer.recipe import ModelSlot, Role, TrainingConfig, recipe
-from trainer.specialization import FlowErrors
+from stacx.trainer.batch import TensorBatch
+from stacx.trainer.errors import RecipeError
+from stacx.trainer.losses import reward_weighted_flow_loss
+from stacx.trainer.recipe import ModelSlot, Role, TrainingConfig, recipe
+from stacx.trainer.specialization import FlowErrors
 
 
 @dataclass(kw_only=True, slots=True)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from trainer.recipe import DataSync, ModelSlot, Role, TrainingConfig, recipe
-from trainer.recipes.dpo import DPO
-from trainer.specialization import TokenLogprobs
+from stacx.trainer.recipe import DataSync, ModelSlot, Role, TrainingConfig, recipe
+from stacx.trainer.recipes.dpo import DPO
+from stacx.trainer.specialization import TokenLogprobs
 
 
 @recipe("dpo_distributed")

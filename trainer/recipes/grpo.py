@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.batch import TensorBatch
-from trainer.losses import (
+from stacx.trainer.batch import TensorBatch
+from stacx.trainer.losses import (
     Aggregation,
     KLEstimator,
     check_kl_estimator,
@@ -15,8 +15,8 @@ from trainer.losses import (
     kl_estimate,
     ppo_clip_loss,
 )
-from trainer.recipe import DataSync, ModelSlot, Role, TrainingConfig, recipe
-from trainer.specialization import PolicyGradient, TokenLogprobs
+from stacx.trainer.recipe import DataSync, ModelSlot, Role, TrainingConfig, recipe
+from stacx.trainer.specialization import PolicyGradient, TokenLogprobs
 
 
 @dataclass(kw_only=True, slots=True)

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.batch import TensorBatch
-from trainer.losses import group_advantages
-from trainer.recipe import DataSync, ModelSlot, Role, TrainingConfig, recipe
-from trainer.recipes.grpo import GRPO
-from trainer.recipes.online_reward import RewardModel
-from trainer.specialization import TokenLogprobs
+from stacx.trainer.batch import TensorBatch
+from stacx.trainer.losses import group_advantages
+from stacx.trainer.recipe import DataSync, ModelSlot, Role, TrainingConfig, recipe
+from stacx.trainer.recipes.grpo import GRPO
+from stacx.trainer.recipes.online_reward import RewardModel
+from stacx.trainer.specialization import TokenLogprobs
 
 
 @dataclass(kw_only=True, slots=True)

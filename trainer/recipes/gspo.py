@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.batch import TensorBatch
-from trainer.losses import Aggregation, group_advantages, gspo_loss
-from trainer.recipe import ModelSlot, Role, TrainingConfig, recipe
-from trainer.specialization import PolicyGradient
+from stacx.trainer.batch import TensorBatch
+from stacx.trainer.losses import Aggregation, group_advantages, gspo_loss
+from stacx.trainer.recipe import ModelSlot, Role, TrainingConfig, recipe
+from stacx.trainer.specialization import PolicyGradient
 
 
 @dataclass(kw_only=True, slots=True)

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.batch import TensorBatch
-from trainer.losses import kto_loss, sequence_logprobs
-from trainer.recipe import DataSync, ModelSlot, Role, TrainingConfig, recipe
-from trainer.specialization import TokenLogprobs
+from stacx.trainer.batch import TensorBatch
+from stacx.trainer.losses import kto_loss, sequence_logprobs
+from stacx.trainer.recipe import DataSync, ModelSlot, Role, TrainingConfig, recipe
+from stacx.trainer.specialization import TokenLogprobs
 
 
 @dataclass(kw_only=True, slots=True)

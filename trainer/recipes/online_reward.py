@@ -6,13 +6,13 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.batch import TensorBatch
-from trainer.errors import RecipeError
-from trainer.losses import group_advantages, mse_loss
-from trainer.protocols import ModelOutput
-from trainer.recipe import DataSync, ModelSlot, Role, TrainingConfig, recipe
-from trainer.recipes.grpo import GRPO
-from trainer.specialization import TokenLogprobs
+from stacx.trainer.batch import TensorBatch
+from stacx.trainer.errors import RecipeError
+from stacx.trainer.losses import group_advantages, mse_loss
+from stacx.trainer.protocols import ModelOutput
+from stacx.trainer.recipe import DataSync, ModelSlot, Role, TrainingConfig, recipe
+from stacx.trainer.recipes.grpo import GRPO
+from stacx.trainer.specialization import TokenLogprobs
 
 
 @dataclass(kw_only=True, slots=True)

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.batch import TensorBatch
-from trainer.losses import reverse_kl_distill_loss
-from trainer.recipe import DataSync, ModelSlot, Role, TrainingConfig, recipe
-from trainer.specialization import Aggregated, TokenLogprobs
+from stacx.trainer.batch import TensorBatch
+from stacx.trainer.losses import reverse_kl_distill_loss
+from stacx.trainer.recipe import DataSync, ModelSlot, Role, TrainingConfig, recipe
+from stacx.trainer.specialization import Aggregated, TokenLogprobs
 
 
 @dataclass(kw_only=True, slots=True)

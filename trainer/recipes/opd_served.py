@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer.batch import TensorBatch
-from trainer.errors import RecipeError
-from trainer.recipe import ModelSlot, Role, TrainingConfig, recipe
-from trainer.recipes.opd import OnPolicyDistill
+from stacx.trainer.batch import TensorBatch
+from stacx.trainer.errors import RecipeError
+from stacx.trainer.recipe import ModelSlot, Role, TrainingConfig, recipe
+from stacx.trainer.recipes.opd import OnPolicyDistill
 
 
 @dataclass(kw_only=True, slots=True)

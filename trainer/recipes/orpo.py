@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.batch import TensorBatch
-from trainer.losses import masked_mean, orpo_loss
-from trainer.recipe import ModelSlot, Role, TrainingConfig, recipe
-from trainer.recipes.dpo import preference_pairs
-from trainer.specialization import TokenLogprobs
+from stacx.trainer.batch import TensorBatch
+from stacx.trainer.losses import masked_mean, orpo_loss
+from stacx.trainer.recipe import ModelSlot, Role, TrainingConfig, recipe
+from stacx.trainer.recipes.dpo import preference_pairs
+from stacx.trainer.specialization import TokenLogprobs
 
 
 @dataclass(kw_only=True, slots=True)

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.batch import TensorBatch
-from trainer.errors import RecipeError
-from trainer.losses import gae, masked_whiten, ppo_clip_loss, value_loss
-from trainer.protocols import ModelOutput
-from trainer.recipe import DataSync, ModelSlot, Role, TrainingConfig, recipe
-from trainer.specialization import PolicyGradient, TokenLogprobs, terminal_rewards
+from stacx.trainer.batch import TensorBatch
+from stacx.trainer.errors import RecipeError
+from stacx.trainer.losses import gae, masked_whiten, ppo_clip_loss, value_loss
+from stacx.trainer.protocols import ModelOutput
+from stacx.trainer.recipe import DataSync, ModelSlot, Role, TrainingConfig, recipe
+from stacx.trainer.specialization import PolicyGradient, TokenLogprobs, terminal_rewards
 
 
 @dataclass(kw_only=True, slots=True)

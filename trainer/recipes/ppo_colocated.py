@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from trainer.recipe import DataSync, ModelSlot, Role, TrainingConfig, recipe
-from trainer.recipes.ppo import PPO, Critic
+from stacx.trainer.recipe import DataSync, ModelSlot, Role, TrainingConfig, recipe
+from stacx.trainer.recipes.ppo import PPO, Critic
 
 
 @recipe("ppo_colocated")

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.batch import TensorBatch
-from trainer.errors import RecipeError
-from trainer.losses import process_reward_loss
-from trainer.protocols import ModelOutput
-from trainer.recipe import ModelSlot, Role, TrainingConfig, recipe
-from trainer.specialization import TokenLogprobs
+from stacx.trainer.batch import TensorBatch
+from stacx.trainer.errors import RecipeError
+from stacx.trainer.losses import process_reward_loss
+from stacx.trainer.protocols import ModelOutput
+from stacx.trainer.recipe import ModelSlot, Role, TrainingConfig, recipe
+from stacx.trainer.specialization import TokenLogprobs
 
 
 def step_ends(mask: torch.Tensor) -> torch.Tensor:

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.batch import TensorBatch
-from trainer.losses import (
+from stacx.trainer.batch import TensorBatch
+from stacx.trainer.losses import (
     KLEstimator,
     check_kl_estimator,
     kl_estimate,
@@ -15,8 +15,8 @@ from trainer.losses import (
     ppo_clip_loss,
     returns_to_go,
 )
-from trainer.recipe import DataSync, ModelSlot, Role, TrainingConfig, recipe
-from trainer.specialization import PolicyGradient, TokenLogprobs, terminal_rewards
+from stacx.trainer.recipe import DataSync, ModelSlot, Role, TrainingConfig, recipe
+from stacx.trainer.specialization import PolicyGradient, TokenLogprobs, terminal_rewards
 
 
 @dataclass(kw_only=True, slots=True)

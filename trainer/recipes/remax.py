@@ -6,11 +6,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from trainer.batch import TensorBatch
-from trainer.errors import RecipeError
-from trainer.losses import policy_gradient_loss, remax_advantages
-from trainer.recipe import ModelSlot, Role, TrainingConfig, recipe
-from trainer.specialization import Aggregated
+from stacx.trainer.batch import TensorBatch
+from stacx.trainer.errors import RecipeError
+from stacx.trainer.losses import policy_gradient_loss, remax_advantages
+from stacx.trainer.recipe import ModelSlot, Role, TrainingConfig, recipe
+from stacx.trainer.specialization import Aggregated
 
 
 @dataclass(kw_only=True, slots=True)

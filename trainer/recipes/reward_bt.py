@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.batch import TensorBatch
-from trainer.losses import bradley_terry_loss
-from trainer.recipe import ModelSlot, Role, TrainingConfig, recipe
-from trainer.recipes.dpo import preference_pairs
-from trainer.recipes.online_reward import RewardModel
+from stacx.trainer.batch import TensorBatch
+from stacx.trainer.losses import bradley_terry_loss
+from stacx.trainer.recipe import ModelSlot, Role, TrainingConfig, recipe
+from stacx.trainer.recipes.dpo import preference_pairs
+from stacx.trainer.recipes.online_reward import RewardModel
 
 
 @dataclass(kw_only=True, slots=True)

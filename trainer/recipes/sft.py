@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.batch import TensorBatch
-from trainer.losses import nll_loss
-from trainer.recipe import ModelSlot, Role, TrainingConfig, recipe
-from trainer.specialization import Aggregated
+from stacx.trainer.batch import TensorBatch
+from stacx.trainer.losses import nll_loss
+from stacx.trainer.recipe import ModelSlot, Role, TrainingConfig, recipe
+from stacx.trainer.specialization import Aggregated
 
 
 @dataclass(kw_only=True, slots=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rollout.blackbox.adapter import ExternalScaffold, register
-from rollout.errors import ConfigError
-from rollout.protocols import Message
+from stacx.rollout.blackbox.adapter import ExternalScaffold, register
+from stacx.rollout.errors import ConfigError
+from stacx.rollout.protocols import Message
 
 __all__ = ["MiniSweAgent"]
 

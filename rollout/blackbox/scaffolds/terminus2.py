@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rollout.blackbox.adapter import ExternalScaffold, register
+from stacx.rollout.blackbox.adapter import ExternalScaffold, register
 
 
 @register("terminus-2")

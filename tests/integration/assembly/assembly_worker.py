@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from schemas.codec import decode
+from stacx.schemas.codec import decode
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 STOPPED_BY_SIGTERM = 128 + signal.SIGTERM
@@ -54,7 +54,7 @@ class AssemblerProcess:
         self.lines: list[str] = []
         self._changed = threading.Condition()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "infra.cli", "assemble", "--config", str(self.config_path)],
+            [sys.executable, "-m", "stacx.infra.cli", "assemble", "--config", str(self.config_path)],
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )

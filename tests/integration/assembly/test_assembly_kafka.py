@@ -15,11 +15,11 @@ import numpy as np
 from assembly_worker import STOPPED_BY_SIGTERM, AssemblerProcess, consume_records
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from consumers.assembly import batch_id
-from consumers.assembly.testing import make_trajectory
-from schemas.codec import encode
-from schemas.records import DeadLetter, TrainingBatch, Trajectory, WeightVersion
-from schemas.validation import record_problems
+from stacx.consumers.assembly import batch_id
+from stacx.consumers.assembly.testing import make_trajectory
+from stacx.schemas.codec import encode
+from stacx.schemas.records import DeadLetter, TrainingBatch, Trajectory, WeightVersion
+from stacx.schemas.validation import record_problems
 
 
 def _produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:

@@ -13,10 +13,10 @@ from confluent_kafka import Consumer, TopicPartition
 from opentelemetry import trace
 from tracing_fixtures import in_memory_tracing
 
-from consumers.assembly.testing import make_trajectory
-from producers import EventProducer
-from schemas.codec import SINGLE_OBJECT_CONTENT_TYPE, Codec, decode
-from schemas.records import DeadLetter, TrainingBatch, Trajectory
+from stacx.consumers.assembly.testing import make_trajectory
+from stacx.producers import EventProducer
+from stacx.schemas.codec import SINGLE_OBJECT_CONTENT_TYPE, Codec, decode
+from stacx.schemas.records import DeadLetter, TrainingBatch, Trajectory
 
 AVRO = SINGLE_OBJECT_CONTENT_TYPE.encode()
 

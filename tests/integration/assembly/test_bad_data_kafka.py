@@ -19,15 +19,15 @@ import pytest
 from assembly_worker import STOPPED_BY_SIGTERM, AssemblerProcess, consume_records, one_group_config
 from confluent_kafka import Consumer, TopicPartition
 
-from consumers.assembly import TICK_KEY
-from consumers.assembly.testing import make_trajectory
-from producers import EventProducer
-from schemas.catalogue import SchemaCatalogue
-from schemas.codec import SINGLE_OBJECT_MARKER, Codec, load_schema
-from schemas.errors import RecordValidationError
-from schemas.records import DeadLetter, TrainingBatch, Trajectory, token_ids
-from trainer import SourceConfig, StacxTrainer
-from trainer.testing import tiny_trainer_config
+from stacx.consumers.assembly import TICK_KEY
+from stacx.consumers.assembly.testing import make_trajectory
+from stacx.producers import EventProducer
+from stacx.schemas.catalogue import SchemaCatalogue
+from stacx.schemas.codec import SINGLE_OBJECT_MARKER, Codec, load_schema
+from stacx.schemas.errors import RecordValidationError
+from stacx.schemas.records import DeadLetter, TrainingBatch, Trajectory, token_ids
+from stacx.trainer import SourceConfig, StacxTrainer
+from stacx.trainer.testing import tiny_trainer_config
 
 
 def _sample(group: str, index: int, **fields: object) -> Trajectory:

@@ -12,7 +12,7 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.protocol.fetch import FetchRequest
 
-from consumers.assembly import AssemblerApp
+from stacx.consumers.assembly import AssemblerApp
 
 
 async def test_fetch_requests_on_a_quiet_partition_carry_the_configured_wait(

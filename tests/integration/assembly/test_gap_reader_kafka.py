@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from consumers.assembly.gaps import KafkaGapReader
+from stacx.consumers.assembly.gaps import KafkaGapReader
 
 
 def _produce(bootstrap: str, topic: str, count: int) -> None:

@@ -14,12 +14,12 @@ from pathlib import Path
 from assembly_worker import STOPPED_BY_SIGTERM, AssemblerProcess, consume_records
 from confluent_kafka import Producer
 
-from consumers.assembly.testing import make_trajectory
-from consumers.learner_feed import KeepRule, LearnerFeed
-from consumers.weights import WeightSubscriber, subscriber_group
-from infra.services import kafka_tools
-from schemas.codec import encode
-from schemas.records import Trajectory, TrajectoryStatus, WeightVersion
+from stacx.consumers.assembly.testing import make_trajectory
+from stacx.consumers.learner_feed import KeepRule, LearnerFeed
+from stacx.consumers.weights import WeightSubscriber, subscriber_group
+from stacx.infra.services import kafka_tools
+from stacx.schemas.codec import encode
+from stacx.schemas.records import Trajectory, TrajectoryStatus, WeightVersion
 
 NUM_GROUPS, GROUP_SIZE = 4, 4
 

@@ -17,9 +17,9 @@ from assembly_worker import STOPPED_BY_SIGTERM, AssemblerProcess, consume_record
 from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from consumers.assembly.testing import make_trajectory
-from schemas.codec import encode
-from schemas.records import TrainingBatch, Trajectory
+from stacx.consumers.assembly.testing import make_trajectory
+from stacx.schemas.codec import encode
+from stacx.schemas.records import TrainingBatch, Trajectory
 
 GROUP_SIZE = 4
 

@@ -18,8 +18,8 @@ from assembly_worker import STOPPED_BY_SIGTERM, AssemblerProcess, consume_record
 from confluent_kafka import ConsumerGroupState, Producer
 from confluent_kafka.admin import AdminClient
 
-from consumers.assembly.testing import make_trajectory
-from schemas.codec import encode
+from stacx.consumers.assembly.testing import make_trajectory
+from stacx.schemas.codec import encode
 
 PARTITIONS = 8
 

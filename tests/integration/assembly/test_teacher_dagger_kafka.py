@@ -14,8 +14,8 @@ import pytest
 from assembly_worker import AssemblerProcess, consume_records
 from confluent_kafka import Producer
 
-from schemas.codec import encode
-from schemas.records import TaskSample, TrainingBatch, WeightVersion
+from stacx.schemas.codec import encode
+from stacx.schemas.records import TaskSample, TrainingBatch, WeightVersion
 
 NUM_TASKS = 4
 
@@ -23,8 +23,8 @@ NUM_TASKS = 4
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[Path, str]]]:
     """student (seed 0) and teacher (seed 1): same architecture, different weights."""
-    from rollout.inference import InferenceServer
-    from rollout.models import make_tiny_model
+    from stacx.rollout.inference import InferenceServer
+    from stacx.rollout.models import make_tiny_model
 
     started: dict[str, tuple[Path, str]] = {}
     running = []
@@ -53,14 +53,14 @@ def _assembler_config(bootstrap: str, names: dict[str, str], tmp_path: Path,
 
 
 async def _roll_out(servers: dict[str, tuple[Path, str]], bootstrap: str, topic: str) -> int:
-    from rollout.adapters import InferenceAdapter, KafkaTrajectoryPublisher
-    from rollout.data import ListTaskSource
-    from rollout.evaluator import Evaluator
-    from rollout.fakes import StaticVersion
-    from rollout.inference import InferenceClient
-    from rollout.manager import RolloutManager
-    from rollout.teacher import BetaSchedule, DAggerLabels, TeacherInTheLoop
-    from rollout.tokens import HFTokenizer
+    from stacx.rollout.adapters import InferenceAdapter, KafkaTrajectoryPublisher
+    from stacx.rollout.data import ListTaskSource
+    from stacx.rollout.evaluator import Evaluator
+    from stacx.rollout.fakes import StaticVersion
+    from stacx.rollout.inference import InferenceClient
+    from stacx.rollout.manager import RolloutManager
+    from stacx.rollout.teacher import BetaSchedule, DAggerLabels, TeacherInTheLoop
+    from stacx.rollout.tokens import HFTokenizer
 
     clients = {name: InferenceClient(InferenceClient.Config(base_url=url))
                for name, (_, url) in servers.items()}
@@ -89,8 +89,8 @@ async def _roll_out(servers: dict[str, tuple[Path, str]], bootstrap: str, topic:
 
 
 async def _teacher_greedy(url: str, state: list[int], max_new_tokens: int) -> list[int]:
-    from rollout.inference import InferenceClient
-    from rollout.inference.sampling import SamplingParams
+    from stacx.rollout.inference import InferenceClient
+    from stacx.rollout.inference.sampling import SamplingParams
 
     async with InferenceClient(InferenceClient.Config(base_url=url)) as client:
         out = await client.generate(state, SamplingParams(max_new_tokens=max_new_tokens,
@@ -102,8 +102,8 @@ async def test_dagger_batches_carry_teacher_labels_on_student_states(
     servers: dict[str, tuple[Path, str]], kafka_bootstrap: str,
     fresh_topic: Callable[..., str], fresh_group: str, tmp_path: Path, app_ids: list[str],
 ) -> None:
-    from trainer import ModelConfig, SourceConfig, StacxTrainer
-    from trainer.testing import tiny_trainer_config
+    from stacx.trainer import ModelConfig, SourceConfig, StacxTrainer
+    from stacx.trainer.testing import tiny_trainer_config
 
     names = {"trajectories_topic": fresh_topic("dagger-traj", partitions=2),
              "batches_topic": fresh_topic("dagger-batches", config={"max.message.bytes": "8388608"}),

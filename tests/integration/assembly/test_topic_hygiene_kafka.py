@@ -22,21 +22,21 @@ from assembly_worker import STOPPED_BY_SIGTERM, AssemblerProcess, consume_record
 from confluent_kafka import Consumer, Producer
 from run_names import run_name
 
-from consumers.assembly.testing import make_trajectory
-from consumers.weights import WeightSubscriber, subscriber_group
-from infra.pipeline.layout import RunTopics
-from infra.services import kafka, kafka_tools
-from infra.services.topics import ensure_topics
-from rollout.adapters import WeightsFollower
-from schemas.codec import encode
-from schemas.records import TrainingBatch, WeightVersion
+from stacx.consumers.assembly.testing import make_trajectory
+from stacx.consumers.weights import WeightSubscriber, subscriber_group
+from stacx.infra.pipeline.layout import RunTopics
+from stacx.infra.services import kafka, kafka_tools
+from stacx.infra.services.topics import ensure_topics
+from stacx.rollout.adapters import WeightsFollower
+from stacx.schemas.codec import encode
+from stacx.schemas.records import TrainingBatch, WeightVersion
 
 PORT = int(os.environ.get("STACX_TEST_PRIVATE_KAFKA_PORT", "19392"))
 
 
 @pytest.fixture(scope="module")
 def private_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """A broker started by `infra.services.kafka.up` under a private STACX_HOME (jars shared)."""
+    """A broker started by `stacx.infra.services.kafka.up` under a private STACX_HOME (jars shared)."""
     jars = kafka.jar_dir()
     if not any(jars.glob("kafka_*.jar")):
         pytest.fail(f"no Kafka jars in {jars}: run `.venv/bin/stacx infra up` once", pytrace=False)

@@ -29,7 +29,7 @@ Z = 1.959963984540054
 def quickstart_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The quickstart's policy: `pipeline.model.tiny` of examples/quickstart.yaml, built as the
     pipeline builds it."""
-    from rollout.models import make_tiny_model
+    from stacx.rollout.models import make_tiny_model
 
     tiny = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())["pipeline"]["model"]["tiny"]
     return make_tiny_model(tmp_path_factory.mktemp("quickstart") / "tiny", **tiny)
@@ -37,7 +37,7 @@ def quickstart_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def inference_url(quickstart_model: Path) -> Iterator[str]:
-    from rollout.inference import InferenceServer
+    from stacx.rollout.inference import InferenceServer
 
     server = InferenceServer(InferenceServer.Config(model_path=str(quickstart_model), port=0, device="cpu",
                                                     torch_threads=1))
@@ -49,7 +49,7 @@ def inference_url(quickstart_model: Path) -> Iterator[str]:
 
 
 def _stacx(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "infra.cli", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "stacx.infra.cli", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=600, env={**os.environ, **(env or {})})
 
 
@@ -111,11 +111,11 @@ def test_gsm8k_end_to_end_with_the_quickstart_policy(tmp_path: Path, inference_u
 
 @pytest.fixture(scope="module")
 def gateway(sandbox_image: str) -> Iterator[str]:
-    from infra.services import harbor_images
-    from sandbox.backends import DockerBackend
-    from sandbox.images import TaskImageBuilder
-    from sandbox.sessions import SessionManager
-    from sandbox.testing import serve_gateway
+    from stacx.infra.services import harbor_images
+    from stacx.sandbox.backends import DockerBackend
+    from stacx.sandbox.images import TaskImageBuilder
+    from stacx.sandbox.sessions import SessionManager
+    from stacx.sandbox.testing import serve_gateway
 
     harbor_images.build()
     config = SessionManager.Config(owner=f"test-bench-{uuid.uuid4().hex[:8]}", default_image=sandbox_image)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from consumers import ConsumedEvent, EventConsumer
-from schemas.records import Trajectory
+from stacx.consumers import ConsumedEvent, EventConsumer
+from stacx.schemas.records import Trajectory
 
 SAFETY_TIMEOUT_S = 60.0
 """Upper bound on waiting for events, so a broken test fails instead of hanging."""

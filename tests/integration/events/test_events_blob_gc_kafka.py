@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from events_kafka_helpers import trajectory
 
-from infra.cli import main
-from producers import EventProducer
-from producers.blobs import FsspecBlobStore
+from stacx.infra.cli import main
+from stacx.producers import EventProducer
+from stacx.producers.blobs import FsspecBlobStore
 
 
 def _tokens(n: int) -> dict[str, list[int] | list[float]]:

@@ -15,13 +15,13 @@ from events_kafka_helpers import collect, consumer, trajectory
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from consumers import CommitRefusedError, ConsumerError, Deduplicator, EventConsumer
-from producers import EventProducer
-from schemas.catalogue import SchemaCatalogue, catalogue_codec
-from schemas.claimcheck import ClaimCheck
-from schemas.codec import Codec, builtin_schemas, load_schema
-from schemas.errors import RecordValidationError
-from schemas.records import DeadLetter, Feedback, Trajectory, logprobs, loss_mask, now_ms, token_ids
+from stacx.consumers import CommitRefusedError, ConsumerError, Deduplicator, EventConsumer
+from stacx.producers import EventProducer
+from stacx.schemas.catalogue import SchemaCatalogue, catalogue_codec
+from stacx.schemas.claimcheck import ClaimCheck
+from stacx.schemas.codec import Codec, builtin_schemas, load_schema
+from stacx.schemas.errors import RecordValidationError
+from stacx.schemas.records import DeadLetter, Feedback, Trajectory, logprobs, loss_mask, now_ms, token_ids
 
 TopicFactory = Callable[..., str]
 COMPACTED = {"cleanup.policy": "compact"}

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.cli import main
-from schemas.codec import builtin_schemas
+from stacx.infra.cli import main
+from stacx.schemas.codec import builtin_schemas
 
 
 def stacx(*argv: str) -> int:

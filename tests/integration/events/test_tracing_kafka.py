@@ -12,9 +12,9 @@ from events_kafka_helpers import collect, consumer, trajectory
 from opentelemetry import trace
 from tracing_fixtures import in_memory_tracing
 
-from producers import EventProducer
-from schemas.codec import SINGLE_OBJECT_CONTENT_TYPE, Codec
-from schemas.records import DeadLetter, Trajectory
+from stacx.producers import EventProducer
+from stacx.schemas.codec import SINGLE_OBJECT_CONTENT_TYPE, Codec
+from stacx.schemas.records import DeadLetter, Trajectory
 
 TopicFactory = Callable[..., str]
 

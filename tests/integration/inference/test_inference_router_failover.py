@@ -23,14 +23,14 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from infra.pipeline.services import RestartPolicy, ServiceProcess, ServiceSpec, Supervisor
-from rollout.adapters import InferenceAdapter, KafkaTrajectoryPublisher
-from rollout.data import ListTaskSource
-from rollout.evaluator import Evaluator
-from rollout.fakes import StaticVersion
-from rollout.manager import RolloutManager
-from rollout.tokens import HFTokenizer
-from schemas.records import TaskSample, Trajectory, TrajectoryStatus
+from stacx.infra.pipeline.services import RestartPolicy, ServiceProcess, ServiceSpec, Supervisor
+from stacx.rollout.adapters import InferenceAdapter, KafkaTrajectoryPublisher
+from stacx.rollout.data import ListTaskSource
+from stacx.rollout.evaluator import Evaluator
+from stacx.rollout.fakes import StaticVersion
+from stacx.rollout.manager import RolloutManager
+from stacx.rollout.tokens import HFTokenizer
+from stacx.schemas.records import TaskSample, Trajectory, TrajectoryStatus
 
 TOKEN = "router-it"
 
@@ -43,16 +43,16 @@ def _port() -> int:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rollout.models import make_tiny_model
+    from stacx.rollout.models import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
 
 
 @pytest.fixture
 def gateway(sandbox_image: str) -> Iterator[str]:
-    from sandbox.backends import DockerBackend
-    from sandbox.sessions import SessionManager
-    from sandbox.testing import serve_gateway
+    from stacx.sandbox.backends import DockerBackend
+    from stacx.sandbox.sessions import SessionManager
+    from stacx.sandbox.testing import serve_gateway
 
     config = SessionManager.Config(owner=f"test-router-{uuid.uuid4().hex[:8]}", default_image=sandbox_image)
     with serve_gateway(DockerBackend(), token=TOKEN, config=config) as url:
@@ -86,7 +86,7 @@ restarted server's return is shown with work it is the better place for (equal l
 
 
 def _consume(bootstrap: str, topic: str, group: str, count: int) -> list[Trajectory]:
-    from consumers import EventConsumer
+    from stacx.consumers import EventConsumer
 
     config = EventConsumer.Config(bootstrap_servers=bootstrap, group_id=group, topics=[topic])
     consumer = EventConsumer(config)
@@ -103,9 +103,9 @@ def _consume(bootstrap: str, topic: str, group: str, count: int) -> list[Traject
 
 async def _rollout(router: str, gateway: str, model_dir: Path, tasks: list[TaskSample], samples: int,
                    kafka: tuple[str, str], during: object = None) -> None:
-    from rollout.adapters import GatewayEnvironments
-    from rollout.inference import InferenceClient
-    from sandbox.client import SandboxClient
+    from stacx.rollout.adapters import GatewayEnvironments
+    from stacx.rollout.inference import InferenceClient
+    from stacx.sandbox.client import SandboxClient
 
     evaluator = Evaluator.Config(scaffold="retool", scaffold_options={"system_prompt": ""}, max_turns=2,
                                  max_new_tokens=24, max_tokens=400, temperature=1.0,

@@ -21,8 +21,8 @@ import httpx
 import pytest
 from inference_fixtures import serve_tiny
 
-from infra.sidevenv import SideVenvError, ensure_side_venv
-from rollout.inference import InferenceServer
+from stacx.infra.sidevenv import SideVenvError, ensure_side_venv
+from stacx.rollout.inference import InferenceServer
 
 SGLANG = "sglang==0.5.23"
 FRONTEND_NEEDS = ["orjson", "pybase64", "msgspec", "pyzmq", "ipython"]

@@ -18,11 +18,11 @@ import pytest
 from inference_fixtures import serve_tiny
 from ports import free_port
 
-from consumers.weights import WeightSubscriber, subscriber_group
-from producers import EventProducer
-from rollout.inference import InferenceServer
-from schemas.records import WeightVersion
-from schemas.topics import TOPICS, WEIGHTS
+from stacx.consumers.weights import WeightSubscriber, subscriber_group
+from stacx.producers import EventProducer
+from stacx.rollout.inference import InferenceServer
+from stacx.schemas.records import WeightVersion
+from stacx.schemas.topics import TOPICS, WEIGHTS
 
 WEIGHTS_CONFIG = next(spec.config for spec in TOPICS if spec.name == WEIGHTS)
 STACX = str(Path(sys.executable).with_name("stacx"))

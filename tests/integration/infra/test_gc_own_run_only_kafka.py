@@ -15,15 +15,15 @@ from confluent_kafka.admin import AdminClient
 from idle_groups import assert_describe_finds_idle_group
 from run_names import run_name
 
-from consumers.blob_gc import referenced_in_topic
-from consumers.weights import WeightSubscriber, subscriber_group
-from infra.cli import main
-from infra.pipeline.layout import RunTopics
-from infra.services import topic_admin
-from infra.services.topics import ensure_topics
-from producers.blobs import FsspecBlobStore
-from schemas.codec import encode
-from schemas.records import WeightVersion
+from stacx.consumers.blob_gc import referenced_in_topic
+from stacx.consumers.weights import WeightSubscriber, subscriber_group
+from stacx.infra.cli import main
+from stacx.infra.pipeline.layout import RunTopics
+from stacx.infra.services import topic_admin
+from stacx.infra.services.topics import ensure_topics
+from stacx.producers.blobs import FsspecBlobStore
+from stacx.schemas.codec import encode
+from stacx.schemas.records import WeightVersion
 
 SERVER = "http://127.0.0.1:30010"  # both runs' servers on the same port (one after the other)
 

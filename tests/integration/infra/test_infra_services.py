@@ -8,8 +8,8 @@ from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 
-from infra.services import kafka, smoke
-from schemas import topics
+from stacx.infra.services import kafka, smoke
+from stacx.schemas import topics
 
 STACX = str(Path(sys.executable).with_name("stacx"))
 
@@ -95,7 +95,7 @@ def test_sandbox_has_no_network(sandbox_image: str) -> None:
 
 
 def test_every_tool_the_code_runs_was_installed_by_infra_up(kafka_bootstrap: str, sandbox_image: str) -> None:
-    from infra.services import tools
+    from stacx.infra.services import tools
 
     absent = tools.missing()
     assert not absent, (

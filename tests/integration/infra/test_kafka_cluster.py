@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.services import kafka
-from infra.services.netlab import NetLab, lab_home, netlab_problem
+from stacx.infra.services import kafka
+from stacx.infra.services.netlab import NetLab, lab_home, netlab_problem
 
 REPO = Path(__file__).resolve().parents[3]
 CLIENT = REPO / "bench" / "cluster_client.py"

@@ -15,9 +15,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from tracing_fixtures import running_jaeger
 
-from infra.services.jaeger import JaegerConfig
-from infra.telemetry import sampler
-from infra.traces import Trace, fetch_trace
+from stacx.infra.services.jaeger import JaegerConfig
+from stacx.infra.telemetry import sampler
+from stacx.infra.traces import Trace, fetch_trace
 
 LINKED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 

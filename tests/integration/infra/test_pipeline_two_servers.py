@@ -25,7 +25,7 @@ import yaml
 from ports import free_port
 from run_names import run_name
 
-from schemas.records import TrajectoryStatus
+from stacx.schemas.records import TrajectoryStatus
 
 REPO = Path(__file__).resolve().parents[3]
 STACX = str(Path(sys.executable).with_name("stacx"))
@@ -122,7 +122,7 @@ def test_a_killed_server_is_routed_around_and_restarted(
 
 
 def _trajectories(bootstrap: str, topic: str, group: str, count: int) -> list[Any]:
-    from consumers import EventConsumer
+    from stacx.consumers import EventConsumer
 
     config = EventConsumer.Config(bootstrap_servers=bootstrap, group_id=group, topics=[topic])
     consumer = EventConsumer(config)

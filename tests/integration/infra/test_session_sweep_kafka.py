@@ -14,9 +14,9 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
-from infra.pipeline.layout import RunTopics
-from infra.services import topic_admin
-from infra.services.topics import ensure_topics
+from stacx.infra.pipeline.layout import RunTopics
+from stacx.infra.services import topic_admin
+from stacx.infra.services.topics import ensure_topics
 
 TESTS = Path(__file__).resolve().parents[2]
 
@@ -26,8 +26,8 @@ from pathlib import Path
 
 from run_names import run_name
 
-from infra.pipeline.layout import RunTopics
-from infra.services.topics import ensure_topics
+from stacx.infra.pipeline.layout import RunTopics
+from stacx.infra.services.topics import ensure_topics
 
 
 def test_makes_a_run_and_waits() -> None:

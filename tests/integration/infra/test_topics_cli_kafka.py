@@ -12,15 +12,15 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from run_names import run_name
 
-from infra.pipeline.layout import RunTopics
-from infra.services.topics import ensure_topics
+from stacx.infra.pipeline.layout import RunTopics
+from stacx.infra.services.topics import ensure_topics
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 def _stacx(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "infra.cli", "topics", *args],
+        [sys.executable, "-m", "stacx.infra.cli", "topics", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -27,12 +27,12 @@ import yaml
 from ports import free_port
 from run_names import run_name
 
-from infra.pipeline.layout import RunTopics
-from infra.pipeline.report import write_report
-from infra.services.topics import ensure_topics
-from producers import EventProducer
-from rollout.models.tokenizer import make_tokenizer
-from schemas.records import ToolCall, Trajectory, Turn, WeightVersion, logprobs, loss_mask, token_ids
+from stacx.infra.pipeline.layout import RunTopics
+from stacx.infra.pipeline.report import write_report
+from stacx.infra.services.topics import ensure_topics
+from stacx.producers import EventProducer
+from stacx.rollout.models.tokenizer import make_tokenizer
+from stacx.schemas.records import ToolCall, Trajectory, Turn, WeightVersion, logprobs, loss_mask, token_ids
 
 REPO = Path(__file__).resolve().parents[3]
 STACX = str(Path(sys.executable).with_name("stacx"))
@@ -41,7 +41,7 @@ SCREENSHOTS = Path(os.environ.get("STACX_SCREENSHOTS_DIR") or REPO / "runs" / "s
 shows; by default they land under runs/ (git-ignored), so a test run leaves the checkout as it was."""
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 TRAINER_LOG_LINE = (
-    "2026-12-02 01:0{m}:{s:02d},000 INFO rank0 trainer.engine: step {step} batch b{step:031d} "
+    "2026-12-02 01:0{m}:{s:02d},000 INFO rank0 stacx.trainer.engine: step {step} batch b{step:031d} "
     "loss {loss:.5f} tokens {tokens}\n"
 )
 """The trainer's line per step, as it writes it to runs/<name>/logs/trainer.log."""
@@ -125,7 +125,7 @@ class _Run:
     def touch(self) -> None:
         with (self.root / "logs" / "pipeline.log").open("a") as log:
             log.write(
-                f"{time.strftime('%Y-%m-%d %H:%M:%S')},000 INFO infra.pipeline.orchestrator: "
+                f"{time.strftime('%Y-%m-%d %H:%M:%S')},000 INFO stacx.infra.pipeline.orchestrator: "
                 "stage: GRPO through Kafka (target: 3 policy versions) | elapsed: 9 s\n"
             )
 

@@ -12,9 +12,9 @@ from typing import Any
 
 from oncall_fixtures import call, join_config, join_worker, rating, wait_committed
 
-from consumers import EventConsumer
-from producers import EventProducer
-from schemas.records import DeadLetter, Trajectory, now_ms
+from stacx.consumers import EventConsumer
+from stacx.producers import EventProducer
+from stacx.schemas.records import DeadLetter, Trajectory, now_ms
 
 STACX = str(Path(sys.executable).with_name("stacx"))
 

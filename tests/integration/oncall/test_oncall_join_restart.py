@@ -16,9 +16,9 @@ from pathlib import Path
 
 from oncall_fixtures import call, committed, join_config, join_worker, rating, wait_committed
 
-from consumers import EventConsumer
-from producers import EventProducer
-from schemas.records import Trajectory, now_ms
+from stacx.consumers import EventConsumer
+from stacx.producers import EventProducer
+from stacx.schemas.records import Trajectory, now_ms
 
 STACX = str(Path(sys.executable).with_name("stacx"))
 SESSIONS = 24

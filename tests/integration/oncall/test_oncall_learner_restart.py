@@ -17,9 +17,9 @@ from pathlib import Path
 import yaml
 from oncall_fixtures import call
 
-from consumers.oncall import TrajectoryBuilder
-from producers import EventProducer
-from trainer.oncall import audit
+from stacx.consumers.oncall import TrajectoryBuilder
+from stacx.producers import EventProducer
+from stacx.trainer.oncall import audit
 
 NUM_TRAJECTORIES = 24
 BATCH = 4

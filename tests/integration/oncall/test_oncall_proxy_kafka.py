@@ -17,10 +17,10 @@ import numpy as np
 import openai
 import pytest
 
-from consumers import EventConsumer
-from rollout.inference import InferenceServer
-from rollout.proxy import AgentProxy, EventRecorder, ProxyServer
-from schemas.records import AgentInteraction, Feedback
+from stacx.consumers import EventConsumer
+from stacx.rollout.inference import InferenceServer
+from stacx.rollout.proxy import AgentProxy, EventRecorder, ProxyServer
+from stacx.schemas.records import AgentInteraction, Feedback
 
 TOOLS = [
     {

@@ -15,18 +15,19 @@ from typing import Any
 import pandas as pd
 from confluent_kafka import Producer
 
-from consumers.assembly.testing import make_trajectory
-from consumers.replay import ReplayAssembler, ReplayRange, read_range
-from infra.config import build
-from schemas.codec import Codec, encode
-from schemas.records import ToolCall, TrajectoryStatus, Turn, token_ids
+from stacx.consumers.assembly.testing import make_trajectory
+from stacx.consumers.replay import ReplayAssembler, ReplayRange, read_range
+from stacx.infra.config import build
+from stacx.schemas.codec import Codec, encode
+from stacx.schemas.records import ToolCall, TrajectoryStatus, Turn, token_ids
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 def _stacx(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "infra.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=180
+        [sys.executable, "-m", "stacx.infra.cli", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=180
     )
 
 

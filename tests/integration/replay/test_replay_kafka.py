@@ -13,11 +13,11 @@ import pytest
 from confluent_kafka import Producer
 from run_names import run_name
 
-from consumers.assembly.testing import make_trajectory
-from infra.config import build
-from infra.replay import ReplayFile, run_replay
-from infra.services import topic_admin
-from schemas.codec import encode
+from stacx.consumers.assembly.testing import make_trajectory
+from stacx.infra.config import build
+from stacx.infra.replay import ReplayFile, run_replay
+from stacx.infra.services import topic_admin
+from stacx.schemas.codec import encode
 
 TRAINER: dict[str, Any] = {
     "recipe": "grpo",
@@ -91,9 +91,9 @@ def test_replayed_batches_carry_headers_and_the_trainer_steps_continue_the_sourc
     from opentelemetry import trace
     from tracing_fixtures import in_memory_tracing
 
-    from consumers.replay import ReplayRange, read_range
-    from producers.tracing import TRACEPARENT, context_from_headers
-    from schemas.codec import CONTENT_TYPE_HEADER, SINGLE_OBJECT_CONTENT_TYPE
+    from stacx.consumers.replay import ReplayRange, read_range
+    from stacx.producers.tracing import TRACEPARENT, context_from_headers
+    from stacx.schemas.codec import CONTENT_TYPE_HEADER, SINGLE_OBJECT_CONTENT_TYPE
 
     source = fresh_topic("replay-traced", partitions=2)
     producer = Producer({"bootstrap.servers": kafka_bootstrap})

@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rollout.adapters import GatewayEnvironments, InferenceAdapter, KafkaTrajectoryPublisher
-from rollout.data import ListTaskSource
-from rollout.evaluator import Evaluator
-from rollout.fakes import StaticVersion
-from rollout.manager import RolloutManager
-from rollout.tokens import HFTokenizer
-from schemas.records import TaskSample, Trajectory, TrajectoryStatus
+from stacx.rollout.adapters import GatewayEnvironments, InferenceAdapter, KafkaTrajectoryPublisher
+from stacx.rollout.data import ListTaskSource
+from stacx.rollout.evaluator import Evaluator
+from stacx.rollout.fakes import StaticVersion
+from stacx.rollout.manager import RolloutManager
+from stacx.rollout.tokens import HFTokenizer
+from stacx.schemas.records import TaskSample, Trajectory, TrajectoryStatus
 
 TOKEN = "rollout-it"
 WEIGHT_VERSION = 3
@@ -29,14 +29,14 @@ WEIGHT_VERSION = 3
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rollout.models import make_tiny_model
+    from stacx.rollout.models import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
 
 
 @pytest.fixture(scope="module")
 def inference_url(model_dir: Path) -> Iterator[str]:
-    from rollout.inference import InferenceServer
+    from stacx.rollout.inference import InferenceServer
 
     server = InferenceServer(
         InferenceServer.Config(
@@ -56,9 +56,9 @@ def inference_url(model_dir: Path) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def gateway(sandbox_image: str) -> Iterator[tuple[str, str]]:
-    from sandbox.backends import DockerBackend
-    from sandbox.sessions import SessionManager
-    from sandbox.testing import serve_gateway
+    from stacx.sandbox.backends import DockerBackend
+    from stacx.sandbox.sessions import SessionManager
+    from stacx.sandbox.testing import serve_gateway
 
     owner = f"test-rollout-{uuid.uuid4().hex[:8]}"
     config = SessionManager.Config(owner=owner, default_image=sandbox_image)
@@ -79,7 +79,7 @@ def _tasks(num: int) -> list[TaskSample]:
 
 
 def _consume(bootstrap: str, topic: str, group: str, count: int) -> list[Trajectory]:
-    from consumers import EventConsumer
+    from stacx.consumers import EventConsumer
 
     consumer = EventConsumer(
         EventConsumer.Config(bootstrap_servers=bootstrap, group_id=group, topics=[topic])
@@ -115,8 +115,8 @@ async def test_model_episodes_arrive_on_kafka_with_masks_logprobs_versions(
     fresh_topic,
     fresh_group: str,
 ) -> None:
-    from rollout.inference import InferenceClient
-    from sandbox.client import SandboxClient
+    from stacx.rollout.inference import InferenceClient
+    from stacx.sandbox.client import SandboxClient
 
     topic = fresh_topic("trajectories", partitions=2)
     evaluator = Evaluator.Config(
@@ -200,8 +200,8 @@ async def test_tool_calls_run_in_real_sandboxes_and_reach_kafka(
     fresh_topic,
     fresh_group: str,
 ) -> None:
-    from rollout.fakes import FakeTokenizer, ScriptedInference
-    from sandbox.client import SandboxClient
+    from stacx.rollout.fakes import FakeTokenizer, ScriptedInference
+    from stacx.sandbox.client import SandboxClient
 
     def policy(context: str, call: int) -> str:
         if "<tool_response>\n" in context:
@@ -251,11 +251,11 @@ async def test_service_builds_real_clients_and_follows_weights_from_kafka(
     import asyncio
     import json
 
-    from producers import EventProducer
-    from rollout.config import RolloutConfig
-    from rollout.service import _versions, run_rollout
-    from schemas.config import build
-    from schemas.records import WeightVersion
+    from stacx.producers import EventProducer
+    from stacx.rollout.config import RolloutConfig
+    from stacx.rollout.service import _versions, run_rollout
+    from stacx.schemas.config import build
+    from stacx.schemas.records import WeightVersion
 
     trajectories = fresh_topic("trajectories", partitions=2)
     weights = fresh_topic("weights", config={"cleanup.policy": "compact"})

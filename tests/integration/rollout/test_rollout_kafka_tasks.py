@@ -3,10 +3,10 @@ committed only after its group is published, so a second worker of the group get
 
 from __future__ import annotations
 
-from rollout.data import KafkaTaskSource
-from rollout.fakes import FakeEnvironments, FakeTokenizer, MemoryPublisher, ScriptedInference
-from rollout.manager import RolloutManager
-from schemas.records import TaskSample
+from stacx.rollout.data import KafkaTaskSource
+from stacx.rollout.fakes import FakeEnvironments, FakeTokenizer, MemoryPublisher, ScriptedInference
+from stacx.rollout.manager import RolloutManager
+from stacx.schemas.records import TaskSample
 
 
 def _source(bootstrap: str, topic: str, group: str) -> KafkaTaskSource:
@@ -24,7 +24,7 @@ def _source(bootstrap: str, topic: str, group: str) -> KafkaTaskSource:
 async def test_tasks_topic_feeds_the_manager_and_commits(
     kafka_bootstrap: str, fresh_topic, fresh_group: str
 ) -> None:
-    from producers import EventProducer
+    from stacx.producers import EventProducer
 
     topic = fresh_topic("tasks", partitions=2)
     tasks = [
@@ -70,7 +70,7 @@ async def test_a_waiting_worker_kept_alive_lets_a_joining_peer_start_at_once(
     import asyncio
     import time
 
-    from producers import EventProducer
+    from stacx.producers import EventProducer
 
     topic = fresh_topic("tasks", partitions=4)
     tasks = [TaskSample(task_id=f"w{i}", task_type="math", prompt=f"{i}?") for i in range(16)]

@@ -23,15 +23,15 @@ import pytest
 from harbor_cookbook import cookbook
 from process_checks import gone
 
-from rollout.adapters import GatewayEnvironments, InferenceAdapter
-from rollout.blackbox.adapter import ExternalScaffold, register
-from rollout.blackbox.capture import CallCapture
-from rollout.data import ListTaskSource
-from rollout.evaluator import Evaluator
-from rollout.fakes import MemoryPublisher, StaticVersion
-from rollout.manager import RolloutManager
-from rollout.tokens import HFTokenizer
-from schemas.records import TaskSample, Trajectory, TrajectoryStatus
+from stacx.rollout.adapters import GatewayEnvironments, InferenceAdapter
+from stacx.rollout.blackbox.adapter import ExternalScaffold, register
+from stacx.rollout.blackbox.capture import CallCapture
+from stacx.rollout.data import ListTaskSource
+from stacx.rollout.evaluator import Evaluator
+from stacx.rollout.fakes import MemoryPublisher, StaticVersion
+from stacx.rollout.manager import RolloutManager
+from stacx.rollout.tokens import HFTokenizer
+from stacx.schemas.records import TaskSample, Trajectory, TrajectoryStatus
 
 TOKEN = "scaffolds-it"
 VERSION = 5
@@ -48,7 +48,7 @@ class ScriptedScaffold(ExternalScaffold):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rollout.models import make_tiny_model
+    from stacx.rollout.models import make_tiny_model
 
     # Terminus-2's first prompt alone is ~7k tokens of the tiny tokenizer.
     return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny", max_position_embeddings=32768)
@@ -56,7 +56,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def inference_url(model_dir: Path) -> Iterator[str]:
-    from rollout.inference import InferenceServer
+    from stacx.rollout.inference import InferenceServer
 
     server = InferenceServer(
         InferenceServer.Config(
@@ -82,11 +82,11 @@ def capture(inference_url: str, model_dir: Path) -> Iterator[CallCapture]:
 
 @pytest.fixture(scope="module")
 def gateway(sandbox_image: str) -> Iterator[tuple[str, str]]:
-    from infra.services import harbor_images
-    from sandbox.backends import DockerBackend
-    from sandbox.images import TaskImageBuilder
-    from sandbox.sessions import SessionManager
-    from sandbox.testing import serve_gateway
+    from stacx.infra.services import harbor_images
+    from stacx.sandbox.backends import DockerBackend
+    from stacx.sandbox.images import TaskImageBuilder
+    from stacx.sandbox.sessions import SessionManager
+    from stacx.sandbox.testing import serve_gateway
 
     harbor_images.build()
     owner = f"test-scaffolds-{uuid.uuid4().hex[:8]}"
@@ -96,7 +96,7 @@ def gateway(sandbox_image: str) -> Iterator[tuple[str, str]]:
 
 
 def _task() -> TaskSample:
-    from sandbox.tasks import load_task, to_task_sample
+    from stacx.sandbox.tasks import load_task, to_task_sample
 
     return to_task_sample(load_task(cookbook() / "simple-task"))
 
@@ -109,8 +109,8 @@ async def _run(
     evaluators: dict[str, Evaluator.Config],
     tasks: list[TaskSample],
 ) -> list[Trajectory]:
-    from rollout.inference import InferenceClient
-    from sandbox.client import SandboxClient
+    from stacx.rollout.inference import InferenceClient
+    from stacx.sandbox.client import SandboxClient
 
     config = RolloutManager.Config(
         model_name="tiny",
@@ -210,14 +210,14 @@ async def test_mini_swe_agent_episode_is_captured_token_exact(
 async def test_transcripts_render_exactly_the_first_call_mini_swe_agent_sends(
     gateway: tuple[str, str], capture: CallCapture, model_dir: Path, inference_url: str
 ) -> None:
-    """SFT transcripts (`rollout.blackbox.transcripts`) start with the very ids a captured
+    """SFT transcripts (`stacx.rollout.blackbox.transcripts`) start with the very ids a captured
     mini-swe-agent episode starts with, under the scaffold GRPO example's options."""
     import yaml
     from transformers import AutoTokenizer
 
-    from rollout.blackbox.adapter import build_external
-    from rollout.blackbox.transcripts import TranscriptRenderer
-    from sandbox.tasks import load_task, to_task_sample
+    from stacx.rollout.blackbox.adapter import build_external
+    from stacx.rollout.blackbox.transcripts import TranscriptRenderer
+    from stacx.sandbox.tasks import load_task, to_task_sample
 
     example = Path(__file__).resolve().parents[3] / "examples" / "scaffold_grpo"
     config = yaml.safe_load((example / "scaffold_grpo.yaml").read_text())
@@ -246,7 +246,7 @@ def _task_with_tmux(tmp_path: Path) -> TaskSample:
     """simple-task with tmux in its image (Terminus-2 drives a tmux session)."""
     import shutil
 
-    from sandbox.tasks import load_task, to_task_sample
+    from stacx.sandbox.tasks import load_task, to_task_sample
 
     task_dir = tmp_path / "simple-task-tmux"
     shutil.copytree(cookbook() / "simple-task", task_dir)
@@ -351,10 +351,10 @@ async def test_the_rollout_service_starts_the_capture_proxy_for_a_black_box_scaf
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from rollout.config import RolloutConfig
-    from rollout.fakes import MemoryPublisher
-    from rollout.service import run_rollout
-    from schemas.config import build
+    from stacx.rollout.config import RolloutConfig
+    from stacx.rollout.fakes import MemoryPublisher
+    from stacx.rollout.service import run_rollout
+    from stacx.schemas.config import build
 
     monkeypatch.setenv("SCAFFOLDS_IT_TOKEN", TOKEN)
     config = build(

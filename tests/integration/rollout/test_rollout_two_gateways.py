@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from rollout.data import ListTaskSource
-from rollout.evaluator import Evaluator
-from rollout.fakes import FakeTokenizer, MemoryPublisher, ScriptedInference
-from rollout.gateways import GatewayEnvironments
-from rollout.manager import RolloutManager
-from sandbox.client import SandboxClient
-from sandbox.testing import gateway_process
-from schemas.records import TaskSample, TrajectoryStatus
+from stacx.rollout.data import ListTaskSource
+from stacx.rollout.evaluator import Evaluator
+from stacx.rollout.fakes import FakeTokenizer, MemoryPublisher, ScriptedInference
+from stacx.rollout.gateways import GatewayEnvironments
+from stacx.rollout.manager import RolloutManager
+from stacx.sandbox.client import SandboxClient
+from stacx.sandbox.testing import gateway_process
+from stacx.schemas.records import TaskSample, TrajectoryStatus
 
 TOKEN = "two-gateways"
 STEPS = 3
@@ -142,6 +142,6 @@ def _reap(owner: str) -> None:
     """Remove what the killed gateway left in the process backend's folder."""
     import shutil
 
-    from sandbox.backends import ProcessBackend
+    from stacx.sandbox.backends import ProcessBackend
 
     shutil.rmtree(Path(ProcessBackend().config.root, owner), ignore_errors=True)

@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from sandbox.backends import DockerBackend
-from sandbox.backends.docker import LABEL_OWNER
-from sandbox.sessions import SessionManager
-from sandbox.testing import serve_gateway
+from stacx.sandbox.backends import DockerBackend
+from stacx.sandbox.backends.docker import LABEL_OWNER
+from stacx.sandbox.sessions import SessionManager
+from stacx.sandbox.testing import serve_gateway
 
 TOKEN = "client-errors-token"
 MAX_LIFETIME_S = 600.0

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.backends import DockerBackend, ProcessBackend
-from sandbox.client import SandboxClient
-from sandbox.errors import PathRejected, SandboxFileNotFound, SessionNotFound
-from sandbox.models import SessionInfo
-from sandbox.paths import tar_files
-from sandbox.protocols import SandboxBackend
-from sandbox.sessions import SessionManager
-from sandbox.testing import serve_gateway
+from stacx.sandbox.backends import DockerBackend, ProcessBackend
+from stacx.sandbox.client import SandboxClient
+from stacx.sandbox.errors import PathRejected, SandboxFileNotFound, SessionNotFound
+from stacx.sandbox.models import SessionInfo
+from stacx.sandbox.paths import tar_files
+from stacx.sandbox.protocols import SandboxBackend
+from stacx.sandbox.sessions import SessionManager
+from stacx.sandbox.testing import serve_gateway
 
 TOKEN = "contract-token"
 

@@ -14,13 +14,13 @@ import uuid
 
 import pytest
 
-from infra.services import docker_engine
-from infra.services.processes import read_pid
-from sandbox.backends import DockerBackend
-from sandbox.backends.docker import LABEL_OWNER
-from sandbox.client import SandboxClient
-from sandbox.sessions import SessionManager
-from sandbox.testing import serve_gateway
+from stacx.infra.services import docker_engine
+from stacx.infra.services.processes import read_pid
+from stacx.sandbox.backends import DockerBackend
+from stacx.sandbox.backends.docker import LABEL_OWNER
+from stacx.sandbox.client import SandboxClient
+from stacx.sandbox.sessions import SessionManager
+from stacx.sandbox.testing import serve_gateway
 
 ROUNDS, SESSIONS, WARM_POOL = 5, 64, 8
 ROUND_BOUND_S = 240.0

@@ -14,15 +14,15 @@ from typing import Any
 
 import pytest
 
-from sandbox.backends import DockerBackend
-from sandbox.backends.docker import LABEL_OWNER, LABEL_SESSION
-from sandbox.client import SandboxClient
-from sandbox.errors import LimitExceeded, SandboxStopped
-from sandbox.limits import SessionLimits
-from sandbox.models import ExecRequest
-from sandbox.protocols import SandboxSpec
-from sandbox.sessions import SessionManager
-from sandbox.testing import serve_gateway
+from stacx.sandbox.backends import DockerBackend
+from stacx.sandbox.backends.docker import LABEL_OWNER, LABEL_SESSION
+from stacx.sandbox.client import SandboxClient
+from stacx.sandbox.errors import LimitExceeded, SandboxStopped
+from stacx.sandbox.limits import SessionLimits
+from stacx.sandbox.models import ExecRequest
+from stacx.sandbox.protocols import SandboxSpec
+from stacx.sandbox.sessions import SessionManager
+from stacx.sandbox.testing import serve_gateway
 
 TOKEN = "exec-tree-token"
 IDLE_CPU_FRACTION = 0.05

@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 from harbor_cookbook import MULTI_CONTAINER, SINGLE_CONTAINER, cookbook
 
-from sandbox.backends import DockerBackend
-from sandbox.backends.docker import HARBOR_CAPS
-from sandbox.checks import check_task
-from sandbox.errors import ImageBuildError
-from sandbox.images import TaskImageBuilder
-from sandbox.models import SessionSpec
-from sandbox.sessions import SessionManager
-from sandbox.tasks import load_task
+from stacx.sandbox.backends import DockerBackend
+from stacx.sandbox.backends.docker import HARBOR_CAPS
+from stacx.sandbox.checks import check_task
+from stacx.sandbox.errors import ImageBuildError
+from stacx.sandbox.images import TaskImageBuilder
+from stacx.sandbox.models import SessionSpec
+from stacx.sandbox.sessions import SessionManager
+from stacx.sandbox.tasks import load_task
 
 STACX = str(Path(sys.executable).with_name("stacx"))
 
@@ -44,7 +44,7 @@ _CAP_BITS = {
 @pytest.fixture(scope="module")
 def harbor_images(sandbox_image: str) -> None:
     """The stand-in base images and the verifier tools image (built once per machine)."""
-    from infra.services import harbor_images as builder
+    from stacx.infra.services import harbor_images as builder
 
     builder.build()
 
@@ -59,7 +59,7 @@ async def manager(harbor_images: None) -> AsyncIterator[SessionManager]:
 
 
 def test_cookbook_parity_through_tasks_check(harbor_images: None, capsys: pytest.CaptureFixture[str]) -> None:
-    from infra.cli import build_parser
+    from stacx.infra.cli import build_parser
 
     args = build_parser().parse_args(["tasks", "check", str(cookbook()), "--json", "--jobs", "2"])
     assert args.func(args) == 1  # the multi-container recipes are refused, so not all pass
@@ -157,7 +157,7 @@ def test_sigterm_during_tasks_check_leaves_no_container(
     import signal
     import time
 
-    from sandbox.backends.docker import LABEL_OWNER
+    from stacx.sandbox.backends.docker import LABEL_OWNER
 
     def ignore_sigint() -> None:
         if sigint == "ignored":

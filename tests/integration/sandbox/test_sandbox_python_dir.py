@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from sandbox.errors import InvalidSpec
-from sandbox.images import PYTHON_DIR, TaskImageBuilder
+from stacx.sandbox.errors import InvalidSpec
+from stacx.sandbox.images import PYTHON_DIR, TaskImageBuilder
 
 
 @pytest.fixture

@@ -6,11 +6,11 @@ import asyncio
 import time
 import uuid
 
-from sandbox.backends import DockerBackend, ProcessBackend
-from sandbox.backends.docker import LABEL_OWNER
-from sandbox.models import SessionSpec
-from sandbox.protocols import SandboxSpec
-from sandbox.sessions import SessionManager
+from stacx.sandbox.backends import DockerBackend, ProcessBackend
+from stacx.sandbox.backends.docker import LABEL_OWNER
+from stacx.sandbox.models import SessionSpec
+from stacx.sandbox.protocols import SandboxSpec
+from stacx.sandbox.sessions import SessionManager
 
 
 def _containers(docker_client, owner: str) -> list:  # type: ignore[no-untyped-def]

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from sandbox.backends import DockerBackend
-from sandbox.backends.docker import LABEL_OWNER
-from sandbox.models import SessionSpec
-from sandbox.sessions import SessionManager
+from stacx.sandbox.backends import DockerBackend
+from stacx.sandbox.backends.docker import LABEL_OWNER
+from stacx.sandbox.models import SessionSpec
+from stacx.sandbox.sessions import SessionManager
 
 EPISODE = SessionSpec(cpus=0.5, memory_mb=256, lifetime_s=600.0)
 

@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
-from sandbox.backends import DockerBackend
-from sandbox.backends.docker import LABEL_OWNER
-from sandbox.client import SandboxClient
-from sandbox.errors import AuthError, PathRejected
-from sandbox.sessions import SessionManager
-from sandbox.testing import serve_gateway
+from stacx.sandbox.backends import DockerBackend
+from stacx.sandbox.backends.docker import LABEL_OWNER
+from stacx.sandbox.client import SandboxClient
+from stacx.sandbox.errors import AuthError, PathRejected
+from stacx.sandbox.sessions import SessionManager
+from stacx.sandbox.testing import serve_gateway
 
 TOKEN = "security-token"
 

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.backends import DockerBackend
-from sandbox.checks import check_task
-from sandbox.client import SandboxClient
-from sandbox.errors import BaseImageMissing, RewardFileEmpty, RewardFileMalformed, RewardFileMissing
-from sandbox.images import TaskImageBuilder
-from sandbox.models import SessionSpec
-from sandbox.sessions import SessionManager
-from sandbox.tasks import load_task
-from sandbox.testing import serve_gateway
+from stacx.sandbox.backends import DockerBackend
+from stacx.sandbox.checks import check_task
+from stacx.sandbox.client import SandboxClient
+from stacx.sandbox.errors import BaseImageMissing, RewardFileEmpty, RewardFileMalformed, RewardFileMissing
+from stacx.sandbox.images import TaskImageBuilder
+from stacx.sandbox.models import SessionSpec
+from stacx.sandbox.sessions import SessionManager
+from stacx.sandbox.tasks import load_task
+from stacx.sandbox.testing import serve_gateway
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "tasks"
 BUILTIN = sorted(p.name for p in EXAMPLES.iterdir() if (p / "task.toml").is_file())
@@ -121,7 +121,7 @@ async def test_bad_reward_files_fail_clearly(
 def test_tasks_check_command_prints_both_rewards(
     capsys: pytest.CaptureFixture[str], sandbox_image: str
 ) -> None:
-    from infra.cli import build_parser
+    from stacx.infra.cli import build_parser
 
     args = build_parser().parse_args(["tasks", "check", str(EXAMPLES / "write-file"), "--json"])
     assert args.func(args) == 0

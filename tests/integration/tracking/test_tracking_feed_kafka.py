@@ -17,14 +17,14 @@ from idle_groups import assert_describe_finds_idle_group
 from ports import free_port
 from run_names import run_name
 
-from infra.pipeline.layout import RunTopics
-from infra.pipeline.tracking import tracking_group
-from infra.services import topic_admin
-from infra.services.topics import ensure_topics
-from infra.tracking import MetricsEndpoint, RunFigures, TrackingConfig, TrackingFeed, open_trackers
-from producers import EventProducer
-from rollout.inference.metrics import Metrics
-from schemas.records import STEP_FIGURE_PREFIX, Trajectory, WeightVersion
+from stacx.infra.pipeline.layout import RunTopics
+from stacx.infra.pipeline.tracking import tracking_group
+from stacx.infra.services import topic_admin
+from stacx.infra.services.topics import ensure_topics
+from stacx.infra.tracking import MetricsEndpoint, RunFigures, TrackingConfig, TrackingFeed, open_trackers
+from stacx.producers import EventProducer
+from stacx.rollout.inference.metrics import Metrics
+from stacx.schemas.records import STEP_FIGURE_PREFIX, Trajectory, WeightVersion
 
 REWARDS = {0: [1.0, 0.0, 0.0, 1.0], 1: [1.0, 1.0, 0.0, 1.0], 2: [1.0, 1.0, 1.0, 0.5]}
 LOSSES = {1: 0.75, 2: 0.5}

@@ -12,14 +12,14 @@ import textwrap
 import time
 from pathlib import Path
 
-from producers import EventProducer
-from schemas.records import WeightVersion
-from trainer.testing import synthetic_batches
+from stacx.producers import EventProducer
+from stacx.schemas.records import WeightVersion
+from stacx.trainer.testing import synthetic_batches
 
 CHILD = textwrap.dedent("""
     import sys, time
-    from trainer import SourceConfig, StacxTrainer
-    from trainer.testing import tiny_trainer_config
+    from stacx.trainer import SourceConfig, StacxTrainer
+    from stacx.trainer.testing import tiny_trainer_config
 
     bootstrap, topic, group, workdir, pause_at = sys.argv[1:6]
 
@@ -95,9 +95,9 @@ def test_killed_trainer_neither_loses_nor_repeats_a_batch(
 
 def test_weight_versions_are_published_and_replay_starts_at_an_offset(
         kafka_bootstrap: str, fresh_topic, fresh_group: str, tmp_path: Path) -> None:
-    from consumers import EventConsumer
-    from trainer import ExportConfig, SourceConfig, StacxTrainer
-    from trainer.testing import tiny_trainer_config
+    from stacx.consumers import EventConsumer
+    from stacx.trainer import ExportConfig, SourceConfig, StacxTrainer
+    from stacx.trainer.testing import tiny_trainer_config
 
     batch_topic = fresh_topic("batches", partitions=1, config={"max.message.bytes": "8388608"})
     weight_topic = fresh_topic("weights", partitions=1)
@@ -149,8 +149,8 @@ def test_a_commit_refused_after_the_group_evicted_the_trainer_loses_and_repeats_
     group evicts the trainer and refuses its next commit. Training goes on, the batches read again
     from the last commit are not handed out twice, and the refused positions are committed once
     the consumer is back in its group (at the latest when it closes)."""
-    from trainer import SourceConfig
-    from trainer.sources import KafkaBatchSource
+    from stacx.trainer import SourceConfig
+    from stacx.trainer.sources import KafkaBatchSource
 
     topic = fresh_topic("batches", partitions=1, config={"max.message.bytes": "8388608"})
     batches = synthetic_batches(3)

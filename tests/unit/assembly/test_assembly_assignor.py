@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from consumers.assembly import AssemblerApp
-from consumers.assembly.assignor import balance
-from consumers.assembly.errors import AssemblyConfigError
+from stacx.consumers.assembly import AssemblerApp
+from stacx.consumers.assembly.assignor import balance
+from stacx.consumers.assembly.errors import AssemblyConfigError
 
 TRAJ, TICKS, CHANGELOG, GROUPS = "traj", "app-ticks", "app-groups-changelog", "app-groups"
 STAGE1 = [TRAJ, TICKS, CHANGELOG]

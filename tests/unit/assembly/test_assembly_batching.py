@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from consumers.assembly import (
+from stacx.consumers.assembly import (
     AssemblyStats,
     BatchBuilder,
     MixturePlanner,
@@ -17,8 +17,8 @@ from consumers.assembly import (
     SampleFilter,
     encode_group,
 )
-from consumers.assembly.testing import ReadCountingTable, make_trajectory
-from schemas.codec import encode
+from stacx.consumers.assembly.testing import ReadCountingTable, make_trajectory
+from stacx.schemas.codec import encode
 
 
 def _group(group_id: str, *, model: str = "policy", task: str = "math", version: int = 0) -> bytes:
@@ -87,7 +87,7 @@ def test_a_group_dropped_whole_says_so_in_one_line_the_chaos_audit_reads(
     builder, _ = _builder(latest, batch_size=2)
     builder.on_group(_group("old", version=0), now_ms=1)
     latest["policy"] = 5
-    with caplog.at_level(logging.INFO, logger="consumers.assembly"):
+    with caplog.at_level(logging.INFO, logger="stacx.consumers.assembly"):
         builder.on_group(_group("new", version=5), now_ms=1)
         builder.on_group(_group("late", version=1), now_ms=1)
         builder.on_group(_group("fresh", version=4), now_ms=1)

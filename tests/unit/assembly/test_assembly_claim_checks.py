@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from consumers.assembly import (
+from stacx.consumers.assembly import (
     AssemblerApp,
     AssemblyStats,
     BatchBuilder,
@@ -20,12 +20,12 @@ from consumers.assembly import (
     SampleFilter,
     encode_group,
 )
-from consumers.assembly.testing import ListForwarder, RecordsReader, make_trajectory
-from producers.blobs import FsspecBlobStore
-from producers.errors import BlobStoreError
-from schemas.claimcheck import ClaimCheck
-from schemas.codec import decode, encode
-from schemas.records import DeadLetter, TrainingBatch, Trajectory
+from stacx.consumers.assembly.testing import ListForwarder, RecordsReader, make_trajectory
+from stacx.producers.blobs import FsspecBlobStore
+from stacx.producers.errors import BlobStoreError
+from stacx.schemas.claimcheck import ClaimCheck
+from stacx.schemas.codec import decode, encode
+from stacx.schemas.records import DeadLetter, TrainingBatch, Trajectory
 
 
 def _assembler(store: Path) -> tuple[AssemblerApp, ListForwarder]:
@@ -148,7 +148,7 @@ async def test_dead_letter_of_an_invalid_claim_checked_record_keeps_the_full_rec
 
 
 def test_inline_and_undecodable_values_are_kept_as_they_are(tmp_path: Path) -> None:
-    from consumers.dead_letters import keep_original
+    from stacx.consumers.dead_letters import keep_original
 
     raw = encode(make_trajectory("g", 0))
     assert keep_original(raw, dlq_topic="stacx.dlq", store_url=str(tmp_path)) == (raw, "")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from consumers.assembly import (
+from stacx.consumers.assembly import (
     AssemblerApp,
     BatchEncoder,
     FailurePolicy,
@@ -16,14 +16,14 @@ from consumers.assembly import (
     decode_trajectory,
     pack_batch,
 )
-from consumers.assembly.errors import InvalidTrajectoryError
-from consumers.assembly.testing import make_trajectory
-from infra.commands.assemble import build_config
-from infra.config import ConfigError
-from producers.blobs import FsspecBlobStore
-from schemas.claimcheck import ClaimCheck
-from schemas.codec import decode, encode
-from schemas.records import TrainingBatch, WeightVersion
+from stacx.consumers.assembly.errors import InvalidTrajectoryError
+from stacx.consumers.assembly.testing import make_trajectory
+from stacx.infra.commands.assemble import build_config
+from stacx.infra.config import ConfigError
+from stacx.producers.blobs import FsspecBlobStore
+from stacx.schemas.claimcheck import ClaimCheck
+from stacx.schemas.codec import decode, encode
+from stacx.schemas.records import TrainingBatch, WeightVersion
 
 
 def test_claim_checked_trajectories_are_fetched(tmp_path: Path) -> None:
@@ -88,7 +88,7 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
 
 
 def test_fast_rejoin_settings_are_validated_and_reach_faust() -> None:
-    from consumers.assembly import AssemblerApp, AssemblyConfigError
+    from stacx.consumers.assembly import AssemblerApp, AssemblyConfigError
 
     with pytest.raises(AssemblyConfigError, match="heartbeat_interval_s"):
         AssemblerApp.Config(partitions=1, session_timeout_s=6, heartbeat_interval_s=3)
@@ -101,7 +101,7 @@ def test_fast_rejoin_settings_are_validated_and_reach_faust() -> None:
 
 
 def test_standby_replicas_are_validated_and_reach_faust() -> None:
-    from consumers.assembly import AssemblerApp, AssemblyConfigError
+    from stacx.consumers.assembly import AssemblerApp, AssemblyConfigError
 
     with pytest.raises(AssemblyConfigError, match="standby_replicas"):
         AssemblerApp.Config(partitions=1, standby_replicas=-1)
@@ -112,7 +112,7 @@ def test_standby_replicas_are_validated_and_reach_faust() -> None:
 
 
 def test_consumer_fetch_size_is_validated_and_reaches_faust() -> None:
-    from consumers.assembly import AssemblerApp, AssemblyConfigError
+    from stacx.consumers.assembly import AssemblerApp, AssemblyConfigError
 
     with pytest.raises(AssemblyConfigError, match="consumer_max_fetch_bytes"):
         AssemblerApp.Config(partitions=1, consumer_max_fetch_bytes=0)
@@ -122,7 +122,7 @@ def test_consumer_fetch_size_is_validated_and_reaches_faust() -> None:
 
 @pytest.mark.parametrize("wait_ms", [0, 1501])
 def test_the_fetch_wait_is_validated(wait_ms: int) -> None:
-    from consumers.assembly import AssemblerApp, AssemblyConfigError
+    from stacx.consumers.assembly import AssemblerApp, AssemblyConfigError
 
     with pytest.raises(AssemblyConfigError, match="fetch_max_wait_ms"):
         AssemblerApp.Config(partitions=1, fetch_max_wait_ms=wait_ms)
@@ -132,7 +132,7 @@ def test_the_fetch_wait_is_validated(wait_ms: int) -> None:
 async def test_the_workers_kafka_consumer_waits_at_most_the_configured_time(
     overrides: dict[str, int], expected: int
 ) -> None:
-    from consumers.assembly import AssemblerApp
+    from stacx.consumers.assembly import AssemblerApp
 
     config = AssemblerApp.Config(partitions=2, **overrides)
     app = AssemblerApp(config, forwarder=None).app
@@ -148,7 +148,7 @@ def test_the_worker_producer_writes_fast_lz4() -> None:
     from aiokafka import codec
     from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-    from consumers.assembly import AssemblerApp
+    from stacx.consumers.assembly import AssemblerApp
 
     def batch(compression: int) -> bytes:  # a v2 record batch of one record, its 61-byte header cut
         builder = DefaultRecordBatchBuilder(2, compression, 0, -1, -1, -1, 2**20)

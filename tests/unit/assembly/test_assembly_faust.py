@@ -8,11 +8,11 @@ from typing import Any
 
 import fastavro
 
-from consumers.assembly import TICK_KEY, AssemblerApp, GroupAssembler, MixturePlanner
-from consumers.assembly.packing import batch_id
-from consumers.assembly.testing import ListForwarder, RecordsReader, make_trajectory
-from schemas.codec import SINGLE_OBJECT_MARKER, Codec, SchemaInfo, decode, encode, load_schema
-from schemas.records import DeadLetter, TrainingBatch, Trajectory, WeightVersion
+from stacx.consumers.assembly import TICK_KEY, AssemblerApp, GroupAssembler, MixturePlanner
+from stacx.consumers.assembly.packing import batch_id
+from stacx.consumers.assembly.testing import ListForwarder, RecordsReader, make_trajectory
+from stacx.schemas.codec import SINGLE_OBJECT_MARKER, Codec, SchemaInfo, decode, encode, load_schema
+from stacx.schemas.records import DeadLetter, TrainingBatch, Trajectory, WeightVersion
 
 
 class FakeClock:
@@ -100,7 +100,7 @@ async def test_token_ids_outside_the_models_vocabulary_are_dead_lettered() -> No
     batch: it is dead-lettered with its reason, and its group stays incomplete."""
     import numpy as np
 
-    from consumers.assembly import SampleFilter
+    from stacx.consumers.assembly import SampleFilter
 
     forwarder = ListForwarder()
     config = AssemblerApp.Config(

@@ -6,16 +6,16 @@ import dataclasses
 
 import pytest
 
-from consumers.assembly.errors import AssemblyConfigError
-from consumers.assembly.filters import (
+from stacx.consumers.assembly.errors import AssemblyConfigError
+from stacx.consumers.assembly.filters import (
     FailurePolicy,
     SampleFilter,
     Verdict,
     invalid_reason,
     oldest_policy_version,
 )
-from consumers.assembly.testing import make_trajectory
-from schemas.records import Trajectory, TrajectoryStatus, Turn, logprobs, loss_mask, token_ids
+from stacx.consumers.assembly.testing import make_trajectory
+from stacx.schemas.records import Trajectory, TrajectoryStatus, Turn, logprobs, loss_mask, token_ids
 
 
 def _with_turn_versions(trajectory: Trajectory, *versions: int | None) -> Trajectory:

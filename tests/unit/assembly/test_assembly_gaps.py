@@ -5,8 +5,8 @@ from __future__ import annotations
 from confluent_kafka import Message
 from faust.types import TP
 
-from consumers.assembly.gaps import InputOrder, OffsetGuard
-from consumers.assembly.testing import RecordsReader
+from stacx.consumers.assembly.gaps import InputOrder, OffsetGuard
+from stacx.consumers.assembly.testing import RecordsReader
 
 
 def test_events_in_order_are_taken_and_nothing_is_missing() -> None:

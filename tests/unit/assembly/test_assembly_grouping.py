@@ -6,16 +6,16 @@ from typing import Any
 
 import pytest
 
-from consumers.assembly import (
+from stacx.consumers.assembly import (
     AssemblyConfigError,
     AssemblyStats,
     GroupAssembler,
     ReadyGroup,
     SampleFilter,
 )
-from consumers.assembly.testing import ReadCountingTable, WriteCountingTable, make_trajectory
-from schemas.codec import decode, encode
-from schemas.records import Trajectory, TrajectoryStatus
+from stacx.consumers.assembly.testing import ReadCountingTable, WriteCountingTable, make_trajectory
+from stacx.schemas.codec import decode, encode
+from stacx.schemas.records import Trajectory, TrajectoryStatus
 
 
 class Harness:
@@ -108,7 +108,7 @@ def test_min_group_size_and_partition_scoping(caplog: pytest.LogCaptureFixture) 
     h = Harness(group_size=4, group_timeout_s=1, min_group_size=2)
     h.grouper.on_trajectory(make_trajectory("a", 0), b"x", partition=0, now_ms=1)
     h.grouper.on_trajectory(make_trajectory("b", 0), b"y", partition=1, now_ms=1)
-    with caplog.at_level("INFO", logger="consumers.assembly"):
+    with caplog.at_level("INFO", logger="stacx.consumers.assembly"):
         assert h.grouper.expire(now_ms=5000, partition=1) == []  # dropped: 1 < min_group_size
     assert [r.getMessage() for r in caplog.records] == [
         "group b of policy dropped: partial (1 of 4 trainable, policy emit, min_group_size 2)"]

@@ -9,10 +9,10 @@ from typing import Any
 from confluent_kafka import Message
 from faust.types import TP
 
-from consumers.assembly import TICK_KEY, AssemblerApp, GroupAssembler, MixturePlanner, Output
-from consumers.assembly.batched import batch_group_ids
-from consumers.assembly.holding import GroupRecords, HeldAcks, PendingMarks, TrackedPool
-from consumers.assembly.testing import (
+from stacx.consumers.assembly import TICK_KEY, AssemblerApp, GroupAssembler, MixturePlanner, Output
+from stacx.consumers.assembly.batched import batch_group_ids
+from stacx.consumers.assembly.holding import GroupRecords, HeldAcks, PendingMarks, TrackedPool
+from stacx.consumers.assembly.testing import (
     ListForwarder,
     RecordsReader,
     WriteCountingTable,
@@ -20,8 +20,8 @@ from consumers.assembly.testing import (
     make_trajectory,
     on_topic,
 )
-from schemas.codec import Codec, encode
-from schemas.records import TrainingBatch
+from stacx.schemas.codec import Codec, encode
+from stacx.schemas.records import TrainingBatch
 
 
 def test_events_are_acknowledged_in_offset_order_per_partition() -> None:

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from consumers.assembly import AssemblerApp, GroupAssembler, MixturePlanner, Output
-from consumers.assembly.errors import OutputTopicMissing
-from consumers.assembly.testing import ListForwarder, RecordsReader, make_trajectory
-from schemas.codec import Codec, decode, encode
-from schemas.records import TrainingBatch
+from stacx.consumers.assembly import AssemblerApp, GroupAssembler, MixturePlanner, Output
+from stacx.consumers.assembly.errors import OutputTopicMissing
+from stacx.consumers.assembly.testing import ListForwarder, RecordsReader, make_trajectory
+from stacx.schemas.codec import Codec, decode, encode
+from stacx.schemas.records import TrainingBatch
 
 
 def _assembler(forwarder: Any) -> AssemblerApp:

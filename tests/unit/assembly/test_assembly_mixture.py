@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from consumers.assembly import AssemblyConfigError, MixturePlanner, PoolEntry, quotas
+from stacx.consumers.assembly import AssemblyConfigError, MixturePlanner, PoolEntry, quotas
 
 
 def _pool(*types: str, size: int = 1) -> list[PoolEntry]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from consumers.assembly import PackedGroup, batch_id, pack_batch
-from consumers.assembly.testing import make_trajectory
+from stacx.consumers.assembly import PackedGroup, batch_id, pack_batch
+from stacx.consumers.assembly.testing import make_trajectory
 
 
 def test_pack_layout_concatenates_sequences_in_order() -> None:

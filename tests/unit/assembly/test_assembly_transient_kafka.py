@@ -10,11 +10,17 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from consumers.assembly import AssemblerApp, GroupAssembler, MixturePlanner
-from consumers.assembly.errors import AssemblyError, BrokerUnavailableError
-from consumers.assembly.gaps import KafkaGapReader
-from consumers.assembly.testing import ListForwarder, RecordsReader, kafka_record, make_trajectory, on_topic
-from schemas.codec import Codec, encode
+from stacx.consumers.assembly import AssemblerApp, GroupAssembler, MixturePlanner
+from stacx.consumers.assembly.errors import AssemblyError, BrokerUnavailableError
+from stacx.consumers.assembly.gaps import KafkaGapReader
+from stacx.consumers.assembly.testing import (
+    ListForwarder,
+    RecordsReader,
+    kafka_record,
+    make_trajectory,
+    on_topic,
+)
+from stacx.schemas.codec import Codec, encode
 
 
 class RaisingConsumer:

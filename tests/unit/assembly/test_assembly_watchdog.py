@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from consumers.assembly import AssemblerApp
-from consumers.assembly.errors import AssemblyConfigError
-from consumers.assembly.watchdog import RebalanceWatchdog
+from stacx.consumers.assembly import AssemblerApp
+from stacx.consumers.assembly.errors import AssemblyConfigError
+from stacx.consumers.assembly.watchdog import RebalanceWatchdog
 
 
 class Clock:

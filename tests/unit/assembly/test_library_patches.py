@@ -10,8 +10,8 @@ import pytest
 from aiokafka import codec
 from aiokafka.record import default_records
 
-from consumers import library_patches
-from consumers.library_patches import IdempotentApp, LibraryMoved, use_fast_lz4
+from stacx.consumers import library_patches
+from stacx.consumers.library_patches import IdempotentApp, LibraryMoved, use_fast_lz4
 
 
 def _text(seed: int = 0) -> bytes:

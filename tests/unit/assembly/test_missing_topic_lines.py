@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from consumers.assembly.missing import AIOKAFKA_CLUSTER_LOGGER, OncePerTopic
+from stacx.consumers.assembly.missing import AIOKAFKA_CLUSTER_LOGGER, OncePerTopic
 
 
 def _line(msg: str, *args: object) -> logging.LogRecord:

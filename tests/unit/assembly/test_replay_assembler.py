@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from consumers.assembly.testing import make_trajectory
-from consumers.replay import RangeRecord, ReplayAssembler, ReplayRange
-from infra.config import build
-from producers.event_producer import registry_client
-from schemas.claimcheck import ClaimCheck
-from schemas.codec import Codec, decode, encode
-from schemas.records import TrainingBatch
+from stacx.consumers.assembly.testing import make_trajectory
+from stacx.consumers.replay import RangeRecord, ReplayAssembler, ReplayRange
+from stacx.infra.config import build
+from stacx.producers.event_producer import registry_client
+from stacx.schemas.claimcheck import ClaimCheck
+from stacx.schemas.codec import Codec, decode, encode
+from stacx.schemas.records import TrainingBatch
 
 
 def _records() -> list[RangeRecord]:
@@ -50,11 +50,11 @@ def test_a_range_names_one_start_and_one_end() -> None:
 def test_shipped_replay_and_many_learner_configs_load() -> None:
     from pathlib import Path
 
-    from consumers.assembly.app import AssemblerApp
-    from consumers.learner_feed import KeepRule, LearnerFeed
-    from infra.config import load_yaml
-    from infra.replay import ReplayFile
-    from trainer import TrainerConfig
+    from stacx.consumers.assembly.app import AssemblerApp
+    from stacx.consumers.learner_feed import KeepRule, LearnerFeed
+    from stacx.infra.config import load_yaml
+    from stacx.infra.replay import ReplayFile
+    from stacx.trainer import TrainerConfig
 
     root = Path(__file__).resolve().parents[3] / "examples" / "replay"
     replay = build(ReplayFile, load_yaml(root / "grpo_tiny.yaml"), where="grpo_tiny.yaml")
@@ -82,8 +82,8 @@ def test_replayed_batches_carry_their_content_type_and_a_span_linked_to_every_tr
     from opentelemetry import trace
     from tracing_fixtures import in_memory_tracing
 
-    from producers.tracing import TRACEPARENT, context_from_headers, trace_headers
-    from schemas.codec import CONTENT_TYPE_HEADER, SINGLE_OBJECT_CONTENT_TYPE
+    from stacx.producers.tracing import TRACEPARENT, context_from_headers, trace_headers
+    from stacx.schemas.codec import CONTENT_TYPE_HEADER, SINGLE_OBJECT_CONTENT_TYPE
 
     config = build(
         ReplayAssembler.Config, {"grouping": {"group_size": 2}, "mixture": {"batch_size": 2}}, where="x"
@@ -142,7 +142,7 @@ def test_an_undecodable_record_is_logged_with_its_position(caplog: pytest.LogCap
     import logging
 
     config = build(ReplayAssembler.Config, {"grouping": {"group_size": 2}}, where="x")
-    with caplog.at_level(logging.WARNING, logger="consumers.replay"):
+    with caplog.at_level(logging.WARNING, logger="stacx.consumers.replay"):
         ReplayAssembler(config, Codec()).assemble([RangeRecord(1, 99, 1_005, b"g0", b"not an event")])
     (message,) = [r.getMessage() for r in caplog.records]
     assert message.startswith("replay: undecodable record at partition 1 offset 99: ")

@@ -10,8 +10,8 @@ from typing import Any
 import confluent_kafka
 import pytest
 
-from consumers.errors import ConsumerError
-from consumers.replay import ReplayRange, read_range
+from stacx.consumers.errors import ConsumerError
+from stacx.consumers.replay import ReplayRange, read_range
 
 OFFSET_INVALID = -1001
 """What librdkafka answers for a position or cached watermark it does not know yet."""

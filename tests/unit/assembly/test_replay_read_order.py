@@ -9,7 +9,7 @@ from typing import Any
 import confluent_kafka
 import pytest
 
-from consumers.replay import ReplayRange, read_range
+from stacx.consumers.replay import ReplayRange, read_range
 
 # partition -> [(offset, timestamp_ms)]
 LOG = {0: [(0, 30), (1, 10), (2, 50)], 1: [(0, 20), (1, 10), (2, 40)]}

@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infra.benchmarks import build_suite
-from infra.benchmarks.algotune import HARNESS, SOLVER, TASK_FILE, algotune_verifier
-from rollout.protocols import ExecResult
+from stacx.infra.benchmarks import build_suite
+from stacx.infra.benchmarks.algotune import HARNESS, SOLVER, TASK_FILE, algotune_verifier
+from stacx.rollout.protocols import ExecResult
 
 SAMPLES = Path(__file__).resolve().parents[2] / "benchmark_samples" / "algotune"
 TASK = SAMPLES / "AlgoTuneTasks" / "vector_norm" / "vector_norm.py"

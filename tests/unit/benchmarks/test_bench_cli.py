@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.cli import build_parser
+from stacx.infra.cli import build_parser
 
 SAMPLES = Path(__file__).resolve().parents[2] / "benchmark_samples"
 
@@ -98,8 +98,8 @@ def test_run_refuses_a_sample_count_below_one_before_anything_starts(
 
 
 def test_a_repeated_task_id_runs_once_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    from infra.benchmarks import build_suite
-    from infra.commands.bench import _unique
+    from stacx.infra.benchmarks import build_suite
+    from stacx.infra.commands.bench import _unique
 
     tasks = build_suite("aime2024").load(SAMPLES / "aime2024").tasks
     assert [t.task_id for t in _unique([*tasks, tasks[0]])] == ["aime2024/60", "aime2024/61"]
@@ -107,8 +107,8 @@ def test_a_repeated_task_id_runs_once_with_one_line(capsys: pytest.CaptureFixtur
 
 
 def test_the_suite_runs_with_one_evaluator_its_reward_always_and_its_scaffold_by_default() -> None:
-    from infra.benchmarks import build_suite
-    from infra.commands.bench import _evaluators
+    from stacx.infra.benchmarks import build_suite
+    from stacx.infra.commands.bench import _evaluators
 
     gsm8k, kernels = build_suite("gsm8k"), build_suite("kernelbench")
     config = {"default": {"scaffold": "retool", "reward": "exact_answer", "max_turns": 3},

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.benchmarks import TaskOutcome, build_suite
-from infra.benchmarks.swebench import parse_pytest_report, resolved, swebench_verifier
-from rollout.protocols import ExecResult
+from stacx.infra.benchmarks import TaskOutcome, build_suite
+from stacx.infra.benchmarks.swebench import parse_pytest_report, resolved, swebench_verifier
+from stacx.rollout.protocols import ExecResult
 
 SAMPLES = Path(__file__).resolve().parents[2] / "benchmark_samples"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.benchmarks.stats import (
+from stacx.infra.benchmarks.stats import (
     bootstrap_interval,
     geometric_mean,
     harmonic_mean,

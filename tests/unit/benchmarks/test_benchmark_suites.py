@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 from harbor_cookbook import cookbook
 
-from infra.benchmarks import BENCHMARKS, TaskOutcome, build_suite
-from rollout.rewards import get_reward
-from schemas.plugins import PluginError
+from stacx.infra.benchmarks import BENCHMARKS, TaskOutcome, build_suite
+from stacx.rollout.rewards import get_reward
+from stacx.schemas.plugins import PluginError
 
 SAMPLES = Path(__file__).resolve().parents[2] / "benchmark_samples"
 

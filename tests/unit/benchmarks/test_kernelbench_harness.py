@@ -10,9 +10,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.benchmarks import build_suite
-from infra.benchmarks.kernelbench import CANDIDATE, HARNESS, REFERENCE, kernelbench_verifier
-from rollout.protocols import ExecResult
+from stacx.infra.benchmarks import build_suite
+from stacx.infra.benchmarks.kernelbench import CANDIDATE, HARNESS, REFERENCE, kernelbench_verifier
+from stacx.rollout.protocols import ExecResult
 
 SAMPLES = Path(__file__).resolve().parents[2] / "benchmark_samples" / "kernelbench"
 REFERENCE_FILE = SAMPLES / "KernelBench" / "level1" / "1_Scaled_add.py"

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from schemas.claimcheck import ClaimCheck
-from schemas.records import (
+from stacx.schemas.claimcheck import ClaimCheck
+from stacx.schemas.records import (
     AgentInteraction,
     DeadLetter,
     Feedback,

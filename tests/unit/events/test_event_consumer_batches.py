@@ -12,9 +12,9 @@ import pytest
 from confluent_kafka import Message
 from events_strategies import trajectory
 
-from consumers import EventConsumer
-from consumers.event_consumer import _CollectorPause
-from schemas.codec import encode
+from stacx.consumers import EventConsumer
+from stacx.consumers.event_consumer import _CollectorPause
+from stacx.schemas.codec import encode
 
 
 class _FakeKafka:
@@ -140,7 +140,7 @@ def test_a_commit_waits_out_a_coordinator_that_is_loading(
     and the trainer exited, spending its restart budget on a broker that came back in seconds."""
     from confluent_kafka import KafkaError
 
-    from consumers.event_consumer import time as clock
+    from stacx.consumers.event_consumer import time as clock
 
     monkeypatch.setattr(clock, "sleep", lambda s: None)
     for code in (KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError._WAIT_COORD):
@@ -153,7 +153,7 @@ def test_a_commit_waits_out_a_coordinator_that_is_loading(
 def test_a_commit_refused_or_failed_otherwise_is_not_retried(make_consumer: Any) -> None:
     from confluent_kafka import KafkaError
 
-    from consumers import CommitRefusedError, ConsumerError
+    from stacx.consumers import CommitRefusedError, ConsumerError
 
     consumer, _ = make_consumer([])
     fake = consumer._consumer = _BusyCoordinator(1, KafkaError.ILLEGAL_GENERATION)

@@ -6,11 +6,11 @@ import os
 import time
 from pathlib import Path
 
-from consumers.blob_gc import TopicUnreadable, collect, referenced_in_value
-from producers.blobs import FsspecBlobStore
-from schemas.claimcheck import ClaimCheck
-from schemas.codec import encode
-from schemas.records import DeadLetter
+from stacx.consumers.blob_gc import TopicUnreadable, collect, referenced_in_value
+from stacx.producers.blobs import FsspecBlobStore
+from stacx.schemas.claimcheck import ClaimCheck
+from stacx.schemas.codec import encode
+from stacx.schemas.records import DeadLetter
 
 DAY = 24 * 3600.0
 

@@ -8,7 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from producers.blobs import FsspecBlobStore
+from stacx.producers.blobs import FsspecBlobStore
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -19,8 +19,8 @@ def test_a_write_cut_off_by_the_file_size_limit_leaves_no_partial_blob(tmp_path:
     script = textwrap.dedent(
         f"""
         import resource, signal
-        from producers.blobs import FsspecBlobStore
-        from producers.errors import BlobStoreError
+        from stacx.producers.blobs import FsspecBlobStore
+        from stacx.producers.errors import BlobStoreError
 
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails instead of the process
         store = FsspecBlobStore({str(tmp_path)!r})

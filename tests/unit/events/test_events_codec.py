@@ -10,9 +10,9 @@ from events_strategies import RECORDS, comparable, trajectory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas.codec import BUILTIN_CLASSES, builtin_schemas, decode, default_codec, encode
-from schemas.errors import CodecError, UnknownSchemaError
-from schemas.records import Trajectory, Turn, logprobs, loss_mask, token_ids
+from stacx.schemas.codec import BUILTIN_CLASSES, builtin_schemas, decode, default_codec, encode
+from stacx.schemas.errors import CodecError, UnknownSchemaError
+from stacx.schemas.records import Trajectory, Turn, logprobs, loss_mask, token_ids
 
 
 @pytest.mark.parametrize("record_type", list(RECORDS), ids=lambda t: t.__name__)

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from schemas.codec import Codec, SchemaInfo, builtin_schemas, load_schema
-from schemas.compat import Compatibility, check_compatibility, compatibility_problems, reader_problems
-from schemas.errors import CodecError, IncompatibleSchemaError, UnknownSchemaError
-from schemas.records import Trajectory, WeightVersion
+from stacx.schemas.codec import Codec, SchemaInfo, builtin_schemas, load_schema
+from stacx.schemas.compat import Compatibility, check_compatibility, compatibility_problems, reader_problems
+from stacx.schemas.errors import CodecError, IncompatibleSchemaError, UnknownSchemaError
+from stacx.schemas.records import Trajectory, WeightVersion
 
 V1 = {
     "type": "record",

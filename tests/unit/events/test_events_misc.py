@@ -10,11 +10,11 @@ from events_strategies import trajectory
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from consumers import Deduplicator
-from producers import FsspecBlobStore, InMemoryPublisher, context_from_headers, trace_headers
-from producers.errors import BlobStoreError
-from producers.event_producer import registry_client
-from schemas.codec import (
+from stacx.consumers import Deduplicator
+from stacx.producers import FsspecBlobStore, InMemoryPublisher, context_from_headers, trace_headers
+from stacx.producers.errors import BlobStoreError
+from stacx.producers.event_producer import registry_client
+from stacx.schemas.codec import (
     CONFLUENT_CONTENT_TYPE,
     CONTENT_TYPE_HEADER,
     SCHEMA_FINGERPRINT_HEADER,
@@ -22,10 +22,10 @@ from schemas.codec import (
     Codec,
     decode,
 )
-from schemas.errors import CodecError, RecordValidationError
-from schemas.identity import record_id, record_key
-from schemas.records import Feedback, TrainingBatch, Trajectory, logprobs, loss_mask, token_ids
-from schemas.validation import record_problems, validate
+from stacx.schemas.errors import CodecError, RecordValidationError
+from stacx.schemas.identity import record_id, record_key
+from stacx.schemas.records import Feedback, TrainingBatch, Trajectory, logprobs, loss_mask, token_ids
+from stacx.schemas.validation import record_problems, validate
 
 
 def test_confluent_wire_format_with_mock_registry() -> None:
@@ -137,8 +137,8 @@ def test_blob_store_round_trip_and_corruption(tmp_path) -> None:  # type: ignore
 
 
 def test_in_memory_publisher_and_consumer_mirror_the_kafka_pair() -> None:
-    from consumers import EventSource, InMemoryConsumer
-    from producers import InMemoryPublisher, Publisher
+    from stacx.consumers import EventSource, InMemoryConsumer
+    from stacx.producers import InMemoryPublisher, Publisher
 
     publisher: Publisher = InMemoryPublisher()
     assert isinstance(publisher, InMemoryPublisher)
@@ -156,7 +156,7 @@ def test_in_memory_publisher_and_consumer_mirror_the_kafka_pair() -> None:
 
 
 def test_event_consumer_fetches_again_soon_after_a_full_queue() -> None:
-    from consumers import EventConsumer
+    from stacx.consumers import EventConsumer
 
     config = EventConsumer.Config(topics=["t"])
     assert EventConsumer._librdkafka_config(config)["fetch.queue.backoff.ms"] == 10
@@ -183,7 +183,7 @@ def test_a_field_of_the_wrong_type_is_checked_like_before() -> None:
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 @pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
 def test_every_non_finite_entry_is_found_in_float_arrays(dtype: Any, bad: float) -> None:
-    from schemas.validation import _non_finite
+    from stacx.schemas.validation import _non_finite
 
     largest = np.finfo(dtype).max
     for values in (np.full(50, largest, dtype), np.full((5, 10), -largest, dtype)):  # sums overflow

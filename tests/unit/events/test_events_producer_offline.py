@@ -16,16 +16,16 @@ from events_strategies import trajectory
 from opentelemetry import trace
 from tracing_fixtures import in_memory_tracing
 
-from producers import DeliveryError, EventProducer, ProducerClosedError, event_producer
-from producers.blobs import FsspecBlobStore
-from producers.event_producer import Delivery, _connection_options, registry_client
-from producers.tracing import TRACEPARENT
-from schemas.catalogue import SchemaCatalogue
-from schemas.claimcheck import ClaimCheck
-from schemas.codec import Codec
-from schemas.errors import RecordValidationError
-from schemas.identity import record_key
-from schemas.records import Trajectory
+from stacx.producers import DeliveryError, EventProducer, ProducerClosedError, event_producer
+from stacx.producers.blobs import FsspecBlobStore
+from stacx.producers.event_producer import Delivery, _connection_options, registry_client
+from stacx.producers.tracing import TRACEPARENT
+from stacx.schemas.catalogue import SchemaCatalogue
+from stacx.schemas.claimcheck import ClaimCheck
+from stacx.schemas.codec import Codec
+from stacx.schemas.errors import RecordValidationError
+from stacx.schemas.identity import record_key
+from stacx.schemas.records import Trajectory
 
 DEAD_BROKER = "127.0.0.1:1"
 
@@ -44,7 +44,7 @@ def offline_producer(**overrides: object) -> EventProducer:
 
 def test_delivery_failure_reaches_the_future_and_the_log(caplog: pytest.LogCaptureFixture) -> None:
     producer = offline_producer()
-    with caplog.at_level(logging.ERROR, logger="producers.event_producer"):
+    with caplog.at_level(logging.ERROR, logger="stacx.producers.event_producer"):
         future = producer.publish("test.offline", trajectory(1))
         error = future.exception(timeout=30)
     producer.close(timeout_s=5)
@@ -206,7 +206,7 @@ def test_local_claim_check_blobs_with_a_remote_broker_warn(
 ) -> None:
     producer = _captured(monkeypatch, claim_check_threshold_bytes=16, blob_store_url=str(tmp_path),
                          bootstrap_servers=bootstrap)  # fmt: skip
-    with caplog.at_level(logging.WARNING, logger="producers.event_producer"):
+    with caplog.at_level(logging.WARNING, logger="stacx.producers.event_producer"):
         producer.publish("test.claims", trajectory(1)).result(timeout=5)
     producer.close(timeout_s=1)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -252,7 +252,7 @@ def test_the_local_blob_warning_says_what_to_set(
 ) -> None:
     producer = _captured(monkeypatch, claim_check_threshold_bytes=16, blob_store_url=str(tmp_path),
                          bootstrap_servers="kafka-1:9092")  # fmt: skip
-    with caplog.at_level(logging.DEBUG, logger="producers.event_producer"):
+    with caplog.at_level(logging.DEBUG, logger="stacx.producers.event_producer"):
         producer.publish("test.claims", trajectory(1)).result(timeout=5)
     producer.close(timeout_s=1)
     messages = [r.getMessage() for r in caplog.records]
@@ -281,7 +281,7 @@ def test_unknown_limits_are_logged_with_what_is_assumed(caplog: pytest.LogCaptur
     producer = offline_producer(claim_check_threshold_bytes=None)
     producer._admin = _NoBroker()
     try:
-        with caplog.at_level(logging.INFO, logger="producers.event_producer"):
+        with caplog.at_level(logging.INFO, logger="stacx.producers.event_producer"):
             assert producer._topic_max_bytes("t.x") == 1048588  # Kafka's default message.max.bytes
     finally:
         producer.close(timeout_s=1)
@@ -408,7 +408,7 @@ def test_close_with_undelivered_records_says_so_purges_and_frees_the_client(
 ) -> None:
     producer, client = _scripted(monkeypatch)
     client.unflushed = 3
-    with caplog.at_level(logging.ERROR, logger="producers.event_producer"):
+    with caplog.at_level(logging.ERROR, logger="stacx.producers.event_producer"):
         producer.close(timeout_s=0.5)
     assert [r.getMessage() for r in caplog.records] == [
         "EventProducer closing with 3 records undelivered: failing them"
@@ -422,7 +422,7 @@ def test_close_with_everything_delivered_logs_nothing_and_frees_the_client(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     producer, client = _scripted(monkeypatch)
-    with caplog.at_level(logging.DEBUG, logger="producers.event_producer"):
+    with caplog.at_level(logging.DEBUG, logger="stacx.producers.event_producer"):
         producer.close(timeout_s=0.5)
     assert caplog.records == [] and client.closed
     assert [m for m, _, thread in client.calls if thread != "stacx-producer-poll"] == ["flush"]
@@ -462,7 +462,7 @@ def test_a_record_the_client_refuses_fails_its_future_and_says_why(
 ) -> None:
     producer, client = _scripted(monkeypatch)
     client.refusals = [confluent_kafka.KafkaException("Message size too large")]
-    with caplog.at_level(logging.ERROR, logger="producers.event_producer"):
+    with caplog.at_level(logging.ERROR, logger="stacx.producers.event_producer"):
         error = producer.publish_bytes("t.big", b"v", record_id=rid).exception(timeout=5)
     producer.close(timeout_s=1)
     assert [r.getMessage() for r in caplog.records] == [
@@ -490,7 +490,7 @@ def test_a_failed_delivery_report_fails_the_future_with_the_brokers_reason(
 ) -> None:
     producer, client = _scripted(monkeypatch)
     client.delivery_error = _KafkaError("Broker: Not enough in-sync replicas", retriable)
-    with caplog.at_level(logging.ERROR, logger="producers.event_producer"):
+    with caplog.at_level(logging.ERROR, logger="stacx.producers.event_producer"):
         error = producer.publish_bytes("t.acks", b"v", record_id=rid).exception(timeout=5)
     producer.close(timeout_s=1)
     assert [r.getMessage() for r in caplog.records] == [

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from producers.kafka_log import KAFKA_LOGGER, RepeatFilter, kafka_logger
+from stacx.producers.kafka_log import KAFKA_LOGGER, RepeatFilter, kafka_logger
 
 
 def _record(text: str) -> logging.LogRecord:
@@ -45,8 +45,8 @@ def test_a_line_with_a_percent_sign_is_kept_as_it_is() -> None:
 
 
 def test_the_product_clients_log_through_the_filtered_logger() -> None:
-    from consumers.event_consumer import EventConsumer
-    from producers.event_producer import EventProducer
+    from stacx.consumers.event_consumer import EventConsumer
+    from stacx.producers.event_producer import EventProducer
 
     logger = kafka_logger()
     assert kafka_logger() is logger and sum(isinstance(f, RepeatFilter) for f in logger.filters) == 1

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from consumers.assembly.testing import make_trajectory
-from consumers.parquet import records_from_table, table_from_records
-from consumers.replay import RangeRecord
-from schemas.codec import encode
-from schemas.records import ToolCall, TrajectoryStatus, Turn, token_ids
+from stacx.consumers.assembly.testing import make_trajectory
+from stacx.consumers.parquet import records_from_table, table_from_records
+from stacx.consumers.replay import RangeRecord
+from stacx.schemas.codec import encode
+from stacx.schemas.records import ToolCall, TrajectoryStatus, Turn, token_ids
 
 
 def _rich() -> list:
@@ -49,7 +49,7 @@ def test_every_field_survives_the_table(tmp_path: Path) -> None:
     back = records_from_table(pq.read_table(path))
     assert [encode(e) for _, e in back] == [encode(e) for e in events]
     assert [k for k, _ in back] == [b"g0", b"g0"]
-    from consumers.parquet import import_rows
+    from stacx.consumers.parquet import import_rows
 
     rows = import_rows(pq.read_table(path))
     assert [(r.partition, r.timestamp_ms) for r in rows] == [(0, 1_000), (1, 1_001)]
@@ -82,7 +82,7 @@ def test_files_written_with_arrow_maps_still_import(tmp_path: Path) -> None:
     """Files from before mappings were struct lists: maps, no headers column."""
     import pyarrow as pa
 
-    from consumers.parquet import import_rows
+    from stacx.consumers.parquet import import_rows
 
     path, events = _write(tmp_path)
     current = pq.read_table(path).drop_columns(["rewards", "metadata", "kafka_headers"])

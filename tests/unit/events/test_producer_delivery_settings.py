@@ -10,11 +10,11 @@ import aiokafka
 import confluent_kafka
 import pytest
 
-from consumers.assembly import AssemblerApp, GroupAssembler, MixturePlanner
-from consumers.assembly.testing import ListForwarder, RecordsReader
-from consumers.oncall import FeedbackJoin, OncallJoinApp
-from producers import EventProducer
-from schemas.codec import Codec
+from stacx.consumers.assembly import AssemblerApp, GroupAssembler, MixturePlanner
+from stacx.consumers.assembly.testing import ListForwarder, RecordsReader
+from stacx.consumers.oncall import FeedbackJoin, OncallJoinApp
+from stacx.producers import EventProducer
+from stacx.schemas.codec import Codec
 
 
 class _RecordingProducer:

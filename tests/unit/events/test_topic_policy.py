@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from infra.config import ConfigError, build
-from infra.pipeline.config import parse_spec
-from infra.pipeline.layout import RunTopics
-from schemas import topics
-from schemas.topics import TopicPolicy, policy_specs
+from stacx.infra.config import ConfigError, build
+from stacx.infra.pipeline.config import parse_spec
+from stacx.infra.pipeline.layout import RunTopics
+from stacx.schemas import topics
+from stacx.schemas.topics import TopicPolicy, policy_specs
 
 
 def test_single_node_defaults_cap_retention_and_never_recompress() -> None:
@@ -57,7 +57,7 @@ def test_pipeline_file_topics_section_feeds_the_assembler() -> None:
     }
     spec = parse_spec(tree, check=False)
     assert spec.topics.replication_factor == 3
-    from infra.pipeline.layout import RunLayout, assembler_section
+    from stacx.infra.pipeline.layout import RunLayout, assembler_section
 
     section = assembler_section(spec, RunLayout.create(spec, now=0.0))["assembler"]
     assert section["topic_policy"]["replication_factor"] == 3

@@ -10,11 +10,18 @@ from events_strategies import trajectory
 from opentelemetry import trace
 from tracing_fixtures import in_memory_tracing
 
-from consumers.assembly.tracing import LINKS_HEADER, TraceLinks
-from infra.telemetry import TracingConfig
-from producers import EventProducer
-from producers.tracing import TRACEPARENT, context_from_headers, publish_span, span, tracer_for, tracing_on
-from schemas.records import Trajectory
+from stacx.consumers.assembly.tracing import LINKS_HEADER, TraceLinks
+from stacx.infra.telemetry import TracingConfig
+from stacx.producers import EventProducer
+from stacx.producers.tracing import (
+    TRACEPARENT,
+    context_from_headers,
+    publish_span,
+    span,
+    tracer_for,
+    tracing_on,
+)
+from stacx.schemas.records import Trajectory
 
 
 def _producer() -> EventProducer:
@@ -192,7 +199,7 @@ def test_the_sampler_keeps_about_the_ratio_of_roots_and_follows_the_parent(ratio
     from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context
 
-    from infra.telemetry import sampler
+    from stacx.infra.telemetry import sampler
 
     chosen, ids = sampler(ratio), RandomIdGenerator()
     roots = [chosen.should_sample(None, ids.generate_trace_id(), "root") for _ in range(2000)]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from rollout.inference import batch_cache, load_model
+from stacx.rollout.inference import batch_cache, load_model
 
 
 def _prefill(model, rows: list[list[int]]):  # type: ignore[no-untyped-def]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.cli import build_parser
+from stacx.infra.cli import build_parser
 
 
 def _run(argv: list[str]) -> int:
@@ -38,7 +38,7 @@ def test_serve_sglang_explains_why_it_cannot_run(
 
     import torch
 
-    from rollout.inference import sglang
+    from stacx.rollout.inference import sglang
 
     # Simulate the machine the check is about, whatever this one has.
     found = object() if missing == "gpu" else None
@@ -57,7 +57,7 @@ def test_serve_sglang_explains_why_it_cannot_run(
 
 
 def test_sglang_command_carries_matching_flags() -> None:
-    from rollout.inference.sglang import SGLangServer
+    from stacx.rollout.inference.sglang import SGLangServer
 
     command = SGLangServer(
         SGLangServer.Config(
@@ -77,7 +77,7 @@ def test_sglang_command_carries_matching_flags() -> None:
 
 
 def test_serve_reads_the_inference_section_and_flags_override_it(tmp_path: Path) -> None:
-    from infra.commands.serve import serve_config
+    from stacx.infra.commands.serve import serve_config
 
     path = tmp_path / "serve.yaml"
     path.write_text(

@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from rollout.inference import (
+from stacx.rollout.inference import (
     InferenceClient,
     InvalidRequestError,
     OverloadedError,
@@ -85,7 +85,7 @@ def test_retries_connection_errors_then_gives_up_as_unavailable() -> None:
         async with _client(httpx.MockTransport(refuse)) as client:
             await client.get_model_info()
 
-    from rollout.inference import ServerUnavailableError
+    from stacx.rollout.inference import ServerUnavailableError
 
     with pytest.raises(ServerUnavailableError, match="get_model_info"):
         asyncio.run(call())

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rollout.inference.detokenize import IncrementalDetokenizer, StopMatcher, token_bytes
-from rollout.models.tokenizer import make_tokenizer
+from stacx.rollout.inference.detokenize import IncrementalDetokenizer, StopMatcher, token_bytes
+from stacx.rollout.models.tokenizer import make_tokenizer
 
 TEXT = "héllo ✓ wörld <tool_call>{}</tool_call> done"
 

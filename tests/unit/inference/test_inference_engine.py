@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from rollout.inference import BatchingEngine, SamplingParams, load_model
-from rollout.inference.weight_files import check_state_dict, read_state_dict
+from stacx.rollout.inference import BatchingEngine, SamplingParams, load_model
+from stacx.rollout.inference.weight_files import check_state_dict, read_state_dict
 
 PROMPTS = [
     "12+30=",

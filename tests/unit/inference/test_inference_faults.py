@@ -15,8 +15,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rollout.inference import BatchingEngine, InferenceServer, SamplingParams, load_model
-from rollout.inference.errors import RequestFailedError
+from stacx.rollout.inference import BatchingEngine, InferenceServer, SamplingParams, load_model
+from stacx.rollout.inference.errors import RequestFailedError
 
 POISON = 7  # a byte no good prompt here contains
 GOOD_PROMPTS = [[40 + i, 41, 42 + i] for i in range(8)]
@@ -107,7 +107,7 @@ def test_a_failed_step_never_leaves_admitted_requests_waiting(make_engine: Any) 
     engine.start()
     while engine.metrics.counters["generated_tokens_total"] < 2:
         time.sleep(0.005)
-    import rollout.inference.engine as engine_module
+    import stacx.rollout.inference.engine as engine_module
 
     original = engine_module._join
     engine_module._join = broken_join  # the next admission fails after its prefill

@@ -13,8 +13,8 @@ import openai
 import pytest
 from inference_fixtures import serve_tiny
 
-from rollout.inference import InferenceServer
-from rollout.inference.grammar import token_bytes
+from stacx.rollout.inference import InferenceServer
+from stacx.rollout.inference.grammar import token_bytes
 
 SCHEMA = {
     "type": "object",

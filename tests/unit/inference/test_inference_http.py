@@ -11,7 +11,7 @@ import pytest
 from inference_fixtures import serve_tiny
 from prometheus_client.parser import text_string_to_metric_families
 
-from rollout.inference import (
+from stacx.rollout.inference import (
     InferenceClient,
     InferenceServer,
     InvalidRequestError,
@@ -94,7 +94,7 @@ def test_unknown_top_level_field_is_ignored_with_a_warning(
     http: httpx.Client, caplog: pytest.LogCaptureFixture
 ) -> None:
     body = {"input_ids": [1, 2], "temprature": 0.5, "sampling_params": {"max_new_tokens": 2}}
-    with caplog.at_level("WARNING", logger="rollout.inference.api"):
+    with caplog.at_level("WARNING", logger="stacx.rollout.inference.api"):
         response = http.post("/generate", json=body)
     assert response.status_code == 200 and len(response.json()["output_ids"]) == 2
     assert "temprature" in caplog.text

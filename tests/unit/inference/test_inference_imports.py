@@ -1,5 +1,5 @@
 """A process that only talks to an inference server (client, router, error types) does not pull in
-the engine's torch: `rollout.inference` imports its names on first use."""
+the engine's torch: `stacx.rollout.inference` imports its names on first use."""
 
 from __future__ import annotations
 
@@ -23,13 +23,13 @@ def _modules_after(code: str) -> list[str]:
 def test_the_client_router_and_errors_import_without_torch() -> None:
     assert (
         _modules_after(
-            "from rollout.inference import InferenceClient, InferenceError, SamplingParams\n"
-            "from rollout.inference.router_app import RouterServer\n"
-            "from infra.cli import build_parser; build_parser()"
+            "from stacx.rollout.inference import InferenceClient, InferenceError, SamplingParams\n"
+            "from stacx.rollout.inference.router_app import RouterServer\n"
+            "from stacx.infra.cli import build_parser; build_parser()"
         )
         == []
     )
 
 
 def test_the_engine_still_comes_by_its_public_name() -> None:
-    assert "torch" in _modules_after("from rollout.inference import BatchingEngine")
+    assert "torch" in _modules_after("from stacx.rollout.inference import BatchingEngine")

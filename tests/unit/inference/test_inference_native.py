@@ -15,7 +15,7 @@ import pytest
 import torch
 from inference_fixtures import serve_tiny
 
-from rollout.inference import InferenceServer
+from stacx.rollout.inference import InferenceServer
 
 PROMPT = "The quick brown fox"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from rollout.inference.openai_routes import parse_tool_calls
+from stacx.rollout.inference.openai_routes import parse_tool_calls
 
 
 def test_valid_blocks_become_tool_calls() -> None:

@@ -17,7 +17,7 @@ from openai.types import Completion, Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from prometheus_client.parser import text_string_to_metric_families
 
-from rollout.inference import InferenceServer
+from stacx.rollout.inference import InferenceServer
 
 HELLO = [{"role": "user", "content": "hello"}]
 

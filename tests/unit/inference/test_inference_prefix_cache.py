@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from rollout.inference import BatchingEngine, SamplingParams, load_model
-from rollout.inference.prefix_cache import PrefixCache
+from stacx.rollout.inference import BatchingEngine, SamplingParams, load_model
+from stacx.rollout.inference.prefix_cache import PrefixCache
 
 
 def _kv(tokens: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -9,9 +9,9 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from rollout.inference import ServerUnavailableError
-from rollout.inference.router import PrefixRouter, RouterConfig
-from rollout.inference.router_app import build_router_app, prefix_ids
+from stacx.rollout.inference import ServerUnavailableError
+from stacx.rollout.inference.router import PrefixRouter, RouterConfig
+from stacx.rollout.inference.router_app import build_router_app, prefix_ids
 
 A, B = "http://a:1", "http://b:2"
 

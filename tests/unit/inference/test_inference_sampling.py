@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from rollout.inference.sampling import (
+from stacx.rollout.inference.sampling import (
     RowSampling,
     SamplingParams,
     apply_penalties,

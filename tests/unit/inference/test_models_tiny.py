@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout.models import ModelFactoryError, make_tiny_model, make_tokenizer
+from stacx.rollout.models import ModelFactoryError, make_tiny_model, make_tokenizer
 
 
 def _digest(model_dir: Path) -> str:

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from consumers.weights import WeightSubscriber
-from schemas.records import WeightVersion
+from stacx.consumers.weights import WeightSubscriber
+from stacx.schemas.records import WeightVersion
 
 
 @dataclass
@@ -140,7 +140,7 @@ def test_a_version_with_another_content_hash_is_refused_loudly(caplog: Any) -> N
     servers silently kept the abandoned v7. Now the conflict is refused with an error line."""
     import pytest
 
-    from consumers.weights import WeightConflictError
+    from stacx.consumers.weights import WeightConflictError
 
     server = FakeServer()
     subscriber = _subscriber([_hashed(1, "a"), _hashed(2, "a"), _hashed(1, "b")], server)
@@ -182,7 +182,7 @@ def test_a_consumer_that_lost_its_partitions_is_replaced_and_catches_up() -> Non
 
 
 def test_catch_up_commits_what_it_read_and_the_group_is_named_after_the_server() -> None:
-    from consumers.weights import subscriber_group
+    from stacx.consumers.weights import subscriber_group
 
     subscriber = _subscriber([_version(1), _version(2)], FakeServer())
     subscriber.catch_up()
@@ -199,7 +199,7 @@ def test_servers_on_the_same_port_of_hosts_with_one_host_name_get_a_group_each(
     the same port must still not share a group, or one of them stops seeing versions."""
     import socket
 
-    from consumers.weights import subscriber_group
+    from stacx.consumers.weights import subscriber_group
 
     monkeypatch.setattr(socket, "gethostname", lambda: "same")
     topic = "stacx.weights.run-1"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.cli import main
+from stacx.infra.cli import main
 
 
 @pytest.fixture(autouse=True)
@@ -16,8 +16,8 @@ def _nothing_starts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     def started(*args: object, **kwargs: object) -> None:
         raise AssertionError("the assembler started before its config was checked")
 
-    monkeypatch.setattr("consumers.assembly.AssemblerApp.run", started)
-    monkeypatch.setattr("infra.services.topics.missing_topics", started)
+    monkeypatch.setattr("stacx.consumers.assembly.AssemblerApp.run", started)
+    monkeypatch.setattr("stacx.infra.services.topics.missing_topics", started)
     previous = signal.getsignal(signal.SIGTERM)  # `stacx` installs its own handler
     yield
     signal.signal(signal.SIGTERM, previous)

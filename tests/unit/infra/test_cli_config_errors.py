@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.cli import main
+from stacx.infra.cli import main
 
 AIME = Path(__file__).resolve().parents[2] / "benchmark_samples" / "aime2024"
 """A clean suite copy: `stacx bench run` reaches its config check with no row skipped."""
@@ -80,8 +80,8 @@ class Started(AssertionError):
 @pytest.fixture(autouse=True)
 def _nothing_starts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Whatever a command would start fails the test instead (and leaves the shared services be)."""
-    from infra.commands import infra as infra_command
-    from infra.services import smoke, stack
+    from stacx.infra.commands import infra as infra_command
+    from stacx.infra.services import smoke, stack
 
     def started(*args: object, **kwargs: object) -> None:
         raise Started("the command started something before rejecting its config")
@@ -95,11 +95,11 @@ def _nothing_starts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         (infra_command.smoke, "kafka_round_trip"),
     ):
         monkeypatch.setattr(target, name, started)
-    monkeypatch.setattr("infra.pipeline.orchestrator.Pipeline._prepare_run_dir", started)
-    monkeypatch.setattr("trainer.StacxTrainer.launch", started)
-    monkeypatch.setattr("trainer.ranks.spawn_trainer", started)  # `stacx train` on local ranks
-    monkeypatch.setattr("rollout.service.run_rollout", started)
-    monkeypatch.setattr("consumers.assembly.AssemblerApp.run", started)
+    monkeypatch.setattr("stacx.infra.pipeline.orchestrator.Pipeline._prepare_run_dir", started)
+    monkeypatch.setattr("stacx.trainer.StacxTrainer.launch", started)
+    monkeypatch.setattr("stacx.trainer.ranks.spawn_trainer", started)  # `stacx train` on local ranks
+    monkeypatch.setattr("stacx.rollout.service.run_rollout", started)
+    monkeypatch.setattr("stacx.consumers.assembly.AssemblerApp.run", started)
     previous = signal.getsignal(signal.SIGTERM)  # `stacx` installs its own handler
     yield
     signal.signal(signal.SIGTERM, previous)
@@ -177,7 +177,7 @@ def test_run_reports_every_problem_before_starting_anything(
     code, lines = _stacx(["run", str(path)], capsys)
     assert code == 2
     assert [line.split(": ")[2].split("=")[0] for line in lines] == [
-        "trainer.recipe",
+        "stacx.trainer.recipe",
         "pipeline.model.path",
         "pipeline.tasks.harbor",
     ], lines
@@ -219,7 +219,7 @@ def test_rollout_names_a_bad_scaffold_and_tokenizer(
 def test_init_writes_a_starter_that_parses_and_never_overwrites(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from infra.pipeline import load_spec
+    from stacx.infra.pipeline import load_spec
 
     path = tmp_path / "my.yaml"
     code, _ = _stacx(["init", str(path)], capsys)
@@ -241,8 +241,8 @@ def test_assemble_refuses_a_dead_letter_topic_that_does_not_exist(
         asked.append(names)
         return [n for n in names if n != "stacx.dlq"]
 
-    monkeypatch.setattr("infra.services.topics.missing_topics", missing)
-    monkeypatch.setattr("infra.services.reachability.kafka_problem", lambda *a, **k: None)  # it answers
+    monkeypatch.setattr("stacx.infra.services.topics.missing_topics", missing)
+    monkeypatch.setattr("stacx.infra.services.reachability.kafka_problem", lambda *a, **k: None)  # it answers
     path = tmp_path / "asm.yaml"
     path.write_text("bootstrap_servers: k:9092\nassembler: {dlq_topic: stacx.dql}\n")
     code, lines = _stacx(["assemble", "--config", str(path)], capsys)
@@ -257,11 +257,11 @@ def test_assemble_refuses_a_dead_letter_topic_that_does_not_exist(
 
 
 def test_run_preflight_names_a_missing_dead_letter_or_tasks_topic(monkeypatch: pytest.MonkeyPatch) -> None:
-    from infra.pipeline import MissingComponentError, parse_spec, preflight
+    from stacx.infra.pipeline import MissingComponentError, parse_spec, preflight
 
     monkeypatch.setattr(preflight, "_kafka_problem", lambda bootstrap: None)
     monkeypatch.setattr(preflight, "_ports_problems", lambda spec: [])
-    monkeypatch.setattr("infra.services.topics.missing_topics", lambda b, names, **kw: names)
+    monkeypatch.setattr("stacx.infra.services.topics.missing_topics", lambda b, names, **kw: names)
     spec = parse_spec(
         {
             "bootstrap_servers": "k:9092",

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from infra.cli import main
-from rollout.data import build_task_set, task_samples
-from rollout.protocols import ExecResult, TaskGroup
-from rollout.rewards import get_reward, get_verifier
-from rollout.scaffolds import build_scaffold
-from rollout.scheduler import TaskScheduler
-from schemas.records import TaskSample
-from trainer import InMemoryBatchSource, StacxTrainer, get_recipe
-from trainer.testing import synthetic_batch, tiny_trainer_config
+from stacx.infra.cli import main
+from stacx.rollout.data import build_task_set, task_samples
+from stacx.rollout.protocols import ExecResult, TaskGroup
+from stacx.rollout.rewards import get_reward, get_verifier
+from stacx.rollout.scaffolds import build_scaffold
+from stacx.rollout.scheduler import TaskScheduler
+from stacx.schemas.records import TaskSample
+from stacx.trainer import InMemoryBatchSource, StacxTrainer, get_recipe
+from stacx.trainer.testing import synthetic_batch, tiny_trainer_config
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "extending.md"
 MAX_LINES = 20
@@ -119,7 +119,7 @@ def test_the_recipe_example_trains_and_its_metric_is_logged(
     ref = mypkg["Recipe"]
     assert [role.name for role in get_recipe(ref).roles] == ["policy"]
     trainer = StacxTrainer(tiny_trainer_config(ref), source=InMemoryBatchSource([synthetic_batch(0)]))
-    with caplog.at_level(logging.INFO, logger="trainer.engine"):
+    with caplog.at_level(logging.INFO, logger="stacx.trainer.engine"):
         (result,) = trainer.run(1)
     assert result.metrics["policy/weighted_sft/scale"] == 0.5
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step 1 ")]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.services import harbor_images
-from infra.services.harbor_images import HostTrust, host_trust, install_host_trust
+from stacx.infra.services import harbor_images
+from stacx.infra.services.harbor_images import HostTrust, host_trust, install_host_trust
 
 
 def _pem(name: str) -> bytes:

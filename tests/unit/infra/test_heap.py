@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from infra.heap import freeze_startup_heap
+from stacx.infra.heap import freeze_startup_heap
 
 
 @pytest.fixture

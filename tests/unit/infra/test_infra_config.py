@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.config import ConfigError, bootstrap_servers, load_yaml, section
+from stacx.infra.config import ConfigError, bootstrap_servers, load_yaml, section
 
 
 @dataclass(kw_only=True, slots=True)
@@ -69,7 +69,7 @@ def test_every_problem_is_one_line() -> None:
 
 
 def test_a_bare_file_names_the_field_after_a_colon() -> None:
-    from infra.config import build
+    from stacx.infra.config import build
 
     with pytest.raises(ConfigError, match=r"^f.yaml: inner.depth: expected a valid integer"):
         build(DemoConfig, {"inner": {"depth": "x"}}, where="f.yaml")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.services import docker_engine
-from infra.services.processes import pid_alive
+from stacx.infra.services import docker_engine
+from stacx.infra.services.processes import pid_alive
 
 STACX = str(Path(sys.executable).with_name("stacx"))
 

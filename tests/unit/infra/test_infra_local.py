@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from infra.services import kafka, sandbox_image
-from infra.services.errors import InfraError
-from infra.services.processes import require_free_port
+from stacx.infra.services import kafka, sandbox_image
+from stacx.infra.services.errors import InfraError
+from stacx.infra.services.processes import require_free_port
 
 
 def test_busy_port_names_port_and_process() -> None:

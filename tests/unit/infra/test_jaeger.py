@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.services import jaeger, stack
+from stacx.infra.services import jaeger, stack
 
 
 @pytest.fixture

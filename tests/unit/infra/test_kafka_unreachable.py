@@ -24,7 +24,8 @@ def _unused_port() -> int:
 def _stacx(args: list[str], cwd: Path) -> tuple[int, list[str], float]:
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "infra.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "stacx.infra.cli", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=120
     )
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     return done.returncode, lines, time.monotonic() - started
@@ -35,7 +36,7 @@ def _rollout_config(tmp_path: Path, bootstrap: str) -> Path:
     import yaml
 
     tokenizer = tmp_path / "tiny"
-    subprocess.run([sys.executable, "-m", "infra.cli", "models", "tiny", "--out", str(tokenizer)],
+    subprocess.run([sys.executable, "-m", "stacx.infra.cli", "models", "tiny", "--out", str(tokenizer)],
                    cwd=REPO, check=True, capture_output=True, timeout=120)
     shipped = REPO / "examples" / "rollout"
     cfg = yaml.safe_load((shipped / "arithmetic.yaml").read_text())

@@ -210,8 +210,8 @@ def test_latency_tool_still_runs_the_code(peer: ModuleType) -> None:
 def test_peer_prompt_ids_match_the_rollout_engine(peer: ModuleType, tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    from rollout.models import make_tiny_model
-    from rollout.tokens import ChatFormat, HFTokenizer
+    from stacx.rollout.models import make_tiny_model
+    from stacx.rollout.tokens import ChatFormat, HFTokenizer
 
     make_tiny_model(
         tmp_path,
@@ -228,7 +228,7 @@ def test_peer_prompt_ids_match_the_rollout_engine(peer: ModuleType, tmp_path: Pa
     ours = ChatFormat(HFTokenizer(str(tmp_path))).prompt_ids([{"role": "user", "content": prompt}])
     assert sampler.prompt_ids(prompt) == ours
     observation = sampler.encode(peer.load_task().tool_response_text("1795\n"))
-    from rollout.scaffolds import ToolCallingScaffold
+    from stacx.rollout.scaffolds import ToolCallingScaffold
 
     template = ToolCallingScaffold().response_template.replace("{output}", "1795\n")
     assert observation == sampler.encode(template)
@@ -241,7 +241,7 @@ def test_sampler_stops_at_its_deadline_between_turns(peer: ModuleType, tmp_path:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rollout.models import make_tiny_model
+    from stacx.rollout.models import make_tiny_model
 
     make_tiny_model(tmp_path, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                     num_attention_heads=2, num_key_value_heads=1)
@@ -312,7 +312,7 @@ def test_race_run_caps_its_versions_and_publishes_one_pass_of_tasks(
 ) -> None:
     """The STACX side's step cap lies far above what its budget allows (one version a second), so
     the budget stops it; and its tasks topic gets one pass over the 4,096 training tasks, not 16."""
-    from infra.pipeline.orchestrator import Pipeline
+    from stacx.infra.pipeline.orchestrator import Pipeline
 
     base = bench.load_spec(bench.RACE_CONFIG)
     cfg = bench.bench_config(base, bench.build_parser().parse_args(["--out", str(tmp_path)]))

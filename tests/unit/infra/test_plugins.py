@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from infra.cli import main
-from rollout.errors import ConfigError
-from rollout.rewards import get_reward
-from rollout.scaffolds import build_scaffold
-from rollout.scheduler import TaskScheduler, build_strategy
-from trainer import get_recipe
+from stacx.infra.cli import main
+from stacx.rollout.errors import ConfigError
+from stacx.rollout.rewards import get_reward
+from stacx.rollout.scaffolds import build_scaffold
+from stacx.rollout.scheduler import TaskScheduler, build_strategy
+from stacx.trainer import get_recipe
 
 PACKAGE = {
     "__init__.py": "",
@@ -26,11 +26,13 @@ PACKAGE = {
     "broken.py": "raise RuntimeError('no licence key\\nsecond line')\n",
     "needs.py": "import no_such_dependency\n",
     "scaffolds.py": (
-        "from rollout.scaffolds import SingleTurnScaffold\n"
+        "from stacx.rollout.scaffolds import SingleTurnScaffold\n"
         "def Echo(**options):\n    return SingleTurnScaffold(name='echo', **options)\n"
     ),
     "raising.py": "def Boom(**options):\n    raise ValueError('bad option\\nmore')\n",
-    "recipes.py": "from trainer.recipes.grpo import grpo\ndef mine():\n    '''Mine.'''\n    return grpo()\n",
+    "recipes.py": (
+        "from stacx.trainer.recipes.grpo import grpo\ndef mine():\n    '''Mine.'''\n    return grpo()\n"
+    ),
 }
 
 
@@ -93,7 +95,8 @@ def test_scaffold_recipe_and_strategy_by_dotted_path(plugin_package: str) -> Non
     assert get_recipe(f"{plugin_package}.recipes:mine").description
     assert build_strategy(TaskScheduler.Config(strategy="priority")).name == "priority"
     with pytest.raises(ConfigError, match="wrong signature for a scheduling strategy"):
-        build_strategy(TaskScheduler.Config(strategy="rollout.scheduler:FifoStrategy"))  # takes no config
+        # FifoStrategy takes no config
+        build_strategy(TaskScheduler.Config(strategy="stacx.rollout.scheduler:FifoStrategy"))
 
 
 def test_stacx_plugins_lists_every_point(capsys: pytest.CaptureFixture[str]) -> None:
@@ -104,4 +107,4 @@ def test_stacx_plugins_lists_every_point(capsys: pytest.CaptureFixture[str]) -> 
     for point in ("rewards", "scaffolds", "blackbox_scaffolds", "task_sources", "verifiers", "recipes",
                   "strategies", "inference_engines"):
         assert f"{point}  (entry-point group stacx.{point}" in out
-    assert "exact_answer       builtin (rollout.rewards)" in out
+    assert "exact_answer       builtin (stacx.rollout.rewards)" in out

@@ -9,7 +9,7 @@ from types import ModuleType
 
 import numpy as np
 
-from schemas.codec import encode
+from stacx.schemas.codec import encode
 
 BENCH = Path(__file__).resolve().parents[3] / "bench"
 

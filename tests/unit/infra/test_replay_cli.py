@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.commands.replay import epoch_ms, load
-from infra.config import ConfigError
+from stacx.infra.commands.replay import epoch_ms, load
+from stacx.infra.config import ConfigError
 
 
 def _args(config: Path, **over: object) -> argparse.Namespace:
@@ -54,7 +54,7 @@ def _apply_role_options(trainer: dict[str, object]) -> None:
     """What the trainer does with `role_options` when it builds the recipe's roles."""
     import dataclasses
 
-    from trainer.recipe import get_recipe
+    from stacx.trainer.recipe import get_recipe
 
     recipe = get_recipe(str(trainer["recipe"]))
     options = trainer.get("role_options") or {}
@@ -70,7 +70,7 @@ def test_the_documented_recipe_override_leaves_out_the_options_the_new_recipe_la
     spec = load(_args(EXAMPLE, recipe="sft", source="stacx.trajectories.run-1", name="replay-sft-1"))
     _apply_role_options(spec.trainer)  # the trainer accepts them (kl_beta made sft a TypeError)
     assert spec.trainer["recipe"] == "sft" and spec.trainer["role_options"] == {}
-    from infra.replay import check_role_options
+    from stacx.infra.replay import check_role_options
 
     check_role_options(spec.trainer)
     err = capsys.readouterr().err
@@ -81,7 +81,7 @@ def test_the_documented_recipe_override_leaves_out_the_options_the_new_recipe_la
 
 
 def test_an_option_the_recipe_lacks_is_one_line_before_anything_runs() -> None:
-    from infra.replay import check_role_options
+    from stacx.infra.replay import check_role_options
 
     with pytest.raises(ValueError, match=r"^trainer.role_options.policy.kl_beta: recipe 'sft' has no such"):
         check_role_options({"recipe": "sft", "role_options": {"policy": {"kl_beta": 0.1}}})
@@ -90,10 +90,10 @@ def test_an_option_the_recipe_lacks_is_one_line_before_anything_runs() -> None:
 
 
 def test_the_example_model_holds_the_pipeline_vocabulary() -> None:
-    from infra.config import build
-    from rollout.models.tokenizer import make_tokenizer
-    from trainer import TrainerConfig
-    from trainer.models import tiny_qwen2_config
+    from stacx.infra.config import build
+    from stacx.rollout.models.tokenizer import make_tokenizer
+    from stacx.trainer import TrainerConfig
+    from stacx.trainer.models import tiny_qwen2_config
 
     config = build(TrainerConfig, load(_args(EXAMPLE)).trainer, where="grpo_tiny.yaml: trainer")
     tiny = config.models["policy"].tiny
@@ -102,8 +102,8 @@ def test_the_example_model_holds_the_pipeline_vocabulary() -> None:
 
 
 def test_a_model_smaller_than_the_replayed_vocabulary_is_one_line() -> None:
-    from infra.replay import check_vocabulary
-    from rollout.models.tokenizer import make_tokenizer
+    from stacx.infra.replay import check_vocabulary
+    from stacx.rollout.models.tokenizer import make_tokenizer
 
     pipeline_max_id = len(make_tokenizer()) - 1  # the quickstart's byte-level tokenizer
     trainer = load(_args(EXAMPLE)).trainer

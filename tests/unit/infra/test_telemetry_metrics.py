@@ -11,15 +11,15 @@ import textwrap
 import pytest
 from ports import free_port
 
-from infra.telemetry import MetricsConfig, TracingConfig
+from stacx.infra.telemetry import MetricsConfig, TracingConfig
 
 
 def test_a_service_serves_its_metrics_for_prometheus_to_scrape() -> None:
     port = free_port()
     script = textwrap.dedent(f"""
         import httpx
-        from infra.telemetry import MetricsConfig, setup_metrics
-        from rollout import manager
+        from stacx.infra.telemetry import MetricsConfig, setup_metrics
+        from stacx.rollout import manager
         where = setup_metrics("rollout", MetricsConfig(exporter="prometheus", port={port}))
         manager._EPISODES.add(3, {{"status": "COMPLETED", "task_type": "t"}})
         print(where)

@@ -13,8 +13,8 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from infra import telemetry
-from infra.telemetry import TracingConfig
+from stacx.infra import telemetry
+from stacx.infra.telemetry import TracingConfig
 
 
 class _Blocked(SpanExporter):

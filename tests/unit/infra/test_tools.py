@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.services import tools
+from stacx.infra.services import tools
 
 ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = ("schemas", "producers", "consumers", "rollout", "sandbox", "trainer", "infra", "bench")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from infra.services.topic_admin import TopicInfo, run_of, runs
+from stacx.infra.services.topic_admin import TopicInfo, run_of, runs
 
 
 def test_run_topics_name_their_run_and_workers_belong_to_the_longest_known_run() -> None:

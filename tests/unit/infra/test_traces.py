@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infra.traces import parse_trace, render_tree, render_waterfall
+from stacx.infra.traces import parse_trace, render_tree, render_waterfall
 
 T = "0af7651916cd43dd8448eb211c80319c"
 

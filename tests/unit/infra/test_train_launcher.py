@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[3]
 LAUNCHER = textwrap.dedent(
     """
     import json, sys
-    from infra.cli import main
+    from stacx.infra.cli import main
 
     try:
         main(["train", sys.argv[1]])

@@ -11,19 +11,19 @@ from pathlib import Path
 
 import yaml
 
-from infra.commands.quickstart import _print_summary
-from infra.view.curves import per_version, read_trainer_steps, staleness_of, throughput, tokens_per_s
-from infra.view.pages import TrajectoryFilter, trajectories_page, trajectory_page
-from infra.view.reader import Fetched, TrajectorySummary, VersionPoint, trace_id_of
-from infra.view.runs import RunStatus, merge_runs, read_run_dir, runs_on_broker
-from infra.view.tokens import turn_spans
-from schemas.records import ToolCall, Trajectory, Turn, loss_mask, token_ids
+from stacx.infra.commands.quickstart import _print_summary
+from stacx.infra.view.curves import per_version, read_trainer_steps, staleness_of, throughput, tokens_per_s
+from stacx.infra.view.pages import TrajectoryFilter, trajectories_page, trajectory_page
+from stacx.infra.view.reader import Fetched, TrajectorySummary, VersionPoint, trace_id_of
+from stacx.infra.view.runs import RunStatus, merge_runs, read_run_dir, runs_on_broker
+from stacx.infra.view.tokens import turn_spans
+from stacx.schemas.records import ToolCall, Trajectory, Turn, loss_mask, token_ids
 
 TRAINER_LOG = (
-    "2026-12-02 00:34:57,605 INFO rank0 trainer.engine: step 1 batch b7632525685ac31a27610ad6d87734fb "
+    "2026-12-02 00:34:57,605 INFO rank0 stacx.trainer.engine: step 1 batch b7632525685ac31a27610ad6d87734fb "
     "loss 0.25000 tokens 956\n"
-    "2026-12-02 00:34:58,926 INFO rank0 trainer.engine: resumed at step 1, positions {}\n"
-    "2026-12-02 00:34:59,605 INFO rank0 trainer.engine: step 2 batch 11ae8e63bdb2d59b3ef4b7ef61a61817 "
+    "2026-12-02 00:34:58,926 INFO rank0 stacx.trainer.engine: resumed at step 1, positions {}\n"
+    "2026-12-02 00:34:59,605 INFO rank0 stacx.trainer.engine: step 2 batch 11ae8e63bdb2d59b3ef4b7ef61a61817 "
     "loss -0.12500 tokens 768\n"
 )
 """Lines as the trainer writes them to runs/<name>/logs/trainer.log."""
@@ -271,7 +271,7 @@ def test_a_warming_up_run_is_listed_and_takes_the_topics_its_pipeline_made(tmp_p
 def test_a_port_in_use_is_one_line_and_exit_status_2(capsys) -> None:  # type: ignore[no-untyped-def]
     import socket
 
-    from infra.cli import build_parser
+    from stacx.infra.cli import build_parser
 
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
@@ -284,8 +284,8 @@ def test_a_port_in_use_is_one_line_and_exit_status_2(capsys) -> None:  # type: i
 
 
 def test_view_reads_its_section_from_a_file_and_flags_override_it(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from infra.cli import build_parser
-    from infra.commands.view import build_config
+    from stacx.infra.cli import build_parser
+    from stacx.infra.commands.view import build_config
 
     monkeypatch.delenv("STACX_KAFKA", raising=False)
     config = tmp_path / "view.yaml"
@@ -302,7 +302,7 @@ def test_view_reads_its_section_from_a_file_and_flags_override_it(tmp_path: Path
 
 
 def test_a_bad_view_section_is_one_line_per_field_and_exit_2(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from infra.cli import build_parser
+    from stacx.infra.cli import build_parser
 
     config = tmp_path / "view.yaml"
     for section, problem in [

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from rollout.inference import InferenceServer
-from trainer.errors import ConfigError
-from trainer.oncall import HeldOutEvaluator, load_scorer
+from stacx.rollout.inference import InferenceServer
+from stacx.trainer.errors import ConfigError
+from stacx.trainer.oncall import HeldOutEvaluator, load_scorer
 
 
 def test_evaluator_loads_the_candidate_scores_tasks_and_counts_malformed_calls(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.errors import ConfigError
-from trainer.oncall.gate import EvalReport, PromotionGate
+from stacx.trainer.errors import ConfigError
+from stacx.trainer.oncall.gate import EvalReport, PromotionGate
 
 
 def _report(success: float, probe: float = 0.0, version: int = 1) -> EvalReport:

@@ -13,14 +13,14 @@ import pytest
 from faust.types import TP
 from oncall_fixtures import call, rating
 
-from consumers.assembly.errors import AssemblyError
-from consumers.assembly.testing import ListForwarder, RecordsReader, kafka_record, on_topic
-from consumers.oncall import FeedbackJoin, Joined, OncallJoinApp, Rejected
-from consumers.oncall.app import ONCALL_TICK_KEY
-from consumers.oncall.clock import EventClock
-from consumers.oncall.join import SessionState, feedback_id
-from schemas.codec import decode, encode
-from schemas.records import DeadLetter, Trajectory
+from stacx.consumers.assembly.errors import AssemblyError
+from stacx.consumers.assembly.testing import ListForwarder, RecordsReader, kafka_record, on_topic
+from stacx.consumers.oncall import FeedbackJoin, Joined, OncallJoinApp, Rejected
+from stacx.consumers.oncall.app import ONCALL_TICK_KEY
+from stacx.consumers.oncall.clock import EventClock
+from stacx.consumers.oncall.join import SessionState, feedback_id
+from stacx.schemas.codec import decode, encode
+from stacx.schemas.records import DeadLetter, Trajectory
 
 WINDOW_S = 60.0
 T0 = 1_000_000

@@ -11,13 +11,13 @@ import torch
 from oncall_fixtures import call
 from safetensors.torch import load_file
 
-from consumers import InMemoryConsumer
-from consumers.oncall import TrajectoryBuilder
-from producers import InMemoryPublisher
-from schemas.records import Trajectory, WeightVersion
-from trainer import ModelConfig, TrainerConfig
-from trainer.errors import ConfigError
-from trainer.oncall import EvalReport, OnlineLearner, PromotionGate, ReadinessPolicy, audit
+from stacx.consumers import InMemoryConsumer
+from stacx.consumers.oncall import TrajectoryBuilder
+from stacx.producers import InMemoryPublisher
+from stacx.schemas.records import Trajectory, WeightVersion
+from stacx.trainer import ModelConfig, TrainerConfig
+from stacx.trainer.errors import ConfigError
+from stacx.trainer.oncall import EvalReport, OnlineLearner, PromotionGate, ReadinessPolicy, audit
 
 TOPIC = "oncall.trajectories"
 

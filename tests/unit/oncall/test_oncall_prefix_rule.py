@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from oncall_fixtures import call
 
-from consumers.oncall.trajectories import TrajectoryBuilder
-from rollout.blackbox.join import join_calls
-from schemas.records import AgentInteraction
+from stacx.consumers.oncall.trajectories import TrajectoryBuilder
+from stacx.rollout.blackbox.join import join_calls
+from stacx.schemas.records import AgentInteraction
 
 FIRST_PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
 FIRST_COMPLETION = [9, 10]

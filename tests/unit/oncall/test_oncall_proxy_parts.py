@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from producers import InMemoryPublisher
-from rollout.proxy import EventRecorder, ProxyConfigError, SessionRouter
-from schemas.records import Feedback
+from stacx.producers import InMemoryPublisher
+from stacx.rollout.proxy import EventRecorder, ProxyConfigError, SessionRouter
+from stacx.schemas.records import Feedback
 
 
 class StuckPublisher:

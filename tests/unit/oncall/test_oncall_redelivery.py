@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from oncall_fixtures import call, rating
 
-from consumers.oncall import FeedbackJoin, Joined, Rejected
+from stacx.consumers.oncall import FeedbackJoin, Joined, Rejected
 
 WINDOW_S = 60.0
 T0 = 1_000_000

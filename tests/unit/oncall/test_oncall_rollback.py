@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from schemas.records import WeightVersion
-from trainer.oncall.deploy import Deployments, VersionHistory
+from stacx.schemas.records import WeightVersion
+from stacx.trainer.oncall.deploy import Deployments, VersionHistory
 
 
 class _Log:

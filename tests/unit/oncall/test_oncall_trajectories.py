@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from oncall_fixtures import call
 
-from consumers.oncall import TrajectoryBuilder, interaction_split, trajectory_id_for
+from stacx.consumers.oncall import TrajectoryBuilder, interaction_split, trajectory_id_for
 
 
 def test_calls_extending_prompt_plus_completion_merge_with_tool_turns_masked() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rollout.proxy.continuation import ChatContinuations
+from stacx.rollout.proxy.continuation import ChatContinuations
 
 
 def _tokenizer(path: Path):  # type: ignore[no-untyped-def]

@@ -16,11 +16,11 @@ import openai
 import pytest
 from inference_fixtures import CALC_CALL, CALC_TOOLS, serve_tiny, tool_markers
 
-from producers import InMemoryPublisher
-from rollout.inference import InferenceServer
-from rollout.proxy import AgentProxy, ProxyServer
-from schemas import topics
-from schemas.records import AgentInteraction
+from stacx.producers import InMemoryPublisher
+from stacx.rollout.inference import InferenceServer
+from stacx.rollout.proxy import AgentProxy, ProxyServer
+from stacx.schemas import topics
+from stacx.schemas.records import AgentInteraction
 
 HALF_CHARACTER = 0xC3
 """Byte token 195: the first half of 'é', text U+FFFD on its own."""

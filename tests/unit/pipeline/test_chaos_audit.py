@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from consumers import weights
-from infra.pipeline.services import RestartPolicy
-from schemas.records import WeightVersion
+from stacx.consumers import weights
+from stacx.infra.pipeline.services import RestartPolicy
+from stacx.schemas.records import WeightVersion
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.pipeline import PipelineConfigError, parse_spec
-from infra.pipeline.layout import RunLayout
-from infra.pipeline.node import plan_node, service_specs
-from infra.services.kafka import cluster_id_for, cluster_properties
-from rollout.config import SandboxConfig
+from stacx.infra.pipeline import PipelineConfigError, parse_spec
+from stacx.infra.pipeline.layout import RunLayout
+from stacx.infra.pipeline.node import plan_node, service_specs
+from stacx.infra.services.kafka import cluster_id_for, cluster_properties
+from stacx.rollout.config import SandboxConfig
 
 REPO = Path(__file__).resolve().parents[3]
 CLUSTER_FILE = REPO / "examples" / "cluster" / "cluster.yaml"
@@ -169,7 +169,8 @@ def test_trainer_ranks_over_two_hosts_join_one_c10d_rendezvous() -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "infra.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "stacx.infra.cli", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=300
     )
 
 
@@ -226,7 +227,7 @@ def test_the_systemd_unit_template_verifies(tmp_path: Path) -> None:
 
 
 def test_producers_wait_for_every_in_sync_replica() -> None:
-    from producers.event_producer import EventProducer
+    from stacx.producers.event_producer import EventProducer
 
     config = EventProducer.Config(bootstrap_servers="10.0.0.1:9092")
     settings = EventProducer._librdkafka_config(config)

@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.pipeline.config import PipelineConfigError, load_spec, parse_spec
-from infra.pipeline.layout import (
+from stacx.infra.pipeline.config import PipelineConfigError, load_spec, parse_spec
+from stacx.infra.pipeline.layout import (
     RunLayout,
     RunTopics,
     assembler_section,
     rollout_section,
     trainer_section,
 )
-from infra.pipeline.resolve import check_resolved, explain, plan
-from infra.pipeline.starter import STARTER_CONFIG
+from stacx.infra.pipeline.resolve import check_resolved, explain, plan
+from stacx.infra.pipeline.starter import STARTER_CONFIG
 
 REPO = Path(__file__).resolve().parents[3]
 MINIMAL: dict[str, Any] = {
@@ -47,10 +47,10 @@ def _errors(tree: dict[str, Any], **kwargs: Any) -> list[str]:
 
 
 def test_quickstart_yaml_parses_and_every_service_section_builds() -> None:
-    from consumers.assembly import AssemblerApp
-    from infra.config import build
-    from rollout.config import RolloutConfig
-    from trainer.config import TrainerConfig
+    from stacx.consumers.assembly import AssemblerApp
+    from stacx.infra.config import build
+    from stacx.rollout.config import RolloutConfig
+    from stacx.trainer.config import TrainerConfig
 
     spec = load_spec(REPO / "examples" / "quickstart.yaml")
     layout = RunLayout.create(spec, now=0.0)
@@ -207,8 +207,8 @@ def test_user_values_are_kept_and_only_empty_ones_filled() -> None:
 def test_the_rollout_counts_under_its_staleness_bound_only_groups_the_assembler_batches(
     assembler: dict[str, Any], statuses: tuple[str, ...] | None, needed: int
 ) -> None:
-    from rollout.config import RolloutConfig
-    from schemas.config import build
+    from stacx.rollout.config import RolloutConfig
+    from stacx.schemas.config import build
 
     spec = parse_spec(_tree(assembler=assembler))
     layout = RunLayout.create(spec, now=0.0)
@@ -261,12 +261,12 @@ def _check_lines(tree: dict[str, Any], base_dir: Path | None = None) -> list[str
 
 
 def test_recipe_scaffold_reward_and_strategy_are_resolved_up_front() -> None:
-    from trainer import list_recipes
+    from stacx.trainer import list_recipes
 
     known = sorted(name for name, _ in list_recipes())
     assert {"grpo", "sft", "dagger"} <= set(known)
     assert _check_lines(_tree(trainer={"recipe": "grpoo"})) == [
-        f"f.yaml: trainer.recipe: 'grpoo' is not a known recipe; use one of {known} or a dotted path "
+        f"f.yaml: stacx.trainer.recipe: 'grpoo' is not a known recipe; use one of {known} or a dotted path "
         "package.module:object (`stacx plugins` lists them)"
     ]
     evaluator = {"scaffold": "termnal"}
@@ -292,7 +292,7 @@ def test_a_recipe_needing_greedy_rows_is_refused_in_one_line() -> None:
     """ReMax needs a greedy sample per group, which the pipeline's rollout never samples: the
     config is refused before anything starts, not by every batch at the trainer."""
     (line,) = _check_lines(_tree(trainer={"recipe": "remax"}))
-    assert line.startswith("f.yaml: trainer.recipe: 'remax' needs one greedy (temperature 0) "
+    assert line.startswith("f.yaml: stacx.trainer.recipe: 'remax' needs one greedy (temperature 0) "
                            "sample per prompt group")
 
 
@@ -363,8 +363,8 @@ def test_explain_prints_every_service_with_defaults(tmp_path: Path) -> None:
 def test_a_restarted_trainer_resumes_from_its_checkpoint_by_default() -> None:
     """Break 1: the run's trainer config used to say `checkpoint.resume: false`, so a restarted
     trainer began at step 1 from the initial weights while reading from the committed offsets."""
-    from infra.config import build
-    from trainer.config import TrainerConfig
+    from stacx.infra.config import build
+    from stacx.trainer.config import TrainerConfig
 
     spec = load_spec(REPO / "examples" / "quickstart.yaml")
     layout = RunLayout.create(spec, now=0.0)
@@ -379,9 +379,9 @@ def test_a_restarted_trainer_resumes_from_its_checkpoint_by_default() -> None:
 
 def test_the_rollout_service_reads_the_run_tasks_through_a_consumer_group() -> None:
     """A restarted rollout service must go on from its committed tasks, not from the first one."""
-    from infra.pipeline.tasks import task_order
-    from rollout.config import RolloutConfig
-    from schemas.config import build
+    from stacx.infra.pipeline.tasks import task_order
+    from stacx.rollout.config import RolloutConfig
+    from stacx.schemas.config import build
 
     spec = load_spec(REPO / "examples" / "quickstart.yaml")
     layout = RunLayout.create(spec, now=0.0)
@@ -399,9 +399,9 @@ def test_the_rollout_service_reads_the_run_tasks_through_a_consumer_group() -> N
 
 
 def test_gateway_and_inference_are_sections_that_the_standalone_commands_read(tmp_path: Path) -> None:
-    from infra.cli import build_parser
-    from infra.commands.sandbox import gateway_config
-    from infra.commands.serve import serve_config
+    from stacx.infra.cli import build_parser
+    from stacx.infra.commands.sandbox import gateway_config
+    from stacx.infra.commands.serve import serve_config
 
     spec = parse_spec(_tree(gateway={"port": 8799, "sessions": {"warm_pool_size": 3}},
                             inference={"server": {"port": 30099, "torch_threads": 2}}))

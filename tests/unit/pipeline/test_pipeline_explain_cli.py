@@ -19,7 +19,7 @@ def _explain(tree: dict[str, Any], tmp_path: Path) -> tuple[int, list[str], str]
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(tree, sort_keys=False))
     done = subprocess.run(
-        [sys.executable, "-m", "infra.cli", "run", str(path), "--explain"],
+        [sys.executable, "-m", "stacx.infra.cli", "run", str(path), "--explain"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -99,3 +99,54 @@ def test_each_kind_of_broken_plugin_is_its_own_line_with_its_field(tmp_path: Pat
     ), output
     signature = next(line for line in lines if line.startswith(field.format("wrong_signature")))
     assert "'brokenpkg.rewards:two': wrong signature for a reward function" in signature
+
+
+USER_PROJECT = {
+    # A user's project whose folders carry the generic names STACX's own folders have.
+    "trainer/__init__.py": "",
+    "trainer/rewards.py": (
+        "from schemas import MARK\n"
+        "from infra import BONUS\n"
+        "def score(answer, data):\n"
+        "    return {'reward': float(answer == data.get('answer')) + BONUS, 'mark': float(MARK)}\n"
+    ),
+    "schemas/__init__.py": "MARK = 7\n",
+    "infra/__init__.py": "BONUS = 0.0\n",
+}
+
+
+def test_a_users_own_trainer_schemas_and_infra_folders_run_as_a_plugin(tmp_path: Path) -> None:
+    """Our code lives in `stacx.*`: a project with top-level `trainer/`, `schemas/`, `infra/` of its own,
+    on `plugin_paths: ["."]`, validates, and its reward is the one a run calls."""
+    project = tmp_path / "project"
+    for name, text in USER_PROJECT.items():
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text(text)
+    tree = _quickstart()
+    tree["pipeline"]["plugin_paths"].append(".")
+    tree["rollout"]["manager"]["evaluators"]["arithmetic_tool"]["reward"] = "trainer.rewards:score"
+    (project / "run.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
+    done = subprocess.run(
+        [sys.executable, "-m", "stacx.infra.cli", "run", "run.yaml", "--explain"],
+        cwd=project, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    called = subprocess.run(
+        [sys.executable, "-c", (
+            "import sys; sys.path.insert(0, '.')\n"
+            "import stacx.infra.cli, stacx.trainer, stacx.schemas\n"
+            "from stacx.rollout.rewards import get_reward\n"
+            "print(get_reward('trainer.rewards:score')('4', {'answer': '4'}))\n"
+            "import trainer, schemas\n"
+            "print(trainer.__file__, schemas.__file__, stacx.trainer.__file__)\n"
+        )],
+        cwd=project, capture_output=True, text=True, timeout=300,
+    )
+    assert called.returncode == 0, called.stderr
+    result, files = called.stdout.splitlines()
+    assert result == "{'reward': 1.0, 'mark': 7.0}"
+    user_trainer, user_schemas, ours = files.split()
+    assert user_trainer == str(project / "trainer" / "__init__.py")
+    assert user_schemas == str(project / "schemas" / "__init__.py")
+    assert Path(ours).resolve() == REPO / "trainer" / "__init__.py"

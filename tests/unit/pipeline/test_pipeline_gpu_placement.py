@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.pipeline.config import parse_spec
-from infra.pipeline.errors import PipelineConfigError
-from infra.pipeline.layout import RunLayout, inference_services, router_section, trainer_section
-from infra.pipeline.placement import ResourcesConfig, place
-from infra.pipeline.resolve import serving_explained
+from stacx.infra.pipeline.config import parse_spec
+from stacx.infra.pipeline.errors import PipelineConfigError
+from stacx.infra.pipeline.layout import RunLayout, inference_services, router_section, trainer_section
+from stacx.infra.pipeline.placement import ResourcesConfig, place
+from stacx.infra.pipeline.resolve import serving_explained
 
 REPO = Path(__file__).resolve().parents[3]
 GPU = yaml.safe_load((REPO / "examples" / "gpu.yaml").read_text())
@@ -94,7 +94,7 @@ def test_bad_placement_and_owned_router_fields_are_one_line_each() -> None:
 
 
 def _stacx_run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "infra.cli", "run", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "stacx.infra.cli", "run", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=300)
 
 

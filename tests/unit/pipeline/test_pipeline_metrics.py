@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infra.pipeline.config import SFTConfig, parse_spec
-from infra.pipeline.errors import MissingComponentError
-from infra.pipeline.monitor import EvalPoint, RunMetrics
-from infra.pipeline.report import plot_curve, write_report
-from infra.pipeline.view import render, status_line
-from schemas.records import Trajectory, TrajectoryStatus, WeightVersion
+from stacx.infra.pipeline.config import SFTConfig, parse_spec
+from stacx.infra.pipeline.errors import MissingComponentError
+from stacx.infra.pipeline.monitor import EvalPoint, RunMetrics
+from stacx.infra.pipeline.report import plot_curve, write_report
+from stacx.infra.pipeline.view import render, status_line
+from stacx.schemas.records import Trajectory, TrajectoryStatus, WeightVersion
 
 
 def _trajectory(version: int, reward: float, tools: int, status: str = "COMPLETED") -> Trajectory:
@@ -73,7 +73,7 @@ def test_report_and_curve_are_written(tmp_path: Path) -> None:
 
 
 def test_preflight_reports_an_unreachable_broker(monkeypatch: pytest.MonkeyPatch) -> None:
-    from infra.pipeline import preflight
+    from stacx.infra.pipeline import preflight
 
     monkeypatch.setattr(preflight, "_ports_problems", lambda spec: [])
     spec = parse_spec({"bootstrap_servers": "127.0.0.1:1",
@@ -87,10 +87,10 @@ def test_preflight_reports_an_unreachable_broker(monkeypatch: pytest.MonkeyPatch
 def test_demonstration_batches_mask_observations_and_are_valid(tmp_path: Path) -> None:
     from quickstart_plugin import arithmetic
 
-    from infra.pipeline.sft import DemonstrationEncoder, demonstration_batches
-    from rollout.models import make_tokenizer
-    from rollout.tokens import HFTokenizer
-    from trainer import validate_batch
+    from stacx.infra.pipeline.sft import DemonstrationEncoder, demonstration_batches
+    from stacx.rollout.models import make_tokenizer
+    from stacx.rollout.tokens import HFTokenizer
+    from stacx.trainer import validate_batch
 
     source = arithmetic().ArithmeticTasks(num_train=4, num_heldout=4, skill_tool_fraction=1.0)
     tokenizer = HFTokenizer(make_tokenizer())
@@ -113,7 +113,7 @@ def test_demonstration_batches_mask_observations_and_are_valid(tmp_path: Path) -
 
 
 def test_the_monitor_keeps_one_episode_trace_per_policy_version() -> None:
-    from infra.pipeline.monitor import TopicMonitor
+    from stacx.infra.pipeline.monitor import TopicMonitor
 
     m = RunMetrics(started=0.0)
     monitor = TopicMonitor(m, bootstrap_servers="127.0.0.1:1", trajectories_topic="t", batches_topic="b",
@@ -132,13 +132,13 @@ def test_without_a_terminal_a_status_line_comes_in_every_stage(caplog: pytest.Lo
     SFT warm start, which calls no refresh, is not minutes of silence."""
     from types import SimpleNamespace
 
-    from infra.pipeline.orchestrator import Pipeline
+    from stacx.infra.pipeline.orchestrator import Pipeline
 
     run = SimpleNamespace(
         layout=SimpleNamespace(run_id="r"), cfg=SimpleNamespace(live=True, steps=20),
         metrics=RunMetrics(started=0.0, stage="SFT warm start: step 7/450"), _tick=Pipeline._tick,
     )
-    with caplog.at_level("INFO", logger="infra.pipeline.orchestrator"):
+    with caplog.at_level("INFO", logger="stacx.infra.pipeline.orchestrator"):
         with Pipeline._live(run):  # type: ignore[arg-type]
             for _ in range(200):  # an upper bound against a hang, not a timing assertion
                 if "SFT warm start: step 7/450" in caplog.text:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.pipeline.errors import ServiceError
-from infra.pipeline.preload import ForkedProcess, Preloader, PreloadError, forkable, model_modules
-from infra.pipeline.services import ServiceProcess, ServiceSpec
-from rollout.models import make_tiny_model
+from stacx.infra.pipeline.errors import ServiceError
+from stacx.infra.pipeline.preload import ForkedProcess, Preloader, PreloadError, forkable, model_modules
+from stacx.infra.pipeline.services import ServiceProcess, ServiceSpec
+from stacx.rollout.models import make_tiny_model
 
 PROBE = '''
 import json, os, signal, sys, time

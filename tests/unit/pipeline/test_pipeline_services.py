@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.pipeline.errors import ServiceError
-from infra.pipeline.services import (
+from stacx.infra.pipeline.errors import ServiceError
+from stacx.infra.pipeline.services import (
     RestartBudget,
     RestartPolicy,
     ServiceProcess,
@@ -70,7 +70,7 @@ def test_a_rank_finishing_its_sigterm_after_the_main_process_is_not_killed(
     )
     service = ServiceProcess(_shell("trainer", script), tmp_path).start()
     time.sleep(1.0)  # both traps installed
-    with caplog.at_level("WARNING", logger="infra.pipeline.services"):
+    with caplog.at_level("WARNING", logger="stacx.infra.pipeline.services"):
         service.stop()
     assert child_status.read_text().strip() == "done"
     assert "left behind" not in caplog.text
@@ -86,7 +86,7 @@ def test_a_rank_ignoring_sigterm_is_killed_after_the_grace(
     )
     service = ServiceProcess(_shell("trainer", script), tmp_path).start()
     time.sleep(1.0)
-    with caplog.at_level("WARNING", logger="infra.pipeline.services"):
+    with caplog.at_level("WARNING", logger="stacx.infra.pipeline.services"):
         service.stop()
     assert _wait_gone(int(child_pid.read_text()))
     assert "trainer: killed the processes its main process left behind" in caplog.text

@@ -6,15 +6,15 @@ from pathlib import Path
 
 from quickstart_plugin import arithmetic
 
-from infra.pipeline.config import SFTConfig
-from infra.pipeline.sft import DemonstrationEncoder, demonstration_batches, run_sft
+from stacx.infra.pipeline.config import SFTConfig
+from stacx.infra.pipeline.sft import DemonstrationEncoder, demonstration_batches, run_sft
 
 
 def test_sft_trains_and_exports_an_hf_directory(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    from rollout.models import make_tiny_model
-    from rollout.tokens import HFTokenizer
+    from stacx.rollout.models import make_tiny_model
+    from stacx.rollout.tokens import HFTokenizer
 
     base = make_tiny_model(tmp_path / "base", hidden_size=32, intermediate_size=64,
                            num_hidden_layers=1)

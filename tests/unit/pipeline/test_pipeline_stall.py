@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from consumers.assembly import FailurePolicy, SampleFilter
-from consumers.assembly.testing import make_trajectory
-from infra.pipeline.config import load_spec, parse_spec
-from infra.pipeline.errors import PipelineConfigError, ServiceError, StallError
-from infra.pipeline.monitor import RunMetrics, assembler_keeps
-from infra.pipeline.orchestrator import Pipeline
-from infra.pipeline.stall import Progress, StallWatch, diagnose, error_tail, likely_stuck
-from sandbox.sessions import SessionManager
-from sandbox.testing import WedgingBackend, serve_gateway
-from schemas.records import TrajectoryStatus, WeightVersion
+from stacx.consumers.assembly import FailurePolicy, SampleFilter
+from stacx.consumers.assembly.testing import make_trajectory
+from stacx.infra.pipeline.config import load_spec, parse_spec
+from stacx.infra.pipeline.errors import PipelineConfigError, ServiceError, StallError
+from stacx.infra.pipeline.monitor import RunMetrics, assembler_keeps
+from stacx.infra.pipeline.orchestrator import Pipeline
+from stacx.infra.pipeline.stall import Progress, StallWatch, diagnose, error_tail, likely_stuck
+from stacx.sandbox.sessions import SessionManager
+from stacx.sandbox.testing import WedgingBackend, serve_gateway
+from stacx.schemas.records import TrajectoryStatus, WeightVersion
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.pipeline import orchestrator
-from infra.pipeline.config import load_spec
-from infra.pipeline.orchestrator import Pipeline
-from infra.pipeline.services import ServiceSpec
-from rollout.models import make_tiny_model
+from stacx.infra.pipeline import orchestrator
+from stacx.infra.pipeline.config import load_spec
+from stacx.infra.pipeline.orchestrator import Pipeline
+from stacx.infra.pipeline.services import ServiceSpec
+from stacx.rollout.models import make_tiny_model
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -38,8 +38,8 @@ def test_reward_of_a_malformed_expected_answer_is_zero() -> None:
 
 
 def test_tool_demonstrations_match_the_retool_scaffold_observation() -> None:
-    from rollout.protocols import Action, ExecResult
-    from rollout.scaffolds import ToolCallingScaffold
+    from stacx.rollout.protocols import Action, ExecResult
+    from stacx.rollout.scaffolds import ToolCallingScaffold
 
     problem = task.Problem(expression="37*48+19", answer=1795)
     rng = random.Random(0)
@@ -72,8 +72,8 @@ def test_demonstration_config_is_validated() -> None:
 def test_the_task_source_plugin_resolves_by_dotted_path_and_rewards_its_answers() -> None:
     import json
 
-    from rollout.data import build_task_set, task_from_dict
-    from rollout.rewards import get_reward
+    from stacx.rollout.data import build_task_set, task_from_dict
+    from stacx.rollout.rewards import get_reward
 
     source = build_task_set(SOURCE, {"num_train": 3, "num_heldout": 2})
     heldout = {row["prompt"] for row in source.heldout_tasks()}

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from infra.pipeline import load_spec, parse_spec
-from infra.pipeline.config import SFTConfig, TranscriptsConfig
-from infra.pipeline.errors import PipelineConfigError
-from infra.pipeline.resolve import check_resolved, transcript_adapter
-from infra.pipeline.sft import transcript_batches
-from rollout.blackbox.adapter import build_external
-from rollout.blackbox.transcripts import TranscriptRenderer
-from rollout.errors import ConfigError
+from stacx.infra.pipeline import load_spec, parse_spec
+from stacx.infra.pipeline.config import SFTConfig, TranscriptsConfig
+from stacx.infra.pipeline.errors import PipelineConfigError
+from stacx.infra.pipeline.resolve import check_resolved, transcript_adapter
+from stacx.infra.pipeline.sft import transcript_batches
+from stacx.rollout.blackbox.adapter import build_external
+from stacx.rollout.blackbox.transcripts import TranscriptRenderer
+from stacx.rollout.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "scaffold_grpo" / "scaffold_grpo.yaml"
@@ -25,7 +25,7 @@ AGENT = {"system_template": "Use ```bash.", "instance_template": "Task: {{task}}
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    from rollout.models.tokenizer import make_tokenizer
+    from stacx.rollout.models.tokenizer import make_tokenizer
 
     return make_tokenizer()
 
@@ -50,8 +50,8 @@ def test_mini_swe_agent_renders_its_first_call_from_the_templates() -> None:
 
 
 def test_a_transcript_is_the_proxy_rendered_prompt_then_the_answer_and_end_of_turn(tokenizer: Any) -> None:
-    from rollout.inference.openai_api import ChatCompletionRequest
-    from rollout.proxy.render import PromptRenderer
+    from stacx.rollout.inference.openai_api import ChatCompletionRequest
+    from stacx.rollout.proxy.render import PromptRenderer
 
     renderer = TranscriptRenderer(build_external("mini-swe-agent", {"agent": AGENT}), tokenizer)
     ids, mask = renderer.encode("write x\n", "```bash\ntouch x\n```")
@@ -134,9 +134,9 @@ def test_transcripts_need_a_black_box_evaluator_and_readable_rows(tmp_path: Path
 
 
 def test_config_checks_resolve_a_black_box_scaffold_as_the_rollout_service_runs_it() -> None:
-    from infra.checks import rollout_config_problem
-    from rollout.config import RolloutConfig
-    from schemas.config import build
+    from stacx.infra.checks import rollout_config_problem
+    from stacx.rollout.config import RolloutConfig
+    from stacx.schemas.config import build
 
     section: dict[str, Any] = {
         "data": {"path": "tasks.jsonl"},

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from consumers.assembly import AssemblerApp
-from infra.config import build
-from infra.pipeline.config import parse_spec
-from infra.pipeline.layout import RunLayout
-from infra.pipeline.resolve import plan
-from rollout.models.tiny import make_tiny_model
+from stacx.consumers.assembly import AssemblerApp
+from stacx.infra.config import build
+from stacx.infra.pipeline.config import parse_spec
+from stacx.infra.pipeline.layout import RunLayout
+from stacx.infra.pipeline.resolve import plan
+from stacx.rollout.models.tiny import make_tiny_model
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -3,8 +3,8 @@ the restart counts, and the trajectory metadata of an episode."""
 
 from __future__ import annotations
 
-from rollout.blackbox.join import external_metadata, join_calls
-from schemas.records import AgentInteraction, logprobs, loss_mask, token_ids
+from stacx.rollout.blackbox.join import external_metadata, join_calls
+from stacx.schemas.records import AgentInteraction, logprobs, loss_mask, token_ids
 
 
 def _call(

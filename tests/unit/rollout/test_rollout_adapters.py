@@ -7,10 +7,10 @@ import json
 import httpx
 import pytest
 
-from rollout.adapters import GatewayEnvironments, InferenceAdapter
-from rollout.errors import InferenceCallError, RewardError
-from rollout.protocols import SamplingParams
-from schemas.records import TaskSample
+from stacx.rollout.adapters import GatewayEnvironments, InferenceAdapter
+from stacx.rollout.errors import InferenceCallError, RewardError
+from stacx.rollout.protocols import SamplingParams
+from stacx.schemas.records import TaskSample
 
 
 def _server(captured: list[dict], *, version: str = "7", status: int = 200):
@@ -33,7 +33,7 @@ def _server(captured: list[dict], *, version: str = "7", status: int = 200):
 
 
 async def test_inference_adapter_sends_sglang_request_and_reads_ids_logprobs_version() -> None:
-    from rollout.inference.client import InferenceClient
+    from stacx.rollout.inference.client import InferenceClient
 
     captured: list[dict] = []
     client = InferenceClient(InferenceClient.Config(base_url="http://inference"), transport=_server(captured))
@@ -48,7 +48,7 @@ async def test_inference_adapter_sends_sglang_request_and_reads_ids_logprobs_ver
 
 
 async def test_non_numeric_weight_version_is_unknown_not_an_error() -> None:
-    from rollout.inference.client import InferenceClient
+    from stacx.rollout.inference.client import InferenceClient
 
     client = InferenceClient(
         InferenceClient.Config(base_url="http://x"), transport=_server([], version="default")
@@ -59,7 +59,7 @@ async def test_non_numeric_weight_version_is_unknown_not_an_error() -> None:
 
 
 async def test_inference_errors_become_inference_call_errors() -> None:
-    from rollout.inference.client import InferenceClient
+    from stacx.rollout.inference.client import InferenceClient
 
     client = InferenceClient(InferenceClient.Config(base_url="http://x"), transport=_server([], status=400))
     with pytest.raises(InferenceCallError, match="bad"):
@@ -68,9 +68,9 @@ async def test_inference_errors_become_inference_call_errors() -> None:
 
 
 async def test_gateway_environments_run_exec_and_close_sessions() -> None:
-    from sandbox.client import SandboxClient
-    from sandbox.models import ExecResult
-    from sandbox.testing import FakeBackend, serve_gateway
+    from stacx.sandbox.client import SandboxClient
+    from stacx.sandbox.models import ExecResult
+    from stacx.sandbox.testing import FakeBackend, serve_gateway
 
     specs = []
 

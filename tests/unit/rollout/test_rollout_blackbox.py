@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from process_checks import gone
 
-from rollout.blackbox.adapter import EpisodeSpec, ExternalScaffold, build_external, is_external
-from rollout.blackbox.join import join_calls
-from rollout.blackbox.runner import ScaffoldCrashed, ScaffoldOutputError, ScaffoldRunner
-from rollout.errors import ConfigError
-from schemas.records import AgentInteraction, logprobs, loss_mask, token_ids
+from stacx.rollout.blackbox.adapter import EpisodeSpec, ExternalScaffold, build_external, is_external
+from stacx.rollout.blackbox.join import join_calls
+from stacx.rollout.blackbox.runner import ScaffoldCrashed, ScaffoldOutputError, ScaffoldRunner
+from stacx.rollout.errors import ConfigError
+from stacx.schemas.records import AgentInteraction, logprobs, loss_mask, token_ids
 
 
 def _call(prompt: list[int], completion: list[int], n: int = 0) -> AgentInteraction:
@@ -136,9 +136,9 @@ def test_registry_names_the_shipped_scaffolds_and_refuses_unknown_ones() -> None
 
 
 def test_a_black_box_evaluator_without_the_proxy_is_a_config_error() -> None:
-    from rollout.evaluator import Evaluator
-    from rollout.fakes import FakeTokenizer, ScriptedInference
-    from rollout.resources import ResourcePool, Resources
+    from stacx.rollout.evaluator import Evaluator
+    from stacx.rollout.fakes import FakeTokenizer, ScriptedInference
+    from stacx.rollout.resources import ResourcePool, Resources
 
     tokenizer = FakeTokenizer()
     with pytest.raises(ConfigError, match="needs the agent proxy"):
@@ -153,7 +153,7 @@ def test_a_black_box_evaluator_without_the_proxy_is_a_config_error() -> None:
 
 
 def test_capture_keeps_calls_by_episode_and_drops_late_ones() -> None:
-    from rollout.blackbox.capture import CapturePublisher
+    from stacx.rollout.blackbox.capture import CapturePublisher
 
     publisher = CapturePublisher()
     first, second = _call([1], [2], 0), _call([1], [3], 1)

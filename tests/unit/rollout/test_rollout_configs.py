@@ -6,14 +6,20 @@ from pathlib import Path
 
 import pytest
 
-from rollout.config import RolloutConfig, load_config
-from rollout.data import ListTaskSource, load_tasks_jsonl
-from rollout.errors import ConfigError
-from rollout.fakes import FakeCapture, FakeEnvironments, FakeTokenizer, MemoryPublisher, ScriptedInference
-from rollout.manager import RolloutManager
-from schemas.config import ConfigError as LoaderError
-from schemas.config import build
-from schemas.records import TaskSample
+from stacx.rollout.config import RolloutConfig, load_config
+from stacx.rollout.data import ListTaskSource, load_tasks_jsonl
+from stacx.rollout.errors import ConfigError
+from stacx.rollout.fakes import (
+    FakeCapture,
+    FakeEnvironments,
+    FakeTokenizer,
+    MemoryPublisher,
+    ScriptedInference,
+)
+from stacx.rollout.manager import RolloutManager
+from stacx.schemas.config import ConfigError as LoaderError
+from stacx.schemas.config import build
+from stacx.schemas.records import TaskSample
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "rollout"
 
@@ -82,7 +88,7 @@ def test_tasks_jsonl_errors_name_file_and_line(tmp_path: Path) -> None:
 
 
 async def test_sandbox_takes_a_list_of_gateways() -> None:
-    from rollout.service import build_environments
+    from stacx.rollout.service import build_environments
 
     config = build(
         RolloutConfig,

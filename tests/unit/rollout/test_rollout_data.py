@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rollout.data import JsonlTaskSource, ListTaskSource
-from rollout.protocols import TaskGroup
+from stacx.rollout.data import JsonlTaskSource, ListTaskSource
+from stacx.rollout.protocols import TaskGroup
 
 
 async def _all(source: ListTaskSource) -> list[TaskGroup]:

@@ -9,13 +9,13 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from rollout.data import ListTaskSource
-from rollout.errors import ResourceDeadlockError
-from rollout.evaluator import Evaluator
-from rollout.fakes import FakeEnvironments, FakeTokenizer, MemoryPublisher, ScriptedInference
-from rollout.manager import RolloutManager
-from rollout.resources import EvaluatorDemand, LocalPool, ResourcePool, Resources, check_feasible
-from schemas.records import TaskSample
+from stacx.rollout.data import ListTaskSource
+from stacx.rollout.errors import ResourceDeadlockError
+from stacx.rollout.evaluator import Evaluator
+from stacx.rollout.fakes import FakeEnvironments, FakeTokenizer, MemoryPublisher, ScriptedInference
+from stacx.rollout.manager import RolloutManager
+from stacx.rollout.resources import EvaluatorDemand, LocalPool, ResourcePool, Resources, check_feasible
+from stacx.schemas.records import TaskSample
 
 TOOL_THEN_ANSWER = ("<tool_call>print(6*7)</tool_call>", "<answer>42</answer>")
 

@@ -6,13 +6,19 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from rollout.data import ListTaskSource
-from rollout.evaluator import Evaluator
-from rollout.fakes import FakeSession, FakeTokenizer, MemoryPublisher, ScriptedInference, python_eval_handler
-from rollout.manager import RolloutManager
-from rollout.protocols import ExecResult
-from rollout.resources import Resources
-from schemas.records import TaskSample
+from stacx.rollout.data import ListTaskSource
+from stacx.rollout.evaluator import Evaluator
+from stacx.rollout.fakes import (
+    FakeSession,
+    FakeTokenizer,
+    MemoryPublisher,
+    ScriptedInference,
+    python_eval_handler,
+)
+from stacx.rollout.manager import RolloutManager
+from stacx.rollout.protocols import ExecResult
+from stacx.rollout.resources import Resources
+from stacx.schemas.records import TaskSample
 
 TOOL_THEN_ANSWER = ("<tool_call>print(6*7)</tool_call>", "<answer>42</answer>")
 

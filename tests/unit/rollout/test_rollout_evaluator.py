@@ -7,11 +7,11 @@ import asyncio
 import numpy as np
 import pytest
 
-from rollout.evaluator import Evaluator
-from rollout.fakes import FakeEnvironments, FakeTokenizer, ScriptedInference
-from rollout.protocols import ExecResult, TaskGroup
-from rollout.resources import LocalPool, ResourcePool, Resources
-from schemas.records import TaskSample, TrajectoryStatus
+from stacx.rollout.evaluator import Evaluator
+from stacx.rollout.fakes import FakeEnvironments, FakeTokenizer, ScriptedInference
+from stacx.rollout.protocols import ExecResult, TaskGroup
+from stacx.rollout.resources import LocalPool, ResourcePool, Resources
+from stacx.schemas.records import TaskSample, TrajectoryStatus
 
 BUDGET = Resources(sandboxes=4, cpu=4, memory_mb=4096, generations=2)
 
@@ -241,8 +241,8 @@ class _WeightsConsumer:
 
 
 async def test_weights_follower_tracks_newest_version_of_its_model() -> None:
-    from rollout.adapters import WeightsFollower
-    from schemas.records import WeightVersion
+    from stacx.rollout.adapters import WeightsFollower
+    from stacx.schemas.records import WeightVersion
 
     records = [
         WeightVersion(model_name="policy", version=2, path="/w/2"),
@@ -259,8 +259,8 @@ async def test_weights_follower_tracks_newest_version_of_its_model() -> None:
 
 
 async def test_weights_follower_refuses_a_version_with_another_content_hash() -> None:
-    from rollout.adapters import WeightsFollower
-    from schemas.records import WeightVersion
+    from stacx.rollout.adapters import WeightsFollower
+    from stacx.schemas.records import WeightVersion
 
     records = [
         WeightVersion(model_name="policy", version=3, path="/a/3", content_hash="sha256:a"),
@@ -281,8 +281,8 @@ async def test_a_reward_function_returning_no_numbers_fails_its_episode_in_one_l
         returned: object, problem: str) -> None:
     """A user's reward that returns a non-number fails the episode with the reason (its event
     stays encodable and says why), instead of an event Avro cannot carry."""
-    from schemas.codec import decode, encode
-    from schemas.records import Trajectory
+    from stacx.schemas.codec import decode, encode
+    from stacx.schemas.records import Trajectory
 
     inference = ScriptedInference(FakeTokenizer(), _script("<answer>42</answer>"))
     evaluator = _evaluator(inference, reward="exact_answer")

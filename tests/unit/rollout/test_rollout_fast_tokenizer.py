@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from rollout.models import make_tiny_model
-from rollout.protocols import Message
-from rollout.tokens import FastTokenizer, HFTokenizer, load_tokenizer, model_vocab_size
+from stacx.rollout.models import make_tiny_model
+from stacx.rollout.protocols import Message
+from stacx.rollout.tokens import FastTokenizer, HFTokenizer, load_tokenizer, model_vocab_size
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -187,9 +187,9 @@ def test_the_rollout_service_starts_without_importing_torch(model_dir: Path, tmp
     probe = textwrap.dedent(
         f"""
         import asyncio, sys
-        from infra.cli import build_parser
-        from infra.commands.rollout import load_rollout_config
-        from rollout.service import open_manager
+        from stacx.infra.cli import build_parser
+        from stacx.infra.commands.rollout import load_rollout_config
+        from stacx.rollout.service import open_manager
 
         build_parser()
         config = load_rollout_config({str(tmp_path / "rollout.yaml")!r})

@@ -17,22 +17,22 @@ from typing import Any
 import httpx
 import pytest
 
-import sandbox.backends.fake as fake_backend_module
-import sandbox.sessions as sessions_module
-from rollout.config import SandboxConfig
-from rollout.errors import ConfigError, EnvironmentStepError
-from rollout.evaluator import Evaluator
-from rollout.fakes import FakeEnvironments, FakeTokenizer, ScriptedInference
-from rollout.gateways import GatewayEnvironments
-from rollout.protocols import Generation, SamplingParams, TaskGroup
-from rollout.resources import LocalPool, ResourcePool, Resources
-from sandbox.client import SandboxClient
-from sandbox.errors import BackendError, CapacityExceeded, EngineWedged, InvalidSpec
-from sandbox.gateway import create_app
-from sandbox.models import ExecResult
-from sandbox.sessions import SessionManager
-from sandbox.testing import FakeBackend
-from schemas.records import TaskSample, TrajectoryStatus
+import stacx.sandbox.backends.fake as fake_backend_module
+import stacx.sandbox.sessions as sessions_module
+from stacx.rollout.config import SandboxConfig
+from stacx.rollout.errors import ConfigError, EnvironmentStepError
+from stacx.rollout.evaluator import Evaluator
+from stacx.rollout.fakes import FakeEnvironments, FakeTokenizer, ScriptedInference
+from stacx.rollout.gateways import GatewayEnvironments
+from stacx.rollout.protocols import Generation, SamplingParams, TaskGroup
+from stacx.rollout.resources import LocalPool, ResourcePool, Resources
+from stacx.sandbox.client import SandboxClient
+from stacx.sandbox.errors import BackendError, CapacityExceeded, EngineWedged, InvalidSpec
+from stacx.sandbox.gateway import create_app
+from stacx.sandbox.models import ExecResult
+from stacx.sandbox.sessions import SessionManager
+from stacx.sandbox.testing import FakeBackend
+from stacx.schemas.records import TaskSample, TrajectoryStatus
 
 HOUR = 3600.0
 
@@ -447,9 +447,9 @@ async def test_a_hung_gateway_counts_its_waiting_requests_and_is_routed_around()
 
 
 def test_the_gateway_request_timeout_is_set_in_the_sandbox_section() -> None:
-    from infra.config import build
-    from rollout.config import RolloutConfig
-    from rollout.service import build_environments
+    from stacx.infra.config import build
+    from stacx.rollout.config import RolloutConfig
+    from stacx.rollout.service import build_environments
 
     config = build(
         RolloutConfig,

@@ -8,20 +8,20 @@ from dataclasses import dataclass
 
 import pytest
 
-from rollout.data import KafkaTaskSource, ListTaskSource
-from rollout.errors import ConfigError, ResourceDeadlockError
-from rollout.evaluator import Evaluator
-from rollout.fakes import (
+from stacx.rollout.data import KafkaTaskSource, ListTaskSource
+from stacx.rollout.errors import ConfigError, ResourceDeadlockError
+from stacx.rollout.evaluator import Evaluator
+from stacx.rollout.fakes import (
     FakeEnvironments,
     FakeTokenizer,
     MemoryPublisher,
     ScriptedInference,
     StaticVersion,
 )
-from rollout.manager import RolloutManager
-from rollout.resources import Resources
-from rollout.scheduler import TaskScheduler
-from schemas.records import TaskSample, TrajectoryStatus
+from stacx.rollout.manager import RolloutManager
+from stacx.rollout.resources import Resources
+from stacx.rollout.scheduler import TaskScheduler
+from stacx.schemas.records import TaskSample, TrajectoryStatus
 
 TOOL_THEN_ANSWER = ("<tool_call>print(6*7)</tool_call>", "<answer>42</answer>")
 
@@ -129,7 +129,7 @@ async def test_staleness_bound_stops_pulling_until_the_policy_advances() -> None
 async def test_a_worker_waiting_at_the_bound_keeps_its_group_source_alive(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """While no task is wanted, a consumer-group source is kept alive (its rebalances served):
     otherwise a joining or departing peer waits for this worker's next poll."""
-    import rollout.manager as manager_module
+    import stacx.rollout.manager as manager_module
 
     monkeypatch.setattr(manager_module, "KEEP_ALIVE_S", 0.01)
     versions = StaticVersion(0)

@@ -6,12 +6,12 @@ import argparse
 
 from rich.console import Console
 
-from infra.commands import rollout as rollout_command
-from rollout.data import ListTaskSource
-from rollout.fakes import FakeEnvironments, FakeTokenizer, MemoryPublisher, ScriptedInference
-from rollout.manager import RolloutManager
-from rollout.progress import _render, live_progress, metrics_line, reward_table
-from schemas.records import TaskSample
+from stacx.infra.commands import rollout as rollout_command
+from stacx.rollout.data import ListTaskSource
+from stacx.rollout.fakes import FakeEnvironments, FakeTokenizer, MemoryPublisher, ScriptedInference
+from stacx.rollout.manager import RolloutManager
+from stacx.rollout.progress import _render, live_progress, metrics_line, reward_table
+from stacx.schemas.records import TaskSample
 
 
 async def test_metrics_render_after_a_run() -> None:

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from rollout.errors import ConfigError, ResourceDeadlockError
-from rollout.resources import LocalPool, ResourcePool, Resources
+from stacx.rollout.errors import ConfigError, ResourceDeadlockError
+from stacx.rollout.resources import LocalPool, ResourcePool, Resources
 
 CAPACITY = Resources(sandboxes=2, cpu=2.0, memory_mb=1024, generations=2, gpus=1)
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollout.errors import ResourceDeadlockError
-from rollout.resources import (
+from stacx.rollout.errors import ResourceDeadlockError
+from stacx.rollout.resources import (
     EvaluatorDemand,
     LocalPool,
     ResourcePool,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from rollout.errors import ConfigError
-from rollout.protocols import TaskGroup
-from rollout.scheduler import TaskScheduler
-from schemas.records import TaskSample
+from stacx.rollout.errors import ConfigError
+from stacx.rollout.protocols import TaskGroup
+from stacx.rollout.scheduler import TaskScheduler
+from stacx.schemas.records import TaskSample
 
 
 def _group(task_id: str, task_type: str, priority: int = 0, n: int = 1) -> TaskGroup:

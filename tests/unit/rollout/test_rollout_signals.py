@@ -8,7 +8,7 @@ import os
 import signal
 from typing import Any
 
-from rollout.service import _install_signals
+from stacx.rollout.service import _install_signals
 
 
 class RecordingManager:
@@ -47,8 +47,8 @@ async def test_ctrl_c_drains_then_cancels() -> None:
 
 
 def test_a_signal_stopped_run_exits_128_plus_its_number(monkeypatch: Any, capsys: Any) -> None:
-    from infra.commands import rollout as command
-    from rollout.manager import RolloutSummary
+    from stacx.infra.commands import rollout as command
+    from stacx.rollout.manager import RolloutSummary
 
     async def stopped(config: Any, **kwargs: Any) -> RolloutSummary:
         return RolloutSummary(stopped_by=signal.SIGTERM)
@@ -57,7 +57,7 @@ def test_a_signal_stopped_run_exits_128_plus_its_number(monkeypatch: Any, capsys
     config.num_groups, config.kafka = None, type("K", (), {"publish": False, "follow_weights": False})()
     config.data = type("D", (), {"topic": None, "task_dirs": None})()
     monkeypatch.setattr(command, "_load", lambda path, args: config)
-    monkeypatch.setattr("rollout.service.run_rollout", stopped)
+    monkeypatch.setattr("stacx.rollout.service.run_rollout", stopped)
     args: Any = type("A", (), {"config": "r.yaml", "num_groups": None})()
     assert command._rollout(args) == 143
     assert capsys.readouterr().err.strip().splitlines()[-1] == "stacx rollout: stopped by SIGTERM"

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rollout.errors import ConfigError
-from rollout.evaluator import Evaluator
-from rollout.fakes import FakeEnvironments, FakeTokenizer, ScriptedInference, StaticVersion
-from rollout.protocols import TaskGroup
-from rollout.resources import LocalPool, ResourcePool, Resources
-from rollout.teacher import BetaSchedule, TeacherInTheLoop, dagger_rows
-from schemas.records import TaskSample
+from stacx.rollout.errors import ConfigError
+from stacx.rollout.evaluator import Evaluator
+from stacx.rollout.fakes import FakeEnvironments, FakeTokenizer, ScriptedInference, StaticVersion
+from stacx.rollout.protocols import TaskGroup
+from stacx.rollout.resources import LocalPool, ResourcePool, Resources
+from stacx.rollout.teacher import BetaSchedule, TeacherInTheLoop, dagger_rows
+from stacx.schemas.records import TaskSample
 
 BUDGET = Resources(sandboxes=4, cpu=4, memory_mb=4096, generations=2)
 STUDENT = ["<tool_call>print(6*8)</tool_call>", "<answer>48</answer>"]
@@ -128,9 +128,9 @@ async def test_dagger_rows_put_teacher_labels_on_student_states() -> None:
 async def test_opd_teacher_logprobs_reach_the_trainer_aligned_to_the_students_tokens() -> None:
     """Evaluator (opd mode) -> Trajectory.teacher_logprobs -> pack_batch -> TensorBatch: the
     served teacher's logprob sits on exactly the student's generated targets."""
-    from consumers.assembly.packing import PackedGroup, pack_batch
-    from schemas.codec import decode, encode
-    from trainer.batch import to_tensor_batch
+    from stacx.consumers.assembly.packing import PackedGroup, pack_batch
+    from stacx.schemas.codec import decode, encode
+    from stacx.trainer.batch import to_tensor_batch
 
     traj, *_ = await _episode(TeacherInTheLoop.Config(mode="opd"), scorer=FixedScorer())
     assert len(traj.teacher_logprobs) == len(traj.token_ids)
@@ -162,7 +162,7 @@ async def test_label_only_episodes_carry_no_token_teacher_logprobs() -> None:
 
 
 async def test_aggrevate_rolls_in_with_the_student_then_the_teacher_finishes() -> None:
-    from rollout.teacher import aggrevate_rows
+    from stacx.rollout.teacher import aggrevate_rows
 
     traj, tok, student, teacher, _ = await _episode(
         TeacherInTheLoop.Config(mode="aggrevate", switch_turns=1))  # t* = 0
@@ -180,7 +180,7 @@ async def test_aggrevate_rolls_in_with_the_student_then_the_teacher_finishes() -
 
 
 async def test_aggrevate_without_a_switch_scores_the_last_student_action() -> None:
-    from rollout.teacher import _SwitchEpisode, aggrevate_rows
+    from stacx.rollout.teacher import _SwitchEpisode, aggrevate_rows
 
     tok = FakeTokenizer()
     student, teacher = ScriptedInference(tok, _policy(STUDENT)), ScriptedInference(tok, _policy(TEACHER))
@@ -199,9 +199,9 @@ async def test_aggrevate_without_a_switch_scores_the_last_student_action() -> No
 
 
 def test_yaml_teacher_section_is_validated() -> None:
-    from rollout.config import RolloutConfig
-    from schemas.config import ConfigError as LoaderError
-    from schemas.config import build
+    from stacx.rollout.config import RolloutConfig
+    from stacx.schemas.config import ConfigError as LoaderError
+    from stacx.schemas.config import build
 
     config = build(RolloutConfig, {"data": {"path": "t"}, "sandbox": None, "teacher": {
         "url": "http://127.0.0.1:30001", "mode": "aggrevate", "switch_turns": 3,
@@ -220,10 +220,10 @@ def test_yaml_teacher_section_is_validated() -> None:
                                                  ("opd", "MemoryPublisher")])
 async def test_the_service_mixes_in_the_teacher_and_publishes_its_rows(
         mode: str, publisher: str) -> None:
-    from rollout.config import RolloutConfig
-    from rollout.fakes import MemoryPublisher
-    from rollout.service import open_manager
-    from schemas.config import build
+    from stacx.rollout.config import RolloutConfig
+    from stacx.rollout.fakes import MemoryPublisher
+    from stacx.rollout.service import open_manager
+    from stacx.schemas.config import build
 
     tok = FakeTokenizer()
     config = build(RolloutConfig, {"data": {"path": "t"}, "sandbox": None,

@@ -1,15 +1,15 @@
-"""Token bookkeeping with the real (locally built) HF tokenizer of rollout.models."""
+"""Token bookkeeping with the real (locally built) HF tokenizer of stacx.rollout.models."""
 
 from __future__ import annotations
 
 import pytest
 
-from rollout.tokens import ChatFormat, HFTokenizer, TokenBuffer
+from stacx.rollout.tokens import ChatFormat, HFTokenizer, TokenBuffer
 
 
 @pytest.fixture(scope="module")
 def tokenizer() -> HFTokenizer:
-    from rollout.models import make_tokenizer
+    from stacx.rollout.models import make_tokenizer
 
     return HFTokenizer(make_tokenizer())
 

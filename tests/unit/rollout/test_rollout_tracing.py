@@ -7,7 +7,7 @@ from opentelemetry import trace
 from test_rollout_manager import _manager, _tasks
 from tracing_fixtures import in_memory_metrics, in_memory_tracing, metric_points
 
-from producers.tracing import tracing_on
+from stacx.producers.tracing import tracing_on
 
 
 async def test_each_episode_is_one_trace_of_generate_and_sandbox_spans() -> None:

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from rollout.config import DataConfig, InferenceConfig, RolloutConfig
-from rollout.data import ListTaskSource
-from rollout.errors import ConfigError
-from rollout.fakes import FakeEnvironments, FakeTokenizer, MemoryPublisher, ScriptedInference
-from rollout.manager import RolloutManager
-from rollout.models.tiny import make_tiny_model
-from rollout.service import manager_config
-from schemas.records import TaskSample, TrajectoryStatus
+from stacx.rollout.config import DataConfig, InferenceConfig, RolloutConfig
+from stacx.rollout.data import ListTaskSource
+from stacx.rollout.errors import ConfigError
+from stacx.rollout.fakes import FakeEnvironments, FakeTokenizer, MemoryPublisher, ScriptedInference
+from stacx.rollout.manager import RolloutManager
+from stacx.rollout.models.tiny import make_tiny_model
+from stacx.rollout.service import manager_config
+from stacx.schemas.records import TaskSample, TrajectoryStatus
 
 SPECIAL_IDS_FROM = 1_000_000
 """FakeTokenizer's special tokens (the end of turn every episode holds) start here."""

@@ -8,11 +8,11 @@ import asyncio
 import httpx
 import pytest
 
-from rollout.errors import ServicesNotReadyError
-from rollout.gateways import GatewayEnvironments
-from rollout.inference import InferenceClient
-from rollout.service import wait_until_up
-from sandbox.client import SandboxClient
+from stacx.rollout.errors import ServicesNotReadyError
+from stacx.rollout.gateways import GatewayEnvironments
+from stacx.rollout.inference import InferenceClient
+from stacx.rollout.service import wait_until_up
+from stacx.sandbox.client import SandboxClient
 
 
 def _scripted(answers: list[int | None], seen: list[str]) -> httpx.MockTransport:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.backends._common import (
+from stacx.sandbox.backends._common import (
     EXEC_SCRIPT,
     KILL_MARKED_SCRIPT,
     LEFT_RUNNING_TAG,
@@ -24,7 +24,7 @@ from sandbox.backends._common import (
     to_result,
     tracked_exec_argv,
 )
-from sandbox.errors import BackendError, FileOperationFailed, SandboxFileNotFound
+from stacx.sandbox.errors import BackendError, FileOperationFailed, SandboxFileNotFound
 
 
 def test_exec_argv_kills_the_process_group_at_the_timeout() -> None:

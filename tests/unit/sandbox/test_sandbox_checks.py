@@ -12,16 +12,16 @@ from typing import Any
 import docker.errors
 import pytest
 
-from infra.commands import sandbox as commands
-from sandbox.backends.fake import FakeBackend, FakeSandbox
-from sandbox.checks import check_task
-from sandbox.errors import ImageBuildError, RewardFileMissing
-from sandbox.images import STAND_IN_PYTHON, TaskImageBuilder, map_base_image
-from sandbox.models import ExecRequest, ExecResult, SessionSpec
-from sandbox.sessions import SessionManager
-from sandbox.tasks import load_task
-from sandbox.terminal import clean_text
-from sandbox.testing import FakeTaskImages
+from stacx.infra.commands import sandbox as commands
+from stacx.sandbox.backends.fake import FakeBackend, FakeSandbox
+from stacx.sandbox.checks import check_task
+from stacx.sandbox.errors import ImageBuildError, RewardFileMissing
+from stacx.sandbox.images import STAND_IN_PYTHON, TaskImageBuilder, map_base_image
+from stacx.sandbox.models import ExecRequest, ExecResult, SessionSpec
+from stacx.sandbox.sessions import SessionManager
+from stacx.sandbox.tasks import load_task
+from stacx.sandbox.terminal import clean_text
+from stacx.sandbox.testing import FakeTaskImages
 
 TASK = Path(__file__).resolve().parents[3] / "examples" / "tasks" / "write-file"
 NETWORK_LINE = "curl: (6) Could not resolve host: astral.sh"

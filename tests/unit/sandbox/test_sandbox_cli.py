@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.cli import build_parser
-from infra.commands import sandbox as commands
-from rollout.data import load_tasks_jsonl
-from sandbox.checks import check_path
+from stacx.infra.cli import build_parser
+from stacx.infra.commands import sandbox as commands
+from stacx.rollout.data import load_tasks_jsonl
+from stacx.sandbox.checks import check_path
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "tasks"
 
@@ -35,7 +35,7 @@ def test_tasks_import_reports_broken_tasks(tmp_path: Path, capsys) -> None:  # t
 
 
 def test_gateway_arguments() -> None:
-    from infra.commands.sandbox import gateway_config
+    from stacx.infra.commands.sandbox import gateway_config
 
     args = build_parser().parse_args(
         ["gateway", "--backend", "process", "--port", "9", "--warm-pool", "2", "--reuse-pool", "3"]
@@ -51,7 +51,7 @@ def test_gateway_arguments() -> None:
 
 
 def test_gateway_limits_reach_the_session_manager() -> None:
-    from infra.commands.sandbox import gateway_config
+    from stacx.infra.commands.sandbox import gateway_config
 
     args = build_parser().parse_args(["gateway", "--max-pids", "64", "--budget-memory-mb", "2048"])
     limits = gateway_config(args).sessions.limits
@@ -59,7 +59,7 @@ def test_gateway_limits_reach_the_session_manager() -> None:
 
 
 def test_gateway_reads_its_section_from_a_file_and_flags_override_it(tmp_path: Path) -> None:
-    from infra.commands.sandbox import gateway_config
+    from stacx.infra.commands.sandbox import gateway_config
 
     path = tmp_path / "gateway.yaml"
     path.write_text(
@@ -97,7 +97,7 @@ def test_gateway_limits_beyond_the_host_are_one_line_and_exit_2(capsys) -> None:
 def test_eval_skips_broken_and_unsupported_harbor_tasks(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     import shutil
 
-    from infra.commands.rollout import _harbor_tasks
+    from stacx.infra.commands.rollout import _harbor_tasks
 
     shutil.copytree(EXAMPLES / "write-file", tmp_path / "good")
     shutil.copytree(EXAMPLES / "write-file", tmp_path / "gpu")

@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from sandbox.client import SandboxClient, _backoff_delay
-from sandbox.errors import BackendError, CapacityExceeded, InvalidSpec, SessionNotFound
+from stacx.sandbox.client import SandboxClient, _backoff_delay
+from stacx.sandbox.errors import BackendError, CapacityExceeded, InvalidSpec, SessionNotFound
 
 SESSION = {
     "id": "s1",
@@ -73,7 +73,7 @@ def _client(script: Script, *, max_retries: int = 3) -> SandboxClient:
 
 @pytest.fixture
 def no_jitter(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr("sandbox.client.random.uniform", lambda low, high: high)
+    monkeypatch.setattr("stacx.sandbox.client.random.uniform", lambda low, high: high)
     yield
 
 

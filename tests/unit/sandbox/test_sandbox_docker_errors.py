@@ -9,9 +9,9 @@ import docker.errors
 import pytest
 import requests
 
-from sandbox.backends.docker import DockerBackend
-from sandbox.errors import BackendError, BaseImageMissing
-from sandbox.protocols import SandboxSpec
+from stacx.sandbox.backends.docker import DockerBackend
+from stacx.sandbox.errors import BackendError, BaseImageMissing
+from stacx.sandbox.protocols import SandboxSpec
 
 
 class _Api:

@@ -7,8 +7,8 @@ import socket
 import struct
 from types import SimpleNamespace
 
-from sandbox.backends._common import OutputCap
-from sandbox.backends.docker import _read_frames, _reader
+from stacx.sandbox.backends._common import OutputCap
+from stacx.sandbox.backends.docker import _read_frames, _reader
 
 
 def _frame(stream: int, payload: bytes) -> bytes:

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
-from sandbox.backends.fake import FakeBackend, FakeSandbox
-from sandbox.client import SandboxClient
-from sandbox.errors import (
+from stacx.sandbox.backends.fake import FakeBackend, FakeSandbox
+from stacx.sandbox.client import SandboxClient
+from stacx.sandbox.errors import (
     AuthError,
     CapacityExceeded,
     InvalidSpec,
@@ -19,11 +19,11 @@ from sandbox.errors import (
     SessionExpired,
     SessionNotFound,
 )
-from sandbox.gateway import create_app
-from sandbox.models import ExecRequest, ExecResult, SessionSpec
-from sandbox.paths import tar_files
-from sandbox.sessions import SessionManager
-from sandbox.testing import serve_gateway
+from stacx.sandbox.gateway import create_app
+from stacx.sandbox.models import ExecRequest, ExecResult, SessionSpec
+from stacx.sandbox.paths import tar_files
+from stacx.sandbox.sessions import SessionManager
+from stacx.sandbox.testing import serve_gateway
 
 TOKEN = "unit-token"
 
@@ -176,7 +176,7 @@ def test_base_url_is_validated() -> None:
 
 
 async def test_gateway_generates_a_token_when_none_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sandbox.gateway import TOKEN_ENV, Gateway
+    from stacx.sandbox.gateway import TOKEN_ENV, Gateway
 
     monkeypatch.delenv(TOKEN_ENV, raising=False)
     gateway = Gateway(Gateway.Config(), backend=FakeBackend(_handler))

@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
-from sandbox.backends.fake import FakeBackend
-from sandbox.client import SandboxClient
-from sandbox.errors import RequestTooLarge, SessionNotFound
-from sandbox.gateway import create_app
-from sandbox.sessions import SessionManager
-from sandbox.testing import serve_app
+from stacx.sandbox.backends.fake import FakeBackend
+from stacx.sandbox.client import SandboxClient
+from stacx.sandbox.errors import RequestTooLarge, SessionNotFound
+from stacx.sandbox.gateway import create_app
+from stacx.sandbox.sessions import SessionManager
+from stacx.sandbox.testing import serve_app
 
 ADMIN, ALICE, BOB = "admin-token", "alice-token", "bob-token"
 MAX_FILE = 1 << 20

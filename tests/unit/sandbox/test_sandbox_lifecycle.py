@@ -13,11 +13,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from sandbox.backends.lifecycle import LifecycleGuard
-from sandbox.client import SandboxClient
-from sandbox.errors import EngineWedged
-from sandbox.sessions import SessionManager
-from sandbox.testing import WedgingBackend, serve_gateway
+from stacx.sandbox.backends.lifecycle import LifecycleGuard
+from stacx.sandbox.client import SandboxClient
+from stacx.sandbox.errors import EngineWedged
+from stacx.sandbox.sessions import SessionManager
+from stacx.sandbox.testing import WedgingBackend, serve_gateway
 
 
 class _Probe:

@@ -7,14 +7,14 @@ from typing import Any
 import httpx
 import pytest
 
-from sandbox.backends.fake import FakeBackend
-from sandbox.client import SandboxClient
-from sandbox.errors import CapacityExceeded, GatewayConfigError, LimitExceeded
-from sandbox.gateway import create_app
-from sandbox.limits import PID_RESERVE, SessionLimits
-from sandbox.models import SessionSpec
-from sandbox.protocols import HostCapacity
-from sandbox.sessions import SessionManager
+from stacx.sandbox.backends.fake import FakeBackend
+from stacx.sandbox.client import SandboxClient
+from stacx.sandbox.errors import CapacityExceeded, GatewayConfigError, LimitExceeded
+from stacx.sandbox.gateway import create_app
+from stacx.sandbox.limits import PID_RESERVE, SessionLimits
+from stacx.sandbox.models import SessionSpec
+from stacx.sandbox.protocols import HostCapacity
+from stacx.sandbox.sessions import SessionManager
 
 SMALL_HOST = HostCapacity(cpus=2.0, memory_mb=4096, pid_max=32768)
 TOKEN = "limits-token"

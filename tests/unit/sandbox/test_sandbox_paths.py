@@ -7,8 +7,8 @@ import tarfile
 
 import pytest
 
-from sandbox.errors import PathRejected
-from sandbox.paths import check_archive, resolve_path, tar_directory, tar_files
+from stacx.sandbox.errors import PathRejected
+from stacx.sandbox.paths import check_archive, resolve_path, tar_directory, tar_files
 
 
 @pytest.mark.parametrize(

@@ -7,13 +7,13 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from sandbox.backends.fake import FakeBackend
-from sandbox.limits import SessionLimits
-from sandbox.models import SessionSpec
-from sandbox.protocols import HostCapacity, SandboxHandle, SandboxSpec
-from sandbox.reuse import ReusePool, shape_key
-from sandbox.sessions import SessionManager
-from sandbox.testing import FakeTaskImages
+from stacx.sandbox.backends.fake import FakeBackend
+from stacx.sandbox.limits import SessionLimits
+from stacx.sandbox.models import SessionSpec
+from stacx.sandbox.protocols import HostCapacity, SandboxHandle, SandboxSpec
+from stacx.sandbox.reuse import ReusePool, shape_key
+from stacx.sandbox.sessions import SessionManager
+from stacx.sandbox.testing import FakeTaskImages
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "tasks"
 EPISODE = SessionSpec(cpus=0.5, memory_mb=256, lifetime_s=600.0)

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox.errors import RewardFileEmpty, RewardFileMalformed
-from sandbox.verifier import REWARD_JSON, REWARD_TXT, parse_reward_json, parse_reward_text, scalar_reward
+from stacx.sandbox.errors import RewardFileEmpty, RewardFileMalformed
+from stacx.sandbox.verifier import (
+    REWARD_JSON,
+    REWARD_TXT,
+    parse_reward_json,
+    parse_reward_text,
+    scalar_reward,
+)
 
 
 @pytest.mark.parametrize("text", [b'{"reward": 1, "ok": true}', b'{"reward": false}', b'{"reward": true}'])

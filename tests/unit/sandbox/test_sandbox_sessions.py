@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.backends.fake import FakeBackend, FakeSandbox
-from sandbox.errors import CapacityExceeded, InvalidSpec, PathRejected, SessionExpired, SessionNotFound
-from sandbox.models import ExecRequest, ExecResult, SessionSpec
-from sandbox.sessions import SessionManager
-from sandbox.testing import FakeTaskImages
+from stacx.sandbox.backends.fake import FakeBackend, FakeSandbox
+from stacx.sandbox.errors import CapacityExceeded, InvalidSpec, PathRejected, SessionExpired, SessionNotFound
+from stacx.sandbox.models import ExecRequest, ExecResult, SessionSpec
+from stacx.sandbox.sessions import SessionManager
+from stacx.sandbox.testing import FakeTaskImages
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "tasks"
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from harbor_cookbook import MULTI_CONTAINER, SINGLE_CONTAINER, cookbook
 
-from sandbox.errors import TaskFormatError
-from sandbox.task_config import parse_size_mb, resolve_env
-from sandbox.tasks import discover_tasks, find_task_dirs, load_task
+from stacx.sandbox.errors import TaskFormatError
+from stacx.sandbox.task_config import parse_size_mb, resolve_env
+from stacx.sandbox.tasks import discover_tasks, find_task_dirs, load_task
 
 
 def _task(tmp_path: Path, toml: str, name: str = "t") -> Path:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.errors import TaskFormatError
-from sandbox.images import from_images
-from sandbox.tasks import discover_tasks, load_task, to_task_sample
+from stacx.sandbox.errors import TaskFormatError
+from stacx.sandbox.images import from_images
+from stacx.sandbox.tasks import discover_tasks, load_task, to_task_sample
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "tasks"
 BUILTIN = ["edit-config", "fix-python-bug", "json-to-csv", "sort-files", "top-ips", "write-file"]

@@ -8,15 +8,21 @@ from pathlib import Path
 import pytest
 from harbor_cookbook import cookbook
 
-from sandbox.backends.fake import FakeBackend, FakeSandbox
-from sandbox.checks import network_hint
-from sandbox.errors import HealthcheckFailed
-from sandbox.images import DEFAULT_BASE_IMAGES, STAND_IN_DEBIAN, STAND_IN_PYTHON, map_base_image, rewrite_from
-from sandbox.models import ExecRequest, ExecResult, SessionSpec, VerifyResult
-from sandbox.sessions import SessionManager
-from sandbox.task_config import Healthcheck
-from sandbox.tasks import load_task
-from sandbox.trials import StepOutcome, run_healthcheck, run_trial, total_rewards
+from stacx.sandbox.backends.fake import FakeBackend, FakeSandbox
+from stacx.sandbox.checks import network_hint
+from stacx.sandbox.errors import HealthcheckFailed
+from stacx.sandbox.images import (
+    DEFAULT_BASE_IMAGES,
+    STAND_IN_DEBIAN,
+    STAND_IN_PYTHON,
+    map_base_image,
+    rewrite_from,
+)
+from stacx.sandbox.models import ExecRequest, ExecResult, SessionSpec, VerifyResult
+from stacx.sandbox.sessions import SessionManager
+from stacx.sandbox.task_config import Healthcheck
+from stacx.sandbox.tasks import load_task
+from stacx.sandbox.trials import StepOutcome, run_healthcheck, run_trial, total_rewards
 
 
 class _Script:

@@ -10,18 +10,18 @@ from typing import Any
 
 import pytest
 
-from sandbox.backends.fake import FakeBackend, FakeSandbox
-from sandbox.errors import (
+from stacx.sandbox.backends.fake import FakeBackend, FakeSandbox
+from stacx.sandbox.errors import (
     RewardFileEmpty,
     RewardFileMalformed,
     RewardFileMissing,
     SandboxFileNotFound,
     TaskFormatError,
 )
-from sandbox.models import ExecRequest, ExecResult, SessionSpec
-from sandbox.sessions import SessionManager
-from sandbox.tasks import load_task
-from sandbox.verifier import (
+from stacx.sandbox.models import ExecRequest, ExecResult, SessionSpec
+from stacx.sandbox.sessions import SessionManager
+from stacx.sandbox.tasks import load_task
+from stacx.sandbox.verifier import (
     parse_reward_json,
     parse_reward_text,
     run_oracle,

@@ -13,7 +13,7 @@ from wandb_records import config as wandb_config
 from wandb_records import history as wandb_history
 from wandb_records import offline_runs, records
 
-from infra.tracking import Table, TrackedRun, build_tracker
+from stacx.infra.tracking import Table, TrackedRun, build_tracker
 
 CONFIG = {"pipeline": {"name": "demo", "steps": 3}, "trainer": {"recipe": "grpo"}}
 TABLE = Table(
@@ -118,7 +118,7 @@ def test_mlflow_store_under_the_run_holds_each_series_by_version(tmp_path: Path)
 
     assert series("trainer/loss") == [(1, 0.5), (2, 0.25)]
     assert series("rollout/reward_mean") == [(0, 0.125), (1, 0.375)]
-    assert found.data.params["trainer.recipe"] == "grpo" and found.data.params["pipeline.steps"] == "3"
+    assert found.data.params["stacx.trainer.recipe"] == "grpo" and found.data.params["pipeline.steps"] == "3"
     local = client.download_artifacts(found.info.run_id, "trajectories/v000000.json", str(tmp_path / "dl"))
     assert json.loads(Path(local).read_text()) == {
         "columns": ["task_id", "reward", "answer"],
@@ -137,7 +137,7 @@ def test_mlflow_store_under_the_run_holds_each_series_by_version(tmp_path: Path)
 def test_a_missing_package_is_one_line_naming_the_extra(
     name: str, module: str, extra: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from infra.tracking import MissingTrackerPackage, tracker_problem
+    from stacx.infra.tracking import MissingTrackerPackage, tracker_problem
 
     monkeypatch.setitem(sys.modules, module, None)  # how Python sees a package that is not installed
     expected = f"the {name} tracker needs the {module!r} package: pip install 'stacx[{extra}]'"

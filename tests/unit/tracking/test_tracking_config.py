@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from infra.cli import main
-from infra.pipeline.config import PipelineConfigError, parse_spec
-from infra.tracking import Table, TrackingConfig, open_trackers
+from stacx.infra.cli import main
+from stacx.infra.pipeline.config import PipelineConfigError, parse_spec
+from stacx.infra.tracking import Table, TrackingConfig, open_trackers
 
 REPO = Path(__file__).resolve().parents[3]
 MINIMAL: dict[str, Any] = {
@@ -178,15 +178,15 @@ def test_stacx_plugins_lists_the_trackers(capsys: pytest.CaptureFixture[str]) ->
         ("wandb", "An offline W&B run"),
     ):
         line = next(line for line in out.splitlines() if line.strip().startswith(name + " "))
-        assert "builtin (infra.tracking)" in line and summary in line
+        assert "builtin (stacx.infra.tracking)" in line and summary in line
 
 
 def test_a_tracker_that_cannot_be_built_stops_the_run_with_one_line(
     plugin_module: str, tmp_path: Path
 ) -> None:
-    from infra.pipeline.errors import PipelineError
-    from infra.pipeline.layout import RunLayout
-    from infra.pipeline.tracking import start_tracking
+    from stacx.infra.pipeline.errors import PipelineError
+    from stacx.infra.pipeline.layout import RunLayout
+    from stacx.infra.pipeline.tracking import start_tracking
 
     module = sys.modules.get(plugin_module) or __import__(plugin_module)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from infra.tracking import RunFigures
-from infra.tracking.figures import SAMPLE_COLUMNS, figure_name
-from schemas.records import (
+from stacx.infra.tracking import RunFigures
+from stacx.infra.tracking.figures import SAMPLE_COLUMNS, figure_name
+from stacx.schemas.records import (
     STEP_FIGURE_PREFIX,
     TrainingBatch,
     Trajectory,

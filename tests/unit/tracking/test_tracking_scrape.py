@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from infra.tracking import MetricsEndpoint
-from infra.tracking.scrape import ScrapeRates
-from rollout.inference.metrics import Metrics
+from stacx.infra.tracking import MetricsEndpoint
+from stacx.infra.tracking.scrape import ScrapeRates
+from stacx.rollout.inference.metrics import Metrics
 
 
 def test_counters_become_rates_gauges_values_and_histograms_means() -> None:

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from trainer import InMemoryBatchSource, StacxTrainer
-from trainer.flow import FlowModel, decode_points, point_batch
-from trainer.testing import tiny_trainer_config
+from stacx.trainer import InMemoryBatchSource, StacxTrainer
+from stacx.trainer.flow import FlowModel, decode_points, point_batch
+from stacx.trainer.testing import tiny_trainer_config
 
 TARGET = torch.tensor([1.5, 1.5])
 
@@ -42,7 +42,7 @@ def online(recipe: str, options: dict[str, Any], *, group_size: int, rounds: int
 
 
 def test_points_survive_the_batch_encoding() -> None:
-    from trainer.batch import to_tensor_batch
+    from stacx.trainer.batch import to_tensor_batch
 
     points = torch.tensor([[0.25, -1.5], [3.0, 0.001]])
     batch = to_tensor_batch(point_batch("p", points, torch.zeros(2)))
@@ -73,7 +73,7 @@ def test_policy_and_reference_share_noise_draws() -> None:
     config = tiny_trainer_config("diffusion_dpo")
     trainer = StacxTrainer(config, source=InMemoryBatchSource([]))
     batch = point_batch("p", torch.randn(4, 2), torch.rand(4), group_size=2)
-    from trainer.batch import to_tensor_batch
+    from stacx.trainer.batch import to_tensor_batch
 
     tensors = to_tensor_batch(batch)
     with torch.no_grad():

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 import torch
 
-from trainer.batch import TensorBatch
-from trainer.losses import AGGREGATIONS, KL_ESTIMATORS, Aggregation
-from trainer.recipe import get_recipe
+from stacx.trainer.batch import TensorBatch
+from stacx.trainer.losses import AGGREGATIONS, KL_ESTIMATORS, Aggregation
+from stacx.trainer.recipe import get_recipe
 
 F64 = torch.float64
 TOL = 1e-9
@@ -681,7 +681,7 @@ def scores_case(seed: int) -> tuple[Case, torch.Tensor]:
 
 
 def value_head(spec: Any, case: Case, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    from trainer.protocols import ModelOutput
+    from stacx.trainer.protocols import ModelOutput
 
     leaf = values.clone().requires_grad_(True)
     outputs = spec.extract_model_output(ModelOutput(values=leaf), case.batch)
@@ -828,7 +828,7 @@ def test_opd_served(seed: int, how: Aggregation) -> None:
 
 
 def test_opd_served_without_teacher_logprobs_says_what_to_do() -> None:
-    from trainer.errors import RecipeError
+    from stacx.trainer.errors import RecipeError
 
     with pytest.raises(RecipeError, match="teacher_logprobs"):
         policy_spec("opd_served").prepare_batch(ragged_case(0).batch)

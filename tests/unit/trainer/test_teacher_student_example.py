@@ -88,8 +88,8 @@ def test_budgets_count_effective_supervised_tokens() -> None:
     the budget the table compares besides episodes and steps."""
     import random
 
-    from trainer import InMemoryBatchSource, StacxTrainer
-    from trainer.testing import tiny_trainer_config
+    from stacx.trainer import InMemoryBatchSource, StacxTrainer
+    from stacx.trainer.testing import tiny_trainer_config
 
     run = _load_run()
     episodes = []

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.cli import main
-from trainer import ConfigError, TrainerConfig, get_recipe, load_config
+from stacx.infra.cli import main
+from stacx.trainer import ConfigError, TrainerConfig, get_recipe, load_config
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "train"
 
@@ -54,7 +54,7 @@ def test_every_wrong_type_is_refused_with_its_field_path(tmp_path: Path) -> None
 
 
 def test_model_needs_exactly_one_source() -> None:
-    from trainer import ModelConfig
+    from stacx.trainer import ModelConfig
 
     with pytest.raises(ConfigError, match="exactly one of `path`"):
         ModelConfig()

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from trainer import (
+from stacx.trainer import (
     BatchValidationError,
     CheckpointConfig,
     InMemoryBatchSource,
     InMemoryWeightPublisher,
     StacxTrainer,
 )
-from trainer.testing import synthetic_batch, synthetic_batches, tiny_trainer_config
+from stacx.trainer.testing import synthetic_batch, synthetic_batches, tiny_trainer_config
 
 
 def _bad_batch() -> object:
@@ -186,7 +186,7 @@ def test_precomputed_advantages_are_used() -> None:
 
 
 def test_metrics_of_ranks_merge_by_their_kind() -> None:
-    from trainer.engine import merge_metrics
+    from stacx.trainer.engine import merge_metrics
 
     merged = merge_metrics([{"p/ratio_max": 1.5, "p/ratio_min": 0.9, "p/clip_frac": 0.2},
                             {"p/ratio_max": 1.1, "p/ratio_min": 0.7, "p/clip_frac": 0.4},
@@ -195,7 +195,7 @@ def test_metrics_of_ranks_merge_by_their_kind() -> None:
 
 
 def test_each_published_version_carries_the_figures_of_the_step_that_made_it(tmp_path: Path) -> None:
-    from schemas.records import STEP_FIGURE_PREFIX
+    from stacx.schemas.records import STEP_FIGURE_PREFIX
 
     publisher = InMemoryWeightPublisher()
     trainer = StacxTrainer(tiny_trainer_config("grpo", tmp_path),

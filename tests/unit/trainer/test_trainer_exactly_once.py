@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from schemas.records import WeightVersion
-from trainer import InMemoryBatchSource, InMemoryWeightPublisher, StacxTrainer
-from trainer.backends.base import Backend
-from trainer.export import content_hash
-from trainer.testing import synthetic_batches, tiny_trainer_config
+from stacx.schemas.records import WeightVersion
+from stacx.trainer import InMemoryBatchSource, InMemoryWeightPublisher, StacxTrainer
+from stacx.trainer.backends.base import Backend
+from stacx.trainer.export import content_hash
+from stacx.trainer.testing import synthetic_batches, tiny_trainer_config
 
 
 class _Crash(RuntimeError):
@@ -117,7 +117,7 @@ def test_an_interrupted_run_closes_without_a_collective() -> None:
 def test_fsdp_close_after_an_interrupt_runs_no_barrier(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch.distributed as dist
 
-    from trainer.backends.fsdp import FSDP2Backend
+    from stacx.trainer.backends.fsdp import FSDP2Backend
 
     calls: list[str] = []
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
@@ -146,7 +146,7 @@ def test_the_announcement_waits_as_long_as_the_producer_retries() -> None:
     delivery report is awaited for the producer's whole delivery timeout, not a shorter one."""
     from types import SimpleNamespace
 
-    from trainer.publish import KafkaWeightPublisher
+    from stacx.trainer.publish import KafkaWeightPublisher
 
     waited: list[float] = []
     future = SimpleNamespace(result=lambda timeout: waited.append(timeout))

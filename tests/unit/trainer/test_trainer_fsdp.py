@@ -11,11 +11,11 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
-from schemas.records import TrainingBatch
-from trainer import BackendConfig
-from trainer.distributed import place_groups, spawn
-from trainer.losses import AGGREGATIONS
-from trainer.testing import (
+from stacx.schemas.records import TrainingBatch
+from stacx.trainer import BackendConfig
+from stacx.trainer.distributed import place_groups, spawn
+from stacx.trainer.losses import AGGREGATIONS
+from stacx.trainer.testing import (
     run_gradients,
     run_jobs,
     run_steps,
@@ -139,7 +139,7 @@ def test_online_reward_model_mse_is_the_global_mean_on_two_ranks(tmp_path: Path)
 def test_fewer_groups_than_ranks_keep_whole_groups(tmp_path: Path) -> None:
     """One prompt group on 2 ranks: recipes that build advantages or preference pairs from
     groups see the whole group (never two half-groups), so 2 ranks equal one process."""
-    from trainer.flow import point_batch
+    from stacx.trainer.flow import point_batch
 
     one_group = synthetic_batch(0, num_groups=1, group_size=4, response_length=7,
                                 recorded_logprobs=True)
@@ -168,7 +168,7 @@ def test_activation_checkpointing_and_cpu_offload_leave_the_losses_unchanged(tmp
 
 
 def test_cpu_offload_needs_fsdp2() -> None:
-    from trainer.errors import ConfigError
+    from stacx.trainer.errors import ConfigError
 
     with pytest.raises(ConfigError, match="cpu_offload needs backend.kind: fsdp2"):
         BackendConfig(kind="single", cpu_offload=True)
@@ -178,7 +178,7 @@ def test_activation_checkpointing_turns_on_the_hf_models_gradient_checkpointing(
     from torch import nn
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from trainer.backends.base import checkpointed
+    from stacx.trainer.backends.base import checkpointed
 
     inner = Qwen2ForCausalLM(Qwen2Config(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=1, vocab_size=32))

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from trainer import losses
+from stacx.trainer import losses
 
 T = torch.tensor
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from trainer import InMemoryBatchSource, RecipeError, StacxTrainer, get_recipe, to_tensor_batch
-from trainer.offpolicy import importance_weights, mismatch_metrics
-from trainer.specialization import behaviour_logprobs
-from trainer.testing import synthetic_batch, tiny_trainer_config
+from stacx.trainer import InMemoryBatchSource, RecipeError, StacxTrainer, get_recipe, to_tensor_batch
+from stacx.trainer.offpolicy import importance_weights, mismatch_metrics
+from stacx.trainer.specialization import behaviour_logprobs
+from stacx.trainer.testing import synthetic_batch, tiny_trainer_config
 
 T = torch.tensor
 LN2 = math.log(2.0)

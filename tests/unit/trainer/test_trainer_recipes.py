@@ -8,8 +8,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from schemas.records import TrainingBatch
-from trainer import (
+from stacx.schemas.records import TrainingBatch
+from stacx.trainer import (
     InMemoryBatchSource,
     RecipeError,
     StacxTrainer,
@@ -17,9 +17,9 @@ from trainer import (
     list_recipes,
     to_tensor_batch,
 )
-from trainer.flow import point_batch
-from trainer.losses import token_logprobs
-from trainer.testing import synthetic_batches, tiny_trainer_config
+from stacx.trainer.flow import point_batch
+from stacx.trainer.losses import token_logprobs
+from stacx.trainer.testing import synthetic_batches, tiny_trainer_config
 
 SHIPPED = ["sft", "grpo", "ppo", "dpo", "reinforce_pp", "rloo", "ppo_colocated",
            "dpo_distributed", "online_reward", "opd", "gspo", "dr_grpo", "dapo", "cispo", "remax",
@@ -100,8 +100,8 @@ def test_opd_needs_a_teacher_model() -> None:
 def test_several_models_fill_one_role_as_an_ensemble() -> None:
     from dataclasses import dataclass
 
-    from trainer import ModelConfig, ModelSlot
-    from trainer.recipes.opd import OnPolicyDistill
+    from stacx.trainer import ModelConfig, ModelSlot
+    from stacx.trainer.recipes.opd import OnPolicyDistill
 
     seen: dict[str, torch.Tensor] = {}
 

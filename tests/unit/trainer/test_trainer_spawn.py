@@ -16,7 +16,7 @@ LAUNCHER = textwrap.dedent(
     """
     import os, sys, time
     from pathlib import Path
-    from trainer.distributed import spawn
+    from stacx.trainer.distributed import spawn
 
     def rank(out):
         Path(out, str(os.getpid())).write_text("up")
@@ -86,8 +86,9 @@ def test_a_rank_killed_alone_stops_the_others_with_one_line_not_a_traceback(tmp_
             print(f"launcher: {exc}", flush=True)
             sys.exit(1)
         except KeyboardInterrupt:"""), "    "))
-    launcher = launcher.replace("from trainer.distributed import spawn",
-                                "from trainer.distributed import spawn\nfrom trainer.errors import RankError")
+    launcher = launcher.replace("from stacx.trainer.distributed import spawn",
+                                "from stacx.trainer.distributed import spawn\n"
+                                "from stacx.trainer.errors import RankError")
     script, out = tmp_path / "launch.py", tmp_path / "ranks"
     script.write_text(launcher)
     out.mkdir()
@@ -110,7 +111,7 @@ FINISHING = textwrap.dedent(
     """
     import atexit, os, sys
     from pathlib import Path
-    from trainer.ranks import spawn
+    from stacx.trainer.ranks import spawn
 
     class AbortsAtTeardown:
         '''A native object a library still holds when the interpreter is torn down, whose

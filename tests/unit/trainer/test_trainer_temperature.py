@@ -1,7 +1,7 @@
 """Sampling temperature: a frozen policy sampled at T = 0.7 is exactly on-policy for the trainer.
 
 The rollout side is real: tokens and logprobs come from the inference server's sampler
-(`rollout.inference.sampling.sample_tokens`) on the trainer's own policy weights, trajectories are
+(`stacx.rollout.inference.sampling.sample_tokens`) on the trainer's own policy weights, trajectories are
 packed by the assembler's `pack_batch`, and the trainer scores each row at its temperature.
 """
 
@@ -12,13 +12,13 @@ import dataclasses
 import numpy as np
 import torch
 
-from consumers.assembly import PackedGroup, pack_batch
-from rollout.inference.sampling import RowSampling, SamplingParams, sample_tokens
-from schemas.records import TrainingBatch, Trajectory, logprobs, loss_mask, token_ids
-from trainer import InMemoryBatchSource, ModelConfig, StacxTrainer, to_tensor_batch
-from trainer.protocols import ModelOutput
-from trainer.specialization import TokenLogprobs
-from trainer.testing import tiny_trainer_config
+from stacx.consumers.assembly import PackedGroup, pack_batch
+from stacx.rollout.inference.sampling import RowSampling, SamplingParams, sample_tokens
+from stacx.schemas.records import TrainingBatch, Trajectory, logprobs, loss_mask, token_ids
+from stacx.trainer import InMemoryBatchSource, ModelConfig, StacxTrainer, to_tensor_batch
+from stacx.trainer.protocols import ModelOutput
+from stacx.trainer.specialization import TokenLogprobs
+from stacx.trainer.testing import tiny_trainer_config
 
 TEMPERATURE = 0.7
 
