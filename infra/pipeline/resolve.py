@@ -369,9 +369,9 @@ def _recipe_problems(spec: PipelineSpec, config: Any) -> list[str]:
     try:
         recipe = get_recipe(config.recipe)
     except TrainerError as exc:
-        return [f"{spec.source}: stacx.trainer.recipe: {exc}"]
+        return [f"{spec.source}: trainer.recipe: {exc}"]
     if recipe.needs_greedy_row:  # the rollout samples every group at its evaluators' temperature
-        return [f"{spec.source}: stacx.trainer.recipe: {config.recipe!r} needs one greedy (temperature 0) "
+        return [f"{spec.source}: trainer.recipe: {config.recipe!r} needs one greedy (temperature 0) "
                 "sample per prompt group as its baseline, and the pipeline's rollout samples none; "
                 "use rloo or grpo here, or train it with `stacx train` on batches that carry one"]
     return []

@@ -177,7 +177,7 @@ def test_run_reports_every_problem_before_starting_anything(
     code, lines = _stacx(["run", str(path)], capsys)
     assert code == 2
     assert [line.split(": ")[2].split("=")[0] for line in lines] == [
-        "stacx.trainer.recipe",
+        "trainer.recipe",
         "pipeline.model.path",
         "pipeline.tasks.harbor",
     ], lines
