@@ -197,13 +197,14 @@ def _mapping(value: Any) -> dict[str, Any]:
 
 def _evaluators(evaluators: dict[str, Any], suite: Any, scaffold: str | None, samples: int) -> dict[str, Any]:
     """The one evaluator the suite's tasks run with: the config's evaluator of the suite's task
-    type (else its `default`) with the suite's reward; the suite's scaffold unless the config
-    named one for that task type or `--scaffold` did; greedy decoding for one sample per task."""
+    type (else its `default`) with the suite's reward; the suite's verifier unless that evaluator
+    of the suite's task type names one; the suite's scaffold unless the config named one for
+    that task type or `--scaffold` did; greedy decoding for one sample per task."""
     own = suite.task_type in evaluators
     evaluator = dict(evaluators.get(suite.task_type) or evaluators.get("default") or {})
     evaluator["reward"] = suite.reward
     verifier = getattr(suite, "verifier", None)
-    if verifier:
+    if verifier and not (own and evaluator.get("verifier")):  # the config's own verifier stays
         evaluator["verifier"] = verifier
     if scaffold or not own:
         evaluator["scaffold"] = scaffold or suite.scaffold
