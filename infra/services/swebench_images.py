@@ -97,8 +97,9 @@ def _checkout(source: Path, commit: str, dest: Path) -> None:
 def build_instance_image(
     instance: Mapping[str, Any], repos: Path, *, say: Callable[[str], None] = print, force: bool = False
 ) -> str:
-    """Build (unless present) the local image of `instance`; return its tag."""
-    tag = image_tag(str(instance["instance_id"]))
+    """Build (unless present) the local image of `instance`, tagged as its `image` column names
+    (else `image_tag`); return the tag."""
+    tag = str(instance.get("image") or image_tag(str(instance["instance_id"])))
     if image_exists(tag) and not force:
         say(f"{tag}: present")
         return tag
