@@ -84,9 +84,10 @@ def _environment_script(commands: Sequence[str]) -> str:
 
 
 def _checkout(source: Path, commit: str, dest: Path) -> None:
-    """`dest`: a git work tree at `commit` of the repository at `source` (history depth 1)."""
+    """`dest`: a git work tree at `commit` of the repository at `source`, with its parents (so
+    the eval script's `git show` prints the commit's own diff, not the whole tree)."""
     steps = [["git", "init", "-q", str(dest)],
-             ["git", "-C", str(dest), "fetch", "-q", "--depth", "1", f"file://{source.resolve()}", commit],
+             ["git", "-C", str(dest), "fetch", "-q", "--depth", "2", f"file://{source.resolve()}", commit],
              ["git", "-C", str(dest), "checkout", "-q", "FETCH_HEAD"]]
     for cmd in steps:
         proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -24,6 +24,9 @@ from stacx.rollout.protocols import ExecResult
 from stacx.schemas.records import TaskSample
 
 SAMPLES = Path(__file__).resolve().parents[2] / "benchmark_samples" / "swe-bench-verified"
+LOCAL = SAMPLES.parent / "swe-bench-verified-local"
+REAL_LOGS = sorted((LOCAL / "logs").glob("*.log"))
+"""Eval-script runs of real instances in their images built here (gold and empty patch)."""
 
 
 @dataclass
@@ -89,7 +92,7 @@ def _harness_verdict(instance: dict[str, object], tmp: Path) -> dict[str, float]
 
 
 def test_the_cases_cover_every_format_the_issue_lists() -> None:
-    assert len(CASES) >= 40
+    assert len(CASES) >= 40 and len(REAL_LOGS) == 8
     parsers = {c.log_parser for c in CASES}
     assert {"parse_log_django", "parse_log_sympy", "parse_log_pytest", "parse_log_astropy",
             "parse_log_requests", "parse_log_matplotlib", "parse_log_pylint"} <= parsers
@@ -108,6 +111,21 @@ async def test_our_verdict_is_the_harness_verdict(case: LogCase, tmp_path: Path)
     ours = await swebench_verifier(LocalSession(tmp_path), task)
     assert ours == theirs
     assert ours["reward"] == float(case.resolved), "the verdict worked out by hand"
+
+
+@pytest.mark.parametrize("log", REAL_LOGS, ids=[p.stem for p in REAL_LOGS])
+async def test_real_runs_get_the_harness_verdict(log: Path, tmp_path: Path) -> None:
+    instance_id, patch = log.stem.split(".")
+    row = next(r for r in json.loads((LOCAL / "test.json").read_text()) if r["instance_id"] == instance_id)
+    prediction = {"instance_id": instance_id, "model_patch": "", "model_name_or_path": "gold"}
+    theirs = get_eval_report(make_test_spec(row), prediction, str(log), True)[instance_id]
+    replay = {**row, "eval_script": f"cat {log}"}  # the eval script replays the real run's output
+    task = TaskSample(task_id=instance_id, task_type="t", prompt="", data=json.dumps(replay), image="i")
+    ours = await swebench_verifier(LocalSession(tmp_path), task)
+    assert ours["reward"] == float(theirs["resolved"]) == float(patch == "gold")
+    tests = theirs["tests_status"]
+    assert ours["fail_to_pass"] == compute_fail_to_pass(tests) == float(patch == "gold")
+    assert ours["pass_to_pass"] == compute_pass_to_pass(tests) == 1.0
 
 
 async def test_the_whole_log_comes_back_past_the_sandbox_output_cap(tmp_path: Path) -> None:
