@@ -67,15 +67,19 @@ def image_tag(instance_id: str) -> str:
 
 
 def find_repository(repos: Path, repo: str) -> Path:
-    """The local git copy of `repo` (`owner/name`) under `repos`: `owner+name/repo` (a fetched
-    mirror), `owner+name`, `owner/name` or `name`, bare or not."""
+    """The local git copy of `repo` (`owner/name`) under `repos`, bare or not: `owner+name`,
+    `owner/name`, `owner__name` (SWE-bench's mirrors, also as `swe-bench+owner__name` or
+    `swe-bench/owner__name`) or `name`, each possibly holding it in `repo/` (a fetched snapshot)."""
     owner, name = repo.split("/", 1)
-    for candidate in (repos / f"{owner}+{name}" / "repo", repos / f"{owner}+{name}", repos / owner / name,
-                      repos / name):
-        if (candidate / "HEAD").is_file() or (candidate / ".git").exists():
-            return candidate
-    raise InfraError(f"{repos}: no git copy of {repo} (looked for {owner}+{name}, {owner}/{name}, {name}); "
-                     f"clone it there")
+    mirror = f"{owner}__{name}"
+    folders = (f"{owner}+{name}", f"{owner}/{name}", mirror, f"swe-bench+{mirror}", f"swe-bench/{mirror}",
+               name)
+    for folder in folders:
+        for candidate in (repos / folder / "repo", repos / folder):
+            if (candidate / "HEAD").is_file() or (candidate / ".git").exists():
+                return candidate
+    raise InfraError(f"{repos}: no git copy of {repo} (looked for {owner}+{name}, {owner}/{name}, {mirror}, "
+                     f"swe-bench+{mirror}, {name}); clone it there")
 
 
 def _environment_script(commands: Sequence[str]) -> str:

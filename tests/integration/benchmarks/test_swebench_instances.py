@@ -33,7 +33,7 @@ SAMPLES = Path(__file__).resolve().parents[2] / "benchmark_samples" / "swe-bench
 ROWS = {row["instance_id"]: row for row in json.loads((SAMPLES / "test.json").read_text())}
 REPOS_ENV = "STACX_SWEBENCH_REPOS"
 CASES = [(iid, patch) for iid in ROWS for patch in ("gold", "empty")]
-CASES.append(("pallets__flask-5014", "gold+test edit"))
+CASES += [("pallets__flask-5014", "gold+test edit"), ("django__django-16595", "gold+test edit")]
 
 
 @pytest.fixture(scope="module")

@@ -92,7 +92,7 @@ def _harness_verdict(instance: dict[str, object], tmp: Path) -> dict[str, float]
 
 
 def test_the_cases_cover_every_format_the_issue_lists() -> None:
-    assert len(CASES) >= 40 and len(REAL_LOGS) == 8
+    assert len(CASES) >= 40 and len(REAL_LOGS) == 10
     parsers = {c.log_parser for c in CASES}
     assert {"parse_log_django", "parse_log_sympy", "parse_log_pytest", "parse_log_astropy",
             "parse_log_requests", "parse_log_matplotlib", "parse_log_pylint"} <= parsers

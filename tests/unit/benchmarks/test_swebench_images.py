@@ -23,8 +23,11 @@ def test_a_repository_copy_is_found_in_each_layout(tmp_path: Path) -> None:
     work = tmp_path / "sympy" / "sympy"
     subprocess.run(["git", "init", "-q", str(work)], check=True)
     assert find_repository(tmp_path, "sympy/sympy") == work
-    with pytest.raises(InfraError, match=r"no git copy of django/django .*clone it there"):
-        find_repository(tmp_path, "django/django")
+    swe_mirror = tmp_path / "swe-bench+django__django" / "repo"
+    subprocess.run(["git", "init", "-q", "--bare", str(swe_mirror)], check=True)
+    assert find_repository(tmp_path, "django/django") == swe_mirror
+    with pytest.raises(InfraError, match=r"no git copy of psf/requests .*clone it there"):
+        find_repository(tmp_path, "psf/requests")
 
 
 def test_conda_activate_testbed_activates_the_venv_under_set_u(tmp_path: Path) -> None:
