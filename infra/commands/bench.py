@@ -291,16 +291,13 @@ def _images(args: argparse.Namespace) -> int:
     rows = [row for file in data_files(path) for _, row in read_rows(file)
             if isinstance(row, dict) and row.get("instance_id") in ids]
     status = 0
-    try:
-        for row in rows:
-            if not isinstance(row.get(ENVIRONMENT_FIELD), list):
-                print(f"{row['instance_id']}: no {ENVIRONMENT_FIELD} (its environment commands); skipped; "
-                      f"load the harness's image {row['image']} instead", file=sys.stderr)
-                continue
-            try:
-                build_instance_image(row, repos, force=args.force, say=lambda line: print(line, flush=True))
-            except InfraError as exc:
-                status = _fail("images", f"{row['instance_id']}: {exc}", status=1)
-    except KeyboardInterrupt:
-        return _fail("images", "interrupted", status=130)
+    for row in rows:  # Ctrl-C / SIGTERM: the docker build is killed, the CLI says so in one line
+        if not isinstance(row.get(ENVIRONMENT_FIELD), list):
+            print(f"{row['instance_id']}: no {ENVIRONMENT_FIELD} (its environment commands); skipped; "
+                  f"load the harness's image {row['image']} instead", file=sys.stderr)
+            continue
+        try:
+            build_instance_image(row, repos, force=args.force, say=lambda line: print(line, flush=True))
+        except InfraError as exc:
+            status = _fail("images", f"{row['instance_id']}: {exc}", status=1)
     return status
