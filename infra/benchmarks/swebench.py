@@ -121,11 +121,12 @@ async def _read_back(session: EnvironmentSession, path: str) -> str:
 
 
 @VERIFIERS.register("swebench", origin=_ORIGIN)
-async def swebench_verifier(session: EnvironmentSession, task: TaskSample) -> dict[str, float]:
+async def swebench_verifier(session: EnvironmentSession, task: TaskSample, *,
+                            timeout_s: float = EVAL_TIMEOUT_S) -> dict[str, float]:
     """Run the instance's eval script in the sandbox (after the agent's edits) and grade its log
-    with the harness's `get_eval_report`."""
+    with the harness's `get_eval_report`; `timeout_s` (`verifier_options`) bounds the script."""
     spec = test_spec(json.loads(task.data))
-    return grade_log(spec, await run_eval_script(session, spec))
+    return grade_log(spec, await run_eval_script(session, spec, timeout_s))
 
 
 def _test_list(value: Any) -> list[str] | None:
