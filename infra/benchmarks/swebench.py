@@ -35,7 +35,7 @@ from stacx.schemas.records import TaskSample
 if TYPE_CHECKING:
     from swebench.types import TestSpec
 
-__all__ = ["SweBenchVerified", "grade_log", "run_eval_script", "swebench_verifier", "test_spec"]
+__all__ = ["SweBenchVerified", "grade_log", "instance_spec", "run_eval_script", "swebench_verifier"]
 
 REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "test_patch",
             "FAIL_TO_PASS", "PASS_TO_PASS")
@@ -65,7 +65,7 @@ def _harness() -> Any:
     return grading, utils
 
 
-def test_spec(instance: dict[str, Any]) -> TestSpec:
+def instance_spec(instance: dict[str, Any]) -> TestSpec:
     """The harness's `TestSpec` of one instance (`swebench.harness.utils.make_test_spec`), with
     its eval script made to record the test command's exit code."""
     _, utils = _harness()
@@ -125,7 +125,7 @@ async def swebench_verifier(session: EnvironmentSession, task: TaskSample, *,
                             timeout_s: float = EVAL_TIMEOUT_S) -> dict[str, float]:
     """Run the instance's eval script in the sandbox (after the agent's edits) and grade its log
     with the harness's `get_eval_report`; `timeout_s` (`verifier_options`) bounds the script."""
-    spec = test_spec(json.loads(task.data))
+    spec = instance_spec(json.loads(task.data))
     return grade_log(spec, await run_eval_script(session, spec, timeout_s))
 
 
