@@ -1,23 +1,28 @@
-"""SWE-bench Verified: the instances file (JSONL / JSON / Parquet with `instance_id`, `repo`,
-`base_commit`, `problem_statement`, `test_patch`, `FAIL_TO_PASS`, `PASS_TO_PASS`) and one
-environment image per instance that the user built with the SWE-bench harness
-(`sweb.eval.x86_64.<instance id>:latest`, the repository checked out at `/testbed`).
+"""SWE-bench Verified, graded by the `swebench` package (5.x) itself.
 
-The suite's rule: an instance is resolved when every FAIL_TO_PASS test passes and every
-PASS_TO_PASS test still passes after the agent's edits (`resolved`). The `swebench` verifier
-applies the instance's test patch in the sandbox, runs the named tests with pytest (`-rA`) and
-applies that rule to the report; repositories whose tests run under another runner (django's
-`runtests.py`, sympy's `bin/test`) need their own verifier.
+Input: the instances file of the SWE-bench dataset release that `swebench` 5.x evaluates (JSONL /
+JSON / Parquet). Besides `instance_id`, `repo`, `base_commit`, `problem_statement`, `test_patch`,
+`FAIL_TO_PASS` and `PASS_TO_PASS`, each row carries the harness's test spec: `version`, `image`
+(the environment image, the repository at `/testbed`), `eval_script` (activate the `testbed`
+environment, the repository's install and eval commands, reset the test files to the base commit,
+apply the test patch, run the repository's own test command on its test files, reset again),
+`log_parser` (django's, sympy's, pytest's, ... by name) and `eval_type`.
+
+The verifier runs the instance's eval script in the episode's sandbox, after the agent's edits,
+exactly as `swebench.harness.run_evaluation` runs it in the instance container, and grades the
+output with `swebench.harness.grading.get_eval_report`: the repository's log parser, the exit-code
+cross-check, FAIL_TO_PASS / PASS_TO_PASS (a skipped PASS_TO_PASS test is maintained). Nothing of
+the grading is ours.
 """
 
 from __future__ import annotations
 
+import base64
 import json
-import re
-import shlex
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stacx.infra.benchmarks.protocols import LoadedSuite, SuiteScore, TaskOutcome
 from stacx.infra.benchmarks.registry import BENCHMARKS
@@ -27,26 +32,101 @@ from stacx.rollout.protocols import EnvironmentSession
 from stacx.rollout.rewards import VERIFIERS
 from stacx.schemas.records import TaskSample
 
-__all__ = ["SweBenchVerified", "parse_pytest_report", "resolved", "swebench_verifier"]
+if TYPE_CHECKING:
+    from swebench.types import TestSpec
+
+__all__ = ["SweBenchVerified", "grade_log", "instance_spec", "run_eval_script", "swebench_verifier"]
 
 REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "test_patch",
             "FAIL_TO_PASS", "PASS_TO_PASS")
+SPEC_FIELDS = ("version", "image", "eval_script", "log_parser", "eval_type")
+"""The test-spec columns of the dataset release `swebench` 5.x grades (`make_test_spec` reads them)."""
 REPO_DIR = "/testbed"
 """Where the SWE-bench environment images hold the repository."""
-_STATUS = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+(\S+)", re.MULTILINE)
-_PASSING = {"PASSED", "XFAIL"}
+EVAL_TIMEOUT_S = 1800.0
+"""The harness's default `--timeout` for one instance's eval script."""
+EVAL_FILE = "/tmp/stacx-swebench-eval.sh"
+LOG_FILE = "/tmp/stacx-swebench-test-output.txt"
+_CHUNK = 512 * 1024
+"""Bytes of the test output read back per exec (base64 keeps it under the sandbox's output cap)."""
 _ORIGIN = "builtin (stacx.infra.benchmarks.swebench)"
+_INSTALL = "the swebench package is not installed: pip install 'stacx[swebench]'"
 
 
-def resolved(fail_to_pass: Sequence[str], pass_to_pass: Sequence[str], status: Mapping[str, str]) -> bool:
-    """SWE-bench's rule: every FAIL_TO_PASS and every PASS_TO_PASS test passed (a test missing
-    from the report did not pass)."""
-    return all(status.get(test) in _PASSING for test in [*fail_to_pass, *pass_to_pass])
+class SweBenchMissing(RuntimeError):
+    """`swebench` (the harness's own grader) is not importable here."""
 
 
-def parse_pytest_report(text: str) -> dict[str, str]:
-    """Test id -> status from pytest's `-rA` short summary (`PASSED tests/test_x.py::test_a`)."""
-    return {test: word for word, test in _STATUS.findall(text)}
+def _harness() -> Any:
+    try:
+        from swebench.harness import grading, utils
+    except ImportError as exc:
+        raise SweBenchMissing(_INSTALL) from exc
+    return grading, utils
+
+
+def instance_spec(instance: dict[str, Any]) -> TestSpec:
+    """The harness's `TestSpec` of one instance (`swebench.harness.utils.make_test_spec`), with
+    its eval script made to record the test command's exit code."""
+    _, utils = _harness()
+    return utils.make_test_spec(instance)
+
+
+def grade_log(spec: TestSpec, log: str) -> dict[str, float]:
+    """Grade the output of `spec`'s eval script with `swebench.harness.grading.get_eval_report`:
+    `reward` 1 when resolved; the fractions of FAIL_TO_PASS and PASS_TO_PASS that pass; and
+    `tests_ran` 0 when the log holds no usable test run (test patch failed, timed out, the
+    exit-code cross-check refused it)."""
+    grading, _ = _harness()
+    prediction = {"instance_id": spec.instance_id, "model_patch": "", "model_name_or_path": "stacx"}
+    with tempfile.TemporaryDirectory(prefix="stacx-swebench-") as tmp:
+        path = Path(tmp) / "test_output.txt"
+        path.write_text(log, encoding="utf-8")
+        report = grading.get_eval_report(spec, prediction, str(path), include_tests_status=True)
+    verdict = report[spec.instance_id]
+    tests = verdict.get("tests_status")
+    return {
+        "reward": float(verdict["resolved"]),
+        "fail_to_pass": float(grading.compute_fail_to_pass(tests)) if tests else 0.0,
+        "pass_to_pass": float(grading.compute_pass_to_pass(tests)) if tests else 0.0,
+        "tests_ran": float(verdict["patch_successfully_applied"]),
+    }
+
+
+async def run_eval_script(session: EnvironmentSession, spec: TestSpec,
+                          timeout_s: float = EVAL_TIMEOUT_S) -> str:
+    """Run `spec.eval_script` in the sandbox as the harness runs it in the instance container
+    (`/bin/bash eval.sh`, stdout and stderr in one log) and return that log; on a timeout the log
+    ends with the harness's timeout marker, as `run_evaluation` writes it."""
+    from swebench.harness.constants import TESTS_TIMEOUT
+
+    await session.exec(f"cat > {EVAL_FILE}", stdin=spec.eval_script, timeout_s=60)
+    result = await session.exec(f"/bin/bash {EVAL_FILE} > {LOG_FILE} 2>&1", timeout_s=timeout_s)
+    log = await _read_back(session, LOG_FILE)
+    if result.timed_out:
+        log += f"\n\n{TESTS_TIMEOUT} after {timeout_s:g} seconds\n"
+    return log
+
+
+async def _read_back(session: EnvironmentSession, path: str) -> str:
+    """The whole file at `path` in the sandbox, in base64 chunks under the exec output cap."""
+    size = await session.exec(f"stat -c %s {path}", timeout_s=60)
+    total = int(size.stdout.strip() or 0) if size.exit_code == 0 else 0
+    data = bytearray()
+    for offset in range(0, total, _CHUNK):
+        part = await session.exec(f"tail -c +{offset + 1} {path} | head -c {_CHUNK} | base64 -w0",
+                                  timeout_s=120)
+        data += base64.b64decode(part.stdout.strip() or b"")
+    return data.decode("utf-8", errors="replace")
+
+
+@VERIFIERS.register("swebench", origin=_ORIGIN)
+async def swebench_verifier(session: EnvironmentSession, task: TaskSample, *,
+                            timeout_s: float = EVAL_TIMEOUT_S) -> dict[str, float]:
+    """Run the instance's eval script in the sandbox (after the agent's edits) and grade its log
+    with the harness's `get_eval_report`; `timeout_s` (`verifier_options`) bounds the script."""
+    spec = instance_spec(json.loads(task.data))
+    return grade_log(spec, await run_eval_script(session, spec, timeout_s))
 
 
 def _test_list(value: Any) -> list[str] | None:
@@ -61,41 +141,29 @@ def _test_list(value: Any) -> list[str] | None:
     return None
 
 
-def _test_files(test_patch: str) -> list[str]:
-    return sorted(set(re.findall(r"^\+\+\+ b/(\S+)", test_patch, re.MULTILINE)))
+def _spec_problem(instance: dict[str, Any]) -> str | None:
+    """Why the harness could not grade `instance` (None: it can)."""
+    from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT, EvalType
+    from swebench.harness.log_parsers import PARSER_REGISTRY
 
-
-@VERIFIERS.register("swebench", origin=_ORIGIN)
-async def swebench_verifier(session: EnvironmentSession, task: TaskSample) -> dict[str, float]:
-    """Apply the test patch in /testbed, run the patched test files with pytest, score the
-    report by `resolved`; also the fractions of FAIL_TO_PASS and PASS_TO_PASS that pass."""
-    data = json.loads(task.data)
-    applied = await session.exec(f"cd {REPO_DIR} && git apply -v -", stdin=data["test_patch"], timeout_s=120)
-    if applied.exit_code != 0:
-        return {"reward": 0.0, "fail_to_pass": 0.0, "pass_to_pass": 0.0, "patch_applied": 0.0}
-    files = " ".join(shlex.quote(f) for f in _test_files(data["test_patch"]))
-    report = await session.exec(f"cd {REPO_DIR} && python -m pytest -rA {files}", timeout_s=1800)
-    status = parse_pytest_report(report.stdout)
-    f2p, p2p = data["FAIL_TO_PASS"], data["PASS_TO_PASS"]
-    return {
-        "reward": float(resolved(f2p, p2p, status)),
-        "fail_to_pass": _fraction(f2p, status),
-        "pass_to_pass": _fraction(p2p, status),
-        "patch_applied": 1.0,
-    }
-
-
-def _fraction(tests: Sequence[str], status: Mapping[str, str]) -> float:
-    return sum(status.get(t) in _PASSING for t in tests) / len(tests) if tests else 1.0
+    if instance["log_parser"] not in PARSER_REGISTRY:
+        return (f"log_parser {instance['log_parser']!r} is not one of swebench's parsers "
+                f"({', '.join(sorted(PARSER_REGISTRY)[:3])}, ...); skipped")
+    if instance["eval_type"] not in {e.value for e in EvalType}:
+        return f"eval_type {instance['eval_type']!r}: use one of {[e.value for e in EvalType]}; skipped"
+    script = str(instance["eval_script"])
+    if START_TEST_OUTPUT not in script or END_TEST_OUTPUT not in script:
+        return "eval_script lacks the harness's start/end test output markers; skipped"
+    return None
 
 
 @BENCHMARKS.register("swe-bench-verified", origin=_ORIGIN)
 class SweBenchVerified:
-    """SWE-bench Verified: 500 GitHub issues; resolved rate by FAIL_TO_PASS / PASS_TO_PASS."""
+    """SWE-bench Verified: 500 GitHub issues; resolved rate, graded by the `swebench` harness."""
 
     name = "swe-bench-verified"
-    metric = "resolved rate (FAIL_TO_PASS and PASS_TO_PASS all pass)"
-    layout = "instances JSONL/Parquet (instance_id, FAIL_TO_PASS, ...) + locally built images"
+    metric = "resolved rate (swebench get_eval_report)"
+    layout = "instances JSONL/Parquet of the swebench 5.x release (eval_script, log_parser, ...) + images"
     task_type = "swe-bench-verified"
     scaffold = "terminal"
     reward = "verifier"
@@ -105,6 +173,10 @@ class SweBenchVerified:
         files = data_files(path)
         if not files:
             return LoadedSuite([], [f"{path}: no instances file (.jsonl, .json or .parquet)"])
+        try:
+            _harness()
+        except SweBenchMissing as exc:
+            return LoadedSuite([], [f"{path}: {exc}"])
         tasks: list[TaskSample] = []
         problems: list[str] = []
         for file in files:
@@ -120,20 +192,26 @@ class SweBenchVerified:
         missing = [f for f in REQUIRED if row.get(f) in (None, "")]
         if missing:
             return f"missing field(s) {missing}; an instance has {list(REQUIRED)}; skipped"
+        no_spec = [f for f in SPEC_FIELDS if row.get(f) in (None, "")]
+        if no_spec:
+            return (f"no test spec {no_spec}: swebench 5.x grades the dataset release that carries "
+                    f"{list(SPEC_FIELDS)}; download that release; skipped")
         f2p, p2p = _test_list(row["FAIL_TO_PASS"]), _test_list(row["PASS_TO_PASS"])
         if f2p is None or p2p is None:
             field = "FAIL_TO_PASS" if f2p is None else "PASS_TO_PASS"
             return f"{field} is not a list of test ids (nor a JSON-encoded one); skipped"
-        instance_id = str(row["instance_id"])
-        data = {"FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p, "test_patch": row["test_patch"],
-                "repo": row["repo"], "base_commit": row["base_commit"]}
+        instance = {f: row[f] for f in (*REQUIRED, *SPEC_FIELDS) if f != "problem_statement"}
+        instance.update(FAIL_TO_PASS=f2p, PASS_TO_PASS=p2p, instance_id=str(row["instance_id"]))
+        problem = _spec_problem(instance)
+        if problem:
+            return problem
         return TaskSample(
-            task_id=instance_id,
+            task_id=instance["instance_id"],
             task_type=self.task_type,
             prompt=f"Resolve this issue in the repository at {REPO_DIR}:\n\n{row['problem_statement']}",
-            data=json.dumps(data),
-            image=f"sweb.eval.x86_64.{instance_id.lower()}:latest",
-            metadata={"suite": self.name, "repo": str(row["repo"])},
+            data=json.dumps(instance),
+            image=str(row["image"]),
+            metadata={"suite": self.name, "repo": str(row["repo"]), "version": str(row["version"])},
         )
 
     def prepare(self, path: Path) -> list[str]:

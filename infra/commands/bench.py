@@ -5,6 +5,7 @@ suite's own rule (docs/benchmarks.md).
     stacx bench prepare SUITE --from PATH
     stacx bench run SUITE CONFIG --from PATH [--samples K] [--json OUT] [--compare OLD]
     stacx bench score SUITE RESULTS [--k K] [--json OUT] [--compare OLD]
+    stacx bench images swe-bench-verified --from PATH --repos DIR [--force]
 """
 
 from __future__ import annotations
@@ -51,6 +52,14 @@ def register(subparsers: Any) -> None:
     score.add_argument("--json", dest="json_out", default=None, help="write the result file here")
     score.add_argument("--compare", default=None, help="a previous result file to compare with")
     score.set_defaults(func=_score)
+
+    images = sub.add_parser("images", help="build SWE-bench instance images here (no registry)")
+    images.add_argument("suite", help="swe-bench-verified")
+    images.add_argument("--from", dest="source", required=True, help="the instances file or folder")
+    images.add_argument("--repos", required=True,
+                        help="folder of git copies of the repositories (owner+name/ or owner/name/)")
+    images.add_argument("--force", action="store_true", help="rebuild images that are present")
+    images.set_defaults(func=_images)
 
 
 def _fail(action: str, line: str, status: int = 2) -> int:
@@ -197,13 +206,14 @@ def _mapping(value: Any) -> dict[str, Any]:
 
 def _evaluators(evaluators: dict[str, Any], suite: Any, scaffold: str | None, samples: int) -> dict[str, Any]:
     """The one evaluator the suite's tasks run with: the config's evaluator of the suite's task
-    type (else its `default`) with the suite's reward; the suite's scaffold unless the config
-    named one for that task type or `--scaffold` did; greedy decoding for one sample per task."""
+    type (else its `default`) with the suite's reward; the suite's verifier unless that evaluator
+    of the suite's task type names one; the suite's scaffold unless the config named one for
+    that task type or `--scaffold` did; greedy decoding for one sample per task."""
     own = suite.task_type in evaluators
     evaluator = dict(evaluators.get(suite.task_type) or evaluators.get("default") or {})
     evaluator["reward"] = suite.reward
     verifier = getattr(suite, "verifier", None)
-    if verifier:
+    if verifier and not (own and evaluator.get("verifier")):  # the config's own verifier stays
         evaluator["verifier"] = verifier
     if scaffold or not own:
         evaluator["scaffold"] = scaffold or suite.scaffold
@@ -256,4 +266,38 @@ def _report(args: argparse.Namespace, suite: Any, outcomes: list[Any], k: int,
                "interval": list(score.interval), "interval_method": score.interval_method,
                "k": k, "tasks": len(outcomes), **score.extra}
     print(json.dumps(summary))
+    return status
+
+
+def _images(args: argparse.Namespace) -> int:
+    """Build the image of every instance row that carries its environment commands."""
+    from stacx.infra.benchmarks.rows import data_files, read_rows
+    from stacx.infra.services.errors import InfraError
+    from stacx.infra.services.swebench_images import ENVIRONMENT_FIELD, build_instance_image
+
+    suite = _suite(args.suite, "images")
+    if suite is None:
+        return 2
+    if suite.name != "swe-bench-verified":
+        return _fail("images", f"{suite.name}: only swe-bench-verified has instance images to build")
+    path, repos = Path(args.source), Path(args.repos)
+    for flag, value in (("--from", path), ("--repos", repos)):
+        if not value.exists():
+            return _fail("images", f"{flag} {value}: does not exist")
+    loaded = suite.load(path)
+    for line in loaded.problems:
+        print(line, file=sys.stderr)
+    ids = {t.task_id for t in loaded.tasks}
+    rows = [row for file in data_files(path) for _, row in read_rows(file)
+            if isinstance(row, dict) and row.get("instance_id") in ids]
+    status = 0
+    for row in rows:  # Ctrl-C / SIGTERM: the docker build is killed, the CLI says so in one line
+        if not isinstance(row.get(ENVIRONMENT_FIELD), list):
+            print(f"{row['instance_id']}: no {ENVIRONMENT_FIELD} (its environment commands); skipped; "
+                  f"load the harness's image {row['image']} instead", file=sys.stderr)
+            continue
+        try:
+            build_instance_image(row, repos, force=args.force, say=lambda line: print(line, flush=True))
+        except InfraError as exc:
+            status = _fail("images", f"{row['instance_id']}: {exc}", status=1)
     return status
