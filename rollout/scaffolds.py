@@ -27,30 +27,41 @@ __all__ = [
 ]
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_BOXES = ("\\boxed{", "\\fbox{")
+_BARE_BOX = "\\boxed "
 _TOOL_OPEN = "<tool_call>"
 _TOOL_CLOSE = "</tool_call>"
 
 
-def _boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}`, with balanced braces."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth, i = 1, start + len("\\boxed{")
-    for j in range(i, len(text)):
+def _braced(text: str, start: int) -> str | None:
+    """Content of the group opened at `text[start - 1] == "{"`, with balanced braces."""
+    depth = 1
+    for j in range(start, len(text)):
         depth += {"{": 1, "}": -1}.get(text[j], 0)
         if depth == 0:
-            return text[i:j]
+            return text[start:j]
     return None
 
 
+def _marked_answers(text: str) -> list[tuple[int, str]]:
+    """(position, content) of every `<answer>...</answer>`, `\\boxed{...}`, `\\fbox{...}` and
+    `\\boxed X` (MATH's unbraced form, up to the next `$` or line end) in `text`."""
+    found = [(m.start(), m.group(1)) for m in _ANSWER.finditer(text)]
+    for marker in _BOXES:
+        for m in re.finditer(re.escape(marker), text):
+            content = _braced(text, m.end())
+            if content is not None:
+                found.append((m.start(), content))
+    for m in re.finditer(re.escape(_BARE_BOX), text):
+        found.append((m.start(), re.split(r"[$\n]", text[m.end():], maxsplit=1)[0]))
+    return found
+
+
 def extract_answer(text: str) -> str | None:
-    """The last `<answer>...</answer>` or `\\boxed{...}` in `text`, stripped; None if absent."""
-    found = _ANSWER.findall(text)
-    if found:
-        return str(found[-1]).strip()
-    boxed = _boxed(text)
-    return boxed.strip() if boxed is not None else None
+    """The last marked answer in `text`, stripped: whichever of `<answer>...</answer>`,
+    `\\boxed{...}`, `\\fbox{...}` or `\\boxed X` comes last; None if there is none."""
+    found = _marked_answers(text)
+    return max(found)[1].strip() if found else None
 
 
 def _clip(text: str, limit: int) -> str:
@@ -182,6 +193,9 @@ class SingleTurnScaffold:
     needs_sandbox: bool = False
     system_prompt: str = "Give the final answer as <answer>...</answer>."
     stop: list[str] = None  # type: ignore[assignment]
+    answer_required: bool = False
+    """True: a completion with no `<answer>` or `\\boxed{}` has no answer (it scores 0, as the
+    math suites grade); False: the whole completion is the answer."""
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -192,7 +206,9 @@ class SingleTurnScaffold:
 
     def parse(self, text: str, *, finish_reason: str) -> Action:
         answer = extract_answer(text)
-        return Action(kind="answer", answer=answer if answer is not None else text.strip())
+        if answer is None and not self.answer_required:
+            answer = text.strip()
+        return Action(kind="answer", answer=answer)
 
     def observe(self, action: Action, result: ExecResult) -> Observation:
         return Observation(text="")

@@ -28,14 +28,15 @@ def rate_score(
 ) -> SuiteScore:
     """The suite's rate: per task the fraction of samples that pass (pass@1, unbiased; with one
     sample per task, greedy accuracy), averaged over tasks, with a Wilson interval over tasks.
-    With `k` > 1 it also reports pass@k (the unbiased estimator) for tasks with >= k samples."""
+    With `k` > 1 it also reports pass@k (the unbiased estimator); a task with fewer than k
+    samples (episodes lost or timed out) counts the missing ones as failures."""
     per_task: dict[str, dict[str, float]] = {}
     for outcome in outcomes:
         n = len(outcome.samples)
         c = sum(1 for s in outcome.samples if success(s))
         row = {"samples": float(n), "passed": float(c), "pass@1": c / n if n else 0.0}
-        if k > 1 and n >= k:
-            row[f"pass@{k}"] = pass_at_k(n, c, k)
+        if k > 1:
+            row[f"pass@{k}"] = pass_at_k(max(n, k), c, k)
         per_task[outcome.task_id] = row
     num_tasks = len(per_task)
     total = sum(row["pass@1"] for row in per_task.values())

@@ -113,11 +113,12 @@ def test_the_suite_runs_with_one_evaluator_its_reward_always_and_its_scaffold_by
     gsm8k, kernels = build_suite("gsm8k"), build_suite("kernelbench")
     config = {"default": {"scaffold": "retool", "reward": "exact_answer", "max_turns": 3},
               "other": {"scaffold": "terminal"}}
-    assert _evaluators(config, gsm8k, None, 4) == {
-        "gsm8k": {"scaffold": "single_turn", "reward": "math_equivalent", "max_turns": 3}}
+    assert _evaluators(config, gsm8k, None, 4, "gsm8k_answer") == {
+        "gsm8k": {"scaffold": "single_turn", "reward": "gsm8k_answer", "max_turns": 3,
+                  "scaffold_options": {"answer_required": True}}}  # no box, no answer: 0
     own = {"gsm8k": {"scaffold": "retool", "reward": "exact_match"}}
-    assert _evaluators(own, gsm8k, None, 1) == {
+    assert _evaluators(own, gsm8k, None, 1, "math_equivalent") == {
         "gsm8k": {"scaffold": "retool", "reward": "math_equivalent", "temperature": 0.0}}  # greedy
-    assert _evaluators(own, gsm8k, "terminal", 2)["gsm8k"]["scaffold"] == "terminal"
-    assert _evaluators({}, kernels, None, 2) == {
+    assert _evaluators(own, gsm8k, "terminal", 2, "gsm8k_answer")["gsm8k"]["scaffold"] == "terminal"
+    assert _evaluators({}, kernels, None, 2, "verifier") == {
         "kernelbench": {"scaffold": "terminal", "reward": "verifier", "verifier": "kernelbench"}}
