@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from stacx.infra.benchmarks.protocols import SuiteScore, TaskOutcome
-from stacx.infra.benchmarks.stats import pass_at_k, wilson_interval
+from stacx.infra.benchmarks.stats import bootstrap_interval, pass_at_k, wilson_interval
 
-__all__ = ["SUCCESS", "passed", "rate_score"]
+__all__ = ["SUCCESS", "mean_reward_score", "passed", "rate_score"]
 
 SUCCESS = 1.0 - 1e-9
 """A sample passes when its reward is 1 (a float written by a verifier may be 0.9999999999)."""
@@ -53,5 +53,29 @@ def rate_score(
         interval=wilson_interval(total, num_tasks),
         interval_method="wilson",
         extra=extra,
+        per_task=per_task,
+    )
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def mean_reward_score(outcomes: Sequence[TaskOutcome], *, k: int) -> SuiteScore:
+    """Harbor's metric (`harbor.metrics.Mean`): the mean reward of every trial, partial rewards
+    kept (a task's samples averaged, then the tasks), with a bootstrap interval over tasks; the
+    success rate (reward 1) and pass@k as further figures."""
+    rates = rate_score(outcomes, metric="success rate", k=k)
+    per_task = {}
+    for outcome in outcomes:
+        rewards = [s.get("reward", 0.0) for s in outcome.samples]
+        per_task[outcome.task_id] = {**rates.per_task[outcome.task_id], "mean reward": _mean(rewards)}
+    means = [row["mean reward"] for row in per_task.values()]
+    return SuiteScore(
+        metric="mean reward",
+        value=_mean(means),
+        interval=bootstrap_interval(means, _mean),
+        interval_method="bootstrap",
+        extra={**rates.extra, "success rate (reward 1)": rates.value},
         per_task=per_task,
     )
