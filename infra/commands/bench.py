@@ -79,11 +79,12 @@ def _list(args: argparse.Namespace) -> int:
     from stacx.infra.benchmarks import BENCHMARKS, build_suite
 
     table = Table(title="benchmark suites (stacx bench run SUITE CONFIG --from PATH)")
-    for column in ("suite", "metric", "input layout", "origin"):
+    for column in ("suite", "metric", "graders (--grader; first: default)", "input layout", "origin"):
         table.add_column(column)
     for info in BENCHMARKS.available():
         suite = build_suite(info.name)
-        table.add_row(info.name, suite.metric, suite.layout, info.origin)
+        graders = ", ".join(getattr(suite, "graders", None) or {}) or "the suite's own"
+        table.add_row(info.name, suite.metric, graders, suite.layout, info.origin)
     Console(width=200).print(table)
     return 0
 

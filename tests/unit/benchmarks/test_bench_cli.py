@@ -24,6 +24,7 @@ def test_list_shows_every_suite_with_its_metric_and_layout(capsys: pytest.Captur
                  "math", "minervamath", "aime2024"):
         assert name in out
     assert "harmonic-mean speedup" in out and "'#### N'" in out
+    assert "gsm8k, math-verify" in out and "math-is-equiv, math-verify" in out
 
 
 def test_prepare_names_each_problem_in_one_line_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
@@ -122,3 +123,19 @@ def test_the_suite_runs_with_one_evaluator_its_reward_always_and_its_scaffold_by
     assert _evaluators(own, gsm8k, "terminal", 2, "gsm8k_answer")["gsm8k"]["scaffold"] == "terminal"
     assert _evaluators({}, kernels, None, 2, "verifier") == {
         "kernelbench": {"scaffold": "terminal", "reward": "verifier", "verifier": "kernelbench"}}
+
+
+def test_a_math_suite_grades_by_its_own_rule_unless_grader_names_math_verify(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from stacx.infra.benchmarks import build_suite
+    from stacx.infra.commands.bench import _grader
+
+    math = build_suite("math")
+    assert _grader(math, None) == ("math-is-equiv", "hendrycks_math_answer")
+    assert _grader(math, "math-verify") == ("math-verify", "math_equivalent")
+    assert _grader(math, "sympy") is None
+    assert capsys.readouterr().err.strip() == (
+        "stacx bench: run: --grader sympy: math has no such grader; use one of: math-is-equiv, math-verify")
+    assert _grader(build_suite("kernelbench"), None) == ("suite", "verifier")
+    assert _grader(build_suite("kernelbench"), "math-verify") is None
+    assert "none: kernelbench has one grader" in capsys.readouterr().err
