@@ -138,6 +138,13 @@ def test_harbor_suites_take_the_task_folders_and_skip_the_unsupported() -> None:
                    for line in loaded.problems)
 
 
+def test_harbor_tasks_are_grouped_by_their_metadata_difficulty() -> None:
+    loaded = build_suite("terminal-bench-2").load(cookbook())
+    groups = {t.task_id: t.metadata.get("group") for t in loaded.tasks}
+    assert groups["harbor-hello-multi-step-full"] == "easy"  # [metadata] difficulty = "easy"
+    assert groups["simple-task"] is None  # no difficulty: no group
+
+
 def test_a_broken_harbor_task_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "task.toml").write_text("version = [unclosed\n")
