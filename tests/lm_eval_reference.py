@@ -5,7 +5,9 @@ venv (its Minerva checker needs antlr4 4.11; ours has 4.13 for math-verify).
 
 Input: {"gsm8k": [[response, answer field]], "math": [[response, solution]],
 "minervamath": [[response, solution]], "aime2024": [[response, integer]],
-"is_equiv": [[a, b]]}; output: the same keys, one 0/1 verdict per case.
+"is_equiv": [[a, b]], "normalize": [text], "strip": [text]}; output: the same keys, one 0/1
+verdict per case (`normalize`: Minerva's normalised text; `strip`: MATH's `strip_string`, or
+null where it raises).
 """
 
 from __future__ import annotations
@@ -51,10 +53,18 @@ def aime2024(response: str, answer: int) -> int:
     return int(aime.process_results({"Answer": answer}, [response])["exact_match"])
 
 
+def strip(text: str) -> str | None:
+    try:
+        return str(hendrycks.strip_string(text))
+    except Exception:  # MATH's is_equiv then compares the raw strings
+        return None
+
+
 def main() -> None:
     cases = json.load(sys.stdin)
     checks = {"gsm8k": gsm8k, "math": hendrycks_math, "minervamath": minerva_math,
-              "aime2024": aime2024, "is_equiv": lambda a, b: int(hendrycks.is_equiv(a, b))}
+              "aime2024": aime2024, "is_equiv": lambda a, b: int(hendrycks.is_equiv(a, b)),
+              "normalize": minerva.normalize_final_answer, "strip": strip}
     json.dump({name: [check(*case) for case in cases.get(name, [])] for name, check in checks.items()},
               sys.stdout)
 

@@ -19,6 +19,8 @@ from stacx.infra.benchmarks.math_grading import (
     gsm8k_answer,
     hendrycks_math_answer,
     minerva_answer,
+    normalize_final_answer,
+    strip_string,
 )
 from stacx.infra.sidevenv import SideVenvError, ensure_side_venv
 from stacx.rollout.rewards import math_equivalent
@@ -29,6 +31,11 @@ SHARED = TESTS / "benchmark_samples" / "graders"
 CASES = json.loads((SHARED / "math_shared_cases.json").read_text())
 PUBLISHED = json.loads((SHARED / "hendrycks_math_equivalence_cases.json").read_text())
 LM_EVAL = "lm-eval==0.4.13"
+TEXTS = sorted({text for suite in ("math", "minervamath") for pair in CASES[suite] for text in pair}
+               | {c["a"] for c in PUBLISHED["cases"]} | {c["b"] for c in PUBLISHED["cases"]}
+               | {"\\left(3\\text{ ft}\\right)", "1,000,000 cents", "\\sqrt[3]8", "\\frac", "\\sqrt",
+                  "x/y", "\\text{ a}\\text{ b}", "5 = x", "\\boxed{2}\\text{ units}", ""})
+"""Every answer and solution text of the shared cases, and a few hostile ones."""
 GRADERS = {"gsm8k": gsm8k_answer, "math": hendrycks_math_answer, "minervamath": minerva_answer,
            "aime2024": aime_answer}
 
@@ -41,7 +48,8 @@ def reference() -> dict[str, list[int]]:
     except SideVenvError as exc:
         pytest.fail(f"lm-eval could not be installed in its side venv: {exc}")
     cases = {**CASES, "aime2024": CASES["aime2024"] + CASES["aime2024_differences"],
-             "is_equiv": [[c["a"], c["b"]] for c in PUBLISHED["cases"]]}
+             "is_equiv": [[c["a"], c["b"]] for c in PUBLISHED["cases"]],
+             "normalize": [[t] for t in TEXTS], "strip": [[t] for t in TEXTS]}
     done = subprocess.run([str(python), str(TESTS / "lm_eval_reference.py")], input=json.dumps(cases),
                           capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -75,6 +83,18 @@ def test_the_aime_integer_rule_parts_from_lm_eval_only_on_zero_padded_answers(
     ours = [_ours("aime2024", response, gold, aime_answer) for response, gold in padded]
     assert ours == [1] * len(padded)
     assert reference["aime2024"][-len(padded):] == [0] * len(padded)  # lm-eval compares strings
+
+
+def test_minervas_normalisation_and_maths_strip_string_equal_lm_evals_on_every_text(
+        reference: dict[str, list[object]]) -> None:
+    assert [normalize_final_answer(t) for t in TEXTS] == reference["normalize"]
+    ours: list[str | None] = []
+    for text in TEXTS:
+        try:
+            ours.append(strip_string(text))
+        except (ValueError, IndexError):
+            ours.append(None)
+    assert ours == reference["strip"]
 
 
 def test_the_published_is_equiv_cases_hold_for_lm_evals_copy_too(reference: dict[str, list[int]]) -> None:
