@@ -253,12 +253,13 @@ def _evaluators(evaluators: dict[str, Any], suite: Any, scaffold: str | None, sa
     if verifier:
         evaluator["verifier"] = verifier
     if scaffold or not own:
-        if not scaffold and evaluator.get("scaffold", suite.scaffold) != suite.scaffold:
-            evaluator.pop("scaffold_options", None)  # they were the other scaffold's
+        if evaluator.get("scaffold", suite.scaffold) != (scaffold or suite.scaffold):
+            evaluator.pop("scaffold_options", None)  # they were another scaffold's
         evaluator["scaffold"] = scaffold or suite.scaffold
-        if not scaffold and getattr(suite, "scaffold_options", None):
-            evaluator["scaffold_options"] = {**_mapping(evaluator.get("scaffold_options")),
-                                             **suite.scaffold_options}
+    if evaluator.get("scaffold") == suite.scaffold and getattr(suite, "scaffold_options", None):
+        # the suite's options (math: no marked answer, no answer); the config's own win
+        own_options = _mapping(evaluator.get("scaffold_options"))
+        evaluator["scaffold_options"] = {**suite.scaffold_options, **own_options}
     if samples == 1:
         evaluator["temperature"] = 0.0
     return {suite.task_type: evaluator}

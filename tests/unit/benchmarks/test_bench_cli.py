@@ -121,6 +121,9 @@ def test_the_suite_runs_with_one_evaluator_its_reward_always_and_its_scaffold_by
     assert _evaluators(own, gsm8k, None, 1, "math_equivalent") == {
         "gsm8k": {"scaffold": "retool", "reward": "math_equivalent", "temperature": 0.0}}  # greedy
     assert _evaluators(own, gsm8k, "terminal", 2, "gsm8k_answer")["gsm8k"]["scaffold"] == "terminal"
+    mine = {"gsm8k": {"scaffold": "single_turn", "scaffold_options": {"system_prompt": "Box it."}}}
+    assert _evaluators(mine, gsm8k, None, 2, "gsm8k_answer")["gsm8k"]["scaffold_options"] == {
+        "answer_required": True, "system_prompt": "Box it."}  # the suite's rule with the user's prompt
     assert _evaluators({}, kernels, None, 2, "verifier") == {
         "kernelbench": {"scaffold": "terminal", "reward": "verifier", "verifier": "kernelbench"}}
 
