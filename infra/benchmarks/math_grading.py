@@ -20,6 +20,8 @@ finds it):
 from __future__ import annotations
 
 import re
+import signal
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +29,7 @@ from stacx.rollout.rewards import REWARDS
 from stacx.rollout.scaffolds import extract_answer
 
 __all__ = [
+    "SYMPY_TIMEOUT_S",
     "aime_answer",
     "aime_equal",
     "gsm8k_answer",
@@ -215,24 +218,46 @@ def normalize_final_answer(final_answer: str) -> str:
     return answer
 
 
-_MAX_SYMPY_CHARS = 200
-"""Longer answers are compared as strings only: sympy's simplify has no time limit here."""
+SYMPY_TIMEOUT_S = 5.0
+"""Minerva's checker gives sympy 5 s per comparison (`9^{9^{9^9}}` would run for ever)."""
+
+
+def _sympy_equal(got: str, want: str) -> bool:
+    import sympy
+    from latex2sympy2_extended import latex2sympy
+
+    return bool(sympy.simplify(latex2sympy(got) - latex2sympy(want)) == 0)
+
+
+def _within_time_limit(got: str, want: str) -> bool:
+    """`_sympy_equal` stopped after SYMPY_TIMEOUT_S by SIGALRM, as Minerva's checker does; only
+    the main thread can set it, so elsewhere the strings alone decide."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+
+    def _stop(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"sympy took over {SYMPY_TIMEOUT_S:g} s")
+
+    previous = signal.signal(signal.SIGALRM, _stop)
+    signal.setitimer(signal.ITIMER_REAL, SYMPY_TIMEOUT_S)
+    try:
+        return _sympy_equal(got, want)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def minerva_equal(answer: str, gold: str) -> bool:
     """Minerva's rule: the normalised strings are equal, or their sympy difference simplifies
-    to 0 (LaTeX parsed with latex2sympy2_extended, the parser math-verify ships)."""
+    to 0 within 5 s (LaTeX parsed with latex2sympy2_extended, the parser math-verify ships)."""
     got, want = normalize_final_answer(answer), normalize_final_answer(gold)
     if got and got == want:
         return True
-    if not got or not want or max(len(got), len(want)) > _MAX_SYMPY_CHARS:
+    if not got or not want:
         return False
-    import sympy
-    from latex2sympy2_extended import latex2sympy
-
     try:
-        return bool(sympy.simplify(latex2sympy(got) - latex2sympy(want)) == 0)
-    except Exception:  # an answer sympy cannot read or subtract is not equal
+        return _within_time_limit(got, want)
+    except Exception:  # an answer sympy cannot read, subtract or finish with is not equal
         return False
 
 
