@@ -26,32 +26,50 @@ __all__ = [
     "extract_answer",
 ]
 
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_ANSWER_OPEN, _ANSWER_CLOSE = "<answer>", "</answer>"
 _BOXES = ("\\boxed{", "\\fbox{")
 _BARE_BOX = "\\boxed "
 _TOOL_OPEN = "<tool_call>"
 _TOOL_CLOSE = "</tool_call>"
 
 
-def _braced(text: str, start: int) -> str | None:
-    """Content of the group opened at `text[start - 1] == "{"`, with balanced braces."""
-    depth = 1
-    for j in range(start, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[start:j]
-    return None
+def _closing_braces(text: str) -> dict[int, int]:
+    """For every `{` of `text` that is closed, the index of its `}` (one pass: long hostile
+    completions stay linear)."""
+    closing: dict[int, int] = {}
+    opened: list[int] = []
+    for i, char in enumerate(text):
+        if char == "{":
+            opened.append(i)
+        elif char == "}" and opened:
+            closing[opened.pop()] = i
+    return closing
+
+
+def _tagged_answers(text: str) -> list[tuple[int, str]]:
+    """(position, content) of every `<answer>...</answer>`, left to right (linear, unlike a lazy
+    regex on a completion full of unclosed tags)."""
+    found: list[tuple[int, str]] = []
+    start = text.find(_ANSWER_OPEN)
+    while start >= 0:
+        end = text.find(_ANSWER_CLOSE, start + len(_ANSWER_OPEN))
+        if end < 0:
+            break
+        found.append((start, text[start + len(_ANSWER_OPEN):end]))
+        start = text.find(_ANSWER_OPEN, end + len(_ANSWER_CLOSE))
+    return found
 
 
 def _marked_answers(text: str) -> list[tuple[int, str]]:
-    """(position, content) of every `<answer>...</answer>`, `\\boxed{...}`, `\\fbox{...}` and
-    `\\boxed X` (MATH's unbraced form, up to the next `$` or line end) in `text`."""
-    found = [(m.start(), m.group(1)) for m in _ANSWER.finditer(text)]
+    """(position, content) of every `<answer>...</answer>`, closed `\\boxed{...}` and `\\fbox{...}`,
+    and `\\boxed X` (MATH's unbraced form, up to the next `$` or line end) in `text`."""
+    found = _tagged_answers(text)
+    closing = _closing_braces(text) if any(marker in text for marker in _BOXES) else {}
     for marker in _BOXES:
         for m in re.finditer(re.escape(marker), text):
-            content = _braced(text, m.end())
-            if content is not None:
-                found.append((m.start(), content))
+            end = closing.get(m.end() - 1)
+            if end is not None:
+                found.append((m.start(), text[m.end():end]))
     for m in re.finditer(re.escape(_BARE_BOX), text):
         found.append((m.start(), re.split(r"[$\n]", text[m.end():], maxsplit=1)[0]))
     return found

@@ -122,3 +122,10 @@ def test_gsm8k_with_main_and_socratic_counts_each_problem_once(tmp_path: Path) -
     loaded = build_suite("gsm8k").load(tmp_path)
     assert len(loaded.tasks) == 2 and not loaded.problems
     assert all("/main/" in t.metadata["source"] for t in loaded.tasks)
+
+
+@pytest.mark.parametrize("text", ["<answer>" * 30000, "\\boxed{" * 30000, "\\fbox{1}" * 9000 + "{" * 60000])
+def test_the_extraction_stays_linear_on_a_hostile_completion(text: str) -> None:
+    started = time.monotonic()
+    extract_answer(text)
+    assert time.monotonic() - started < 2.0  # quadratic scanning took minutes here
