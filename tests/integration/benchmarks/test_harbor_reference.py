@@ -62,6 +62,7 @@ def _ours(text: str) -> dict[str, float] | None:
         return None
 
 
+@pytest.mark.timeout(1200)  # the first one builds Harbor's venv (litellm and all)
 def test_reward_json_reads_as_harbor_reads_it(reference: dict[str, list[object]]) -> None:
     theirs = [None if r is None else {k: float(v) for k, v in r.items()}  # type: ignore[union-attr]
               for r in reference["reward_json"]]
@@ -69,6 +70,7 @@ def test_reward_json_reads_as_harbor_reads_it(reference: dict[str, list[object]]
     assert _ours('{"reward": true}') == {"reward": 1.0}  # Harbor scores 1
 
 
+@pytest.mark.timeout(1200)
 def test_the_harbor_suites_figure_is_harbors_mean(reference: dict[str, list[object]]) -> None:
     for trials, mean in zip(CASES["trials"], reference["mean"], strict=True):
         # one trial per task; a trial without a verifier result is a failed episode: reward 0
