@@ -115,16 +115,18 @@ def score_table(suite: str, score: SuiteScore) -> Any:
 
 
 def group_table(suite: str, groups: Mapping[str, SuiteScore]) -> Any:
-    """A rich table: the suite's figures per level or difficulty."""
+    """A rich table: the suite's metric per level or difficulty, with its short figures
+    (`fast_1`, `pass@4`, ...; every figure is in the JSON)."""
     from rich.table import Table
 
-    columns = sorted({c for g in groups.values() for c in g.extra if not c.endswith((" low", " high"))})
-    table = Table(title=f"{suite}: per level / difficulty")
-    for column in ("group", "metric", "value", "95% interval", *columns):
-        table.add_column(column)
+    first = next(iter(groups.values()))
+    columns = sorted({c for g in groups.values() for c in g.extra if " " not in c})
+    table = Table(title=f"{suite}: {first.metric} per level / difficulty")
+    for column in ("group", "value", "95% interval", *columns):
+        table.add_column(column, justify="left" if column == "group" else "right")
     for name, g in groups.items():
-        interval = f"[{g.interval[0]:.4f}, {g.interval[1]:.4f}]"
-        table.add_row(name, g.metric, f"{g.value:.4f}", interval, *(_cell(g.extra.get(c)) for c in columns))
+        interval = f"[{g.interval[0]:.3f}, {g.interval[1]:.3f}]"
+        table.add_row(name, f"{g.value:.4f}", interval, *(_cell(g.extra.get(c)) for c in columns))
     return table
 
 

@@ -55,6 +55,14 @@ def register(subparsers: Any) -> None:
     score.set_defaults(func=_score)
 
 
+def _console() -> Any:
+    """Tables on stderr: the terminal's width, or 200 columns into a file or pipe (a log keeps
+    every column whole)."""
+    from rich.console import Console
+
+    return Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+
 def _fail(action: str, line: str, status: int = 2) -> int:
     """One line on stderr, `stacx bench: ACTION: line` (`stacx bench: FILE: ...` for a config)."""
     print(f"stacx bench: {action}: {line}" if action else f"stacx bench: {line}", file=sys.stderr)
@@ -107,7 +115,6 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from rich.console import Console
 
     from stacx.infra.benchmarks import TaskOutcome
     from stacx.rollout.service import run_rollout
@@ -146,7 +153,7 @@ def _run(args: argparse.Namespace) -> int:
            "tasks_cut_by_limit": len(every) - len(tasks),
            "episodes": summary.num_episodes, "by_status": summary.by_status,
            "wall_s": round(summary.wall_s, 3)}
-    status = _report(args, suite, outcomes, k, run, Console(stderr=True))
+    status = _report(args, suite, outcomes, k, run, _console())
     if summary.stopped_by is not None:
         print(f"stacx bench: run: stopped by {summary.stopped_by.name}", file=sys.stderr, flush=True)
         return 128 + summary.stopped_by.value
@@ -266,7 +273,6 @@ def _evaluators(evaluators: dict[str, Any], suite: Any, scaffold: str | None, sa
 
 
 def _score(args: argparse.Namespace) -> int:
-    from rich.console import Console
 
     from stacx.infra.benchmarks.report import ResultFileError, outcomes_of, read_results
 
@@ -279,7 +285,7 @@ def _score(args: argparse.Namespace) -> int:
     except ResultFileError as exc:
         return _fail("score", str(exc))
     k = args.k or int(doc.get("k") or 1)
-    return _report(args, suite, outcomes, k, {"results": args.results}, Console(stderr=True))
+    return _report(args, suite, outcomes, k, {"results": args.results}, _console())
 
 
 def _report(args: argparse.Namespace, suite: Any, outcomes: list[Any], k: int,
