@@ -52,6 +52,7 @@ from stacx.rollout.scaffolds import build_scaffold
 from stacx.rollout.tokens import ChatFormat, TokenBuffer
 from stacx.schemas.plugins import first_line
 from stacx.schemas.records import (
+    TaskSample,
     ToolCall,
     Trajectory,
     TrajectoryStatus,
@@ -260,6 +261,10 @@ class Evaluator:
         return self._trajectory(episode)
 
     async def _run_limited(self, episode: _Episode, local: ResourcePool) -> None:
+        agent_s, verifier_s = _task_timeouts(episode.group.task)
+        if agent_s is not None and self.verifier is not None:
+            await self._run_harbor(episode, local, agent_s, verifier_s or self.config.episode_timeout_s)
+            return
         timeout = asyncio.timeout(self.config.episode_timeout_s)
         try:
             async with timeout:
@@ -274,6 +279,31 @@ class Evaluator:
                 TrajectoryStatus.TIMED_OUT,
                 f"episode exceeded episode_timeout_s={self.config.episode_timeout_s}",
             )
+
+    async def _run_harbor(self, episode: _Episode, local: ResourcePool, agent_s: float,
+                          verifier_s: float) -> None:
+        """A task with its own agent timeout (Harbor's `[agent] timeout_sec`), as Harbor runs a
+        trial: the agent gets the task's time; the tests run after the agent ends, timed out
+        included, and their reward counts (the episode stays TIMED_OUT)."""
+        timeout = asyncio.timeout(agent_s)
+        try:
+            async with timeout:
+                await self._play(episode, local)
+        except TimeoutError:
+            if not timeout.expired():
+                raise
+            self._fail(episode, TrajectoryStatus.TIMED_OUT,
+                       f"agent exceeded the task's [agent] timeout_sec = {agent_s:g} s; its tests ran")
+        if episode.status is TrajectoryStatus.FAILED or episode.env is None:
+            return
+        scoring = asyncio.timeout(verifier_s + _SANDBOX_SLACK_S)  # test.sh has its own limit inside
+        try:
+            async with scoring:
+                await self._score(episode)
+        except TimeoutError:
+            if not scoring.expired():
+                raise
+            self._fail(episode, TrajectoryStatus.TIMED_OUT, f"the task's tests exceeded {verifier_s:g} s")
 
     def _fail(self, episode: _Episode, status: TrajectoryStatus, reason: str) -> None:
         episode.status = status
@@ -487,7 +517,7 @@ class Evaluator:
                     episode.group.task,
                     cpus=max(self.demand.step.cpu, self.demand.episode.cpu, 0.1),
                     memory_mb=self.demand.episode.memory_mb or 512,
-                    lifetime_s=min(self.config.episode_timeout_s + _SANDBOX_SLACK_S, MAX_EPISODE_S),
+                    lifetime_s=_lifetime_s(episode.group.task, self.config.episode_timeout_s),
                 )
         except EpisodeError:
             raise
@@ -570,6 +600,29 @@ class Evaluator:
             error=episode.error,
             metadata=metadata,
         )
+
+
+def _task_timeouts(task: TaskSample) -> tuple[float | None, float | None]:
+    """The task's own agent and verifier timeouts in seconds (Harbor tasks carry them in their
+    data as `agent_timeout_s`, `verifier_timeout_s`); None where it has none."""
+    try:
+        data = json.loads(task.data or "{}")
+    except json.JSONDecodeError:
+        return None, None
+    if not isinstance(data, dict):
+        return None, None
+    found = [data.get(key) for key in ("agent_timeout_s", "verifier_timeout_s")]
+    agent, verifier = (float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+                       else None for v in found)
+    return agent, verifier
+
+
+def _lifetime_s(task: TaskSample, episode_timeout_s: float) -> float:
+    """How long the episode's sandbox may live: the episode, or the task's agent and verifier
+    timeouts when they are longer, plus slack."""
+    agent, verifier = _task_timeouts(task)
+    own = (agent or 0.0) + (verifier or 0.0)
+    return min(max(episode_timeout_s, own) + _SANDBOX_SLACK_S, MAX_EPISODE_S)
 
 
 def _teacher_logprobs(turns: list[Turn]) -> np.ndarray:

@@ -112,8 +112,9 @@ def exact_match(answer: str | None, data: Mapping[str, Any]) -> dict[str, float]
 
 
 def _in_math(text: str) -> str:
-    """`text` as math-verify reads a gold answer: bare numbers and LaTeX both inside `$...$`."""
-    stripped = text.strip()
+    """`text` as math-verify reads a gold answer: bare numbers and LaTeX both inside `$...$`.
+    An escaped `\\$` is a currency sign, not a math delimiter: it is dropped (`\\$32` is 32)."""
+    stripped = text.strip().replace("\\$", "")
     return stripped if "$" in stripped or "\\boxed" in stripped else f"${stripped}$"
 
 

@@ -26,31 +26,60 @@ __all__ = [
     "extract_answer",
 ]
 
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_ANSWER_OPEN, _ANSWER_CLOSE = "<answer>", "</answer>"
+_BOXES = ("\\boxed{", "\\fbox{")
+_BARE_BOX = "\\boxed "
 _TOOL_OPEN = "<tool_call>"
 _TOOL_CLOSE = "</tool_call>"
 
 
-def _boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}`, with balanced braces."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth, i = 1, start + len("\\boxed{")
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i:j]
-    return None
+def _closing_braces(text: str) -> dict[int, int]:
+    """For every `{` of `text` that is closed, the index of its `}` (one pass: long hostile
+    completions stay linear)."""
+    closing: dict[int, int] = {}
+    opened: list[int] = []
+    for i, char in enumerate(text):
+        if char == "{":
+            opened.append(i)
+        elif char == "}" and opened:
+            closing[opened.pop()] = i
+    return closing
+
+
+def _tagged_answers(text: str) -> list[tuple[int, str]]:
+    """(position, content) of every `<answer>...</answer>`, left to right (linear, unlike a lazy
+    regex on a completion full of unclosed tags)."""
+    found: list[tuple[int, str]] = []
+    start = text.find(_ANSWER_OPEN)
+    while start >= 0:
+        end = text.find(_ANSWER_CLOSE, start + len(_ANSWER_OPEN))
+        if end < 0:
+            break
+        found.append((start, text[start + len(_ANSWER_OPEN):end]))
+        start = text.find(_ANSWER_OPEN, end + len(_ANSWER_CLOSE))
+    return found
+
+
+def _marked_answers(text: str) -> list[tuple[int, str]]:
+    """(position, content) of every `<answer>...</answer>`, closed `\\boxed{...}` and `\\fbox{...}`,
+    and `\\boxed X` (MATH's unbraced form, up to the next `$` or line end) in `text`."""
+    found = _tagged_answers(text)
+    closing = _closing_braces(text) if any(marker in text for marker in _BOXES) else {}
+    for marker in _BOXES:
+        for m in re.finditer(re.escape(marker), text):
+            end = closing.get(m.end() - 1)
+            if end is not None:
+                found.append((m.start(), text[m.end():end]))
+    for m in re.finditer(re.escape(_BARE_BOX), text):
+        found.append((m.start(), re.split(r"[$\n]", text[m.end():], maxsplit=1)[0]))
+    return found
 
 
 def extract_answer(text: str) -> str | None:
-    """The last `<answer>...</answer>` or `\\boxed{...}` in `text`, stripped; None if absent."""
-    found = _ANSWER.findall(text)
-    if found:
-        return str(found[-1]).strip()
-    boxed = _boxed(text)
-    return boxed.strip() if boxed is not None else None
+    """The last marked answer in `text`, stripped: whichever of `<answer>...</answer>`,
+    `\\boxed{...}`, `\\fbox{...}` or `\\boxed X` comes last; None if there is none."""
+    found = _marked_answers(text)
+    return max(found)[1].strip() if found else None
 
 
 def _clip(text: str, limit: int) -> str:
@@ -182,6 +211,9 @@ class SingleTurnScaffold:
     needs_sandbox: bool = False
     system_prompt: str = "Give the final answer as <answer>...</answer>."
     stop: list[str] = None  # type: ignore[assignment]
+    answer_required: bool = False
+    """True: a completion with no `<answer>` or `\\boxed{}` has no answer (it scores 0, as the
+    math suites grade); False: the whole completion is the answer."""
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -192,7 +224,9 @@ class SingleTurnScaffold:
 
     def parse(self, text: str, *, finish_reason: str) -> Action:
         answer = extract_answer(text)
-        return Action(kind="answer", answer=answer if answer is not None else text.strip())
+        if answer is None and not self.answer_required:
+            answer = text.strip()
+        return Action(kind="answer", answer=answer)
 
     def observe(self, action: Action, result: ExecResult) -> Observation:
         return Observation(text="")

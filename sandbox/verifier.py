@@ -85,7 +85,8 @@ def parse_reward_text(data: bytes, *, where: str = REWARD_TXT) -> float:
 
 
 def parse_reward_json(data: bytes, *, where: str = REWARD_JSON) -> dict[str, float]:
-    """The numbers of reward.json (a JSON object of name -> number)."""
+    """The numbers of reward.json (a JSON object of name -> number); `true`/`false` are 1/0,
+    as Harbor's verifier reads them."""
     text = data.decode("utf-8", errors="replace").strip()
     if not text:
         raise RewardFileEmpty(f'{where} is empty; test.sh must write an object like {{"reward": 1}}')
@@ -95,7 +96,7 @@ def parse_reward_json(data: bytes, *, where: str = REWARD_JSON) -> dict[str, flo
         raise RewardFileMalformed(f"{where} is not valid JSON ({exc.msg})") from exc
     if not isinstance(doc, dict) or not doc:
         raise RewardFileMalformed(f"{where} must be a non-empty JSON object of numbers, got {text[:80]!r}")
-    bad = [k for k, v in doc.items() if isinstance(v, bool) or not isinstance(v, int | float)]
+    bad = [k for k, v in doc.items() if not isinstance(v, int | float)]  # a bool is an int, 0 or 1
     if bad:
         raise RewardFileMalformed(f"{where}: values of {bad} are not numbers")
     rewards = {str(k): float(v) for k, v in doc.items()}

@@ -6,7 +6,9 @@ Each episode's reward components are `valid` (0/1: every test problem's solution
 `is_solution`) and `speedup` (reference time / solver time). The suite's rule (Press et al.,
 AlgoTune, arXiv:2507.15887; algotune.io): a task's speedup is the solver's when it is valid and
 faster, else 1.0 (the baseline: an invalid or slower solver scores as the reference), and the
-AlgoTune score is the harmonic mean of the per-task speedups (bootstrap interval).
+AlgoTune score is the harmonic mean of the per-task speedups (bootstrap interval). With n samples
+and best-of-k, a task's speedup is the expected best of k drawn from all n (never the first k to
+finish), its validity pass@k.
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ from pathlib import Path
 
 from stacx.infra.benchmarks.protocols import LoadedSuite, SuiteScore, TaskOutcome
 from stacx.infra.benchmarks.registry import BENCHMARKS
-from stacx.infra.benchmarks.stats import bootstrap_interval, harmonic_mean
+from stacx.infra.benchmarks.stats import bootstrap_interval, expected_best_of_k, harmonic_mean, pass_at_k
 from stacx.rollout.protocols import EnvironmentSession
 from stacx.rollout.rewards import VERIFIERS
 from stacx.schemas.records import TaskSample
 
-__all__ = ["AlgoTune", "algotune_verifier", "task_speedup"]
+__all__ = ["AlgoTune", "algotune_verifier", "task_speedup", "task_valid"]
 
 SOLVER = "/workspace/solver.py"
 TASK_FILE = "/tmp/algotune_task.py"
@@ -58,10 +60,20 @@ async def algotune_verifier(session: EnvironmentSession, task: TaskSample) -> di
 
 
 def task_speedup(samples: Sequence[dict[str, float]], k: int) -> float:
-    """The best of the first `k` samples under AlgoTune's rule (invalid or slower: 1.0)."""
-    chosen = list(samples[: max(1, k)])
-    valid = [s.get("speedup", 0.0) for s in chosen if s.get("valid", 0.0) >= 1.0]
-    return max([BASELINE, *valid])
+    """The expected best of `k` samples drawn from all of them, each under AlgoTune's rule
+    (invalid or slower: 1.0); missing samples, up to k, count 1.0."""
+    k = max(1, k)
+    values = [max(BASELINE, s.get("speedup", 0.0)) if s.get("valid", 0.0) >= 1.0 else BASELINE
+              for s in samples]
+    values += [BASELINE] * (k - len(values))
+    return expected_best_of_k(values, k)
+
+
+def task_valid(samples: Sequence[dict[str, float]], k: int) -> float:
+    """pass@k of validity over all the task's samples (missing ones, up to k, invalid)."""
+    k = max(1, k)
+    valid = sum(1 for s in samples if s.get("valid", 0.0) >= 1.0)
+    return pass_at_k(max(len(samples), k), valid, k)
 
 
 @BENCHMARKS.register("algotune", origin="builtin (stacx.infra.benchmarks.algotune)")
@@ -107,9 +119,7 @@ class AlgoTune:
     def score(self, outcomes: Sequence[TaskOutcome], *, k: int) -> SuiteScore:
         per_task = {}
         for o in outcomes:
-            chosen = o.samples[: max(1, k)]
-            per_task[o.task_id] = {"samples": float(len(chosen)),
-                                   "valid": float(any(s.get("valid", 0.0) >= 1.0 for s in chosen)),
+            per_task[o.task_id] = {"samples": float(len(o.samples)), "valid": task_valid(o.samples, k),
                                    "speedup": task_speedup(o.samples, k)}
         speedups = [row["speedup"] for row in per_task.values()]
         valid = sum(row["valid"] for row in per_task.values())

@@ -1,6 +1,8 @@
 """Terminal-Bench 2.0 and SETA: Harbor task folders (`task.toml`, `instruction.md`,
 `environment/`, `tests/test.sh`), run with the terminal agent; each task's own tests score it
-(`reward: verifier`), and the suite reports the success rate."""
+(`reward: verifier`), run after the agent ends or hits the task's own agent timeout, as Harbor
+runs a trial. The suite reports Harbor's metric, the mean reward (partial rewards kept), with the
+success rate (reward 1) beside it, overall and per `[metadata] difficulty`."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from pathlib import Path
 
 from stacx.infra.benchmarks.protocols import LoadedSuite, SuiteScore, TaskOutcome
 from stacx.infra.benchmarks.registry import BENCHMARKS
-from stacx.infra.benchmarks.scoring import rate_score
+from stacx.infra.benchmarks.scoring import mean_reward_score
 from stacx.schemas.records import TaskSample
 
 __all__ = ["HarborSuite", "Seta", "TerminalBench2"]
@@ -22,7 +24,7 @@ class HarborSuite:
     """A dataset of Harbor task folders; a task passes when its verifier writes reward 1."""
 
     name = "harbor"
-    metric = "success rate"
+    metric = "mean reward (Harbor's Mean), success rate; per difficulty"
     layout = "Harbor task folders (task.toml, instruction.md, environment/, tests/)"
     scaffold = "terminal"
     reward = "verifier"
@@ -49,6 +51,9 @@ class HarborSuite:
                 continue
             sample = to_task_sample(task)
             metadata = {**sample.metadata, "suite": self.name}
+            difficulty = task.metadata.get("difficulty")
+            if isinstance(difficulty, str) and difficulty.strip():
+                metadata["group"] = difficulty.strip()
             tasks.append(dataclasses.replace(sample, task_type=self.task_type, metadata=metadata))
         return LoadedSuite(tasks, problems)
 
@@ -58,7 +63,7 @@ class HarborSuite:
             f"{self.name} dataset folder")
 
     def score(self, outcomes: Sequence[TaskOutcome], *, k: int) -> SuiteScore:
-        return rate_score(outcomes, metric="success rate", k=k)
+        return mean_reward_score(outcomes, k=k)
 
 
 @BENCHMARKS.register("terminal-bench-2", origin=_ORIGIN)

@@ -1,10 +1,12 @@
 """KernelBench's check of one candidate, run inside the sandbox as a script:
-`python3 - REFERENCE.py CANDIDATE.py < kernelbench_harness.py`.
+`python3 - REFERENCE.py CANDIDATE.py [--precision fp32|fp16|bf16] < kernelbench_harness.py`.
 
-Correctness first: the reference `Model` and the candidate `ModelNew`, built from the same
-`get_init_inputs()` under the same seed, must agree on 5 random `get_inputs()` draws within
-atol = rtol = 1e-2 (KernelBench's tolerance). Then speed: the median wall time of each over
-`--runs` calls (CUDA synchronised when a GPU is there). The last stdout line is one JSON object:
+Correctness first, as KernelBench's current `eval.py`: the reference `Model` and the candidate
+`ModelNew`, built from the same `get_init_inputs()` under seed 42 and cast to the precision, must
+agree (same shape, `torch.allclose` with atol = rtol = the precision's tolerance: fp32 1e-4, fp16
+and bf16 1e-2) on 5 `get_inputs()` draws, each under its own seed drawn from seed 42; every tensor
+input is cast to the precision. Then speed: the median wall time of each over `--runs` calls
+(CUDA synchronised when a GPU is there). The last stdout line is one JSON object:
 `{"compiled": 0|1, "correct": 0|1, "speedup": reference / candidate}`; what went wrong goes to stderr.
 Only the standard library and torch: this file runs in the task's image, not in STACX.
 """
@@ -21,7 +23,9 @@ from types import ModuleType
 from typing import Any
 
 CORRECTNESS_TRIALS = 5
-TOLERANCE = 1e-2
+SEED = 42
+TOLERANCES = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 1e-2}
+"""KernelBench's `get_tolerance_for_precision` (its `eval.py`; v0.1 used 1e-2 for fp32)."""
 
 
 def _load(path: str, name: str) -> ModuleType:
@@ -33,11 +37,30 @@ def _load(path: str, name: str) -> ModuleType:
     return module
 
 
-def _inputs(reference: ModuleType, seed: int, device: str) -> list[Any]:
+def _dtype(precision: str) -> Any:
+    import torch
+
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+
+
+def _cast(value: Any, device: str, dtype: Any) -> Any:
+    import torch
+
+    return value.to(dtype=dtype).to(device) if isinstance(value, torch.Tensor) else value
+
+
+def _trial_seeds() -> list[int]:
+    import torch
+
+    torch.manual_seed(SEED)
+    return [int(torch.randint(0, 2**32 - 1, (1,)).item()) for _ in range(CORRECTNESS_TRIALS)]
+
+
+def _inputs(reference: ModuleType, seed: int, device: str, dtype: Any) -> list[Any]:
     import torch
 
     torch.manual_seed(seed)
-    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in reference.get_inputs()]
+    return [_cast(x, device, dtype) for x in reference.get_inputs()]
 
 
 def _median_s(model: Any, inputs: list[Any], runs: int, device: str) -> float:
@@ -57,38 +80,55 @@ def _median_s(model: Any, inputs: list[Any], runs: int, device: str) -> float:
     return statistics.median(times)
 
 
-def check(reference_path: str, candidate_path: str, *, runs: int = 20) -> dict[str, float]:
+def _build(cls: Any, init: list[Any], device: str, dtype: Any) -> Any:
+    import torch
+
+    torch.manual_seed(SEED)
+    return cls(*init).to(device=device, dtype=dtype).eval()
+
+
+def _agrees(model: Any, candidate: Any, inputs: list[Any], tolerance: float, trial: int) -> bool:
+    import torch
+
+    try:
+        with torch.no_grad():
+            want, got = model(*inputs), candidate(*inputs)
+        if want.shape != got.shape:
+            print(f"output shape {tuple(got.shape)} differs from {tuple(want.shape)} on trial {trial}",
+                  file=sys.stderr)
+            return False
+        if torch.allclose(got, want, atol=tolerance, rtol=tolerance):
+            return True
+    except Exception as exc:  # the model's code
+        print(f"candidate raised on trial {trial}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return False
+    print(f"candidate output differs from the reference on trial {trial}", file=sys.stderr)
+    return False
+
+
+def check(reference_path: str, candidate_path: str, *, runs: int = 20,
+          precision: str = "fp32") -> dict[str, float]:
     """The candidate's components; any failure of the candidate is reported, never raised."""
     import torch
 
     result = {"compiled": 0.0, "correct": 0.0, "speedup": 0.0}
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = _dtype(precision)
     reference = _load(reference_path, "reference")
-    init = reference.get_init_inputs()
-    torch.manual_seed(0)
-    model = reference.Model(*init).to(device).eval()
+    init = [_cast(x, device, dtype) for x in reference.get_init_inputs()]
+    model = _build(reference.Model, init, device, dtype)
     try:
-        candidate_cls = _load(candidate_path, "candidate").ModelNew
-        torch.manual_seed(0)
-        candidate = candidate_cls(*init).to(device).eval()
+        candidate = _build(_load(candidate_path, "candidate").ModelNew, init, device, dtype)
     except Exception as exc:  # the model's code: any failure means it did not compile
         print(f"candidate does not build: {type(exc).__name__}: {exc}", file=sys.stderr)
         return result
     result["compiled"] = 1.0
-    for trial in range(CORRECTNESS_TRIALS):
-        inputs = _inputs(reference, trial, device)
-        try:
-            with torch.no_grad():
-                want, got = model(*inputs), candidate(*inputs)
-            same = want.shape == got.shape and torch.allclose(got, want, atol=TOLERANCE, rtol=TOLERANCE)
-        except Exception as exc:
-            print(f"candidate raised on trial {trial}: {type(exc).__name__}: {exc}", file=sys.stderr)
-            return result
-        if not same:
-            print(f"candidate output differs from the reference on trial {trial}", file=sys.stderr)
+    tolerance = TOLERANCES[precision]
+    for trial, seed in enumerate(_trial_seeds()):
+        if not _agrees(model, candidate, _inputs(reference, seed, device, dtype), tolerance, trial):
             return result
     result["correct"] = 1.0
-    inputs = _inputs(reference, 0, device)
+    inputs = _inputs(reference, SEED, device, dtype)
     result["speedup"] = _median_s(model, inputs, runs, device) / _median_s(candidate, inputs, runs, device)
     return result
 
@@ -98,8 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("reference")
     parser.add_argument("candidate")
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--precision", choices=sorted(TOLERANCES), default="fp32")
     args = parser.parse_args(argv)
-    print(json.dumps(check(args.reference, args.candidate, runs=args.runs)))
+    print(json.dumps(check(args.reference, args.candidate, runs=args.runs, precision=args.precision)))
     return 0
 
 

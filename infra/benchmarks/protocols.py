@@ -37,6 +37,8 @@ class TaskOutcome:
 
     task_id: str
     samples: list[dict[str, float]]
+    group: str = ""
+    """The level or difficulty the suite reports separately (`level1`, `Level 3`, `hard`); empty: none."""
 
 
 @dataclass(frozen=True, slots=True)

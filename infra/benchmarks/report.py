@@ -5,13 +5,23 @@ comparison with a previous result file."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from stacx.infra.benchmarks.protocols import SuiteScore, TaskOutcome
+from stacx.infra.benchmarks.protocols import BenchmarkSuite, SuiteScore, TaskOutcome
+from stacx.infra.benchmarks.rows import natural_key
 
-__all__ = ["ResultFileError", "compare_lines", "read_results", "result_document", "score_table"]
+__all__ = [
+    "ResultFileError",
+    "compare_lines",
+    "denominator",
+    "group_scores",
+    "group_table",
+    "read_results",
+    "result_document",
+    "score_table",
+]
 
 FORMAT = "stacx-bench/1"
 
@@ -20,10 +30,27 @@ class ResultFileError(ValueError):
     """A result file cannot be read; the message is one line naming the file and the fix."""
 
 
+def group_scores(suite: BenchmarkSuite, outcomes: Sequence[TaskOutcome], *, k: int) -> dict[str, SuiteScore]:
+    """The suite's metric per level or difficulty (`TaskOutcome.group`), as the suite reports
+    it; empty when no task has a group."""
+    names = sorted({o.group for o in outcomes if o.group}, key=natural_key)
+    return {name: suite.score([o for o in outcomes if o.group == name], k=k) for name in names}
+
+
+def denominator(outcomes: Sequence[TaskOutcome]) -> dict[str, int]:
+    """How many tasks the figure is over, and how many of them never ran (skipped by the suite,
+    cut by --limit, or every sample lost): those count as failures."""
+    not_run = sum(1 for o in outcomes if o.samples and all(s.get("not_run") for s in o.samples))
+    return {"denominator": len(outcomes), "tasks not run (failures)": not_run}
+
+
 def result_document(suite: str, score: SuiteScore, outcomes: list[TaskOutcome], *, k: int,
-                    run: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The JSON a run writes: the suite metric with its interval, and per task its values and samples."""
+                    run: Mapping[str, Any] | None = None,
+                    groups: Mapping[str, SuiteScore] | None = None) -> dict[str, Any]:
+    """The JSON a run writes: the suite metric with its interval, its denominator, the figures
+    per level or difficulty, and per task its values, group and samples."""
     samples = {o.task_id: o.samples for o in outcomes}
+    task_groups = {o.task_id: o.group for o in outcomes if o.group}
     return {
         "format": FORMAT,
         "suite": suite,
@@ -33,7 +60,11 @@ def result_document(suite: str, score: SuiteScore, outcomes: list[TaskOutcome], 
         "interval_method": score.interval_method,
         "k": k,
         "extra": score.extra,
-        "tasks": {task_id: {**values, "sample_rewards": samples.get(task_id, [])}
+        "denominator": denominator(outcomes),
+        "groups": {name: {"metric": g.metric, "value": g.value, "interval": list(g.interval), **g.extra}
+                   for name, g in (groups or {}).items()},
+        "tasks": {task_id: {**values, **({"group": task_groups[task_id]} if task_id in task_groups else {}),
+                            "sample_rewards": samples.get(task_id, [])}
                   for task_id, values in sorted(score.per_task.items())},
         "run": dict(run or {}),
     }
@@ -62,7 +93,9 @@ def outcomes_of(doc: Mapping[str, Any], *, where: str) -> list[TaskOutcome]:
         if not isinstance(samples, list) or not all(isinstance(s, dict) for s in samples):
             raise ResultFileError(f"{where}: tasks.{task_id}.sample_rewards: not a list of "
                                   "{component: number} objects")
-        outcomes.append(TaskOutcome(task_id, [{str(k): float(v) for k, v in s.items()} for s in samples]))
+        group = row.get("group", "") if isinstance(row.get("group", ""), str) else ""
+        values = [{str(k): float(v) for k, v in s.items()} for s in samples]
+        outcomes.append(TaskOutcome(task_id, values, group))
     return outcomes
 
 
@@ -78,6 +111,22 @@ def score_table(suite: str, score: SuiteScore) -> Any:
         table.add_column(column, justify="right")
     for task_id, row in sorted(score.per_task.items()):
         table.add_row(task_id, *(_cell(row.get(c)) for c in columns))
+    return table
+
+
+def group_table(suite: str, groups: Mapping[str, SuiteScore]) -> Any:
+    """A rich table: the suite's metric per level or difficulty, with its short figures
+    (`fast_1`, `pass@4`, ...; every figure is in the JSON)."""
+    from rich.table import Table
+
+    first = next(iter(groups.values()))
+    columns = sorted({c for g in groups.values() for c in g.extra if " " not in c})
+    table = Table(title=f"{suite}: {first.metric} per level / difficulty")
+    for column in ("group", "value", "95% interval", *columns):
+        table.add_column(column, justify="left" if column == "group" else "right")
+    for name, g in groups.items():
+        interval = f"[{g.interval[0]:.3f}, {g.interval[1]:.3f}]"
+        table.add_row(name, f"{g.value:.4f}", interval, *(_cell(g.extra.get(c)) for c in columns))
     return table
 
 

@@ -1,29 +1,37 @@
-"""Rows of a suite's data file as its authors publish it: JSON Lines, a JSON array, or Parquet
-(read with pyarrow). Each row comes with where it is (`file:line`, `file: row N`)."""
+"""Rows of a suite's data file as its authors publish it: JSON Lines, a JSON array, one JSON
+object (MATH's release: one problem per file), or Parquet (read with pyarrow). Each row comes
+with where it is (`file:line`, `file: row N`)."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DATA_SUFFIXES", "data_files", "read_rows"]
+__all__ = ["DATA_SUFFIXES", "data_files", "natural_key", "read_rows"]
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
 def data_files(path: Path) -> list[Path]:
     """`path` itself when it is a file; else the data files under it (any depth, sorted), only
-    those of the test split (`test*`) when there are such (a Hugging Face dataset folder holds
-    train and test)."""
+    those of the test split when there are such: named `test*` (a Hugging Face dataset folder
+    holds train and test) or under a `test/` folder (MATH's release: `test/<subject>/<n>.json`)."""
     if path.is_file():
         return [path]
     if not path.is_dir():
         return []
-    found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in DATA_SUFFIXES)
-    tests = [p for p in found if p.name.startswith("test")]
+    found = sorted((p for p in path.rglob("*") if p.is_file() and p.suffix in DATA_SUFFIXES),
+                   key=lambda p: natural_key(p.relative_to(path).as_posix()))
+    tests = [p for p in found if p.name.startswith("test") or "test" in p.relative_to(path).parts[:-1]]
     return tests or found
+
+
+def natural_key(text: str) -> list[tuple[int, str]]:
+    """A sort key that orders `2.json` before `10.json`."""
+    return [(int(part), "") if part.isdigit() else (0, part) for part in re.split(r"(\d+)", text)]
 
 
 def read_rows(path: Path) -> Iterator[tuple[str, dict[str, Any] | str]]:
@@ -55,8 +63,11 @@ def _json_rows(path: Path) -> Iterator[tuple[str, dict[str, Any] | str]]:
     except json.JSONDecodeError as exc:
         yield str(path), f"not valid JSON ({exc.msg} at line {exc.lineno})"
         return
+    if isinstance(rows, dict):  # one problem per file (MATH's release layout)
+        yield str(path), rows
+        return
     if not isinstance(rows, list):
-        yield str(path), "holds a JSON object; the suite's .json file is an array of rows"
+        yield str(path), f"holds a JSON {type(rows).__name__}; a .json file is an array of rows or one row"
         return
     for i, row in enumerate(rows):
         yield f"{path}: row {i}", row if isinstance(row, dict) else f"a {type(row).__name__}, not an object"

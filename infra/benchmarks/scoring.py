@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from stacx.infra.benchmarks.protocols import SuiteScore, TaskOutcome
-from stacx.infra.benchmarks.stats import pass_at_k, wilson_interval
+from stacx.infra.benchmarks.stats import bootstrap_interval, pass_at_k, wilson_interval
 
-__all__ = ["SUCCESS", "passed", "rate_score"]
+__all__ = ["SUCCESS", "mean_reward_score", "passed", "rate_score"]
 
 SUCCESS = 1.0 - 1e-9
 """A sample passes when its reward is 1 (a float written by a verifier may be 0.9999999999)."""
@@ -28,14 +28,15 @@ def rate_score(
 ) -> SuiteScore:
     """The suite's rate: per task the fraction of samples that pass (pass@1, unbiased; with one
     sample per task, greedy accuracy), averaged over tasks, with a Wilson interval over tasks.
-    With `k` > 1 it also reports pass@k (the unbiased estimator) for tasks with >= k samples."""
+    With `k` > 1 it also reports pass@k (the unbiased estimator); a task with fewer than k
+    samples (episodes lost or timed out) counts the missing ones as failures."""
     per_task: dict[str, dict[str, float]] = {}
     for outcome in outcomes:
         n = len(outcome.samples)
         c = sum(1 for s in outcome.samples if success(s))
         row = {"samples": float(n), "passed": float(c), "pass@1": c / n if n else 0.0}
-        if k > 1 and n >= k:
-            row[f"pass@{k}"] = pass_at_k(n, c, k)
+        if k > 1:
+            row[f"pass@{k}"] = pass_at_k(max(n, k), c, k)
         per_task[outcome.task_id] = row
     num_tasks = len(per_task)
     total = sum(row["pass@1"] for row in per_task.values())
@@ -52,5 +53,29 @@ def rate_score(
         interval=wilson_interval(total, num_tasks),
         interval_method="wilson",
         extra=extra,
+        per_task=per_task,
+    )
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def mean_reward_score(outcomes: Sequence[TaskOutcome], *, k: int) -> SuiteScore:
+    """Harbor's metric (`harbor.metrics.Mean`): the mean reward of every trial, partial rewards
+    kept (a task's samples averaged, then the tasks), with a bootstrap interval over tasks; the
+    success rate (reward 1) and pass@k as further figures."""
+    rates = rate_score(outcomes, metric="success rate", k=k)
+    per_task = {}
+    for outcome in outcomes:
+        rewards = [s.get("reward", 0.0) for s in outcome.samples]
+        per_task[outcome.task_id] = {**rates.per_task[outcome.task_id], "mean reward": _mean(rewards)}
+    means = [row["mean reward"] for row in per_task.values()]
+    return SuiteScore(
+        metric="mean reward",
+        value=_mean(means),
+        interval=bootstrap_interval(means, _mean),
+        interval_method="bootstrap",
+        extra={**rates.extra, "success rate (reward 1)": rates.value},
         per_task=per_task,
     )

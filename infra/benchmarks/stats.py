@@ -15,6 +15,7 @@ import numpy as np
 __all__ = [
     "Interval",
     "bootstrap_interval",
+    "expected_best_of_k",
     "geometric_mean",
     "harmonic_mean",
     "pass_at_k",
@@ -49,6 +50,17 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def expected_best_of_k(values: Sequence[float], k: int) -> float:
+    """The unbiased estimate of the best of `k` samples drawn without replacement from the
+    `values` of n >= k samples: sum over the sorted values v_(1) <= ... <= v_(n) of
+    v_(i) * C(i-1, k-1) / C(n, k) (the order statistic of Chen et al.'s pass@k, for numbers)."""
+    n = len(values)
+    if not 0 < k <= n:
+        raise ValueError(f"best-of-{k} needs at least {k} samples per task (got {n})")
+    ordered = sorted(values)
+    return sum(v * math.comb(i, k - 1) for i, v in enumerate(ordered)) / math.comb(n, k)
 
 
 def harmonic_mean(values: Sequence[float]) -> float:

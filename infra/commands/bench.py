@@ -38,6 +38,8 @@ def register(subparsers: Any) -> None:
     run.add_argument("--samples", type=int, default=None, help="samples per task (1: greedy)")
     run.add_argument("--k", type=int, default=None, help="best-of-k (default: --samples)")
     run.add_argument("--scaffold", default=None, help="scaffold instead of the suite's")
+    run.add_argument("--grader", default=None,
+                     help="grader instead of the suite's own (math suites: math-verify; stacx bench list)")
     run.add_argument("--limit", type=int, default=None, help="only the first N tasks")
     run.add_argument("--publish", action="store_true", help="also publish trajectories")
     run.add_argument("--json", dest="json_out", default=None, help="write the result file here")
@@ -60,6 +62,14 @@ def register(subparsers: Any) -> None:
                         help="folder of git copies of the repositories (owner+name/ or owner/name/)")
     images.add_argument("--force", action="store_true", help="rebuild images that are present")
     images.set_defaults(func=_images)
+
+
+def _console() -> Any:
+    """Tables on stderr: the terminal's width, or 200 columns into a file or pipe (a log keeps
+    every column whole)."""
+    from rich.console import Console
+
+    return Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 
 def _fail(action: str, line: str, status: int = 2) -> int:
@@ -86,11 +96,12 @@ def _list(args: argparse.Namespace) -> int:
     from stacx.infra.benchmarks import BENCHMARKS, build_suite
 
     table = Table(title="benchmark suites (stacx bench run SUITE CONFIG --from PATH)")
-    for column in ("suite", "metric", "input layout", "origin"):
+    for column in ("suite", "metric", "graders (--grader; first: default)", "input layout", "origin"):
         table.add_column(column)
     for info in BENCHMARKS.available():
         suite = build_suite(info.name)
-        table.add_row(info.name, suite.metric, suite.layout, info.origin)
+        graders = ", ".join(getattr(suite, "graders", None) or {}) or "the suite's own"
+        table.add_row(info.name, suite.metric, graders, suite.layout, info.origin)
     Console(width=200).print(table)
     return 0
 
@@ -113,7 +124,6 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from rich.console import Console
 
     from stacx.infra.benchmarks import TaskOutcome
     from stacx.rollout.service import run_rollout
@@ -127,28 +137,69 @@ def _run(args: argparse.Namespace) -> int:
     path = Path(args.source)
     if not path.exists():
         return _fail("run", f"--from {path}: does not exist; `stacx bench prepare {suite.name} --from PATH`")
+    grader = _grader(suite, args.grader)
+    if grader is None:
+        return 2
     loaded = suite.load(path)
     for line in loaded.problems:
         print(line if line.endswith("skipped") else f"{line}; skipped", file=sys.stderr)
-    tasks = _unique(loaded.tasks)[: args.limit] if args.limit else _unique(loaded.tasks)
+    every = _unique(loaded.tasks)
+    tasks = every[: args.limit] if args.limit else every
     if not tasks:
         return _fail("run", f"--from {path}: no usable {suite.name} task; `stacx bench prepare` says why")
     with tempfile.TemporaryDirectory(prefix="stacx-bench-") as scratch:
-        config = _config(args, suite, tasks, Path(scratch) / "tasks.jsonl")
+        config = _config(args, suite, tasks, Path(scratch) / "tasks.jsonl", grader)
         if config is None:
             return 2
         summary = asyncio.run(run_rollout(config, tasks=tasks))
     samples = config.data.samples_per_task
     k = args.k or samples
-    outcomes = [TaskOutcome(t.task_id, summary.components_by_task.get(t.task_id, [])) for t in tasks]
-    run = {"config": args.config, "from": str(path), "samples_per_task": samples,
+    outcomes = [TaskOutcome(t.task_id, _padded(summary.components_by_task.get(t.task_id, []), samples),
+                            str(t.metadata.get("group", ""))) for t in tasks]
+    outcomes += _not_run(every[len(tasks):], loaded.problems, samples)
+    run = {"config": args.config, "from": str(path), "samples_per_task": samples, "grader": grader[0],
+           "tasks_run": len(tasks), "tasks_skipped": len(loaded.problems),
+           "tasks_cut_by_limit": len(every) - len(tasks),
            "episodes": summary.num_episodes, "by_status": summary.by_status,
            "wall_s": round(summary.wall_s, 3)}
-    status = _report(args, suite, outcomes, k, run, Console(stderr=True))
+    status = _report(args, suite, outcomes, k, run, _console())
     if summary.stopped_by is not None:
         print(f"stacx bench: run: stopped by {summary.stopped_by.name}", file=sys.stderr, flush=True)
         return 128 + summary.stopped_by.value
     return status
+
+
+NOT_RUN = {"reward": 0.0, "not_run": 1.0}
+"""A sample that never ended (lost, or its task skipped or cut by --limit): a failure, as the
+suites count it."""
+
+
+def _padded(samples: list[dict[str, float]], planned: int) -> list[dict[str, float]]:
+    """`samples` with a failed sample for each planned one that did not end."""
+    return samples + [dict(NOT_RUN) for _ in range(planned - len(samples))]
+
+
+def _not_run(cut: list[Any], skipped: list[str], planned: int) -> list[Any]:
+    """Failures for the tasks --limit cut and the rows or tasks the suite skipped: they stay in
+    the denominator, as the suites' own figures keep them."""
+    from stacx.infra.benchmarks import TaskOutcome
+
+    outcomes = [TaskOutcome(t.task_id, _padded([], planned), str(t.metadata.get("group", ""))) for t in cut]
+    outcomes += [TaskOutcome(f"skipped:{line.split(': ', 1)[0]}", _padded([], planned)) for line in skipped]
+    return outcomes
+
+
+def _grader(suite: Any, name: str | None) -> tuple[str, str] | None:
+    """(grader name, reward) for `--grader name`, else the suite's own; None after one line."""
+    graders: dict[str, str] = dict(getattr(suite, "graders", None) or {})
+    if name is None:
+        own = next(iter(graders.items()), None)
+        return own or ("suite", suite.reward)
+    if name not in graders:
+        choices = ", ".join(graders) or f"none: {suite.name} has one grader"
+        _fail("run", f"--grader {name}: {suite.name} has no such grader; use one of: {choices}")
+        return None
+    return name, graders[name]
 
 
 def _unique(tasks: list[Any]) -> list[Any]:
@@ -164,7 +215,8 @@ def _unique(tasks: list[Any]) -> list[Any]:
     return list(seen.values())
 
 
-def _config(args: argparse.Namespace, suite: Any, tasks: list[Any], tasks_file: Path) -> Any:
+def _config(args: argparse.Namespace, suite: Any, tasks: list[Any], tasks_file: Path,
+            grader: tuple[str, str]) -> Any:
     """The rollout config of `args.config` with the suite's tasks and its evaluator; None after
     printing every problem (one line each)."""
     from stacx.infra.checks import rollout_problems
@@ -183,7 +235,7 @@ def _config(args: argparse.Namespace, suite: Any, tasks: list[Any], tasks_file: 
         if isinstance(manager, dict):  # anything else: the loader names the field below
             evaluators = _mapping(manager.get("evaluators"))
             samples_n = samples if isinstance(samples, int) else 1
-            manager["evaluators"] = _evaluators(evaluators, suite, args.scaffold, samples_n)
+            manager["evaluators"] = _evaluators(evaluators, suite, args.scaffold, samples_n, grader[1])
             manager["record_task_rewards"] = True
         tree["kafka"] = {**_mapping(tree.get("kafka")), "publish": args.publish, "follow_weights": False}
         config = build(RolloutConfig, tree, where=args.config)
@@ -204,26 +256,32 @@ def _mapping(value: Any) -> dict[str, Any]:
     return dict(value) if isinstance(value, dict) else {}
 
 
-def _evaluators(evaluators: dict[str, Any], suite: Any, scaffold: str | None, samples: int) -> dict[str, Any]:
+def _evaluators(evaluators: dict[str, Any], suite: Any, scaffold: str | None, samples: int,
+                reward: str) -> dict[str, Any]:
     """The one evaluator the suite's tasks run with: the config's evaluator of the suite's task
-    type (else its `default`) with the suite's reward; the suite's verifier unless that evaluator
-    of the suite's task type names one; the suite's scaffold unless the config named one for
-    that task type or `--scaffold` did; greedy decoding for one sample per task."""
+    type (else its `default`) with the grader's reward; the suite's verifier unless that evaluator
+    of the suite's task type names one; the suite's scaffold (and its `scaffold_options`) unless the
+    config named one for that task type or `--scaffold` did; greedy decoding for one sample per task."""
     own = suite.task_type in evaluators
     evaluator = dict(evaluators.get(suite.task_type) or evaluators.get("default") or {})
-    evaluator["reward"] = suite.reward
+    evaluator["reward"] = reward
     verifier = getattr(suite, "verifier", None)
     if verifier and not (own and evaluator.get("verifier")):  # the config's own verifier stays
         evaluator["verifier"] = verifier
     if scaffold or not own:
+        if evaluator.get("scaffold", suite.scaffold) != (scaffold or suite.scaffold):
+            evaluator.pop("scaffold_options", None)  # they were another scaffold's
         evaluator["scaffold"] = scaffold or suite.scaffold
+    if evaluator.get("scaffold") == suite.scaffold and getattr(suite, "scaffold_options", None):
+        # the suite's options (math: no marked answer, no answer); the config's own win
+        own_options = _mapping(evaluator.get("scaffold_options"))
+        evaluator["scaffold_options"] = {**suite.scaffold_options, **own_options}
     if samples == 1:
         evaluator["temperature"] = 0.0
     return {suite.task_type: evaluator}
 
 
 def _score(args: argparse.Namespace) -> int:
-    from rich.console import Console
 
     from stacx.infra.benchmarks.report import ResultFileError, outcomes_of, read_results
 
@@ -236,7 +294,7 @@ def _score(args: argparse.Namespace) -> int:
     except ResultFileError as exc:
         return _fail("score", str(exc))
     k = args.k or int(doc.get("k") or 1)
-    return _report(args, suite, outcomes, k, {"results": args.results}, Console(stderr=True))
+    return _report(args, suite, outcomes, k, {"results": args.results}, _console())
 
 
 def _report(args: argparse.Namespace, suite: Any, outcomes: list[Any], k: int,
@@ -244,14 +302,19 @@ def _report(args: argparse.Namespace, suite: Any, outcomes: list[Any], k: int,
     from stacx.infra.benchmarks.report import (
         ResultFileError,
         compare_lines,
+        group_scores,
+        group_table,
         read_results,
         result_document,
         score_table,
     )
 
     score = suite.score(outcomes, k=k)
-    doc = result_document(suite.name, score, outcomes, k=k, run=run)
+    groups = group_scores(suite, outcomes, k=k)
+    doc = result_document(suite.name, score, outcomes, k=k, run=run, groups=groups)
     console.print(score_table(suite.name, score))
+    if groups:
+        console.print(group_table(suite.name, groups))
     status = 0
     if args.compare:
         try:
@@ -264,7 +327,11 @@ def _report(args: argparse.Namespace, suite: Any, outcomes: list[Any], k: int,
         Path(args.json_out).write_text(json.dumps(doc, indent=2))
     summary = {"suite": suite.name, "metric": score.metric, "value": score.value,
                "interval": list(score.interval), "interval_method": score.interval_method,
-               "k": k, "tasks": len(outcomes), **score.extra}
+               "k": k, "tasks": len(outcomes), **score.extra, **doc["denominator"],
+               "groups": {name: {"value": g.value, "interval": list(g.interval), **g.extra}
+                          for name, g in groups.items()}}
+    if "grader" in run:
+        summary["grader"] = run["grader"]
     print(json.dumps(summary))
     return status
 

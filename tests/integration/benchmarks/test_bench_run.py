@@ -88,18 +88,21 @@ def test_gsm8k_end_to_end_with_the_quickstart_policy(tmp_path: Path, inference_u
     assert len(skipped) == 3, done.stderr  # the three malformed rows, one line each
     doc = json.loads(out.read_text())
     assert doc["suite"] == "gsm8k" and doc["metric"] == "accuracy" and doc["k"] == 2
-    tasks = doc["tasks"]
+    assert doc["run"]["grader"] == "gsm8k" and doc["run"]["tasks_skipped"] == 3
+    tasks = {name: t for name, t in doc["tasks"].items() if not name.startswith("skipped:")}
     assert sorted(tasks) == ["gsm8k/test-0", "gsm8k/test-1", "gsm8k/test-2"]
-    assert all(len(t["sample_rewards"]) == 3 for t in tasks.values())
+    assert all(len(t["sample_rewards"]) == 3 for t in doc["tasks"].values())
     assert sum(doc["run"]["by_status"].values()) == doc["run"]["episodes"] == 9
-    # by hand: per task c/n, averaged; Wilson over the 3 tasks; pass@2 = 1 - C(n-c,2)/C(n,2)
+    # the three skipped rows stay in the denominator as failures, as GSM8K counts them
+    assert doc["denominator"] == {"denominator": 6, "tasks not run (failures)": 3}
+    # by hand: per task c/n, averaged over all 6; Wilson over them; pass@2 = 1 - C(n-c,2)/C(n,2)
     rates = [sum(s["reward"] for s in t["sample_rewards"]) / 3 for t in tasks.values()]
-    assert doc["value"] == pytest.approx(sum(rates) / 3)
-    assert doc["interval"] == pytest.approx(list(_wilson(sum(rates), 3)))
+    assert doc["value"] == pytest.approx(sum(rates) / 6)
+    assert doc["interval"] == pytest.approx(list(_wilson(sum(rates), 6)))
     passes = [{0: 0.0, 1: 1 - 1 / 3, 2: 1.0, 3: 1.0}[round(r * 3)] for r in rates]
-    assert doc["extra"]["pass@2"] == pytest.approx(sum(passes) / 3)
+    assert doc["extra"]["pass@2"] == pytest.approx(sum(passes) / 6)
     assert json.loads(done.stdout.strip().splitlines()[-1])["value"] == doc["value"]
-    # every sample was scored by the suite's reward (math_equivalent: `answered` beside `reward`)
+    # every sample was scored by the suite's own grader (`answered` beside `reward`)
     assert all(set(s) == {"reward", "answered"} and s["reward"] in (0.0, 1.0)
                for t in tasks.values() for s in t["sample_rewards"])
 
@@ -139,9 +142,9 @@ def test_terminal_bench_format_end_to_end_with_the_quickstart_policy(
     [skipped] = [line for line in done.stderr.splitlines() if line.endswith("; skipped")]
     assert "multi-container" in skipped and "not supported" in skipped  # unsupported: one line
     doc = json.loads(out.read_text())
-    assert doc["metric"] == "success rate" and list(doc["tasks"]) == ["simple-task"]
+    assert doc["metric"] == "mean reward"  # Harbor's Mean; the skipped task counts 0
+    assert set(doc["tasks"]) == {f"skipped:{suite_dir / 'multi-container'}", "simple-task"}
     rewards = [s["reward"] for s in doc["tasks"]["simple-task"]["sample_rewards"]]
     assert len(rewards) == 2
-    rate = sum(r >= 1.0 - 1e-9 for r in rewards) / 2
-    assert doc["value"] == pytest.approx(rate)
-    assert doc["interval"] == pytest.approx(list(_wilson(rate, 1)))
+    assert doc["value"] == pytest.approx((sum(rewards) / 2 + 0.0) / 2)
+    assert doc["extra"]["success rate (reward 1)"] == pytest.approx(sum(r >= 1.0 - 1e-9 for r in rewards) / 4)

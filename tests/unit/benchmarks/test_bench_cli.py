@@ -24,6 +24,7 @@ def test_list_shows_every_suite_with_its_metric_and_layout(capsys: pytest.Captur
                  "math", "minervamath", "aime2024"):
         assert name in out
     assert "harmonic-mean speedup" in out and "'#### N'" in out
+    assert "gsm8k, math-verify" in out and "math-is-equiv, math-verify" in out
 
 
 def test_prepare_names_each_problem_in_one_line_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
@@ -113,11 +114,31 @@ def test_the_suite_runs_with_one_evaluator_its_reward_always_and_its_scaffold_by
     gsm8k, kernels = build_suite("gsm8k"), build_suite("kernelbench")
     config = {"default": {"scaffold": "retool", "reward": "exact_answer", "max_turns": 3},
               "other": {"scaffold": "terminal"}}
-    assert _evaluators(config, gsm8k, None, 4) == {
-        "gsm8k": {"scaffold": "single_turn", "reward": "math_equivalent", "max_turns": 3}}
+    assert _evaluators(config, gsm8k, None, 4, "gsm8k_answer") == {
+        "gsm8k": {"scaffold": "single_turn", "reward": "gsm8k_answer", "max_turns": 3,
+                  "scaffold_options": {"answer_required": True}}}  # no box, no answer: 0
     own = {"gsm8k": {"scaffold": "retool", "reward": "exact_match"}}
-    assert _evaluators(own, gsm8k, None, 1) == {
+    assert _evaluators(own, gsm8k, None, 1, "math_equivalent") == {
         "gsm8k": {"scaffold": "retool", "reward": "math_equivalent", "temperature": 0.0}}  # greedy
-    assert _evaluators(own, gsm8k, "terminal", 2)["gsm8k"]["scaffold"] == "terminal"
-    assert _evaluators({}, kernels, None, 2) == {
+    assert _evaluators(own, gsm8k, "terminal", 2, "gsm8k_answer")["gsm8k"]["scaffold"] == "terminal"
+    mine = {"gsm8k": {"scaffold": "single_turn", "scaffold_options": {"system_prompt": "Box it."}}}
+    assert _evaluators(mine, gsm8k, None, 2, "gsm8k_answer")["gsm8k"]["scaffold_options"] == {
+        "answer_required": True, "system_prompt": "Box it."}  # the suite's rule with the user's prompt
+    assert _evaluators({}, kernels, None, 2, "verifier") == {
         "kernelbench": {"scaffold": "terminal", "reward": "verifier", "verifier": "kernelbench"}}
+
+
+def test_a_math_suite_grades_by_its_own_rule_unless_grader_names_math_verify(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from stacx.infra.benchmarks import build_suite
+    from stacx.infra.commands.bench import _grader
+
+    math = build_suite("math")
+    assert _grader(math, None) == ("math-is-equiv", "hendrycks_math_answer")
+    assert _grader(math, "math-verify") == ("math-verify", "math_equivalent")
+    assert _grader(math, "sympy") is None
+    assert capsys.readouterr().err.strip() == (
+        "stacx bench: run: --grader sympy: math has no such grader; use one of: math-is-equiv, math-verify")
+    assert _grader(build_suite("kernelbench"), None) == ("suite", "verifier")
+    assert _grader(build_suite("kernelbench"), "math-verify") is None
+    assert "none: kernelbench has one grader" in capsys.readouterr().err

@@ -20,7 +20,8 @@ def test_kernelbench_reads_the_level_folders_and_skips_a_file_without_inputs() -
     [problem] = loaded.problems
     assert "2_No_inputs.py: lacks 'def get_inputs', 'def get_init_inputs'" in problem
     assert build_suite("kernelbench").prepare(SAMPLES / "gsm8k")[0].endswith(
-        "no KernelBench/level1 .. level4 folders; point --from at a checkout of the KernelBench repository")
+        "no KernelBench/level1 .. level4 folders; point --from at a checkout of the KernelBench repository "
+        "or one level folder")
 
 
 def test_kernelbench_correctness_first_then_speedup_by_hand() -> None:
@@ -32,7 +33,9 @@ def test_kernelbench_correctness_first_then_speedup_by_hand() -> None:
     assert score.extra["speedup (geometric mean, correct)"] == pytest.approx(1.0)  # sqrt(2 * 0.5)
     best = build_suite("kernelbench").score(
         [TaskOutcome("b", [{"correct": 0.0, "speedup": 9.0}, {"correct": 1.0, "speedup": 1.5}])], k=2)
-    assert best.per_task["b"] == {"samples": 2.0, "correct": 1.0, "speedup": 1.5, "fast_1": 1.0}
+    assert best.per_task["b"] == {"samples": 2.0, "correct": 1.0, "speedup": 1.5, "fast_0": 1.0,
+                                  "fast_0.5": 1.0, "fast_0.8": 1.0, "fast_1": 1.0, "fast_1.5": 0.0,
+                                  "fast_2": 0.0}
 
 
 def test_algotune_reads_task_folders_and_skips_one_without_its_solver() -> None:

@@ -138,6 +138,13 @@ def test_harbor_suites_take_the_task_folders_and_skip_the_unsupported() -> None:
                    for line in loaded.problems)
 
 
+def test_harbor_tasks_are_grouped_by_their_metadata_difficulty() -> None:
+    loaded = build_suite("terminal-bench-2").load(cookbook())
+    groups = {t.task_id: t.metadata.get("group") for t in loaded.tasks}
+    assert groups["harbor-hello-multi-step-full"] == "easy"  # [metadata] difficulty = "easy"
+    assert groups["simple-task"] is None  # no difficulty: no group
+
+
 def test_a_broken_harbor_task_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "task.toml").write_text("version = [unclosed\n")
@@ -148,8 +155,10 @@ def test_a_broken_harbor_task_is_one_line(tmp_path: Path) -> None:
     assert line.endswith("not a folder; point --from at the seta task folders")
 
 
-def test_harbor_success_rate_counts_full_reward_only() -> None:
+def test_harbor_reports_the_mean_reward_with_partial_rewards_and_the_success_rate() -> None:
     outcomes = [TaskOutcome("t1", [{"reward": 1.0}]), TaskOutcome("t2", [{"reward": 0.5}]),
                 TaskOutcome("t3", [{"reward": 0.0}]), TaskOutcome("t4", [{"reward": 0.9999999999999}])]
     score = build_suite("terminal-bench-2").score(outcomes, k=1)
-    assert score.metric == "success rate" and score.value == pytest.approx(2 / 4)
+    assert score.metric == "mean reward" and score.value == pytest.approx(2.5 / 4)  # Harbor's Mean
+    assert score.extra["success rate (reward 1)"] == pytest.approx(2 / 4)
+    assert score.per_task["t2"]["mean reward"] == 0.5 and score.interval_method == "bootstrap"

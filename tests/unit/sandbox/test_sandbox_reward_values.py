@@ -1,4 +1,4 @@
-"""reward.json and reward.txt values: booleans, non-finite numbers, the scalar reward."""
+"""reward.json and reward.txt values: booleans (1/0, as Harbor), non-finite numbers, the scalar reward."""
 
 from __future__ import annotations
 
@@ -14,15 +14,17 @@ from stacx.sandbox.verifier import (
 )
 
 
-@pytest.mark.parametrize("text", [b'{"reward": 1, "ok": true}', b'{"reward": false}', b'{"reward": true}'])
-def test_reward_json_booleans_are_not_numbers(text: bytes) -> None:
-    with pytest.raises(RewardFileMalformed, match=r"values of \[.*\] are not numbers"):
-        parse_reward_json(text)
+@pytest.mark.parametrize(("text", "rewards"), [(b'{"reward": 1, "ok": true}', {"reward": 1.0, "ok": 1.0}),
+                                              (b'{"reward": false}', {"reward": 0.0}),
+                                              (b'{"reward": true}', {"reward": 1.0})])
+def test_reward_json_booleans_are_one_and_zero_as_harbor_reads_them(text: bytes, rewards: dict) -> None:
+    # Harbor's verifier accepts a JSON boolean (a Python int) and its result model makes it 1.0 / 0.0
+    assert parse_reward_json(text) == rewards
 
 
 def test_reward_json_names_the_bad_keys_and_the_file() -> None:
     with pytest.raises(RewardFileMalformed) as info:
-        parse_reward_json(b'{"reward": 1, "ok": true, "style": "good"}', where="task/reward.json")
+        parse_reward_json(b'{"reward": 1, "ok": null, "style": "good"}', where="task/reward.json")
     assert str(info.value) == "task/reward.json: values of ['ok', 'style'] are not numbers"
     with pytest.raises(RewardFileMalformed, match=r"^/logs/verifier/reward.json: values must be finite"):
         parse_reward_json(b'{"reward": -Infinity}')
