@@ -249,18 +249,26 @@ class GatewayFileEditorExecutor(ToolExecutor[FileEditorAction, FileEditorObserva
         return self._unmirror(result)
 
     def _pull(self, path: str, local: Path) -> bytes | None:
-        """Bring `path` (a file, or a directory's names two levels deep) into the mirror."""
+        """Bring `path` into the mirror: a file's bytes, a directory's names two levels deep, or
+        (for a path not there yet) its parent directory when the sandbox has it."""
         quoted = shlex.quote(path)
-        kind = self.workspace.run(f"if [ -d {quoted} ]; then echo d; elif [ -f {quoted} ]; then echo f; fi")
-        if kind["stdout"].strip() == "f":
+        kind = self.workspace.run(
+            f"if [ -d {quoted} ]; then echo dir; elif [ -f {quoted} ]; then echo file; "
+            f'elif [ -d "$(dirname {quoted})" ]; then echo parent; fi'
+        )
+        found = str(kind["stdout"]).strip()
+        if found == "file":
             data = self.workspace.read_bytes(path)
             local.parent.mkdir(parents=True, exist_ok=True)
             local.write_bytes(data)
             return data
-        if kind["stdout"].strip() == "d":
+        if found == "dir":
             self._pull_names(path, local)
-        elif local.is_file():
+            return None
+        if local.is_file():
             local.unlink()  # gone from the sandbox: gone from the mirror
+        if found == "parent":
+            local.parent.mkdir(parents=True, exist_ok=True)
         return None
 
     def _pull_names(self, path: str, local: Path) -> None:

@@ -238,3 +238,53 @@ async def test_openhands_agent_runs_in_the_sandbox_and_is_captured_token_exact(
     assert ran_on and ran_on != socket.gethostname()  # the sandbox's host name, not this machine's
     messages = json.loads(calls[1].messages)
     assert any("Create a file called hello.txt" in json.dumps(m) for m in messages)
+
+
+async def test_openhands_terminal_and_file_editor_act_on_the_sandbox(gateway: tuple[str, str]) -> None:
+    """The gateway tools, driven without a model (OpenHands' own FileEditor on the mirror): every
+    edit lands in the sandbox, as the sandbox's own `cat` shows, and nothing on this host."""
+    import asyncio
+    import os
+
+    from stacx.rollout.blackbox.adapter import DRIVERS, build_external
+    from stacx.rollout.blackbox.venvs import ensure_python
+    from stacx.sandbox.client import SandboxClient
+
+    python = await asyncio.to_thread(ensure_python, build_external("openhands", {}))
+    probe = Path(__file__).resolve().parent / "scaffold_drivers" / "openhands_tools_probe.py"
+    async with SandboxClient(SandboxClient.Config(base_url=gateway[0], token=TOKEN)) as sandbox:
+        async with sandbox.session(task_dir=str(cookbook() / "simple-task")) as session:
+            spec = {"gateway_url": gateway[0], "gateway_token": TOKEN, "sandbox_session": session.id}
+            proc = await asyncio.create_subprocess_exec(
+                python,
+                str(probe),
+                json.dumps(spec),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env={**os.environ, "PYTHONPATH": str(DRIVERS), "OPENHANDS_SUPPRESS_BANNER": "1"},
+            )
+            stdout, stderr = await proc.communicate()
+            assert proc.returncode == 0, stderr.decode()[-2000:]
+            steps = json.loads(stdout.decode().strip().splitlines()[-1])
+            in_sandbox = await sandbox.exec(session.id, "cat /app/pkg/mod.py")
+    assert steps["sandbox_dir"] == "/app"
+    assert steps["pwd"]["text"].strip() == "/app/pkg"  # the terminal's directory carries over
+    assert (
+        not steps["create"]["error"]
+        and "File created successfully at: /app/pkg/mod.py" in steps["create"]["text"]
+    )
+    assert "has been edited" in steps["replace"]["text"] and "/app/pkg/mod.py" in steps["replace"]["text"]
+    assert "return 2" in steps["view_file"]["text"]
+    assert "/app/pkg/mod.py" in steps["view_dir"]["text"] and "/app/pkg/" in steps["view_dir"]["text"]
+    assert "Last edit to /app/pkg/mod.py undone successfully" in steps["undo"]["text"]
+    assert (
+        steps["bad_replace"]["error"]
+        and "did not appear verbatim in /app/pkg/mod.py" in steps["bad_replace"]["text"]
+    )
+    assert all("mirror" not in step["text"] for step in steps.values() if isinstance(step, dict))
+    assert steps["input"]["error"]
+    assert steps["slow"]["exit_code"] == -1 and "timed out" in steps["slow"]["text"]
+    assert steps["failing"]["exit_code"] == 7
+    # The sandbox's own state: the undo went back to the created text; this host has none of it.
+    assert in_sandbox.stdout == "def f():\n    return 1\n"
+    assert not Path("/app/pkg").exists()
