@@ -118,7 +118,11 @@ def _task() -> TaskSample:
 
 
 async def _run(
-    gateway: tuple[str, str], model_dir: Path, inference_url: str, evaluator: Evaluator.Config
+    gateway: tuple[str, str],
+    model_dir: Path,
+    inference_url: str,
+    evaluator: Evaluator.Config,
+    task: TaskSample | None = None,
 ) -> tuple[Trajectory, list[AgentInteraction]]:
     from stacx.rollout.inference import InferenceClient
     from stacx.sandbox.client import SandboxClient
@@ -139,7 +143,7 @@ async def _run(
         async with SandboxClient(SandboxClient.Config(base_url=gateway[0], token=TOKEN)) as sandbox:
             manager = RolloutManager(
                 config,
-                source=ListTaskSource([_task()], ListTaskSource.Config(samples_per_task=1)),
+                source=ListTaskSource([task or _task()], ListTaskSource.Config(samples_per_task=1)),
                 tokenizer=HFTokenizer(str(model_dir)),
                 inference=InferenceAdapter(inference),
                 publisher=publisher,
@@ -288,3 +292,68 @@ async def test_openhands_terminal_and_file_editor_act_on_the_sandbox(gateway: tu
     # The sandbox's own state: the undo went back to the created text; this host has none of it.
     assert in_sandbox.stdout == "def f():\n    return 1\n"
     assert not Path("/app/pkg").exists()
+
+
+SWE = Path(__file__).resolve().parents[3] / "examples" / "swe"
+
+
+@pytest.mark.parametrize("task", ["heldout/inflection-humanize-id", "train/inflection-ordinal-teens"])
+async def test_swe_tasks_grade_as_swe_bench_gold_resolves_and_the_empty_patch_does_not(
+    gateway: tuple[str, str], task: str
+) -> None:
+    """examples/swe tasks in the real sandbox: the gold patch resolves (reward 1, every FAIL_TO_PASS
+    and PASS_TO_PASS passes), the untouched repository does not; tests the agent edits are reset."""
+    from stacx.sandbox.client import SandboxClient
+
+    task_dir = SWE / task
+    async with SandboxClient(SandboxClient.Config(base_url=gateway[0], token=TOKEN)) as sandbox:
+        async with sandbox.session(task_dir=str(task_dir)) as session:
+            # The agent "fixes" the tests instead of the code: reset by the grader, so no reward.
+            await sandbox.exec(session.id, "printf 'def test_nothing():\\n    pass\\n' > test_inflection.py")
+            empty = await sandbox.verify(session.id, task_dir)
+        async with sandbox.session(task_dir=str(task_dir)) as session:
+            solved = await sandbox.run_oracle(session.id, task_dir)
+            gold = await sandbox.verify(session.id, task_dir)
+    assert solved.exit_code == 0, solved.stderr
+    assert gold.rewards == {"reward": 1.0, "fail_to_pass": 1.0, "pass_to_pass": 1.0}, gold.stdout[-2000:]
+    assert (
+        empty.reward == 0.0 and empty.rewards["fail_to_pass"] == 0.0 and empty.rewards["pass_to_pass"] == 1.0
+    )
+
+
+async def test_openhands_fixes_a_held_out_swe_task_with_its_file_editor(
+    gateway: tuple[str, str], model_dir: Path, inference_url: str
+) -> None:
+    """The agent's file_editor str_replace (the model's sampled call, constrained to the gold edit)
+    lands in the sandbox's repository: the SWE-bench grading resolves the task."""
+    import sys
+
+    sys.path.insert(0, str(SWE))
+    from make_tasks import BUGS, MODULE, WORKDIR
+
+    from stacx.sandbox.tasks import load_task, to_task_sample
+
+    bug = next(b for b in BUGS if b.name == "humanize-id")
+    call = (
+        "<function=file_editor>\n<parameter=command>str_replace</parameter>\n"
+        f"<parameter=path>{WORKDIR}/{MODULE}</parameter>\n<parameter=old_str>{bug.bad}</parameter>\n"
+        f"<parameter=new_str>{bug.good}</parameter>\n</function>"
+    )
+    evaluator = Evaluator.Config(
+        scaffold="openhands",
+        scaffold_options={
+            "llm": {"litellm_extra_body": {"regex": re.escape(call)}, "disable_stop_word": True}
+        },
+        reward="verifier",
+        max_turns=1,
+        max_new_tokens=512,
+        max_tokens=65536,
+        episode_timeout_s=600.0,
+        episode={"sandboxes": 1, "memory_mb": 1024},
+        step={"cpu": 0.5},
+    )
+    task = to_task_sample(load_task(SWE / "heldout" / "inflection-humanize-id"))
+    trajectory, calls = await _run(gateway, model_dir, inference_url, evaluator, task)
+    assert trajectory.status is TrajectoryStatus.COMPLETED, trajectory.error
+    assert len(calls) == 1 and calls[0].response == call
+    assert trajectory.rewards == {"reward": 1.0, "fail_to_pass": 1.0, "pass_to_pass": 1.0}
