@@ -72,7 +72,8 @@ BUGS = (
         "humanize-id",
         '    word = re.sub(r"_id$", "", word)',
         '    word = re.sub(r"_ids$", "", word)',
-        "`inflection.humanize('author_id')` returns 'Author id'; the '_id' suffix should be dropped: 'Author'.",
+        "`inflection.humanize('author_id')` returns 'Author id'; "
+        "the '_id' suffix should be dropped: 'Author'.",
         "def test_humanize_drops_id_suffix():\n    assert inflection.humanize('employee_id') == 'Employee'\n",
     ),
     Bug(

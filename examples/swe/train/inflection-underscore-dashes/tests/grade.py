@@ -39,7 +39,11 @@ def main() -> None:
     reward = float(resolved(f2p, p2p, status))
     out = Path(sys.argv[3])
     out.mkdir(parents=True, exist_ok=True)
-    scores = {"reward": reward, "fail_to_pass": _fraction(f2p, status), "pass_to_pass": _fraction(p2p, status)}
+    scores = {
+        "reward": reward,
+        "fail_to_pass": _fraction(f2p, status),
+        "pass_to_pass": _fraction(p2p, status),
+    }
     (out / "reward.json").write_text(json.dumps(scores))
     print(json.dumps(scores))
 
