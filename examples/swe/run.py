@@ -43,7 +43,7 @@ def expert_call(bug: Bug) -> str:
 def evaluator(bug: Bug, policy: str) -> dict[str, object]:
     llm: dict[str, object] = {}
     if policy == "expert":
-        llm = {"litellm_extra_body": {"regex": re.escape(expert_call(bug))}, "disable_stop_word": True}
+        llm = {"litellm_extra_body": {"regex": re.escape(expert_call(bug))}}
     return {
         "scaffold": "openhands",
         "scaffold_options": {"llm": llm},

@@ -3,7 +3,7 @@ Conversation): the model is the episode's proxy URL through LiteLLM, and the age
 file-editor actions run in the episode's sandbox through the gateway (`_stacx_openhands`), never
 on this host. Limits come from the task: `max_turns` is the conversation's max iterations,
 `step_timeout_s` each command's timeout. Options: `llm` (extra `openhands.sdk.LLM` fields, e.g.
-`native_tool_calling`), `stuck_detection` (default false)."""
+`native_tool_calling`, `disable_stop_word`), `stuck_detection` (default false)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ def build_llm(spec: dict[str, Any]) -> LLM:
         "temperature": spec["temperature"],
         "max_output_tokens": spec["max_new_tokens"],
         "native_tool_calling": False,  # tools in the prompt as text: the proxy keeps exact tokens
+        # No `</function` stop word: the model's own end of turn closes a call, so a call in
+        # OpenHands' canonical form comes back verbatim and continues token-exactly.
+        "disable_stop_word": True,
         "num_retries": 1,
         "timeout": int(spec["step_timeout_s"]) + 60,
         "usage_id": "agent",

@@ -197,7 +197,7 @@ async def test_openhands_agent_runs_in_the_sandbox_and_is_captured_token_exact(
     regex = _regex()
     evaluator = Evaluator.Config(
         scaffold="openhands",
-        scaffold_options={"llm": {"litellm_extra_body": {"regex": regex}, "disable_stop_word": True}},
+        scaffold_options={"llm": {"litellm_extra_body": {"regex": regex}}},
         reward="verifier",
         max_turns=2,
         max_new_tokens=512,
@@ -341,9 +341,7 @@ async def test_openhands_fixes_a_held_out_swe_task_with_its_file_editor(
     )
     evaluator = Evaluator.Config(
         scaffold="openhands",
-        scaffold_options={
-            "llm": {"litellm_extra_body": {"regex": re.escape(call)}, "disable_stop_word": True}
-        },
+        scaffold_options={"llm": {"litellm_extra_body": {"regex": re.escape(call)}}},
         reward="verifier",
         max_turns=1,
         max_new_tokens=512,
