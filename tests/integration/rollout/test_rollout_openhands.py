@@ -289,6 +289,13 @@ async def test_openhands_terminal_and_file_editor_act_on_the_sandbox(gateway: tu
     assert steps["input"]["error"]
     assert steps["slow"]["exit_code"] == -1 and "timed out" in steps["slow"]["text"]
     assert steps["failing"]["exit_code"] == 7
+    # Hostile inputs: OpenHands' own refusal where the sandbox has no such directory, then the
+    # file made once it has; a relative path is the sandbox's WORKDIR's; our marker in the output.
+    assert steps["odd_create"]["error"] and "/app/we ird's/x.txt" in steps["odd_create"]["text"]
+    assert not steps["odd_create_again"]["error"] and "odd" in steps["relative_view"]["text"]
+    assert (
+        "__STACX_CWD__/nowhere" in steps["marker"]["text"] and steps["after_marker"]["text"].strip() == "/tmp"
+    )
     # The sandbox's own state: the undo went back to the created text; this host has none of it.
     assert in_sandbox.stdout == "def f():\n    return 1\n"
     assert not Path("/app/pkg").exists()

@@ -59,6 +59,19 @@ def main() -> None:
             ("input", (terminal, TerminalAction(command="y", is_input=True))),
             ("slow", (terminal, TerminalAction(command="sleep 5", timeout=1))),
             ("failing", (terminal, TerminalAction(command="exit 7"))),
+            # Hostile: a path with a space and a quote, a relative path, our own marker in the output.
+            (
+                "odd_create",
+                (editor, FileEditorAction(command="create", path="/app/we ird's/x.txt", file_text="odd\n")),
+            ),
+            ("odd_dir", (terminal, TerminalAction(command='mkdir -p "/app/we ird\'s"'))),
+            (
+                "odd_create_again",
+                (editor, FileEditorAction(command="create", path="/app/we ird's/x.txt", file_text="odd\n")),
+            ),
+            ("relative_view", (editor, FileEditorAction(command="view", path="we ird's/x.txt"))),
+            ("marker", (terminal, TerminalAction(command="echo __STACX_CWD__/nowhere; cd /tmp"))),
+            ("after_marker", (terminal, TerminalAction(command="pwd"))),
         ]
         for name, (executor, action) in steps:
             obs = executor(action)
