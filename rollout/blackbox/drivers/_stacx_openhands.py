@@ -35,7 +35,13 @@ from openhands.tools.terminal.definition import TerminalAction, TerminalObservat
 from openhands.tools.terminal.metadata import CmdOutputMetadata
 from pydantic import PrivateAttr
 
-__all__ = ["FILE_EDITOR", "TERMINAL", "GatewayWorkspace"]
+__all__ = [
+    "FILE_EDITOR",
+    "TERMINAL",
+    "GatewayFileEditorExecutor",
+    "GatewayTerminalExecutor",
+    "GatewayWorkspace",
+]
 
 TERMINAL = "stacx_gateway_terminal"
 FILE_EDITOR = "stacx_gateway_file_editor"
