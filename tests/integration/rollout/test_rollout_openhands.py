@@ -242,6 +242,14 @@ async def test_openhands_agent_runs_in_the_sandbox_and_is_captured_token_exact(
     assert ran_on and ran_on != socket.gethostname()  # the sandbox's host name, not this machine's
     messages = json.loads(calls[1].messages)
     assert any("Create a file called hello.txt" in json.dumps(m) for m in messages)
+    _assert_leak_free(gateway[1])
+
+
+def _assert_leak_free(owner: str) -> None:
+    import docker
+
+    left = docker.from_env().containers.list(all=True, filters={"label": f"stacx.sandbox.owner={owner}"})
+    assert left == [], f"leaked containers: {left}"
 
 
 async def test_openhands_terminal_and_file_editor_act_on_the_sandbox(gateway: tuple[str, str]) -> None:
@@ -362,3 +370,4 @@ async def test_openhands_fixes_a_held_out_swe_task_with_its_file_editor(
     assert trajectory.status is TrajectoryStatus.COMPLETED, trajectory.error
     assert len(calls) == 1 and calls[0].response == call
     assert trajectory.rewards == {"reward": 1.0, "fail_to_pass": 1.0, "pass_to_pass": 1.0}
+    _assert_leak_free(gateway[1])
