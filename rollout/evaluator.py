@@ -116,7 +116,7 @@ class Evaluator:
     class Config:
         scaffold: str = "retool"
         """Built-in: retool | terminal | single_turn; black-box (a process per episode, its model
-        calls captured by the agent proxy): mini-swe-agent | terminus-2; or any registered one,
+        calls captured by the agent proxy): mini-swe-agent | terminus-2 | openhands; or any registered one,
         `package.module:Factory`, or an entry point in `stacx.scaffolds` / `stacx.blackbox_scaffolds`."""
         scaffold_options: dict[str, Any] = field(default_factory=dict)
         """Keyword options of the scaffold (e.g. system_prompt; a black-box one's driver options)."""
