@@ -3,7 +3,9 @@
 Auth: the operator's (admin) token reaches every session; each client token reaches only the
 sessions it created (another client's session answers 404). Request bodies are counted while they
 stream in: past `max_file_bytes` (file and archive uploads) or `max_request_bytes` (everything
-else) the request ends with 413 before the rest is read. No /docs, /redoc or /openapi.json.
+else) the request ends with 413 before the rest is read; an oversized header gets 431 and a stalled
+request 408 (`stacx.schemas.http_limits`). A body that does not fit its model gets 422 naming the
+field (NaN and Infinity included). No /docs, /redoc or /openapi.json.
 
 Routes (all under bearer auth except /healthz):
     GET    /healthz                            -> Health (503 when the backend is degraded)
@@ -36,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from opentelemetry import context as context_api
 from opentelemetry import propagate, trace
@@ -45,7 +48,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from pydantic import BaseModel
 
-from stacx.sandbox.errors import AuthError, RequestTooLarge, SandboxError, SessionNotFound
+from stacx.sandbox.errors import (
+    AuthError,
+    InvalidSpec,
+    RequestTimeout,
+    RequestTooLarge,
+    SandboxError,
+    SessionNotFound,
+)
 from stacx.sandbox.models import (
     ExecRequest,
     ExecResult,
@@ -57,6 +67,7 @@ from stacx.sandbox.models import (
 )
 from stacx.sandbox.protocols import SandboxBackend
 from stacx.sandbox.sessions import SessionManager
+from stacx.schemas.http_limits import HttpLimits, RequestLimits, uvicorn_options
 
 __all__ = [
     "CLIENT_TOKENS_ENV",
@@ -83,10 +94,35 @@ class _VerifyRequest(BaseModel):
     task_dir: str | None = None
 
 
+def _error_json(exc: SandboxError) -> dict[str, Any]:
+    return {"error": {"type": type(exc).__name__, "message": str(exc), "retriable": exc.retriable}}
+
+
 def _error_response(exc: SandboxError) -> JSONResponse:
-    body = {"error": {"type": type(exc).__name__, "message": str(exc), "retriable": exc.retriable}}
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, AuthError) else None
-    return JSONResponse(body, status_code=exc.status, headers=headers)
+    return JSONResponse(_error_json(exc), status_code=exc.status, headers=headers)
+
+
+_LIMIT_ERRORS: dict[int, type[SandboxError]] = {
+    408: RequestTimeout,
+    413: RequestTooLarge,
+    431: RequestTooLarge,
+}
+
+
+def _limit_error_body(status: int, message: str, _param: str) -> dict[str, Any]:
+    """A refused request (`RequestLimits`) in the gateway's error shape."""
+    return _error_json(_LIMIT_ERRORS.get(status, InvalidSpec)(message))
+
+
+def _validation_response(exc: RequestValidationError) -> JSONResponse:
+    """A body that does not fit its model: 422 naming each field, never echoing the input (a NaN
+    would make the answer itself invalid JSON)."""
+    problems = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
+        problems.append(f"{where}: {error.get('msg')}")
+    return _error_response(InvalidSpec("; ".join(problems) or "invalid request"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,59 +167,6 @@ def _reach(manager: SessionManager, principal: Principal, session_id: str) -> st
     if not principal.admin and owner != principal.client:
         raise SessionNotFound(f"no session {session_id} for this token")
     return session_id
-
-
-class _BodyLimit:
-    """ASGI middleware: a request whose body passes the route's limit gets 413, counted while it
-    streams (a chunked upload without Content-Length included). Nothing past the limit is kept:
-    the rest is read and discarded (up to `DRAIN_LIMIT_BYTES`), so the client, still sending,
-    reads the 413 instead of a connection reset."""
-
-    def __init__(self, app: Any, *, limit_for: Callable[[str, str], int]) -> None:
-        self.app = app
-        self.limit_for = limit_for
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        limit = self.limit_for(scope["method"], scope["path"])
-        headers = dict(scope.get("headers") or [])
-        declared = headers.get(b"content-length", b"").decode() or "0"
-        if declared.isdigit() and int(declared) > limit:
-            await _drain(receive, more_body=True)
-            await _send_too_large(send, limit)
-            return
-        state = {"received": 0, "over": False, "started": False}
-
-        async def counted_receive() -> Any:
-            message = await receive()
-            if message["type"] == "http.request":
-                state["received"] += len(message.get("body", b""))
-                if state["received"] > limit:
-                    state["over"] = True
-                    await _drain(receive, more_body=message.get("more_body", False))
-                    raise RequestTooLarge(f"request body larger than {limit} bytes")
-            return message
-
-        async def guarded_send(message: Any) -> None:
-            if state["over"]:  # whatever the app answers to the aborted read, the client gets 413
-                if not state["started"]:
-                    state["started"] = True
-                    await _send_too_large(send, limit)
-                return
-            state["started"] = state["started"] or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counted_receive, guarded_send)
-        except RequestTooLarge:
-            if not state["started"]:
-                await _send_too_large(send, limit)
-
-
-DRAIN_LIMIT_BYTES = 1 << 30
-"""Most of a refused body read (and discarded) before the connection is just closed."""
 
 
 _FRAMEWORK_TELEMETRY: dict[str, Any] = (
@@ -270,36 +253,6 @@ class _TraceRequests:
             span.end()
 
 
-async def _drain(receive: Any, *, more_body: bool) -> None:
-    """Read and drop the rest of a refused body, keeping nothing."""
-    drained = 0
-    while more_body and drained < DRAIN_LIMIT_BYTES:
-        message = await receive()
-        if message["type"] != "http.request":
-            return
-        drained += len(message.get("body", b""))
-        more_body = message.get("more_body", False)
-
-
-async def _send_too_large(send: Any, limit: int) -> None:
-    exc = RequestTooLarge(
-        f"request body is larger than this route accepts ({limit} bytes); send less, or split it"
-    )
-    response = _error_response(exc)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": response.status_code,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(response.body)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": bytes(response.body)})
-
-
 class _SessionCollector(Collector):
     """The session manager's figures, read at each scrape (`prometheus_client` exposition)."""
 
@@ -359,12 +312,17 @@ def create_app(
         upload = method == "PUT" and path.endswith(("/files", "/archive"))
         return manager.config.max_file_bytes if upload else max_request_bytes
 
-    app.add_middleware(_BodyLimit, limit_for=limit_for)
+    limits = HttpLimits(max_body_bytes=max_request_bytes)
+    app.add_middleware(RequestLimits, limits=limits, error_body=_limit_error_body, limit_for=limit_for)
     app.add_middleware(_TraceRequests)
 
     @app.exception_handler(SandboxError)
     async def sandbox_error(_request: Request, exc: SandboxError) -> JSONResponse:
         return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation_response(exc)
 
     caller_of = Depends(_auth_dependency(token, client_tokens))
     auth = [caller_of]
@@ -523,4 +481,5 @@ class Gateway:
             log_level=self.config.log_level,
             timeout_keep_alive=KEEP_ALIVE_S,
             backlog=4096,
+            **uvicorn_options(HttpLimits(max_body_bytes=self.config.max_request_bytes)),
         )

@@ -22,7 +22,7 @@ DEFAULT_WORKDIR = "/workspace"
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 def _check_env(env: dict[str, str]) -> dict[str, str]:
