@@ -95,8 +95,10 @@ class RequestLimits:
             if len(name) + len(value) > self.limits.max_header_bytes:
                 header = name[:64].decode("latin-1")
                 return _Refused(
-                    431, f"header {header} is {len(value)} bytes; this service takes at most "
-                    f"{self.limits.max_header_bytes} bytes per header", header,
+                    431,
+                    f"header {header} is {len(value)} bytes; this service takes at most "
+                    f"{self.limits.max_header_bytes} bytes per header",
+                    header,
                 )
             if name == b"content-length" and value.isdigit() and int(value) > limit:
                 return _too_large(limit)
@@ -154,7 +156,8 @@ class RequestLimits:
 
 def _too_large(limit: int) -> _Refused:
     return _Refused(
-        413, f"request body is larger than this route accepts ({limit} bytes); send less, or split it",
+        413,
+        f"request body is larger than this route accepts ({limit} bytes); send less, or split it",
         "body",
     )
 

@@ -33,7 +33,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from opentelemetry import propagate, trace
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stacx.producers.tracing import trace_headers
 from stacx.rollout.inference.app import FRAMEWORK_TELEMETRY
@@ -54,6 +54,7 @@ from stacx.rollout.proxy.render import (
 from stacx.rollout.proxy.routing import SessionRouter
 from stacx.rollout.proxy.upstream import Generation, UpstreamClient
 from stacx.schemas import topics
+from stacx.schemas.http_limits import HttpLimits, RequestLimits
 from stacx.schemas.records import AgentInteraction, Feedback, logprobs, loss_mask, now_ms, token_ids
 
 __all__ = ["AgentProxy", "FeedbackRequest"]
@@ -64,10 +65,17 @@ tracer = trace.get_tracer("stacx.proxy")
 DEFAULT_CHAT_MAX_TOKENS = 256
 
 
-class FeedbackRequest(BaseModel):
-    """Body of `POST /v1/feedback`: a reward for a session, or for one call of it."""
+MAX_ID_CHARS = 256
+"""Longest session, episode or agent id (header, path or feedback field): it becomes a Kafka key."""
 
-    session_id: str = Field(min_length=1)
+
+class FeedbackRequest(BaseModel):
+    """Body of `POST /v1/feedback`: a reward for a session, or for one call of it. Every number
+    must be finite (NaN, Infinity and 1e400 are refused naming the field)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    session_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
     reward: float
     interaction_id: str | None = None
     source: str = "user"
@@ -121,6 +129,8 @@ class AgentProxy:
         """Timeout of one call to a server."""
         recorder: EventRecorder.Config = field(default_factory=EventRecorder.Config)
         """Bounded buffer in front of Kafka."""
+        limits: HttpLimits = field(default_factory=HttpLimits)
+        """Request body, header and read-time limits (413, 431, 408)."""
 
         def __post_init__(self) -> None:
             if not self.upstreams:
@@ -156,6 +166,7 @@ class AgentProxy:
 
     def _build_app(self) -> FastAPI:
         app = FastAPI(title="stacx agent proxy", docs_url=None, redoc_url=None, **FRAMEWORK_TELEMETRY)
+        app.add_middleware(RequestLimits, limits=self.config.limits, error_body=self._limit_error_body)
         self._install_errors(app)
         for prefix in ("", "/s/{session_id}"):
             app.post(f"{prefix}/v1/chat/completions")(self._chat_route)
@@ -199,14 +210,22 @@ class AgentProxy:
         }
         return JSONResponse(body, status_code=exc.status_code, headers=headers)
 
+    def _limit_error_body(self, status: int, message: str, param: str) -> dict[str, Any]:
+        """A request refused by `RequestLimits`, counted, in the proxy's error shape."""
+        self.metrics.inc("requests_invalid_total")
+        error = {"message": f"{param}: {message}", "type": "invalid_request_error", "param": param}
+        return {"error": {**error, "code": status}}
+
     async def _models(self) -> dict[str, Any]:
         card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "stacx"}
         return {"object": "list", "data": [card]}
 
     async def _health(self) -> dict[str, Any]:
+        problem = self.recorder.problem()
         return {
-            "status": "degraded" if self.recorder.degraded else "ok",
+            "status": "degraded" if problem else "ok",
             "buffered_events": self.recorder.num_buffered,
+            "problem": problem,
         }
 
     async def _metrics(self) -> PlainTextResponse:
@@ -230,10 +249,22 @@ class AgentProxy:
     def _call(self, request: Request, endpoint: str, prefix: str) -> _Call:
         path_session = request.path_params.get("session_id")
         session = request.headers.get(self.config.session_header) or path_session or f"s-{uuid.uuid4().hex}"
+        episode = request.headers.get(self.config.episode_header) or session
+        agent = request.headers.get(self.config.agent_header) or self.config.agent_name
+        cfg = self.config
+        for name, value in (
+            (cfg.session_header, session),
+            (cfg.episode_header, episode),
+            (cfg.agent_header, agent),
+        ):
+            if len(value) > MAX_ID_CHARS:
+                raise UnsupportedRequestError(
+                    name, f"is {len(value)} characters; send at most {MAX_ID_CHARS}"
+                )
         return _Call(
             session_id=session,
-            episode_id=request.headers.get(self.config.episode_header) or session,
-            agent_name=request.headers.get(self.config.agent_header) or self.config.agent_name,
+            episode_id=episode,
+            agent_name=agent,
             endpoint=endpoint,
             response_id=f"{prefix}-{uuid.uuid4().hex}",
             started=time.monotonic(),

@@ -18,7 +18,8 @@ from stacx.rollout.proxy.app import AgentProxy
 from stacx.rollout.proxy.errors import ProxyConfigError, ProxyError
 from stacx.rollout.proxy.metrics import ProxyMetrics
 from stacx.rollout.proxy.recorder import EventRecorder
-from stacx.rollout.proxy.render import PromptRenderer
+from stacx.rollout.proxy.render import DEFAULT_MAX_PROMPT_TOKENS, PromptRenderer
+from stacx.schemas.http_limits import uvicorn_options
 
 __all__ = ["ProxyServer", "upstream_model_info"]
 
@@ -80,9 +81,9 @@ class ProxyServer:
         name = proxy_cfg.served_model_name or str(info.get("served_model_name") or "model")
         self.publisher = publisher if publisher is not None else self._producer()
         self.recorder = EventRecorder(proxy_cfg.recorder, self.publisher, ProxyMetrics())
-        self.proxy = AgentProxy(
-            proxy_cfg, renderer=PromptRenderer(tokenizer), recorder=self.recorder, served_model_name=name
-        )
+        context = int(info.get("max_context_length") or DEFAULT_MAX_PROMPT_TOKENS)
+        renderer = PromptRenderer(tokenizer, max_tokens=context)
+        self.proxy = AgentProxy(proxy_cfg, renderer=renderer, recorder=self.recorder, served_model_name=name)
         self._uvicorn: Any = None
         self._thread: threading.Thread | None = None
 
@@ -112,6 +113,7 @@ class ProxyServer:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=5,
+            **uvicorn_options(self.config.proxy.limits),
         )
         return uvicorn.Server(config)
 
