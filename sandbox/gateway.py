@@ -67,7 +67,7 @@ from stacx.sandbox.models import (
 )
 from stacx.sandbox.protocols import SandboxBackend
 from stacx.sandbox.sessions import SessionManager
-from stacx.schemas.http_limits import HttpLimits, RequestLimits, uvicorn_options
+from stacx.schemas.http_limits import DEFAULT_READ_TIMEOUT_S, HttpLimits, RequestLimits, uvicorn_options
 
 __all__ = [
     "CLIENT_TOKENS_ENV",
@@ -282,6 +282,7 @@ def create_app(
     client_tokens: Iterable[str] = (),
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     manage_lifecycle: bool = True,
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
 ) -> FastAPI:
     """The gateway app. `token` is the admin token (None disables auth: tests only);
     `client_tokens` each reach only their own sessions; the lifespan starts and stops `manager`
@@ -312,7 +313,7 @@ def create_app(
         upload = method == "PUT" and path.endswith(("/files", "/archive"))
         return manager.config.max_file_bytes if upload else max_request_bytes
 
-    limits = HttpLimits(max_body_bytes=max_request_bytes)
+    limits = HttpLimits(max_body_bytes=max_request_bytes, read_timeout_s=read_timeout_s)
     app.add_middleware(RequestLimits, limits=limits, error_body=_limit_error_body, limit_for=limit_for)
     app.add_middleware(_TraceRequests)
 
@@ -440,6 +441,8 @@ class Gateway:
         the sessions created with it."""
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
         """Largest JSON request body; uploads are bounded by `sessions.max_file_bytes`."""
+        read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+        """Longest wait for the next part of a request (head or body) before answering 408."""
         auth: bool = True
         """Require the token; turning it off is for tests on a private loopback only."""
         backend: str = "docker"
@@ -468,6 +471,12 @@ class Gateway:
             token=self.token if config.auth else None,
             client_tokens=[*config.client_tokens, *(t.strip() for t in from_env)],
             max_request_bytes=config.max_request_bytes,
+            read_timeout_s=config.read_timeout_s,
+        )
+
+    def _limits(self) -> HttpLimits:
+        return HttpLimits(
+            max_body_bytes=self.config.max_request_bytes, read_timeout_s=self.config.read_timeout_s
         )
 
     def run(self) -> None:
@@ -481,5 +490,5 @@ class Gateway:
             log_level=self.config.log_level,
             timeout_keep_alive=KEEP_ALIVE_S,
             backlog=4096,
-            **uvicorn_options(HttpLimits(max_body_bytes=self.config.max_request_bytes)),
+            **uvicorn_options(self._limits()),
         )

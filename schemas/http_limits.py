@@ -23,7 +23,10 @@ from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-__all__ = ["ErrorBody", "HttpLimits", "RequestLimits", "uvicorn_options"]
+__all__ = ["DEFAULT_READ_TIMEOUT_S", "ErrorBody", "HttpLimits", "RequestLimits", "uvicorn_options"]
+
+DEFAULT_READ_TIMEOUT_S = 30.0
+"""Longest wait for the next part of a request head or body."""
 
 ErrorBody = Callable[[int, str, str], dict[str, Any]]
 """`(status, message, param) -> JSON body` in the service's own error shape."""
@@ -39,7 +42,7 @@ class HttpLimits:
     """Largest single header (name and value); past it the answer is 431 naming the header."""
     max_head_bytes: int = 256 << 10
     """Largest request head (request line and all headers) the HTTP parser buffers."""
-    read_timeout_s: float = 30.0
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
     """Longest wait for the next part of a request head or body before answering 408."""
 
     def __post_init__(self) -> None:

@@ -1,0 +1,108 @@
+"""One request must never take a service down: each of the three HTTP services (inference server,
+agent proxy, sandbox gateway) answers an oversized body, an oversized header, a stalled body, a
+half-sent head and NaN/Infinity numbers with a clean 4xx, and still answers good requests alike."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from hostile_services import LIMITS, Service
+
+
+def _connect(service: Service) -> socket.socket:
+    url = urlsplit(service.base_url)
+    return socket.create_connection((url.hostname, url.port), timeout=10)
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _good(service: Service) -> object:
+    response = httpx.post(f"{service.base_url}{service.good_path}", json=service.good_body, timeout=60)
+    assert response.status_code in (200, 201), response.text
+    return service.answer(response.json())
+
+
+def test_a_body_past_the_limit_is_413_naming_the_limit(service: Service) -> None:
+    body = b"x" * (LIMITS.max_body_bytes + 1)
+    response = httpx.post(f"{service.base_url}{service.good_path}", content=body, timeout=60)
+    assert response.status_code == 413, response.text
+    assert str(LIMITS.max_body_bytes) in response.text
+
+
+def test_a_chunked_body_past_the_limit_is_413_before_it_is_all_read(service: Service) -> None:
+    def chunks() -> Iterator[bytes]:
+        for _ in range(8):
+            yield b"[" * (256 << 10)
+
+    response = httpx.post(f"{service.base_url}{service.good_path}", content=chunks(), timeout=60)
+    assert response.status_code == 413, response.text
+
+
+def test_a_64k_header_is_431_naming_the_header(service: Service) -> None:
+    headers = {"x-stacx-session": "s" * (64 << 10)}
+    response = httpx.post(
+        f"{service.base_url}{service.good_path}", json=service.good_body, headers=headers, timeout=60
+    )
+    assert response.status_code == 431, response.text
+    assert "x-stacx-session" in response.text
+
+
+def test_a_body_that_stops_arriving_is_408(service: Service) -> None:
+    with _connect(service) as sock:
+        host = urlsplit(service.base_url).netloc
+        head = (
+            f"POST {service.good_path} HTTP/1.1\r\nHost: {host}\r\ncontent-type: application/json\r\n"
+            "content-length: 100\r\n\r\n{"
+        )
+        sock.sendall(head.encode())
+        started = time.monotonic()
+        answer = _read_all(sock)
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert time.monotonic() - started < LIMITS.read_timeout_s + 5
+
+
+def test_a_half_sent_head_is_answered_408_and_closed(service: Service) -> None:
+    with _connect(service) as sock:
+        sock.sendall(f"POST {service.good_path} HTTP/1.1\r\nHost: x\r\n".encode())
+        answer = _read_all(sock)  # returns at EOF: the server closed the connection
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+
+
+def test_a_connection_that_sends_nothing_is_closed(service: Service) -> None:
+    with _connect(service) as sock:
+        assert _read_all(sock).startswith(b"HTTP/1.1 408")
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400"])
+def test_nan_and_infinity_in_numbers_are_a_4xx_naming_the_field(service: Service, number: str) -> None:
+    field, body = {
+        "server": ("temperature", '{"input_ids": [1], "sampling_params": {"temperature": %s}}'),
+        "proxy": ("reward", '{"session_id": "s", "reward": %s}'),
+        "gateway": ("timeout_s", '{"command": "true", "timeout_s": %s}'),
+    }[service.name]
+    path = "/v1/feedback" if service.name == "proxy" else service.good_path
+    response = httpx.post(
+        f"{service.base_url}{path}",
+        content=body % number,
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    assert 400 <= response.status_code < 500, response.text
+    assert field in response.json()["error"]["message"]
+
+
+def test_good_requests_are_answered_alike_around_hostile_ones(service: Service) -> None:
+    before = _good(service)
+    httpx.post(f"{service.base_url}{service.good_path}", content=b"{" * 5000, timeout=60)
+    httpx.post(f"{service.base_url}{service.good_path}", content=b'{"a": ' + b"9" * 5000 + b"}", timeout=60)
+    assert _good(service) == before
