@@ -46,7 +46,7 @@ from opentelemetry.trace.status import Status, StatusCode
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
 
 from stacx.sandbox.errors import (
     AuthError,
@@ -92,6 +92,13 @@ log = logging.getLogger(__name__)
 
 class _VerifyRequest(BaseModel):
     task_dir: str | None = None
+
+    @field_validator("task_dir")
+    @classmethod
+    def _a_path(cls, value: str | None) -> str | None:
+        if value is not None and ("\0" in value or not value.encode("utf-8", "replace").decode() == value):
+            raise ValueError("is not a path (it holds a NUL or a lone surrogate)")
+        return value
 
 
 def _error_json(exc: SandboxError) -> dict[str, Any]:

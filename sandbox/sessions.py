@@ -368,6 +368,8 @@ class SessionManager:
         return choice.tag, warnings, volumes
 
     def _load_task(self, task_dir: str) -> HarborTask:
+        if "\0" in task_dir:
+            raise InvalidSpec("task_dir holds a NUL character, which no path can")
         path = Path(task_dir).resolve()
         roots = [Path(r).resolve() for r in self.config.allowed_task_roots]
         if roots and not any(path.is_relative_to(r) for r in roots):

@@ -710,14 +710,22 @@ def trace_headers_dict() -> dict[str, bytes]:
 async def _parse(request: Request, model: type[Any]) -> Any:
     try:
         data = await request.json()
-    except ValueError as exc:
-        raise UnsupportedRequestError("body", "is not valid JSON") from exc
+    except (ValueError, RecursionError) as exc:  # syntax, not UTF-8, too deep, a 5000-digit int
+        raise UnsupportedRequestError("body", f"is not valid JSON ({_json_problem(exc)})") from exc
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors()) from exc
     except InferenceError as exc:  # the request models refuse some values by name (lone surrogates)
         raise _as_proxy_error(exc) from exc
+
+
+def _json_problem(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested deeper than the parser allows"
+    if isinstance(exc, UnicodeDecodeError):
+        return "not UTF-8 text"
+    return str(exc).split(":", 1)[0] if "digits" in str(exc) else str(exc)
 
 
 def _as_proxy_error(exc: InferenceError) -> ProxyError:

@@ -101,6 +101,23 @@ def test_nan_and_infinity_in_numbers_are_a_4xx_naming_the_field(service: Service
     assert field in response.json()["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    "body",
+    [b"[" * 1000 + b"]" * 1000, b'{"a": ' + b"9" * 5000 + b"}", b"\xff\xfe"],
+    ids=["deep", "digits", "binary"],
+)
+def test_json_the_parser_refuses_is_a_400_saying_why(service: Service, body: bytes) -> None:
+    response = httpx.post(
+        f"{service.base_url}{service.good_path}",
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    assert 400 <= response.status_code < 500, response.text
+    if service.name != "gateway":  # the gateway answers FastAPI's own words, as JSON
+        assert "JSON" in response.json()["error"]["message"]
+
+
 def test_good_requests_are_answered_alike_around_hostile_ones(service: Service) -> None:
     before = _good(service)
     httpx.post(f"{service.base_url}{service.good_path}", content=b"{" * 5000, timeout=60)
