@@ -43,7 +43,7 @@ from stacx.rollout.inference.openai_api import ChatCompletionRequest, Completion
 from stacx.rollout.proxy.continuation import ChatContinuations
 from stacx.rollout.proxy.errors import ProxyConfigError, ProxyError, UnsupportedRequestError, UpstreamError
 from stacx.rollout.proxy.metrics import ProxyMetrics
-from stacx.rollout.proxy.recorder import EventRecorder
+from stacx.rollout.proxy.recorder import EventRecorder, refused_letter
 from stacx.rollout.proxy.render import (
     PromptRenderer,
     RenderedPrompt,
@@ -172,7 +172,10 @@ class AgentProxy:
             app.post(f"{prefix}/v1/chat/completions")(self._chat_route)
             app.post(f"{prefix}/v1/completions")(self._completions_route)
             app.get(f"{prefix}/v1/models")(self._models)
-        app.post("/v1/feedback", status_code=202)(self._feedback)
+        feedback_schema = {"content": {"application/json": {"schema": FeedbackRequest.model_json_schema()}}}
+        app.post("/v1/feedback", status_code=202, openapi_extra={"requestBody": feedback_schema})(
+            self._feedback
+        )
         app.get("/health")(self._health)
         app.get("/metrics")(self._metrics)
         return app
@@ -232,7 +235,8 @@ class AgentProxy:
         self.metrics.set("pinned_sessions", self.router.num_pinned)
         return PlainTextResponse(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    async def _feedback(self, body: FeedbackRequest) -> dict[str, Any]:
+    async def _feedback(self, request: Request) -> JSONResponse:
+        body = await self._feedback_body(request)
         feedback = Feedback(
             session_id=body.session_id,
             reward=body.reward,
@@ -242,7 +246,25 @@ class AgentProxy:
             metadata=dict(body.metadata),
         )
         accepted = self.recorder.record(self.config.feedback_topic, feedback, trace_headers_dict())
-        return {"accepted": accepted}
+        return JSONResponse({"accepted": accepted}, status_code=202)
+
+    async def _feedback_body(self, request: Request) -> FeedbackRequest:
+        """The feedback, or 400 naming the field; a refused one is also kept on the DLQ with the
+        reason (the raw body, as sent), so a reward that never counted can still be found."""
+        try:
+            body: FeedbackRequest = await _parse(request, FeedbackRequest)
+            return body
+        except (RequestValidationError, ProxyError) as exc:
+            reason = (
+                _validation_message(list(exc.errors()))
+                if isinstance(exc, RequestValidationError)
+                else str(exc)
+            )
+            letter = refused_letter(
+                self.config.feedback_topic, await request.body(), reason, type(exc).__name__
+            )
+            self.recorder.record(self.recorder.config.dlq_topic, letter, trace_headers_dict())
+            raise
 
     # -- calls -------------------------------------------------------------------------------
 
@@ -775,13 +797,20 @@ def _sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload)}\n\n"
 
 
+def _field_names(errors: list[Any]) -> list[str]:
+    return [".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body" for e in errors]
+
+
+def _validation_message(errors: list[Any]) -> str:
+    return "; ".join(f"{name}: {e.get('msg')}" for name, e in zip(_field_names(errors), errors, strict=True))
+
+
 def _validation_response(errors: list[Any]) -> JSONResponse:
-    fields = [".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body" for e in errors]
-    problems = [f"{name}: {e.get('msg')}" for name, e in zip(fields, errors, strict=True)]
+    fields = _field_names(errors)
     return JSONResponse(
         {
             "error": {
-                "message": "; ".join(problems),
+                "message": _validation_message(errors),
                 "type": "invalid_request_error",
                 "param": fields[0] if fields else None,
                 "code": 400,

@@ -37,7 +37,10 @@ from stacx.schemas.errors import SchemaError
 from stacx.schemas.identity import record_key
 from stacx.schemas.records import DeadLetter
 
-__all__ = ["EventRecorder", "PendingEvent", "dead_letter", "is_permanent"]
+__all__ = ["EventRecorder", "PendingEvent", "dead_letter", "is_permanent", "refused_letter"]
+
+MAX_LETTER_BYTES = 64 << 10
+"""Most of a refused request body kept in its dead letter."""
 
 log = logging.getLogger(__name__)
 
@@ -264,4 +267,24 @@ def dead_letter(
         key=key.encode() if isinstance(key, str) else key,
         value=json.dumps(fields, default=str).encode(),
         headers={k: v.decode("utf-8", "replace") if isinstance(v, bytes) else v for k, v in headers.items()},
+    )
+
+
+def refused_letter(topic: str, body: bytes, reason: str, error_type: str) -> DeadLetter:
+    """The `DeadLetter` of a request refused at the edge (never an event): its body as sent, cut
+    at `MAX_LETTER_BYTES`, keyed by its `session_id` when one can be read."""
+    key: bytes | None = None
+    try:
+        session = json.loads(body).get("session_id")
+        key = session.encode() if isinstance(session, str) and len(session) <= 256 else None
+    except (ValueError, AttributeError, RecursionError):
+        pass
+    return DeadLetter(
+        source_topic=topic,
+        source_partition=-1,
+        source_offset=-1,
+        reason=reason[:2000],
+        error_type=error_type,
+        key=key,
+        value=body[:MAX_LETTER_BYTES],
     )

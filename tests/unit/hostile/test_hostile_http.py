@@ -13,6 +13,8 @@ import httpx
 import pytest
 from hostile_services import LIMITS, Service
 
+from stacx.schemas import topics
+
 
 def _connect(service: Service) -> socket.socket:
     url = urlsplit(service.base_url)
@@ -123,3 +125,26 @@ def test_good_requests_are_answered_alike_around_hostile_ones(service: Service) 
     httpx.post(f"{service.base_url}{service.good_path}", content=b"{" * 5000, timeout=60)
     httpx.post(f"{service.base_url}{service.good_path}", content=b'{"a": ' + b"9" * 5000 + b"}", timeout=60)
     assert _good(service) == before
+
+
+def test_a_nan_feedback_is_refused_kept_on_the_dlq_and_the_next_ones_flow(proxy_service: Service) -> None:
+    publisher = proxy_service.publisher
+    assert publisher is not None
+    url = f"{proxy_service.base_url}/v1/feedback"
+    bad = httpx.post(url, content=b'{"session_id": "poison", "reward": NaN}', timeout=30)
+    assert bad.status_code == 400 and "reward" in bad.json()["error"]["message"], bad.text
+    for i in range(2):
+        assert httpx.post(url, json={"session_id": f"good{i}", "reward": 1.0}, timeout=30).status_code == 202
+    call = httpx.post(
+        f"{proxy_service.base_url}{proxy_service.good_path}", json=proxy_service.good_body, timeout=60
+    )
+    assert call.status_code == 200
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(publisher.records(topics.FEEDBACK)) < 2:
+        time.sleep(0.05)
+    sessions = [f.session_id for f in publisher.records(topics.FEEDBACK)]  # type: ignore[attr-defined]
+    assert {"good0", "good1"} <= set(sessions) and "poison" not in sessions
+    letters = [d for d in publisher.records(topics.DLQ) if d.key == b"poison"]  # type: ignore[attr-defined]
+    assert letters and "reward" in letters[0].reason and letters[0].source_topic == topics.FEEDBACK
+    health = httpx.get(f"{proxy_service.base_url}/health", timeout=30).json()
+    assert health["status"] == "ok", health
