@@ -230,6 +230,10 @@ class AssemblerApp:
                 )
             if self.standby_replicas < 0:
                 raise AssemblyConfigError(f"standby_replicas must be >= 0, got {self.standby_replicas}")
+            if self.web_port is not None and not 1 <= self.web_port <= 65535:
+                raise AssemblyConfigError(
+                    f"web_port must be a TCP port in 1..65535 (or unset: no web server), got {self.web_port}"
+                )
             if self.tick_interval_s <= 0:
                 raise AssemblyConfigError(f"tick_interval_s must be > 0, got {self.tick_interval_s}")
             if self.rebalance_timeout_s < 0:
