@@ -64,6 +64,7 @@ from stacx.consumers.assembly.worker import SignalledWorker, WorkerGaveUp
 from stacx.consumers.dead_letters import keep_original
 from stacx.consumers.library_patches import FETCH_MAX_WAIT_MS, IdempotentApp, use_fast_lz4
 from stacx.producers.errors import BlobStoreError
+from stacx.producers.kafka_log import limit_library_logs
 from stacx.schemas import topics
 from stacx.schemas.catalogue import SchemaCatalogue, catalogue_codec
 from stacx.schemas.claimcheck import ClaimCheck
@@ -861,6 +862,7 @@ class AssemblerApp:
             self.codec.local_schema(record_type)
         self._cover_retention()
         worker = self.worker(loglevel=loglevel)
+        limit_library_logs()  # aiokafka's line per failed attempt while a broker is away
         if self.config.rebalance_timeout_s > 0:
             self._watch_rebalances(worker, RebalanceWatchdog(self.config.rebalance_timeout_s))
         try:

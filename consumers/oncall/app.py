@@ -35,6 +35,7 @@ from stacx.consumers.assembly.worker import SignalledWorker
 from stacx.consumers.library_patches import IdempotentApp
 from stacx.consumers.oncall.clock import EventClock
 from stacx.consumers.oncall.join import FeedbackJoin, Joined, JoinStats, Rejected, feedback_id
+from stacx.producers.kafka_log import limit_library_logs
 from stacx.schemas import topics
 from stacx.schemas.codec import decode, encode
 from stacx.schemas.records import AgentInteraction, DeadLetter, Feedback, now_ms
@@ -295,6 +296,7 @@ class OncallJoinApp:
         it (a crash of the worker is raised)."""
         ensure_join_topics(self.config)
         worker = self.worker(loglevel=loglevel)
+        limit_library_logs()  # aiokafka's line per failed attempt while a broker is away
         try:
             worker.run()
         finally:
