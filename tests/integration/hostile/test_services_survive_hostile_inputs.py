@@ -360,3 +360,20 @@ def test_the_sandbox_gateway_survives_hostile_inputs_under_2gb(tmp_path: Path) -
             _assault(running)
         finally:
             httpx.delete(f"{url}/v1/sessions/{session}", timeout=120)
+
+
+def test_stacx_proxy_names_a_missing_topic_in_one_line_instead_of_starting(kafka_bootstrap: str) -> None:
+    missing = f"test.no-such-topic.{uuid.uuid4().hex[:8]}"
+    argv = [
+        STACX,
+        "proxy",
+        "--upstream",
+        "http://127.0.0.1:9",
+        "--feedback-topic",
+        missing,
+        "--bootstrap-servers",
+        kafka_bootstrap,
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and missing in lines[0], done.stderr
