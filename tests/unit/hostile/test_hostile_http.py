@@ -148,3 +148,13 @@ def test_a_nan_feedback_is_refused_kept_on_the_dlq_and_the_next_ones_flow(proxy_
     assert letters and "reward" in letters[0].reason and letters[0].source_topic == topics.FEEDBACK
     health = httpx.get(f"{proxy_service.base_url}/health", timeout=30).json()
     assert health["status"] == "ok", health
+
+
+def test_a_command_longer_than_linux_takes_is_413_not_exit_126(gateway_service: Service) -> None:
+    """Docker answered a 10 MB command with exit 126 and its own error in stdout."""
+    url = f"{gateway_service.base_url}{gateway_service.good_path}"
+    response = httpx.post(url, json={"command": "echo " + "a" * (200 << 10)}, timeout=60)
+    assert response.status_code == 413, response.text
+    error = response.json()["error"]
+    assert error["type"] == "RequestTooLarge" and "MAX_ARG_STRLEN" in error["message"]
+    assert httpx.post(url, json={"command": "echo " + "a" * (100 << 10)}, timeout=60).status_code == 200
