@@ -664,3 +664,26 @@ def test_a_delivery_report_for_a_cancelled_future_is_dropped_quietly() -> None:
         future.cancel()
         _on_delivery(future, "rid", err, message)
         assert future.cancelled()
+
+
+def test_a_rollout_publisher_stops_in_bounded_time_while_kafka_is_away(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`stacx rollout` stopped with the broker gone waited 81 s (the delivery timeout) on close."""
+    import asyncio
+    import time
+
+    from stacx.rollout import adapters
+
+    monkeypatch.setattr(adapters, "CLOSE_TIMEOUT_S", 0.5)
+    publisher = adapters.KafkaTrajectoryPublisher(offline_producer(delivery_timeout_ms=600_000), topic="t")
+
+    async def publish_then_stop() -> None:
+        waiter = asyncio.ensure_future(publisher.publish(trajectory(5)))
+        await asyncio.sleep(0.1)
+        waiter.cancel()  # what a SIGTERM does to the episode waiting for its acknowledgement
+        await publisher.close()
+
+    started = time.monotonic()
+    asyncio.run(publish_then_stop())
+    assert time.monotonic() - started < 10
