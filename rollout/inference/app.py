@@ -77,7 +77,7 @@ def _install_error_handlers(app: FastAPI, state: ServingState) -> None:
         status = exc.status_code
         unreadable = status == 400  # Starlette's only 400: the body could not be decoded
         error = {
-            "message": UNPARSABLE_BODY if unreadable else str(exc.detail),
+            "message": unparsable_body(exc.__cause__) if unreadable else str(exc.detail),
             "type": "invalid_request_error" if status < 500 else "server_error",
             "param": "body" if unreadable else None,
             "code": status,
@@ -93,11 +93,17 @@ def _install_error_handlers(app: FastAPI, state: ServingState) -> None:
         return answer(500, {"error": {**error, "param": None, "code": 500}})
 
 
-UNPARSABLE_BODY = (
-    "body: could not be parsed as JSON (it is not UTF-8 text, nests deeper than the parser allows, "
-    "or holds an integer of more than 4300 digits)"
-)
-"""What FastAPI's one 400 means: json.loads raised something other than a syntax error."""
+def unparsable_body(cause: BaseException | None) -> str:
+    """Why json.loads refused a body (FastAPI's one 400 keeps the reason as its cause)."""
+    if isinstance(cause, RecursionError):
+        reason = "it nests deeper than the parser allows"
+    elif isinstance(cause, UnicodeDecodeError):
+        reason = "it is not UTF-8 text"
+    elif isinstance(cause, ValueError) and "digits" in str(cause):
+        reason = "it holds an integer of more than 4300 digits"
+    else:
+        reason = str(cause) if cause is not None else "unknown reason"
+    return f"body: is not valid JSON ({reason})"
 
 
 def error_body(status: int, message: str, param: str) -> dict[str, Any]:
@@ -115,7 +121,11 @@ def error_body(status: int, message: str, param: str) -> dict[str, Any]:
 def _relevant(errors: list[Any]) -> list[Any]:
     """The errors without "not a list"/"not an object" of the union branch the value did not
     take (`sampling_params` is an object or a list of them): they only confuse the message."""
-    kept = [e for e in errors if not (len(e["loc"]) > 2 and _is_branch(e["loc"][-1]))]
+    kept = [
+        e
+        for e in errors
+        if not (e.get("loc") and _is_branch(e["loc"][-1]) and str(e.get("type")).endswith("_type"))
+    ]
     return kept or errors
 
 

@@ -158,3 +158,36 @@ def test_a_command_longer_than_linux_takes_is_413_not_exit_126(gateway_service: 
     error = response.json()["error"]
     assert error["type"] == "RequestTooLarge" and "MAX_ARG_STRLEN" in error["message"]
     assert httpx.post(url, json={"command": "echo " + "a" * (100 << 10)}, timeout=60).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"[" * 1000 + b"]" * 1000, "nests deeper"),
+        (b'{"input_ids": [' + b"9" * 5000 + b"]}", "4300 digits"),
+        (b'{"text": "\xff"}', "not UTF-8"),
+    ],
+)
+def test_the_server_says_why_a_body_is_not_json(server_service: Service, body: bytes, reason: str) -> None:
+    response = httpx.post(f"{server_service.base_url}/generate", content=body, timeout=60)
+    assert response.status_code == 400 and reason in response.json()["error"]["message"], response.text
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/generate", {"input_ids": [1], "sampling_params": {"top_k": 0}}, "top_k"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]},
+            "tools",
+        ),
+    ],
+)
+def test_values_sglang_refuses_are_refused_naming_the_field(
+    server_service: Service, path: str, body: dict[str, object], field: str
+) -> None:
+    response = httpx.post(f"{server_service.base_url}{path}", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    message = response.json()["error"]["message"]
+    assert field in message and "valid list" not in message, message
