@@ -67,6 +67,10 @@ class PromptRenderer:
         ids = list(prompt) if isinstance(prompt, list) else self.encode(prompt)
         if not ids:
             raise UnsupportedRequestError("prompt", "is empty; send at least one token")
+        if len(ids) > self.max_tokens:  # the server would refuse it too, after receiving it all
+            raise UnsupportedRequestError(
+                "prompt", f"has {len(ids)} tokens, more than the context length {self.max_tokens}"
+            )
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
             raise UnsupportedRequestError(

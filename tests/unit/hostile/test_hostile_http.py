@@ -191,3 +191,13 @@ def test_values_sglang_refuses_are_refused_naming_the_field(
     assert response.status_code == 400, response.text
     message = response.json()["error"]["message"]
     assert field in message and "valid list" not in message, message
+
+
+def test_the_proxy_refuses_a_prompt_past_the_context_before_sending_it_upstream(
+    proxy_service: Service,
+) -> None:
+    url = f"{proxy_service.base_url}/v1/completions"
+    too_long = httpx.post(url, json={"model": "m", "prompt": [1] * 100_000, "max_tokens": 1}, timeout=60)
+    assert too_long.status_code == 400 and "more than the context length" in too_long.text, too_long.text
+    text = httpx.post(url, json={"model": "m", "prompt": "word " * 150_000, "max_tokens": 1}, timeout=60)
+    assert text.status_code == 400 and "(the context length)" in text.text, text.text
