@@ -460,6 +460,12 @@ class Gateway:
         `stacx.sandbox.images.PYTHON_DIR` (`TaskImageBuilder.Config.python_dir`)."""
         log_level: str = "info"
 
+        def __post_init__(self) -> None:
+            if not 0 <= self.port <= 65535:
+                raise ValueError(f"port = {self.port}; use 0..65535")
+            if self.max_request_bytes < 1 or not self.read_timeout_s > 0:
+                raise ValueError("max_request_bytes must be >= 1 and read_timeout_s > 0")
+
     def __init__(self, config: Config, *, backend: SandboxBackend | None = None) -> None:
         from stacx.sandbox.backends import build_backend
 

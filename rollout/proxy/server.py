@@ -68,6 +68,10 @@ class ProxyServer:
         producer: dict[str, Any] = field(default_factory=dict)
         """Extra `EventProducer.Config` fields (e.g. delivery_timeout_ms)."""
 
+        def __post_init__(self) -> None:
+            if not 0 <= self.port <= 65535:
+                raise ProxyConfigError(f"port = {self.port}; use 0..65535")
+
     def __init__(self, config: Config, publisher: Publisher | None = None, tokenizer: Any = None) -> None:
         self.config = config
         proxy_cfg = config.proxy
