@@ -645,7 +645,8 @@ class AssemblerApp:
             return [self._dead_letter(message, exc)], None
         reason = invalid_reason(trajectory, self.config.filtering.vocab_size)
         if reason is not None:
-            return [self._dead_letter(message, ValueError(reason))], None
+            vocabulary_only = invalid_reason(trajectory) is None  # a sound record, another model's ids
+            return [self._dead_letter(message, ValueError(reason), invalid=vocabulary_only)], None
         self.trace_links.remember(trajectory.group_id, trajectory.trajectory_id, message.headers)
         group = self.grouper.on_trajectory(trajectory, message.value, partition=message.partition, now_ms=now)
         return ([] if group is None else [self._group_output(group)]), trajectory.group_id
@@ -741,8 +742,13 @@ class AssemblerApp:
         self._unsent[group.group_id] = output
         return output
 
-    def _dead_letter(self, message: Any, exc: BaseException) -> Output:
-        self.stats.undecodable += 1
+    def _dead_letter(self, message: Any, exc: BaseException, *, invalid: bool = False) -> Output:
+        """`message` to the dead-letter topic with why; counted `invalid` (decoded, but refused
+        here) or `undecodable`."""
+        if invalid:
+            self.stats.invalid += 1
+        else:
+            self.stats.undecodable += 1
         value, note = keep_original(
             message.value, dlq_topic=self.config.dlq_topic, store_url=self.config.output.blob_store_url
         )
