@@ -61,6 +61,16 @@ class _Refused(Exception):
         self.status, self.message, self.param = status, message, param
 
 
+@dataclass(slots=True)
+class _RequestState:
+    """What one request sent so far, and whether it was refused or answered."""
+
+    received: int = 0
+    body_done: bool = False
+    refused: _Refused | None = None
+    started: bool = False
+
+
 DRAIN_LIMIT_BYTES = 1 << 30
 """Most of a refused body read (and discarded) so the client reads the answer, not a reset."""
 
@@ -108,42 +118,42 @@ class RequestLimits:
         return None
 
     async def _guarded(self, scope: Any, receive: Any, send: Any, limit: int) -> None:
-        state = {"received": 0, "body_done": False, "refused": None, "started": False}
+        state = _RequestState()
         timeout = self.limits.read_timeout_s
 
         async def counted_receive() -> Any:
-            if state["body_done"]:  # after the body: waiting for a disconnect has no deadline
+            if state.body_done:  # after the body: waiting for a disconnect has no deadline
                 return await receive()
             try:
                 message = await asyncio.wait_for(receive(), timeout)
             except TimeoutError:
-                state["refused"] = _Refused(
+                state.refused = _Refused(
                     408, f"the request body stopped arriving for {timeout:g}s; send it whole", "body"
                 )
-                raise state["refused"] from None
+                raise state.refused from None
             if message["type"] == "http.request":
-                state["received"] += len(message.get("body", b""))
-                state["body_done"] = not message.get("more_body", False)
-                if state["received"] > limit:
-                    state["refused"] = _too_large(limit)
-                    await _drain(receive, timeout, more_body=not state["body_done"])
-                    raise state["refused"]
+                state.received += len(message.get("body", b""))
+                state.body_done = not message.get("more_body", False)
+                if state.received > limit:
+                    state.refused = _too_large(limit)
+                    await _drain(receive, timeout, more_body=not state.body_done)
+                    raise state.refused
             return message
 
         async def guarded_send(message: Any) -> None:
-            if state["refused"] is not None:  # whatever the app answers to the aborted read
-                if not state["started"]:
-                    state["started"] = True
-                    await self._answer(send, state["refused"])
+            if state.refused is not None:  # whatever the app answers to the aborted read
+                if not state.started:
+                    state.started = True
+                    await self._answer(send, state.refused)
                 return
-            state["started"] = state["started"] or message["type"] == "http.response.start"
+            state.started = state.started or message["type"] == "http.response.start"
             await send(message)
 
         try:
             await self.app(scope, counted_receive, guarded_send)
         except _Refused as exc:
-            if not state["started"]:
-                state["started"] = True
+            if not state.started:
+                state.started = True
                 await self._answer(send, exc)
 
     async def _answer(self, send: Any, refused: _Refused) -> None:
