@@ -94,7 +94,11 @@ class LearnerFeed:
             self._source.commit(self._pending)
             self._pending = []
 
-    def lag(self) -> int:
+    def lag(self) -> int | None:
+        """Trajectories not yet read on this member's partitions; None while the group has
+        assigned it none (0 would say "caught up" before it was given anything to read)."""
+        if not self._source.assignment():
+            return None
         return self._source.total_lag()
 
     def close(self) -> None:

@@ -28,7 +28,7 @@ from opentelemetry import metrics, propagate
 from opentelemetry.trace import SpanKind
 
 from stacx.consumers.errors import ConsumerError
-from stacx.producers.tracing import context_from_headers, span, tracing_on
+from stacx.producers.tracing import SECONDS_BUCKETS, context_from_headers, span, tracing_on
 from stacx.schemas import topics
 from stacx.schemas.records import WeightVersion
 
@@ -36,7 +36,10 @@ __all__ = ["EventSource", "WeightConflictError", "WeightSubscriber", "WeightUpda
 
 _meter = metrics.get_meter("stacx.weights")
 _SWAP_SECONDS = _meter.create_histogram(
-    "stacx.weights.swap_duration", unit="s", description="load and confirm one weight version on the server"
+    "stacx.weights.swap_duration",
+    unit="s",
+    description="load and confirm one weight version on the server",
+    explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
 )
 _SERVED_VERSION = _meter.create_gauge("stacx.weights.served_version", description="version the server serves")
 

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.print_help()
         sys.exit(2)
     code = _run(args)
-    if _received and code == 0:  # the command handled the signal itself and ended normally
+    if _received and code < 128:  # stopped by the signal, though the command ended otherwise
         print(f"stacx {args.command}: stopped by {_received[0].name}", file=sys.stderr, flush=True)
         code = 128 + _received[0].value
     sys.exit(code)

@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -356,8 +356,11 @@ def _connection_options(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _on_delivery(future: Future[Delivery], rid: str, err: Any, msg: Any) -> None:
-    if err is not None:
-        log.error("record %s to %s not delivered: %s", rid or "(no id)", msg.topic(), err)
-        future.set_exception(DeliveryError(msg.topic(), rid, str(err), retriable=bool(err.retriable())))
-        return
-    future.set_result(Delivery(msg.topic(), msg.partition(), msg.offset(), msg.timestamp()[1], rid))
+    try:
+        if err is not None:
+            log.error("record %s to %s not delivered: %s", rid or "(no id)", msg.topic(), err)
+            future.set_exception(DeliveryError(msg.topic(), rid, str(err), retriable=bool(err.retriable())))
+            return
+        future.set_result(Delivery(msg.topic(), msg.partition(), msg.offset(), msg.timestamp()[1], rid))
+    except InvalidStateError:  # cancelled by its waiter (a command stopping): nobody reads it
+        pass

@@ -17,7 +17,11 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["KAFKA_LOGGER", "RepeatFilter", "kafka_logger"]
+__all__ = ["KAFKA_LOGGER", "LIBRARY_LOGGERS", "RepeatFilter", "kafka_logger", "limit_library_logs"]
+
+LIBRARY_LOGGERS = ("aiokafka",)
+"""Python Kafka clients (Faust's aiokafka) that log every failed attempt while a broker is away:
+about 100 ERROR lines a second from an assembler during an outage."""
 
 KAFKA_LOGGER = "stacx.kafka"
 """The logger every STACX Kafka client's librdkafka lines go to."""
@@ -82,3 +86,18 @@ def kafka_logger() -> logging.Logger:
         if not any(isinstance(f, RepeatFilter) for f in logger.filters):
             logger.addFilter(RepeatFilter())
     return logger
+
+
+_library_filter = RepeatFilter()
+
+
+def limit_library_logs(prefixes: tuple[str, ...] = LIBRARY_LOGGERS) -> RepeatFilter:
+    """Put one `RepeatFilter` on every logger of the libraries named by `prefixes` that exists now
+    (call it after importing them): a filter of a parent logger does not see its children's
+    records, so each gets the shared one. Returns it (its `held_back` counts what it held)."""
+    with _lock:
+        for name, logger in list(logging.root.manager.loggerDict.items()):
+            if isinstance(logger, logging.Logger) and name.split(".")[0] in prefixes:
+                if _library_filter not in logger.filters:
+                    logger.addFilter(_library_filter)
+    return _library_filter

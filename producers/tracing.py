@@ -18,6 +18,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace.status import Status, StatusCode
 
 __all__ = [
+    "SECONDS_BUCKETS",
     "TRACEPARENT",
     "ActiveSpan",
     "context_from_headers",
@@ -28,6 +29,12 @@ __all__ = [
     "tracer_for",
     "tracing_on",
 ]
+
+SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+                   600.0)
+"""Bucket bounds of every histogram in seconds (`explicit_bucket_boundaries_advisory`): the OTel
+SDK's defaults (0 to 10,000) are meant for milliseconds and put every duration of ours in two
+buckets."""
 
 TRACEPARENT = "traceparent"
 

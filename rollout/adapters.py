@@ -89,6 +89,10 @@ def _version(value: Any) -> int | None:
         return None
 
 
+CLOSE_TIMEOUT_S = 20.0
+"""Longest wait for the broker's acknowledgements when a rollout stops (Kafka may be gone)."""
+
+
 class KafkaTrajectoryPublisher:
     """Publishes trajectories to `stacx.trajectories`, keyed by group id."""
 
@@ -109,7 +113,9 @@ class KafkaTrajectoryPublisher:
         await self.producer.publish_async(self.topic, trajectory, key=trajectory.group_id)
 
     async def close(self) -> None:
-        await asyncio.to_thread(self.producer.close)
+        """Deliver what is queued within `CLOSE_TIMEOUT_S`, then stop: with Kafka away, a stopping
+        rollout ends in bounded time (the undelivered trajectories are logged as failed)."""
+        await asyncio.to_thread(self.producer.close, CLOSE_TIMEOUT_S)
 
 
 def follower_group(model_name: str) -> str:

@@ -23,6 +23,7 @@ __all__ = [
     "RewardFileEmpty",
     "RewardFileMalformed",
     "RewardFileMissing",
+    "RequestTimeout",
     "RequestTooLarge",
     "RewardError",
     "SandboxError",
@@ -66,6 +67,13 @@ class RequestTooLarge(SandboxError):
     """A request body is larger than the gateway accepts for that route."""
 
     status = 413
+
+
+class RequestTimeout(SandboxError):
+    """A request (head or body) stopped arriving before it was whole; send it again."""
+
+    status = 408
+    retriable = True
 
 
 class GatewayConfigError(SandboxError):
@@ -187,6 +195,7 @@ _ALL: dict[str, type[SandboxError]] = {
         InvalidSpec,
         LimitExceeded,
         RequestTooLarge,
+        RequestTimeout,
         GatewayConfigError,
         PathRejected,
         FileOperationFailed,

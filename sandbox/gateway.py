@@ -3,7 +3,9 @@
 Auth: the operator's (admin) token reaches every session; each client token reaches only the
 sessions it created (another client's session answers 404). Request bodies are counted while they
 stream in: past `max_file_bytes` (file and archive uploads) or `max_request_bytes` (everything
-else) the request ends with 413 before the rest is read. No /docs, /redoc or /openapi.json.
+else) the request ends with 413 before the rest is read; an oversized header gets 431 and a stalled
+request 408 (`stacx.schemas.http_limits`). A body that does not fit its model gets 422 naming the
+field (NaN and Infinity included). No /docs, /redoc or /openapi.json.
 
 Routes (all under bearer auth except /healthz):
     GET    /healthz                            -> Health (503 when the backend is degraded)
@@ -36,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from opentelemetry import context as context_api
 from opentelemetry import propagate, trace
@@ -43,9 +46,16 @@ from opentelemetry.trace.status import Status, StatusCode
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
 
-from stacx.sandbox.errors import AuthError, RequestTooLarge, SandboxError, SessionNotFound
+from stacx.sandbox.errors import (
+    AuthError,
+    InvalidSpec,
+    RequestTimeout,
+    RequestTooLarge,
+    SandboxError,
+    SessionNotFound,
+)
 from stacx.sandbox.models import (
     ExecRequest,
     ExecResult,
@@ -57,6 +67,7 @@ from stacx.sandbox.models import (
 )
 from stacx.sandbox.protocols import SandboxBackend
 from stacx.sandbox.sessions import SessionManager
+from stacx.schemas.http_limits import DEFAULT_READ_TIMEOUT_S, HttpLimits, RequestLimits, uvicorn_options
 
 __all__ = [
     "CLIENT_TOKENS_ENV",
@@ -82,11 +93,43 @@ log = logging.getLogger(__name__)
 class _VerifyRequest(BaseModel):
     task_dir: str | None = None
 
+    @field_validator("task_dir")
+    @classmethod
+    def _a_path(cls, value: str | None) -> str | None:
+        if value is not None and ("\0" in value or not value.encode("utf-8", "replace").decode() == value):
+            raise ValueError("is not a path (it holds a NUL or a lone surrogate)")
+        return value
+
+
+def _error_json(exc: SandboxError) -> dict[str, Any]:
+    return {"error": {"type": type(exc).__name__, "message": str(exc), "retriable": exc.retriable}}
+
 
 def _error_response(exc: SandboxError) -> JSONResponse:
-    body = {"error": {"type": type(exc).__name__, "message": str(exc), "retriable": exc.retriable}}
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, AuthError) else None
-    return JSONResponse(body, status_code=exc.status, headers=headers)
+    return JSONResponse(_error_json(exc), status_code=exc.status, headers=headers)
+
+
+_LIMIT_ERRORS: dict[int, type[SandboxError]] = {
+    408: RequestTimeout,
+    413: RequestTooLarge,
+    431: RequestTooLarge,
+}
+
+
+def _limit_error_body(status: int, message: str, _param: str) -> dict[str, Any]:
+    """A refused request (`RequestLimits`) in the gateway's error shape."""
+    return _error_json(_LIMIT_ERRORS.get(status, InvalidSpec)(message))
+
+
+def _validation_response(exc: RequestValidationError) -> JSONResponse:
+    """A body that does not fit its model: 422 naming each field, never echoing the input (a NaN
+    would make the answer itself invalid JSON)."""
+    problems = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
+        problems.append(f"{where}: {error.get('msg')}")
+    return _error_response(InvalidSpec("; ".join(problems) or "invalid request"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,59 +174,6 @@ def _reach(manager: SessionManager, principal: Principal, session_id: str) -> st
     if not principal.admin and owner != principal.client:
         raise SessionNotFound(f"no session {session_id} for this token")
     return session_id
-
-
-class _BodyLimit:
-    """ASGI middleware: a request whose body passes the route's limit gets 413, counted while it
-    streams (a chunked upload without Content-Length included). Nothing past the limit is kept:
-    the rest is read and discarded (up to `DRAIN_LIMIT_BYTES`), so the client, still sending,
-    reads the 413 instead of a connection reset."""
-
-    def __init__(self, app: Any, *, limit_for: Callable[[str, str], int]) -> None:
-        self.app = app
-        self.limit_for = limit_for
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        limit = self.limit_for(scope["method"], scope["path"])
-        headers = dict(scope.get("headers") or [])
-        declared = headers.get(b"content-length", b"").decode() or "0"
-        if declared.isdigit() and int(declared) > limit:
-            await _drain(receive, more_body=True)
-            await _send_too_large(send, limit)
-            return
-        state = {"received": 0, "over": False, "started": False}
-
-        async def counted_receive() -> Any:
-            message = await receive()
-            if message["type"] == "http.request":
-                state["received"] += len(message.get("body", b""))
-                if state["received"] > limit:
-                    state["over"] = True
-                    await _drain(receive, more_body=message.get("more_body", False))
-                    raise RequestTooLarge(f"request body larger than {limit} bytes")
-            return message
-
-        async def guarded_send(message: Any) -> None:
-            if state["over"]:  # whatever the app answers to the aborted read, the client gets 413
-                if not state["started"]:
-                    state["started"] = True
-                    await _send_too_large(send, limit)
-                return
-            state["started"] = state["started"] or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counted_receive, guarded_send)
-        except RequestTooLarge:
-            if not state["started"]:
-                await _send_too_large(send, limit)
-
-
-DRAIN_LIMIT_BYTES = 1 << 30
-"""Most of a refused body read (and discarded) before the connection is just closed."""
 
 
 _FRAMEWORK_TELEMETRY: dict[str, Any] = (
@@ -270,36 +260,6 @@ class _TraceRequests:
             span.end()
 
 
-async def _drain(receive: Any, *, more_body: bool) -> None:
-    """Read and drop the rest of a refused body, keeping nothing."""
-    drained = 0
-    while more_body and drained < DRAIN_LIMIT_BYTES:
-        message = await receive()
-        if message["type"] != "http.request":
-            return
-        drained += len(message.get("body", b""))
-        more_body = message.get("more_body", False)
-
-
-async def _send_too_large(send: Any, limit: int) -> None:
-    exc = RequestTooLarge(
-        f"request body is larger than this route accepts ({limit} bytes); send less, or split it"
-    )
-    response = _error_response(exc)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": response.status_code,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(response.body)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": bytes(response.body)})
-
-
 class _SessionCollector(Collector):
     """The session manager's figures, read at each scrape (`prometheus_client` exposition)."""
 
@@ -329,6 +289,7 @@ def create_app(
     client_tokens: Iterable[str] = (),
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     manage_lifecycle: bool = True,
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
 ) -> FastAPI:
     """The gateway app. `token` is the admin token (None disables auth: tests only);
     `client_tokens` each reach only their own sessions; the lifespan starts and stops `manager`
@@ -359,12 +320,17 @@ def create_app(
         upload = method == "PUT" and path.endswith(("/files", "/archive"))
         return manager.config.max_file_bytes if upload else max_request_bytes
 
-    app.add_middleware(_BodyLimit, limit_for=limit_for)
+    limits = HttpLimits(max_body_bytes=max_request_bytes, read_timeout_s=read_timeout_s)
+    app.add_middleware(RequestLimits, limits=limits, error_body=_limit_error_body, limit_for=limit_for)
     app.add_middleware(_TraceRequests)
 
     @app.exception_handler(SandboxError)
     async def sandbox_error(_request: Request, exc: SandboxError) -> JSONResponse:
         return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation_response(exc)
 
     caller_of = Depends(_auth_dependency(token, client_tokens))
     auth = [caller_of]
@@ -482,6 +448,8 @@ class Gateway:
         the sessions created with it."""
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
         """Largest JSON request body; uploads are bounded by `sessions.max_file_bytes`."""
+        read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+        """Longest wait for the next part of a request (head or body) before answering 408."""
         auth: bool = True
         """Require the token; turning it off is for tests on a private loopback only."""
         backend: str = "docker"
@@ -491,6 +459,12 @@ class Gateway:
         """Host directory of Python installations that Harbor sandboxes see (read-only) at
         `stacx.sandbox.images.PYTHON_DIR` (`TaskImageBuilder.Config.python_dir`)."""
         log_level: str = "info"
+
+        def __post_init__(self) -> None:
+            if not 0 <= self.port <= 65535:
+                raise ValueError(f"port = {self.port}; use 0..65535")
+            if self.max_request_bytes < 1 or not self.read_timeout_s > 0:
+                raise ValueError("max_request_bytes must be >= 1 and read_timeout_s > 0")
 
     def __init__(self, config: Config, *, backend: SandboxBackend | None = None) -> None:
         from stacx.sandbox.backends import build_backend
@@ -510,6 +484,12 @@ class Gateway:
             token=self.token if config.auth else None,
             client_tokens=[*config.client_tokens, *(t.strip() for t in from_env)],
             max_request_bytes=config.max_request_bytes,
+            read_timeout_s=config.read_timeout_s,
+        )
+
+    def _limits(self) -> HttpLimits:
+        return HttpLimits(
+            max_body_bytes=self.config.max_request_bytes, read_timeout_s=self.config.read_timeout_s
         )
 
     def run(self) -> None:
@@ -523,4 +503,5 @@ class Gateway:
             log_level=self.config.log_level,
             timeout_keep_alive=KEEP_ALIVE_S,
             backlog=4096,
+            **uvicorn_options(self._limits()),
         )

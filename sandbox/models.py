@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
     "DEFAULT_WORKDIR",
@@ -22,7 +23,40 @@ DEFAULT_WORKDIR = "/workspace"
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A wire model: unknown fields, NaN/Infinity and lone UTF-16 surrogates are refused."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        where = _surrogate_at(data, "")
+        if where is not None:
+            raise ValueError(
+                f"{where or 'body'} holds a lone UTF-16 surrogate (\\ud800-\\udfff); send valid Unicode"
+            )
+        return data
+
+
+def _surrogate_at(data: Any, path: str) -> str | None:
+    """The path of the first string (or key) holding a lone surrogate; None if none does
+    (iterative: a body nested 1,000 deep must not exhaust the stack)."""
+    stack = [(path, data)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii() and _SURROGATE.search(item):
+                return where
+        elif isinstance(item, dict):
+            for key, value in item.items():
+                name = f"{where}.{key}".lstrip(".")
+                stack += [(name, key), (name, value)]
+        elif isinstance(item, list):
+            stack += [(f"{where}[{i}]", value) for i, value in enumerate(item)]
+    return None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _check_env(env: dict[str, str]) -> dict[str, str]:

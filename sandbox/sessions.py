@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from stacx.sandbox.errors import (
     CapacityExceeded,
     InvalidSpec,
+    RequestTooLarge,
     SessionExpired,
     SessionNotFound,
     TaskUnsupported,
@@ -367,6 +368,8 @@ class SessionManager:
         return choice.tag, warnings, volumes
 
     def _load_task(self, task_dir: str) -> HarborTask:
+        if "\0" in task_dir:
+            raise InvalidSpec("task_dir holds a NUL character, which no path can")
         path = Path(task_dir).resolve()
         roots = [Path(r).resolve() for r in self.config.allowed_task_roots]
         if roots and not any(path.is_relative_to(r) for r in roots):
@@ -488,6 +491,7 @@ class SessionManager:
         max_output_bytes: int | None = None,
     ) -> ExecResult:
         """Run `command` with `bash -c` in the session."""
+        _check_command_size(command)
         async with self._use(session_id) as session:
             if workdir is not None:
                 workdir = resolve_path(workdir, session.info.workdir, anywhere=session.info.harbor)
@@ -656,6 +660,19 @@ class SessionManager:
 
 def _reservation(spec: SandboxSpec) -> Reservation:
     return Reservation(cpus=spec.cpus, memory_mb=spec.memory_mb, pids=spec.pids)
+
+
+MAX_COMMAND_BYTES = (128 << 10) - 1
+"""Longest `bash -c` command: Linux refuses a longer single argument (MAX_ARG_STRLEN)."""
+
+
+def _check_command_size(command: str) -> None:
+    size = len(command.encode("utf-8", "surrogatepass"))
+    if size > MAX_COMMAND_BYTES:
+        raise RequestTooLarge(
+            f"command is {size} bytes; a command line takes at most {MAX_COMMAND_BYTES} bytes "
+            "(Linux MAX_ARG_STRLEN): upload a script and run it, or send the data as stdin"
+        )
 
 
 def _exec_request(

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from opentelemetry import metrics as otel_metrics
 
+from stacx.producers.tracing import SECONDS_BUCKETS
 from stacx.schemas.records import STEP_FIGURE_PREFIX, TrainingBatch, WeightVersion, export_dir_name
 from stacx.trainer.backends import Backend, build_backend
 from stacx.trainer.batch import (
@@ -54,7 +55,8 @@ __all__ = ["StacxTrainer", "StepResult", "merge_metrics", "metrics_text", "run_r
 
 _meter = otel_metrics.get_meter("stacx.trainer")
 _STEP_SECONDS = _meter.create_histogram("stacx.trainer.step_duration", unit="s",
-                                        description="one optimizer step")
+                                        description="one optimizer step",
+                                        explicit_bucket_boundaries_advisory=SECONDS_BUCKETS)
 _TRAINED_TOKENS = _meter.create_counter("stacx.trainer.tokens", unit="{token}",
                                         description="tokens trained on")
 

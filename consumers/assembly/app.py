@@ -64,6 +64,7 @@ from stacx.consumers.assembly.worker import SignalledWorker, WorkerGaveUp
 from stacx.consumers.dead_letters import keep_original
 from stacx.consumers.library_patches import FETCH_MAX_WAIT_MS, IdempotentApp, use_fast_lz4
 from stacx.producers.errors import BlobStoreError
+from stacx.producers.kafka_log import limit_library_logs
 from stacx.schemas import topics
 from stacx.schemas.catalogue import SchemaCatalogue, catalogue_codec
 from stacx.schemas.claimcheck import ClaimCheck
@@ -230,6 +231,10 @@ class AssemblerApp:
                 )
             if self.standby_replicas < 0:
                 raise AssemblyConfigError(f"standby_replicas must be >= 0, got {self.standby_replicas}")
+            if self.web_port is not None and not 1 <= self.web_port <= 65535:
+                raise AssemblyConfigError(
+                    f"web_port must be a TCP port in 1..65535 (or unset: no web server), got {self.web_port}"
+                )
             if self.tick_interval_s <= 0:
                 raise AssemblyConfigError(f"tick_interval_s must be > 0, got {self.tick_interval_s}")
             if self.rebalance_timeout_s < 0:
@@ -640,7 +645,8 @@ class AssemblerApp:
             return [self._dead_letter(message, exc)], None
         reason = invalid_reason(trajectory, self.config.filtering.vocab_size)
         if reason is not None:
-            return [self._dead_letter(message, ValueError(reason))], None
+            vocabulary_only = invalid_reason(trajectory) is None  # a sound record, another model's ids
+            return [self._dead_letter(message, ValueError(reason), invalid=vocabulary_only)], None
         self.trace_links.remember(trajectory.group_id, trajectory.trajectory_id, message.headers)
         group = self.grouper.on_trajectory(trajectory, message.value, partition=message.partition, now_ms=now)
         return ([] if group is None else [self._group_output(group)]), trajectory.group_id
@@ -736,8 +742,13 @@ class AssemblerApp:
         self._unsent[group.group_id] = output
         return output
 
-    def _dead_letter(self, message: Any, exc: BaseException) -> Output:
-        self.stats.undecodable += 1
+    def _dead_letter(self, message: Any, exc: BaseException, *, invalid: bool = False) -> Output:
+        """`message` to the dead-letter topic with why; counted `invalid` (decoded, but refused
+        here) or `undecodable`."""
+        if invalid:
+            self.stats.invalid += 1
+        else:
+            self.stats.undecodable += 1
         value, note = keep_original(
             message.value, dlq_topic=self.config.dlq_topic, store_url=self.config.output.blob_store_url
         )
@@ -857,6 +868,7 @@ class AssemblerApp:
             self.codec.local_schema(record_type)
         self._cover_retention()
         worker = self.worker(loglevel=loglevel)
+        limit_library_logs()  # aiokafka's line per failed attempt while a broker is away
         if self.config.rebalance_timeout_s > 0:
             self._watch_rebalances(worker, RebalanceWatchdog(self.config.rebalance_timeout_s))
         try:

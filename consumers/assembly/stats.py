@@ -26,7 +26,10 @@ class AssemblyStats:
     trajectories: int = 0
     """Trajectory events consumed (decodable or not)."""
     undecodable: int = 0
-    """Events sent to the dead-letter topic (undecodable or invalid)."""
+    """Events sent to the dead-letter topic because they do not decode or break their type's rules."""
+    invalid: int = 0
+    """Sound trajectories sent to the dead-letter topic because their token ids lie outside
+    `filtering.vocab_size` (tokenized for another model)."""
     duplicates: int = 0
     """Samples dropped because their trajectory id was already seen."""
     late: int = 0

@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -30,9 +31,11 @@ from stacx.consumers.assembly.app import FaustForwarder
 from stacx.consumers.assembly.errors import AssemblyError
 from stacx.consumers.assembly.gaps import GapReader, InputOrder, KafkaGapReader, ack
 from stacx.consumers.assembly.protocols import Forwarder, Output
+from stacx.consumers.assembly.worker import SignalledWorker
 from stacx.consumers.library_patches import IdempotentApp
 from stacx.consumers.oncall.clock import EventClock
 from stacx.consumers.oncall.join import FeedbackJoin, Joined, JoinStats, Rejected, feedback_id
+from stacx.producers.kafka_log import limit_library_logs
 from stacx.schemas import topics
 from stacx.schemas.codec import decode, encode
 from stacx.schemas.records import AgentInteraction, DeadLetter, Feedback, now_ms
@@ -283,22 +286,22 @@ class OncallJoinApp:
     async def _log_stats(self) -> None:
         log.info("oncall join stats %s", json.dumps(self.stats.as_dict()))
 
-    def worker(self, *, loglevel: str = "info") -> faust.Worker:
-        worker = faust.Worker(self.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    def worker(self, *, loglevel: str = "info") -> SignalledWorker:
+        worker = SignalledWorker(self.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
         worker.spinner = None  # see AssemblerApp.worker: the spinner makes logging expensive
         return worker
 
-    def run(self, *, loglevel: str = "info") -> int:
-        """Create the ticks and output topics, run until SIGINT/SIGTERM; exit status."""
+    def run(self, *, loglevel: str = "info") -> signal.Signals | None:
+        """Create the ticks and output topics, run until SIGINT/SIGTERM: the signal that stopped
+        it (a crash of the worker is raised)."""
         ensure_join_topics(self.config)
-        code = 0
+        worker = self.worker(loglevel=loglevel)
+        limit_library_logs()  # aiokafka's line per failed attempt while a broker is away
         try:
-            self.worker(loglevel=loglevel).execute_from_commandline()
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 0
+            worker.run()
         finally:
             log.info("oncall join final stats %s", json.dumps(self.stats.as_dict()))
-        return code
+        return worker.stopped_by
 
 
 def ensure_join_topics(cfg: OncallJoinApp.Config, timeout_s: float = 30.0) -> None:

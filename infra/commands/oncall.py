@@ -130,7 +130,19 @@ def _join(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"stacx oncall-join: {exc}", file=sys.stderr)
         return 2
-    return OncallJoinApp(config).run(loglevel=args.loglevel)
+    try:
+        stopped_by = OncallJoinApp(config).run(loglevel=args.loglevel)
+    except Exception as exc:  # the worker crashed (Faust re-raises the reason): one line
+        print(
+            f"stacx oncall-join: the join worker stopped on an error: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
+    if stopped_by is None:
+        return 0
+    print(f"stacx oncall-join: stopped by {stopped_by.name}", file=sys.stderr, flush=True)
+    return 128 + stopped_by.value
 
 
 def _deployments(args: argparse.Namespace) -> Any:

@@ -57,13 +57,36 @@ def build_config(args: argparse.Namespace) -> Any:
     )
 
 
+def _topics_problem(config: Any) -> str | None:
+    """Topics the proxy writes to that the cluster lacks: its events would wait for ever (or the
+    broker would auto-create them with its default retention)."""
+    from stacx.infra.services.topics import missing_topics
+    from stacx.schemas.topics import default_bootstrap
+
+    proxy = config.proxy
+    bootstrap = config.bootstrap_servers or default_bootstrap()
+    wanted = [proxy.agent_logs_topic, proxy.feedback_topic, proxy.recorder.dlq_topic]
+    missing = missing_topics(bootstrap, wanted)
+    if not missing:  # all there, or the cluster did not answer (the recorder retries, /health says so)
+        return None
+    return (
+        f"no topic {', '.join(missing)} on {bootstrap}: check proxy.agent_logs_topic, "
+        "proxy.feedback_topic and proxy.recorder.dlq_topic, or create them (`stacx infra up` creates "
+        "the stacx.* topics)"
+    )
+
+
 def _proxy(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per upstream call otherwise
     from stacx.infra.config import ConfigError
     from stacx.rollout.proxy import ProxyError, ProxyServer
 
     try:
-        server = ProxyServer(build_config(args))
+        config = build_config(args)
+        problem = _topics_problem(config)
+        if problem:
+            raise ConfigError(problem)
+        server = ProxyServer(config)
     except (ConfigError, ProxyError) as exc:
         print(f"stacx proxy: {exc}", file=sys.stderr)
         return 2

@@ -226,8 +226,8 @@ class SamplingParamsBody(_Body):
                 f"min_new_tokens ({self.min_new_tokens}) must not exceed "
                 f"max_new_tokens ({self.max_new_tokens})"
             )
-        if self.top_k == 0:
-            self.top_k = -1
+        if self.top_k == 0:  # SGLang refuses it too; -1 is "off"
+            raise ValueError("top_k = 0 selects no token; use -1 (no top-k) or a value >= 1")
         return self
 
     def to_params(self, vocab_size: int, where: str = "sampling_params.") -> SamplingParams:

@@ -2,7 +2,8 @@
 
 Every error is a JSON body `{"error": {"message", "type", "param", "code"}}`: request validation
 errors are 400 and name the field (values such as NaN are never echoed back, so the body is always
-valid JSON), a failed request is 500, a full queue 429 and a stopping engine 503.
+valid JSON), a body past the limit 413, a header past it 431, a stalled request 408
+(`stacx.schemas.http_limits`), a failed request 500, a full queue 429 and a stopping engine 503.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from stacx.rollout.inference import native_routes, openai_routes
 from stacx.rollout.inference.errors import InferenceError
 from stacx.rollout.inference.state import ClientDisconnected, ServingState
+from stacx.schemas.http_limits import HttpLimits, RequestLimits
 
 FRAMEWORK_TELEMETRY: dict[str, Any] = (
     {"telemetry": {"tracing": False, "operation_spans": False, "metrics": False, "logs": False}}
@@ -29,7 +31,7 @@ FRAMEWORK_TELEMETRY: dict[str, Any] = (
 """FastAPI versions with built-in telemetry would add their own spans (five per request) beside
 ours (`inference.generate`, `inference.swap_weights`, `proxy.chat`): off."""
 
-__all__ = ["ServingState", "build_app"]
+__all__ = ["ServingState", "build_app", "error_body"]
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,7 @@ def _install_error_handlers(app: FastAPI, state: ServingState) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = list(exc.errors())
+        errors = _relevant(list(exc.errors()))
         problems = [_problem(e) for e in errors]
         first = _field_name(errors[0]["loc"]) if errors else None
         return answer(
@@ -75,7 +77,7 @@ def _install_error_handlers(app: FastAPI, state: ServingState) -> None:
         status = exc.status_code
         unreadable = status == 400  # Starlette's only 400: the body could not be decoded
         error = {
-            "message": "body: is not valid JSON (not UTF-8 text)" if unreadable else str(exc.detail),
+            "message": unparsable_body(exc.__cause__) if unreadable else str(exc.detail),
             "type": "invalid_request_error" if status < 500 else "server_error",
             "param": "body" if unreadable else None,
             "code": status,
@@ -89,6 +91,47 @@ def _install_error_handlers(app: FastAPI, state: ServingState) -> None:
         metrics.inc("requests_failed_total")
         error = {"message": f"internal error: {type(exc).__name__}: {exc}", "type": "server_error"}
         return answer(500, {"error": {**error, "param": None, "code": 500}})
+
+
+def unparsable_body(cause: BaseException | None) -> str:
+    """Why json.loads refused a body (FastAPI's one 400 keeps the reason as its cause)."""
+    if isinstance(cause, RecursionError):
+        reason = "it nests deeper than the parser allows"
+    elif isinstance(cause, UnicodeDecodeError):
+        reason = "it is not UTF-8 text"
+    elif isinstance(cause, ValueError) and "digits" in str(cause):
+        reason = "it holds an integer of more than 4300 digits"
+    else:
+        reason = str(cause) if cause is not None else "unknown reason"
+    return f"body: is not valid JSON ({reason})"
+
+
+def error_body(status: int, message: str, param: str) -> dict[str, Any]:
+    """A request refused by `RequestLimits` (413, 431, 408) in the server's error shape."""
+    return {
+        "error": {
+            "message": f"{param}: {message}",
+            "type": "invalid_request_error",
+            "param": param,
+            "code": status,
+        }
+    }
+
+
+def _relevant(errors: list[Any]) -> list[Any]:
+    """The errors without "not a list"/"not an object" of the union branch the value did not
+    take (`sampling_params` is an object or a list of them): they only confuse the message."""
+    kept = [
+        e
+        for e in errors
+        if not (e.get("loc") and _is_branch(e["loc"][-1]) and str(e.get("type")).endswith("_type"))
+    ]
+    return kept or errors
+
+
+def _is_branch(part: Any) -> bool:
+    """A union-branch label pydantic puts in a location (`list[SamplingParamsBody]`, a class)."""
+    return isinstance(part, str) and ("[" in part or part[:1].isupper())
 
 
 def _problem(error: Any) -> str:
@@ -150,10 +193,12 @@ def _install_service_routes(app: FastAPI, state: ServingState) -> None:
         return PlainTextResponse(state.engine.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
-def build_app(state: ServingState) -> FastAPI:
-    """The app serving `state` (the caller starts and stops the engine)."""
+def build_app(state: ServingState, limits: HttpLimits | None = None) -> FastAPI:
+    """The app serving `state` (the caller starts and stops the engine); `limits` bound each
+    request's body, headers and read time."""
     app = FastAPI(title="stacx inference", docs_url=None, redoc_url=None, **FRAMEWORK_TELEMETRY)
     app.add_middleware(JsonBodyMiddleware)
+    app.add_middleware(RequestLimits, limits=limits or HttpLimits(), error_body=error_body)
     _install_error_handlers(app, state)
     _install_service_routes(app, state)
     native_routes.install(app, state)

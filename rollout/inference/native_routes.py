@@ -77,7 +77,7 @@ def _meta_info(
 
 
 def _item_ids(state: ServingState, item: NativeItem) -> list[int]:
-    return item.input_ids if item.input_ids is not None else state.encode(item.text or "")
+    return item.input_ids if item.input_ids is not None else state.encode(item.text or "", item.field)
 
 
 def _generation(state: ServingState, item: NativeItem) -> Generation:

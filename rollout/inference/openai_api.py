@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from stacx.rollout.inference.api import (
     MAX_N,
@@ -176,6 +176,17 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     response_format: dict[str, Any] | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _function_tools(cls, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for i, tool in enumerate(tools or []):
+            function = tool.get("function")
+            if tool.get("type") != "function" or not isinstance(function, dict):
+                raise ValueError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}")
+            if not isinstance(function.get("name"), str) or not function["name"]:
+                raise ValueError(f"tools[{i}].function.name is required (a non-empty string)")
+        return tools
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:

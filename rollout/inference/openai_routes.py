@@ -243,7 +243,7 @@ async def _sse_errors(events: AsyncIterator[str]) -> AsyncIterator[str]:
 def _completion_choices(state: ServingState, body: CompletionRequest) -> list[_Choice]:
     choices: list[_Choice] = []
     for p, prompt in enumerate(body.prompts()):
-        ids = prompt if isinstance(prompt, list) else state.encode(prompt)
+        ids = prompt if isinstance(prompt, list) else state.encode(prompt, "prompt")
         params = body.sampling(body.max_tokens, state.engine.vocab_size)
         state.check_prompt(ids, params, "prompt", "max_tokens")
         options = RequestOptions(
@@ -352,7 +352,7 @@ def _chat_prompt(state: ServingState, body: ChatCompletionRequest) -> tuple[list
         messages, tools=tools, add_generation_prompt=True, tokenize=False
     )
     primer = tool_primer(body) if body.uses_tools else ""
-    return state.encode(str(text) + primer), primer
+    return state.encode(str(text) + primer, "messages"), primer
 
 
 def chat_message(

@@ -17,6 +17,7 @@ from stacx.rollout.inference.app import build_app
 from stacx.rollout.inference.engine import BatchingEngine
 from stacx.rollout.inference.errors import InferenceError, ServerUnavailableError
 from stacx.rollout.inference.state import ServingState
+from stacx.schemas.http_limits import HttpLimits, uvicorn_options
 
 __all__ = ["InferenceServer", "load_model"]
 
@@ -105,6 +106,8 @@ class InferenceServer:
         """Prompt + completion limit; defaults to the model's max_position_embeddings."""
         engine: BatchingEngine.Config = field(default_factory=BatchingEngine.Config)
         """Batching engine settings."""
+        limits: HttpLimits = field(default_factory=HttpLimits)
+        """Request body, header and read-time limits (413, 431, 408)."""
         wait_for_weights: bool = False
         """Answer `/health` 503 until `mark_weights_current()`: a server that follows a weight
         topic is ready once it serves the newest version, not while on its base weights."""
@@ -126,7 +129,7 @@ class InferenceServer:
             context_length=context,
             not_ready="loading the newest weight version" if config.wait_for_weights else None,
         )
-        self.app = build_app(self.state)
+        self.app = build_app(self.state, config.limits)
         self._uvicorn: Any = None
         self._thread: threading.Thread | None = None
 
@@ -151,6 +154,7 @@ class InferenceServer:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            **uvicorn_options(self.config.limits),
         )
         return _EngineStoppingServer(config, self.engine)
 

@@ -15,8 +15,9 @@ from typing import Any
 from fastapi import Request
 
 from stacx.rollout.inference.engine import BatchingEngine
-from stacx.rollout.inference.errors import InferenceError, InvalidRequestError
+from stacx.rollout.inference.errors import InferenceError, InvalidRequestError, ServerUnavailableError
 from stacx.rollout.inference.job import GenerationOutput, RequestOptions, StreamChunk
+from stacx.rollout.inference.prompt_limits import encode_within
 from stacx.rollout.inference.sampling import SamplingParams
 
 __all__ = ["ClientDisconnected", "Generation", "ServingState"]
@@ -75,8 +76,10 @@ class ServingState:
                 "stop_token_ids", f"{bad_stop[:5]} are outside the vocabulary [0, {vocab})"
             )
 
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+    def encode(self, text: str, field_name: str = "prompt") -> list[int]:
+        """Token ids of `text`; a text surely past the context is refused before it is all
+        tokenized (`InvalidRequestError` naming `field_name`)."""
+        return encode_within(self.tokenizer, text, self.context_length, field_name)
 
     async def generate_all(self, request: Request, generations: list[Generation]) -> list[GenerationOutput]:
         """Run all generations; abort them all if the client disconnects or one fails."""
@@ -124,6 +127,8 @@ class ServingState:
             self._abort_unfinished(futures, "the client disconnected")
 
     def _submit(self, generations: list[Generation]) -> list[Future]:
+        if self.not_ready is not None:  # base weights are not the policy anyone asked for
+            raise ServerUnavailableError(f"not ready: {self.not_ready}; retry shortly")
         futures: list[Future] = []
         try:
             for g in generations:

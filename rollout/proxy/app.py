@@ -33,7 +33,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from opentelemetry import propagate, trace
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stacx.producers.tracing import trace_headers
 from stacx.rollout.inference.app import FRAMEWORK_TELEMETRY
@@ -43,7 +43,7 @@ from stacx.rollout.inference.openai_api import ChatCompletionRequest, Completion
 from stacx.rollout.proxy.continuation import ChatContinuations
 from stacx.rollout.proxy.errors import ProxyConfigError, ProxyError, UnsupportedRequestError, UpstreamError
 from stacx.rollout.proxy.metrics import ProxyMetrics
-from stacx.rollout.proxy.recorder import EventRecorder
+from stacx.rollout.proxy.recorder import EventRecorder, refused_letter
 from stacx.rollout.proxy.render import (
     PromptRenderer,
     RenderedPrompt,
@@ -54,6 +54,7 @@ from stacx.rollout.proxy.render import (
 from stacx.rollout.proxy.routing import SessionRouter
 from stacx.rollout.proxy.upstream import Generation, UpstreamClient
 from stacx.schemas import topics
+from stacx.schemas.http_limits import HttpLimits, RequestLimits
 from stacx.schemas.records import AgentInteraction, Feedback, logprobs, loss_mask, now_ms, token_ids
 
 __all__ = ["AgentProxy", "FeedbackRequest"]
@@ -64,10 +65,17 @@ tracer = trace.get_tracer("stacx.proxy")
 DEFAULT_CHAT_MAX_TOKENS = 256
 
 
-class FeedbackRequest(BaseModel):
-    """Body of `POST /v1/feedback`: a reward for a session, or for one call of it."""
+MAX_ID_CHARS = 256
+"""Longest session, episode or agent id (header, path or feedback field): it becomes a Kafka key."""
 
-    session_id: str = Field(min_length=1)
+
+class FeedbackRequest(BaseModel):
+    """Body of `POST /v1/feedback`: a reward for a session, or for one call of it. Every number
+    must be finite (NaN, Infinity and 1e400 are refused naming the field)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    session_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
     reward: float
     interaction_id: str | None = None
     source: str = "user"
@@ -121,6 +129,8 @@ class AgentProxy:
         """Timeout of one call to a server."""
         recorder: EventRecorder.Config = field(default_factory=EventRecorder.Config)
         """Bounded buffer in front of Kafka."""
+        limits: HttpLimits = field(default_factory=HttpLimits)
+        """Request body, header and read-time limits (413, 431, 408)."""
 
         def __post_init__(self) -> None:
             if not self.upstreams:
@@ -156,12 +166,16 @@ class AgentProxy:
 
     def _build_app(self) -> FastAPI:
         app = FastAPI(title="stacx agent proxy", docs_url=None, redoc_url=None, **FRAMEWORK_TELEMETRY)
+        app.add_middleware(RequestLimits, limits=self.config.limits, error_body=self._limit_error_body)
         self._install_errors(app)
         for prefix in ("", "/s/{session_id}"):
             app.post(f"{prefix}/v1/chat/completions")(self._chat_route)
             app.post(f"{prefix}/v1/completions")(self._completions_route)
             app.get(f"{prefix}/v1/models")(self._models)
-        app.post("/v1/feedback", status_code=202)(self._feedback)
+        feedback_schema = {"content": {"application/json": {"schema": FeedbackRequest.model_json_schema()}}}
+        app.post("/v1/feedback", status_code=202, openapi_extra={"requestBody": feedback_schema})(
+            self._feedback
+        )
         app.get("/health")(self._health)
         app.get("/metrics")(self._metrics)
         return app
@@ -199,21 +213,30 @@ class AgentProxy:
         }
         return JSONResponse(body, status_code=exc.status_code, headers=headers)
 
+    def _limit_error_body(self, status: int, message: str, param: str) -> dict[str, Any]:
+        """A request refused by `RequestLimits`, counted, in the proxy's error shape."""
+        self.metrics.inc("requests_invalid_total")
+        error = {"message": f"{param}: {message}", "type": "invalid_request_error", "param": param}
+        return {"error": {**error, "code": status}}
+
     async def _models(self) -> dict[str, Any]:
         card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "stacx"}
         return {"object": "list", "data": [card]}
 
     async def _health(self) -> dict[str, Any]:
+        problem = self.recorder.problem()
         return {
-            "status": "degraded" if self.recorder.degraded else "ok",
+            "status": "degraded" if problem else "ok",
             "buffered_events": self.recorder.num_buffered,
+            "problem": problem,
         }
 
     async def _metrics(self) -> PlainTextResponse:
         self.metrics.set("pinned_sessions", self.router.num_pinned)
         return PlainTextResponse(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    async def _feedback(self, body: FeedbackRequest) -> dict[str, Any]:
+    async def _feedback(self, request: Request) -> JSONResponse:
+        body = await self._feedback_body(request)
         feedback = Feedback(
             session_id=body.session_id,
             reward=body.reward,
@@ -223,17 +246,47 @@ class AgentProxy:
             metadata=dict(body.metadata),
         )
         accepted = self.recorder.record(self.config.feedback_topic, feedback, trace_headers_dict())
-        return {"accepted": accepted}
+        return JSONResponse({"accepted": accepted}, status_code=202)
+
+    async def _feedback_body(self, request: Request) -> FeedbackRequest:
+        """The feedback, or 400 naming the field; a refused one is also kept on the DLQ with the
+        reason (the raw body, as sent), so a reward that never counted can still be found."""
+        try:
+            body: FeedbackRequest = await _parse(request, FeedbackRequest)
+            return body
+        except (RequestValidationError, ProxyError) as exc:
+            reason = (
+                _validation_message(list(exc.errors()))
+                if isinstance(exc, RequestValidationError)
+                else str(exc)
+            )
+            letter = refused_letter(
+                self.config.feedback_topic, await request.body(), reason, type(exc).__name__
+            )
+            self.recorder.record(self.recorder.config.dlq_topic, letter, trace_headers_dict())
+            raise
 
     # -- calls -------------------------------------------------------------------------------
 
     def _call(self, request: Request, endpoint: str, prefix: str) -> _Call:
         path_session = request.path_params.get("session_id")
         session = request.headers.get(self.config.session_header) or path_session or f"s-{uuid.uuid4().hex}"
+        episode = request.headers.get(self.config.episode_header) or session
+        agent = request.headers.get(self.config.agent_header) or self.config.agent_name
+        cfg = self.config
+        for name, value in (
+            (cfg.session_header, session),
+            (cfg.episode_header, episode),
+            (cfg.agent_header, agent),
+        ):
+            if len(value) > MAX_ID_CHARS:
+                raise UnsupportedRequestError(
+                    name, f"is {len(value)} characters; send at most {MAX_ID_CHARS}"
+                )
         return _Call(
             session_id=session,
-            episode_id=request.headers.get(self.config.episode_header) or session,
-            agent_name=request.headers.get(self.config.agent_header) or self.config.agent_name,
+            episode_id=episode,
+            agent_name=agent,
             endpoint=endpoint,
             response_id=f"{prefix}-{uuid.uuid4().hex}",
             started=time.monotonic(),
@@ -679,14 +732,22 @@ def trace_headers_dict() -> dict[str, bytes]:
 async def _parse(request: Request, model: type[Any]) -> Any:
     try:
         data = await request.json()
-    except ValueError as exc:
-        raise UnsupportedRequestError("body", "is not valid JSON") from exc
+    except (ValueError, RecursionError) as exc:  # syntax, not UTF-8, too deep, a 5000-digit int
+        raise UnsupportedRequestError("body", f"is not valid JSON ({_json_problem(exc)})") from exc
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors()) from exc
     except InferenceError as exc:  # the request models refuse some values by name (lone surrogates)
         raise _as_proxy_error(exc) from exc
+
+
+def _json_problem(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested deeper than the parser allows"
+    if isinstance(exc, UnicodeDecodeError):
+        return "not UTF-8 text"
+    return str(exc).split(":", 1)[0] if "digits" in str(exc) else str(exc)
 
 
 def _as_proxy_error(exc: InferenceError) -> ProxyError:
@@ -736,13 +797,20 @@ def _sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload)}\n\n"
 
 
+def _field_names(errors: list[Any]) -> list[str]:
+    return [".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body" for e in errors]
+
+
+def _validation_message(errors: list[Any]) -> str:
+    return "; ".join(f"{name}: {e.get('msg')}" for name, e in zip(_field_names(errors), errors, strict=True))
+
+
 def _validation_response(errors: list[Any]) -> JSONResponse:
-    fields = [".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body" for e in errors]
-    problems = [f"{name}: {e.get('msg')}" for name, e in zip(fields, errors, strict=True)]
+    fields = _field_names(errors)
     return JSONResponse(
         {
             "error": {
-                "message": "; ".join(problems),
+                "message": _validation_message(errors),
                 "type": "invalid_request_error",
                 "param": fields[0] if fields else None,
                 "code": 400,

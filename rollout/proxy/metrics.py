@@ -16,6 +16,7 @@ _COUNTERS = (
     "events_published_total",
     "events_dropped_total",
     "delivery_failures_total",
+    "events_dead_lettered_total",
 )
 _GAUGES = ("buffered_events", "degraded", "pinned_sessions")
 

@@ -15,6 +15,7 @@ from typing import Any
 from stacx.rollout.inference.detokenize import token_bytes
 from stacx.rollout.inference.openai_api import ChatCompletionRequest, CompletionRequest
 from stacx.rollout.inference.openai_routes import chat_message, streamed_content, tool_primer
+from stacx.rollout.inference.prompt_limits import encode_within
 from stacx.rollout.proxy.errors import UnsupportedRequestError
 
 __all__ = ["PromptRenderer", "RenderedPrompt", "chat_message", "streamed_content"]
@@ -28,15 +29,21 @@ class RenderedPrompt:
     primer: str = ""
 
 
-class PromptRenderer:
-    """Applies the model's chat template and tokenizer (a Hugging Face tokenizer)."""
+DEFAULT_MAX_PROMPT_TOKENS = 1 << 17
+"""Prompt bound when the served model's context length is not known."""
 
-    def __init__(self, tokenizer: Any) -> None:
+
+class PromptRenderer:
+    """Applies the model's chat template and tokenizer (a Hugging Face tokenizer); a prompt
+    surely longer than `max_tokens` is refused before it is all tokenized."""
+
+    def __init__(self, tokenizer: Any, max_tokens: int = DEFAULT_MAX_PROMPT_TOKENS) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = len(tokenizer)
+        self.max_tokens = max_tokens
 
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+    def encode(self, text: str, field: str = "prompt") -> list[int]:
+        return encode_within(self.tokenizer, text, self.max_tokens, field)
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=False))
@@ -48,7 +55,7 @@ class PromptRenderer:
             messages, tools=tools, add_generation_prompt=True, tokenize=False
         )
         primer = tool_primer(body) if body.uses_tools else ""
-        return RenderedPrompt(ids=self.encode(str(text) + primer), primer=primer)
+        return RenderedPrompt(ids=self.encode(str(text) + primer, "messages"), primer=primer)
 
     def completion(self, body: CompletionRequest) -> RenderedPrompt:
         prompts = body.prompts()
@@ -60,6 +67,10 @@ class PromptRenderer:
         ids = list(prompt) if isinstance(prompt, list) else self.encode(prompt)
         if not ids:
             raise UnsupportedRequestError("prompt", "is empty; send at least one token")
+        if len(ids) > self.max_tokens:  # the server would refuse it too, after receiving it all
+            raise UnsupportedRequestError(
+                "prompt", f"has {len(ids)} tokens, more than the context length {self.max_tokens}"
+            )
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
             raise UnsupportedRequestError(

@@ -18,7 +18,8 @@ from stacx.rollout.proxy.app import AgentProxy
 from stacx.rollout.proxy.errors import ProxyConfigError, ProxyError
 from stacx.rollout.proxy.metrics import ProxyMetrics
 from stacx.rollout.proxy.recorder import EventRecorder
-from stacx.rollout.proxy.render import PromptRenderer
+from stacx.rollout.proxy.render import DEFAULT_MAX_PROMPT_TOKENS, PromptRenderer
+from stacx.schemas.http_limits import uvicorn_options
 
 __all__ = ["ProxyServer", "upstream_model_info"]
 
@@ -67,6 +68,10 @@ class ProxyServer:
         producer: dict[str, Any] = field(default_factory=dict)
         """Extra `EventProducer.Config` fields (e.g. delivery_timeout_ms)."""
 
+        def __post_init__(self) -> None:
+            if not 0 <= self.port <= 65535:
+                raise ProxyConfigError(f"port = {self.port}; use 0..65535")
+
     def __init__(self, config: Config, publisher: Publisher | None = None, tokenizer: Any = None) -> None:
         self.config = config
         proxy_cfg = config.proxy
@@ -80,9 +85,9 @@ class ProxyServer:
         name = proxy_cfg.served_model_name or str(info.get("served_model_name") or "model")
         self.publisher = publisher if publisher is not None else self._producer()
         self.recorder = EventRecorder(proxy_cfg.recorder, self.publisher, ProxyMetrics())
-        self.proxy = AgentProxy(
-            proxy_cfg, renderer=PromptRenderer(tokenizer), recorder=self.recorder, served_model_name=name
-        )
+        context = int(info.get("max_context_length") or DEFAULT_MAX_PROMPT_TOKENS)
+        renderer = PromptRenderer(tokenizer, max_tokens=context)
+        self.proxy = AgentProxy(proxy_cfg, renderer=renderer, recorder=self.recorder, served_model_name=name)
         self._uvicorn: Any = None
         self._thread: threading.Thread | None = None
 
@@ -112,6 +117,7 @@ class ProxyServer:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=5,
+            **uvicorn_options(self.config.proxy.limits),
         )
         return uvicorn.Server(config)
 

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from stacx.sandbox.errors import BackendError, FileOperationFailed, SandboxFileNotFound
+from stacx.sandbox.errors import BackendError, FileOperationFailed, LimitExceeded, SandboxFileNotFound
 from stacx.sandbox.models import ExecResult
 from stacx.sandbox.protocols import HostCapacity
 
@@ -306,7 +306,10 @@ def downloaded(run: RawRun, what: str, path: str, max_bytes: int) -> bytes:
     output cut at `max_bytes` is an error, never a silently short file."""
     check_helper(run, what, path)
     if run.stdout.truncated:
-        raise BackendError(f"{path} is larger than the download limit of {max_bytes} bytes")
+        raise LimitExceeded(  # a retry can never succeed: not a BackendError
+            f"{path} is larger than the download limit of {max_bytes} bytes "
+            "(sessions.max_file_bytes); compress or split it with an exec first"
+        )
     return run.stdout.data()
 
 

@@ -61,6 +61,8 @@ def test_join_worker_emits_rewarded_trajectories_and_dead_letters_late_feedback(
         worker.terminate()
         worker.wait(timeout=60)
     log_tail = (tmp_path / "join.log").read_text()[-3000:]
+    assert worker.returncode == 143, log_tail  # docs/operations.md: 128 + SIGTERM, and one line
+    assert "stacx oncall-join: stopped by SIGTERM" in log_tail
     assert len(joined) == 1, log_tail
     trajectory = joined[0].value
     assert isinstance(trajectory, Trajectory) and trajectory.reward == 1.0

@@ -120,7 +120,8 @@ async def test_token_ids_outside_the_models_vocabulary_are_dead_lettered() -> No
     (letter,) = forwarder.on(asm.config.dlq_topic)
     reason = decode(letter.value, DeadLetter).reason
     assert "token ids [263] are outside the vocabulary [0, 256)" in reason
-    assert forwarder.on(asm.config.groups_topic) == [] and asm.stats.undecodable == 1
+    assert forwarder.on(asm.config.groups_topic) == [] and asm.stats.invalid == 1
+    assert asm.stats.undecodable == 0  # it decoded: a vocabulary rejection is not "undecodable"
 
 
 async def test_tick_events_close_timed_out_groups() -> None:

@@ -167,3 +167,23 @@ def test_the_replay_reads_and_writes_with_its_codec_and_claim_checks_under_the_b
     ((_, value),) = ReplayAssembler(config, codec, batches_topic="unit.batches").assemble(records).batches
     claim = codec.decode(value)
     assert isinstance(claim, ClaimCheck) and claim.uri.startswith(tmp_path.as_uri() + "/unit.batches/")
+
+
+def test_a_learner_feed_without_partitions_has_no_lag_yet() -> None:
+    """`lag()` said 0 for a member the group had not given a partition yet."""
+    from stacx.consumers.learner_feed import LearnerFeed
+
+    class Source:
+        assigned: list[tuple[str, int]] = []
+
+        def assignment(self) -> list[tuple[str, int]]:
+            return self.assigned
+
+        def total_lag(self) -> int:
+            return 0
+
+    source = Source()
+    feed = LearnerFeed(LearnerFeed.Config(group_id="g"), source=source)  # type: ignore[arg-type]
+    assert feed.lag() is None
+    source.assigned = [("t", 0)]
+    assert feed.lag() == 0

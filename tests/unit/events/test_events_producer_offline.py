@@ -647,3 +647,43 @@ def test_schemas_are_registered_in_the_configured_catalogue_before_their_first_e
     assert catalogue.config.bootstrap_servers == "127.0.0.1:2" and catalogue.config.topic == "unit.schemas"
     assert catalogue.registered == ["stacx.Trajectory"]  # once, before the first event
     assert catalogue.closed and len(client.produced) == 2
+
+
+def test_a_delivery_report_for_a_cancelled_future_is_dropped_quietly() -> None:
+    """A stopping command cancels what it waited for; the broker's late answer must not raise
+    InvalidStateError in the poll thread (two tracebacks at every stop while Kafka was gone)."""
+    from concurrent.futures import Future
+
+    from stacx.producers.event_producer import _on_delivery
+
+    message = SimpleNamespace(
+        topic=lambda: "t", partition=lambda: 0, offset=lambda: 1, timestamp=lambda: (1, 5)
+    )
+    for err in (confluent_kafka.KafkaError(confluent_kafka.KafkaError._MSG_TIMED_OUT), None):
+        future: Future[Delivery] = Future()
+        future.cancel()
+        _on_delivery(future, "rid", err, message)
+        assert future.cancelled()
+
+
+def test_a_rollout_publisher_stops_in_bounded_time_while_kafka_is_away(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`stacx rollout` stopped with the broker gone waited 81 s (the delivery timeout) on close."""
+    import asyncio
+    import time
+
+    from stacx.rollout import adapters
+
+    monkeypatch.setattr(adapters, "CLOSE_TIMEOUT_S", 0.5)
+    publisher = adapters.KafkaTrajectoryPublisher(offline_producer(delivery_timeout_ms=600_000), topic="t")
+
+    async def publish_then_stop() -> None:
+        waiter = asyncio.ensure_future(publisher.publish(trajectory(5)))
+        await asyncio.sleep(0.1)
+        waiter.cancel()  # what a SIGTERM does to the episode waiting for its acknowledgement
+        await publisher.close()
+
+    started = time.monotonic()
+    asyncio.run(publish_then_stop())
+    assert time.monotonic() - started < 10

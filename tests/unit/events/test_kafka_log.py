@@ -52,7 +52,8 @@ def test_the_product_clients_log_through_the_filtered_logger() -> None:
     assert kafka_logger() is logger and sum(isinstance(f, RepeatFilter) for f in logger.filters) == 1
     producer = EventProducer._librdkafka_config(EventProducer.Config(bootstrap_servers="127.0.0.1:9"))
     consumer = EventConsumer._librdkafka_config(
-        EventConsumer.Config(bootstrap_servers="127.0.0.1:9", group_id="g", topics=["t"]))
+        EventConsumer.Config(bootstrap_servers="127.0.0.1:9", group_id="g", topics=["t"])
+    )
     assert producer["logger"] is logger and consumer["logger"] is logger
 
 
@@ -70,8 +71,13 @@ def test_a_client_whose_broker_is_away_logs_one_refused_line_not_one_per_attempt
     monkeypatch.setattr(logging.getLogger(KAFKA_LOGGER), "filters", [repeat])
     assert kafka_logger().filters == [repeat]
     held_before = repeat.held_back
-    consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{port}", "group.id": "stacx-test-kafka-log",
-                         "logger": kafka_logger()})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": f"127.0.0.1:{port}",
+            "group.id": "stacx-test-kafka-log",
+            "logger": kafka_logger(),
+        }
+    )
     try:
         consumer.subscribe(["stacx-test-kafka-log"])
         caplog.set_level(logging.DEBUG, logger=KAFKA_LOGGER)
@@ -83,3 +89,22 @@ def test_a_client_whose_broker_is_away_logs_one_refused_line_not_one_per_attempt
     refused = [r for r in caplog.records if r.name == KAFKA_LOGGER and "Connection refused" in r.getMessage()]
     assert len(refused) == 1, [r.getMessage() for r in refused]
     assert repeat.held_back - held_before >= 5  # librdkafka did try again and again
+
+
+def test_aiokafka_lines_of_an_outage_are_held_back_like_librdkafkas(caplog: pytest.LogCaptureFixture) -> None:
+    """Faust's aiokafka logs an ERROR per failed attempt (~100/s from an assembler during an
+    outage); after `limit_library_logs` the lines alike pass once per interval."""
+    import aiokafka.conn  # noqa: F401  (its loggers exist once it is imported)
+
+    from stacx.producers.kafka_log import limit_library_logs
+
+    shared = limit_library_logs()
+    before = shared.held_back
+    logger = logging.getLogger("aiokafka.conn")
+    with caplog.at_level(logging.ERROR, logger="aiokafka"):
+        for attempt in range(100):
+            logger.error(
+                "Unable to connect to node with id %d: [Errno 111] Connect call failed (%d)", 1, attempt
+            )
+    passed = [r for r in caplog.records if r.name == "aiokafka.conn"]
+    assert len(passed) <= 1 and shared.held_back - before >= 99

@@ -222,6 +222,8 @@ def test_a_server_waiting_for_weights_is_not_ready_until_they_are_current(tiny_m
         for path in ("/health", "/health_generate"):
             waiting = httpx.get(f"{srv.base_url}{path}", timeout=30)
             assert waiting.status_code == 503 and waiting.json()["status"] == "starting", path
+        early = httpx.post(f"{srv.base_url}/generate", json={"input_ids": [1, 2]}, timeout=30)
+        assert early.status_code == 503 and early.headers["retry-after"] == "1", early.text
         srv.mark_weights_current()
         assert httpx.get(f"{srv.base_url}/health", timeout=30).json() == {"status": "ok"}
         assert httpx.get(f"{srv.base_url}/health_generate", timeout=60).status_code == 200

@@ -282,3 +282,22 @@ def test_run_preflight_names_a_missing_dead_letter_or_tasks_topic(monkeypatch: p
         "the topic stacx.dql (assembler.dlq_topic) on k:9092: check the name, or create it "
         "(`stacx infra up` creates the standard topics)",
     ]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["proxy", "--port", "70000", "--upstream", "http://127.0.0.1:9"],
+        ["gateway", "--port", "70000", "--backend", "process"],
+        ["serve", "--port", "70000", "--model", "/nonexistent"],
+    ],
+    ids=["proxy", "gateway", "serve"],
+)
+def test_a_port_out_of_range_is_one_line_before_anything_starts(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The gateway died on it with a bind() traceback, the proxy waited a minute for its upstream."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert exit_info.value.code == 2 and len(lines) == 1 and "70000" in lines[0], lines

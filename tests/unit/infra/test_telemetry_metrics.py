@@ -52,3 +52,43 @@ def test_the_pipeline_section_gives_each_service_its_own_scrape_port() -> None:
     )
     assert MetricsConfig.from_env(third).port == 9602
     assert not TracingConfig.from_env(third).enabled  # metrics alone do not turn tracing on
+
+
+
+_RECORD_DURATIONS = """
+import json
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+reader = InMemoryMetricReader()
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+import stacx.consumers.weights as weights
+import stacx.trainer.engine as engine
+
+weights._SWAP_SECONDS.record(0.3)
+engine._STEP_SECONDS.record(4.0)
+data = reader.get_metrics_data()
+print(json.dumps({m.name: list(m.data.data_points[0].explicit_bounds)
+                  for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}))
+"""
+
+
+def test_histograms_in_seconds_have_bucket_bounds_in_seconds() -> None:
+    """The SDK's default bounds (0 .. 10,000) are for milliseconds: a 0.3 s swap and a 4 s step
+    would share a bucket. Each second-valued histogram advises `SECONDS_BUCKETS` (a process of its
+    own: the meter provider can be set once per process)."""
+    import json
+    import subprocess
+    import sys
+
+    from stacx.producers.tracing import SECONDS_BUCKETS
+
+    argv = [sys.executable, "-c", _RECORD_DURATIONS]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    bounds = json.loads(done.stdout.strip().splitlines()[-1])
+    assert bounds == {
+        "stacx.weights.swap_duration": list(SECONDS_BUCKETS),
+        "stacx.trainer.step_duration": list(SECONDS_BUCKETS),
+    }

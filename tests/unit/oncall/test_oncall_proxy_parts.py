@@ -10,8 +10,11 @@ from typing import Any
 import pytest
 
 from stacx.producers import InMemoryPublisher
+from stacx.producers.errors import DeliveryError
 from stacx.rollout.proxy import EventRecorder, ProxyConfigError, SessionRouter
-from stacx.schemas.records import Feedback
+from stacx.rollout.proxy.recorder import is_permanent
+from stacx.schemas.errors import RecordValidationError
+from stacx.schemas.records import DeadLetter, Feedback
 
 
 class StuckPublisher:
@@ -130,3 +133,46 @@ def _wait(condition: Any, timeout_s: float = 60.0) -> None:
             return
         done.wait(0.01)
     raise AssertionError(f"condition not reached in {timeout_s:.0f} s")
+
+
+def test_a_poison_event_is_dead_lettered_and_the_events_behind_it_flow() -> None:
+    """One NaN reward (refused by the publisher's validation, as EventProducer refuses it) must not
+    hold back the good events queued after it: it goes to the DLQ with the reason."""
+    publisher = InMemoryPublisher()
+    recorder = EventRecorder(EventRecorder.Config(retry_backoff_s=0.0), publisher)
+    recorder.record("fb", Feedback(session_id="bad", reward=float("nan")))
+    for i in range(3):
+        recorder.record("fb", _fb(i))
+    assert recorder.flush(5.0)
+    assert [r.session_id for r in publisher.records("fb")] == ["s0", "s1", "s2"]  # type: ignore[attr-defined]
+    [letter] = publisher.records("stacx.dlq")
+    assert isinstance(letter, DeadLetter) and letter.source_topic == "fb" and letter.key == b"bad"
+    assert "reward" in letter.reason and letter.error_type == "RecordValidationError"
+    assert recorder.metrics.snapshot()["events_dead_lettered_total"] == 1
+    assert recorder.problem() is None
+    recorder.close(1.0)
+
+
+def test_a_retrying_event_makes_the_recorder_report_a_problem_until_delivered() -> None:
+    publisher = StuckPublisher()
+    recorder = EventRecorder(EventRecorder.Config(retry_backoff_s=30.0), publisher)
+    recorder.record("t", _fb(0))
+    _wait(lambda: len(publisher.futures) == 1)
+    assert recorder.problem() is None
+    publisher.fail_all()
+    _wait(lambda: recorder.problem() is not None)
+    assert "1 events waiting for a retry" in str(recorder.problem())
+    recorder.close(0.1)
+
+
+@pytest.mark.parametrize(
+    ("exc", "permanent"),
+    [
+        (RecordValidationError("Feedback", ["reward is nan"]), True),
+        (ValueError("cannot encode"), True),
+        (DeliveryError("t", "r", "Local: Message timed out"), False),
+        (RuntimeError("schema catalogue unreachable"), False),
+    ],
+)
+def test_only_failures_of_the_record_itself_are_permanent(exc: Exception, permanent: bool) -> None:
+    assert is_permanent(exc) is permanent

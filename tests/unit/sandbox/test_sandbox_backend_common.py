@@ -24,7 +24,7 @@ from stacx.sandbox.backends._common import (
     to_result,
     tracked_exec_argv,
 )
-from stacx.sandbox.errors import BackendError, FileOperationFailed, SandboxFileNotFound
+from stacx.sandbox.errors import BackendError, FileOperationFailed, LimitExceeded, SandboxFileNotFound
 
 
 def test_exec_argv_kills_the_process_group_at_the_timeout() -> None:
@@ -205,5 +205,7 @@ def test_a_helper_that_could_not_run_is_the_backends_error() -> None:
 
 
 def test_downloaded_over_the_limit_is_an_error_not_a_short_file() -> None:
-    with pytest.raises(BackendError, match="download limit of 10 bytes"):
+    """Too large is permanent (a retry reads the same file): not a retriable BackendError."""
+    with pytest.raises(LimitExceeded, match="download limit of 10 bytes") as caught:
         downloaded(_read_run(0, b"x" * 11), "file", "big.bin", 10)
+    assert not caught.value.retriable
