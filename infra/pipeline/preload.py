@@ -42,7 +42,9 @@ if TYPE_CHECKING:
 __all__ = ["FORKED_COMMANDS", "PRELOAD_MODULES", "ForkedProcess", "PreloadError", "Preloader", "forkable",
            "model_modules"]
 
-PRELOAD_MODULES = ("torch", "transformers", "stacx.infra.cli", "stacx.rollout.inference.server", "stacx.trainer")
+PRELOAD_MODULES = (
+    "torch", "transformers", "stacx.infra.cli", "stacx.rollout.inference.server", "stacx.trainer",
+)
 """Imported once by the preloader; `trainer` imports the FSDP2 engine's modules."""
 ENTRY = "stacx.infra.cli:main"
 """What a forked child runs with the request's arguments: the `stacx` command line."""

@@ -195,6 +195,7 @@ def test_rows_the_harness_cannot_grade_are_skipped_with_one_line_each() -> None:
 def test_a_config_may_name_its_own_verifier_for_the_suite() -> None:
     suite = build_suite("swe-bench-verified")
     own = {"swe-bench-verified": {"scaffold": "terminal", "verifier": "my_pkg.grading:verify"}}
-    assert _evaluators(own, suite, None, 2, suite.reward)["swe-bench-verified"]["verifier"] == "my_pkg.grading:verify"
+    chosen = _evaluators(own, suite, None, 2, suite.reward)["swe-bench-verified"]
+    assert chosen["verifier"] == "my_pkg.grading:verify"
     default = {"default": {"scaffold": "terminal", "verifier": "harbor"}}
     assert _evaluators(default, suite, None, 2, suite.reward)["swe-bench-verified"]["verifier"] == "swebench"
