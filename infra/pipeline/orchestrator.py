@@ -65,7 +65,7 @@ from stacx.infra.pipeline.tasks import (
     task_order,
     write_tasks,
 )
-from stacx.infra.pipeline.tracking import start_tracking
+from stacx.infra.pipeline.tracking import TRACKING_DIR, start_tracking
 from stacx.infra.pipeline.view import render, status_line
 from stacx.infra.tracking import TrackingFeed
 
@@ -191,8 +191,10 @@ class Pipeline:
 
     def _prepare_run_dir(self) -> None:
         root = self.layout.root
-        if root.exists():
-            shutil.rmtree(root)  # a run name is reused: the new run replaces the old one
+        if root.exists():  # a run name is reused: the new run replaces the old one's files,
+            for path in root.iterdir():  # but not its tracker data (each run is its own there)
+                if path.name != TRACKING_DIR:
+                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
         for d in (self.layout.config_dir, self.layout.logs_dir):
             d.mkdir(parents=True, exist_ok=True)
         self._file_logging()
@@ -615,9 +617,13 @@ class Pipeline:
         )
 
     def _finish_tracking(self, error: BaseException | None) -> None:
-        """A finished run's trackers get every figure of its topics; an interrupted one's what was read."""
-        if self.tracking is not None:
-            self.tracking.finish(drain=not isinstance(error, KeyboardInterrupt | SystemExit))
+        """A finished run's trackers get every figure of its topics; an interrupted one's what was
+        read; each tracker marks the run finished, failed or killed (Ctrl-C, SIGTERM)."""
+        if self.tracking is None:
+            return
+        stopped = isinstance(error, KeyboardInterrupt | SystemExit)
+        outcome = "finished" if error is None else "killed" if stopped else "failed"
+        self.tracking.finish(drain=not stopped, outcome=outcome)
 
     def _tracking_locations(self) -> dict[str, str]:
         """Each tracker's folder (for the report)."""

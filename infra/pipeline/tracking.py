@@ -12,7 +12,11 @@ from stacx.infra.pipeline.layout import RunLayout
 from stacx.infra.tracking import MetricsEndpoint, RunFigures, TrackingError, TrackingFeed, open_trackers
 from stacx.infra.tracking.figures import Keeps
 
-__all__ = ["start_tracking", "tracking_group"]
+__all__ = ["TRACKING_DIR", "start_tracking", "tracking_group"]
+
+TRACKING_DIR = "tracking"
+"""The trackers' folder in `runs/<name>/`: kept when the name runs again (each run is its own
+run in every tracker), unlike the rest of the folder."""
 
 
 def tracking_group(run_id: str) -> str:
@@ -35,7 +39,7 @@ def start_tracking(
     if tracking is None or not tracking.trackers:
         return None
     try:
-        root = layout.root / "tracking"
+        root = layout.root / TRACKING_DIR
         trackers = open_trackers(tracking, name=layout.name, run_id=layout.run_id, root=root)
     except TrackingError as exc:
         raise PipelineError(f"{spec.source}: pipeline.{exc}") from exc
@@ -50,6 +54,7 @@ def start_tracking(
         topics=[layout.topics.trajectories, layout.topics.batches, layout.topics.weights],
         group_id=tracking_group(layout.run_id),
         model_name=layout.model_name,
+        summary_min_episodes=tracking.summary_min_episodes,
         endpoints=[
             MetricsEndpoint("inference", f"{inference_url}/metrics"),
             MetricsEndpoint("gateway", f"{gateway_url}/metrics", {"Authorization": f"Bearer {token}"}),

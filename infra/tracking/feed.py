@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stacx.infra.tracking.figures import Point, RunFigures
+from stacx.infra.tracking.protocols import Outcome
 from stacx.infra.tracking.scrape import MetricsEndpoint, ScrapeRates
 from stacx.infra.tracking.trackers import TrackerSet
 from stacx.schemas.records import TrainingBatch, Trajectory, WeightVersion
@@ -22,6 +23,14 @@ log = logging.getLogger(__name__)
 
 TABLE_NAME = "trajectories"
 COMMIT_EVERY_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Published:
+    """A weight version and its Kafka timestamp."""
+
+    weights: WeightVersion
+    timestamp_ms: int
 
 
 class TrackingFeed:
@@ -41,6 +50,8 @@ class TrackingFeed:
         """Scraped at each new version."""
         drain_timeout_s: float = 60.0
         """At the end, how long to read on until the topics are consumed to their end."""
+        summary_min_episodes: int | None = None
+        """`TrackingConfig.summary_min_episodes`."""
 
     def __init__(
         self,
@@ -58,9 +69,10 @@ class TrackingFeed:
         self._queued: queue.SimpleQueue[tuple[int, dict[str, float]]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._drain = True
+        self._outcome: Outcome = "finished"
         self._thread = threading.Thread(target=self._run, name="stacx-tracking", daemon=True)
         self._last_commit = time.monotonic()
-        self._held: list[tuple[WeightVersion, dict[tuple[str, int], int] | None]] = []
+        self._held: list[tuple[_Published, dict[tuple[str, int], int] | None]] = []
         """Weight versions read but not yet settled: each waits until the other topics are read up
         to where they stood when it was read (one consumer reads its topics in no set order)."""
 
@@ -72,9 +84,13 @@ class TrackingFeed:
         """Figures from outside the topics (held-out evaluations); any thread."""
         self._queued.put((step, dict(metrics)))
 
-    def finish(self, *, drain: bool = True, timeout_s: float | None = None) -> None:
-        """Read the topics to their end (with `drain`), log what is left, finish the trackers."""
+    def finish(
+        self, *, drain: bool = True, outcome: Outcome = "finished", timeout_s: float | None = None
+    ) -> None:
+        """Read the topics to their end (with `drain`), log what is left, finish the trackers with
+        the run's `outcome`."""
         self._drain = drain
+        self._outcome = outcome
         self._stop.set()
         limit = self.config.drain_timeout_s + 60.0 if timeout_s is None else timeout_s
         self._thread.join(timeout=limit)
@@ -99,18 +115,21 @@ class TrackingFeed:
             self._settle_held()
             self._emit(self.figures.flush())
             self._log_queued()
-            if self.figures.num_late:
-                log.warning(
+            summary = self.figures.summary(self.config.summary_min_episodes)
+            if summary is not None:
+                self.trackers.log_summary(summary.step, summary.metrics)
+            if self.figures.num_revised:
+                log.info(
                     "tracking: %d episode(s) arrived after their version's rollout figures were "
-                    "logged (raise tracking.settle_versions to wait longer)",
-                    self.figures.num_late,
+                    "first logged; those versions were logged again with them",
+                    self.figures.num_revised,
                 )
         except Exception as exc:  # a tracker must never stop the run: say so, finish what we have
             log.error("tracking: the feed stopped: %s: %s", type(exc).__name__, exc)
         finally:
             if consumer is not None:
                 self._close(consumer)
-            self.trackers.finish()
+            self.trackers.finish(self._outcome)
 
     def _consumer(self) -> Any:
         from stacx.consumers import EventConsumer
@@ -137,20 +156,21 @@ class TrackingFeed:
             self._stop.wait(1.0)
             return 0
         for event in events:
-            self._dispatch(event.value)
+            self._dispatch(event.value, event.timestamp_ms)
         if time.monotonic() - self._last_commit >= COMMIT_EVERY_S:
             self._commit(consumer)
         return len(events)
 
-    def _dispatch(self, value: Any) -> None:
+    def _dispatch(self, value: Any, timestamp_ms: int) -> None:
         if getattr(value, "model_name", self.config.model_name) != self.config.model_name:
             return
         if isinstance(value, Trajectory):
-            self.figures.observe_trajectory(value)
+            self.figures.observe_trajectory(value, timestamp_ms)
         elif isinstance(value, TrainingBatch):
             self.figures.observe_batch(value)
         elif isinstance(value, WeightVersion):
-            self._held.append((value, None))
+            self.figures.note_published(value.version, timestamp_ms)
+            self._held.append((_Published(value, timestamp_ms), None))
 
     def _release_held(self, consumer: Any) -> None:
         """Settle the held versions whose run topics have been read as far as they stood when the
@@ -175,10 +195,10 @@ class TrackingFeed:
         while self._held:
             self._settle(self._held.pop(0)[0])
 
-    def _settle(self, weights: WeightVersion) -> None:
-        points = self.figures.observe_weights(weights)
+    def _settle(self, published: _Published) -> None:
+        points = self.figures.observe_weights(published.weights, published.timestamp_ms)
         if points:
-            self.trackers.log_metrics(weights.version, self._scrape())
+            self.trackers.log_metrics(published.weights.version, self._scrape())
         self._emit(points)
 
     def _emit(self, points: list[Point]) -> None:

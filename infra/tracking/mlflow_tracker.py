@@ -8,15 +8,17 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from stacx.infra.tracking.protocols import Table, TrackedRun
+from stacx.infra.tracking.protocols import Outcome, Table, TrackedRun
 from stacx.infra.tracking.requirements import Requirement
 
-__all__ = ["MlflowTracker", "flatten"]
+__all__ = ["STATUSES", "MlflowTracker", "flatten"]
 
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_PER_BATCH = 100
 MAX_PARAM_CHARS = 6000
 """MLflow's limits on one `log_batch` call and on a parameter value."""
+STATUSES: dict[str, str] = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
+"""MLflow's run status per outcome."""
 
 T = TypeVar("T")
 
@@ -67,8 +69,16 @@ class MlflowTracker:
         data = {"columns": list(table.columns), "data": [list(row) for row in table.rows]}
         self._client.log_dict(self.run_id, data, f"{name}/v{step:06d}.json")
 
-    def finish(self) -> None:
-        self._client.set_terminated(self.run_id)
+    def log_summary(self, step: int, metrics: Mapping[str, float]) -> None:
+        """MLflow shows a metric's value at its highest step: the summary goes to tags."""
+        from mlflow.entities import RunTag
+
+        tags = [RunTag(f"summary.{k}", repr(float(v))) for k, v in metrics.items()]
+        for chunk in _chunks([*tags, RunTag("summary.version", str(step))], MAX_PARAMS_PER_BATCH):
+            self._client.log_batch(self.run_id, tags=chunk)
+
+    def finish(self, outcome: Outcome = "finished") -> None:
+        self._client.set_terminated(self.run_id, status=STATUSES[outcome])
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, str]:

@@ -43,7 +43,7 @@ def test_tensorboard_event_files_hold_each_series_by_version(tmp_path: Path) -> 
     run = _run(tmp_path, "tensorboard")
     _feed(build_tracker("tensorboard", {"flush_secs": 1}, run))
 
-    events = EventAccumulator(str(run.dir))
+    events = EventAccumulator(str(run.dir / run.run_id))  # each run its own subfolder
     events.Reload()
     series = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
     assert series == {
@@ -118,7 +118,7 @@ def test_mlflow_store_under_the_run_holds_each_series_by_version(tmp_path: Path)
 
     assert series("trainer/loss") == [(1, 0.5), (2, 0.25)]
     assert series("rollout/reward_mean") == [(0, 0.125), (1, 0.375)]
-    assert found.data.params["stacx.trainer.recipe"] == "grpo" and found.data.params["pipeline.steps"] == "3"
+    assert found.data.params["trainer.recipe"] == "grpo" and found.data.params["pipeline.steps"] == "3"
     local = client.download_artifacts(found.info.run_id, "trajectories/v000000.json", str(tmp_path / "dl"))
     assert json.loads(Path(local).read_text()) == {
         "columns": ["task_id", "reward", "answer"],
