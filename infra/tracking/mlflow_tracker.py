@@ -42,6 +42,9 @@ class MlflowTracker:
         self._client = MlflowClient(tracking_uri=self.tracking_uri)
         experiment_id = self._experiment(experiment or run.name, root / "artifacts")
         self.run_id: str = self._client.create_run(experiment_id, run_name=run.run_id).info.run_id
+        self._last_ms = 0
+        """Each call's timestamp is later than the previous one's: a version's revised row is the
+        latest value at its step."""
 
     def _experiment(self, name: str, artifacts: Path) -> str:
         found = self._client.get_experiment_by_name(name)
@@ -60,7 +63,7 @@ class MlflowTracker:
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         from mlflow.entities import Metric
 
-        now_ms = int(time.time() * 1000)
+        now_ms = self._last_ms = max(int(time.time() * 1000), self._last_ms + 1)
         entries = [Metric(k, float(v), now_ms, step) for k, v in metrics.items()]
         for chunk in _chunks(entries, MAX_METRICS_PER_BATCH):
             self._client.log_batch(self.run_id, metrics=chunk)

@@ -139,7 +139,7 @@ def test_every_tracker_holds_the_runs_reward_and_loss_series(
     assert 0 in expected["rollout/reward_mean"]
 
     for name, tracked in {
-        "tensorboard": _tensorboard(root / "tensorboard"),  # float32 event values
+        "tensorboard": _tensorboard(root / "tensorboard" / report["run_id"]),  # float32 event values
         "wandb": _wandb(root / "wandb"),
         "mlflow": _mlflow(root / "mlflow", report["run_id"]),
     }.items():
