@@ -523,19 +523,28 @@ class Pipeline:
             )
         )
         log.info(
-            "held-out success %.3f, tool-use %.3f at v%d (%d episodes, %.1fs)",
+            "held-out success %.3f, tool-use %.3f at v%d-v%d (%d episodes, %.1fs)",
             result.success,
             result.tool_rate,
             result.version,
+            result.last_version,
             result.num_episodes,
             result.wall_s,
         )
         self._log_eval(result)
 
     def _log_eval(self, result: EvalResult) -> None:
+        """At the oldest version the evaluation used, with the newest beside it (the server may
+        swap weights while it runs)."""
         if self.tracking is not None:
-            figures = {"eval/success": result.success, "eval/tool_rate": result.tool_rate}
-            self.tracking.log(result.version, {**figures, "eval/episodes": float(result.num_episodes)})
+            figures = {
+                "eval/success": result.success,
+                "eval/tool_rate": result.tool_rate,
+                "eval/episodes": float(result.num_episodes),
+                "eval/version_first": float(result.version),
+                "eval/version_last": float(result.last_version),
+            }
+            self.tracking.log(result.version, figures)
 
     def _maybe_evaluate(self, last_version: int) -> int:
         every = self.cfg.evaluation.every_versions if self.heldout_rows else 0
@@ -614,7 +623,13 @@ class Pipeline:
             inference_url=self.inference_url,
             gateway_url=self.gateway_url,
             token=self._token,
+            service_pids=self._service_pids,
         )
+
+    def _service_pids(self) -> dict[str, int]:
+        """The services running now, by name (memory per service in the trackers)."""
+        pids = {name: service.pid for name, service in list(self.services.items())}
+        return {name: pid for name, pid in pids.items() if pid is not None}
 
     def _finish_tracking(self, error: BaseException | None) -> None:
         """A finished run's trackers get every figure of its topics; an interrupted one's what was

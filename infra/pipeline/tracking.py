@@ -3,6 +3,7 @@ thread of the orchestrator from the run's topics and the servers' metrics (stacx
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -32,6 +33,7 @@ def start_tracking(
     inference_url: str,
     gateway_url: str,
     token: str,
+    service_pids: Callable[[], Mapping[str, int]] | None = None,
 ) -> TrackingFeed | None:
     """The started feed of the run's trackers (None: no `pipeline.tracking`); `PipelineError`
     with one line when a tracker cannot be built."""
@@ -60,7 +62,8 @@ def start_tracking(
             MetricsEndpoint("gateway", f"{gateway_url}/metrics", {"Authorization": f"Bearer {token}"}),
         ],
     )
-    return TrackingFeed(config, trackers, figures, run_config=run_config(spec, layout)).start()
+    settings = run_config(spec, layout)
+    return TrackingFeed(config, trackers, figures, run_config=settings, service_pids=service_pids).start()
 
 
 def run_config(spec: PipelineSpec, layout: RunLayout) -> dict[str, Any]:

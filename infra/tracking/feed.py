@@ -7,11 +7,12 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from stacx.infra.tracking.figures import Point, RunFigures
+from stacx.infra.tracking.memory import service_memory
 from stacx.infra.tracking.protocols import Outcome
 from stacx.infra.tracking.scrape import MetricsEndpoint, ScrapeRates
 from stacx.infra.tracking.trackers import TrackerSet
@@ -60,8 +61,11 @@ class TrackingFeed:
         figures: RunFigures,
         *,
         run_config: Mapping[str, Any] | None = None,
+        service_pids: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
+        """`service_pids`: the run's services by name and process id now (memory per service)."""
         self.config = config
+        self._service_pids = service_pids
         self.trackers = trackers
         self.figures = figures
         self._run_config = run_config
@@ -198,7 +202,7 @@ class TrackingFeed:
     def _settle(self, published: _Published) -> None:
         points = self.figures.observe_weights(published.weights, published.timestamp_ms)
         if points:
-            self.trackers.log_metrics(published.weights.version, self._scrape())
+            self.trackers.log_metrics(published.weights.version, {**self._scrape(), **self._memory()})
         self._emit(points)
 
     def _emit(self, points: list[Point]) -> None:
@@ -214,6 +218,15 @@ class TrackingFeed:
             except queue.Empty:
                 return
             self.trackers.log_metrics(step, metrics)
+
+    def _memory(self) -> dict[str, float]:
+        if self._service_pids is None:
+            return {}
+        try:
+            return service_memory(self._service_pids())
+        except Exception as exc:  # an observer's figure: never stop the feed for it
+            log.debug("tracking: memory of the services: %s", exc)
+            return {}
 
     def _scrape(self) -> dict[str, float]:
         import httpx
