@@ -11,7 +11,7 @@ from typing import Any
 
 from stacx.schemas.records import TaskSample, Trajectory
 
-__all__ = ["EvalResult", "evaluate_heldout", "run_evaluation", "versions_used"]
+__all__ = ["EvalResult", "eval_figures", "evaluate_heldout", "run_evaluation", "versions_used"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -56,6 +56,17 @@ def _eval_config(rollout_section: dict[str, Any], *, heldout_path: str, samples:
     section["progress"] = False
     section["num_groups"] = None
     return build(RolloutConfig, section, where="pipeline evaluation: rollout")
+
+
+def eval_figures(result: EvalResult) -> dict[str, float]:
+    """`eval/*` figures of one evaluation, for the trackers (logged at `result.version`)."""
+    return {
+        "eval/success": result.success,
+        "eval/tool_rate": result.tool_rate,
+        "eval/episodes": float(result.num_episodes),
+        "eval/version_first": float(result.version),
+        "eval/version_last": float(result.last_version),
+    }
 
 
 def versions_used(trajectories: list[Trajectory], default: int) -> tuple[int, int]:

@@ -38,7 +38,7 @@ from stacx.infra.config import build, resolve_path
 from stacx.infra.pipeline import preflight
 from stacx.infra.pipeline.config import PipelineSpec
 from stacx.infra.pipeline.errors import PipelineError, ServiceError, StallError
-from stacx.infra.pipeline.evaluation import EvalResult, run_evaluation
+from stacx.infra.pipeline.evaluation import EvalResult, eval_figures, run_evaluation
 from stacx.infra.pipeline.layout import (
     RunLayout,
     gateway_backend,
@@ -537,14 +537,7 @@ class Pipeline:
         """At the oldest version the evaluation used, with the newest beside it (the server may
         swap weights while it runs)."""
         if self.tracking is not None:
-            figures = {
-                "eval/success": result.success,
-                "eval/tool_rate": result.tool_rate,
-                "eval/episodes": float(result.num_episodes),
-                "eval/version_first": float(result.version),
-                "eval/version_last": float(result.last_version),
-            }
-            self.tracking.log(result.version, figures)
+            self.tracking.log(result.version, eval_figures(result))
 
     def _maybe_evaluate(self, last_version: int) -> int:
         every = self.cfg.evaluation.every_versions if self.heldout_rows else 0
