@@ -3,6 +3,7 @@ with timings and as a waterfall picture (what `stacx trace` prints and draws).""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ __all__ = [
     "TraceQueryError",
     "fetch_trace",
     "find_traces",
+    "follow_training",
     "render_tree",
     "render_waterfall",
 ]
@@ -79,6 +81,13 @@ class Trace:
             if span.parent_id in ids:
                 ids[span.parent_id].children.append(span)
         return Trace(trace_id=self.trace_id, spans=kept)
+
+    def subtree(self, root: Span) -> list[Span]:
+        """`root` and every span under it."""
+        out = [root]
+        for child in sorted(root.children, key=lambda s: s.start_us):
+            out += self.subtree(child)
+        return out
 
     def named(self, name: str) -> list[Span]:
         return [s for s in self.spans if s.name == name]
@@ -172,6 +181,39 @@ def find_traces(query_url: str, some_id: str, lookback: str = "24h", limit: int 
                 if data["traceID"] not in found:
                     found.append(data["traceID"])
     return found
+
+
+PACKED = "assembler.packed"
+"""The span in a trajectory's own trace that links to the batch that packed it."""
+BATCH = "assembler.batch"
+
+
+def follow_training(query_url: str, trace: Trace) -> Trace:
+    """`trace` continued to the training of its episode: where an `assembler.packed` span links to
+    a batch in another trace (every trajectory but the first of a batch), that batch span and all
+    under it (trainer step, weight publish, swaps) are fetched and hung under the packed span.
+    `trace` as it is when it already holds its batch, or its batch is not in the backend (yet)."""
+    if trace.named(BATCH):
+        return trace
+    for packed in trace.named(PACKED):
+        for trace_id, span_id in packed.links:
+            other = fetch_trace(query_url, trace_id)
+            batch = next((s for s in other.spans if s.span_id == span_id), None) if other else None
+            if other is not None and batch is not None:
+                return _joined(trace, other.subtree(batch), under=packed)
+    return trace
+
+
+def _joined(trace: Trace, spans: list[Span], *, under: Span) -> Trace:
+    """`trace` with `spans` (a subtree of another trace) hung under the span `under`."""
+    moved = [dataclasses.replace(s, children=[]) for s in spans]
+    moved[0].parent_id = under.span_id
+    everything = [dataclasses.replace(s, children=[]) for s in trace.spans] + moved
+    by_id = {s.span_id: s for s in everything}
+    for span in everything:
+        if span.parent_id in by_id:
+            by_id[span.parent_id].children.append(span)
+    return Trace(trace_id=trace.trace_id, spans=everything)
 
 
 def render_tree(trace: Trace) -> str:
