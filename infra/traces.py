@@ -4,6 +4,7 @@ with timings and as a waterfall picture (what `stacx trace` prints and draws).""
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import re
 from dataclasses import dataclass, field
@@ -13,6 +14,8 @@ from typing import Any
 import httpx
 
 __all__ = [
+    "FRAMEWORK_SPANS",
+    "TRACE_ID",
     "Span",
     "Trace",
     "TraceQueryError",
@@ -21,11 +24,14 @@ __all__ = [
     "follow_training",
     "render_tree",
     "render_waterfall",
+    "waterfall_svg",
 ]
 
 TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
 SEARCH_TAGS = ("stacx.trajectory_id", "stacx.batch_id", "stacx.record_id", "stacx.group_id", "stacx.task_id")
 """Span attributes an id given to `stacx trace` is looked up in."""
+FRAMEWORK_SPANS = ("fastapi.",)
+"""FastAPI's per-request internals (dependencies, endpoint, serialization): noise in a trace view."""
 
 
 class TraceQueryError(RuntimeError):
@@ -247,6 +253,30 @@ def render_tree(trace: Trace) -> str:
 def render_waterfall(trace: Trace, path: Path, max_spans: int = 60) -> Path:
     """A waterfall picture (PNG or SVG by the file's suffix): one bar per span, by service colour,
     indented by depth; links drawn as dotted lines to linked spans of the same trace."""
+    import matplotlib.pyplot as plt
+
+    fig = _waterfall(trace, max_spans)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def waterfall_svg(trace: Trace, max_spans: int = 60) -> str:
+    """The waterfall as an inline `<svg>` element (text kept as text, so it reads and searches)."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    buffer = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        fig = _waterfall(trace, max_spans)
+        fig.savefig(buffer, format="svg")
+    plt.close(fig)
+    text = buffer.getvalue()
+    return text[text.index("<svg") :]
+
+
+def _waterfall(trace: Trace, max_spans: int) -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -282,7 +312,4 @@ def render_waterfall(trace: Trace, path: Path, max_spans: int = 60) -> Path:
     handles = [plt.Rectangle((0, 0), 1, 1, color=colours[s]) for s in services]
     ax.legend(handles, services, fontsize=7, loc="upper right")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig

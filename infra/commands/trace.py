@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_QUERY_URL = "http://127.0.0.1:16686"
-FRAMEWORK_SPANS = ("fastapi.",)
-"""FastAPI's per-request internals (dependencies, endpoint, serialization): noise in a trace view."""
 
 
 def register(subparsers: Any) -> None:
@@ -44,6 +42,7 @@ def register(subparsers: Any) -> None:
 
 def _trace(args: argparse.Namespace) -> int:
     from stacx.infra.traces import (
+        FRAMEWORK_SPANS,
         TraceQueryError,
         fetch_trace,
         find_traces,

@@ -410,14 +410,12 @@ def _turns_html(fetched: Fetched, decode: Callable[[int], str] | None) -> str:
     return "".join(out)
 
 
-def trajectory_page(
-    run: RunEntry, fetched: Fetched, *, jaeger_url: str, decode: Callable[[int], str] | None
-) -> str:
+def trajectory_page(run: RunEntry, fetched: Fetched, *, decode: Callable[[int], str] | None) -> str:
     t = fetched.trajectory
     trained = int(t.loss_mask.sum()) if len(t.loss_mask) else 0
     trace = (
-        f'<a id="trace-link" href="{escape(jaeger_url.rstrip("/"))}/trace/{escape(fetched.trace_id)}">'
-        f"trace {escape(fetched.trace_id)}</a>"
+        f'<a id="trace-link" href="/traces/{escape(fetched.trace_id)}">'
+        f"trace {escape(fetched.trace_id)}</a> (the episode, and the step that trained it)"
         if fetched.trace_id
         else '<span class="muted">no trace context</span>'
     )

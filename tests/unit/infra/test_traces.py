@@ -156,3 +156,16 @@ def test_an_episode_trace_is_followed_through_its_packed_span_to_the_step_and_th
     text = render_tree(followed)
     assert "trainer.step" in text and "weights.swap" in text
     assert follow_training(url, followed) is followed  # it holds its batch already
+
+
+def test_the_views_trace_page_draws_the_followed_trace_and_escapes_span_text() -> None:
+    from stacx.infra.view.trace_page import trace_page
+
+    hostile = dict(TRACES[EPISODE])
+    hostile["spans"] = [*hostile["spans"], _raw(EPISODE, "e4", "<script>alert(1)</script>", 70, parent="e1")]
+    html = trace_page(EPISODE, parse_trace(hostile), query_url="http://127.0.0.1:16686", error=None)
+    assert html.count('<tr class="span"') == 4 and "<svg" in html
+    assert "<script>" not in html and "&lt;script&gt;" in html
+    assert 'id="training" class="muted"' in html  # not trained yet: no batch in this trace
+    missing = trace_page(EPISODE, None, query_url="http://127.0.0.1:16686", error=None)
+    assert 'id="no-trace"' in missing and 'http-equiv="refresh"' in missing

@@ -205,10 +205,10 @@ def test_turn_spans_cover_every_token_once_in_order() -> None:
 def test_the_trajectory_page_shows_each_token_once_coloured_by_its_loss_mask() -> None:
     t = _trajectory()
     fetched = Fetched(t, {"traceparent": b"00-" + b"ab" * 16 + b"-" + b"cd" * 8 + b"-01"}, 1, 7)
-    html = trajectory_page(_run(), fetched, jaeger_url="http://127.0.0.1:16686/", decode=None)
+    html = trajectory_page(_run(), fetched, decode=None)
     assert len(re.findall(r'class="tok trained"', html)) == int(t.loss_mask.sum()) == 5
     assert len(re.findall(r'class="tok masked"', html)) == len(t.token_ids) - 5
-    assert 'href="http://127.0.0.1:16686/trace/' + "ab" * 16 + '"' in html
+    assert 'href="/traces/' + "ab" * 16 + '"' in html  # the view's own trace page, not Jaeger's
     assert "<b>6*7</b>" not in html and "&lt;b&gt;6*7&lt;/b&gt;" in html  # the run's text is escaped
     assert re.search(r'sandbox exit code <span class="exit-fail">3</span>', html)
     assert "python" in html and "answered" in html
