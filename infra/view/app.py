@@ -225,6 +225,7 @@ def create_app(config: ViewConfig) -> FastAPI:
         version: str | None = None,
         status: str = "",
         limit: int = Query(200, ge=1, le=5000),
+        start: int = Query(0, ge=0),
     ) -> str:
         entry = state.run(run_id)
         chosen = TrajectoryFilter(
@@ -234,6 +235,7 @@ def create_app(config: ViewConfig) -> FastAPI:
             version=_int(version, "version"),
             status=status,
             limit=limit,
+            start=start,
         )
         reader = state.reader(entry)
         return trajectories_page(entry, list(reader.summaries) if reader else [], chosen)
