@@ -39,6 +39,7 @@ def _svg(title: str, lines: Sequence[Line], *, x_label: str, y_label: str) -> st
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     with matplotlib.rc_context({"svg.fonttype": "none", "font.size": 8}):
         fig, ax = plt.subplots(figsize=(WIDTH_IN, HEIGHT_IN))
@@ -49,6 +50,8 @@ def _svg(title: str, lines: Sequence[Line], *, x_label: str, y_label: str) -> st
         for line in lines:
             xs, ys = zip(*line.points, strict=True)
             ax.plot(xs, ys, marker="o", markersize=2.5, linewidth=1.4, label=line.label)
+        if lines and all(float(x).is_integer() for line in lines for x, _ in line.points):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # versions and steps: whole ticks
         if lines:
             ax.legend(fontsize=7, loc="best")
         else:

@@ -22,7 +22,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from test_view_browser import STACX, _episode, _Run, browser, view  # noqa: F401 (fixtures)
+from test_view_browser import SCREENSHOTS, STACX, _episode, _Run, browser, view  # noqa: F401 (fixtures)
 from tracing_fixtures import in_memory_tracing, running_jaeger
 
 from stacx.consumers.assembly.tracing import TraceLinks
@@ -92,6 +92,8 @@ def test_a_non_first_trajectory_is_traced_to_its_training_step_in_stacx_trace_an
     assert {"rollout.episode", "assembler.packed", "assembler.batch", "trainer.step", "weights.swap"} <= names
     assert PLACEHOLDER not in browser.page_source
     assert browser.find_elements(By.CSS_SELECTOR, "#waterfall svg")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(SCREENSHOTS / "view-trace.png"))
     run.producer.close()
 
 
