@@ -65,7 +65,7 @@ from stacx.infra.pipeline.tasks import (
     task_order,
     write_tasks,
 )
-from stacx.infra.pipeline.tracking import TRACKING_DIR, start_tracking
+from stacx.infra.pipeline.tracking import SFT_LOSS, TRACKING_DIR, start_tracking
 from stacx.infra.pipeline.view import render, status_line
 from stacx.infra.tracking import TrackingFeed
 
@@ -306,6 +306,8 @@ class Pipeline:
         def progress(offset: int) -> Any:
             def on_step(step: int, loss: float) -> None:
                 self.metrics.sft_loss.append((offset + step, round(loss, 5)))
+                if self.tracking is not None:  # the warm start's curve, per SFT step
+                    self.tracking.log(offset + step, {SFT_LOSS: loss})
                 self.metrics.stage = f"SFT warm start: step {offset + step}/{sft.steps} loss {loss:.3f}"
 
             return on_step

@@ -13,7 +13,10 @@ from stacx.infra.pipeline.layout import RunLayout
 from stacx.infra.tracking import MetricsEndpoint, RunFigures, TrackingError, TrackingFeed, open_trackers
 from stacx.infra.tracking.figures import Keeps
 
-__all__ = ["TRACKING_DIR", "start_tracking", "tracking_group"]
+__all__ = ["SFT_LOSS", "TRACKING_DIR", "start_tracking", "tracking_group"]
+
+SFT_LOSS = "sft/loss"
+"""The warm start's loss, logged at each SFT step (its step is the SFT step, not a version)."""
 
 TRACKING_DIR = "tracking"
 """The trackers' folder in `runs/<name>/`: kept when the name runs again (each run is its own

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from stacx.infra.pipeline.evaluation import EvalResult, eval_figures
+from stacx.infra.pipeline.tracking import SFT_LOSS
 from stacx.infra.tracking import MetricsEndpoint, RunFigures
 from stacx.infra.tracking import memory as memory_module
 from stacx.infra.tracking.scrape import ScrapeRates
@@ -113,17 +114,18 @@ def _memory_figures(monkeypatch: pytest.MonkeyPatch) -> set[str]:
     return set(memory_module.service_memory({"trainer": os.getpid()}))
 
 
-def _eval_figures() -> set[str]:
+def _pipeline_figures() -> set[str]:
+    """What `stacx run` logs itself: each evaluation, and the warm start's loss per SFT step."""
     result = EvalResult(success=0.5, tool_rate=0.5, num_episodes=4, num_failed=0, version=3,
                         last_version=4, wall_s=1.0)
-    return set(eval_figures(result))
+    return {*eval_figures(result), SFT_LOSS}
 
 
 async def test_the_documented_metric_list_is_what_the_trackers_hold(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     held = (_run_figures(tmp_path) | _inference_figures() | await _gateway_figures()
-            | _memory_figures(monkeypatch) | _eval_figures())
+            | _memory_figures(monkeypatch) | _pipeline_figures())
     names = documented()
     patterns = {name: _pattern(name) for name in names}
     undocumented = sorted(h for h in held if not any(p.match(h) for p in patterns.values()))
