@@ -3,13 +3,15 @@ thread of the orchestrator from the run's topics and the servers' metrics (stacx
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
 from stacx.infra.pipeline.config import PipelineSpec
-from stacx.infra.pipeline.errors import PipelineError
+from stacx.infra.pipeline.errors import PipelineConfigError, PipelineError
 from stacx.infra.pipeline.layout import RunLayout
+from stacx.infra.pipeline.resolve import resolved_config
 from stacx.infra.tracking import MetricsEndpoint, RunFigures, TrackingError, TrackingFeed, open_trackers
 from stacx.infra.tracking.figures import Keeps
 
@@ -17,6 +19,8 @@ __all__ = ["SFT_LOSS", "TRACKING_DIR", "start_tracking", "tracking_group"]
 
 SFT_LOSS = "sft/loss"
 """The warm start's loss, logged at each SFT step (its step is the SFT step, not a version)."""
+
+log = logging.getLogger(__name__)
 
 TRACKING_DIR = "tracking"
 """The trackers' folder in `runs/<name>/`: kept when the name runs again (each run is its own
@@ -70,13 +74,18 @@ def start_tracking(
 
 
 def run_config(spec: PipelineSpec, layout: RunLayout) -> dict[str, Any]:
-    """What the trackers record as the run's configuration."""
+    """What the trackers record as the run's configuration: every service's config with its
+    defaults (`stacx run --explain`), not only the keys the user wrote; those too, as `source`."""
+    try:
+        resolved = resolved_config(spec, layout)
+    except PipelineConfigError as exc:  # validated at load: only a model not made yet, say
+        log.warning("tracking: the resolved config is not known (%s); the trackers get the file's", exc)
+        resolved = {}
     return {
         "run_id": layout.run_id,
         "source": spec.source,
         "pipeline": spec.pipeline.model_dump(mode="json"),
-        "rollout": spec.rollout,
-        "assembler": spec.assembler,
-        "trainer": spec.trainer,
+        **resolved,
+        "written": {"rollout": spec.rollout, "assembler": spec.assembler, "trainer": spec.trainer},
         "topics": asdict(layout.topics),
     }

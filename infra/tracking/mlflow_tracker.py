@@ -8,6 +8,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from stacx.infra.tracking.figures import figure_name
 from stacx.infra.tracking.protocols import Outcome, Table, TrackedRun
 from stacx.infra.tracking.requirements import Requirement
 
@@ -88,7 +89,7 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """`{"a": {"b": 1}}` -> `{"a.b": "1"}`: nested config as MLflow parameters."""
     flat: dict[str, str] = {}
     for key, value in tree.items():
-        name = f"{prefix}{key}"
+        name = f"{prefix}{figure_name(str(key))}"  # MLflow refuses a batch with a key like `code:python`
         if isinstance(value, Mapping) and value:
             flat.update(flatten(value, name + "."))
         else:

@@ -120,3 +120,12 @@ def test_a_plugin_without_outcomes_is_still_finished(outcome: Outcome) -> None:
     trackers.log_summary(3, {"rollout/reward_mean": 1.0})
     trackers.finish(outcome)
     assert plain.finished == 1
+
+
+def test_mlflow_takes_a_config_whose_keys_it_would_refuse(tmp_path: Path) -> None:
+    run = _run(tmp_path, "mlflow", FIRST)
+    tracker = build_tracker("mlflow", {}, run)
+    tracker.log_config({"assembler": {"mixture": {"code:python": 0.5, "math": 0.5}}})
+    tracker.finish()
+    ((_, found),) = _mlflow_runs(tmp_path).values()
+    assert found.data.params["assembler.mixture.code_python"] == "0.5"
