@@ -171,7 +171,7 @@ class TrackingFeed:
         if isinstance(value, Trajectory):
             self.figures.observe_trajectory(value, timestamp_ms)
         elif isinstance(value, TrainingBatch):
-            self.figures.observe_batch(value)
+            self.figures.observe_batch(value, timestamp_ms)
         elif isinstance(value, WeightVersion):
             self.figures.note_published(value.version, timestamp_ms)
             self._held.append((_Published(value, timestamp_ms), None))

@@ -100,6 +100,8 @@ class _Batches:
     num: int = 0
     staleness: list[int] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
+    waits_s: list[float] = field(default_factory=list)
+    """Per batch: from its newest trajectory's event to its own (Kafka timestamps)."""
 
 
 class _Timeline:
@@ -158,7 +160,8 @@ class RunFigures:
         """Kafka timestamp of the previous settled version (for episodes/s)."""
         self._num_arrived = 0
         """Episodes read since the previous settled version."""
-        self._seen_ids: set[str] = set()
+        self._arrived_ms: dict[str, int] = {}
+        """Kafka timestamp of each episode read, by trajectory id (redeliveries counted once)."""
 
     def note_published(self, version: int, timestamp_ms: int) -> None:
         """A weight version was read off the topic (before it settles): it was live from then."""
@@ -166,10 +169,10 @@ class RunFigures:
 
     def observe_trajectory(self, trajectory: Trajectory, timestamp_ms: int | None = None) -> None:
         """An episode, with the Kafka timestamp it arrived with (default: when it was created)."""
-        if trajectory.trajectory_id in self._seen_ids:  # a redelivered event (ids are deterministic)
+        if trajectory.trajectory_id in self._arrived_ms:  # a redelivered event (ids are deterministic)
             return
-        self._seen_ids.add(trajectory.trajectory_id)
         arrived = trajectory.created_at_ms if timestamp_ms is None else timestamp_ms
+        self._arrived_ms[trajectory.trajectory_id] = arrived
         self._timeline.add(arrived, trajectory.policy_version)
         self._num_arrived += 1
         if trajectory.policy_version in self._logged:
@@ -196,7 +199,11 @@ class RunFigures:
         if len(episodes.samples) < self.samples_per_version:
             episodes.samples.append(trajectory)
 
-    def observe_batch(self, batch: TrainingBatch) -> None:
+    def observe_batch(self, batch: TrainingBatch, timestamp_ms: int | None = None) -> None:
+        """A batch, with the Kafka timestamp it was published with (for the assembly wait)."""
+        members = [self._arrived_ms[t] for t in batch.trajectory_ids if t in self._arrived_ms]
+        if timestamp_ms is not None and members:
+            self._batches.waits_s.append(max(0, timestamp_ms - max(members)) / 1000)
         self._batches.num += 1
         self._batches.staleness += [max(0, self.newest - int(v)) for v in batch.policy_versions]
         self._batches.rewards += [float(r) for r in batch.rewards]
@@ -251,6 +258,8 @@ class RunFigures:
             figures["assembler/batch_staleness_mean"] = statistics.fmean(batches.staleness)
         if batches.rewards:
             figures["assembler/batch_reward_mean"] = statistics.fmean(batches.rewards)
+        if batches.waits_s:
+            figures["assembler/wait_s_mean"] = statistics.fmean(batches.waits_s)
         return figures
 
     def _rate_figures(self, timestamp_ms: int | None) -> dict[str, float]:

@@ -212,3 +212,13 @@ def test_the_assembler_filter_decides_the_dropped_rate() -> None:
 def test_figure_names_keep_only_what_every_tracker_takes() -> None:
     assert figure_name("policy/kl") == "policy/kl"
     assert figure_name("a:b@c") == "a_b_c"
+
+
+def test_the_assembly_wait_runs_from_a_batchs_newest_trajectory_to_the_batch() -> None:
+    figures = RunFigures(settle_versions=1)
+    figures.observe_trajectory(_trajectory(0, 0, 1.0), 1000)
+    figures.observe_trajectory(_trajectory(1, 0, 1.0), 3000)
+    figures.observe_batch(_batch([0, 0], [1.0, 1.0]), 3500)  # t0, t1
+    figures.observe_batch(_batch([0], [1.0]), 2000)  # t0 only
+    trainer, _ = figures.observe_weights(_weights(1), 4000)
+    assert trainer.metrics["assembler/wait_s_mean"] == pytest.approx((0.5 + 1.0) / 2)

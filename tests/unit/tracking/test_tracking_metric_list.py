@@ -76,7 +76,7 @@ def _run_figures(tmp_path: Path) -> set[str]:
         policy_versions=ints, offsets=ints, lengths=ints, prompt_lengths=ints,
         token_ids=np.zeros(0, np.int32), loss_mask=np.zeros(0, np.uint8),
         logprobs=np.zeros(0, np.float32), rewards=np.ones(1, np.float32),
-    ))
+    ), 1500)
     version = _trainer_version(tmp_path)
     points = figures.observe_weights(dataclasses.replace(version, version=1), 2000)
     points += figures.observe_weights(dataclasses.replace(version, version=2), 3000)
