@@ -65,7 +65,7 @@ from stacx.infra.pipeline.tasks import (
     task_order,
     write_tasks,
 )
-from stacx.infra.pipeline.tracking import SFT_LOSS, TRACKING_DIR, start_tracking
+from stacx.infra.pipeline.tracking import SFT_LOSS, TRACKING_DIR, outcome_of, start_tracking
 from stacx.infra.pipeline.view import render, status_line
 from stacx.infra.tracking import TrackingFeed
 
@@ -629,11 +629,9 @@ class Pipeline:
     def _finish_tracking(self, error: BaseException | None) -> None:
         """A finished run's trackers get every figure of its topics; an interrupted one's what was
         read; each tracker marks the run finished, failed or killed (Ctrl-C, SIGTERM)."""
-        if self.tracking is None:
-            return
-        stopped = isinstance(error, KeyboardInterrupt | SystemExit)
-        outcome = "finished" if error is None else "killed" if stopped else "failed"
-        self.tracking.finish(drain=not stopped, outcome=outcome)
+        if self.tracking is not None:
+            outcome = outcome_of(error)
+            self.tracking.finish(drain=outcome != "killed", outcome=outcome)
 
     def _tracking_locations(self) -> dict[str, str]:
         """Each tracker's folder (for the report)."""

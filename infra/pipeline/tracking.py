@@ -14,8 +14,9 @@ from stacx.infra.pipeline.layout import RunLayout
 from stacx.infra.pipeline.resolve import resolved_config
 from stacx.infra.tracking import MetricsEndpoint, RunFigures, TrackingError, TrackingFeed, open_trackers
 from stacx.infra.tracking.figures import Keeps
+from stacx.infra.tracking.protocols import Outcome
 
-__all__ = ["SFT_LOSS", "TRACKING_DIR", "start_tracking", "tracking_group"]
+__all__ = ["SFT_LOSS", "TRACKING_DIR", "outcome_of", "start_tracking", "tracking_group"]
 
 SFT_LOSS = "sft/loss"
 """The warm start's loss, logged at each SFT step (its step is the SFT step, not a version)."""
@@ -25,6 +26,14 @@ log = logging.getLogger(__name__)
 TRACKING_DIR = "tracking"
 """The trackers' folder in `runs/<name>/`: kept when the name runs again (each run is its own
 run in every tracker), unlike the rest of the folder."""
+
+
+def outcome_of(error: BaseException | None) -> Outcome:
+    """How the trackers mark a run that ended with `error`: Ctrl-C and SIGTERM (which `stacx`
+    turns into KeyboardInterrupt) kill it, any other error fails it."""
+    if error is None:
+        return "finished"
+    return "killed" if isinstance(error, KeyboardInterrupt | SystemExit) else "failed"
 
 
 def tracking_group(run_id: str) -> str:

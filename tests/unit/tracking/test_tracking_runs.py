@@ -129,3 +129,12 @@ def test_mlflow_takes_a_config_whose_keys_it_would_refuse(tmp_path: Path) -> Non
     tracker.finish()
     ((_, found),) = _mlflow_runs(tmp_path).values()
     assert found.data.params["assembler.mixture.code_python"] == "0.5"
+
+
+def test_sigterm_kills_a_run_and_any_other_error_fails_it() -> None:
+    from stacx.infra.pipeline.tracking import outcome_of
+
+    assert outcome_of(None) == "finished"
+    assert outcome_of(KeyboardInterrupt()) == "killed"  # `stacx` turns SIGTERM into SIGINT
+    assert outcome_of(SystemExit(143)) == "killed"
+    assert outcome_of(RuntimeError("trainer died")) == "failed"
