@@ -196,7 +196,7 @@ class RunFigures:
         episodes.tokens.append(len(trajectory.token_ids))
         episodes.generated.append(int(trajectory.loss_mask.sum()))
         episodes.arrivals.append(arrived)
-        if len(episodes.samples) < self.samples_per_version:
+        if len(episodes.samples) < self.samples_per_version and trajectory.policy_version not in self._logged:
             episodes.samples.append(trajectory)
 
     def observe_batch(self, batch: TrainingBatch, timestamp_ms: int | None = None) -> None:
@@ -235,6 +235,7 @@ class RunFigures:
             if self._logged.get(version) == figures:
                 continue
             table = None if version in self._logged else sample_table(episodes.samples)
+            episodes.samples = []  # logged with the first row: the whole trajectories go
             self._logged[version] = figures
             points.append(Point(version, figures, table))
         return points
