@@ -23,7 +23,6 @@ import contextlib
 import logging
 import os
 import secrets
-import shutil
 import sys
 import threading
 import time
@@ -41,6 +40,7 @@ from stacx.infra.pipeline.errors import PipelineError, ServiceError, StallError
 from stacx.infra.pipeline.evaluation import EvalResult, eval_figures, run_evaluation
 from stacx.infra.pipeline.layout import (
     RunLayout,
+    clear_run_dir,
     gateway_backend,
     gateway_section,
     inference_services,
@@ -190,11 +190,8 @@ class Pipeline:
     # ----------------------------------------------------------------------------- stages
 
     def _prepare_run_dir(self) -> None:
-        root = self.layout.root
-        if root.exists():  # a run name is reused: the new run replaces the old one's files,
-            for path in root.iterdir():  # but not its tracker data (each run is its own there)
-                if path.name != TRACKING_DIR:
-                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        # a run name is reused: the new run replaces the old one's files, but not its tracker data
+        clear_run_dir(self.layout.root, keep=[TRACKING_DIR])
         for d in (self.layout.config_dir, self.layout.logs_dir):
             d.mkdir(parents=True, exist_ok=True)
         self._file_logging()

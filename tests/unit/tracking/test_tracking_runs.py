@@ -138,3 +138,18 @@ def test_sigterm_kills_a_run_and_any_other_error_fails_it() -> None:
     assert outcome_of(KeyboardInterrupt()) == "killed"  # `stacx` turns SIGTERM into SIGINT
     assert outcome_of(SystemExit(143)) == "killed"
     assert outcome_of(RuntimeError("trainer died")) == "failed"
+
+
+def test_running_a_name_again_keeps_the_trackers_folder_and_clears_the_rest(tmp_path: Path) -> None:
+    from stacx.infra.pipeline.layout import clear_run_dir
+    from stacx.infra.pipeline.tracking import TRACKING_DIR
+
+    root = tmp_path / "quickstart"
+    (root / TRACKING_DIR / "mlflow").mkdir(parents=True)
+    (root / TRACKING_DIR / "mlflow" / "mlflow.db").write_text("the first run")
+    (root / "logs").mkdir()
+    (root / "report.json").write_text("{}")
+    clear_run_dir(root, keep=[TRACKING_DIR])
+    assert sorted(p.name for p in root.iterdir()) == [TRACKING_DIR]
+    assert (root / TRACKING_DIR / "mlflow" / "mlflow.db").read_text() == "the first run"
+    clear_run_dir(tmp_path / "never-ran", keep=[TRACKING_DIR])  # nothing to clear
