@@ -88,6 +88,8 @@ class _Episodes:
     turns: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     generated: list[int] = field(default_factory=list)
+    durations_s: list[float] = field(default_factory=list)
+    """Wall time of each episode that says it (`duration_ms` metadata of the rollout)."""
     arrivals: list[int] = field(default_factory=list)
     """Kafka timestamp (ms) of each episode: its staleness is the newest version live then."""
     samples: list[Trajectory] = field(default_factory=list)
@@ -196,6 +198,9 @@ class RunFigures:
         episodes.tokens.append(len(trajectory.token_ids))
         episodes.generated.append(int(trajectory.loss_mask.sum()))
         episodes.arrivals.append(arrived)
+        duration = _number(trajectory.metadata.get("duration_ms", ""))
+        if duration is not None:
+            episodes.durations_s.append(duration / 1000)
         if len(episodes.samples) < self.samples_per_version and trajectory.policy_version not in self._logged:
             episodes.samples.append(trajectory)
 
@@ -307,6 +312,9 @@ def rollout_figures(episodes: _Episodes, staleness: list[int]) -> dict[str, floa
         "rollout/staleness_max": float(max(staleness)),
         "assembler/dropped_rate": episodes.num_dropped / n,
     }
+    if episodes.durations_s:  # the time per episode of the generation stage (model, tools, reward)
+        figures["rollout/episode_s_mean"] = statistics.fmean(episodes.durations_s)
+        figures["rollout/episode_s_max"] = max(episodes.durations_s)
     for task_type, rewards in sorted(episodes.by_type.items()):
         prefix = f"rollout/{figure_name(task_type)}"
         figures |= {**_spread(f"{prefix}/reward", rewards), f"{prefix}/episodes": float(len(rewards))}

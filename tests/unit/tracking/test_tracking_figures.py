@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -222,3 +224,12 @@ def test_the_assembly_wait_runs_from_a_batchs_newest_trajectory_to_the_batch() -
     figures.observe_batch(_batch([0], [1.0]), 2000)  # t0 only
     trainer, _ = figures.observe_weights(_weights(1), 4000)
     assert trainer.metrics["assembler/wait_s_mean"] == pytest.approx((0.5 + 1.0) / 2)
+
+
+def test_the_episode_time_comes_from_the_rollouts_duration_metadata() -> None:
+    figures = RunFigures(settle_versions=1)
+    for n, ms in enumerate(["1500", "2500", "not a number"]):
+        t = _trajectory(n, 0, 1.0)
+        figures.observe_trajectory(dataclasses.replace(t, metadata={**t.metadata, "duration_ms": ms}), n)
+    (row,) = figures.flush()
+    assert row.metrics["rollout/episode_s_mean"] == 2.0 and row.metrics["rollout/episode_s_max"] == 2.5

@@ -50,6 +50,7 @@ def _trajectory(n: int, version: int, reward: float, status: TrajectoryStatus) -
         trajectory_id=f"t{n}", group_id="g", sample_index=n, task_id=f"task{n}", task_type="math",
         model_name="policy", policy_version=version, reward=reward, rewards={"correct": reward},
         status=status, turns=[Turn(role="user", text="q"), Turn(role="assistant", text="a")],
+        metadata={"duration_ms": str(1500 + n)},
         token_ids=np.arange(4, dtype=np.int32), loss_mask=np.array([0, 0, 1, 1], np.uint8),
     )
 
