@@ -1,23 +1,18 @@
 """Memory per service of a run: resident memory of each service's process tree (psutil) and the
-GPU memory its processes hold (`nvidia-smi`, where there is one), as `memory/<service>/*_gb`."""
+GPU memory its processes hold (NVML, where there is an NVIDIA driver), as `memory/<service>/*_gb`."""
 
 from __future__ import annotations
 
 import logging
-import shutil
-import subprocess
 from collections.abc import Mapping
 
 import psutil
 
-__all__ = ["gpu_memory_by_pid", "parse_compute_apps", "service_memory"]
+__all__ = ["gpu_memory_by_pid", "service_memory"]
 
 log = logging.getLogger(__name__)
 
 GB = 1024**3
-MIB = 1024**2
-QUERY = ["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
-"""nvidia-smi's per-process GPU memory, in MiB."""
 
 
 def service_memory(pids: Mapping[str, int]) -> dict[str, float]:
@@ -52,23 +47,24 @@ def _rss(process: psutil.Process) -> int:
 
 
 def gpu_memory_by_pid() -> dict[int, int]:
-    """Bytes of GPU memory per process id (empty without `nvidia-smi`)."""
-    tool = shutil.which("nvidia-smi")
-    if tool is None:
+    """Bytes of GPU memory per process id, from NVML (NVIDIA's own library, `nvidia-ml-py`);
+    empty on a machine without an NVIDIA driver."""
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:  # no driver: a CPU machine
+        log.debug("tracking: NVML: %s", exc)
         return {}
     try:
-        done = subprocess.run([tool, *QUERY], capture_output=True, text=True, timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError) as exc:
-        log.debug("tracking: nvidia-smi: %s", exc)
+        held: dict[int, int] = {}
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            device = pynvml.nvmlDeviceGetHandleByIndex(index)
+            for process in pynvml.nvmlDeviceGetComputeRunningProcesses(device):
+                held[process.pid] = held.get(process.pid, 0) + int(process.usedGpuMemory or 0)
+        return held
+    except pynvml.NVMLError as exc:  # a device gone or busy: no GPU figures this time
+        log.debug("tracking: NVML: %s", exc)
         return {}
-    return parse_compute_apps(done.stdout)
-
-
-def parse_compute_apps(text: str) -> dict[int, int]:
-    """`pid, MiB` lines (several GPUs: one line each) to bytes per pid."""
-    held: dict[int, int] = {}
-    for line in text.splitlines():
-        pid, _, mib = (part.strip() for part in line.partition(","))
-        if pid.isdigit() and mib.isdigit():
-            held[int(pid)] = held.get(int(pid), 0) + int(mib) * MIB
-    return held
+    finally:
+        pynvml.nvmlShutdown()

@@ -9,7 +9,7 @@ import time
 
 import psutil
 
-from stacx.infra.tracking.memory import parse_compute_apps, service_memory
+from stacx.infra.tracking.memory import gpu_memory_by_pid, service_memory
 
 
 def test_a_service_counts_its_whole_process_tree_and_a_gone_one_is_left_out() -> None:
@@ -29,6 +29,14 @@ def test_a_service_counts_its_whole_process_tree_and_a_gone_one_is_left_out() ->
         child.wait()
 
 
-def test_nvidia_smi_lines_sum_per_process_over_gpus() -> None:
-    text = "1234, 2048\n1234, 1024\n99, 512\n[Not Supported], 1\n"
-    assert parse_compute_apps(text) == {1234: 3072 * 1024**2, 99: 512 * 1024**2}
+def test_without_an_nvidia_driver_there_are_no_gpu_figures() -> None:
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        assert gpu_memory_by_pid() == {}  # this machine: NVML finds no driver
+        return
+    pynvml.nvmlShutdown()
+    held = gpu_memory_by_pid()  # a GPU machine: every pid it names is a process
+    assert all(pid > 0 and size >= 0 for pid, size in held.items())
