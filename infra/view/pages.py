@@ -19,6 +19,7 @@ from stacx.infra.view.tokens import turn_spans
 __all__ = [
     "STYLESHEET",
     "TrajectoryFilter",
+    "html_page",
     "newest_first",
     "run_list_page",
     "run_page",
@@ -61,7 +62,8 @@ form.filter input { width: 7em; }
 _REFRESH_S = 5
 
 
-def _page(title: str, body: str, *, live: bool) -> str:
+def html_page(title: str, body: str, *, live: bool) -> str:
+    """A whole page: the run list link, `body`, and with `live` a reload every few seconds."""
     refresh = f'<meta http-equiv="refresh" content="{_REFRESH_S}">' if live else ""
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
@@ -110,7 +112,7 @@ def run_list_page(runs: Sequence[RunEntry], *, runs_dir: str, broker_error: str 
         else f'<p class="muted">no runs in {escape(runs_dir)} and no run topics on the broker</p>'
     )
     body = f'<h1>Runs</h1><p class="muted">from {escape(runs_dir)} and the broker</p>{error}{table}'
-    return _page("runs", body, live=any(r.live for r in runs))
+    return html_page("runs", body, live=any(r.live for r in runs))
 
 
 # ------------------------------------------------------------------------------------- run
@@ -257,7 +259,7 @@ def run_page(
         + "<h2>Per policy version</h2>"
         + _version_table(rows)
     )
-    return _page(run.run_id, body, live=run.live)
+    return html_page(run.run_id, body, live=run.live)
 
 
 # ------------------------------------------------------------------------------ trajectories
@@ -362,7 +364,7 @@ def trajectories_page(run: RunEntry, summaries: Sequence[TrajectorySummary], f: 
         + table
     )
     # never reloads itself: a filter being typed would be wiped (a live run gets a reload link)
-    return _page(f"trajectories of {run.run_id}", body, live=False)
+    return html_page(f"trajectories of {run.run_id}", body, live=False)
 
 
 def _pager(f: TrajectoryFilter, base: str, num_kept: int, *, live: bool) -> str:
@@ -494,4 +496,4 @@ def trajectory_page(run: RunEntry, fetched: Fetched, *, decode: Callable[[int], 
         + '<span class="legend-box tok masked">masked (loss mask 0)</span></p>'
         + _turns_html(fetched, decode)
     )
-    return _page(f"trajectory {t.trajectory_id[:12]}", body, live=False)
+    return html_page(f"trajectory {t.trajectory_id[:12]}", body, live=False)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from html import escape
 
 from stacx.infra.traces import Trace, waterfall_svg
-from stacx.infra.view.pages import _page
+from stacx.infra.view.pages import html_page
 
 __all__ = ["trace_page"]
 
@@ -31,7 +31,7 @@ def trace_page(trace_id: str, trace: Trace | None, *, query_url: str, error: str
             f"the trace backend at {query_url} has no trace {trace_id} (yet: services export their "
             "spans every few seconds)"
         )
-        return _page(f"trace {trace_id[:12]}", head + f'<p class="error" id="no-trace">{escape(why)}</p>',
+        return html_page(f"trace {trace_id[:12]}", head + f'<p class="error" id="no-trace">{escape(why)}</p>',
                      live=True)
     reached = [name for name in TRAINING if trace.named(name)]
     path = (
@@ -46,7 +46,7 @@ def trace_page(trace_id: str, trace: Trace | None, *, query_url: str, error: str
         + f'<div id="waterfall">{waterfall_svg(trace)}</div>'
         + _span_table(trace)
     )
-    return _page(f"trace {trace_id[:12]}", body, live=False)
+    return html_page(f"trace {trace_id[:12]}", body, live=False)
 
 
 def _span_table(trace: Trace) -> str:
