@@ -73,6 +73,7 @@ def start_tracking(
         group_id=tracking_group(layout.run_id),
         model_name=layout.model_name,
         summary_min_episodes=tracking.summary_min_episodes,
+        model_info_url=f"{inference_url}/get_model_info",
         endpoints=[
             MetricsEndpoint("inference", f"{inference_url}/metrics"),
             MetricsEndpoint("gateway", f"{gateway_url}/metrics", {"Authorization": f"Bearer {token}"}),

@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 TABLE_NAME = "trajectories"
 COMMIT_EVERY_S = 10.0
+SWAP_POLL_S = 0.25
+"""How often the server's version is asked for: the publish-to-swap time is known to about this."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,9 @@ class TrackingFeed:
         """At the end, how long to read on until the topics are consumed to their end."""
         summary_min_episodes: int | None = None
         """`TrackingConfig.summary_min_episodes`."""
+        model_info_url: str | None = None
+        """The inference server's `/get_model_info` (SGLang's API): polled for the version it
+        serves, so that each version's publish-to-swap time is known."""
 
     def __init__(
         self,
@@ -76,12 +81,16 @@ class TrackingFeed:
         self._outcome: Outcome = "finished"
         self._thread = threading.Thread(target=self._run, name="stacx-tracking", daemon=True)
         self._last_commit = time.monotonic()
+        self._swaps: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
+        self._swap_watch = threading.Thread(target=self._watch_swaps, name="stacx-swaps", daemon=True)
         self._held: list[tuple[_Published, dict[tuple[str, int], int] | None]] = []
         """Weight versions read but not yet settled: each waits until the other topics are read up
         to where they stood when it was read (one consumer reads its topics in no set order)."""
 
     def start(self) -> TrackingFeed:
         self._thread.start()
+        if self.config.model_info_url is not None:
+            self._swap_watch.start()
         return self
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
@@ -98,6 +107,8 @@ class TrackingFeed:
         self._stop.set()
         limit = self.config.drain_timeout_s + 60.0 if timeout_s is None else timeout_s
         self._thread.join(timeout=limit)
+        if self._swap_watch.is_alive():
+            self._swap_watch.join(timeout=5.0)
         if self._thread.is_alive():
             log.error(
                 "tracking: the feed did not finish within %.0fs; trackers may lack the last figures", limit
@@ -114,10 +125,12 @@ class TrackingFeed:
                 self._read(consumer, timeout=0.5)
                 self._release_held(consumer)
                 self._log_queued()
+                self._note_swaps()
             if consumer is not None and self._drain:
                 self._drain_topics(consumer)
             self._settle_held()
             self._emit(self.figures.flush())
+            self._note_swaps()
             self._log_queued()
             summary = self.figures.summary(self.config.summary_min_episodes)
             if summary is not None:
@@ -218,6 +231,34 @@ class TrackingFeed:
             except queue.Empty:
                 return
             self.trackers.log_metrics(step, metrics)
+
+    def _watch_swaps(self) -> None:
+        """Thread: which version the server serves, every `SWAP_POLL_S` (the feed's own thread may
+        be busy with a tracker for seconds); each first sighting goes to the feed's thread."""
+        import httpx
+
+        url = self.config.model_info_url
+        assert url is not None
+        seen: set[int] = set()
+        with httpx.Client(timeout=2.0) as client:
+            while not self._stop.wait(SWAP_POLL_S):
+                try:
+                    served = str(client.get(url).json().get("weight_version", ""))
+                except (httpx.HTTPError, ValueError, AttributeError) as exc:  # a restarting server
+                    log.debug("tracking: %s: %s", url, exc)
+                    continue
+                if served.isdigit() and int(served) not in seen:
+                    seen.add(int(served))
+                    self._swaps.put((int(served), int(time.time() * 1000)))
+
+    def _note_swaps(self) -> None:
+        while True:
+            try:
+                version, seen_ms = self._swaps.get_nowait()
+            except queue.Empty:
+                break
+            self.figures.note_swap(version, seen_ms)
+        self._emit(self.figures.swap_points())
 
     def _memory(self) -> dict[str, float]:
         if self._service_pids is None:

@@ -162,12 +162,30 @@ class RunFigures:
         """Kafka timestamp of the previous settled version (for episodes/s)."""
         self._num_arrived = 0
         """Episodes read since the previous settled version."""
+        self._published_ms: dict[int, int] = {}
+        self._swapped_ms: dict[int, int] = {}
+        self._swaps_logged: set[int] = set()
         self._arrived_ms: dict[str, int] = {}
         """Kafka timestamp of each episode read, by trajectory id (redeliveries counted once)."""
 
     def note_published(self, version: int, timestamp_ms: int) -> None:
         """A weight version was read off the topic (before it settles): it was live from then."""
         self._timeline.add(timestamp_ms, version)
+        self._published_ms.setdefault(version, timestamp_ms)
+
+    def note_swap(self, version: int, seen_ms: int) -> None:
+        """The inference server was first seen serving `version` at `seen_ms` (epoch ms)."""
+        self._swapped_ms.setdefault(version, seen_ms)
+
+    def swap_points(self) -> list[Point]:
+        """`perf/publish_to_swap_s` of each version whose publish and swap are both known now
+        (each once): from its event on the weights topic to the server serving it."""
+        points = []
+        for version in sorted(set(self._published_ms) & set(self._swapped_ms) - self._swaps_logged):
+            delay_s = max(0, self._swapped_ms[version] - self._published_ms[version]) / 1000
+            points.append(Point(version, {"perf/publish_to_swap_s": delay_s}))
+            self._swaps_logged.add(version)
+        return points
 
     def observe_trajectory(self, trajectory: Trajectory, timestamp_ms: int | None = None) -> None:
         """An episode, with the Kafka timestamp it arrived with (default: when it was created)."""
@@ -220,7 +238,7 @@ class RunFigures:
             return []
         self.newest = version.version
         if timestamp_ms is not None:
-            self._timeline.add(timestamp_ms, version.version)
+            self.note_published(version.version, timestamp_ms)
         figures = {**trainer_figures(version), **self._batch_figures(), **self._rate_figures(timestamp_ms)}
         self._batches = _Batches()
         settled = self._rollout_points(through=self.newest - self.settle_versions)

@@ -44,6 +44,7 @@ FIGURES = (
     "rollout/success",
     "rollout/staleness_mean",
     "trainer/loss",
+    "perf/publish_to_swap_s",
 )
 
 
@@ -78,10 +79,13 @@ class _Run:
             self.producer.publish(self.topics.trajectories, trajectory, key=trajectory.group_id).result(30)
             time.sleep(0.002)  # distinct Kafka timestamps, as a real run has
 
-    def weights(self, version: int) -> None:
+    def weights(self, version: int, served: list[int] | None = None) -> None:
         figures = {STEP_FIGURE_PREFIX + "loss": repr(1.0 / version), STEP_FIGURE_PREFIX + "seconds": "1.0"}
         event = WeightVersion(model_name="policy", version=version, path="/w", metadata=figures)
         self.producer.publish(self.topics.weights, event, key="policy").result(30)
+        if served is not None:  # the server swaps to it a moment later
+            time.sleep(0.3)
+            served.append(version)
         deadline = time.monotonic() + 60
         while self.figures.newest < version:  # the feed settled it: earlier rows are logged
             assert time.monotonic() < deadline, f"the feed did not settle v{version}"
@@ -168,9 +172,11 @@ def _wandb(folder: Path) -> tuple[dict[str, Series], list[str]]:
     return series, sorted({k for r in rows for k in r})
 
 
-def _metrics_server(metrics: Metrics) -> tuple[str, uvicorn.Server]:
+def _metrics_server(metrics: Metrics, served: list[int]) -> tuple[str, uvicorn.Server]:
+    """The inference server's `/metrics` and `/get_model_info` (the version it serves: `served[-1]`)."""
     app = FastAPI()
     app.get("/metrics", response_class=PlainTextResponse)(metrics.render)
+    app.get("/get_model_info")(lambda: {"weight_version": str(served[-1])})
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
@@ -186,7 +192,8 @@ def test_every_tracker_equals_the_topics_for_every_version_after_stragglers(
     topics = RunTopics.for_run(run_id, fresh=True)
     ensure_topics(kafka_bootstrap, topics.specs())
     metrics = Metrics()
-    url, server = _metrics_server(metrics)
+    served = [0]
+    url, server = _metrics_server(metrics, served)
     try:
         trackers = open_trackers(
             TrackingConfig.model_validate(["tensorboard", "wandb", "mlflow"]),
@@ -199,17 +206,18 @@ def test_every_tracker_equals_the_topics_for_every_version_after_stragglers(
             group_id=tracking_group(run_id),
             model_name="policy",
             endpoints=[MetricsEndpoint("inference", url)],
+            model_info_url=url.replace("/metrics", "/get_model_info"),
         )
         feed = TrackingFeed(config, trackers, figures).start()
         with EventProducer(EventProducer.Config(bootstrap_servers=kafka_bootstrap)) as producer:
             run = _Run(producer, topics, figures)
             run.episodes(0, [1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
-            run.weights(1)
+            run.weights(1, served)
             run.episodes(1, [1.0, 1.0, 0.0, 1.0])
-            run.weights(2)  # v0's row is logged now
+            run.weights(2, served)  # v0's row is logged now
             run.episodes(0, [0.0, 0.0])  # v0's stragglers
             run.episodes(2, [1.0, 1.0, 1.0, 0.0])
-            run.weights(3)  # v1's row
+            run.weights(3, served)  # v1's row
             run.episodes(1, [0.0])  # a v1 straggler, 2 versions late
             run.episodes(3, [0.0, 0.0])  # the last version: a tail of 2 late episodes
             metrics.inc("generated_tokens_total", 10)
@@ -230,6 +238,9 @@ def test_every_tracker_equals_the_topics_for_every_version_after_stragglers(
                 assert series[figure] == pytest.approx(values, rel=1e-6), f"{tracker}: {figure}"
             assert not [n for n in names if n.endswith("_created")], tracker
             assert "inference/running_requests" in names, tracker
+            swaps = series["perf/publish_to_swap_s"]  # the server swapped 0.3 s after each publish
+            assert sorted(swaps) == [1, 2, 3], (tracker, swaps)
+            assert all(0.3 <= delay < 1.5 for delay in swaps.values()), (tracker, swaps)  # polled at 0.25 s
     finally:
         server.should_exit = True
         topic_admin.delete_run(kafka_bootstrap, run_id)

@@ -233,3 +233,17 @@ def test_the_episode_time_comes_from_the_rollouts_duration_metadata() -> None:
         figures.observe_trajectory(dataclasses.replace(t, metadata={**t.metadata, "duration_ms": ms}), n)
     (row,) = figures.flush()
     assert row.metrics["rollout/episode_s_mean"] == 2.0 and row.metrics["rollout/episode_s_max"] == 2.5
+
+
+def test_the_publish_to_swap_time_of_each_version_once_both_are_known() -> None:
+    figures = RunFigures(settle_versions=1)
+    figures.note_swap(1, 2600)  # seen before the feed read the weights event
+    assert figures.swap_points() == []
+    figures.note_published(1, 2000)
+    figures.note_published(2, 5000)
+    (point,) = figures.swap_points()
+    assert (point.step, point.metrics) == (1, {"perf/publish_to_swap_s": 0.6})
+    figures.note_swap(1, 9000)  # seen again later: the first sighting counts
+    figures.note_swap(2, 5250)
+    assert [(p.step, p.metrics["perf/publish_to_swap_s"]) for p in figures.swap_points()] == [(2, 0.25)]
+    assert figures.swap_points() == []

@@ -81,6 +81,8 @@ def _run_figures(tmp_path: Path) -> set[str]:
     version = _trainer_version(tmp_path)
     points = figures.observe_weights(dataclasses.replace(version, version=1), 2000)
     points += figures.observe_weights(dataclasses.replace(version, version=2), 3000)
+    figures.note_swap(1, 2400)
+    points += figures.swap_points()
     return {name for point in points + figures.flush() for name in point.metrics}
 
 
