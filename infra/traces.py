@@ -3,6 +3,8 @@ with timings and as a waterfall picture (what `stacx trace` prints and draws).""
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import json
 import re
 from dataclasses import dataclass, field
@@ -12,18 +14,24 @@ from typing import Any
 import httpx
 
 __all__ = [
+    "FRAMEWORK_SPANS",
+    "TRACE_ID",
     "Span",
     "Trace",
     "TraceQueryError",
     "fetch_trace",
     "find_traces",
+    "follow_training",
     "render_tree",
     "render_waterfall",
+    "waterfall_svg",
 ]
 
 TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
 SEARCH_TAGS = ("stacx.trajectory_id", "stacx.batch_id", "stacx.record_id", "stacx.group_id", "stacx.task_id")
 """Span attributes an id given to `stacx trace` is looked up in."""
+FRAMEWORK_SPANS = ("fastapi.",)
+"""FastAPI's per-request internals (dependencies, endpoint, serialization): noise in a trace view."""
 
 
 class TraceQueryError(RuntimeError):
@@ -79,6 +87,13 @@ class Trace:
             if span.parent_id in ids:
                 ids[span.parent_id].children.append(span)
         return Trace(trace_id=self.trace_id, spans=kept)
+
+    def subtree(self, root: Span) -> list[Span]:
+        """`root` and every span under it."""
+        out = [root]
+        for child in sorted(root.children, key=lambda s: s.start_us):
+            out += self.subtree(child)
+        return out
 
     def named(self, name: str) -> list[Span]:
         return [s for s in self.spans if s.name == name]
@@ -174,6 +189,39 @@ def find_traces(query_url: str, some_id: str, lookback: str = "24h", limit: int 
     return found
 
 
+PACKED = "assembler.packed"
+"""The span in a trajectory's own trace that links to the batch that packed it."""
+BATCH = "assembler.batch"
+
+
+def follow_training(query_url: str, trace: Trace) -> Trace:
+    """`trace` continued to the training of its episode: where an `assembler.packed` span links to
+    a batch in another trace (every trajectory but the first of a batch), that batch span and all
+    under it (trainer step, weight publish, swaps) are fetched and hung under the packed span.
+    `trace` as it is when it already holds its batch, or its batch is not in the backend (yet)."""
+    if trace.named(BATCH):
+        return trace
+    for packed in trace.named(PACKED):
+        for trace_id, span_id in packed.links:
+            other = fetch_trace(query_url, trace_id)
+            batch = next((s for s in other.spans if s.span_id == span_id), None) if other else None
+            if other is not None and batch is not None:
+                return _joined(trace, other.subtree(batch), under=packed)
+    return trace
+
+
+def _joined(trace: Trace, spans: list[Span], *, under: Span) -> Trace:
+    """`trace` with `spans` (a subtree of another trace) hung under the span `under`."""
+    moved = [dataclasses.replace(s, children=[]) for s in spans]
+    moved[0].parent_id = under.span_id
+    everything = [dataclasses.replace(s, children=[]) for s in trace.spans] + moved
+    by_id = {s.span_id: s for s in everything}
+    for span in everything:
+        if span.parent_id in by_id:
+            by_id[span.parent_id].children.append(span)
+    return Trace(trace_id=trace.trace_id, spans=everything)
+
+
 def render_tree(trace: Trace) -> str:
     """The span tree: start offset and duration (ms), service, name, ids worth knowing, links."""
     origin = trace.start_us
@@ -205,6 +253,30 @@ def render_tree(trace: Trace) -> str:
 def render_waterfall(trace: Trace, path: Path, max_spans: int = 60) -> Path:
     """A waterfall picture (PNG or SVG by the file's suffix): one bar per span, by service colour,
     indented by depth; links drawn as dotted lines to linked spans of the same trace."""
+    import matplotlib.pyplot as plt
+
+    fig = _waterfall(trace, max_spans)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def waterfall_svg(trace: Trace, max_spans: int = 60) -> str:
+    """The waterfall as an inline `<svg>` element (text kept as text, so it reads and searches)."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    buffer = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        fig = _waterfall(trace, max_spans)
+        fig.savefig(buffer, format="svg")
+    plt.close(fig)
+    text = buffer.getvalue()
+    return text[text.index("<svg") :]
+
+
+def _waterfall(trace: Trace, max_spans: int) -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -240,7 +312,4 @@ def render_waterfall(trace: Trace, path: Path, max_spans: int = 60) -> Path:
     handles = [plt.Rectangle((0, 0), 1, 1, color=colours[s]) for s in services]
     ax.legend(handles, services, fontsize=7, loc="upper right")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig

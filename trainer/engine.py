@@ -416,7 +416,8 @@ class StacxTrainer:
 
     def _optimizer_step(self) -> dict[str, float]:
         """Steps every optimizer (clipping the global gradient norm when configured); returns
-        `<model>/grad_norm`, the norm before clipping, of each trained model."""
+        `<model>/grad_norm`, the norm before clipping, and `<model>/lr`, the learning rate of
+        this step, of each trained model."""
         max_norm = self.config.optimizer.max_grad_norm
         norms: dict[str, float] = {}
         for name, worker in self.models.items():
@@ -429,6 +430,7 @@ class StacxTrainer:
             if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2: every rank takes part
                 norm = norm.full_tensor()
             norms[f"{name}/grad_norm"] = float(norm)
+            norms[f"{name}/lr"] = float(worker.optimizer.param_groups[0]["lr"])
             worker.optimizer.step()
             worker.scheduler.step()
             worker.optimizer.zero_grad(set_to_none=True)

@@ -30,6 +30,7 @@ __all__ = [
     "Aggregation",
     "KLEstimator",
     "Normaliser",
+    "advantage_metrics",
     "aggregate",
     "bradley_terry_loss",
     "check_aggregation",
@@ -162,6 +163,17 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor,
         x = x / temperatures.to(x.dtype).view(-1, 1, 1)
     logp = torch.log_softmax(x, dim=-1)
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def advantage_metrics(advantages: torch.Tensor, mask: torch.Tensor) -> Metrics:
+    """Mean, max and min of the advantages (`[B]` per sequence, or `[B, T]` per token, read where
+    `mask` is 1), as verl reports them; empty for an empty batch."""
+    values = advantages[mask > 0] if advantages.dim() == 2 else advantages  # [N]
+    if values.numel() == 0:
+        return {}
+    values = values.detach().float()
+    return {"advantages_mean": values.mean().item(), "advantages_max": values.max().item(),
+            "advantages_min": values.min().item()}
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:

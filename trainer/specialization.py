@@ -8,7 +8,7 @@ import torch
 
 from stacx.trainer.batch import TensorBatch
 from stacx.trainer.errors import RecipeError
-from stacx.trainer.losses import Aggregation, aggregate, check_aggregation, token_logprobs
+from stacx.trainer.losses import Aggregation, advantage_metrics, aggregate, check_aggregation, token_logprobs
 from stacx.trainer.offpolicy import OffPolicyMode, check_off_policy, importance_weights, mismatch_metrics
 from stacx.trainer.protocols import ModelOutput
 
@@ -141,6 +141,9 @@ class PolicyGradient(Aggregated):
         behaviour, recorded = behaviour_logprobs(logp, batch)
         mask = batch.loss_mask * recorded.unsqueeze(-1).to(batch.loss_mask.dtype)  # [B, T]
         metrics = mismatch_metrics(logp, behaviour, mask)
+        advantages = batch.extras.get("advantages")
+        if advantages is not None:  # the figures a verl or TRL user checks first
+            metrics |= advantage_metrics(advantages, batch.loss_mask)
         if self.off_policy == "none":
             return behaviour, None, metrics
         weights, is_metrics = importance_weights(

@@ -4,8 +4,10 @@ Stage 1 remembers each trajectory event's `traceparent` by group; when the group
 traceparents ride on the internal group event as one header (`stacx-trace-links`, JSON
 trajectory id -> traceparent), so stage 2 (possibly another worker) gets them back. A batch then
 gets an `assembler.batch` span: a child of its first trajectory's context (so that episode's trace
-continues to the trainer step and the weight swap) and *linked* to every other trajectory it used. The
-batch event carries that span's context. With tracing off nothing is remembered or made.
+continues to the trainer step and the weight swap) and *linked* to every other trajectory it used.
+Each of those others gets an `assembler.packed` span in its own trace, linked back to the batch span
+(`stacx trace` follows it to the step that trained the episode). The batch event carries the batch
+span's context. With tracing off nothing is remembered or made.
 """
 
 from __future__ import annotations
@@ -90,21 +92,35 @@ class TraceLinks:
     ) -> Iterator[list[tuple[str, bytes]] | None]:
         """An `assembler.batch` span for one batch; yields the Kafka headers of the batch event
         (its context), or None with tracing off."""
-        parents = [self._by_trajectory.pop(t) for t in trajectory_ids if t in self._by_trajectory]
+        parents = [(t, self._by_trajectory.pop(t)) for t in trajectory_ids if t in self._by_trajectory]
         if not tracing_on():
             yield None
             return
-        contexts = [context_from_headers([(TRACEPARENT, p.encode())]) for p in parents]
-        valid = [c for c in contexts if trace.get_current_span(c).get_span_context().is_valid]
+        contexts = [(t, context_from_headers([(TRACEPARENT, p.encode())])) for t, p in parents]
+        valid = [(t, c) for t, c in contexts if trace.get_current_span(c).get_span_context().is_valid]
         # the first trajectory is the parent; the others are links (a link to the parent itself
         # would hide the parent relation in Jaeger, which turns it into FOLLOWS_FROM)
-        links = [trace.Link(trace.get_current_span(c).get_span_context()) for c in valid[1:]]
+        links = [trace.Link(trace.get_current_span(c).get_span_context()) for _, c in valid[1:]]
         attributes: dict[str, Any] = {
             "stacx.batch_id": batch_id,
             "stacx.num_trajectories": len(trajectory_ids),
             "stacx.num_linked": len(links),
         }
-        with trace.get_tracer("stacx.assembler").start_as_current_span(
-            "assembler.batch", context=valid[0] if valid else None, links=links, attributes=attributes
-        ):
+        tracer = trace.get_tracer("stacx.assembler")
+        with tracer.start_as_current_span(
+            "assembler.batch", context=valid[0][1] if valid else None, links=links, attributes=attributes
+        ) as batch:
+            _mark_packed(tracer, valid[1:], batch_id, batch.get_span_context())
             yield trace_headers()
+
+
+def _mark_packed(
+    tracer: trace.Tracer, packed: Sequence[tuple[str, Any]], batch_id: str, batch: trace.SpanContext
+) -> None:
+    """In each linked trajectory's own trace, an `assembler.packed` span linked to the batch span:
+    every episode's trace leads on to the batch (and its trainer step), not only the first's."""
+    for trajectory_id, context in packed:
+        attributes = {"stacx.batch_id": batch_id, "stacx.trajectory_id": trajectory_id,
+                      "stacx.batch_trace_id": trace.format_trace_id(batch.trace_id)}
+        tracer.start_span("assembler.packed", context=context, links=[trace.Link(batch)],
+                          attributes=attributes).end()

@@ -1,7 +1,8 @@
 """`stacx trace ID`: one trace from the trace backend, as a span tree with timings and a waterfall.
 
 ID is a trace id (32 hex digits) or a trajectory, batch, record, group or task id: the spans that
-carry it as a `stacx.*` attribute name their traces.
+carry it as a `stacx.*` attribute name their traces. An episode's trace is followed, through the
+link of its `assembler.packed` span, to the batch, the trainer step and the weight swap.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_QUERY_URL = "http://127.0.0.1:16686"
-FRAMEWORK_SPANS = ("fastapi.",)
-"""FastAPI's per-request internals (dependencies, endpoint, serialization): noise in a trace view."""
 
 
 def register(subparsers: Any) -> None:
@@ -42,7 +41,15 @@ def register(subparsers: Any) -> None:
 
 
 def _trace(args: argparse.Namespace) -> int:
-    from stacx.infra.traces import TraceQueryError, fetch_trace, find_traces, render_tree, render_waterfall
+    from stacx.infra.traces import (
+        FRAMEWORK_SPANS,
+        TraceQueryError,
+        fetch_trace,
+        find_traces,
+        follow_training,
+        render_tree,
+        render_waterfall,
+    )
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per query otherwise
     try:
@@ -56,11 +63,12 @@ def _trace(args: argparse.Namespace) -> int:
         if len(trace_ids) > 1:
             print(f"{args.id} appears in {len(trace_ids)} traces: {', '.join(trace_ids)}; showing the first")
         trace = fetch_trace(args.query_url, trace_ids[0])
+        if trace is None:
+            print(f"stacx trace: the backend has no trace {trace_ids[0]}", file=sys.stderr)
+            return 1
+        trace = follow_training(args.query_url, trace)  # on to the step that trained the episode
     except TraceQueryError as exc:
         print(f"stacx trace: {exc}", file=sys.stderr)
-        return 1
-    if trace is None:
-        print(f"stacx trace: the backend has no trace {trace_ids[0]}", file=sys.stderr)
         return 1
     if not args.all_spans:
         trace = trace.without(FRAMEWORK_SPANS)

@@ -11,7 +11,7 @@ from typing import Any
 
 from stacx.schemas.records import TaskSample, Trajectory
 
-__all__ = ["EvalResult", "evaluate_heldout", "run_evaluation"]
+__all__ = ["EvalResult", "eval_figures", "evaluate_heldout", "run_evaluation", "versions_used"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -23,7 +23,10 @@ class EvalResult:
     num_episodes: int
     num_failed: int
     version: int
-    """Policy version the server reported when the evaluation started."""
+    """The oldest policy version that generated a turn of it (the server's version when the
+    evaluation started, if no turn says): a server may swap weights during an evaluation."""
+    last_version: int
+    """The newest policy version that generated a turn of it."""
     wall_s: float
 
 
@@ -55,8 +58,32 @@ def _eval_config(rollout_section: dict[str, Any], *, heldout_path: str, samples:
     return build(RolloutConfig, section, where="pipeline evaluation: rollout")
 
 
+def eval_figures(result: EvalResult) -> dict[str, float]:
+    """`eval/*` figures of one evaluation, for the trackers (logged at `result.version`)."""
+    return {
+        "eval/success": result.success,
+        "eval/tool_rate": result.tool_rate,
+        "eval/episodes": float(result.num_episodes),
+        "eval/version_first": float(result.version),
+        "eval/version_last": float(result.last_version),
+    }
+
+
+def versions_used(trajectories: list[Trajectory], default: int) -> tuple[int, int]:
+    """(oldest, newest) policy version of the model turns (the server's `weight_version` of each
+    generation); `default` for both when no turn has one."""
+    used = [
+        turn.policy_version
+        for t in trajectories
+        for turn in t.turns
+        if turn.role == "assistant" and turn.policy_version is not None
+    ]
+    return (min(used), max(used)) if used else (default, default)
+
+
 def _summarise(trajectories: list[Trajectory], version: int, started: float) -> EvalResult:
     n = len(trajectories)
+    first, last = versions_used(trajectories, version)
     rewards = sum(t.reward for t in trajectories)
     tools = sum(int(t.metadata.get("num_tool_calls", "0") or 0) > 0 for t in trajectories)
     failed = sum(t.status.value in ("FAILED", "TIMED_OUT") for t in trajectories)
@@ -65,7 +92,8 @@ def _summarise(trajectories: list[Trajectory], version: int, started: float) -> 
         tool_rate=tools / n if n else 0.0,
         num_episodes=n,
         num_failed=failed,
-        version=version,
+        version=first,
+        last_version=last,
         wall_s=time.monotonic() - started,
     )
 

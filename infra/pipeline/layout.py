@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -149,6 +150,20 @@ class RunLayout:
     @property
     def curve_path(self) -> Path:
         return self.root / "reward_curve.png"
+
+
+def clear_run_dir(root: Path, *, keep: Sequence[str]) -> None:
+    """Empty a reused run folder for a new run of its name, but for the entries named in `keep`
+    (the trackers' data: each run is its own run there)."""
+    if not root.exists():
+        return
+    for path in root.iterdir():
+        if path.name in keep:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def _fill(user: dict[str, Any], derived: dict[str, Any]) -> dict[str, Any]:

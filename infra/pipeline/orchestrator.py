@@ -23,7 +23,6 @@ import contextlib
 import logging
 import os
 import secrets
-import shutil
 import sys
 import threading
 import time
@@ -38,9 +37,10 @@ from stacx.infra.config import build, resolve_path
 from stacx.infra.pipeline import preflight
 from stacx.infra.pipeline.config import PipelineSpec
 from stacx.infra.pipeline.errors import PipelineError, ServiceError, StallError
-from stacx.infra.pipeline.evaluation import EvalResult, run_evaluation
+from stacx.infra.pipeline.evaluation import EvalResult, eval_figures, run_evaluation
 from stacx.infra.pipeline.layout import (
     RunLayout,
+    clear_run_dir,
     gateway_backend,
     gateway_section,
     inference_services,
@@ -65,7 +65,7 @@ from stacx.infra.pipeline.tasks import (
     task_order,
     write_tasks,
 )
-from stacx.infra.pipeline.tracking import start_tracking
+from stacx.infra.pipeline.tracking import SFT_LOSS, TRACKING_DIR, outcome_of, start_tracking
 from stacx.infra.pipeline.view import render, status_line
 from stacx.infra.tracking import TrackingFeed
 
@@ -190,9 +190,8 @@ class Pipeline:
     # ----------------------------------------------------------------------------- stages
 
     def _prepare_run_dir(self) -> None:
-        root = self.layout.root
-        if root.exists():
-            shutil.rmtree(root)  # a run name is reused: the new run replaces the old one
+        # a run name is reused: the new run replaces the old one's files, but not its tracker data
+        clear_run_dir(self.layout.root, keep=[TRACKING_DIR])
         for d in (self.layout.config_dir, self.layout.logs_dir):
             d.mkdir(parents=True, exist_ok=True)
         self._file_logging()
@@ -304,6 +303,8 @@ class Pipeline:
         def progress(offset: int) -> Any:
             def on_step(step: int, loss: float) -> None:
                 self.metrics.sft_loss.append((offset + step, round(loss, 5)))
+                if self.tracking is not None:  # the warm start's curve, per SFT step
+                    self.tracking.log(offset + step, {SFT_LOSS: loss})
                 self.metrics.stage = f"SFT warm start: step {offset + step}/{sft.steps} loss {loss:.3f}"
 
             return on_step
@@ -521,19 +522,21 @@ class Pipeline:
             )
         )
         log.info(
-            "held-out success %.3f, tool-use %.3f at v%d (%d episodes, %.1fs)",
+            "held-out success %.3f, tool-use %.3f at v%d-v%d (%d episodes, %.1fs)",
             result.success,
             result.tool_rate,
             result.version,
+            result.last_version,
             result.num_episodes,
             result.wall_s,
         )
         self._log_eval(result)
 
     def _log_eval(self, result: EvalResult) -> None:
+        """At the oldest version the evaluation used, with the newest beside it (the server may
+        swap weights while it runs)."""
         if self.tracking is not None:
-            figures = {"eval/success": result.success, "eval/tool_rate": result.tool_rate}
-            self.tracking.log(result.version, {**figures, "eval/episodes": float(result.num_episodes)})
+            self.tracking.log(result.version, eval_figures(result))
 
     def _maybe_evaluate(self, last_version: int) -> int:
         every = self.cfg.evaluation.every_versions if self.heldout_rows else 0
@@ -612,12 +615,20 @@ class Pipeline:
             inference_url=self.inference_url,
             gateway_url=self.gateway_url,
             token=self._token,
+            service_pids=self._service_pids,
         )
 
+    def _service_pids(self) -> dict[str, int]:
+        """The services running now, by name (memory per service in the trackers)."""
+        pids = {name: service.pid for name, service in list(self.services.items())}
+        return {name: pid for name, pid in pids.items() if pid is not None}
+
     def _finish_tracking(self, error: BaseException | None) -> None:
-        """A finished run's trackers get every figure of its topics; an interrupted one's what was read."""
+        """A finished run's trackers get every figure of its topics; an interrupted one's what was
+        read; each tracker marks the run finished, failed or killed (Ctrl-C, SIGTERM)."""
         if self.tracking is not None:
-            self.tracking.finish(drain=not isinstance(error, KeyboardInterrupt | SystemExit))
+            outcome = outcome_of(error)
+            self.tracking.finish(drain=outcome != "killed", outcome=outcome)
 
     def _tracking_locations(self) -> dict[str, str]:
         """Each tracker's folder (for the report)."""

@@ -50,6 +50,7 @@ __all__ = [
     "check_resolved",
     "check_sections",
     "explain",
+    "resolved_config",
     "plan",
     "planned_model_dir",
     "transcript_adapter",
@@ -119,6 +120,12 @@ def _with_vocab_size(section: dict[str, Any], model_dir: Path) -> dict[str, Any]
 
 def explain(spec: PipelineSpec, layout: RunLayout) -> str:
     """The resolved config of every service, defaults included, as YAML (`stacx run --explain`)."""
+    return yaml.safe_dump(resolved_config(spec, layout), sort_keys=False, width=110)
+
+
+def resolved_config(spec: PipelineSpec, layout: RunLayout) -> dict[str, Any]:
+    """The run, the pipeline section and every service's config, defaults included (what
+    `stacx run --explain` prints and the trackers record)."""
     import pydantic
 
     p = plan(spec, layout)
@@ -129,7 +136,7 @@ def explain(spec: PipelineSpec, layout: RunLayout) -> str:
         name: pydantic.TypeAdapter(type(config)).dump_python(config, mode="json")
         for name, config in built.items()
     }
-    doc = {
+    return {
         "run": {
             "run_id": layout.run_id,
             "dir": str(layout.root),
@@ -144,7 +151,6 @@ def explain(spec: PipelineSpec, layout: RunLayout) -> str:
         "placement": serving_explained(spec, layout, p.model_dir),
         "services": resolved,
     }
-    return yaml.safe_dump(doc, sort_keys=False, width=110)
 
 
 def serving_explained(spec: PipelineSpec, layout: RunLayout, model_dir: Path) -> dict[str, Any]:

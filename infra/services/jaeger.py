@@ -5,7 +5,8 @@
 ...@version` is refused because Jaeger's module has replace directives; ~6 minutes on 2 cores), writes
 a config that binds every listener to 127.0.0.1 (OTLP gRPC 4317 and HTTP 4318, the query API on
 16686) and keeps spans in memory, starts it and waits for its health check. The Go build has no
-UI bundle (the UI page is a placeholder): `stacx trace` reads the query API instead.
+UI bundle (its own page is a placeholder, and no released UI package is on npm): `stacx trace` and
+the trace pages of `stacx view` (`/traces/<trace id>`) read the query API and draw the trace.
 """
 
 from __future__ import annotations

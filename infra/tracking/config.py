@@ -52,10 +52,13 @@ class TrackingConfig(BaseModel):
     samples_per_version: int = Field(default=4, ge=0)
     """Sample trajectories in each version's `trajectories` table."""
     settle_versions: int = Field(default=2, ge=1)
-    """A version's rollout figures are logged once the trainer has published this many newer
-    versions (its late episodes have arrived by then); the rest when the run ends."""
+    """A version's rollout figures are first logged once the trainer has published this many newer
+    versions; an episode of it that arrives later logs the row again (revised)."""
     success_reward: float = 1.0
     """An episode with at least this reward counts as a success."""
+    summary_min_episodes: int | None = Field(default=None, ge=1)
+    """The run's summary (W&B summary, MLflow `summary.*` tags) is the newest version with at least
+    this many episodes (default: half the median per version), not a tail of a few late ones."""
 
     @pydantic.model_validator(mode="before")
     @classmethod

@@ -7,11 +7,13 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from stacx.infra.tracking.figures import Point, RunFigures
+from stacx.infra.tracking.memory import service_memory
+from stacx.infra.tracking.protocols import Outcome
 from stacx.infra.tracking.scrape import MetricsEndpoint, ScrapeRates
 from stacx.infra.tracking.trackers import TrackerSet
 from stacx.schemas.records import TrainingBatch, Trajectory, WeightVersion
@@ -22,6 +24,16 @@ log = logging.getLogger(__name__)
 
 TABLE_NAME = "trajectories"
 COMMIT_EVERY_S = 10.0
+SWAP_POLL_S = 0.25
+"""How often the server's version is asked for: the publish-to-swap time is known to about this."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Published:
+    """A weight version and its Kafka timestamp."""
+
+    weights: WeightVersion
+    timestamp_ms: int
 
 
 class TrackingFeed:
@@ -41,6 +53,11 @@ class TrackingFeed:
         """Scraped at each new version."""
         drain_timeout_s: float = 60.0
         """At the end, how long to read on until the topics are consumed to their end."""
+        summary_min_episodes: int | None = None
+        """`TrackingConfig.summary_min_episodes`."""
+        model_info_url: str | None = None
+        """The inference server's `/get_model_info` (SGLang's API): polled for the version it
+        serves, so that each version's publish-to-swap time is known."""
 
     def __init__(
         self,
@@ -49,8 +66,11 @@ class TrackingFeed:
         figures: RunFigures,
         *,
         run_config: Mapping[str, Any] | None = None,
+        service_pids: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
+        """`service_pids`: the run's services by name and process id now (memory per service)."""
         self.config = config
+        self._service_pids = service_pids
         self.trackers = trackers
         self.figures = figures
         self._run_config = run_config
@@ -58,26 +78,37 @@ class TrackingFeed:
         self._queued: queue.SimpleQueue[tuple[int, dict[str, float]]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._drain = True
+        self._outcome: Outcome = "finished"
         self._thread = threading.Thread(target=self._run, name="stacx-tracking", daemon=True)
         self._last_commit = time.monotonic()
-        self._held: list[tuple[WeightVersion, dict[tuple[str, int], int] | None]] = []
+        self._swaps: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
+        self._swap_watch = threading.Thread(target=self._watch_swaps, name="stacx-swaps", daemon=True)
+        self._held: list[tuple[_Published, dict[tuple[str, int], int] | None]] = []
         """Weight versions read but not yet settled: each waits until the other topics are read up
         to where they stood when it was read (one consumer reads its topics in no set order)."""
 
     def start(self) -> TrackingFeed:
         self._thread.start()
+        if self.config.model_info_url is not None:
+            self._swap_watch.start()
         return self
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         """Figures from outside the topics (held-out evaluations); any thread."""
         self._queued.put((step, dict(metrics)))
 
-    def finish(self, *, drain: bool = True, timeout_s: float | None = None) -> None:
-        """Read the topics to their end (with `drain`), log what is left, finish the trackers."""
+    def finish(
+        self, *, drain: bool = True, outcome: Outcome = "finished", timeout_s: float | None = None
+    ) -> None:
+        """Read the topics to their end (with `drain`), log what is left, finish the trackers with
+        the run's `outcome`."""
         self._drain = drain
+        self._outcome = outcome
         self._stop.set()
         limit = self.config.drain_timeout_s + 60.0 if timeout_s is None else timeout_s
         self._thread.join(timeout=limit)
+        if self._swap_watch.is_alive():
+            self._swap_watch.join(timeout=5.0)
         if self._thread.is_alive():
             log.error(
                 "tracking: the feed did not finish within %.0fs; trackers may lack the last figures", limit
@@ -94,23 +125,28 @@ class TrackingFeed:
                 self._read(consumer, timeout=0.5)
                 self._release_held(consumer)
                 self._log_queued()
+                self._note_swaps()
             if consumer is not None and self._drain:
                 self._drain_topics(consumer)
             self._settle_held()
             self._emit(self.figures.flush())
+            self._note_swaps()
             self._log_queued()
-            if self.figures.num_late:
-                log.warning(
+            summary = self.figures.summary(self.config.summary_min_episodes)
+            if summary is not None:
+                self.trackers.log_summary(summary.step, summary.metrics)
+            if self.figures.num_revised:
+                log.info(
                     "tracking: %d episode(s) arrived after their version's rollout figures were "
-                    "logged (raise tracking.settle_versions to wait longer)",
-                    self.figures.num_late,
+                    "first logged; those versions were logged again with them",
+                    self.figures.num_revised,
                 )
         except Exception as exc:  # a tracker must never stop the run: say so, finish what we have
             log.error("tracking: the feed stopped: %s: %s", type(exc).__name__, exc)
         finally:
             if consumer is not None:
                 self._close(consumer)
-            self.trackers.finish()
+            self.trackers.finish(self._outcome)
 
     def _consumer(self) -> Any:
         from stacx.consumers import EventConsumer
@@ -137,20 +173,21 @@ class TrackingFeed:
             self._stop.wait(1.0)
             return 0
         for event in events:
-            self._dispatch(event.value)
+            self._dispatch(event.value, event.timestamp_ms)
         if time.monotonic() - self._last_commit >= COMMIT_EVERY_S:
             self._commit(consumer)
         return len(events)
 
-    def _dispatch(self, value: Any) -> None:
+    def _dispatch(self, value: Any, timestamp_ms: int) -> None:
         if getattr(value, "model_name", self.config.model_name) != self.config.model_name:
             return
         if isinstance(value, Trajectory):
-            self.figures.observe_trajectory(value)
+            self.figures.observe_trajectory(value, timestamp_ms)
         elif isinstance(value, TrainingBatch):
-            self.figures.observe_batch(value)
+            self.figures.observe_batch(value, timestamp_ms)
         elif isinstance(value, WeightVersion):
-            self._held.append((value, None))
+            self.figures.note_published(value.version, timestamp_ms)
+            self._held.append((_Published(value, timestamp_ms), None))
 
     def _release_held(self, consumer: Any) -> None:
         """Settle the held versions whose run topics have been read as far as they stood when the
@@ -175,10 +212,10 @@ class TrackingFeed:
         while self._held:
             self._settle(self._held.pop(0)[0])
 
-    def _settle(self, weights: WeightVersion) -> None:
-        points = self.figures.observe_weights(weights)
+    def _settle(self, published: _Published) -> None:
+        points = self.figures.observe_weights(published.weights, published.timestamp_ms)
         if points:
-            self.trackers.log_metrics(weights.version, self._scrape())
+            self.trackers.log_metrics(published.weights.version, {**self._scrape(), **self._memory()})
         self._emit(points)
 
     def _emit(self, points: list[Point]) -> None:
@@ -194,6 +231,43 @@ class TrackingFeed:
             except queue.Empty:
                 return
             self.trackers.log_metrics(step, metrics)
+
+    def _watch_swaps(self) -> None:
+        """Thread: which version the server serves, every `SWAP_POLL_S` (the feed's own thread may
+        be busy with a tracker for seconds); each first sighting goes to the feed's thread."""
+        import httpx
+
+        url = self.config.model_info_url
+        assert url is not None
+        seen: set[int] = set()
+        with httpx.Client(timeout=2.0) as client:
+            while not self._stop.wait(SWAP_POLL_S):
+                try:
+                    served = str(client.get(url).json().get("weight_version", ""))
+                except (httpx.HTTPError, ValueError, AttributeError) as exc:  # a restarting server
+                    log.debug("tracking: %s: %s", url, exc)
+                    continue
+                if served.isdigit() and int(served) not in seen:
+                    seen.add(int(served))
+                    self._swaps.put((int(served), int(time.time() * 1000)))
+
+    def _note_swaps(self) -> None:
+        while True:
+            try:
+                version, seen_ms = self._swaps.get_nowait()
+            except queue.Empty:
+                break
+            self.figures.note_swap(version, seen_ms)
+        self._emit(self.figures.swap_points())
+
+    def _memory(self) -> dict[str, float]:
+        if self._service_pids is None:
+            return {}
+        try:
+            return service_memory(self._service_pids())
+        except Exception as exc:  # an observer's figure: never stop the feed for it
+            log.debug("tracking: memory of the services: %s", exc)
+            return {}
 
     def _scrape(self) -> dict[str, float]:
         import httpx

@@ -8,15 +8,18 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from stacx.infra.tracking.protocols import Table, TrackedRun
+from stacx.infra.tracking.figures import figure_name
+from stacx.infra.tracking.protocols import Outcome, Table, TrackedRun
 from stacx.infra.tracking.requirements import Requirement
 
-__all__ = ["MlflowTracker", "flatten"]
+__all__ = ["STATUSES", "MlflowTracker", "flatten"]
 
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_PER_BATCH = 100
 MAX_PARAM_CHARS = 6000
 """MLflow's limits on one `log_batch` call and on a parameter value."""
+STATUSES: dict[str, str] = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
+"""MLflow's run status per outcome."""
 
 T = TypeVar("T")
 
@@ -40,6 +43,9 @@ class MlflowTracker:
         self._client = MlflowClient(tracking_uri=self.tracking_uri)
         experiment_id = self._experiment(experiment or run.name, root / "artifacts")
         self.run_id: str = self._client.create_run(experiment_id, run_name=run.run_id).info.run_id
+        self._last_ms = 0
+        """Each call's timestamp is later than the previous one's: a version's revised row is the
+        latest value at its step."""
 
     def _experiment(self, name: str, artifacts: Path) -> str:
         found = self._client.get_experiment_by_name(name)
@@ -58,7 +64,7 @@ class MlflowTracker:
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         from mlflow.entities import Metric
 
-        now_ms = int(time.time() * 1000)
+        now_ms = self._last_ms = max(int(time.time() * 1000), self._last_ms + 1)
         entries = [Metric(k, float(v), now_ms, step) for k, v in metrics.items()]
         for chunk in _chunks(entries, MAX_METRICS_PER_BATCH):
             self._client.log_batch(self.run_id, metrics=chunk)
@@ -67,15 +73,23 @@ class MlflowTracker:
         data = {"columns": list(table.columns), "data": [list(row) for row in table.rows]}
         self._client.log_dict(self.run_id, data, f"{name}/v{step:06d}.json")
 
-    def finish(self) -> None:
-        self._client.set_terminated(self.run_id)
+    def log_summary(self, step: int, metrics: Mapping[str, float]) -> None:
+        """MLflow shows a metric's value at its highest step: the summary goes to tags."""
+        from mlflow.entities import RunTag
+
+        tags = [RunTag(f"summary.{k}", repr(float(v))) for k, v in metrics.items()]
+        for chunk in _chunks([*tags, RunTag("summary.version", str(step))], MAX_PARAMS_PER_BATCH):
+            self._client.log_batch(self.run_id, tags=chunk)
+
+    def finish(self, outcome: Outcome = "finished") -> None:
+        self._client.set_terminated(self.run_id, status=STATUSES[outcome])
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """`{"a": {"b": 1}}` -> `{"a.b": "1"}`: nested config as MLflow parameters."""
     flat: dict[str, str] = {}
     for key, value in tree.items():
-        name = f"{prefix}{key}"
+        name = f"{prefix}{figure_name(str(key))}"  # MLflow refuses a batch with a key like `code:python`
         if isinstance(value, Mapping) and value:
             flat.update(flatten(value, name + "."))
         else:

@@ -38,12 +38,18 @@ class Sample:
 
 
 def parse_exposition(text: str) -> Sample:
-    """Prometheus text exposition (`prometheus_client`'s own parser), label sets summed."""
+    """Prometheus text exposition (`prometheus_client`'s own parser), label sets summed. The
+    `<name>_created` gauge a counter or histogram carries in the text format (its creation time,
+    a Unix timestamp) is no figure and is left out."""
     counters: dict[str, float] = {}
     gauges: dict[str, float] = {}
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
+    families = list(text_string_to_metric_families(text))
+    created = {f"{f.name}_created" for f in families if f.type in ("counter", "histogram", "summary")}
+    for family in families:
+        if family.name in created:
+            continue
         for sample in family.samples:
             name = _short(family.name)
             if family.type == "counter" and sample.name.endswith("_total"):

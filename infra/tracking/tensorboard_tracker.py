@@ -1,4 +1,5 @@
-"""TensorBoard: event files under the run (`tensorboard --logdir runs/<name>/tracking/tensorboard`)."""
+"""TensorBoard: event files under the run (`tensorboard --logdir runs/<name>/tracking/tensorboard`),
+one subfolder per run id, so each run of a name is its own run in TensorBoard."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any, ClassVar
 
 import yaml
 
-from stacx.infra.tracking.protocols import Cell, Table, TrackedRun
+from stacx.infra.tracking.protocols import Cell, Outcome, Table, TrackedRun
 from stacx.infra.tracking.requirements import Requirement
 
 __all__ = ["TensorBoardTracker", "markdown_table"]
@@ -23,8 +24,9 @@ class TensorBoardTracker:
         self.requires.load()
         from torch.utils.tensorboard import SummaryWriter
 
-        run.dir.mkdir(parents=True, exist_ok=True)
-        self._writer = SummaryWriter(log_dir=str(run.dir), flush_secs=int(max(1, flush_secs)))
+        self.dir = run.dir / run.run_id
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._writer = SummaryWriter(log_dir=str(self.dir), flush_secs=int(max(1, flush_secs)))
 
     def log_config(self, config: Mapping[str, Any]) -> None:
         text = yaml.safe_dump(dict(config), sort_keys=False)
@@ -37,7 +39,9 @@ class TensorBoardTracker:
     def log_table(self, name: str, step: int, table: Table) -> None:
         self._writer.add_text(name, markdown_table(table), step)
 
-    def finish(self) -> None:
+    def finish(self, outcome: Outcome = "finished") -> None:
+        """TensorBoard has no run state: the outcome is a text (`outcome`)."""
+        self._writer.add_text("outcome", outcome, 0)
         self._writer.close()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Any
 
 from stacx.infra.tracking.config import TrackingConfig
 from stacx.infra.tracking.errors import TrackingError
-from stacx.infra.tracking.protocols import Table, TrackedRun, Tracker
+from stacx.infra.tracking.protocols import Outcome, Table, TrackedRun, Tracker
 from stacx.infra.tracking.registry import build_tracker
 
 __all__ = ["TrackerSet", "open_trackers"]
@@ -40,23 +41,40 @@ class TrackerSet:
     def log_table(self, name: str, step: int, table: Table) -> None:
         self._each("log_table", name, step, table)
 
-    def finish(self) -> None:
-        self._each("finish")
+    def log_summary(self, step: int, metrics: Mapping[str, float]) -> None:
+        """The run's headline figures, to the trackers that keep a summary (`log_summary`)."""
+        if metrics:
+            self._each("log_summary", step, metrics, optional=True)
+
+    def finish(self, outcome: Outcome = "finished") -> None:
+        for name, tracker in list(self._trackers):
+            takes_outcome = _takes_argument(tracker.finish)
+            self._call(name, tracker, "finish", *((outcome,) if takes_outcome else ()))
         self._trackers = []
 
-    def _each(self, method: str, *args: Any) -> None:
+    def _each(self, method: str, *args: Any, optional: bool = False) -> None:
         for name, tracker in list(self._trackers):
-            try:
-                getattr(tracker, method)(*args)
-            except Exception as exc:  # a tracker's library may raise anything: the run goes on
-                log.error(
-                    "tracker %s: %s raised %s: %s; it gets nothing more",
-                    name,
-                    method,
-                    type(exc).__name__,
-                    exc,
-                )
+            if optional and not hasattr(tracker, method):
+                continue
+            self._call(name, tracker, method, *args)
+
+    def _call(self, name: str, tracker: Tracker, method: str, *args: Any) -> None:
+        try:
+            getattr(tracker, method)(*args)
+        except Exception as exc:  # a tracker's library may raise anything: the run goes on
+            kind = type(exc).__name__
+            log.error("tracker %s: %s raised %s: %s; it gets nothing more", name, method, kind, exc)
+            if (name, tracker) in self._trackers:
                 self._trackers.remove((name, tracker))
+
+
+def _takes_argument(method: Any) -> bool:
+    """Whether `method` accepts one positional argument (a plug-in's `finish()` may not)."""
+    try:
+        inspect.signature(method).bind("finished")
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def open_trackers(config: TrackingConfig, *, name: str, run_id: str, root: Path) -> TrackerSet:

@@ -5,13 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from stacx.infra.tracking.protocols import Table, TrackedRun
+from stacx.infra.tracking.protocols import Outcome, Table, TrackedRun
 from stacx.infra.tracking.requirements import Requirement
 
-__all__ = ["STEP_METRIC", "WandbTracker"]
+__all__ = ["EXIT_CODES", "STEP_METRIC", "WandbTracker"]
 
 STEP_METRIC = "policy_version"
 """The x-axis of every chart: rows may come out of version order, so W&B's own step cannot be it."""
+EXIT_CODES: dict[str, int] = {"finished": 0, "failed": 1, "killed": 143}
+"""The exit code W&B records per outcome (W&B marks a run with a non-zero code as failed;
+143 = 128 + SIGTERM, as the `stacx` commands exit when stopped)."""
 
 
 class WandbTracker:
@@ -35,6 +38,7 @@ class WandbTracker:
         self._wandb = wandb
         self._run = wandb.init(
             project=project or run.name,
+            id=run.run_id,
             name=run.run_id,
             group=group,
             tags=tags,
@@ -56,7 +60,11 @@ class WandbTracker:
         rows = [list(row) for row in table.rows]
         self._run.log({name: self._wandb.Table(columns=list(table.columns), data=rows), STEP_METRIC: step})
 
-    def finish(self) -> None:
-        """Finish the run. W&B's service process writes the `.wandb` file: it is complete once
-        that service stops (`wandb.teardown()`, or this process's exit), not always on return."""
-        self._run.finish()
+    def log_summary(self, step: int, metrics: Mapping[str, float]) -> None:
+        """The run's summary: these figures (not the last logged row) and their version."""
+        self._run.summary.update({**{k: float(v) for k, v in metrics.items()}, "summary_version": step})
+
+    def finish(self, outcome: Outcome = "finished") -> None:
+        """Finish the run with the outcome's exit code. W&B's service process writes the `.wandb`
+        file: it is complete once that service stops (`wandb.teardown()`, or this process's exit)."""
+        self._run.finish(exit_code=EXIT_CODES[outcome])

@@ -18,6 +18,7 @@ import yaml
 from fastapi import FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, Response
 
+from stacx.infra.traces import FRAMEWORK_SPANS, TRACE_ID, TraceQueryError, fetch_trace, follow_training
 from stacx.infra.view.curves import per_version, read_trainer_steps
 from stacx.infra.view.pages import (
     STYLESHEET,
@@ -29,6 +30,7 @@ from stacx.infra.view.pages import (
 )
 from stacx.infra.view.reader import RunTopicsReader
 from stacx.infra.view.runs import RunEntry, merge_runs, runs_in_dir, runs_on_broker
+from stacx.infra.view.trace_page import trace_page
 
 __all__ = ["ViewConfig", "create_app"]
 
@@ -44,7 +46,8 @@ class ViewConfig:
     bootstrap_servers: str = "127.0.0.1:9092"
     """Kafka broker holding the runs' topics."""
     jaeger_url: str = "http://127.0.0.1:16686"
-    """Trace backend UI: trace links go to `<jaeger_url>/trace/<trace id>`."""
+    """Trace backend query API (Jaeger's `/api/traces`): the view's trace pages
+    (`/traces/<trace id>`) read the spans there."""
     broker_timeout_s: float = 5.0
     """Deadline of one broker request (topic list, watermarks)."""
     host: str = "127.0.0.1"
@@ -222,6 +225,7 @@ def create_app(config: ViewConfig) -> FastAPI:
         version: str | None = None,
         status: str = "",
         limit: int = Query(200, ge=1, le=5000),
+        start: int = Query(0, ge=0),
     ) -> str:
         entry = state.run(run_id)
         chosen = TrajectoryFilter(
@@ -231,6 +235,7 @@ def create_app(config: ViewConfig) -> FastAPI:
             version=_int(version, "version"),
             status=status,
             limit=limit,
+            start=start,
         )
         reader = state.reader(entry)
         return trajectories_page(entry, list(reader.summaries) if reader else [], chosen)
@@ -246,6 +251,18 @@ def create_app(config: ViewConfig) -> FastAPI:
             )
         tokenizer = _tokenizer_dir(entry)
         decode = _decoder(tokenizer) if tokenizer else None
-        return trajectory_page(entry, fetched, jaeger_url=config.jaeger_url, decode=decode)
+        return trajectory_page(entry, fetched, decode=decode)
+
+    @app.get("/traces/{trace_id}", response_class=HTMLResponse)
+    def trace(trace_id: str) -> str:
+        if not TRACE_ID.match(trace_id):
+            raise HTTPException(status_code=404, detail=f"{trace_id!r} is not a trace id (32 hex digits)")
+        try:
+            found = fetch_trace(config.jaeger_url, trace_id)
+            if found is not None:
+                found = follow_training(config.jaeger_url, found).without(FRAMEWORK_SPANS)
+        except TraceQueryError as exc:
+            return trace_page(trace_id, None, query_url=config.jaeger_url, error=str(exc))
+        return trace_page(trace_id, found, query_url=config.jaeger_url, error=None)
 
     return app

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from html import escape
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from stacx.infra.view.chart import Line, line_chart
 from stacx.infra.view.curves import SUCCESS_REWARD, TrainerStep, VersionRow, throughput, tokens_per_s
@@ -19,6 +19,8 @@ from stacx.infra.view.tokens import turn_spans
 __all__ = [
     "STYLESHEET",
     "TrajectoryFilter",
+    "html_page",
+    "newest_first",
     "run_list_page",
     "run_page",
     "trajectories_page",
@@ -40,10 +42,8 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .status-running { color: #0a7d27; font-weight: 600; }
 .status-failed { color: #b00020; font-weight: 600; }
 .charts { display: flex; flex-wrap: wrap; gap: 12px; }
-svg.chart { border: 1px solid #e3e3e3; background: #fff; }
-svg .axis { stroke: #888; }
-svg .tick, svg .legend { font-size: 11px; fill: #555; }
-svg .chart-title { font-size: 13px; }
+figure.chart { border: 1px solid #e3e3e3; background: #fff; margin: 0; }
+figure.chart svg { display: block; }
 form.filter label { margin-right: 10px; }
 form.filter input { width: 7em; }
 .turn { border: 1px solid #ddd; border-radius: 6px; margin: 10px 0; padding: 6px 10px; }
@@ -62,7 +62,8 @@ form.filter input { width: 7em; }
 _REFRESH_S = 5
 
 
-def _page(title: str, body: str, *, live: bool) -> str:
+def html_page(title: str, body: str, *, live: bool) -> str:
+    """A whole page: the run list link, `body`, and with `live` a reload every few seconds."""
     refresh = f'<meta http-equiv="refresh" content="{_REFRESH_S}">' if live else ""
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
@@ -111,7 +112,7 @@ def run_list_page(runs: Sequence[RunEntry], *, runs_dir: str, broker_error: str 
         else f'<p class="muted">no runs in {escape(runs_dir)} and no run topics on the broker</p>'
     )
     body = f'<h1>Runs</h1><p class="muted">from {escape(runs_dir)} and the broker</p>{error}{table}'
-    return _page("runs", body, live=any(r.live for r in runs))
+    return html_page("runs", body, live=any(r.live for r in runs))
 
 
 # ------------------------------------------------------------------------------------- run
@@ -160,6 +161,7 @@ def _charts(
     heldout = [(float(e["version"]), float(e["success"])) for e in report.get("heldout_curve") or []]
     rl_steps = [s for s in steps if not s.sft]
     sft_steps = [s for s in steps if s.sft]
+    warm_start = [(s.step, s.loss) for s in sft_steps] or _report_sft_loss(report)
     charts = [
         line_chart(
             "reward and success per policy version",
@@ -191,7 +193,7 @@ def _charts(
             "trainer loss",
             [
                 Line("RL loss", [(s.step, s.loss) for s in rl_steps]),
-                Line("warm-start loss", [(s.step, s.loss) for s in sft_steps]),
+                Line("warm-start loss", warm_start),
             ],
             x_label="trainer step",
             y_label="loss",
@@ -206,6 +208,19 @@ def _charts(
         ),
     ]
     return '<div class="charts">' + "".join(charts) + "</div>"
+
+
+def _report_sft_loss(report: dict[str, Any]) -> list[tuple[float, float]]:
+    """The warm start's loss curve of `report.json` (`sft_loss`: [step, loss] pairs), for runs whose
+    logs do not hold the warm start's step lines."""
+    points = []
+    for pair in report.get("sft_loss") or []:
+        try:
+            step, loss = pair
+            points.append((float(step), float(loss)))
+        except (TypeError, ValueError):  # a hand-edited report: leave the point out
+            continue
+    return points
 
 
 def _version_table(rows: Sequence[VersionRow]) -> str:
@@ -244,7 +259,7 @@ def run_page(
         + "<h2>Per policy version</h2>"
         + _version_table(rows)
     )
-    return _page(run.run_id, body, live=run.live)
+    return html_page(run.run_id, body, live=run.live)
 
 
 # ------------------------------------------------------------------------------ trajectories
@@ -261,6 +276,9 @@ class TrajectoryFilter:
     version: int | None = None
     status: str = ""
     limit: int = 200
+    """Rows per page."""
+    start: int = 0
+    """How many of the newest matches come before this page."""
 
     def keeps(self, s: TrajectorySummary) -> bool:
         needle = self.task.strip().lower()
@@ -282,6 +300,15 @@ class TrajectoryFilter:
         }
         return {k: str(v) for k, v in values.items() if v not in (None, "")}
 
+    def page_url(self, base: str, start: int) -> str:
+        """This filter's page that begins `start` matches after the newest."""
+        return f"{base}?{urlencode({**self.query(), 'limit': self.limit, 'start': max(0, start)})}"
+
+
+def newest_first(summaries: Sequence[TrajectorySummary]) -> list[TrajectorySummary]:
+    """By event time, newest first (partitions are read in no set order)."""
+    return sorted(summaries, key=lambda s: (s.timestamp_ms, s.partition, s.offset), reverse=True)
+
 
 def _filter_form(f: TrajectoryFilter, statuses: Sequence[str]) -> str:
     def field(name: str, label: str, value: object) -> str:
@@ -299,13 +326,14 @@ def _filter_form(f: TrajectoryFilter, statuses: Sequence[str]) -> str:
         + field("max_reward", "reward ≤", f.max_reward)
         + field("version", "policy version", f.version)
         + f'<label>status <select name="status" id="f-status">{options}</select></label>'
+        + f'<input type="hidden" name="limit" value="{f.limit}">'
         + '<button type="submit" id="apply">filter</button></form>'
     )
 
 
 def trajectories_page(run: RunEntry, summaries: Sequence[TrajectorySummary], f: TrajectoryFilter) -> str:
-    kept = [s for s in summaries if f.keeps(s)]
-    shown = list(reversed(kept))[: f.limit]  # newest first
+    kept = newest_first([s for s in summaries if f.keeps(s)])
+    shown = kept[f.start : f.start + f.limit]
     base = _run_url(run)
     rows = "".join(
         f'<tr class="trajectory" data-reward="{s.reward}" data-version="{s.policy_version}">'
@@ -325,16 +353,30 @@ def trajectories_page(run: RunEntry, summaries: Sequence[TrajectorySummary], f: 
     statuses = sorted({s.status for s in summaries})
     count = (
         f'<p id="count">{len(kept)} of {len(summaries)} trajectories match'
-        + (f"; the newest {f.limit} are shown" if len(kept) > f.limit else "")
+        + (f"; newest first, {f.start + 1} to {f.start + len(shown)} shown" if shown else "")
         + "</p>"
     )
     body = (
         f'<h1>Trajectories of <a href="{base}">{escape(run.run_id)}</a></h1>'
         + _filter_form(f, statuses)
         + count
+        + _pager(f, f"{base}/trajectories", len(kept), live=run.live)
         + table
     )
-    return _page(f"trajectories of {run.run_id}", body, live=run.live)
+    # never reloads itself: a filter being typed would be wiped (a live run gets a reload link)
+    return html_page(f"trajectories of {run.run_id}", body, live=False)
+
+
+def _pager(f: TrajectoryFilter, base: str, num_kept: int, *, live: bool) -> str:
+    links = []
+    if f.start > 0:
+        links.append(f'<a id="newer" href="{escape(f.page_url(base, f.start - f.limit))}">← newer</a>')
+    if f.start + f.limit < num_kept:
+        links.append(f'<a id="older" href="{escape(f.page_url(base, f.start + f.limit))}">older →</a>')
+    if live:
+        again = escape(f.page_url(base, f.start))
+        links.append(f'<a id="reload" href="{again}">reload (the run is live)</a>')
+    return f'<p class="pager">{" · ".join(links)}</p>' if links else ""
 
 
 # -------------------------------------------------------------------------------- trajectory
@@ -410,14 +452,12 @@ def _turns_html(fetched: Fetched, decode: Callable[[int], str] | None) -> str:
     return "".join(out)
 
 
-def trajectory_page(
-    run: RunEntry, fetched: Fetched, *, jaeger_url: str, decode: Callable[[int], str] | None
-) -> str:
+def trajectory_page(run: RunEntry, fetched: Fetched, *, decode: Callable[[int], str] | None) -> str:
     t = fetched.trajectory
     trained = int(t.loss_mask.sum()) if len(t.loss_mask) else 0
     trace = (
-        f'<a id="trace-link" href="{escape(jaeger_url.rstrip("/"))}/trace/{escape(fetched.trace_id)}">'
-        f"trace {escape(fetched.trace_id)}</a>"
+        f'<a id="trace-link" href="/traces/{escape(fetched.trace_id)}">'
+        f"trace {escape(fetched.trace_id)}</a> (the episode, and the step that trained it)"
         if fetched.trace_id
         else '<span class="muted">no trace context</span>'
     )
@@ -456,4 +496,4 @@ def trajectory_page(
         + '<span class="legend-box tok masked">masked (loss mask 0)</span></p>'
         + _turns_html(fetched, decode)
     )
-    return _page(f"trajectory {t.trajectory_id[:12]}", body, live=False)
+    return html_page(f"trajectory {t.trajectory_id[:12]}", body, live=False)

@@ -135,6 +135,8 @@ class RunTopicsReader:
         self.undecodable = 0
         self.error: str | None = None
         self._positions: dict[str, dict[int, int]] = {t: {} for t in (trajectories_topic, weights_topic) if t}
+        self._known: set[tuple[int, int]] = set()
+        """(partition, offset) of every trajectory read: a page of any other answers 404 at once."""
         """topic -> partition -> next offset to read."""
         self._last_refresh = 0.0
         self._lock = threading.Lock()
@@ -176,6 +178,8 @@ class RunTopicsReader:
         from confluent_kafka import TopicPartition
 
         with self._lock:
+            if (partition, offset) not in self._known:  # never waits on the broker for it
+                return None
             self._consumer.assign([TopicPartition(self.trajectories_topic, partition, offset)])
             try:
                 deadline = time.monotonic() + self.timeout_s
@@ -266,6 +270,7 @@ class RunTopicsReader:
             return
         trace_id = trace_id_of(_headers(msg.headers()))
         self.summaries.append(_summary(trajectory, msg.partition(), msg.offset(), timestamp_ms, trace_id))
+        self._known.add((msg.partition(), msg.offset()))
 
     def _ingest_weights(self, value: bytes | None, timestamp_ms: int) -> None:
         if value is None:

@@ -11,6 +11,7 @@ every trajectory, batch and weight event. Needs Kafka, Docker, the sandbox image
 from __future__ import annotations
 
 import os
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from tracing_fixtures import running_jaeger
 from stacx.infra.pipeline import load_spec, run_pipeline
 from stacx.infra.services.jaeger import JaegerConfig
 from stacx.infra.telemetry import TracingConfig
-from stacx.infra.traces import Trace, fetch_trace, render_tree, render_waterfall
+from stacx.infra.traces import Trace, fetch_trace, follow_training, render_tree, render_waterfall
 
 STEPS = 2
 
@@ -150,6 +151,14 @@ def test_one_trace_reaches_from_an_episode_to_the_weight_swap(
     assert {"stacx-rollout", "stacx-gateway", "stacx-assemble", "stacx-train", "stacx-serve"} <= services, (
         services
     )
+
+    # any episode, not only a batch's first, leads to the step that trained it (issue 57)
+    others = sorted(linked_trace for linked_trace, _ in batch.links)
+    chosen = random.Random(run_id).choice(others)
+    followed = follow_training(jaeger.query_url, fetch_trace(jaeger.query_url, chosen) or Trace(chosen, []))
+    assert {"assembler.packed", "assembler.batch", "trainer.step", "weights.swap"} <= {
+        s.name for s in followed.spans
+    }, render_tree(followed)
 
     picture = render_waterfall(trace, tmp_path / "trace.png")
     assert picture.read_bytes()[:4] == b"\x89PNG"

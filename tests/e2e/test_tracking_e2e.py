@@ -93,9 +93,11 @@ def _topic_series(bootstrap: str, topics: dict[str, str]) -> dict[str, Series]:
 def _tensorboard(folder: Path) -> dict[str, Series]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(folder))
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
     events.Reload()
-    return {name: {e.step: e.value for e in events.Scalars(name)} for name in FIGURES}
+    junk = [tag for tag in events.Tags()["scalars"] if tag.endswith("_created")]
+    assert not junk, f"Prometheus creation timestamps logged as figures: {junk}"
+    return {name: {e.step: e.value for e in events.Scalars(name)} for name in FIGURES}  # last per step
 
 
 def _wandb(folder: Path) -> dict[str, Series]:
@@ -118,8 +120,12 @@ def _mlflow(folder: Path, run_id: str) -> dict[str, Series]:
     client = MlflowClient(tracking_uri=f"sqlite:///{folder.resolve() / 'mlflow.db'}")
     (found,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert found.info.run_name == run_id and found.info.status == "FINISHED"
-    history_of = client.get_metric_history
-    return {name: {m.step: m.value for m in history_of(found.info.run_id, name)} for name in FIGURES}
+    def latest(name: str) -> Series:  # a revised row is the latest value at its step
+        history = sorted(client.get_metric_history(found.info.run_id, name), key=lambda m: m.timestamp)
+        return {m.step: m.value for m in history}
+
+    assert "trainer.optimizer.max_grad_norm" in " ".join(found.data.params)  # the resolved config
+    return {name: latest(name) for name in FIGURES}
 
 
 @pytest.mark.slow
@@ -139,7 +145,7 @@ def test_every_tracker_holds_the_runs_reward_and_loss_series(
     assert 0 in expected["rollout/reward_mean"]
 
     for name, tracked in {
-        "tensorboard": _tensorboard(root / "tensorboard"),  # float32 event values
+        "tensorboard": _tensorboard(root / "tensorboard" / report["run_id"]),  # float32 event values
         "wandb": _wandb(root / "wandb"),
         "mlflow": _mlflow(root / "mlflow", report["run_id"]),
     }.items():

@@ -288,7 +288,7 @@ def test_the_browser_shows_runs_curves_and_a_trajectorys_trained_tokens(
     assert (
         browser.find_element(By.ID, "trace-link")
         .get_attribute("href")
-        .endswith(f"/trace/{run.trace_ids[trajectory_id]}")
+        .endswith(f"/traces/{run.trace_ids[trajectory_id]}")  # the view's own trace page
     )
     assert "sandbox exit code 0" in browser.find_element(By.CSS_SELECTOR, '.turn[data-turn="2"]').text
     assert "python" in browser.find_element(By.CSS_SELECTOR, '.turn[data-turn="1"]').text

@@ -102,7 +102,7 @@ def test_the_feed_logs_the_topics_series_and_its_group_goes_with_the_run(
         feed.log(2, {"eval/success": 0.5})
         feed.finish(drain=True)
 
-        events = EventAccumulator(str(tmp_path / "tensorboard"))
+        events = EventAccumulator(str(tmp_path / "tensorboard" / run_id))  # a subfolder per run
         events.Reload()
 
         def series(tag: str) -> list[tuple[int, float]]:

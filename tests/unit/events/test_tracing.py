@@ -152,9 +152,20 @@ def test_the_batch_span_continues_the_first_trajectory_and_links_the_others() ->
     with in_memory_tracing() as spans:
         with stage2.batch_span("b-1", ["t-0", "t-1", "t-2", "t-untraced"]) as batch_headers:
             pass
-    (batch,) = spans.get_finished_spans()
+    *packed, batch = spans.get_finished_spans()
     assert batch.name == "assembler.batch"
     assert sorted(link.context.trace_id for link in batch.links) == [101, 102]
+    # each linked trajectory's own trace leads on to the batch (the step that trains it)
+    assert sorted((s.name, s.context.trace_id, s.parent.span_id) for s in packed if s.parent) == [
+        ("assembler.packed", 101, 201),
+        ("assembler.packed", 102, 202),
+    ]
+    for one in packed:
+        ((link,),) = [one.links]
+        assert (link.context.trace_id, link.context.span_id) == (100, batch.context.span_id)
+        assert one.attributes["stacx.batch_id"] == "b-1"
+        assert one.attributes["stacx.batch_trace_id"] == f"{100:032x}"
+    assert sorted(s.attributes["stacx.trajectory_id"] for s in packed) == ["t-1", "t-2"]
     assert batch.parent is not None and (batch.parent.trace_id, batch.parent.span_id) == (100, 200)
     assert batch.attributes["stacx.num_linked"] == 2
     assert _trace_id(batch_headers) == 100

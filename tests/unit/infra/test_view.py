@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import calendar
+import dataclasses
 import json
 import os
 import re
@@ -12,8 +13,9 @@ from pathlib import Path
 import yaml
 
 from stacx.infra.commands.quickstart import _print_summary
+from stacx.infra.view.chart import Line, line_chart
 from stacx.infra.view.curves import per_version, read_trainer_steps, staleness_of, throughput, tokens_per_s
-from stacx.infra.view.pages import TrajectoryFilter, trajectories_page, trajectory_page
+from stacx.infra.view.pages import TrajectoryFilter, run_page, trajectories_page, trajectory_page
 from stacx.infra.view.reader import Fetched, TrajectorySummary, VersionPoint, trace_id_of
 from stacx.infra.view.runs import RunStatus, merge_runs, read_run_dir, runs_on_broker
 from stacx.infra.view.tokens import turn_spans
@@ -205,10 +207,10 @@ def test_turn_spans_cover_every_token_once_in_order() -> None:
 def test_the_trajectory_page_shows_each_token_once_coloured_by_its_loss_mask() -> None:
     t = _trajectory()
     fetched = Fetched(t, {"traceparent": b"00-" + b"ab" * 16 + b"-" + b"cd" * 8 + b"-01"}, 1, 7)
-    html = trajectory_page(_run(), fetched, jaeger_url="http://127.0.0.1:16686/", decode=None)
+    html = trajectory_page(_run(), fetched, decode=None)
     assert len(re.findall(r'class="tok trained"', html)) == int(t.loss_mask.sum()) == 5
     assert len(re.findall(r'class="tok masked"', html)) == len(t.token_ids) - 5
-    assert 'href="http://127.0.0.1:16686/trace/' + "ab" * 16 + '"' in html
+    assert 'href="/traces/' + "ab" * 16 + '"' in html  # the view's own trace page, not Jaeger's
     assert "<b>6*7</b>" not in html and "&lt;b&gt;6*7&lt;/b&gt;" in html  # the run's text is escaped
     assert re.search(r'sandbox exit code <span class="exit-fail">3</span>', html)
     assert "python" in html and "answered" in html
@@ -314,3 +316,48 @@ def test_a_bad_view_section_is_one_line_per_field_and_exit_2(tmp_path: Path, cap
         assert args.func(args) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"stacx view: {config}: view") and problem in err[0], err
+
+
+def test_the_list_is_newest_first_by_event_time_whatever_order_the_partitions_were_read() -> None:
+    # read cold: partition 1 (older events) drained after partition 0 (newer ones)
+    summaries = [_summary(2, 1.0, 5000 + i, partition=0, offset=i) for i in range(3)]
+    summaries += [_summary(1, 1.0, 1000 + i, partition=1, offset=i) for i in range(3)]
+    html = trajectories_page(_run(), summaries, TrajectoryFilter(limit=2))
+    assert re.findall(r'data-version="(\d)"', html) == ["2", "2"]
+    assert re.findall(r"/trajectories/(\d/\d)", html) == ["0/2", "0/1"]
+
+
+def test_pages_go_past_the_first_and_keep_the_filter() -> None:
+    summaries = [_summary(1, 1.0, t) for t in range(12000)]
+    f = TrajectoryFilter(min_reward=1.0, limit=5000, start=10000)
+    html = trajectories_page(_run(), summaries, f)
+    assert len(re.findall(r'<tr class="trajectory"', html)) == 2000
+    assert "10001 to 12000 shown" in html
+    assert 'id="newer" href="/runs/r-1/trajectories?min_reward=1.0&amp;limit=5000&amp;start=5000"' in html
+    assert 'id="older"' not in html  # the last page
+
+
+def test_the_list_never_reloads_itself_so_a_filter_being_typed_stays() -> None:
+    live = dataclasses.replace(_run(), status=RunStatus.RUNNING)
+    assert live.live
+    html = trajectories_page(live, [_summary(1, 1.0, 1)], TrajectoryFilter(task="arith"))
+    assert 'http-equiv="refresh"' not in html
+    assert 'id="reload" href="/runs/r-1/trajectories?task=arith&amp;limit=200&amp;start=0"' in html
+
+
+def test_the_warm_start_curve_comes_from_the_report_when_the_logs_have_none() -> None:
+    report = {"sft_loss": [[1, 2.5], [2, 1.75], ["x", None]]}
+    html = run_page(
+        dataclasses.replace(_run(), report=report), summaries=[], rows=[], steps=[], newest_version=None,
+        stage=None, reader_error=None, undecodable=0,
+    )
+    assert re.search(r'id="chart-loss" data-points="2"', html)
+
+
+def test_charts_are_matplotlib_svg_with_wide_labels_kept_whole() -> None:
+    html = line_chart("loss", [Line("loss", [(1, 4350.0), (2, 4352.5)])], x_label="step", y_label="loss",
+                      chart_id="c")
+    assert html.startswith('<figure class="chart" id="c" data-points="2"')
+    assert "<svg" in html and "Matplotlib" in html
+    labels = re.findall(r"<text[^>]*>([^<]*)</text>", html)
+    assert any(label.startswith("4") and len(label) >= 4 for label in labels), labels  # e.g. 4350.5

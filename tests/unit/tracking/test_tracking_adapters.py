@@ -43,7 +43,7 @@ def test_tensorboard_event_files_hold_each_series_by_version(tmp_path: Path) -> 
     run = _run(tmp_path, "tensorboard")
     _feed(build_tracker("tensorboard", {"flush_secs": 1}, run))
 
-    events = EventAccumulator(str(run.dir))
+    events = EventAccumulator(str(run.dir / run.run_id))  # each run its own subfolder
     events.Reload()
     series = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
     assert series == {

@@ -213,3 +213,17 @@ def test_a_tracker_that_cannot_be_built_stops_the_run_with_one_line(
     )
     assert message.endswith(f"PermissionError: {layout.root / 'tracking' / 'refusing'} is read-only")
     assert "\n" not in message
+
+
+def test_the_trackers_get_the_resolved_config_defaults_included(tmp_path: Path) -> None:
+    from stacx.infra.pipeline import load_spec
+    from stacx.infra.pipeline.layout import RunLayout
+    from stacx.infra.pipeline.tracking import run_config
+
+    spec = load_spec(Path(__file__).resolve().parents[3] / "examples" / "quickstart.yaml")
+    spec.pipeline.runs_dir = str(tmp_path)
+    config = run_config(spec, RunLayout.create(spec))
+    trainer = config["services"]["trainer"]
+    assert trainer["optimizer"]["max_grad_norm"] == 1.0  # a default the quickstart file does not write
+    assert "max_grad_norm" not in str(config["written"]["trainer"])
+    assert set(config["services"]) >= {"rollout", "assembler", "trainer"}

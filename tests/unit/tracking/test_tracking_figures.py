@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -84,11 +86,11 @@ def _batch(versions: list[int], rewards: list[float]) -> TrainingBatch:
 def test_a_version_gets_its_trainer_figures_on_arrival_and_its_rollout_figures_once_settled() -> None:
     figures = RunFigures(settle_versions=2, samples_per_version=1)
     for n, reward in enumerate([1.0, 0.0, 1.0, 1.0]):
-        figures.observe_trajectory(_trajectory(n, 0, reward, tools=n % 2))
+        figures.observe_trajectory(_trajectory(n, 0, reward, tools=n % 2), 1000 + n)
     figures.observe_batch(_batch([0, 0], [1.0, 0.0]))
 
     (trainer,) = figures.observe_weights(
-        _weights(1, loss=0.5, num_tokens=100.0, seconds=4.0, **{"policy/kl": 0.01})
+        _weights(1, loss=0.5, num_tokens=100.0, seconds=4.0, **{"policy/kl": 0.01}), 2000
     )
     assert trainer.step == 1 and trainer.table is None
     assert trainer.metrics == {
@@ -102,11 +104,12 @@ def test_a_version_gets_its_trainer_figures_on_arrival_and_its_rollout_figures_o
         "assembler/batch_reward_mean": 0.5,
     }
     figures.observe_trajectory(
-        _trajectory(9, 0, 0.0, status=TrajectoryStatus.FAILED)
+        _trajectory(9, 0, 0.0, status=TrajectoryStatus.FAILED), 2500
     )  # late, not yet settled
 
-    trainer2, rollout0 = figures.observe_weights(_weights(2, loss=0.25))
+    trainer2, rollout0 = figures.observe_weights(_weights(2, loss=0.25), 4000)
     assert trainer2.step == 2 and trainer2.metrics["assembler/batches"] == 0.0
+    assert trainer2.metrics["perf/episodes_per_s"] == pytest.approx(1 / 2.0)  # one in 2 s
     assert rollout0.step == 0
     rewards = [1.0, 0.0, 1.0, 1.0, 0.0]
     assert rollout0.metrics["rollout/episodes"] == 5
@@ -140,15 +143,54 @@ def test_each_task_type_gets_its_own_reward_series() -> None:
     assert rollout.metrics["rollout/code_python/episodes"] == 2
 
 
-def test_an_episode_after_its_version_was_logged_is_counted_late_and_a_redelivery_once() -> None:
+def test_an_episode_after_its_version_was_logged_revises_its_row_and_a_redelivery_counts_once() -> None:
     figures = RunFigures(settle_versions=1)
-    figures.observe_trajectory(_trajectory(0, 0, 1.0))
-    figures.observe_trajectory(_trajectory(0, 0, 1.0))  # the same event again (at-least-once)
-    _, rollout = figures.observe_weights(_weights(1))
-    assert rollout.metrics["rollout/episodes"] == 1
-    figures.observe_trajectory(_trajectory(1, 0, 0.0))
-    assert figures.num_late == 1
-    assert figures.flush() == []
+    figures.observe_trajectory(_trajectory(0, 0, 1.0), 10)
+    figures.observe_trajectory(_trajectory(0, 0, 1.0), 11)  # the same event again (at-least-once)
+    _, rollout = figures.observe_weights(_weights(1), 20)
+    assert rollout.metrics["rollout/episodes"] == 1 and rollout.table is not None
+    figures.observe_trajectory(_trajectory(1, 0, 0.0), 30)  # a straggler of v0
+    assert figures.num_revised == 1
+    (revised,) = figures.flush()
+    assert revised.step == 0 and revised.table is None  # the table went with the first row
+    assert revised.metrics["rollout/episodes"] == 2
+    assert revised.metrics["rollout/reward_mean"] == 0.5
+    assert revised.metrics["rollout/staleness_mean"] == 0.5  # the straggler came when v1 was live
+    assert figures.flush() == []  # nothing changed since
+
+
+def test_a_straggler_is_revised_in_at_the_next_version_too() -> None:
+    figures = RunFigures(settle_versions=1)
+    figures.observe_trajectory(_trajectory(0, 0, 1.0), 10)
+    figures.observe_weights(_weights(1), 20)
+    figures.observe_trajectory(_trajectory(1, 0, 0.0), 30)
+    figures.observe_trajectory(_trajectory(2, 1, 1.0), 31)
+    trainer, revised, rollout1 = figures.observe_weights(_weights(2), 40)
+    assert (revised.step, revised.metrics["rollout/episodes"]) == (0, 2.0)
+    assert (rollout1.step, rollout1.metrics["rollout/episodes"]) == (1, 1.0)
+
+
+def test_staleness_is_counted_against_the_version_live_at_arrival_not_the_newest_settled() -> None:
+    figures = RunFigures(settle_versions=3)
+    figures.note_published(1, 100)  # read off the weights topic, not settled yet
+    figures.note_published(2, 200)
+    figures.observe_trajectory(_trajectory(0, 0, 1.0), 150)  # v1 live: 1 behind
+    figures.observe_trajectory(_trajectory(1, 0, 1.0), 250)  # v2 live: 2 behind
+    figures.observe_trajectory(_trajectory(2, 0, 1.0), 50)  # v0 live: fresh
+    (row,) = figures.flush()
+    assert row.metrics["rollout/staleness_mean"] == pytest.approx(1.0)
+    assert row.metrics["rollout/staleness_max"] == 2.0
+
+
+def test_response_lengths_and_truncation_follow_verl_names() -> None:
+    figures = RunFigures(settle_versions=1)
+    figures.observe_trajectory(_trajectory(0, 0, 1.0, generated=1), 1)
+    figures.observe_trajectory(_trajectory(1, 0, 1.0, generated=5, status=TrajectoryStatus.TRUNCATED), 2)
+    (row,) = figures.flush()
+    assert row.metrics["rollout/response_length/mean"] == 3.0
+    assert row.metrics["rollout/response_length/max"] == 5.0
+    assert row.metrics["rollout/response_length/min"] == 1.0
+    assert row.metrics["rollout/response_length/clip_ratio"] == 0.5
 
 
 def test_flush_logs_every_version_left_in_order_and_a_reannounced_version_nothing() -> None:
@@ -172,3 +214,36 @@ def test_the_assembler_filter_decides_the_dropped_rate() -> None:
 def test_figure_names_keep_only_what_every_tracker_takes() -> None:
     assert figure_name("policy/kl") == "policy/kl"
     assert figure_name("a:b@c") == "a_b_c"
+
+
+def test_the_assembly_wait_runs_from_a_batchs_newest_trajectory_to_the_batch() -> None:
+    figures = RunFigures(settle_versions=1)
+    figures.observe_trajectory(_trajectory(0, 0, 1.0), 1000)
+    figures.observe_trajectory(_trajectory(1, 0, 1.0), 3000)
+    figures.observe_batch(_batch([0, 0], [1.0, 1.0]), 3500)  # t0, t1
+    figures.observe_batch(_batch([0], [1.0]), 2000)  # t0 only
+    trainer, _ = figures.observe_weights(_weights(1), 4000)
+    assert trainer.metrics["assembler/wait_s_mean"] == pytest.approx((0.5 + 1.0) / 2)
+
+
+def test_the_episode_time_comes_from_the_rollouts_duration_metadata() -> None:
+    figures = RunFigures(settle_versions=1)
+    for n, ms in enumerate(["1500", "2500", "not a number"]):
+        t = _trajectory(n, 0, 1.0)
+        figures.observe_trajectory(dataclasses.replace(t, metadata={**t.metadata, "duration_ms": ms}), n)
+    (row,) = figures.flush()
+    assert row.metrics["rollout/episode_s_mean"] == 2.0 and row.metrics["rollout/episode_s_max"] == 2.5
+
+
+def test_the_publish_to_swap_time_of_each_version_once_both_are_known() -> None:
+    figures = RunFigures(settle_versions=1)
+    figures.note_swap(1, 2600)  # seen before the feed read the weights event
+    assert figures.swap_points() == []
+    figures.note_published(1, 2000)
+    figures.note_published(2, 5000)
+    (point,) = figures.swap_points()
+    assert (point.step, point.metrics) == (1, {"perf/publish_to_swap_s": 0.6})
+    figures.note_swap(1, 9000)  # seen again later: the first sighting counts
+    figures.note_swap(2, 5250)
+    assert [(p.step, p.metrics["perf/publish_to_swap_s"]) for p in figures.swap_points()] == [(2, 0.25)]
+    assert figures.swap_points() == []

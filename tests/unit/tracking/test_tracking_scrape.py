@@ -27,3 +27,22 @@ def test_counters_become_rates_gauges_values_and_histograms_means() -> None:
     assert second["inference/requests_per_s"] == 0.0
     assert second["inference/request_latency_seconds_mean"] == pytest.approx(3.0)  # of the two since
     assert "inference/batch_size_mean" not in second  # nothing observed since: no mean
+
+
+def test_the_created_timestamps_of_counters_and_histograms_are_no_figures() -> None:
+    metrics = Metrics()
+    metrics.inc("generated_tokens_total", 1)
+    metrics.observe_latency(1.0)
+    text = metrics.render()
+    assert "stacx_inference_generated_tokens_created" in text  # prometheus_client writes them
+    rates = ScrapeRates(MetricsEndpoint("inference", "http://127.0.0.1:1/metrics"))
+    first = rates.figures(text, now=1.0)
+    second = rates.figures(metrics.render(), now=2.0)
+    assert not [name for name in {**first, **second} if name.endswith("_created")]
+    assert "inference/generated_tokens_per_s" in second
+
+
+def test_a_gauge_of_our_own_that_ends_in_created_stays() -> None:
+    text = "# TYPE stacx_gateway_sessions_created gauge\nstacx_gateway_sessions_created 3\n"
+    rates = ScrapeRates(MetricsEndpoint("gateway", "http://127.0.0.1:1/metrics"))
+    assert rates.figures(text, now=1.0) == {"gateway/sessions_created": 3.0}

@@ -208,5 +208,6 @@ def test_each_published_version_carries_the_figures_of_the_step_that_made_it(tmp
         assert figures["num_tokens"] == result.num_tokens
         assert figures["seconds"] == result.seconds > 0
         assert figures["policy/grad_norm"] == result.metrics["policy/grad_norm"] > 0
+        assert figures["policy/lr"] == trainer.models["policy"].optimizer.param_groups[0]["lr"] > 0
         assert {k: figures[k] for k in result.metrics} == result.metrics
         assert version.metadata["batch_id"] == result.batch_id

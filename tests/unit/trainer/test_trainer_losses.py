@@ -701,3 +701,18 @@ def test_returns_and_gae_of_one_position() -> None:
     assert losses.returns_to_go(reward, mask).tolist() == [[2.0]]
     adv, ret = losses.gae(reward, value, mask)
     assert (adv.tolist(), ret.tolist()) == ([[1.5]], [[2.0]])
+
+
+def test_advantage_metrics_per_sequence_and_per_token_by_hand() -> None:
+    from stacx.trainer.losses import advantage_metrics
+
+    mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]])
+    per_sequence = torch.tensor([1.5, -0.5])
+    assert advantage_metrics(per_sequence, mask) == {
+        "advantages_mean": 0.5, "advantages_max": 1.5, "advantages_min": -0.5,
+    }
+    per_token = torch.tensor([[2.0, 4.0, 100.0], [-100.0, 0.0, -3.0]])  # masked: 100, -100
+    assert advantage_metrics(per_token, mask) == pytest.approx(
+        {"advantages_mean": 0.75, "advantages_max": 4.0, "advantages_min": -3.0}
+    )
+    assert advantage_metrics(torch.zeros(0), torch.zeros(0, 3)) == {}
