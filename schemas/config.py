@@ -21,16 +21,32 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import pydantic
 import yaml
 
 from stacx.schemas.topics import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP
 
-__all__ = ["ConfigError", "bootstrap_servers", "build", "load_yaml", "resolve_path", "section"]
+__all__ = [
+    "ConfigError",
+    "Port",
+    "Probability",
+    "bootstrap_servers",
+    "build",
+    "build_partial",
+    "load_yaml",
+    "resolve_path",
+    "section",
+]
 
 T = TypeVar("T")
+
+Port = Annotated[int, pydantic.Field(ge=0, le=65535)]
+"""A TCP port field (0: any free one); `build` reports a value outside 0..65535 with its path.
+Other ranges use pydantic's own types (`PositiveInt`, `NonNegativeFloat`, ...)."""
+Probability = Annotated[float, pydantic.Field(gt=0.0, le=1.0)]
+"""A share in (0, 1] (e.g. nucleus sampling's `top_p`)."""
 
 
 class ConfigError(ValueError):
@@ -115,6 +131,48 @@ def build(cls: type[T], data: Mapping[str, Any], where: str) -> T:
             raise ConfigError(f"{where}: {exc}") from exc
         raise
     return value
+
+
+def build_partial(cls: type[T], data: Mapping[str, Any], where: str) -> tuple[T | None, list[str]]:
+    """`build`, and when it fails, `cls` built again with each invalid field left at its default:
+    (that value, every problem line). The value lets the checks of what a section names (its
+    recipe, reward, scaffold) run beside its type errors, so one pass reports both; it is None
+    when a whole-object check (`__post_init__`) or a required field stands in the way."""
+    try:
+        return build(cls, data, where), []
+    except ConfigError as exc:
+        lines = list(exc.lines)
+    current: Any = _deep_copy(data)
+    for _ in range(4):  # each round drops the fields the last one refused; nesting is shallow
+        try:
+            root: Any = _root(cls)  # type: ignore[arg-type]
+            return root.model_validate({"value": current}).value, lines
+        except pydantic.ValidationError as exc:
+            errors = exc.errors()
+        except (TypeError, ValueError):
+            return None, lines
+        if not all(err["type"] != "value_error" and _drop(current, err["loc"][1:]) for err in errors):
+            return None, lines
+    return None, lines
+
+
+def _deep_copy(data: Any) -> Any:
+    if isinstance(data, Mapping):
+        return {k: _deep_copy(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_deep_copy(v) for v in data]
+    return data
+
+
+def _drop(tree: Any, loc: Sequence[Any]) -> bool:
+    """Remove the mapping entry at `loc` (the field falls back to its default); False when
+    `loc` does not end at a mapping entry."""
+    for part in loc[:-1]:
+        tree = tree.get(part) if isinstance(tree, Mapping) else None
+    if not loc or not isinstance(tree, dict) or loc[-1] not in tree:
+        return False
+    del tree[loc[-1]]
+    return True
 
 
 @functools.cache

@@ -22,7 +22,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--to-offset", type=int)
     p.add_argument("--from-time", help="start at this time (ISO 8601, or epoch ms)")
     p.add_argument("--to-time", help="stop before this time (ISO 8601, or epoch ms)")
-    p.add_argument("--recipe", help="override stacx.trainer.recipe")
+    p.add_argument("--recipe", help="override trainer.recipe")
     p.add_argument("--seed", type=int, help="override trainer.seed")
     p.set_defaults(func=_replay)
 

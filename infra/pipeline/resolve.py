@@ -26,6 +26,7 @@ from stacx.infra.checks import (
     tokenizer_problem,
 )
 from stacx.infra.config import ConfigError, build, resolve_path
+from stacx.schemas.config import build_partial
 from stacx.infra.pipeline.config import PipelineSpec
 from stacx.infra.pipeline.errors import PipelineConfigError
 from stacx.infra.pipeline.layout import (
@@ -250,7 +251,8 @@ def _owned_conflicts(spec: PipelineSpec, layout: RunLayout) -> dict[str, str]:
 
 def _built_sections(spec: PipelineSpec, layout: RunLayout) -> tuple[dict[str, Any], list[str]]:
     """Every service section, completed with the run's values, built by the one config loader;
-    the sections that do not build are left out, their problems are the lines."""
+    a section with invalid fields is built with those at their defaults (left out when it cannot
+    be), their problems are the lines."""
     from stacx.consumers.assembly import AssemblerApp
     from stacx.rollout.config import RolloutConfig
     from stacx.rollout.inference.router import RouterConfig
@@ -274,10 +276,10 @@ def _built_sections(spec: PipelineSpec, layout: RunLayout) -> tuple[dict[str, An
         ("assembler", AssemblerApp.Config, p.assembler["assembler"]),
         ("trainer", TrainerConfig, p.trainer),
     ):
-        try:
-            built[name] = build(cls, data, where=f"{spec.source}: {name}")
-        except ConfigError as exc:
-            lines += exc.lines
+        value, problems = build_partial(cls, data, where=f"{spec.source}: {name}")
+        lines += problems
+        if value is not None:  # with its invalid fields at their defaults: what it names is checked too
+            built[name] = value
     return built, lines
 
 
@@ -369,9 +371,9 @@ def _recipe_problems(spec: PipelineSpec, config: Any) -> list[str]:
     try:
         recipe = get_recipe(config.recipe)
     except TrainerError as exc:
-        return [f"{spec.source}: stacx.trainer.recipe: {exc}"]
+        return [f"{spec.source}: trainer.recipe: {exc}"]
     if recipe.needs_greedy_row:  # the rollout samples every group at its evaluators' temperature
-        return [f"{spec.source}: stacx.trainer.recipe: {config.recipe!r} needs one greedy (temperature 0) "
+        return [f"{spec.source}: trainer.recipe: {config.recipe!r} needs one greedy (temperature 0) "
                 "sample per prompt group as its baseline, and the pipeline's rollout samples none; "
                 "use rloo or grpo here, or train it with `stacx train` on batches that carry one"]
     return []
