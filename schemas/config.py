@@ -26,6 +26,7 @@ from typing import Annotated, Any, TypeVar
 import pydantic
 import yaml
 
+from stacx.schemas.plugins import did_you_mean
 from stacx.schemas.topics import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP
 
 __all__ = [
@@ -192,7 +193,7 @@ def _line(cls: type[Any], err: Any, where: str) -> str:
     kind = err["type"]
     if kind == "unexpected_keyword_argument":
         valid = _fields_at(cls, loc[:-1])
-        return f"{prefix}: unknown field; valid fields: {', '.join(valid)}"
+        return f"{prefix}: unknown field; valid fields: {', '.join(valid)}{did_you_mean(loc[-1], valid)}"
     if kind in ("missing", "missing_argument", "missing_keyword_only_argument"):
         return f"{prefix}: required field is missing"
     message = str(err["msg"])

@@ -23,9 +23,11 @@ and may import nothing of ours but `schemas`.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.metadata
 import inspect
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -35,12 +37,15 @@ __all__ = [
     "PluginInfo",
     "Registry",
     "accepts",
+    "did_you_mean",
     "first_line",
     "import_object",
     "registries",
 ]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 ENTRY_POINT_PREFIX = "stacx."
 """Entry-point groups are `stacx.<point>` (`stacx.rewards`, `stacx.scaffolds`, ...)."""
@@ -65,12 +70,22 @@ class PluginInfo:
     """Where it comes from: `builtin (module)`, `registered (module)`, `entry point (dist)`."""
     summary: str = ""
     """First line of its docstring."""
+    problem: str = ""
+    """Why a config naming it fails or gets something else (a broken or shadowed entry point)."""
 
 
 def first_line(exc: BaseException) -> str:
     """`Type: first line of the message` of an exception."""
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def did_you_mean(name: object, choices: list[str]) -> str:
+    """`; did you mean 'x'?` for the closest of `choices` to a mistyped `name`, else ``."""
+    if not isinstance(name, str):
+        return ""
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def import_object(path: str) -> Any:
@@ -212,15 +227,24 @@ class Registry(Generic[T]):
             return import_object(ref)  # type: ignore[no-any-return]
         self._builtin()
         if ref in self._entries:
+            self._warn_shadowed(ref)
             return self._entries[ref][0]
         for ep in self._entry_points():
             if ep.name == ref:
                 return self._load_entry_point(ep)
+        names = self.names()
         raise PluginError(
-            f"{ref!r} is not a known {self.what}; use one of {self.names()} or a dotted path "
-            "package.module:object (`stacx plugins` lists them)",
+            f"{ref!r} is not a known {self.what}; use one of {names} or a dotted path "
+            f"package.module:object (`stacx plugins` lists them){did_you_mean(ref, names)}",
             kind="unknown",
         )
+
+    def _warn_shadowed(self, name: str) -> None:
+        for ep in self._entry_points():
+            if ep.name == name:
+                winner = self._entries[name][1]
+                log.warning("%s %r: the entry point %s (%s) is ignored: the %s of that name wins; "
+                            "rename the entry point", self.what, name, self.group, ep.value, winner)
 
     def _load_entry_point(self, ep: importlib.metadata.EntryPoint) -> T:
         if ":" in ep.value:
@@ -243,11 +267,26 @@ class Registry(Generic[T]):
         """Every name this point knows, with where it comes from."""
         self._builtin()
         infos = [PluginInfo(name, origin, _summary(obj)) for name, (obj, origin) in self._entries.items()]
-        for ep in self._entry_points():
-            if ep.name not in self._entries:
-                dist = ep.dist.name if ep.dist is not None else "?"
-                infos.append(PluginInfo(ep.name, f"entry point {self.group} of {dist} ({ep.value})"))
+        infos += [self._entry_point_info(ep) for ep in self._entry_points()]
         return sorted(infos, key=lambda info: info.name)
+
+    def _entry_point_info(self, ep: importlib.metadata.EntryPoint) -> PluginInfo:
+        """An entry point as `stacx plugins` shows it: loaded and checked, so a broken one says why."""
+        dist = ep.dist.name if ep.dist is not None else "?"
+        origin = f"entry point {self.group} of {dist} ({ep.value})"
+        if ep.name in self._entries:
+            winner = self._entries[ep.name][1]
+            return PluginInfo(ep.name, origin, problem=f"shadowed by the {winner} of that name, which "
+                              "configs get; rename the entry point")
+        try:
+            obj = self._load_entry_point(ep)
+            problem = self._check(obj) if self._check is not None else None
+        except PluginError as exc:
+            return PluginInfo(ep.name, origin, problem=f"broken: {exc}")
+        if problem:
+            problem = f"broken: wrong signature for a {self.what}: {problem}"
+            return PluginInfo(ep.name, origin, problem=problem)
+        return PluginInfo(ep.name, origin, _summary(obj))
 
 
 def _summary(obj: Any) -> str:

@@ -38,6 +38,8 @@ def register(subparsers: Any) -> None:
 
 
 def _apply_overrides(config: Any, args: argparse.Namespace) -> None:
+    from stacx.infra.config import ConfigError
+
     if args.recipe:
         config.recipe = args.recipe
     if args.max_steps is not None:
@@ -48,7 +50,9 @@ def _apply_overrides(config: Any, args: argparse.Namespace) -> None:
         config.source.topic = args.topic
     if args.group_id:
         config.source.group_id = args.group_id
-    if args.world_size:
+    if args.world_size is not None:
+        if args.world_size < 1:
+            raise ConfigError(f"--world-size {args.world_size}: spawn at least 1 rank")
         config.backend.kind, config.backend.world_size = "fsdp2", args.world_size
     if args.replay_from_offset is not None:
         config.source.replay_from_offset = args.replay_from_offset
@@ -79,23 +83,25 @@ def load_trainer_config(path: str, overrides: argparse.Namespace | None = None) 
         if problem:
             lines.append(f"{where}: {problem}")
     if not spawns_ranks(config.backend):
-        problem = _recipe_problem(config.recipe)
-        if problem:
-            lines.append(problem if overrides and overrides.recipe else f"{where}: recipe: {problem}")
+        problems = _recipe_problems(config.recipe, config.role_options, where)
+        if problems and not problems[0].startswith(f"{where}: "):  # the recipe itself
+            problems[0] = problems[0] if overrides and overrides.recipe else f"{where}: recipe: {problems[0]}"
+        lines += problems
     if lines:
         raise ConfigError(lines)
     return config
 
 
-def _recipe_problem(ref: str) -> str | None:
+def _recipe_problems(ref: str, role_options: dict[str, Any], where: str) -> list[str]:
+    """The recipe resolves and `role_options` are options it declares (one line each)."""
     from stacx.trainer.errors import TrainerError
-    from stacx.trainer.recipe import get_recipe
+    from stacx.trainer.recipe import get_recipe, role_options_problems
 
     try:
-        get_recipe(ref)
+        recipe = get_recipe(ref)
     except TrainerError as exc:
-        return str(exc)
-    return None
+        return [str(exc)]
+    return [f"{where}: {line}" for line in role_options_problems(recipe, ref, role_options)]
 
 
 def _train(args: argparse.Namespace) -> int:

@@ -31,6 +31,7 @@ from stacx.infra.pipeline.services import RestartPolicy
 from stacx.infra.pipeline.wires import wire_value
 from stacx.infra.telemetry import TracingConfig
 from stacx.infra.tracking.config import TrackingConfig
+from stacx.schemas.plugins import did_you_mean
 from stacx.schemas.topics import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, TopicPolicy
 
 __all__ = [
@@ -502,8 +503,8 @@ def _valid_hint(loc: tuple[Any, ...]) -> str:
         if info is None:
             return ""
         model = _model_of(info.annotation)
-    fields = getattr(model, "model_fields", None)
-    return f"; valid fields: {', '.join(sorted(fields))}" if fields else ""
+    fields = sorted(getattr(model, "model_fields", None) or [])
+    return f"; valid fields: {', '.join(fields)}{did_you_mean(str(loc[-1]), fields)}" if fields else ""
 
 
 def _model_of(annotation: Any) -> Any:

@@ -26,7 +26,6 @@ from stacx.infra.checks import (
     tokenizer_problem,
 )
 from stacx.infra.config import ConfigError, build, resolve_path
-from stacx.schemas.config import build_partial
 from stacx.infra.pipeline.config import PipelineSpec
 from stacx.infra.pipeline.errors import PipelineConfigError
 from stacx.infra.pipeline.layout import (
@@ -44,6 +43,7 @@ from stacx.infra.pipeline.layout import (
 )
 from stacx.infra.pipeline.wires import WIRES, get_path, wire_conflicts
 from stacx.rollout.tokens import model_vocab_size
+from stacx.schemas.config import build_partial
 from stacx.schemas.records import export_dir_name
 
 __all__ = [
@@ -367,11 +367,15 @@ def _unique(lines: list[str]) -> list[str]:
 
 def _recipe_problems(spec: PipelineSpec, config: Any) -> list[str]:
     from stacx.trainer import TrainerError, get_recipe
+    from stacx.trainer.recipe import role_options_problems
 
     try:
         recipe = get_recipe(config.recipe)
     except TrainerError as exc:
         return [f"{spec.source}: trainer.recipe: {exc}"]
+    options = role_options_problems(recipe, config.recipe, config.role_options)
+    if options:
+        return [f"{spec.source}: trainer.{line}" for line in options]
     if recipe.needs_greedy_row:  # the rollout samples every group at its evaluators' temperature
         return [f"{spec.source}: trainer.recipe: {config.recipe!r} needs one greedy (temperature 0) "
                 "sample per prompt group as its baseline, and the pipeline's rollout samples none; "

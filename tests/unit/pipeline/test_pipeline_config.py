@@ -267,7 +267,7 @@ def test_recipe_scaffold_reward_and_strategy_are_resolved_up_front() -> None:
     assert {"grpo", "sft", "dagger"} <= set(known)
     assert _check_lines(_tree(trainer={"recipe": "grpoo"})) == [
         f"f.yaml: trainer.recipe: 'grpoo' is not a known recipe; use one of {known} or a dotted path "
-        "package.module:object (`stacx plugins` lists them)"
+        "package.module:object (`stacx plugins` lists them); did you mean 'grpo'?"
     ]
     evaluator = {"scaffold": "termnal"}
     (line,) = _check_lines(_tree(rollout={"manager": {"evaluators": {"default": evaluator}}}))
@@ -275,6 +275,7 @@ def test_recipe_scaffold_reward_and_strategy_are_resolved_up_front() -> None:
         "f.yaml: rollout.manager.evaluators.default.scaffold: 'termnal' is not a known scaffold; "
         "use one of ['retool', 'single_turn', 'terminal']"
     )
+    assert line.endswith("; did you mean 'terminal'?")
     evaluator = {"scaffold": "retool", "reward": "exact"}
     (line,) = _check_lines(_tree(rollout={"manager": {"evaluators": {"default": evaluator}}}))
     assert line.startswith(
