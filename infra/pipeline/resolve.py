@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from stacx.infra.checks import (
+    bad_row_lines,
     harbor_problems,
     jsonl_problems,
     model_problem,
@@ -44,6 +45,7 @@ from stacx.infra.pipeline.layout import (
 from stacx.infra.pipeline.wires import WIRES, get_path, wire_conflicts
 from stacx.rollout.tokens import model_vocab_size
 from stacx.schemas.config import build_partial
+from stacx.schemas.plugins import first_line
 from stacx.schemas.records import export_dir_name
 
 __all__ = [
@@ -321,6 +323,8 @@ def _semantic(spec: PipelineSpec, built: dict[str, Any], unchecked: set[str] | N
     lines: list[str] = []
     if "trainer" in built:
         lines += _recipe_problems(spec, built["trainer"])
+    if "inference" in built:
+        lines += _engine_problems(spec, built["inference"])
     if "rollout" in built:
         lines += _rollout_problems(spec, built["rollout"])
         if "assembler" in built:
@@ -393,6 +397,19 @@ def _rollout_problems(spec: PipelineSpec, config: Any) -> list[str]:
     return [f"{spec.source}: rollout: {problem}"] if problem else []
 
 
+def _engine_problems(spec: PipelineSpec, config: Any) -> list[str]:
+    """The inference engine imports and has an engine factory's signature (a plug-in engine's
+    module is imported here, not first in the server process)."""
+    from stacx.rollout.inference.serving import ENGINES
+    from stacx.schemas.plugins import PluginError
+
+    try:
+        ENGINES.resolve(config.engine)
+    except PluginError as exc:
+        return [f"{spec.source}: inference.engine: {exc}"]
+    return []
+
+
 def _grouping_problems(spec: PipelineSpec, rollout: Any, assembler: Any) -> list[str]:
     n, group = rollout.data.samples_per_task, assembler.grouping.group_size
     places = WIRES["group_size"].places
@@ -449,6 +466,9 @@ def _source_problems(spec: PipelineSpec) -> list[str]:
         task_set = build_task_set(tasks.source, tasks.options)
     except RolloutConfigError as exc:
         return [f"pipeline.tasks.source: {exc}"]
+    lines = _source_row_problems(task_set, tasks.source)
+    if lines:
+        return lines
     demonstrates = callable(getattr(task_set, "demonstration", None))
     if cfg.sft is not None and cfg.transcripts is None and not demonstrates:
         return [
@@ -456,6 +476,25 @@ def _source_problems(spec: PipelineSpec) -> list[str]:
             "set `pipeline.transcripts`, or remove `pipeline.sft`"
         ]
     return []
+
+
+def _source_row_problems(task_set: Any, ref: str) -> list[str]:
+    """Every row `train_tasks()` (and `heldout_tasks()`) returns is a task: all bad rows at once."""
+    from stacx.rollout.data import row_problems
+
+    lines = []
+    for method in ("train_tasks", "heldout_tasks"):
+        produce = getattr(task_set, method, None)
+        if not callable(produce):
+            continue
+        what = f"pipeline.tasks.source: {ref}.{method}()"
+        try:
+            rows = list(produce() or [])
+        except Exception as exc:  # the user's source: one line, not a traceback
+            lines.append(f"{what} raised {first_line(exc)}")
+            continue
+        lines += bad_row_lines(row_problems(rows, where=f"{ref}.{method}()"), "pipeline.tasks.source", "row")
+    return lines
 
 
 def transcript_adapter(spec: PipelineSpec) -> Any:
