@@ -4,7 +4,8 @@ A config field that takes a plug-in (`reward:`, `scaffold:`, `recipe:`, `strateg
 
 - a registered name (`exact_answer`): shipped ones, and whatever code already imported registered;
 - a dotted path `package.module:object` (`mypkg.rewards:score`), imported on first use, in the
-  process that needs it (a service spawned by `stacx run` imports it itself);
+  process that needs it (a service spawned by `stacx run` imports it itself), or a file
+  `path/to/rewards.py:score`;
 - a name that an installed distribution declares in the entry-point group `stacx.<point>`
   (`[project.entry-points."stacx.rewards"] score = "mypkg.rewards:score"`), so a pip-installed
   package adds names without touching a config.
@@ -24,12 +25,16 @@ and may import nothing of ours but `schemas`.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import importlib
 import importlib.metadata
+import importlib.util
 import inspect
 import logging
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 __all__ = [
@@ -89,12 +94,14 @@ def did_you_mean(name: object, choices: list[str]) -> str:
 
 
 def import_object(path: str) -> Any:
-    """The object at `package.module:attr.attr`; every failure is one `PluginError` line."""
-    module_name, _, attr_path = path.partition(":")
+    """The object at `package.module:attr.attr` or `path/to/file.py:attr` (a file that is no
+    package's module, verl's `custom_reward_function.path`); every failure is one `PluginError` line."""
+    module_name, _, attr_path = path.rpartition(":") if ".py:" in path else path.partition(":")
     if not module_name or not attr_path:
         raise PluginError(f"{path!r}: write a dotted path as package.module:object", kind="unknown")
     try:
-        module = importlib.import_module(module_name)
+        module = _load_file(path, module_name) if module_name.endswith(".py") else (
+            importlib.import_module(module_name))
     except ModuleNotFoundError as exc:
         missing = exc.name or ""
         if missing and (module_name == missing or module_name.startswith(missing + ".")):
@@ -114,6 +121,27 @@ def import_object(path: str) -> Any:
             )
         value = getattr(value, part)
     return value
+
+
+def _load_file(path: str, file: str) -> Any:
+    """The module of a Python file, imported once under a name derived from its path."""
+    location = Path(file).expanduser().resolve()
+    if not location.is_file():
+        raise PluginError(f"{path!r}: file {str(location)!r} not found", kind="module")
+    name = f"stacx_file_{hashlib.sha1(str(location).encode()).hexdigest()[:12]}_{location.stem}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, location)
+    if spec is None or spec.loader is None:
+        raise PluginError(f"{path!r}: {str(location)!r} is not a Python module", kind="module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look a module up by its name
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 def _raised_on_import(path: str, module_name: str, exc: BaseException) -> PluginError:

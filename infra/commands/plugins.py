@@ -17,6 +17,7 @@ _OWNERS = (
     "stacx.rollout.scheduler",
     "stacx.rollout.inference.serving",
     "stacx.trainer.recipe",
+    "stacx.trainer.oncall.evaluation",
     "stacx.infra.tracking",
     "stacx.infra.benchmarks",
 )

@@ -522,8 +522,10 @@ def parse_spec(
     """A `PipelineSpec` from an already-loaded YAML tree; with `check`, every service section is
     validated (completed with the run's values) too. All problems of every section are raised
     at once: a broken `pipeline` section does not hide the service sections' problems."""
+    base_dir = base_dir or Path.cwd()
+    use_plugin_paths(_written_plugin_paths(tree, base_dir))  # what the file's sections name imports
     parsed, lines, replaced = _parse_file(tree, source)
-    spec = _spec(parsed, source, base_dir or Path.cwd())
+    spec = _spec(parsed, source, base_dir)
     use_plugin_paths(spec.plugin_paths)
     if check:
         from stacx.infra.pipeline.resolve import check_sections
@@ -532,6 +534,16 @@ def parse_spec(
     elif lines:
         raise PipelineConfigError("\n".join(lines))
     return spec
+
+
+def _written_plugin_paths(tree: Mapping[str, Any], base_dir: Path) -> list[Path]:
+    """`pipeline.plugin_paths` as written (before validation: the plug-ins that `pipeline.tracking`
+    names are imported while the file is validated); a malformed list is reported by the schema."""
+    pipeline = tree.get("pipeline")
+    paths = pipeline.get("plugin_paths") if isinstance(pipeline, Mapping) else None
+    if not isinstance(paths, list):
+        return []
+    return [(base_dir / p).resolve() for p in paths if isinstance(p, str)]
 
 
 _PLACEHOLDERS: dict[str, Any] = {"model": {"tiny": {}}, "tasks": {"jsonl": "tasks.jsonl"}}

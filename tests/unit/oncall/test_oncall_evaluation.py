@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import operator
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,13 @@ def test_evaluator_loads_the_candidate_scores_tasks_and_counts_malformed_calls(
     assert report.success_rate == 0.5 and report.num_tasks == 4 and report.probe_rate == 0.0
 
 
-def test_scorer_specs_are_checked() -> None:
-    with pytest.raises(ConfigError, match="module:function"):
+def test_scorer_specs_are_checked_through_the_plugin_seam(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^evaluation.scorer: 'no_colon' is not a known scorer"):
         load_scorer("no_colon")
-    assert load_scorer("json:dumps") is json.dumps
+    with pytest.raises(ConfigError, match=r"^evaluation.scorer: 'nopkg_xyz:score': module 'nopkg_xyz'"):
+        load_scorer("nopkg_xyz:score")
+    with pytest.raises(ConfigError, match=r"'json:dumps': wrong signature for a scorer"):
+        load_scorer("json:dumps")  # score(task, message): dumps takes one positional argument
+    assert load_scorer("operator:eq") is operator.eq
+    with pytest.raises(ConfigError, match=r"file '.*missing.py' not found"):
+        load_scorer(f"{tmp_path / 'missing.py'}:score")
