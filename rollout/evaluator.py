@@ -520,7 +520,8 @@ class Evaluator:
             raise
         except Exception as exc:
             raise RewardError(f"verifier failed: {type(exc).__name__}: {exc}") from exc
-        episode.rewards = reward_components(result, source=f"verifier {self.config.verifier!r}")
+        source = f"verifier {self.config.verifier!r}"
+        episode.rewards = reward_components(result, source=source, verifier=True)
 
     def _score_answer(self, episode: _Episode) -> dict[str, float]:
         assert self.reward_fn is not None
