@@ -230,6 +230,9 @@ class PipelineConfig(_Schema):
     """Stop with a diagnosis when no trajectory, batch or policy version appears for this long."""
     live: bool = True
     """Show the live rich view (off when stdout is not a terminal)."""
+    max_failed_fraction: float = Field(default=0.2, ge=0.0, le=1.0)
+    """A run whose training episodes failed or timed out in a larger share ends `failed` (exit
+    status 1), with the share and the commonest reasons in report.json."""
     plugin_paths: list[str] = Field(default_factory=list)
     """Folders put in front of `sys.path` here and of PYTHONPATH in every service, so that the
     plug-ins this file names (`package.module:object`) import everywhere (relative: to this file)."""
