@@ -136,8 +136,8 @@ def _execute(config_path: Path, args: argparse.Namespace) -> int:
                 f"{config_path}: cluster: {len(spec.cluster.hosts)} hosts ({hosts}); start each with "
                 f"`stacx node up --cluster {config_path} --host NAME` (stacx run is the one-host case)"
             )
+        check_resolved(spec)  # the same checks with and without --explain, before anything starts
         if getattr(args, "explain", False):
-            check_resolved(spec)
             print(explain(spec, RunLayout.create(spec)), end="")
             return 0
         # the run's progress is its live view: no download/loading bars from its services

@@ -37,7 +37,7 @@ import yaml
 from stacx.infra.config import build, resolve_path
 from stacx.infra.pipeline import preflight
 from stacx.infra.pipeline.config import PipelineSpec
-from stacx.infra.pipeline.errors import PipelineError, ServiceError, StallError
+from stacx.infra.pipeline.errors import PipelineConfigError, PipelineError, ServiceError, StallError
 from stacx.infra.pipeline.evaluation import EvalResult, run_evaluation
 from stacx.infra.pipeline.layout import (
     RunLayout,
@@ -125,7 +125,7 @@ class Pipeline:
         try:
             return build_task_set(tasks.source, tasks.options)
         except ConfigError as exc:
-            raise PipelineError(f"{self.spec.source}: pipeline.tasks.source: {exc}") from exc
+            raise PipelineConfigError(f"{self.spec.source}: pipeline.tasks.source: {exc}") from exc
 
     # ----------------------------------------------------------------------------- urls
 

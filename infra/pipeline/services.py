@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat
+
 from stacx.infra.pipeline.errors import ServiceError
 
 __all__ = [
@@ -266,27 +268,19 @@ def _pid_exists(pid: int) -> bool:
 class RestartPolicy:
     """How a crashed service is restarted (like systemd's Restart=on-failure with a burst limit)."""
 
-    max_restarts: int = 5
+    max_restarts: NonNegativeInt = 5
     """Restarts allowed within `window_s`; one more crash fails the run."""
-    window_s: float = 600.0
+    window_s: PositiveFloat = 600.0
     """Sliding window of the restart budget, in seconds."""
-    backoff_s: float = 1.0
+    backoff_s: NonNegativeFloat = 1.0
     """Delay before the first restart in the window; doubled for each further one."""
-    max_backoff_s: float = 30.0
-    """Longest delay between a crash and its restart."""
+    max_backoff_s: NonNegativeFloat = 30.0
+    """Longest delay between a crash and its restart (at least `backoff_s`)."""
 
     def __post_init__(self) -> None:
-        if (
-            self.max_restarts < 0
-            or self.window_s <= 0
-            or self.backoff_s < 0
-            or self.max_backoff_s < self.backoff_s
-        ):
-            raise ValueError(
-                "restarts: max_restarts >= 0, window_s > 0 and 0 <= backoff_s <= max_backoff_s "
-                f"(got {self.max_restarts}, {self.window_s}, {self.backoff_s}, "
-                f"{self.max_backoff_s})"
-            )
+        if self.max_backoff_s < self.backoff_s:
+            raise ValueError(f"max_backoff_s={self.max_backoff_s} is below backoff_s={self.backoff_s}; "
+                             "raise it or lower backoff_s")
 
 
 class RestartBudget:
