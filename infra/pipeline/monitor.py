@@ -88,7 +88,7 @@ def assembler_drop_reason(filtering: SampleFilter.Config) -> DropReason:
         if verdict is Verdict.DROP_STALE:
             return f"too stale (assembler.filtering.max_staleness={filtering.max_staleness})"
         return (f"status {trajectory.status.value} is not in assembler.filtering.ok_statuses "
-                f"{list(filtering.ok_statuses)}")
+                f"[{', '.join(str(status) for status in filtering.ok_statuses)}]")
 
     return reason
 

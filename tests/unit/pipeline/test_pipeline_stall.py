@@ -61,7 +61,7 @@ def test_failed_trajectories_the_assembler_drops_do_not_blame_the_assembler() ->
     service, why = likely_stuck(progress, trajectories_per_batch=64, gateway_problem=None)
     assert service == "rollout", why
     assert "200 of 208 trajectories on the topic are dropped by the assembler (" in why
-    assert "100 status TRUNCATED is not in assembler.filtering.ok_statuses ['COMPLETED']" in why
+    assert "100 status TRUNCATED is not in assembler.filtering.ok_statuses [COMPLETED]" in why
     assert "100 status FAILED is not in assembler.filtering.ok_statuses" in why
     assert "failed or too stale" not in why  # a TRUNCATED episode is no failure
 
