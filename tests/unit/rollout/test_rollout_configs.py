@@ -69,7 +69,7 @@ def test_every_shipped_config_builds() -> None:
         ),
         (
             {"data": {"path": "a"}, "manager": {"evaluators": {"x": {"max_turns": 0}}}},
-            "evaluator.max_turns = 0",
+            "config: manager.evaluators.x.max_turns: expected greater than 0, got 0",
         ),
         ({"data": {"path": "a"}, "inference": {"wait_ready_s": -1}}, "inference.wait_ready_s = -1"),
     ],
