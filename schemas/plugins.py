@@ -102,6 +102,8 @@ def import_object(path: str) -> Any:
     try:
         module = _load_file(path, module_name) if module_name.endswith(".py") else (
             importlib.import_module(module_name))
+    except PluginError:
+        raise
     except ModuleNotFoundError as exc:
         missing = exc.name or ""
         if missing and (module_name == missing or module_name.startswith(missing + ".")):
@@ -116,7 +118,8 @@ def import_object(path: str) -> Any:
     for part in attr_path.split("."):
         if not hasattr(value, part):
             raise PluginError(
-                f"{path!r}: {getattr(value, '__name__', module_name)!r} has no attribute {part!r}",
+                f"{path!r}: {module_name if value is module else getattr(value, '__name__', '?')!r} has "
+                f"no attribute {part!r}",
                 kind="attribute",
             )
         value = getattr(value, part)

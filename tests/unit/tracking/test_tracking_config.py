@@ -213,3 +213,21 @@ def test_a_tracker_that_cannot_be_built_stops_the_run_with_one_line(
     )
     assert message.endswith(f"PermissionError: {layout.root / 'tracking' / 'refusing'} is read-only")
     assert "\n" not in message
+
+
+def test_a_trackers_dotted_path_imports_from_plugin_paths(tmp_path: Path) -> None:
+    """The tracker's module lives in a folder of `pipeline.plugin_paths` (relative to the file),
+    as a reward's would: it validates, no PYTHONPATH needed."""
+    folder = tmp_path / "mytrackers"
+    folder.mkdir()
+    module = f"trk_{tmp_path.name.replace('-', '_')}"
+    (folder / f"{module}.py").write_text(PLUGIN)
+    tree = _tracking([{"name": f"{module}:Recorder", "options": {"label": "y"}}])
+    tree["pipeline"]["plugin_paths"].append("mytrackers")
+    try:
+        spec = parse_spec(tree, source="f.yaml", base_dir=tmp_path, check=False)
+        assert spec.pipeline.tracking is not None
+        assert [t.name for t in spec.pipeline.tracking.trackers] == [f"{module}:Recorder"]
+    finally:
+        sys.path[:] = [p for p in sys.path if p != str(folder)]
+        sys.modules.pop(module, None)
