@@ -180,13 +180,15 @@ class RolloutConfig:
 
 
 def load_config(path: str | Path) -> RolloutConfig:
-    """A RolloutConfig from a YAML file through the one config loader (`stacx.schemas.config`);
-    relative data paths are resolved against the working directory, else the file's folder."""
+    """A RolloutConfig from a YAML file (the whole file, or its `rollout:` section) through the one
+    config loader (`stacx.schemas.config`); relative data paths are resolved against the working
+    directory, else the file's folder."""
     from stacx.schemas.config import ConfigError as FileError
-    from stacx.schemas.config import build, load_yaml, resolve_path
+    from stacx.schemas.config import build, file_section, load_yaml, resolve_path
 
     try:
-        config = build(RolloutConfig, load_yaml(path), where=str(path))
+        data, where = file_section(load_yaml(path), "rollout", RolloutConfig, str(path))
+        config = build(RolloutConfig, data, where=where)
     except FileError as exc:
         raise ConfigError(exc.lines) from exc
     for name in ("path", "task_dirs"):

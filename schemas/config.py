@@ -36,6 +36,7 @@ __all__ = [
     "bootstrap_servers",
     "build",
     "build_partial",
+    "file_section",
     "load_yaml",
     "resolve_path",
     "section",
@@ -103,6 +104,17 @@ def resolve_path(value: str, base: Path) -> Path:
     if path.is_absolute() or path.exists():
         return path.resolve()
     return (base / path).resolve()
+
+
+def file_section(tree: Mapping[str, Any], name: str, cls: type[Any], source: str) -> tuple[Any, str]:
+    """(the data of service `name`, where it is) in a config file, one rule for every command:
+    a file with a `name:` mapping that is no field of `cls` (a pipeline or stack file) gives that
+    section (`file: name`); any other file is the section itself (`file`)."""
+    data = tree.get(name)
+    fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    if isinstance(data, Mapping) and name not in fields:
+        return data, f"{source}: {name}"
+    return tree, source
 
 
 def section(tree: Mapping[str, Any], name: str, cls: type[T], source: str = "config") -> T:

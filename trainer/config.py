@@ -169,12 +169,10 @@ def load_config(path: str | Path) -> TrainerConfig:
     """A TrainerConfig from YAML (the whole file, or its `trainer` section), through the one
     config loader (`stacx.schemas.config`): every problem is one line with its field path."""
     from stacx.schemas.config import ConfigError as FileError
-    from stacx.schemas.config import build, load_yaml
+    from stacx.schemas.config import build, file_section, load_yaml
 
     try:
-        tree = load_yaml(path)
-        if isinstance(tree.get("trainer"), dict):  # a shared stack file: use its `trainer` section
-            return build(TrainerConfig, tree["trainer"], where=f"{path}: trainer")
-        return build(TrainerConfig, tree, where=str(path))
+        data, where = file_section(load_yaml(path), "trainer", TrainerConfig, str(path))
+        return build(TrainerConfig, data, where=where)
     except FileError as exc:
         raise ConfigError(exc.lines) from exc

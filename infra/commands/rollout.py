@@ -8,6 +8,7 @@ import json
 import sys
 from typing import Any
 
+from stacx.infra.config import EXPLAIN_HELP, explained
 from stacx.infra.heap import freeze_startup_heap
 
 
@@ -16,6 +17,7 @@ def register(subparsers: Any) -> None:
     rollout.add_argument("config", help="rollout YAML (see examples/rollout/)")
     rollout.add_argument("--num-groups", type=int, default=None, help="stop after N task groups")
     rollout.add_argument("--no-progress", action="store_true", help="no live progress view")
+    rollout.add_argument("--explain", action="store_true", help=EXPLAIN_HELP)
     rollout.set_defaults(func=_rollout)
 
     evaluate = subparsers.add_parser("eval", help="rollout-only evaluation: rewards per task type")
@@ -64,6 +66,9 @@ def _rollout(args: argparse.Namespace) -> int:
         return 2
     if args.num_groups is not None:
         config.num_groups = args.num_groups
+    if args.explain:
+        print(explained(config), end="")
+        return 0
     kafka = config.kafka
     if kafka.publish or kafka.follow_weights or config.data.topic:
         from stacx.infra.services.reachability import kafka_problem

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stacx.infra.config import EXPLAIN_HELP, explained
 from stacx.infra.telemetry import setup_metrics, setup_rank
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--world-size", type=int, help="spawn this many local ranks (implies fsdp2)")
     p.add_argument("--replay-from-offset", type=int, help="replay the batch topic from an offset")
     p.add_argument("--replay-from-timestamp-ms", type=int, help="replay from a time (epoch ms)")
+    p.add_argument("--explain", action="store_true", help=EXPLAIN_HELP)
     p.set_defaults(func=_train)
     r = subparsers.add_parser("recipes", help="list the registered training recipes")
     r.set_defaults(func=_recipes)
@@ -67,13 +69,11 @@ def load_trainer_config(path: str, overrides: argparse.Namespace | None = None) 
     recipe (it imports torch, which the launcher never does) and a bad one is still one line."""
     from stacx.infra.checks import model_problem
     from stacx.infra.config import ConfigError, build, load_yaml
+    from stacx.schemas.config import file_section
     from stacx.trainer.config import TrainerConfig
     from stacx.trainer.ranks import spawns_ranks
 
-    tree = load_yaml(path)
-    where = path
-    if isinstance(tree.get("trainer"), dict):  # a shared stack file: use its `trainer` section
-        tree, where = tree["trainer"], f"{path}: trainer"
+    tree, where = file_section(load_yaml(path), "trainer", TrainerConfig, path)
     config = build(TrainerConfig, tree, where=where)
     if overrides is not None:
         _apply_overrides(config, overrides)
@@ -114,6 +114,9 @@ def _train(args: argparse.Namespace) -> int:
     except (ConfigError, TrainerError) as exc:
         _print_lines(exc)
         return 2
+    if args.explain:
+        print(explained(config), end="")
+        return 0
     if config.source.kind == "kafka":
         from stacx.infra.services.reachability import kafka_problem
 
