@@ -127,6 +127,7 @@ def _execute(config_path: Path, args: argparse.Namespace) -> int:
     from stacx.infra.pipeline.layout import RunLayout
     from stacx.infra.pipeline.resolve import check_resolved, explain
 
+    spec = None
     try:
         spec = load_spec(config_path)
         _apply(spec, args)
@@ -154,9 +155,10 @@ def _execute(config_path: Path, args: argparse.Namespace) -> int:
         return 1
     except Exception as exc:  # a bug in a service library: full traceback, then where to look
         log.error("pipeline failed: %s: %s", type(exc).__name__, exc, exc_info=True)
+        where = RunLayout.create(spec).root if spec is not None else "the run directory"
         print(
-            f"stacx: the pipeline failed ({type(exc).__name__}: {exc}); the partial report "
-            "and the service logs are under runs/<name>/",
+            f"stacx {args.command}: the pipeline failed ({type(exc).__name__}: {exc}); the partial "
+            f"report and the service logs are under {where}/",
             file=sys.stderr,
         )
         return 1

@@ -235,10 +235,6 @@ def _sections(spec: PipelineSpec) -> dict[str, Any]:
     }
 
 
-def owned_conflicts(spec: PipelineSpec, layout: RunLayout) -> list[str]:
-    return list(_owned_conflicts(spec, layout).values())
-
-
 def _owned_conflicts(spec: PipelineSpec, layout: RunLayout) -> dict[str, str]:
     """Dotted place -> its line, for each value the user set that the pipeline owns."""
     lines = {}
