@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-log = logging.getLogger("stacx.quickstart")
+log = logging.getLogger(__name__)
 
 QUICKSTART_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
 """The quickstart's pipeline file (in the source checkout)."""

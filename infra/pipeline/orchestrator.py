@@ -172,7 +172,7 @@ class Pipeline:
         self._timed("services_s", self._start_serving, sft_dir)
         if self._evaluates():
             self.evals["before"] = self._timed("eval_before_s", self._evaluate, "before", True)
-        self._timed("grpo_s", self._grpo, refresh)
+        self._timed("training_s", self._grpo, refresh)
         self._stop_service("rollout")
         self._await_swap(self.metrics.policy_version)
         if self._evaluates():
@@ -403,7 +403,8 @@ class Pipeline:
         ).start()
         try:
             self._wait_training_services()
-            self.metrics.stage = f"GRPO through Kafka (target: {self.cfg.steps} policy versions)"
+            recipe = self.spec.trainer.get("recipe", "grpo")
+            self.metrics.stage = f"{recipe} through Kafka (target: {self.cfg.steps} policy versions)"
             self._follow(refresh)
         finally:
             monitor.stop()
