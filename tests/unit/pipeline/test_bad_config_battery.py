@@ -326,3 +326,19 @@ def test_mistakes_in_every_section_are_all_reported_at_once(
     fields = _fields(path, err)
     missing = [f for c in chosen for f in c.fields if f not in fields]
     assert len(chosen) >= 30 and not missing, f"{missing} not reported:\n{err}"
+
+
+def test_the_real_command_refuses_all_at_once_without_a_traceback(tmp_path: Path) -> None:
+    """The same, through the installed `stacx` in its own process (its logging, its exit path)."""
+    import subprocess
+    import sys
+
+    chosen = [c for c in CASES if c.name in ("temperature", "lr_negative", "gateway_port", "reward_and_type",
+                                             "role_option_typo", "engine_module", "tracker_typo")]
+    path = _write(Case("several", _both(*(c.mutate for c in chosen)), ()), tmp_path)
+    done = subprocess.run([sys.executable, "-m", "stacx.infra.cli", "run", str(path), "--explain"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stdout == ""
+    assert "Traceback" not in done.stderr
+    fields = _fields(path, done.stderr)
+    assert all(f in fields for c in chosen for f in c.fields), done.stderr
