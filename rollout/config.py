@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+
 from stacx.rollout.errors import ConfigError
 from stacx.rollout.manager import RolloutManager
 from stacx.rollout.teacher import TeacherInTheLoop
@@ -42,9 +44,9 @@ class DataConfig:
     """Keyword options of the task source."""
     consumer_group: str = "stacx-rollout"
     """Consumer group shared by rollout workers reading `topic`."""
-    samples_per_task: int = 1
+    samples_per_task: PositiveInt = 1
     """GRPO group size n."""
-    epochs: int = 1
+    epochs: NonNegativeInt = 1
     """Passes over a file / directory source (0 = forever)."""
     shuffle: bool = False
     """Shuffle each epoch."""
@@ -65,7 +67,7 @@ class InferenceConfig:
     """Base URL of the server."""
     tokenizer: str | None = None
     """HF tokenizer directory (usually the model directory)."""
-    wait_ready_s: float = 0.0
+    wait_ready_s: NonNegativeFloat = 0.0
     """At start, wait up to this long until the server's `/health` and a sandbox gateway's
     `/healthz` (any of `sandbox.urls`) answer, before the first episode (`stacx run` starts the
     rollout service together with them and sets it); 0: do not wait (requests still retry while
@@ -94,16 +96,16 @@ class SandboxConfig:
     """Environment variable holding the gateways' bearer token."""
     image: str = "stacx/sandbox:bookworm"
     """Image of sessions for tasks without task_dir or image."""
-    idle_timeout_s: float = 300.0
+    idle_timeout_s: PositiveFloat = 300.0
     """A gateway closes a session after this long without a request; the engine renews live
     episodes' sessions every third of it, so only a crashed worker's sandboxes expire."""
-    max_sessions_per_gateway: int | None = None
+    max_sessions_per_gateway: PositiveInt | None = None
     """Sessions one gateway gets from this worker at most (None: as many as it accepts)."""
-    down_for_s: float = 30.0
+    down_for_s: NonNegativeFloat = 30.0
     """A gateway that failed is left alone this long, then probed and used again."""
-    request_timeout_s: float = 120.0
+    request_timeout_s: PositiveFloat = 120.0
     """HTTP timeout of gateway calls other than exec (a session start may build an image)."""
-    unresponsive_after_s: float = 10.0
+    unresponsive_after_s: PositiveFloat = 10.0
     """A gateway whose oldest request has waited this long is asked /healthz; if that does not
     answer either, it is marked down and new episodes go to the other gateways."""
 
