@@ -53,3 +53,17 @@ def test_train_explain_prints_the_resolved_config_and_starts_nothing(
     assert status == 0, err
     resolved = yaml.safe_load(out)
     assert resolved["recipe"] == "grpo" and resolved["optimizer"]["lr"] == 1e-5  # defaults written out
+
+
+def test_infra_reads_bootstrap_and_topics_of_a_pipeline_file(tmp_path: Path) -> None:
+    """docs/infra.md: `stacx infra up|status|smoke --config FILE` with the run's own file."""
+    import argparse
+
+    from stacx.infra.commands.infra import _stack_config
+
+    tree = yaml.safe_load(PIPELINE.read_text())
+    tree["topics"] = {"retention_ms": 3_600_000}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    config = _stack_config(argparse.Namespace(config=path))
+    assert config.bootstrap_servers == "127.0.0.1:9092" and config.topics.retention_ms == 3_600_000
