@@ -7,6 +7,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from stacx.infra.config import EXPLAIN_HELP, explained
 from stacx.infra.heap import freeze_startup_heap
 
 _OVERRIDES = {
@@ -45,6 +46,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--batch-unit", choices=("groups", "sequences"))
     p.add_argument("--max-staleness", type=int, help="largest allowed policy-version lag")
     p.add_argument("--loglevel", default="info", help="worker log level")
+    p.add_argument("--explain", action="store_true", help=EXPLAIN_HELP)
     p.set_defaults(func=_assemble)
 
 
@@ -62,6 +64,7 @@ def build_config(args: argparse.Namespace) -> Any:
             f"got {type(section).__name__} ({section!r})"
         )
     data = dict(section)
+    _refuse_shared_topics(tree, data, args, source)
     data.setdefault("bootstrap_servers", bootstrap_servers(tree))
     for flag, key in _OVERRIDES.items():
         if getattr(args, flag, None) is not None:
@@ -76,6 +79,26 @@ def build_config(args: argparse.Namespace) -> Any:
     _nested_override(data, "mixture", batch_size=args.batch_size, batch_unit=args.batch_unit)
     _nested_override(data, "filtering", max_staleness=args.max_staleness)
     return build(AssemblerApp.Config, data, where=f"{source}: assembler")
+
+
+def _refuse_shared_topics(tree: Mapping[str, Any], data: Mapping[str, Any], args: argparse.Namespace,
+                          source: str) -> None:
+    """A pipeline file's `assembler:` section gets its run's topics from `stacx run`: alone, it
+    would read and write the shared default topics (other runs' data). Refused, naming the fix."""
+    from stacx.infra.config import ConfigError
+
+    pipeline = tree.get("pipeline")
+    if not isinstance(pipeline, Mapping) or pipeline.get("fresh_topics") is False:
+        return
+    run_dir = f"{pipeline.get('runs_dir', 'runs')}/{pipeline.get('name', 'quickstart')}"
+    topics = ("trajectories_topic", "batches_topic")
+    if not all(data.get(key) or getattr(args, key, None) for key in topics):
+        raise ConfigError(
+            f"{source}: assembler: a pipeline file's section gets per-run topics from `stacx run` "
+            f"(pipeline.fresh_topics); run the service file the run writes under {run_dir}/config/, "
+            "or set assembler.trajectories_topic and assembler.batches_topic (or --trajectories-topic "
+            "and --batches-topic)"
+        )
 
 
 def _nested_override(data: dict[str, Any], section: str, **values: Any) -> None:
@@ -105,6 +128,9 @@ def _assemble(args: argparse.Namespace) -> int:
 
     try:
         config = build_config(args)
+        if args.explain:
+            print(explained(config), end="")
+            return 0
         unreachable = kafka_problem(config.bootstrap_servers)
         if unreachable:
             print(f"stacx assemble: {unreachable}", file=sys.stderr)

@@ -38,3 +38,32 @@ def test_an_assembler_section_that_is_not_a_mapping_is_one_line(
         f"stacx assemble: {path}: section `assembler` must be a mapping of AssemblerApp.Config "
         f"fields, got {kind} ("
     ), lines
+
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_a_pipeline_files_section_alone_is_refused_not_run_on_the_shared_topics(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = REPO / "examples" / "quickstart.yaml"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["assemble", "--config", str(path)])
+    (line,) = capsys.readouterr().err.splitlines()
+    assert exit_info.value.code == 2
+    assert line.startswith(f"stacx assemble: {path}: assembler: a pipeline file's section gets per-run "
+                           "topics from `stacx run` (pipeline.fresh_topics); run the service file the run "
+                           "writes under runs/quickstart/config/")
+
+
+def test_explain_prints_the_resolved_section_with_its_topics(capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    path = REPO / "examples" / "quickstart.yaml"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["assemble", "--config", str(path), "--trajectories-topic", "t.run1",
+              "--batches-topic", "b.run1", "--explain"])
+    resolved = yaml.safe_load(capsys.readouterr().out)
+    assert exit_info.value.code == 0
+    assert (resolved["trajectories_topic"], resolved["batches_topic"]) == ("t.run1", "b.run1")
+    assert resolved["grouping"]["group_size"] == 8  # the file's section, defaults written out
