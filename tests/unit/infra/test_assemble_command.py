@@ -61,9 +61,19 @@ def test_explain_prints_the_resolved_section_with_its_topics(capsys: pytest.Capt
 
     path = REPO / "examples" / "quickstart.yaml"
     with pytest.raises(SystemExit) as exit_info:
-        main(["assemble", "--config", str(path), "--trajectories-topic", "t.run1",
-              "--batches-topic", "b.run1", "--explain"])
+        main(["assemble", "--config", str(path), "--trajectories_topic", "t.run1",
+              "--batches_topic", "b.run1", "--grouping.group_timeout_s", "30", "--explain"])
     resolved = yaml.safe_load(capsys.readouterr().out)
     assert exit_info.value.code == 0
     assert (resolved["trajectories_topic"], resolved["batches_topic"]) == ("t.run1", "b.run1")
     assert resolved["grouping"]["group_size"] == 8  # the file's section, defaults written out
+    assert resolved["grouping"]["group_timeout_s"] == 30.0  # a generated flag over the file's value
+
+
+def test_a_bad_generated_flag_is_one_line_with_its_field_path(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["assemble", "--grouping.group_size", "0", "--mixture.batch_unit", "rows", "--explain"])
+    lines = capsys.readouterr().err.splitlines()
+    assert exit_info.value.code == 2
+    assert [line.split(": ")[2] for line in lines] == ["assembler.grouping.group_size",
+                                                       "assembler.mixture.batch_unit"], lines

@@ -47,7 +47,7 @@ def surface(parser: argparse.ArgumentParser, prefix: str = "stacx") -> list[str]
 
 
 def test_the_command_line_is_the_frozen_one() -> None:
-    current = surface(build_parser())
+    current = surface(build_parser(every_config_flag=True))
     if os.environ.get("STACX_FREEZE_CLI") == "1":
         FROZEN.write_text("\n".join(current) + "\n")
     frozen = FROZEN.read_text().splitlines()
