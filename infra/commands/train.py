@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from stacx.infra.config import EXPLAIN_HELP, explained
+from stacx.infra.config_flags import config_overrides, deep_merge, lazy_config_flags
 from stacx.infra.telemetry import setup_metrics, setup_rank
 
 log = logging.getLogger(__name__)
@@ -25,48 +26,19 @@ def register(subparsers: Any) -> None:
         "config",
         help="trainer YAML (TrainerConfig; or a file with a `trainer:` section), see examples/train/",
     )
-    p.add_argument("--recipe", help="override `recipe`")
-    p.add_argument("--max-steps", type=int, help="override `max_steps`")
-    p.add_argument("--bootstrap", help="Kafka bootstrap servers for the source and publisher")
-    p.add_argument("--topic", help="override `source.topic` (the TrainingBatch topic)")
-    p.add_argument("--group-id", help="override `source.group_id`")
-    p.add_argument("--world-size", type=int, help="spawn this many local ranks (implies fsdp2)")
-    p.add_argument("--replay-from-offset", type=int, help="replay the batch topic from an offset")
-    p.add_argument("--replay-from-timestamp-ms", type=int, help="replay from a time (epoch ms)")
+    lazy_config_flags(p, "stacx.trainer.config:TrainerConfig")
     p.add_argument("--explain", action="store_true", help=EXPLAIN_HELP)
     p.set_defaults(func=_train)
     r = subparsers.add_parser("recipes", help="list the registered training recipes")
     r.set_defaults(func=_recipes)
 
 
-def _apply_overrides(config: Any, args: argparse.Namespace) -> None:
-    from stacx.infra.config import ConfigError
-
-    if args.recipe:
-        config.recipe = args.recipe
-    if args.max_steps is not None:
-        config.max_steps = args.max_steps
-    if args.bootstrap:
-        config.source.bootstrap_servers = config.export.bootstrap_servers = args.bootstrap
-    if args.topic:
-        config.source.topic = args.topic
-    if args.group_id:
-        config.source.group_id = args.group_id
-    if args.world_size is not None:
-        if args.world_size < 1:
-            raise ConfigError(f"--world-size {args.world_size}: spawn at least 1 rank")
-        config.backend.kind, config.backend.world_size = "fsdp2", args.world_size
-    if args.replay_from_offset is not None:
-        config.source.replay_from_offset = args.replay_from_offset
-    if args.replay_from_timestamp_ms is not None:
-        config.source.replay_from_timestamp_ms = args.replay_from_timestamp_ms
-
-
 def load_trainer_config(path: str, overrides: argparse.Namespace | None = None) -> Any:
     """TrainerConfig from a YAML file (the whole file, or its `trainer:` section) with the command
-    line's `overrides`, validated with the model paths and the recipe resolved; `ConfigError`
-    lists every problem, one line each. When the config spawns local ranks they resolve the
-    recipe (it imports torch, which the launcher never does) and a bad one is still one line."""
+    line's generated field flags (`overrides`: `--optimizer.lr 1e-4`) on top, validated with the
+    model paths and the recipe resolved; `ConfigError` lists every problem, one line each. When
+    the config spawns local ranks they resolve the recipe (it imports torch, which the launcher
+    never does) and a bad one is still one line."""
     from stacx.infra.checks import model_problem
     from stacx.infra.config import ConfigError, build, load_yaml
     from stacx.schemas.config import file_section
@@ -74,9 +46,8 @@ def load_trainer_config(path: str, overrides: argparse.Namespace | None = None) 
     from stacx.trainer.ranks import spawns_ranks
 
     tree, where = file_section(load_yaml(path), "trainer", TrainerConfig, path)
-    config = build(TrainerConfig, tree, where=where)
-    if overrides is not None:
-        _apply_overrides(config, overrides)
+    given = config_overrides(overrides) if overrides is not None else {}
+    config = build(TrainerConfig, deep_merge(tree, given), where=where)
     lines = []
     for role, model in sorted(config.models.items()):
         problem = model.path and model_problem(Path(model.path), f"models.{role}.path")
@@ -85,7 +56,8 @@ def load_trainer_config(path: str, overrides: argparse.Namespace | None = None) 
     if not spawns_ranks(config.backend):
         problems = _recipe_problems(config.recipe, config.role_options, where)
         if problems and not problems[0].startswith(f"{where}: "):  # the recipe itself
-            problems[0] = problems[0] if overrides and overrides.recipe else f"{where}: recipe: {problems[0]}"
+            field = "--recipe" if "recipe" in given else f"{where}: recipe"
+            problems[0] = f"{field}: {problems[0]}"
         lines += problems
     if lines:
         raise ConfigError(lines)
@@ -146,7 +118,8 @@ def _spawn_ranks(config: Any, rank_setup: Any, args: argparse.Namespace) -> int:
     try:
         spawn_trainer(config, rank_setup=rank_setup)
     except RecipeError as exc:  # what the launcher would have reported before spawning
-        _print_lines(exc if args.recipe else f"{args.config}: recipe: {exc}")
+        field = "--recipe" if "recipe" in config_overrides(args) else f"{args.config}: recipe"
+        _print_lines(f"{field}: {exc}")
         return 2
     except ConfigError as exc:
         _print_lines(exc)

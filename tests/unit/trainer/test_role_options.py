@@ -52,3 +52,20 @@ def test_stacx_train_refuses_bad_role_options_before_training(tmp_path, capsys) 
     (line,) = capsys.readouterr().err.splitlines()
     assert info.value.code == 2
     assert line.startswith(f"stacx train: {path}: role_options.policy.kl_bta: recipe 'grpo' declares no such")
+
+
+def test_stacx_train_field_flags_are_validated_like_the_file(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """`--world-size 0` was silently ignored: a generated flag is validated with its field path."""
+    import pytest
+
+    from stacx.infra.cli import main
+
+    path = tmp_path / "trainer.yaml"
+    path.write_text("recipe: grpo\nmodels: {policy: {tiny: {}}}\nsource: {kind: memory}\n")
+    with pytest.raises(SystemExit) as info:
+        main(["train", str(path), "--backend.world_size", "0", "--optimizer.lr", "fast", "--explain"])
+    assert info.value.code == 2
+    assert sorted(capsys.readouterr().err.splitlines()) == [
+        f"stacx train: {path}: backend.world_size: expected greater than 0, got 0",
+        f"stacx train: {path}: optimizer.lr: expected a valid number, got 'fast'",
+    ]
