@@ -25,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from stacx.schemas.config import deep_merge
+
 __all__ = ["add_config_flags", "config_overrides", "deep_merge", "lazy_config_flags", "resolve_lazy_flags"]
 
 _DEST = "config_field:"
@@ -73,14 +75,6 @@ def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
             node = node.setdefault(part, {})
         node[leaf] = value
     return tree
-
-
-def deep_merge(base: Any, over: dict[str, Any]) -> dict[str, Any]:
-    """`base` (a mapping, or anything else: replaced) with `over` laid on top, mapping by mapping."""
-    merged = dict(base) if isinstance(base, dict) else {}
-    for key, value in over.items():
-        merged[key] = deep_merge(merged.get(key), value) if isinstance(value, dict) else value
-    return merged
 
 
 def _leaves(cls: type[Any], prefix: str) -> Iterator[tuple[str, Any, str]]:

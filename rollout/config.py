@@ -5,6 +5,7 @@ back to a default."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -181,16 +182,17 @@ class RolloutConfig:
             raise ConfigError("teacher.url is not set: the teacher's inference server")
 
 
-def load_config(path: str | Path) -> RolloutConfig:
+def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> RolloutConfig:
     """A RolloutConfig from a YAML file (the whole file, or its `rollout:` section) through the one
-    config loader (`stacx.schemas.config`); relative data paths are resolved against the working
-    directory, else the file's folder."""
+    config loader (`stacx.schemas.config`), `overrides` (command-line field flags, nested) laid
+    over it; relative data paths are resolved against the working directory, else the file's
+    folder."""
     from stacx.schemas.config import ConfigError as FileError
-    from stacx.schemas.config import build, file_section, load_yaml, resolve_path
+    from stacx.schemas.config import build, deep_merge, file_section, load_yaml, resolve_path
 
     try:
         data, where = file_section(load_yaml(path), "rollout", RolloutConfig, str(path))
-        config = build(RolloutConfig, data, where=where)
+        config = build(RolloutConfig, deep_merge(data, overrides or {}), where=where)
     except FileError as exc:
         raise ConfigError(exc.lines) from exc
     for name in ("path", "task_dirs"):

@@ -36,6 +36,7 @@ __all__ = [
     "bootstrap_servers",
     "build",
     "build_partial",
+    "deep_merge",
     "file_section",
     "load_yaml",
     "resolve_path",
@@ -104,6 +105,15 @@ def resolve_path(value: str, base: Path) -> Path:
     if path.is_absolute() or path.exists():
         return path.resolve()
     return (base / path).resolve()
+
+
+def deep_merge(base: Any, over: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` (a mapping, or anything else: replaced) with `over` laid on top, mapping by mapping
+    (command-line field flags over a file's section)."""
+    merged = dict(base) if isinstance(base, Mapping) else {}
+    for key, value in over.items():
+        merged[key] = deep_merge(merged.get(key), value) if isinstance(value, Mapping) else value
+    return merged
 
 
 def file_section(tree: Mapping[str, Any], name: str, cls: type[Any], source: str) -> tuple[Any, str]:

@@ -7,6 +7,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from stacx.infra.config import ConfigError, build, load_yaml
 from stacx.infra.services import smoke, stack
@@ -101,23 +102,31 @@ def _smoke(args: argparse.Namespace) -> int:
 @dataclass(kw_only=True, slots=True)
 class _StackFile:
     """What `stacx infra` reads of a `--config` file (a pipeline, service or stack file): its
-    `bootstrap_servers` and `topics`; the other commands' sections are theirs."""
+    `bootstrap_servers` and `topics`; the other sections are their commands' (checked there)."""
 
     bootstrap_servers: str | None = None
     """Kafka bootstrap servers (host:port[,host:port]) of an existing cluster."""
     topics: TopicPolicy = field(default_factory=TopicPolicy)
     """Replication, partitions, retention and compression of the standard topics."""
-
-
-_STACK_KEYS = ("bootstrap_servers", "topics")
+    pipeline: Any = None
+    gateway: Any = None
+    inference: Any = None
+    rollout: Any = None
+    assembler: Any = None
+    trainer: Any = None
+    resources: Any = None
+    cluster: Any = None
+    proxy: Any = None
+    join: Any = None
+    oncall: Any = None
+    evaluation: Any = None
+    replay: Any = None
 
 
 def _stack_config(args: argparse.Namespace) -> stack.StackConfig:
     config = stack.StackConfig()
     if getattr(args, "config", None) is not None:
-        tree = load_yaml(args.config)
-        ours = {key: tree[key] for key in _STACK_KEYS if key in tree}
-        stack_file = build(_StackFile, ours, where=str(args.config))
+        stack_file = build(_StackFile, load_yaml(args.config), where=str(args.config))
         if stack_file.bootstrap_servers:
             config.bootstrap_servers = stack_file.bootstrap_servers
         config.topics = stack_file.topics
