@@ -171,10 +171,6 @@ class StacxTrainer:
             r.full_batch = any(groups[s.target] != r.group and s.source == r.role.name
                                and self.placement[r.group] != self.placement[groups[s.target]]
                                for s in self.recipe.syncs)
-        unknown = set(self.config.role_options) - set(groups)
-        if unknown:
-            raise ConfigError(f"role_options names unknown roles {sorted(unknown)}; "
-                              f"recipe {self.config.recipe!r} has {sorted(groups)}")
         return roles
 
     def _vocab_size(self) -> int | None:

@@ -78,6 +78,7 @@ def _recipe_problems(ref: str, role_options: dict[str, Any], where: str) -> list
 
 def _train(args: argparse.Namespace) -> int:
     from stacx.infra.config import ConfigError
+    from stacx.trainer.errors import ConfigError as TrainerConfigError
     from stacx.trainer.errors import TrainerError
     from stacx.trainer.ranks import spawns_ranks
 
@@ -104,6 +105,9 @@ def _train(args: argparse.Namespace) -> int:
 
         setup_metrics("train")
         StacxTrainer.launch(config, rank_setup=rank_setup)
+    except TrainerConfigError as exc:  # found at construction: a configuration error, exit 2
+        _print_lines(exc)
+        return 2
     except TrainerError as exc:
         log.error("%s", exc)
         return 1
