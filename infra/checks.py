@@ -147,19 +147,36 @@ def jsonl_problems(path: Path, what: str) -> list[str]:
 
     if not path.is_file():
         return [f"{what}={path}: no such file"]
-    lines, rows = [], 0
+    bad: list[tuple[int, str]] = []
+    rows = 0
     for number, text in enumerate(path.read_text().splitlines(), start=1):
         if not text.strip():
             continue
         rows += 1
         try:
             task_from_dict(json.loads(text), where=f"{path}:{number}")
-        except (ValueError, RolloutConfigError) as exc:
-            lines.append(f"{what}: {path}:{number}: {str(exc).splitlines()[0]}")
-        if len(lines) >= 5:
-            break
+        except json.JSONDecodeError as exc:
+            bad.append((number, f"{path}:{number}: not valid JSON ({exc.msg})"))
+        except (ValueError, TypeError, RolloutConfigError) as exc:  # the message names path:line
+            message = str(exc).splitlines()[0]
+            bad.append((number, message if message.startswith(f"{path}:") else f"{path}:{number}: {message}"))
+    lines = bad_row_lines(bad, what, f"{path} line")
     if rows == 0:
         lines.append(f"{what}={path}: the file has no tasks")
+    return lines
+
+
+MAX_ROW_LINES = 20
+"""Bad task rows said one line each; the line numbers of any further ones fill one more line."""
+
+
+def bad_row_lines(bad: list[tuple[int, str]], what: str, unit: str) -> list[str]:
+    """One line per bad row (number, problem), the first `MAX_ROW_LINES`; then one line with the
+    numbers of all the others, so every bad row is named in one pass."""
+    lines = [f"{what}: {problem}" for _, problem in bad[:MAX_ROW_LINES]]
+    rest = [str(number) for number, _ in bad[MAX_ROW_LINES:]]
+    if rest:
+        lines.append(f"{what}: {len(rest)} more bad rows, {unit}s {', '.join(rest)}")
     return lines
 
 

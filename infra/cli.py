@@ -20,10 +20,15 @@ import sys
 from typing import Any
 
 from stacx.infra import commands
+from stacx.infra.config_flags import resolve_lazy_flags
 from stacx.infra.telemetry import setup_metrics, setup_tracing
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(
+    argv: list[str] | None = None, *, every_config_flag: bool = False
+) -> argparse.ArgumentParser:
+    """The whole command line; the flags generated from a command's config class are added for
+    the command `argv` runs (or, with `every_config_flag`, for every command)."""
     parser = argparse.ArgumentParser(
         prog="stacx", description="STACX: Kafka-centred infrastructure for agentic RL of LLMs."
     )
@@ -34,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         module = importlib.import_module(f"stacx.infra.commands.{info.name}")
         module.register(sub)
+    command = next((a for a in argv or [] if not a.startswith("-")), None)
+    for name, command_parser in sub.choices.items():
+        if every_config_flag or name == command:
+            resolve_lazy_flags(command_parser)
     return parser
 
 
@@ -75,7 +84,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

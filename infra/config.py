@@ -11,9 +11,11 @@ from typing import Any, TypeVar
 from stacx.schemas.config import ConfigError, bootstrap_servers, build, load_yaml, resolve_path, section
 
 __all__ = [
+    "EXPLAIN_HELP",
     "ConfigError",
     "bootstrap_servers",
     "build",
+    "explained",
     "load_yaml",
     "resolve_path",
     "section",
@@ -21,6 +23,18 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+EXPLAIN_HELP = "validate the config, print it resolved (defaults included) as YAML; start nothing"
+"""What `--explain` does, on every command that takes a config."""
+
+
+def explained(config: Any) -> str:
+    """A validated config (a dataclass or pydantic model) as YAML, every default written out."""
+    import pydantic
+    import yaml
+
+    data = pydantic.TypeAdapter(type(config)).dump_python(config, mode="json")
+    return yaml.safe_dump(data, sort_keys=False, width=110)
 
 
 def section_with_overrides(

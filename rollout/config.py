@@ -5,9 +5,12 @@ back to a default."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 from stacx.rollout.errors import ConfigError
 from stacx.rollout.manager import RolloutManager
@@ -42,9 +45,9 @@ class DataConfig:
     """Keyword options of the task source."""
     consumer_group: str = "stacx-rollout"
     """Consumer group shared by rollout workers reading `topic`."""
-    samples_per_task: int = 1
+    samples_per_task: PositiveInt = 1
     """GRPO group size n."""
-    epochs: int = 1
+    epochs: NonNegativeInt = 1
     """Passes over a file / directory source (0 = forever)."""
     shuffle: bool = False
     """Shuffle each epoch."""
@@ -65,7 +68,7 @@ class InferenceConfig:
     """Base URL of the server."""
     tokenizer: str | None = None
     """HF tokenizer directory (usually the model directory)."""
-    wait_ready_s: float = 0.0
+    wait_ready_s: NonNegativeFloat = 0.0
     """At start, wait up to this long until the server's `/health` and a sandbox gateway's
     `/healthz` (any of `sandbox.urls`) answer, before the first episode (`stacx run` starts the
     rollout service together with them and sets it); 0: do not wait (requests still retry while
@@ -94,16 +97,16 @@ class SandboxConfig:
     """Environment variable holding the gateways' bearer token."""
     image: str = "stacx/sandbox:bookworm"
     """Image of sessions for tasks without task_dir or image."""
-    idle_timeout_s: float = 300.0
+    idle_timeout_s: PositiveFloat = 300.0
     """A gateway closes a session after this long without a request; the engine renews live
     episodes' sessions every third of it, so only a crashed worker's sandboxes expire."""
-    max_sessions_per_gateway: int | None = None
+    max_sessions_per_gateway: PositiveInt | None = None
     """Sessions one gateway gets from this worker at most (None: as many as it accepts)."""
-    down_for_s: float = 30.0
+    down_for_s: NonNegativeFloat = 30.0
     """A gateway that failed is left alone this long, then probed and used again."""
-    request_timeout_s: float = 120.0
+    request_timeout_s: PositiveFloat = 120.0
     """HTTP timeout of gateway calls other than exec (a session start may build an image)."""
-    unresponsive_after_s: float = 10.0
+    unresponsive_after_s: PositiveFloat = 10.0
     """A gateway whose oldest request has waited this long is asked /healthz; if that does not
     answer either, it is marked down and new episodes go to the other gateways."""
 
@@ -179,14 +182,17 @@ class RolloutConfig:
             raise ConfigError("teacher.url is not set: the teacher's inference server")
 
 
-def load_config(path: str | Path) -> RolloutConfig:
-    """A RolloutConfig from a YAML file through the one config loader (`stacx.schemas.config`);
-    relative data paths are resolved against the working directory, else the file's folder."""
+def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> RolloutConfig:
+    """A RolloutConfig from a YAML file (the whole file, or its `rollout:` section) through the one
+    config loader (`stacx.schemas.config`), `overrides` (command-line field flags, nested) laid
+    over it; relative data paths are resolved against the working directory, else the file's
+    folder."""
     from stacx.schemas.config import ConfigError as FileError
-    from stacx.schemas.config import build, load_yaml, resolve_path
+    from stacx.schemas.config import build, deep_merge, file_section, load_yaml, resolve_path
 
     try:
-        config = build(RolloutConfig, load_yaml(path), where=str(path))
+        data, where = file_section(load_yaml(path), "rollout", RolloutConfig, str(path))
+        config = build(RolloutConfig, deep_merge(data, overrides or {}), where=where)
     except FileError as exc:
         raise ConfigError(exc.lines) from exc
     for name in ("path", "task_dirs"):

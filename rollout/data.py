@@ -122,6 +122,22 @@ def task_samples(rows: Any, *, where: str) -> list[TaskSample]:
     ]
 
 
+def row_problems(rows: Any, *, where: str) -> list[tuple[int, str]]:
+    """(1-based row number, the problem) of every row of a task source that is no task."""
+    problems = []
+    for number, row in enumerate(rows, start=1):
+        if isinstance(row, TaskSample):
+            continue
+        if not isinstance(row, Mapping):
+            problems.append((number, f"{where}: task {number - 1}: a {type(row).__name__}, not a mapping"))
+            continue
+        try:
+            task_from_dict(row, where=f"{where}: task {number - 1}")
+        except (ConfigError, TypeError, ValueError) as exc:
+            problems.append((number, str(exc).splitlines()[0]))
+    return problems
+
+
 class ListTaskSource:
     """Groups from an in-memory list of tasks: `epochs` passes, shuffled with `seed` per epoch."""
 

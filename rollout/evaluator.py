@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from opentelemetry.trace import SpanKind
+from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt
 
 from stacx.producers.tracing import span
 from stacx.rollout.blackbox.adapter import EpisodeSpec, build_external, is_external
@@ -50,6 +51,7 @@ from stacx.rollout.resources import EvaluatorDemand, ResourcePool, Resources
 from stacx.rollout.rewards import Verifier, get_reward, get_verifier, reward_components
 from stacx.rollout.scaffolds import build_scaffold
 from stacx.rollout.tokens import ChatFormat, TokenBuffer
+from stacx.schemas.config import Probability
 from stacx.schemas.plugins import first_line
 from stacx.schemas.records import (
     TaskSample,
@@ -130,22 +132,22 @@ class Evaluator:
         entry point in `stacx.verifiers`."""
         verifier_options: dict[str, Any] = field(default_factory=dict)
         """Keyword options bound to the verifier."""
-        max_turns: int = 8
+        max_turns: PositiveInt = 8
         """Model turns per episode."""
-        max_tokens: int = 2048
+        max_tokens: PositiveInt = 2048
         """Whole sequence length (prompt + generated + observations)."""
-        max_new_tokens: int = 256
+        max_new_tokens: PositiveInt = 256
         """Tokens per model turn."""
-        temperature: float = 1.0
+        temperature: NonNegativeFloat = 1.0
         """Sampling temperature."""
-        top_p: float = 1.0
+        top_p: Probability = 1.0
         """Nucleus sampling mass."""
         top_k: int = -1
         """Top-k (-1 = off)."""
-        episode_timeout_s: float = 600.0
+        episode_timeout_s: PositiveFloat = 600.0
         """Wall-clock limit of one episode (status TIMED_OUT), at most 12 h; its sandbox lives
         as long (and is renewed while the episode runs)."""
-        step_timeout_s: float = 30.0
+        step_timeout_s: PositiveFloat = 30.0
         """Limit of one command in the sandbox."""
         episode: dict[str, float] = field(default_factory=lambda: {"sandboxes": 1, "memory_mb": 512})
         """Resources held for the whole episode (sandbox count is 0 for sandbox-less scaffolds)."""
@@ -548,7 +550,8 @@ class Evaluator:
             raise
         except Exception as exc:
             raise RewardError(f"verifier failed: {type(exc).__name__}: {exc}") from exc
-        episode.rewards = reward_components(result, source=f"verifier {self.config.verifier!r}")
+        source = f"verifier {self.config.verifier!r}"
+        episode.rewards = reward_components(result, source=source, verifier=True)
 
     def _score_answer(self, episode: _Episode) -> dict[str, float]:
         assert self.reward_fn is not None

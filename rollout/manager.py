@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveInt
 
 from stacx.producers.tracing import span
 from stacx.rollout.errors import ConfigError
@@ -104,7 +105,7 @@ class RolloutManager:
     class Config:
         model_name: str = "policy"
         """Model name written into every trajectory (and followed on stacx.weights)."""
-        max_concurrent_episodes: int = 256
+        max_concurrent_episodes: PositiveInt = 256
         """Episodes running at once (also bounded by the pool)."""
         pool: dict[str, float] = field(
             default_factory=lambda: {
@@ -122,19 +123,19 @@ class RolloutManager:
         """Evaluator per task type (`default` serves the other types)."""
         scheduler: TaskScheduler.Config = field(default_factory=TaskScheduler.Config)
         """Ordering strategy of pending groups."""
-        max_staleness: int = 1
+        max_staleness: NonNegativeInt = 1
         """Policy versions by which admitted data may trail the trainer when it is consumed."""
-        train_groups_per_version: int = 0
+        train_groups_per_version: NonNegativeInt = 0
         """Groups the trainer consumes per policy version; enables the staleness bound (0 = off)."""
         trained_statuses: tuple[str, ...] | None = ("COMPLETED",)
         """Episode statuses the assembler trains on: its `filtering.ok_statuses` under
         `failure_policy: drop`; None when it packs every episode (flag, mask). A group with fewer
         than `min_trained_per_group` such episodes never reaches a batch, so it gives its place
         under the staleness bound back and another group is taken instead."""
-        min_trained_per_group: int = 1
+        min_trained_per_group: PositiveInt = 1
         """Trained episodes a group needs to reach a batch: the assembler's
         `grouping.min_group_size`, or its `group_size` under `partial_policy: drop`."""
-        untrained_backoff_s: float = 1.0
+        untrained_backoff_s: NonNegativeFloat = 1.0
         """Under the staleness bound, after such a group wait this long before taking more;
         doubles with each one in a row (a gateway or server that is down fails episodes at
         once), up to `untrained_backoff_max_s`; a group with trained episodes ends the wait."""
@@ -142,7 +143,7 @@ class RolloutManager:
         """Longest wait after groups that could not reach a batch."""
         staleness_poll_s: float = 0.05
         """How often a stalled manager re-reads the policy version."""
-        stall_rebase_s: float = 120.0
+        stall_rebase_s: NonNegativeFloat = 120.0
         """Stalled at the staleness bound this long with no new policy version, the worker gives
         back the groups it admitted that are no longer in flight but were never trained (the
         assembler dropped them as stale, or a batch needed groups a dead peer had in flight) and
@@ -154,16 +155,16 @@ class RolloutManager:
         """Keep every reward per task id in the summary (evaluation runs)."""
         publish_failed: bool = True
         """Publish FAILED/TIMED_OUT trajectories too (the assembler excludes them from training)."""
-        vocab_size: int | None = None
+        vocab_size: PositiveInt | None = None
         """Vocabulary size of the trained model: an episode holding a token id outside
         [0, vocab_size) is published as FAILED with the ids in its error, never as trainable, and
         counted (`stacx rollout` reads it from `inference.tokenizer`'s model config when unset;
         None: not checked)."""
-        admission_window: int = 16
+        admission_window: PositiveInt = 16
         """Groups taken from the scheduler and waiting for their resources at once: an episode
         that does not fit yet (a scarce GPU) lets later ones that fit start (no head-of-line
         blocking)."""
-        max_bypass: int = 32
+        max_bypass: NonNegativeInt = 32
         """How many later episodes may start ahead of a waiting group; then dispatch holds
         everything behind it until it fits (big requests are not starved either)."""
 

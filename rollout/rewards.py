@@ -62,10 +62,11 @@ def get_reward(ref: str, options: Mapping[str, Any] | None = None) -> RewardFunc
     return functools.partial(fn, **options)
 
 
-def reward_components(result: object, *, source: str) -> dict[str, float]:
-    """The named components (`reward` defaults to 0) of what a reward function or a verifier
-    returned; `RewardError` naming `source` when it is not a mapping of names to real numbers
-    (an event could not carry it)."""
+def reward_components(result: object, *, source: str, verifier: bool = False) -> dict[str, float]:
+    """The named components of what a reward function or a verifier returned, `reward` among
+    them; `RewardError` naming `source` (the episode fails with it as its reason) when it is not a
+    mapping of names to finite numbers, or has no `reward` (a verifier's lone component is its
+    reward, as a Harbor reward.json of one number)."""
     if not isinstance(result, Mapping):
         raise RewardError(
             f"{source} returned a {type(result).__name__}, not a mapping of component names to numbers"
@@ -74,10 +75,17 @@ def reward_components(result: object, *, source: str) -> dict[str, float]:
     for name, value in result.items():
         if not isinstance(name, str):
             raise RewardError(f"{source} returned a component named {name!r}; names are strings")
-        if not isinstance(value, numbers.Real):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise RewardError(f"{source} component {name!r} is a {type(value).__name__}, not a number")
+        if not math.isfinite(value):
+            raise RewardError(f"{source} component {name!r} is {float(value)}; rewards are finite numbers")
         components[name] = float(value)
-    components.setdefault("reward", 0.0)
+    if "reward" not in components:
+        if verifier and len(components) == 1:
+            components["reward"] = next(iter(components.values()))
+        else:
+            raise RewardError(f"{source} returned no 'reward' component (got {sorted(components)}); "
+                              "return {'reward': <number>, ...}")
     return components
 
 

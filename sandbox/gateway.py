@@ -67,6 +67,7 @@ from stacx.sandbox.models import (
 )
 from stacx.sandbox.protocols import SandboxBackend
 from stacx.sandbox.sessions import SessionManager
+from stacx.schemas.config import Port
 from stacx.schemas.http_limits import DEFAULT_READ_TIMEOUT_S, HttpLimits, RequestLimits, uvicorn_options
 
 __all__ = [
@@ -439,7 +440,7 @@ class Gateway:
     class Config:
         host: str = "127.0.0.1"
         """Address to listen on."""
-        port: int = 8700
+        port: Port = 8700
         token: str | None = None
         """Admin bearer token, reaching every session (None: STACX_SANDBOX_TOKEN, else a
         generated one)."""

@@ -240,12 +240,6 @@ class Codec:
             return []
         return [(CONTENT_TYPE_HEADER, _CONFLUENT_TYPE), (SCHEMA_FINGERPRINT_HEADER, known)]
 
-    def writer_info(self, data: bytes) -> SchemaInfo | None:
-        """The known writer schema of a single-object encoded event, if any."""
-        if data[:2] != SINGLE_OBJECT_MARKER or len(data) < _SINGLE_OBJECT_HEADER:
-            return None
-        return self._writers.get(data[2:_SINGLE_OBJECT_HEADER].hex())
-
     # -- internals ---------------------------------------------------------------------------
 
     @staticmethod

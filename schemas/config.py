@@ -21,16 +21,35 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import pydantic
 import yaml
 
+from stacx.schemas.plugins import did_you_mean
 from stacx.schemas.topics import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP
 
-__all__ = ["ConfigError", "bootstrap_servers", "build", "load_yaml", "resolve_path", "section"]
+__all__ = [
+    "ConfigError",
+    "Port",
+    "Probability",
+    "bootstrap_servers",
+    "build",
+    "build_partial",
+    "deep_merge",
+    "file_section",
+    "load_yaml",
+    "resolve_path",
+    "section",
+]
 
 T = TypeVar("T")
+
+Port = Annotated[int, pydantic.Field(ge=0, le=65535)]
+"""A TCP port field (0: any free one); `build` reports a value outside 0..65535 with its path.
+Other ranges use pydantic's own types (`PositiveInt`, `NonNegativeFloat`, ...)."""
+Probability = Annotated[float, pydantic.Field(gt=0.0, le=1.0)]
+"""A share in (0, 1] (e.g. nucleus sampling's `top_p`)."""
 
 
 class ConfigError(ValueError):
@@ -88,6 +107,26 @@ def resolve_path(value: str, base: Path) -> Path:
     return (base / path).resolve()
 
 
+def deep_merge(base: Any, over: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` (a mapping, or anything else: replaced) with `over` laid on top, mapping by mapping
+    (command-line field flags over a file's section)."""
+    merged = dict(base) if isinstance(base, Mapping) else {}
+    for key, value in over.items():
+        merged[key] = deep_merge(merged.get(key), value) if isinstance(value, Mapping) else value
+    return merged
+
+
+def file_section(tree: Mapping[str, Any], name: str, cls: type[Any], source: str) -> tuple[Any, str]:
+    """(the data of service `name`, where it is) in a config file, one rule for every command:
+    a file with a `name:` mapping that is no field of `cls` (a pipeline or stack file) gives that
+    section (`file: name`); any other file is the section itself (`file`)."""
+    data = tree.get(name)
+    fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    if isinstance(data, Mapping) and name not in fields:
+        return data, f"{source}: {name}"
+    return tree, source
+
+
 def section(tree: Mapping[str, Any], name: str, cls: type[T], source: str = "config") -> T:
     """Build `cls` (a dataclass) from `tree[name]` (missing section: all defaults)."""
     data = tree.get(name) or {}
@@ -117,6 +156,48 @@ def build(cls: type[T], data: Mapping[str, Any], where: str) -> T:
     return value
 
 
+def build_partial(cls: type[T], data: Mapping[str, Any], where: str) -> tuple[T | None, list[str]]:
+    """`build`, and when it fails, `cls` built again with each invalid field left at its default:
+    (that value, every problem line). The value lets the checks of what a section names (its
+    recipe, reward, scaffold) run beside its type errors, so one pass reports both; it is None
+    when a whole-object check (`__post_init__`) or a required field stands in the way."""
+    try:
+        return build(cls, data, where), []
+    except ConfigError as exc:
+        lines = list(exc.lines)
+    current: Any = _deep_copy(data)
+    for _ in range(4):  # each round drops the fields the last one refused; nesting is shallow
+        try:
+            root: Any = _root(cls)  # type: ignore[arg-type]
+            return root.model_validate({"value": current}).value, lines
+        except pydantic.ValidationError as exc:
+            errors = exc.errors()
+        except (TypeError, ValueError):
+            return None, lines
+        if not all(err["type"] != "value_error" and _drop(current, err["loc"][1:]) for err in errors):
+            return None, lines
+    return None, lines
+
+
+def _deep_copy(data: Any) -> Any:
+    if isinstance(data, Mapping):
+        return {k: _deep_copy(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_deep_copy(v) for v in data]
+    return data
+
+
+def _drop(tree: Any, loc: Sequence[Any]) -> bool:
+    """Remove the mapping entry at `loc` (the field falls back to its default); False when
+    `loc` does not end at a mapping entry."""
+    for part in loc[:-1]:
+        tree = tree.get(part) if isinstance(tree, Mapping) else None
+    if not loc or not isinstance(tree, dict) or loc[-1] not in tree:
+        return False
+    del tree[loc[-1]]
+    return True
+
+
 @functools.cache
 def _root(cls: Any) -> type[pydantic.BaseModel]:
     """A model with one field of type `cls`: its `extra="forbid"` reaches every nested dataclass
@@ -134,7 +215,7 @@ def _line(cls: type[Any], err: Any, where: str) -> str:
     kind = err["type"]
     if kind == "unexpected_keyword_argument":
         valid = _fields_at(cls, loc[:-1])
-        return f"{prefix}: unknown field; valid fields: {', '.join(valid)}"
+        return f"{prefix}: unknown field; valid fields: {', '.join(valid)}{did_you_mean(loc[-1], valid)}"
     if kind in ("missing", "missing_argument", "missing_keyword_only_argument"):
         return f"{prefix}: required field is missing"
     message = str(err["msg"])

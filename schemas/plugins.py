@@ -4,7 +4,8 @@ A config field that takes a plug-in (`reward:`, `scaffold:`, `recipe:`, `strateg
 
 - a registered name (`exact_answer`): shipped ones, and whatever code already imported registered;
 - a dotted path `package.module:object` (`mypkg.rewards:score`), imported on first use, in the
-  process that needs it (a service spawned by `stacx run` imports it itself);
+  process that needs it (a service spawned by `stacx run` imports it itself), or a file
+  `path/to/rewards.py:score`;
 - a name that an installed distribution declares in the entry-point group `stacx.<point>`
   (`[project.entry-points."stacx.rewards"] score = "mypkg.rewards:score"`), so a pip-installed
   package adds names without touching a config.
@@ -23,11 +24,17 @@ and may import nothing of ours but `schemas`.
 
 from __future__ import annotations
 
+import difflib
+import hashlib
 import importlib
 import importlib.metadata
+import importlib.util
 import inspect
+import logging
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 __all__ = [
@@ -35,12 +42,15 @@ __all__ = [
     "PluginInfo",
     "Registry",
     "accepts",
+    "did_you_mean",
     "first_line",
     "import_object",
     "registries",
 ]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 ENTRY_POINT_PREFIX = "stacx."
 """Entry-point groups are `stacx.<point>` (`stacx.rewards`, `stacx.scaffolds`, ...)."""
@@ -65,6 +75,8 @@ class PluginInfo:
     """Where it comes from: `builtin (module)`, `registered (module)`, `entry point (dist)`."""
     summary: str = ""
     """First line of its docstring."""
+    problem: str = ""
+    """Why a config naming it fails or gets something else (a broken or shadowed entry point)."""
 
 
 def first_line(exc: BaseException) -> str:
@@ -73,13 +85,25 @@ def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
+def did_you_mean(name: object, choices: list[str]) -> str:
+    """`; did you mean 'x'?` for the closest of `choices` to a mistyped `name`, else ``."""
+    if not isinstance(name, str):
+        return ""
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def import_object(path: str) -> Any:
-    """The object at `package.module:attr.attr`; every failure is one `PluginError` line."""
-    module_name, _, attr_path = path.partition(":")
+    """The object at `package.module:attr.attr` or `path/to/file.py:attr` (a file that is no
+    package's module, verl's `custom_reward_function.path`); every failure is one `PluginError` line."""
+    module_name, _, attr_path = path.rpartition(":") if ".py:" in path else path.partition(":")
     if not module_name or not attr_path:
         raise PluginError(f"{path!r}: write a dotted path as package.module:object", kind="unknown")
     try:
-        module = importlib.import_module(module_name)
+        module = _load_file(path, module_name) if module_name.endswith(".py") else (
+            importlib.import_module(module_name))
+    except PluginError:
+        raise
     except ModuleNotFoundError as exc:
         missing = exc.name or ""
         if missing and (module_name == missing or module_name.startswith(missing + ".")):
@@ -94,11 +118,33 @@ def import_object(path: str) -> Any:
     for part in attr_path.split("."):
         if not hasattr(value, part):
             raise PluginError(
-                f"{path!r}: {getattr(value, '__name__', module_name)!r} has no attribute {part!r}",
+                f"{path!r}: {module_name if value is module else getattr(value, '__name__', '?')!r} has "
+                f"no attribute {part!r}",
                 kind="attribute",
             )
         value = getattr(value, part)
     return value
+
+
+def _load_file(path: str, file: str) -> Any:
+    """The module of a Python file, imported once under a name derived from its path."""
+    location = Path(file).expanduser().resolve()
+    if not location.is_file():
+        raise PluginError(f"{path!r}: file {str(location)!r} not found", kind="module")
+    name = f"stacx_file_{hashlib.sha1(str(location).encode()).hexdigest()[:12]}_{location.stem}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, location)
+    if spec is None or spec.loader is None:
+        raise PluginError(f"{path!r}: {str(location)!r} is not a Python module", kind="module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look a module up by its name
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 def _raised_on_import(path: str, module_name: str, exc: BaseException) -> PluginError:
@@ -212,15 +258,24 @@ class Registry(Generic[T]):
             return import_object(ref)  # type: ignore[no-any-return]
         self._builtin()
         if ref in self._entries:
+            self._warn_shadowed(ref)
             return self._entries[ref][0]
         for ep in self._entry_points():
             if ep.name == ref:
                 return self._load_entry_point(ep)
+        names = self.names()
         raise PluginError(
-            f"{ref!r} is not a known {self.what}; use one of {self.names()} or a dotted path "
-            "package.module:object (`stacx plugins` lists them)",
+            f"{ref!r} is not a known {self.what}; use one of {names} or a dotted path "
+            f"package.module:object (`stacx plugins` lists them){did_you_mean(ref, names)}",
             kind="unknown",
         )
+
+    def _warn_shadowed(self, name: str) -> None:
+        for ep in self._entry_points():
+            if ep.name == name:
+                winner = self._entries[name][1]
+                log.warning("%s %r: the entry point %s (%s) is ignored: the %s of that name wins; "
+                            "rename the entry point", self.what, name, self.group, ep.value, winner)
 
     def _load_entry_point(self, ep: importlib.metadata.EntryPoint) -> T:
         if ":" in ep.value:
@@ -243,11 +298,26 @@ class Registry(Generic[T]):
         """Every name this point knows, with where it comes from."""
         self._builtin()
         infos = [PluginInfo(name, origin, _summary(obj)) for name, (obj, origin) in self._entries.items()]
-        for ep in self._entry_points():
-            if ep.name not in self._entries:
-                dist = ep.dist.name if ep.dist is not None else "?"
-                infos.append(PluginInfo(ep.name, f"entry point {self.group} of {dist} ({ep.value})"))
+        infos += [self._entry_point_info(ep) for ep in self._entry_points()]
         return sorted(infos, key=lambda info: info.name)
+
+    def _entry_point_info(self, ep: importlib.metadata.EntryPoint) -> PluginInfo:
+        """An entry point as `stacx plugins` shows it: loaded and checked, so a broken one says why."""
+        dist = ep.dist.name if ep.dist is not None else "?"
+        origin = f"entry point {self.group} of {dist} ({ep.value})"
+        if ep.name in self._entries:
+            winner = self._entries[ep.name][1]
+            return PluginInfo(ep.name, origin, problem=f"shadowed by the {winner} of that name, which "
+                              "configs get; rename the entry point")
+        try:
+            obj = self._load_entry_point(ep)
+            problem = self._check(obj) if self._check is not None else None
+        except PluginError as exc:
+            return PluginInfo(ep.name, origin, problem=f"broken: {exc}")
+        if problem:
+            problem = f"broken: wrong signature for a {self.what}: {problem}"
+            return PluginInfo(ep.name, origin, problem=problem)
+        return PluginInfo(ep.name, origin, _summary(obj))
 
 
 def _summary(obj: Any) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 
+from pydantic import PositiveInt
+
 TRAJECTORIES = "stacx.trajectories"
 BATCHES = "stacx.batches"
 WEIGHTS = "stacx.weights"
@@ -60,9 +62,9 @@ class TopicPolicy:
     Compacted topics (weights, schema catalogue) keep their latest record per key whatever the
     retention says."""
 
-    replication_factor: int = 1
+    replication_factor: PositiveInt = 1
     """Copies of each partition (3 on a cluster: an unreplicated topic is lost with its broker)."""
-    min_insync_replicas: int | None = None
+    min_insync_replicas: PositiveInt | None = None
     """`min.insync.replicas`: replicas an acks=all write waits for (None: the broker's default)."""
     retention_ms: int = 30 * _DAY_MS
     """How long delete-policy topics keep records (-1: forever): the replay horizon."""

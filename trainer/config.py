@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+
 from stacx.schemas import topics
 from stacx.trainer.errors import ConfigError
 from stacx.trainer.model_config import ModelConfig
@@ -29,17 +31,17 @@ def _bootstrap() -> str:
 class OptimizerConfig:
     """AdamW with linear warmup."""
 
-    lr: float = 1e-5
+    lr: PositiveFloat = 1e-5
     """Peak learning rate."""
-    weight_decay: float = 0.0
+    weight_decay: NonNegativeFloat = 0.0
     """Decoupled weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
     """Adam betas."""
-    eps: float = 1e-8
+    eps: PositiveFloat = 1e-8
     """Adam epsilon."""
-    warmup_steps: int = 0
+    warmup_steps: NonNegativeInt = 0
     """Linear warmup from 0 to `lr` over this many steps."""
-    max_grad_norm: float | None = 1.0
+    max_grad_norm: PositiveFloat | None = 1.0
     """Clip the global gradient norm (None: no clipping)."""
 
 
@@ -49,7 +51,7 @@ class BackendConfig:
 
     kind: Literal["single", "fsdp2"] = "single"
     """`single` (one process) or `fsdp2` (fully_shard over torch.distributed)."""
-    world_size: int = 1
+    world_size: PositiveInt = 1
     """Processes to spawn for fsdp2 when not launched by torchrun."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """`auto`: CUDA when available (NCCL), else CPU (gloo)."""
@@ -167,12 +169,10 @@ def load_config(path: str | Path) -> TrainerConfig:
     """A TrainerConfig from YAML (the whole file, or its `trainer` section), through the one
     config loader (`stacx.schemas.config`): every problem is one line with its field path."""
     from stacx.schemas.config import ConfigError as FileError
-    from stacx.schemas.config import build, load_yaml
+    from stacx.schemas.config import build, file_section, load_yaml
 
     try:
-        tree = load_yaml(path)
-        if isinstance(tree.get("trainer"), dict):  # a shared stack file: use its `trainer` section
-            return build(TrainerConfig, tree["trainer"], where=f"{path}: trainer")
-        return build(TrainerConfig, tree, where=str(path))
+        data, where = file_section(load_yaml(path), "trainer", TrainerConfig, str(path))
+        return build(TrainerConfig, data, where=where)
     except FileError as exc:
         raise ConfigError(exc.lines) from exc

@@ -47,7 +47,7 @@ from stacx.trainer.models import ModelConfig, build_model
 from stacx.trainer.protocols import BatchSource, Positions, SourcedBatch, WeightPublisher
 from stacx.trainer.publish import build_publisher
 from stacx.trainer.ranks import spawn_trainer, spawns_ranks
-from stacx.trainer.recipe import DataSync, ModelSlot, TrainingConfig, get_recipe
+from stacx.trainer.recipe import DataSync, ModelSlot, TrainingConfig, get_recipe, role_options_problems
 from stacx.trainer.sources import build_source
 from stacx.trainer.workers import ModelWorker, RoleWorker, build_optimizer
 
@@ -160,6 +160,9 @@ class StacxTrainer:
         return worker
 
     def _build_roles(self) -> list[RoleWorker]:
+        problems = role_options_problems(self.recipe, self.config.recipe, self.config.role_options)
+        if problems:
+            raise ConfigError(problems)
         roles = []
         for role in self.recipe.roles:
             worker = RoleWorker(role=role, workers=[self.models[m] for m in role.models])
@@ -170,10 +173,6 @@ class StacxTrainer:
             r.full_batch = any(groups[s.target] != r.group and s.source == r.role.name
                                and self.placement[r.group] != self.placement[groups[s.target]]
                                for s in self.recipe.syncs)
-        unknown = set(self.config.role_options) - set(groups)
-        if unknown:
-            raise ConfigError(f"role_options names unknown roles {sorted(unknown)}; "
-                              f"recipe {self.config.recipe!r} has {sorted(groups)}")
         return roles
 
     def _vocab_size(self) -> int | None:

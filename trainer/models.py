@@ -85,8 +85,7 @@ def _load_backbone(cfg: ModelConfig, head: Head) -> nn.Module:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed)
             hf_config = tiny_qwen2_config(**cfg.tiny)
-            hf_config._attn_implementation = cfg.attn_implementation
-            return auto.from_config(hf_config)
+            return auto.from_config(hf_config, attn_implementation=cfg.attn_implementation)
     return auto.from_pretrained(str(cfg.path), dtype=getattr(torch, cfg.dtype),
                                 attn_implementation=cfg.attn_implementation, **cfg.extra)
 

@@ -6,11 +6,15 @@ builds one model per slot, one worker per role and moves role outputs along the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stacx.schemas.plugins import PluginError, Registry, accepts, first_line
+import pydantic
+
+from stacx.schemas.plugins import PluginError, Registry, accepts, did_you_mean, first_line
 from stacx.trainer.errors import RecipeError
 from stacx.trainer.models import Head
 from stacx.trainer.protocols import Specialization
@@ -24,6 +28,7 @@ __all__ = [
     "get_recipe",
     "list_recipes",
     "recipe",
+    "role_options_problems",
 ]
 
 
@@ -173,3 +178,53 @@ def get_recipe(ref: str) -> TrainingConfig:
 def list_recipes() -> list[tuple[str, str]]:
     """(name, one-line description) of every registered recipe, sorted by name."""
     return [(info.name, info.summary) for info in RECIPES.available()]
+
+
+def role_options_problems(config: TrainingConfig, ref: str, options: Mapping[str, Any]) -> list[str]:
+    """Every problem of `role_options` against the options the recipe declares (the fields of
+    each role's specialization), one line each with its path: an unknown role or option, a value
+    of the wrong type, a value the specialization's own check refuses. Empty: they apply."""
+    roles = {role.name: role for role in config.roles}
+    lines = []
+    for name, values in options.items():
+        role = roles.get(name)
+        if role is None:
+            lines.append(f"role_options.{name}: recipe {ref!r} has no role {name!r} (its roles: "
+                         f"{', '.join(sorted(roles))}){did_you_mean(name, sorted(roles))}")
+        elif not isinstance(values, Mapping):
+            lines.append(f"role_options.{name}: expected a mapping of options, got {values!r}")
+        else:
+            lines += _option_problems(role, ref, values)
+    return lines
+
+
+def _option_problems(role: Role, ref: str, values: Mapping[str, Any]) -> list[str]:
+    spec: Any = role.specialization
+    declared = _declared_options(type(spec))
+    lines, typed = [], {}
+    for option, value in values.items():
+        where = f"role_options.{role.name}.{option}"
+        if option not in declared:
+            lines.append(f"{where}: recipe {ref!r} declares no such option for role {role.name} (its "
+                         f"options: {', '.join(sorted(declared))}){did_you_mean(option, sorted(declared))}")
+            continue
+        try:
+            typed[option] = pydantic.TypeAdapter(declared[option]).validate_python(value)
+        except pydantic.ValidationError as exc:
+            message = exc.errors()[0]["msg"].replace("Input should be", "expected").split(", unable to")[0]
+            lines.append(f"{where}: {message}, got {value!r}")
+    if not lines:
+        try:
+            dataclasses.replace(spec, **typed)
+        except (TypeError, ValueError, RecipeError) as exc:  # the role's own check (validate)
+            lines.append(f"role_options.{role.name}: {exc}")
+    return lines
+
+
+def _declared_options(cls: type[Any]) -> dict[str, Any]:
+    """Option name -> its type (Any where the annotation does not resolve)."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # an annotation naming something only a type checker imports
+        hints = {}
+    return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(cls) if f.init}

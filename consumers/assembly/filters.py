@@ -9,7 +9,7 @@ import numpy as np
 
 from stacx.consumers.assembly.errors import AssemblyConfigError
 from stacx.consumers.assembly.protocols import LatestVersions
-from stacx.schemas.records import Trajectory
+from stacx.schemas.records import Trajectory, TrajectoryStatus
 from stacx.schemas.validation import record_problems
 
 __all__ = ["FailurePolicy", "SampleFilter", "Verdict", "invalid_reason", "oldest_policy_version"]
@@ -62,8 +62,8 @@ class SampleFilter:
     class Config:
         failure_policy: FailurePolicy = FailurePolicy.DROP
         """What happens to samples whose status is not in `ok_statuses`: drop, flag or mask."""
-        ok_statuses: tuple[str, ...] = ("COMPLETED",)
-        """Statuses that count as successful episodes."""
+        ok_statuses: tuple[TrajectoryStatus, ...] = (TrajectoryStatus.COMPLETED,)
+        """Statuses that count as successful episodes (COMPLETED, TRUNCATED, FAILED, TIMED_OUT, ...)."""
         max_staleness: int | None = 4
         """Largest allowed lag (latest policy version minus the sample's); None: no limit."""
         vocab_size: int | None = None

@@ -38,6 +38,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import PositiveFloat, PositiveInt
+
 from stacx.consumers.assembly.envelope import ReadyGroup
 from stacx.consumers.assembly.errors import AssemblyConfigError
 from stacx.consumers.assembly.filters import SampleFilter, Verdict, oldest_policy_version
@@ -66,18 +68,18 @@ class GroupAssembler:
 
     @dataclass(kw_only=True, slots=True)
     class Config:
-        group_size: int = 8
+        group_size: PositiveInt = 8
         """Samples per prompt group (`n`): a group is complete when this many have arrived."""
-        group_timeout_s: float = 120.0
+        group_timeout_s: PositiveFloat = 120.0
         """Seconds after a group's first sample after which it closes even if incomplete."""
         partial_policy: PartialPolicy = PartialPolicy.EMIT
         """What to do with a group that has fewer trainable samples than `group_size`."""
-        min_group_size: int = 1
+        min_group_size: PositiveInt = 1
         """Partial groups with fewer trainable samples than this are dropped."""
-        closed_ttl_s: float = 24 * 3600.0
+        closed_ttl_s: PositiveFloat = 24 * 3600.0
         """How long closed group ids are remembered to recognise duplicates and late samples;
         `AssemblerApp` raises it to the trajectories topic's retention (the replay horizon)."""
-        max_clock_step_s: float = 5.0
+        max_clock_step_s: PositiveFloat = 5.0
         """Most the timeout clock advances between two events of a partition (ticks come every
         `tick_interval_s`): a longer gap is downtime, and downtime does not count."""
 

@@ -15,6 +15,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from pydantic import PositiveInt
+
 from stacx.consumers.assembly.errors import AssemblyConfigError
 
 __all__ = ["BatchUnit", "MixturePlanner", "PoolEntry", "quotas"]
@@ -54,7 +56,7 @@ class MixturePlanner:
 
     @dataclass(kw_only=True, slots=True)
     class Config:
-        batch_size: int = 8
+        batch_size: PositiveInt = 8
         """Units per batch (see `batch_unit`)."""
         batch_unit: BatchUnit = BatchUnit.GROUPS
         """Count the batch size in whole groups or in sequences (groups are never split)."""

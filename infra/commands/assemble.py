@@ -7,20 +7,9 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from stacx.infra.config import EXPLAIN_HELP, explained
+from stacx.infra.config_flags import config_overrides, deep_merge, lazy_config_flags
 from stacx.infra.heap import freeze_startup_heap
-
-_OVERRIDES = {
-    "bootstrap": "bootstrap_servers",
-    "app_id": "app_id",
-    "trajectories_topic": "trajectories_topic",
-    "batches_topic": "batches_topic",
-    "weights_topic": "weights_topic",
-    "dlq_topic": "dlq_topic",
-    "partitions": "partitions",
-    "store": "store",
-    "datadir": "datadir",
-    "web_port": "web_port",
-}
 
 
 def register(subparsers: Any) -> None:
@@ -28,28 +17,15 @@ def register(subparsers: Any) -> None:
         "assemble", help="run the batch assembler (Faust worker): trajectories -> batches"
     )
     p.add_argument("--config", help="YAML file; its `assembler` section is AssemblerApp.Config")
-    p.add_argument("--bootstrap", help="Kafka bootstrap servers (default: config, $STACX_KAFKA)")
-    p.add_argument("--app-id", help="Faust app id = consumer group and internal topic prefix")
-    p.add_argument("--trajectories-topic")
-    p.add_argument("--batches-topic")
-    p.add_argument("--weights-topic")
-    p.add_argument("--dlq-topic")
-    p.add_argument("--partitions", type=int, help="trajectories partitions (default: ask Kafka)")
-    p.add_argument("--store", help="table store URL: memory:// (default) or rocksdb://")
-    p.add_argument("--datadir", help="local data directory of the worker")
-    p.add_argument("--web-port", type=int, help="enable Faust's web server on this port")
-    p.add_argument("--group-size", type=int, help="samples per prompt group (n)")
-    p.add_argument("--group-timeout", type=float, help="seconds before an open group closes")
-    p.add_argument("--partial-policy", choices=("drop", "emit", "pad"))
-    p.add_argument("--batch-size", type=int, help="batch size in --batch-unit units")
-    p.add_argument("--batch-unit", choices=("groups", "sequences"))
-    p.add_argument("--max-staleness", type=int, help="largest allowed policy-version lag")
+    lazy_config_flags(p, "stacx.consumers.assembly:AssemblerApp.Config")
     p.add_argument("--loglevel", default="info", help="worker log level")
+    p.add_argument("--explain", action="store_true", help=EXPLAIN_HELP)
     p.set_defaults(func=_assemble)
 
 
 def build_config(args: argparse.Namespace) -> Any:
-    """AssemblerApp.Config from the YAML file (if any) and the command-line overrides."""
+    """AssemblerApp.Config from the YAML file's `assembler:` section (if any) with the generated
+    field flags given on top (`--grouping.group_size 8`)."""
     from stacx.consumers.assembly import AssemblerApp
     from stacx.infra.config import ConfigError, bootstrap_servers, build, load_yaml
 
@@ -62,26 +38,31 @@ def build_config(args: argparse.Namespace) -> Any:
             f"got {type(section).__name__} ({section!r})"
         )
     data = dict(section)
+    _refuse_shared_topics(tree, data, args, source)
     data.setdefault("bootstrap_servers", bootstrap_servers(tree))
-    for flag, key in _OVERRIDES.items():
-        if getattr(args, flag, None) is not None:
-            data[key] = getattr(args, flag)
-    _nested_override(
-        data,
-        "grouping",
-        group_size=args.group_size,
-        group_timeout_s=args.group_timeout,
-        partial_policy=args.partial_policy,
-    )
-    _nested_override(data, "mixture", batch_size=args.batch_size, batch_unit=args.batch_unit)
-    _nested_override(data, "filtering", max_staleness=args.max_staleness)
+    data = deep_merge(data, config_overrides(args))
     return build(AssemblerApp.Config, data, where=f"{source}: assembler")
 
 
-def _nested_override(data: dict[str, Any], section: str, **values: Any) -> None:
-    given = {k: v for k, v in values.items() if v is not None}
-    if given:
-        data[section] = {**dict(data.get(section) or {}), **given}
+def _refuse_shared_topics(tree: Mapping[str, Any], data: Mapping[str, Any], args: argparse.Namespace,
+                          source: str) -> None:
+    """A pipeline file's `assembler:` section gets its run's topics from `stacx run`: alone, it
+    would read and write the shared default topics (other runs' data). Refused, naming the fix."""
+    from stacx.infra.config import ConfigError
+
+    pipeline = tree.get("pipeline")
+    if not isinstance(pipeline, Mapping) or pipeline.get("fresh_topics") is False:
+        return
+    run_dir = f"{pipeline.get('runs_dir', 'runs')}/{pipeline.get('name', 'quickstart')}"
+    topics = ("trajectories_topic", "batches_topic")
+    given = {**data, **config_overrides(args)}
+    if not all(given.get(key) for key in topics):
+        raise ConfigError(
+            f"{source}: assembler: a pipeline file's section gets per-run topics from `stacx run` "
+            f"(pipeline.fresh_topics); run the service file the run writes under {run_dir}/config/, "
+            "or set assembler.trajectories_topic and assembler.batches_topic (or --trajectories_topic "
+            "and --batches_topic)"
+        )
 
 
 def _dlq_problem(config: Any) -> str | None:
@@ -105,6 +86,9 @@ def _assemble(args: argparse.Namespace) -> int:
 
     try:
         config = build_config(args)
+        if args.explain:
+            print(explained(config), end="")
+            return 0
         unreachable = kafka_problem(config.bootstrap_servers)
         if unreachable:
             print(f"stacx assemble: {unreachable}", file=sys.stderr)

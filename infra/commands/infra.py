@@ -101,16 +101,26 @@ def _smoke(args: argparse.Namespace) -> int:
 
 @dataclass(kw_only=True, slots=True)
 class _StackFile:
-    """What `--config` may hold: `bootstrap_servers`, next to the sections of other commands."""
+    """What `stacx infra` reads of a `--config` file (a pipeline, service or stack file): its
+    `bootstrap_servers` and `topics`; the other sections are their commands' (checked there)."""
 
     bootstrap_servers: str | None = None
     """Kafka bootstrap servers (host:port[,host:port]) of an existing cluster."""
     topics: TopicPolicy = field(default_factory=TopicPolicy)
     """Replication, partitions, retention and compression of the standard topics."""
-    pipeline: dict[str, Any] | None = None
-    rollout: dict[str, Any] | None = None
-    assembler: dict[str, Any] | None = None
-    trainer: dict[str, Any] | None = None
+    pipeline: Any = None
+    gateway: Any = None
+    inference: Any = None
+    rollout: Any = None
+    assembler: Any = None
+    trainer: Any = None
+    resources: Any = None
+    cluster: Any = None
+    proxy: Any = None
+    join: Any = None
+    oncall: Any = None
+    evaluation: Any = None
+    replay: Any = None
 
 
 def _stack_config(args: argparse.Namespace) -> stack.StackConfig:

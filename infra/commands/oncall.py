@@ -25,6 +25,9 @@ def register(subparsers: Any) -> None:
     )
     learner.add_argument("config", type=Path, help="on-call YAML (examples/oncall/oncall.yaml)")
     learner.add_argument("--max-steps", type=int, help="stop after this many steps in total")
+    learner.add_argument(
+        "--explain", action="store_true", help="validate the file (scorer included); start nothing"
+    )
     learner.set_defaults(func=_learn)
 
     join = subparsers.add_parser(
@@ -79,7 +82,7 @@ def join_config(tree: dict[str, Any], source: str) -> Any:
 def _learn(args: argparse.Namespace) -> int:
     from stacx.infra.config import ConfigError, build
     from stacx.trainer.errors import TrainerError
-    from stacx.trainer.oncall import HeldOutEvaluator, KafkaWeightLog, OnlineLearner
+    from stacx.trainer.oncall import HeldOutEvaluator, KafkaWeightLog, OnlineLearner, load_scorer
 
     try:
         tree = _tree(args.config)
@@ -87,9 +90,12 @@ def _learn(args: argparse.Namespace) -> int:
         evaluation = build(
             HeldOutEvaluator.Config, dict(tree.get("evaluation") or {}), where=f"{args.config}: evaluation"
         )
+        load_scorer(evaluation.scorer)  # imported before anything starts: a bad one is one line
     except (ConfigError, TrainerError, ValueError) as exc:
-        print(f"stacx oncall: {exc}", file=sys.stderr)
+        _say(exc)
         return 2
+    if args.explain:
+        return 0
     staging = None
     if not evaluation.staging_url:
         staging = _staging_server(config)
@@ -106,6 +112,11 @@ def _learn(args: argparse.Namespace) -> int:
         if staging is not None:
             staging.stop()
     return 0
+
+
+def _say(exc: BaseException) -> None:
+    for line in str(exc).splitlines():
+        print(f"stacx oncall: {line}", file=sys.stderr)
 
 
 def _staging_server(config: Any) -> Any:

@@ -1,4 +1,6 @@
-"""`stacx plugins [POINT]`: every plug-in a config can name, per extension point, and its origin."""
+"""`stacx plugins [POINT]`: every plug-in a config can name, per extension point, and its origin.
+A broken entry point (does not import, wrong signature) and one shadowed by a name of ours are
+said on stderr, one line each; a broken one makes the exit status 1."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ _OWNERS = (
     "stacx.rollout.scheduler",
     "stacx.rollout.inference.serving",
     "stacx.trainer.recipe",
+    "stacx.trainer.oncall.evaluation",
     "stacx.infra.tracking",
     "stacx.infra.benchmarks",
 )
@@ -37,10 +40,14 @@ def _plugins(args: argparse.Namespace) -> int:
         known = sorted(points)
         print(f"stacx plugins: no extension point {args.point!r}; use one of {known}", file=sys.stderr)
         return 2
+    broken = 0
     for name in [args.point] if args.point else sorted(points):
         registry = points[name]
         print(f"{name}  (entry-point group {registry.group}; or package.module:object)")
         for info in registry.available():
             summary = f"  {info.summary}" if info.summary else ""
             print(f"  {info.name:<18} {info.origin}{summary}")
-    return 0
+            if info.problem:
+                broken += info.problem.startswith("broken")
+                print(f"stacx plugins: {name}: {info.name}: {info.problem}", file=sys.stderr)
+    return 1 if broken else 0

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-log = logging.getLogger("stacx.quickstart")
+log = logging.getLogger(__name__)
 
 QUICKSTART_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
 """The quickstart's pipeline file (in the source checkout)."""
@@ -127,6 +127,7 @@ def _execute(config_path: Path, args: argparse.Namespace) -> int:
     from stacx.infra.pipeline.layout import RunLayout
     from stacx.infra.pipeline.resolve import check_resolved, explain
 
+    spec = None
     try:
         spec = load_spec(config_path)
         _apply(spec, args)
@@ -136,8 +137,8 @@ def _execute(config_path: Path, args: argparse.Namespace) -> int:
                 f"{config_path}: cluster: {len(spec.cluster.hosts)} hosts ({hosts}); start each with "
                 f"`stacx node up --cluster {config_path} --host NAME` (stacx run is the one-host case)"
             )
+        check_resolved(spec)  # the same checks with and without --explain, before anything starts
         if getattr(args, "explain", False):
-            check_resolved(spec)
             print(explain(spec, RunLayout.create(spec)), end="")
             return 0
         # the run's progress is its live view: no download/loading bars from its services
@@ -154,9 +155,10 @@ def _execute(config_path: Path, args: argparse.Namespace) -> int:
         return 1
     except Exception as exc:  # a bug in a service library: full traceback, then where to look
         log.error("pipeline failed: %s: %s", type(exc).__name__, exc, exc_info=True)
+        where = RunLayout.create(spec).root if spec is not None else "the run directory"
         print(
-            f"stacx: the pipeline failed ({type(exc).__name__}: {exc}); the partial report "
-            "and the service logs are under runs/<name>/",
+            f"stacx {args.command}: the pipeline failed ({type(exc).__name__}: {exc}); the partial "
+            f"report and the service logs are under {where}/",
             file=sys.stderr,
         )
         return 1

@@ -8,14 +8,16 @@ import json
 import sys
 from typing import Any
 
+from stacx.infra.config import EXPLAIN_HELP, explained
+from stacx.infra.config_flags import config_overrides, lazy_config_flags
 from stacx.infra.heap import freeze_startup_heap
 
 
 def register(subparsers: Any) -> None:
     rollout = subparsers.add_parser("rollout", help="run the rollout service from a YAML config")
     rollout.add_argument("config", help="rollout YAML (see examples/rollout/)")
-    rollout.add_argument("--num-groups", type=int, default=None, help="stop after N task groups")
-    rollout.add_argument("--no-progress", action="store_true", help="no live progress view")
+    lazy_config_flags(rollout, "stacx.rollout.config:RolloutConfig")
+    rollout.add_argument("--explain", action="store_true", help=EXPLAIN_HELP)
     rollout.set_defaults(func=_rollout)
 
     evaluate = subparsers.add_parser("eval", help="rollout-only evaluation: rewards per task type")
@@ -28,14 +30,15 @@ def register(subparsers: Any) -> None:
     evaluate.set_defaults(func=_eval)
 
 
-def load_rollout_config(path: str) -> Any:
-    """RolloutConfig from a YAML file, validated, with everything it points at resolved
-    (evaluators, tokenizer, tasks); `ConfigError` lists every problem, one line each."""
+def load_rollout_config(path: str, overrides: dict[str, Any] | None = None) -> Any:
+    """RolloutConfig from a YAML file with the command line's field flags (`overrides`) on top,
+    validated, with everything it points at resolved (evaluators, tokenizer, tasks);
+    `ConfigError` lists every problem, one line each."""
     from stacx.infra.checks import rollout_problems
     from stacx.infra.config import ConfigError
     from stacx.rollout.config import load_config
 
-    config = load_config(path)  # the one loader; relative data paths resolved against the file
+    config = load_config(path, overrides)  # the one loader; relative data paths against the file
     lines = rollout_problems(config, path)
     if lines:
         raise ConfigError(lines)
@@ -46,12 +49,12 @@ def _load(path: str, args: argparse.Namespace) -> Any:
     from stacx.infra.config import ConfigError
 
     try:
-        config = load_rollout_config(path)
+        config = load_rollout_config(path, config_overrides(args))
     except ConfigError as exc:
         for line in exc.lines:
             print(f"stacx {getattr(args, 'command', 'rollout')}: {line}", file=sys.stderr)
         return None
-    config.progress = config.progress and not args.no_progress and sys.stdout.isatty()
+    config.progress = config.progress and not getattr(args, "no_progress", False) and sys.stdout.isatty()
     return config
 
 
@@ -62,8 +65,9 @@ def _rollout(args: argparse.Namespace) -> int:
     config = _load(args.config, args)
     if config is None:
         return 2
-    if args.num_groups is not None:
-        config.num_groups = args.num_groups
+    if args.explain:
+        print(explained(config), end="")
+        return 0
     kafka = config.kafka
     if kafka.publish or kafka.follow_weights or config.data.topic:
         from stacx.infra.services.reachability import kafka_problem

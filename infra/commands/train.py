@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stacx.infra.config import EXPLAIN_HELP, explained
+from stacx.infra.config_flags import config_overrides, deep_merge, lazy_config_flags
 from stacx.infra.telemetry import setup_metrics, setup_rank
 
 log = logging.getLogger(__name__)
@@ -24,82 +26,59 @@ def register(subparsers: Any) -> None:
         "config",
         help="trainer YAML (TrainerConfig; or a file with a `trainer:` section), see examples/train/",
     )
-    p.add_argument("--recipe", help="override `recipe`")
-    p.add_argument("--max-steps", type=int, help="override `max_steps`")
-    p.add_argument("--bootstrap", help="Kafka bootstrap servers for the source and publisher")
-    p.add_argument("--topic", help="override `source.topic` (the TrainingBatch topic)")
-    p.add_argument("--group-id", help="override `source.group_id`")
-    p.add_argument("--world-size", type=int, help="spawn this many local ranks (implies fsdp2)")
-    p.add_argument("--replay-from-offset", type=int, help="replay the batch topic from an offset")
-    p.add_argument("--replay-from-timestamp-ms", type=int, help="replay from a time (epoch ms)")
+    lazy_config_flags(p, "stacx.trainer.config:TrainerConfig")
+    p.add_argument("--explain", action="store_true", help=EXPLAIN_HELP)
     p.set_defaults(func=_train)
     r = subparsers.add_parser("recipes", help="list the registered training recipes")
     r.set_defaults(func=_recipes)
 
 
-def _apply_overrides(config: Any, args: argparse.Namespace) -> None:
-    if args.recipe:
-        config.recipe = args.recipe
-    if args.max_steps is not None:
-        config.max_steps = args.max_steps
-    if args.bootstrap:
-        config.source.bootstrap_servers = config.export.bootstrap_servers = args.bootstrap
-    if args.topic:
-        config.source.topic = args.topic
-    if args.group_id:
-        config.source.group_id = args.group_id
-    if args.world_size:
-        config.backend.kind, config.backend.world_size = "fsdp2", args.world_size
-    if args.replay_from_offset is not None:
-        config.source.replay_from_offset = args.replay_from_offset
-    if args.replay_from_timestamp_ms is not None:
-        config.source.replay_from_timestamp_ms = args.replay_from_timestamp_ms
-
-
 def load_trainer_config(path: str, overrides: argparse.Namespace | None = None) -> Any:
     """TrainerConfig from a YAML file (the whole file, or its `trainer:` section) with the command
-    line's `overrides`, validated with the model paths and the recipe resolved; `ConfigError`
-    lists every problem, one line each. When the config spawns local ranks they resolve the
-    recipe (it imports torch, which the launcher never does) and a bad one is still one line."""
+    line's generated field flags (`overrides`: `--optimizer.lr 1e-4`) on top, validated with the
+    model paths and the recipe resolved; `ConfigError` lists every problem, one line each. When
+    the config spawns local ranks they resolve the recipe (it imports torch, which the launcher
+    never does) and a bad one is still one line."""
     from stacx.infra.checks import model_problem
     from stacx.infra.config import ConfigError, build, load_yaml
+    from stacx.schemas.config import file_section
     from stacx.trainer.config import TrainerConfig
     from stacx.trainer.ranks import spawns_ranks
 
-    tree = load_yaml(path)
-    where = path
-    if isinstance(tree.get("trainer"), dict):  # a shared stack file: use its `trainer` section
-        tree, where = tree["trainer"], f"{path}: trainer"
-    config = build(TrainerConfig, tree, where=where)
-    if overrides is not None:
-        _apply_overrides(config, overrides)
+    tree, where = file_section(load_yaml(path), "trainer", TrainerConfig, path)
+    given = config_overrides(overrides) if overrides is not None else {}
+    config = build(TrainerConfig, deep_merge(tree, given), where=where)
     lines = []
     for role, model in sorted(config.models.items()):
         problem = model.path and model_problem(Path(model.path), f"models.{role}.path")
         if problem:
             lines.append(f"{where}: {problem}")
     if not spawns_ranks(config.backend):
-        problem = _recipe_problem(config.recipe)
-        if problem:
-            lines.append(problem if overrides and overrides.recipe else f"{where}: recipe: {problem}")
+        problems = _recipe_problems(config.recipe, config.role_options, where)
+        if problems and not problems[0].startswith(f"{where}: "):  # the recipe itself
+            field = "--recipe" if "recipe" in given else f"{where}: recipe"
+            problems[0] = f"{field}: {problems[0]}"
+        lines += problems
     if lines:
         raise ConfigError(lines)
     return config
 
 
-def _recipe_problem(ref: str) -> str | None:
+def _recipe_problems(ref: str, role_options: dict[str, Any], where: str) -> list[str]:
+    """The recipe resolves and `role_options` are options it declares (one line each)."""
     from stacx.trainer.errors import TrainerError
-    from stacx.trainer.recipe import get_recipe
+    from stacx.trainer.recipe import get_recipe, role_options_problems
 
     try:
-        get_recipe(ref)
+        recipe = get_recipe(ref)
     except TrainerError as exc:
-        return str(exc)
-    return None
+        return [str(exc)]
+    return [f"{where}: {line}" for line in role_options_problems(recipe, ref, role_options)]
 
 
 def _train(args: argparse.Namespace) -> int:
     from stacx.infra.config import ConfigError
+    from stacx.trainer.errors import ConfigError as TrainerConfigError
     from stacx.trainer.errors import TrainerError
     from stacx.trainer.ranks import spawns_ranks
 
@@ -108,6 +87,9 @@ def _train(args: argparse.Namespace) -> int:
     except (ConfigError, TrainerError) as exc:
         _print_lines(exc)
         return 2
+    if args.explain:
+        print(explained(config), end="")
+        return 0
     if config.source.kind == "kafka":
         from stacx.infra.services.reachability import kafka_problem
 
@@ -123,6 +105,9 @@ def _train(args: argparse.Namespace) -> int:
 
         setup_metrics("train")
         StacxTrainer.launch(config, rank_setup=rank_setup)
+    except TrainerConfigError as exc:  # found at construction: a configuration error, exit 2
+        _print_lines(exc)
+        return 2
     except TrainerError as exc:
         log.error("%s", exc)
         return 1
@@ -137,7 +122,8 @@ def _spawn_ranks(config: Any, rank_setup: Any, args: argparse.Namespace) -> int:
     try:
         spawn_trainer(config, rank_setup=rank_setup)
     except RecipeError as exc:  # what the launcher would have reported before spawning
-        _print_lines(exc if args.recipe else f"{args.config}: recipe: {exc}")
+        field = "--recipe" if "recipe" in config_overrides(args) else f"{args.config}: recipe"
+        _print_lines(f"{field}: {exc}")
         return 2
     except ConfigError as exc:
         _print_lines(exc)

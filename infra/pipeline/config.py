@@ -31,6 +31,7 @@ from stacx.infra.pipeline.services import RestartPolicy
 from stacx.infra.pipeline.wires import wire_value
 from stacx.infra.telemetry import TracingConfig
 from stacx.infra.tracking.config import TrackingConfig
+from stacx.schemas.plugins import did_you_mean
 from stacx.schemas.topics import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, TopicPolicy
 
 __all__ = [
@@ -229,6 +230,9 @@ class PipelineConfig(_Schema):
     """Stop with a diagnosis when no trajectory, batch or policy version appears for this long."""
     live: bool = True
     """Show the live rich view (off when stdout is not a terminal)."""
+    max_failed_fraction: float = Field(default=0.2, ge=0.0, le=1.0)
+    """A run whose training episodes failed or timed out in a larger share ends `failed` (exit
+    status 1), with the share and the commonest reasons in report.json."""
     plugin_paths: list[str] = Field(default_factory=list)
     """Folders put in front of `sys.path` here and of PYTHONPATH in every service, so that the
     plug-ins this file names (`package.module:object`) import everywhere (relative: to this file)."""
@@ -502,8 +506,8 @@ def _valid_hint(loc: tuple[Any, ...]) -> str:
         if info is None:
             return ""
         model = _model_of(info.annotation)
-    fields = getattr(model, "model_fields", None)
-    return f"; valid fields: {', '.join(sorted(fields))}" if fields else ""
+    fields = sorted(getattr(model, "model_fields", None) or [])
+    return f"; valid fields: {', '.join(fields)}{did_you_mean(str(loc[-1]), fields)}" if fields else ""
 
 
 def _model_of(annotation: Any) -> Any:
@@ -521,8 +525,10 @@ def parse_spec(
     """A `PipelineSpec` from an already-loaded YAML tree; with `check`, every service section is
     validated (completed with the run's values) too. All problems of every section are raised
     at once: a broken `pipeline` section does not hide the service sections' problems."""
+    base_dir = base_dir or Path.cwd()
+    use_plugin_paths(_written_plugin_paths(tree, base_dir))  # what the file's sections name imports
     parsed, lines, replaced = _parse_file(tree, source)
-    spec = _spec(parsed, source, base_dir or Path.cwd())
+    spec = _spec(parsed, source, base_dir)
     use_plugin_paths(spec.plugin_paths)
     if check:
         from stacx.infra.pipeline.resolve import check_sections
@@ -531,6 +537,16 @@ def parse_spec(
     elif lines:
         raise PipelineConfigError("\n".join(lines))
     return spec
+
+
+def _written_plugin_paths(tree: Mapping[str, Any], base_dir: Path) -> list[Path]:
+    """`pipeline.plugin_paths` as written (before validation: the plug-ins that `pipeline.tracking`
+    names are imported while the file is validated); a malformed list is reported by the schema."""
+    pipeline = tree.get("pipeline")
+    paths = pipeline.get("plugin_paths") if isinstance(pipeline, Mapping) else None
+    if not isinstance(paths, list):
+        return []
+    return [(base_dir / p).resolve() for p in paths if isinstance(p, str)]
 
 
 _PLACEHOLDERS: dict[str, Any] = {"model": {"tiny": {}}, "tasks": {"jsonl": "tasks.jsonl"}}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,8 @@ class EvalResult:
     """Success rate and tool-use rate over held-out episodes."""
 
     success: float
+    """Share of episodes whose reward reached `success_reward` (partial credit is no success)."""
+    mean_reward: float
     tool_rate: float
     num_episodes: int
     num_failed: int
@@ -81,14 +84,18 @@ def versions_used(trajectories: list[Trajectory], default: int) -> tuple[int, in
     return (min(used), max(used)) if used else (default, default)
 
 
-def _summarise(trajectories: list[Trajectory], version: int, started: float) -> EvalResult:
+def _summarise(
+    trajectories: list[Trajectory], version: int, started: float, success_reward: float = 1.0
+) -> EvalResult:
     n = len(trajectories)
     first, last = versions_used(trajectories, version)
-    rewards = sum(t.reward for t in trajectories)
+    rewards = [t.reward for t in trajectories if math.isfinite(t.reward)]
+    solved = sum(reward >= success_reward for reward in rewards)
     tools = sum(int(t.metadata.get("num_tool_calls", "0") or 0) > 0 for t in trajectories)
     failed = sum(t.status.value in ("FAILED", "TIMED_OUT") for t in trajectories)
     return EvalResult(
-        success=rewards / n if n else 0.0,
+        success=solved / n if n else 0.0,
+        mean_reward=sum(rewards) / n if n else 0.0,
         tool_rate=tools / n if n else 0.0,
         num_episodes=n,
         num_failed=failed,
@@ -99,9 +106,16 @@ def _summarise(trajectories: list[Trajectory], version: int, started: float) -> 
 
 
 async def evaluate_heldout(
-    rollout_section: dict[str, Any], tasks: list[TaskSample], *, heldout_path: str, samples: int, version: int
+    rollout_section: dict[str, Any],
+    tasks: list[TaskSample],
+    *,
+    heldout_path: str,
+    samples: int,
+    version: int,
+    success_reward: float = 1.0,
 ) -> EvalResult:
-    """Roll out every task `samples` times at the rollout config's temperature."""
+    """Roll out every task `samples` times at the rollout config's temperature; an episode with
+    a reward of at least `success_reward` is a success."""
     from stacx.rollout.fakes import StaticVersion
     from stacx.rollout.service import open_manager
 
@@ -112,13 +126,9 @@ async def evaluate_heldout(
         config, tasks=tasks, publisher=collector, versions=StaticVersion(version)
     ) as manager:
         await manager.run()
-    return _summarise(collector.trajectories, version, started)
+    return _summarise(collector.trajectories, version, started, success_reward)
 
 
-def run_evaluation(
-    rollout_section: dict[str, Any], tasks: list[TaskSample], *, heldout_path: str, samples: int, version: int
-) -> EvalResult:
-    """Blocking wrapper (runs its own event loop; call it from a worker thread)."""
-    return asyncio.run(
-        evaluate_heldout(rollout_section, tasks, heldout_path=heldout_path, samples=samples, version=version)
-    )
+def run_evaluation(rollout_section: dict[str, Any], tasks: list[TaskSample], **options: Any) -> EvalResult:
+    """Blocking wrapper of `evaluate_heldout` (runs its own event loop; call it from a worker thread)."""
+    return asyncio.run(evaluate_heldout(rollout_section, tasks, **options))

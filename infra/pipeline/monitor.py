@@ -10,17 +10,25 @@ import logging
 import threading
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from stacx.consumers.assembly.filters import SampleFilter, invalid_reason
+from stacx.consumers.assembly.filters import SampleFilter, Verdict, invalid_reason
 from stacx.schemas.records import TrainingBatch, Trajectory, TrajectoryStatus, WeightVersion
 
-__all__ = ["EvalPoint", "RunMetrics", "TopicMonitor", "VersionStats", "assembler_keeps"]
+__all__ = [
+    "EvalPoint",
+    "RunMetrics",
+    "TopicMonitor",
+    "VersionStats",
+    "assembler_drop_reason",
+    "assembler_keeps",
+]
 
 Keeps = Callable[[Trajectory, int], bool]
+DropReason = Callable[[Trajectory, int], str | None]
 """Whether the assembler would put a trajectory in a batch, given the newest policy version."""
 
 log = logging.getLogger(__name__)
@@ -62,14 +70,27 @@ class EvalPoint:
 def assembler_keeps(filtering: SampleFilter.Config) -> Keeps:
     """The assembler's own decision with its `filtering` section: a valid sample that is neither
     dropped as failed nor as too stale (the others never reach a batch)."""
+    reason = assembler_drop_reason(filtering)
+    return lambda trajectory, latest_version: reason(trajectory, latest_version) is None
 
-    def keeps(trajectory: Trajectory, latest_version: int) -> bool:
-        if invalid_reason(trajectory) is not None:
-            return False
-        sample_filter = SampleFilter(filtering, {trajectory.model_name: latest_version})
-        return sample_filter.verdict(trajectory).trainable
 
-    return keeps
+def assembler_drop_reason(filtering: SampleFilter.Config) -> DropReason:
+    """Why the assembler with this `filtering` section drops a sample, naming the setting that
+    decides it (None: kept), e.g. `status TRUNCATED is not in assembler.filtering.ok_statuses`."""
+
+    def reason(trajectory: Trajectory, latest_version: int) -> str | None:
+        invalid = invalid_reason(trajectory)
+        if invalid is not None:
+            return f"invalid ({invalid.split(':')[0]}; dead-lettered)"
+        verdict = SampleFilter(filtering, {trajectory.model_name: latest_version}).verdict(trajectory)
+        if verdict.trainable:
+            return None
+        if verdict is Verdict.DROP_STALE:
+            return f"too stale (assembler.filtering.max_staleness={filtering.max_staleness})"
+        return (f"status {trajectory.status.value} is not in assembler.filtering.ok_statuses "
+                f"[{', '.join(str(status) for status in filtering.ok_statuses)}]")
+
+    return reason
 
 
 def _used_tool(trajectory: Trajectory) -> bool:
@@ -93,12 +114,18 @@ class RunMetrics:
     are dropped or dead-lettered, and never make a batch come."""
     keeps: Keeps = field(default_factory=lambda: assembler_keeps(SampleFilter.Config()))
     """The assembler's filter (its `filtering` section; the default one unless told)."""
+    drop_reason: DropReason | None = None
+    """Why that filter drops a sample (None: `keeps` decides, without a reason)."""
+    dropped: Counter[str] = field(default_factory=Counter)
+    """Trajectories the assembler drops, by reason."""
     num_batches: int = 0
     by_version: dict[int, VersionStats] = field(default_factory=dict)
     evals: list[EvalPoint] = field(default_factory=list)
     sft_loss: list[tuple[int, float]] = field(default_factory=list)
     trainer_steps: list[dict[str, Any]] = field(default_factory=list)
     """(step, version publish time) per WeightVersion seen."""
+    failure_reasons: Counter[str] = field(default_factory=Counter)
+    """Why training episodes failed (their `error`, first line), by count."""
     _recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=4096))
     """(arrival time, staleness) of recent trajectories."""
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -112,14 +139,30 @@ class RunMetrics:
         now = time.monotonic() if now is None else now
         with self.lock:
             self.num_trajectories += 1
-            self.num_usable_trajectories += self.keeps(trajectory, self.policy_version)
+            if self.drop_reason is not None:
+                dropped = self.drop_reason(trajectory, self.policy_version)
+            else:
+                dropped = None if self.keeps(trajectory, self.policy_version) else "dropped by its filter"
+            self.num_usable_trajectories += dropped is None
+            if dropped is not None:
+                self.dropped[dropped] += 1
             stats = self.by_version.setdefault(trajectory.policy_version, VersionStats())
             stats.num += 1
             stats.trace_id = stats.trace_id or trace_id
             stats.reward_sum += trajectory.reward
             stats.tool_calls += _used_tool(trajectory)
-            stats.failed += trajectory.status in (TrajectoryStatus.FAILED, TrajectoryStatus.TIMED_OUT)
+            failed = trajectory.status in (TrajectoryStatus.FAILED, TrajectoryStatus.TIMED_OUT)
+            stats.failed += failed
+            if failed:
+                reason = (trajectory.error or trajectory.status.value).splitlines()[0][:200]
+                self.failure_reasons[reason or trajectory.status.value] += 1
             self._recent.append((now, max(0, self.policy_version - trajectory.policy_version)))
+
+    def failed_episodes(self) -> tuple[int, int]:
+        """(failed or timed-out training episodes, all training episodes) so far."""
+        with self.lock:
+            stats = list(self.by_version.values())
+        return sum(s.failed for s in stats), sum(s.num for s in stats)
 
     def observe_weights(self, version: WeightVersion) -> None:
         with self.lock:

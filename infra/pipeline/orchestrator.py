@@ -36,7 +36,7 @@ import yaml
 from stacx.infra.config import build, resolve_path
 from stacx.infra.pipeline import preflight
 from stacx.infra.pipeline.config import PipelineSpec
-from stacx.infra.pipeline.errors import PipelineError, ServiceError, StallError
+from stacx.infra.pipeline.errors import PipelineConfigError, PipelineError, ServiceError, StallError
 from stacx.infra.pipeline.evaluation import EvalResult, eval_figures, run_evaluation
 from stacx.infra.pipeline.layout import (
     RunLayout,
@@ -49,7 +49,13 @@ from stacx.infra.pipeline.layout import (
     router_section,
     service_urls,
 )
-from stacx.infra.pipeline.monitor import EvalPoint, RunMetrics, TopicMonitor, assembler_keeps
+from stacx.infra.pipeline.monitor import (
+    EvalPoint,
+    RunMetrics,
+    TopicMonitor,
+    assembler_drop_reason,
+    assembler_keeps,
+)
 from stacx.infra.pipeline.placement import visible_devices
 from stacx.infra.pipeline.preload import Preloader, model_modules
 from stacx.infra.pipeline.report import plot_curve, write_report
@@ -89,7 +95,10 @@ class Pipeline:
         self.spec = spec
         self.cfg = spec.pipeline
         self.layout = layout or RunLayout.create(spec)
-        self.metrics = RunMetrics(keeps=assembler_keeps(_assembler_filtering(spec)))
+        filtering = _assembler_filtering(spec)
+        self.metrics = RunMetrics(
+            keeps=assembler_keeps(filtering), drop_reason=assembler_drop_reason(filtering)
+        )
         self.services: dict[str, ServiceProcess] = {}
         self.supervisor = Supervisor(self.cfg.services.restarts)
         self.task_set = self._task_set()
@@ -116,7 +125,7 @@ class Pipeline:
         try:
             return build_task_set(tasks.source, tasks.options)
         except ConfigError as exc:
-            raise PipelineError(f"{self.spec.source}: pipeline.tasks.source: {exc}") from exc
+            raise PipelineConfigError(f"{self.spec.source}: pipeline.tasks.source: {exc}") from exc
 
     # ----------------------------------------------------------------------------- urls
 
@@ -163,12 +172,23 @@ class Pipeline:
         self._timed("services_s", self._start_serving, sft_dir)
         if self._evaluates():
             self.evals["before"] = self._timed("eval_before_s", self._evaluate, "before", True)
-        self._timed("grpo_s", self._grpo, refresh)
+        self._timed("training_s", self._grpo, refresh)
         self._stop_service("rollout")
         self._await_swap(self.metrics.policy_version)
         if self._evaluates():
             self.evals["after"] = self._timed("eval_after_s", self._evaluate, "after", True)
         refresh()
+        self._check_failed_episodes()
+
+    def _check_failed_episodes(self) -> None:
+        """PipelineError when more training episodes failed than `pipeline.max_failed_fraction`."""
+        failed, total = self.metrics.failed_episodes()
+        if total and failed / total > self.cfg.max_failed_fraction:
+            reasons = "; ".join(f"{n}x {why}" for why, n in self.metrics.failure_reasons.most_common(3))
+            raise PipelineError(
+                f"{failed} of {total} training episodes failed ({failed / total:.0%} > "
+                f"pipeline.max_failed_fraction={self.cfg.max_failed_fraction:g}): {reasons}"
+            )
 
     def set_up(self) -> Path:
         """The run's topics, model and tasks, then the SFT warm start: the model the services
@@ -384,7 +404,8 @@ class Pipeline:
         ).start()
         try:
             self._wait_training_services()
-            self.metrics.stage = f"GRPO through Kafka (target: {self.cfg.steps} policy versions)"
+            recipe = self.spec.trainer.get("recipe", "grpo")
+            self.metrics.stage = f"{recipe} through Kafka (target: {self.cfg.steps} policy versions)"
             self._follow(refresh)
         finally:
             monitor.stop()
@@ -441,6 +462,7 @@ class Pipeline:
             batches=m.num_batches,
             versions=m.policy_version,
             usable=m.num_usable_trajectories,
+            dropped=tuple(m.dropped.most_common(3)),
         )
 
     def _check_progress(self, watch: StallWatch) -> None:
@@ -500,6 +522,7 @@ class Pipeline:
             heldout_path=str(self.layout.heldout_tasks),
             samples=ev.final_samples_per_problem if full else ev.samples_per_problem,
             version=self._server_version_int(),
+            success_reward=self.cfg.tracking.success_reward if self.cfg.tracking else 1.0,
         )
 
     def _model_dir(self) -> Path:
@@ -771,6 +794,15 @@ class Pipeline:
 
     # ----------------------------------------------------------------------------- report
 
+    def _failure_figures(self) -> dict[str, Any]:
+        failed, total = self.metrics.failed_episodes()
+        return {
+            "failed_episodes": failed,
+            "failed_fraction": round(failed / total, 4) if total else 0.0,
+            "max_failed_fraction": self.cfg.max_failed_fraction,
+            "failure_reasons": dict(self.metrics.failure_reasons.most_common(5)),
+        }
+
     def _report(self, wall_s: float, error: BaseException | None = None) -> dict[str, Any]:
         before, after = self.evals.get("before"), self.evals.get("after")
         return {
@@ -790,6 +822,7 @@ class Pipeline:
             "wall_s": round(wall_s, 1),
             "timings_s": self.timings,
             "num_trajectories": self.metrics.num_trajectories,
+            **self._failure_figures(),
             "num_batches": self.metrics.num_batches,
             "reward_curve": self.metrics.reward_curve(),
             "traces_by_version": {

@@ -3,20 +3,33 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from stacx.infra.pipeline.monitor import RunMetrics
 
-__all__ = ["plot_curve", "write_report"]
+__all__ = ["json_safe", "plot_curve", "write_report"]
 
 
 def write_report(path: Path, report: dict[str, Any]) -> Path:
+    """Write `report` as strict JSON: a non-finite number (NaN, inf: no JSON value) is null."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")
+    tmp.write_text(json.dumps(json_safe(report), indent=2, sort_keys=False, allow_nan=False) + "\n")
     tmp.replace(path)
     return path
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with every non-finite float replaced by None (containers walked, keys kept)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def plot_curve(path: Path, metrics: RunMetrics, *, title: str, min_episodes: int = 16) -> Path:

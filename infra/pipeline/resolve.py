@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from stacx.infra.checks import (
+    bad_row_lines,
     harbor_problems,
     jsonl_problems,
     model_problem,
@@ -43,6 +44,8 @@ from stacx.infra.pipeline.layout import (
 )
 from stacx.infra.pipeline.wires import WIRES, get_path, wire_conflicts
 from stacx.rollout.tokens import model_vocab_size
+from stacx.schemas.config import build_partial
+from stacx.schemas.plugins import first_line
 from stacx.schemas.records import export_dir_name
 
 __all__ = [
@@ -238,10 +241,6 @@ def _sections(spec: PipelineSpec) -> dict[str, Any]:
     }
 
 
-def owned_conflicts(spec: PipelineSpec, layout: RunLayout) -> list[str]:
-    return list(_owned_conflicts(spec, layout).values())
-
-
 def _owned_conflicts(spec: PipelineSpec, layout: RunLayout) -> dict[str, str]:
     """Dotted place -> its line, for each value the user set that the pipeline owns."""
     lines = {}
@@ -256,7 +255,8 @@ def _owned_conflicts(spec: PipelineSpec, layout: RunLayout) -> dict[str, str]:
 
 def _built_sections(spec: PipelineSpec, layout: RunLayout) -> tuple[dict[str, Any], list[str]]:
     """Every service section, completed with the run's values, built by the one config loader;
-    the sections that do not build are left out, their problems are the lines."""
+    a section with invalid fields is built with those at their defaults (left out when it cannot
+    be), their problems are the lines."""
     from stacx.consumers.assembly import AssemblerApp
     from stacx.rollout.config import RolloutConfig
     from stacx.rollout.inference.router import RouterConfig
@@ -280,10 +280,10 @@ def _built_sections(spec: PipelineSpec, layout: RunLayout) -> tuple[dict[str, An
         ("assembler", AssemblerApp.Config, p.assembler["assembler"]),
         ("trainer", TrainerConfig, p.trainer),
     ):
-        try:
-            built[name] = build(cls, data, where=f"{spec.source}: {name}")
-        except ConfigError as exc:
-            lines += exc.lines
+        value, problems = build_partial(cls, data, where=f"{spec.source}: {name}")
+        lines += problems
+        if value is not None:  # with its invalid fields at their defaults: what it names is checked too
+            built[name] = value
     return built, lines
 
 
@@ -325,6 +325,8 @@ def _semantic(spec: PipelineSpec, built: dict[str, Any], unchecked: set[str] | N
     lines: list[str] = []
     if "trainer" in built:
         lines += _recipe_problems(spec, built["trainer"])
+    if "inference" in built:
+        lines += _engine_problems(spec, built["inference"])
     if "rollout" in built:
         lines += _rollout_problems(spec, built["rollout"])
         if "assembler" in built:
@@ -371,11 +373,15 @@ def _unique(lines: list[str]) -> list[str]:
 
 def _recipe_problems(spec: PipelineSpec, config: Any) -> list[str]:
     from stacx.trainer import TrainerError, get_recipe
+    from stacx.trainer.recipe import role_options_problems
 
     try:
         recipe = get_recipe(config.recipe)
     except TrainerError as exc:
         return [f"{spec.source}: trainer.recipe: {exc}"]
+    options = role_options_problems(recipe, config.recipe, config.role_options)
+    if options:
+        return [f"{spec.source}: trainer.{line}" for line in options]
     if recipe.needs_greedy_row:  # the rollout samples every group at its evaluators' temperature
         return [f"{spec.source}: trainer.recipe: {config.recipe!r} needs one greedy (temperature 0) "
                 "sample per prompt group as its baseline, and the pipeline's rollout samples none; "
@@ -391,6 +397,19 @@ def _rollout_problems(spec: PipelineSpec, config: Any) -> list[str]:
         return lines
     problem = rollout_config_problem(config)
     return [f"{spec.source}: rollout: {problem}"] if problem else []
+
+
+def _engine_problems(spec: PipelineSpec, config: Any) -> list[str]:
+    """The inference engine imports and has an engine factory's signature (a plug-in engine's
+    module is imported here, not first in the server process)."""
+    from stacx.rollout.inference.serving import ENGINES
+    from stacx.schemas.plugins import PluginError
+
+    try:
+        ENGINES.resolve(config.engine)
+    except PluginError as exc:
+        return [f"{spec.source}: inference.engine: {exc}"]
+    return []
 
 
 def _grouping_problems(spec: PipelineSpec, rollout: Any, assembler: Any) -> list[str]:
@@ -449,6 +468,9 @@ def _source_problems(spec: PipelineSpec) -> list[str]:
         task_set = build_task_set(tasks.source, tasks.options)
     except RolloutConfigError as exc:
         return [f"pipeline.tasks.source: {exc}"]
+    lines = _source_row_problems(task_set, tasks.source)
+    if lines:
+        return lines
     demonstrates = callable(getattr(task_set, "demonstration", None))
     if cfg.sft is not None and cfg.transcripts is None and not demonstrates:
         return [
@@ -456,6 +478,25 @@ def _source_problems(spec: PipelineSpec) -> list[str]:
             "set `pipeline.transcripts`, or remove `pipeline.sft`"
         ]
     return []
+
+
+def _source_row_problems(task_set: Any, ref: str) -> list[str]:
+    """Every row `train_tasks()` (and `heldout_tasks()`) returns is a task: all bad rows at once."""
+    from stacx.rollout.data import row_problems
+
+    lines = []
+    for method in ("train_tasks", "heldout_tasks"):
+        produce = getattr(task_set, method, None)
+        if not callable(produce):
+            continue
+        what = f"pipeline.tasks.source: {ref}.{method}()"
+        try:
+            rows = list(produce() or [])
+        except Exception as exc:  # the user's source: one line, not a traceback
+            lines.append(f"{what} raised {first_line(exc)}")
+            continue
+        lines += bad_row_lines(row_problems(rows, where=f"{ref}.{method}()"), "pipeline.tasks.source", "row")
+    return lines
 
 
 def transcript_adapter(spec: PipelineSpec) -> Any:

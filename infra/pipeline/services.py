@@ -3,13 +3,15 @@
 Every service gets its own session (process group), so that stopping it also stops what it
 spawned (the FSDP2 trainer's ranks), even when the service's main process is already dead; only
 process groups this module started are signalled. A `Supervisor` restarts a crashed service with
-exponential backoff until its `RestartPolicy` budget is spent.
+exponential backoff until its `RestartPolicy` budget is spent; one that exits 2 (its
+configuration is wrong) is not restarted, and the run's error quotes the line it said.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,9 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat
+
 from stacx.infra.pipeline.errors import ServiceError
 
 __all__ = [
+    "CONFIG_ERROR_STATUS",
     "ChildProcess",
     "Launcher",
     "RestartBudget",
@@ -37,6 +42,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 FORKED = " (forked from the run's preloader)"
 """How a start line and a service log's first line say that the service was forked, not spawned."""
+CONFIG_ERROR_STATUS = 2
+"""Every `stacx` command exits 2 on a configuration error: such a service is not restarted."""
+_COMMAND_LINE = re.compile(r"^stacx( [a-z][a-z-]*)?: |\s(ERROR|CRITICAL)\s")
+"""A command's own error line (`stacx train: ...`) or a logged error."""
+_NOISE = re.compile(r"nanobind|leaked (type|function|instance)")
+"""What an interpreter with nanobind extensions prints at exit: never the cause."""
 
 
 def stacx_argv() -> list[str]:
@@ -149,12 +160,22 @@ class ServiceProcess:
         """The service exited 0 and `finishes` says that is its end (the trainer after max_steps)."""
         return self.spec.finishes and self.proc is not None and self.proc.poll() == 0
 
+    def error_lines(self) -> str:
+        """What the service said when it failed: its `stacx <command>: ...` lines (the one-line
+        errors every command prints) when the log has any, else its log tail without the
+        interpreter's shutdown noise (nanobind's leak report)."""
+        tail = self.tail(200).splitlines()
+        said = [line for line in tail if _COMMAND_LINE.match(line)]
+        if said:
+            return "\n".join(said[-10:])
+        return "\n".join([line for line in tail if not _NOISE.search(line)][-25:])
+
     def check_alive(self) -> None:
-        """Raise ServiceError, with the log tail, when the service has exited."""
+        """Raise ServiceError, with what the service said, when it has exited."""
         if self.proc is not None and self.proc.poll() is not None:
             raise ServiceError(
                 f"service {self.spec.name} exited with status {self.proc.returncode}; "
-                f"log {self.log_path}:\n{self.tail()}"
+                f"log {self.log_path}:\n{self.error_lines()}"
             )
 
     def wait_ready(self, timeout_s: float) -> None:
@@ -247,27 +268,19 @@ def _pid_exists(pid: int) -> bool:
 class RestartPolicy:
     """How a crashed service is restarted (like systemd's Restart=on-failure with a burst limit)."""
 
-    max_restarts: int = 5
+    max_restarts: NonNegativeInt = 5
     """Restarts allowed within `window_s`; one more crash fails the run."""
-    window_s: float = 600.0
+    window_s: PositiveFloat = 600.0
     """Sliding window of the restart budget, in seconds."""
-    backoff_s: float = 1.0
+    backoff_s: NonNegativeFloat = 1.0
     """Delay before the first restart in the window; doubled for each further one."""
-    max_backoff_s: float = 30.0
-    """Longest delay between a crash and its restart."""
+    max_backoff_s: NonNegativeFloat = 30.0
+    """Longest delay between a crash and its restart (at least `backoff_s`)."""
 
     def __post_init__(self) -> None:
-        if (
-            self.max_restarts < 0
-            or self.window_s <= 0
-            or self.backoff_s < 0
-            or self.max_backoff_s < self.backoff_s
-        ):
-            raise ValueError(
-                "restarts: max_restarts >= 0, window_s > 0 and 0 <= backoff_s <= max_backoff_s "
-                f"(got {self.max_restarts}, {self.window_s}, {self.backoff_s}, "
-                f"{self.max_backoff_s})"
-            )
+        if self.max_backoff_s < self.backoff_s:
+            raise ValueError(f"max_backoff_s={self.max_backoff_s} is below backoff_s={self.backoff_s}; "
+                             "raise it or lower backoff_s")
 
 
 class RestartBudget:
@@ -337,12 +350,17 @@ class Supervisor:
         assert service.proc is not None
         status = service.proc.returncode
         service.stop()  # what the dead service left of its group (ranks) goes too
+        if status == CONFIG_ERROR_STATUS:  # a restart would fail the same way
+            raise ServiceError(
+                f"service {name} refused its configuration (exit status {status}, not restarted); "
+                f"log {service.log_path}:\n{service.error_lines()}"
+            )
         delay = self._budgets[name].next_delay(self.clock())
         if delay is None:
             raise ServiceError(
                 f"service {name} exited with status {status} and has used its restart budget "
                 f"({self.policy.max_restarts} restarts within {self.policy.window_s:.0f}s); "
-                f"log {service.log_path}:\n{service.tail()}"
+                f"log {service.log_path}:\n{service.error_lines()}"
             )
         log.warning(
             "service %s exited with status %s: restart %d in %.1fs (log %s)",

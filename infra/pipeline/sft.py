@@ -167,7 +167,7 @@ def run_sft(
         ),
         max_steps=len(batches),
         seed=seed,
-        trainer_id="stacx-quickstart-sft",
+        trainer_id="stacx-sft",
     )
 
     def step_done(result: Any) -> None:

@@ -27,6 +27,8 @@ class Progress:
     usable: int | None = None
     """Trajectories the assembler would put in a batch (None: every one): failed or stale
     ones are dropped there and never make a batch come."""
+    dropped: tuple[tuple[str, int], ...] = ()
+    """(why the assembler drops them, how many), commonest first."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -66,10 +68,13 @@ def likely_stuck(
     if progress.trajectories == 0:
         return "rollout", "no trajectory was ever published (rollout -> inference server / sandbox gateway)"
     if usable < progress.trajectories:
+        reasons = "; ".join(f"{n} {why}" for why, n in progress.dropped) or "failed or too stale"
         return "rollout", (
             f"{progress.trajectories - usable} of {progress.trajectories} trajectories on the topic "
-            "failed or were too stale, and the assembler drops those: too few usable ones for a "
-            f"batch of {trajectories_per_batch} (see why the episodes fail in rollout.log)"
+            f"are dropped by the assembler ({reasons}): too few usable ones for a batch of "
+            f"{trajectories_per_batch}. Fix why the episodes end so (rollout.log), or keep them: a "
+            "status in assembler.filtering.ok_statuses (e.g. [COMPLETED, TRUNCATED]), a larger "
+            "assembler.filtering.max_staleness"
         )
     return "rollout", (
         "no new trajectory for a batch (rollout -> inference server / sandbox gateway; the rollout "

@@ -17,6 +17,7 @@ from stacx.rollout.inference.app import build_app
 from stacx.rollout.inference.engine import BatchingEngine
 from stacx.rollout.inference.errors import InferenceError, ServerUnavailableError
 from stacx.rollout.inference.state import ServingState
+from stacx.schemas.config import Port
 from stacx.schemas.http_limits import HttpLimits, uvicorn_options
 
 __all__ = ["InferenceServer", "load_model"]
@@ -89,7 +90,7 @@ class InferenceServer:
         """Local Hugging Face model directory (config.json, safetensors, tokenizer)."""
         host: str = "127.0.0.1"
         """Interface to listen on."""
-        port: int = 30000
+        port: Port = 30000
         """TCP port (SGLang's default); 0 picks a free one."""
         device: str = "auto"
         """`auto` (CUDA when present, else CPU), `cpu` or `cuda[:N]`."""

@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pydantic import PositiveInt
+
 from stacx.rollout.inference.errors import InferenceError
 from stacx.rollout.inference.router import RouterConfig
 from stacx.rollout.inference.server import InferenceServer
@@ -30,10 +32,10 @@ class ServeConfig:
     engine runs exactly this, another engine reads what applies to it."""
     engine: str = "builtin"
     """builtin | sglang | `package.module:factory` | an entry point in `stacx.inference_engines`."""
-    servers: int = 1
+    servers: PositiveInt = 1
     """How many servers `stacx run` starts from this section (each on its own port and GPUs,
     behind `router` when more than one); `stacx serve` runs one."""
-    tp_size: int = 1
+    tp_size: PositiveInt = 1
     """sglang: tensor-parallel GPUs per server (`--tp-size`)."""
     mem_fraction: float | None = None
     """sglang: share of each GPU for weights and KV cache (`--mem-fraction-static`); None:

@@ -50,6 +50,7 @@ from stacx.sandbox.backends._common import (
 )
 from stacx.sandbox.backends.lifecycle import LifecycleGuard
 from stacx.sandbox.errors import BackendError, BaseImageMissing, PathRejected, SandboxStopped
+from stacx.sandbox.library_patches import exec_reader, exec_socket
 from stacx.sandbox.models import ExecRequest, ExecResult
 from stacx.sandbox.protocols import HostCapacity, SandboxHandle, SandboxSpec
 
@@ -488,12 +489,12 @@ class DockerBackend:
         out, err = OutputCap(max_bytes), OutputCap(max_bytes)
         host_timeout = False
         try:
-            raw: socket.socket = getattr(sock, "_sock", sock)
+            raw = exec_socket(sock)
             raw.settimeout(wait_s)
             if stdin is not None:
                 raw.sendall(stdin)
                 raw.shutdown(socket.SHUT_WR)
-            _read_frames(_reader(sock, raw), out, err)
+            _read_frames(exec_reader(sock, raw), out, err)
         except TimeoutError:
             host_timeout = True
         finally:
@@ -544,17 +545,6 @@ def _harbor_kwargs(kwargs: dict[str, Any], spec: SandboxSpec) -> dict[str, Any]:
         "mounts": volumes,
         "environment": dict(spec.env),
     }
-
-
-def _reader(sock: Any, raw: socket.socket) -> Callable[[int], bytes]:
-    """Read function of an exec stream. The HTTP layer may already have buffered output that
-    arrived with the response headers (fast commands), so read through its buffered reader, not
-    the bare socket, or that output is lost."""
-    try:
-        buffered = sock._response.raw._fp.fp
-    except AttributeError:
-        return raw.recv
-    return buffered.read1 if hasattr(buffered, "read1") else raw.recv
 
 
 def _read_frames(recv: Callable[[int], bytes], out: OutputCap, err: OutputCap) -> None:

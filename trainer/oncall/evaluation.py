@@ -3,7 +3,8 @@
 The candidate's exported weights are loaded into a staging inference server (SGLang API:
 `/update_weights_from_disk`), never into the serving fleet; each task (one JSONL line with
 OpenAI `messages` and optional `tools`) is sent to its `/v1/chat/completions`, and a scorer
-(`module:function` or `path/file.py:function`, called as `score(task, message) -> float`) says
+(a plug-in: `module:function`, `path/file.py:function`, an entry point in `stacx.scorers`;
+called as `score(task, message) -> float`) says
 whether the answer succeeded (score >= 1). The probe counts answers that hold a `<tool_call>`
 block the server could not parse as a call: a malformed tool call.
 """
@@ -11,10 +12,7 @@ block the server could not parse as a call: a malformed tool call.
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
 import json
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,33 +20,30 @@ from typing import Any
 
 import httpx
 
+from stacx.schemas.plugins import PluginError, Registry, accepts
 from stacx.trainer.errors import ConfigError, TrainerError
 from stacx.trainer.oncall.gate import EvalReport
 
-__all__ = ["HeldOutEvaluator", "load_scorer"]
+__all__ = ["SCORERS", "HeldOutEvaluator", "load_scorer"]
 
 Scorer = Callable[[dict[str, Any], dict[str, Any]], float]
 
 
+def _check_scorer(fn: Any) -> str | None:
+    return accepts(fn, {}, {})
+
+
+SCORERS: Registry[Scorer] = Registry("scorers", what="scorer", check=_check_scorer)
+"""Held-out scorers `score(task, message) -> float`: a registered name, `package.module:function`,
+`path/to/file.py:function`, or an entry point in `stacx.scorers`."""
+
+
 def load_scorer(spec: str) -> Scorer:
-    """`package.module:function` or `path/to/file.py:function`."""
-    module_name, _, attr = spec.rpartition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"evaluation.scorer={spec!r}: use `module:function` or `file.py:function`")
-    if module_name.endswith(".py"):
-        name = f"stacx_scorer_{Path(module_name).stem}"
-        location = importlib.util.spec_from_file_location(name, module_name)
-        if location is None or location.loader is None:
-            raise ConfigError(f"evaluation.scorer: cannot load {module_name}")
-        module = importlib.util.module_from_spec(location)
-        sys.modules[location.name] = module  # dataclasses and pickling look modules up by name
-        location.loader.exec_module(module)
-    else:
-        module = importlib.import_module(module_name)
-    scorer = getattr(module, attr, None)
-    if not callable(scorer):
-        raise ConfigError(f"evaluation.scorer: {spec!r} is not a function")
-    return scorer  # type: ignore[no-any-return]
+    """The scorer `spec` names; `ConfigError` with one line naming `evaluation.scorer` otherwise."""
+    try:
+        return SCORERS.resolve(spec)
+    except PluginError as exc:
+        raise ConfigError(f"evaluation.scorer: {exc}") from exc
 
 
 class HeldOutEvaluator:

@@ -49,12 +49,13 @@ def test_large_batches_leave_through_the_blob_store(tmp_path: Path) -> None:
     assert stored.trajectory_ids == batch.trajectory_ids
 
 
-def _args(**overrides: object) -> argparse.Namespace:
-    names = ["config", "bootstrap", "app_id", "trajectories_topic", "batches_topic",
-             "weights_topic", "dlq_topic", "partitions", "store", "datadir", "web_port",
-             "group_size", "group_timeout", "partial_policy", "batch_size", "batch_unit",
-             "max_staleness"]
-    return argparse.Namespace(**{n: overrides.get(n) for n in names})
+def _args(*flags: str, config: str | None = None) -> argparse.Namespace:
+    """`stacx assemble`'s parsed command line: `--config` and the field flags generated from
+    AssemblerApp.Config (`--grouping.group_size 4`)."""
+    from stacx.infra.cli import build_parser
+
+    argv = ["assemble", *(["--config", config] if config else []), *flags]
+    return build_parser(argv).parse_args(argv)
 
 
 def test_config_file_and_flags_build_the_component_configs(tmp_path: Path) -> None:
@@ -68,7 +69,8 @@ def test_config_file_and_flags_build_the_component_configs(tmp_path: Path) -> No
         "  filtering: {failure_policy: mask, max_staleness: null}\n"
         "  mixture: {batch_size: 2, task_ratios: {math: 1, code: 3}}\n"
     )
-    config = build_config(_args(config=str(path), batch_size=6, group_timeout=9))
+    flags = ("--mixture.batch_size", "6", "--grouping.group_timeout_s", "9")
+    config = build_config(_args(*flags, config=str(path)))
     assert isinstance(config, AssemblerApp.Config)
     assert config.bootstrap_servers == "kafka:9092" and config.app_id == "a1"
     assert config.grouping.group_size == 4 and config.grouping.group_timeout_s == 9.0
@@ -84,7 +86,7 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="group_sise"):
         build_config(_args(config=str(path)))
     with pytest.raises(ConfigError, match="group_size"):
-        build_config(_args(group_size=0, partitions=1))
+        build_config(_args("--grouping.group_size", "0", "--partitions", "1"))
 
 
 def test_fast_rejoin_settings_are_validated_and_reach_faust() -> None:

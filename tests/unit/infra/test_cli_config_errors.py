@@ -210,7 +210,7 @@ def test_rollout_names_a_bad_scaffold_and_tokenizer(
     assert lines == [
         f"stacx rollout: {path}: manager.evaluators.default.scaffold: 'termnal' is not a known "
         "scaffold; use one of ['retool', 'single_turn', 'terminal'] or a dotted path "
-        "package.module:object (`stacx plugins` lists them)",
+        "package.module:object (`stacx plugins` lists them); did you mean 'terminal'?",
         f"stacx rollout: {path}: inference.tokenizer={tmp_path / 'none'}: no such directory; "
         "point it at the model directory",
     ]

@@ -64,7 +64,8 @@ def test_every_problem_is_one_line() -> None:
         section({"demo": {"rate": "fast", "nmae": 1}}, "demo", DemoConfig, source="f.yaml")
     assert info.value.lines == [
         "f.yaml: demo.rate: expected a valid number, got 'fast'",
-        "f.yaml: demo.nmae: unknown field; valid fields: inner, limit, name, rate, tags",
+        "f.yaml: demo.nmae: unknown field; valid fields: inner, limit, name, rate, tags; "
+        "did you mean 'name'?",
     ]
 
 

@@ -52,13 +52,14 @@ def _rollout_config(tmp_path: Path, bootstrap: str) -> Path:
 def test_an_unreachable_broker_is_one_line_and_exit_1(command: str, tmp_path: Path) -> None:
     bootstrap = f"127.0.0.1:{_unused_port()}"
     if command == "assemble":
-        args = ["assemble", "--bootstrap", bootstrap]
+        args = ["assemble", "--bootstrap_servers", bootstrap]
     elif command == "rollout":  # before any episode starts, not 15 s per failed publish
-        args = ["rollout", str(_rollout_config(tmp_path, bootstrap)), "--no-progress"]
+        args = ["rollout", str(_rollout_config(tmp_path, bootstrap)), "--progress", "false"]
     else:
         config = tmp_path / "trainer.yaml"
         config.write_text("recipe: grpo\nmodels: {policy: {tiny: {}}}\n")
-        args = ["train", str(config), "--bootstrap", bootstrap]
+        args = ["train", str(config), "--source.bootstrap_servers", bootstrap,
+                "--export.bootstrap_servers", bootstrap]
     code, lines, wall_s = _stacx(args, tmp_path)
     assert code == 1, lines
     assert not [line for line in lines if "FAIL" in line or "Traceback" in line], lines

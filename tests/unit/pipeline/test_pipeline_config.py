@@ -266,8 +266,8 @@ def test_recipe_scaffold_reward_and_strategy_are_resolved_up_front() -> None:
     known = sorted(name for name, _ in list_recipes())
     assert {"grpo", "sft", "dagger"} <= set(known)
     assert _check_lines(_tree(trainer={"recipe": "grpoo"})) == [
-        f"f.yaml: stacx.trainer.recipe: 'grpoo' is not a known recipe; use one of {known} or a dotted path "
-        "package.module:object (`stacx plugins` lists them)"
+        f"f.yaml: trainer.recipe: 'grpoo' is not a known recipe; use one of {known} or a dotted path "
+        "package.module:object (`stacx plugins` lists them); did you mean 'grpo'?"
     ]
     evaluator = {"scaffold": "termnal"}
     (line,) = _check_lines(_tree(rollout={"manager": {"evaluators": {"default": evaluator}}}))
@@ -275,6 +275,7 @@ def test_recipe_scaffold_reward_and_strategy_are_resolved_up_front() -> None:
         "f.yaml: rollout.manager.evaluators.default.scaffold: 'termnal' is not a known scaffold; "
         "use one of ['retool', 'single_turn', 'terminal']"
     )
+    assert line.endswith("; did you mean 'terminal'?")
     evaluator = {"scaffold": "retool", "reward": "exact"}
     (line,) = _check_lines(_tree(rollout={"manager": {"evaluators": {"default": evaluator}}}))
     assert line.startswith(
@@ -292,7 +293,7 @@ def test_a_recipe_needing_greedy_rows_is_refused_in_one_line() -> None:
     """ReMax needs a greedy sample per group, which the pipeline's rollout never samples: the
     config is refused before anything starts, not by every batch at the trainer."""
     (line,) = _check_lines(_tree(trainer={"recipe": "remax"}))
-    assert line.startswith("f.yaml: stacx.trainer.recipe: 'remax' needs one greedy (temperature 0) "
+    assert line.startswith("f.yaml: trainer.recipe: 'remax' needs one greedy (temperature 0) "
                            "sample per prompt group")
 
 

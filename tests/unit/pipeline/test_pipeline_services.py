@@ -162,3 +162,34 @@ def test_a_service_that_finishes_before_it_is_waited_for_counts_as_ready(tmp_pat
     _wait_exit(failed)
     with pytest.raises(ServiceError, match="exited with status 3"):
         failed.wait_ready(60)
+
+
+NANOBIND_EXIT = r"nanobind: leaked 3 instances!\n - leaked type torch._C.X\nnanobind: leaked 1 types!"
+
+
+def test_a_service_refusing_its_config_is_not_restarted_and_its_own_line_is_the_error(tmp_path: Path) -> None:
+    """Exit status 2 is a configuration error: a restart fails the same way, so none is tried, and
+    the run's error quotes the command's `stacx train: ...` line, not the interpreter's exit noise."""
+    supervisor = Supervisor(RestartPolicy(backoff_s=0), clock=_Clock())
+    marker = tmp_path / "runs"
+    script = (f"echo run >> {marker}; echo 'stacx train: f.yaml: trainer.role_options.policy.kl_bta: no such "
+              f"option' >&2; printf '{NANOBIND_EXIT}\\n' >&2; exit 2")
+    service = ServiceProcess(_shell("trainer", script), tmp_path).start()
+    supervisor.add(service)
+    _wait_exit(service)
+    with pytest.raises(ServiceError) as info:
+        supervisor.poll()
+    message = str(info.value)
+    assert message.startswith("service trainer refused its configuration (exit status 2, not restarted)")
+    assert message.endswith("stacx train: f.yaml: trainer.role_options.policy.kl_bta: no such option")
+    assert "nanobind" not in message and "leaked" not in message
+    assert marker.read_text().count("run") == 1 and supervisor.restarts == {"trainer": 0}
+
+
+def test_without_a_command_line_the_error_is_the_log_tail_without_exit_noise(tmp_path: Path) -> None:
+    script = f"echo 'ValueError: boom' >&2; printf '{NANOBIND_EXIT}\\n' >&2; exit 1"
+    service = ServiceProcess(_shell("rollout", script), tmp_path).start()
+    _wait_exit(service)
+    with pytest.raises(ServiceError) as info:
+        service.check_alive()
+    assert str(info.value).endswith("ValueError: boom"), str(info.value)

@@ -10,7 +10,7 @@ from stacx.consumers.assembly import FailurePolicy, SampleFilter
 from stacx.consumers.assembly.testing import make_trajectory
 from stacx.infra.pipeline.config import load_spec, parse_spec
 from stacx.infra.pipeline.errors import PipelineConfigError, ServiceError, StallError
-from stacx.infra.pipeline.monitor import RunMetrics, assembler_keeps
+from stacx.infra.pipeline.monitor import RunMetrics, assembler_drop_reason, assembler_keeps
 from stacx.infra.pipeline.orchestrator import Pipeline
 from stacx.infra.pipeline.stall import Progress, StallWatch, diagnose, error_tail, likely_stuck
 from stacx.sandbox.sessions import SessionManager
@@ -48,17 +48,22 @@ def test_likely_stuck_stage(progress: Progress, gateway_problem: str | None, ser
 def test_failed_trajectories_the_assembler_drops_do_not_blame_the_assembler() -> None:
     """A deleted task folder: every episode fails, the assembler drops them all (its default
     failure policy), so the stage to look at is the rollout, not the assembler."""
-    metrics = RunMetrics()
+    filtering = SampleFilter.Config()
+    metrics = RunMetrics(keeps=assembler_keeps(filtering), drop_reason=assembler_drop_reason(filtering))
     for index in range(200):
-        failed = make_trajectory(f"g{index // 8}", index % 8, status=TrajectoryStatus.FAILED)
-        metrics.observe_trajectory(failed)
+        status = TrajectoryStatus.TRUNCATED if index % 2 else TrajectoryStatus.FAILED
+        metrics.observe_trajectory(make_trajectory(f"g{index // 8}", index % 8, status=status))
     for index in range(8):
         metrics.observe_trajectory(make_trajectory("ok", index))
-    progress = Progress(metrics.num_trajectories, 0, 0, usable=metrics.num_usable_trajectories)
+    progress = Progress(metrics.num_trajectories, 0, 0, usable=metrics.num_usable_trajectories,
+                        dropped=tuple(metrics.dropped.most_common(3)))
     assert (progress.trajectories, progress.usable) == (208, 8)
     service, why = likely_stuck(progress, trajectories_per_batch=64, gateway_problem=None)
     assert service == "rollout", why
-    assert "200 of 208 trajectories on the topic failed or were too stale" in why
+    assert "200 of 208 trajectories on the topic are dropped by the assembler (" in why
+    assert "100 status TRUNCATED is not in assembler.filtering.ok_statuses [COMPLETED]" in why
+    assert "100 status FAILED is not in assembler.filtering.ok_statuses" in why
+    assert "failed or too stale" not in why  # a TRUNCATED episode is no failure
 
 
 def test_the_usable_count_follows_the_assembler_filtering_section() -> None:

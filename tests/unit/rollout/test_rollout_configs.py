@@ -69,9 +69,10 @@ def test_every_shipped_config_builds() -> None:
         ),
         (
             {"data": {"path": "a"}, "manager": {"evaluators": {"x": {"max_turns": 0}}}},
-            "evaluator.max_turns = 0",
+            "config: manager.evaluators.x.max_turns: expected greater than 0, got 0",
         ),
-        ({"data": {"path": "a"}, "inference": {"wait_ready_s": -1}}, "inference.wait_ready_s = -1"),
+        ({"data": {"path": "a"}, "inference": {"wait_ready_s": -1}},
+         "config: inference.wait_ready_s: expected greater than or equal to 0, got -1"),
     ],
 )
 def test_bad_configs_name_the_field(values: dict, fragment: str) -> None:

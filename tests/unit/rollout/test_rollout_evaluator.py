@@ -276,6 +276,10 @@ async def test_weights_follower_refuses_a_version_with_another_content_hash() ->
     ({"reward": 1.0, "note": "good"}, "component 'note' is a str, not a number"),
     ({"reward": None}, "component 'reward' is a NoneType, not a number"),
     (0.5, "returned a float, not a mapping of component names to numbers"),
+    ({"reward": float("nan")}, "component 'reward' is nan; rewards are finite numbers"),
+    ({"reward": 1.0, "bonus": float("-inf")}, "component 'bonus' is -inf; rewards are finite numbers"),
+    ({"score": 1.0}, "returned no 'reward' component (got ['score']); return {'reward': <number>, ...}"),
+    ({"reward": True}, "component 'reward' is a bool, not a number"),
 ])
 async def test_a_reward_function_returning_no_numbers_fails_its_episode_in_one_line(
         returned: object, problem: str) -> None:

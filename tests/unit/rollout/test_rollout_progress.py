@@ -7,6 +7,7 @@ import argparse
 from rich.console import Console
 
 from stacx.infra.commands import rollout as rollout_command
+from stacx.infra.config_flags import config_overrides, resolve_lazy_flags
 from stacx.rollout.data import ListTaskSource
 from stacx.rollout.fakes import FakeEnvironments, FakeTokenizer, MemoryPublisher, ScriptedInference
 from stacx.rollout.manager import RolloutManager
@@ -47,13 +48,16 @@ def test_cli_registers_rollout_and_eval() -> None:
     rollout_command.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["eval", "cfg.yaml", "--samples", "3", "--json", "out.json"])
     assert args.func is rollout_command._eval and args.samples == 3 and args.json_out == "out.json"
-    args = parser.parse_args(["rollout", "cfg.yaml", "--num-groups", "5"])
-    assert args.func is rollout_command._rollout and args.num_groups == 5
+    rollout = parser._subparsers._group_actions[0].choices["rollout"]  # type: ignore[union-attr]
+    resolve_lazy_flags(rollout)  # the flags generated from RolloutConfig (what `stacx rollout` adds)
+    args = parser.parse_args(["rollout", "cfg.yaml", "--num_groups", "5", "--progress", "false"])
+    assert args.func is rollout_command._rollout
+    assert config_overrides(args) == {"num_groups": 5, "progress": False}
 
 
 def test_cli_reports_a_bad_config_without_a_traceback(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "bad.yaml"
     path.write_text("data: {path: x.jsonl}\nmanager: {max_concurrent: 3}\n")
-    args = argparse.Namespace(config=str(path), num_groups=None, no_progress=True)
+    args = argparse.Namespace(config=str(path), explain=False)
     assert rollout_command._rollout(args) == 2
     assert "bad.yaml: manager.max_concurrent: unknown field; valid fields:" in capsys.readouterr().err

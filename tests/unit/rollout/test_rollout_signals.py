@@ -58,6 +58,6 @@ def test_a_signal_stopped_run_exits_128_plus_its_number(monkeypatch: Any, capsys
     config.data = type("D", (), {"topic": None, "task_dirs": None})()
     monkeypatch.setattr(command, "_load", lambda path, args: config)
     monkeypatch.setattr("stacx.rollout.service.run_rollout", stopped)
-    args: Any = type("A", (), {"config": "r.yaml", "num_groups": None})()
+    args: Any = type("A", (), {"config": "r.yaml", "explain": False})()
     assert command._rollout(args) == 143
     assert capsys.readouterr().err.strip().splitlines()[-1] == "stacx rollout: stopped by SIGTERM"

@@ -8,7 +8,8 @@ import struct
 from types import SimpleNamespace
 
 from stacx.sandbox.backends._common import OutputCap
-from stacx.sandbox.backends.docker import _read_frames, _reader
+from stacx.sandbox.backends.docker import _read_frames
+from stacx.sandbox.library_patches import exec_reader
 
 
 def _frame(stream: int, payload: bytes) -> bytes:
@@ -27,7 +28,7 @@ def test_output_buffered_with_the_headers_is_read() -> None:
             _response=SimpleNamespace(raw=SimpleNamespace(_fp=SimpleNamespace(fp=buffered)))
         )
         out, err = OutputCap(100), OutputCap(100)
-        _read_frames(_reader(sock, ours), out, err)
+        _read_frames(exec_reader(sock, ours), out, err)
     assert (out.data(), err.data()) == (b"fast\n", b"err\n")
 
 

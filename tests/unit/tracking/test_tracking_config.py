@@ -227,3 +227,21 @@ def test_the_trackers_get_the_resolved_config_defaults_included(tmp_path: Path) 
     assert trainer["optimizer"]["max_grad_norm"] == 1.0  # a default the quickstart file does not write
     assert "max_grad_norm" not in str(config["written"]["trainer"])
     assert set(config["services"]) >= {"rollout", "assembler", "trainer"}
+
+
+def test_a_trackers_dotted_path_imports_from_plugin_paths(tmp_path: Path) -> None:
+    """The tracker's module lives in a folder of `pipeline.plugin_paths` (relative to the file),
+    as a reward's would: it validates, no PYTHONPATH needed."""
+    folder = tmp_path / "mytrackers"
+    folder.mkdir()
+    module = f"trk_{tmp_path.name.replace('-', '_')}"
+    (folder / f"{module}.py").write_text(PLUGIN)
+    tree = _tracking([{"name": f"{module}:Recorder", "options": {"label": "y"}}])
+    tree["pipeline"]["plugin_paths"].append("mytrackers")
+    try:
+        spec = parse_spec(tree, source="f.yaml", base_dir=tmp_path, check=False)
+        assert spec.pipeline.tracking is not None
+        assert [t.name for t in spec.pipeline.tracking.trackers] == [f"{module}:Recorder"]
+    finally:
+        sys.path[:] = [p for p in sys.path if p != str(folder)]
+        sys.modules.pop(module, None)

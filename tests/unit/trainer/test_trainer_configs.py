@@ -47,7 +47,7 @@ def test_every_wrong_type_is_refused_with_its_field_path(tmp_path: Path) -> None
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert sorted(info.value.lines) == [
-        f"{path}: backend: backend.world_size=0: must be >= 1",
+        f"{path}: backend.world_size: expected greater than 0, got 0",
         f"{path}: optimizer.lr: expected a valid number, got 'fast'",
         f"{path}: seed: expected a valid integer, got 'one'",
     ]

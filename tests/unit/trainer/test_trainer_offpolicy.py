@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from stacx.trainer import InMemoryBatchSource, RecipeError, StacxTrainer, get_recipe, to_tensor_batch
+from stacx.trainer.errors import ConfigError
 from stacx.trainer.offpolicy import importance_weights, mismatch_metrics
 from stacx.trainer.specialization import behaviour_logprobs
 from stacx.trainer.testing import synthetic_batch, tiny_trainer_config
@@ -83,15 +84,17 @@ def test_batches_of_older_producers_keep_the_zero_rule() -> None:
 
 
 @pytest.mark.parametrize(("option", "value", "message"), [
-    ("aggregation", "bogus", "aggregation='bogus' is unknown; use one of"),
-    ("aggregation", "seq-mean-token-sum-norm", "aggregation=.seq-mean-token-sum-norm. needs max_tokens"),
-    ("off_policy", "tis", "off_policy='tis' is unknown"),
-    ("kl_estimator", "k4", "kl_estimator='k4' is unknown"),
-    ("dual_clip", 0.5, "dual_clip=0.5 must be > 1"),
+    ("aggregation", "bogus", r"role_options.policy.aggregation: expected 'token-mean', .*got 'bogus'"),
+    ("aggregation", "seq-mean-token-sum-norm",
+     "role_options.policy: GRPO: aggregation=.seq-mean-token-sum-norm. needs max_tokens"),
+    ("off_policy", "tis", r"role_options.policy.off_policy: expected 'none', .*got 'tis'"),
+    ("kl_estimator", "k4", "role_options.policy.kl_estimator: expected 'k1', 'k2' or 'k3', got 'k4'"),
+    ("dual_clip", 0.5, "role_options.policy: GRPO: dual_clip=0.5 must be > 1"),
 ])
 def test_bad_role_options_fail_at_construction(option: str, value: object, message: str) -> None:
+    """Checked against the options the recipe declares before any role is built, with the path."""
     config = tiny_trainer_config("grpo", role_options={"policy": {option: value}})
-    with pytest.raises(RecipeError, match=f"role_options.policy: GRPO: {message}"):
+    with pytest.raises(ConfigError, match=f"^{message}"):
         StacxTrainer(config, source=InMemoryBatchSource([]))
 
 

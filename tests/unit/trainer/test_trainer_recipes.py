@@ -85,7 +85,7 @@ def test_role_options_override_and_unknown_roles_fail() -> None:
     trainer = StacxTrainer(config, source=InMemoryBatchSource([]))
     policy = next(r for r in trainer.roles if r.role.name == "policy")
     assert policy.specialization.kl_beta == 0.5  # type: ignore[attr-defined]
-    with pytest.raises(Exception, match="unknown roles"):
+    with pytest.raises(Exception, match=r"^role_options.critic: recipe 'grpo' has no role 'critic'"):
         StacxTrainer(tiny_trainer_config("grpo", role_options={"critic": {}}),
                      source=InMemoryBatchSource([]))
 
