@@ -44,7 +44,7 @@ def test_an_assembler_section_that_is_not_a_mapping_is_one_line(
 def test_a_web_port_out_of_range_is_one_line(port: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Faust would die on it with a 59-line traceback after connecting to Kafka."""
     with pytest.raises(SystemExit) as exit_info:
-        main(["assemble", "--web-port", port])
+        main(["assemble", "--web_port", port])
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert exit_info.value.code == 2, lines
     assert len(lines) == 1 and "web_port must be a TCP port" in lines[0], lines

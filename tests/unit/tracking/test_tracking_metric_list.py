@@ -119,7 +119,7 @@ def _memory_figures(monkeypatch: pytest.MonkeyPatch) -> set[str]:
 
 def _pipeline_figures() -> set[str]:
     """What `stacx run` logs itself: each evaluation, and the warm start's loss per SFT step."""
-    result = EvalResult(success=0.5, tool_rate=0.5, num_episodes=4, num_failed=0, version=3,
+    result = EvalResult(success=0.5, mean_reward=0.5, tool_rate=0.5, num_episodes=4, num_failed=0, version=3,
                         last_version=4, wall_s=1.0)
     return {*eval_figures(result), SFT_LOSS}
 
