@@ -329,6 +329,7 @@ class RolloutManager:
             "waiting_groups": len(self._window),
             "bypassed": self.num_bypassed,
             "dropped_moved_groups": self.num_dropped_moved,
+            "unread_tasks": int(getattr(self.source, "unread_tasks", 0)),
             "pool_in_use": self.pool.in_use.as_dict(),
             "pool_capacity": self.pool.capacity.as_dict(),
             "pool_reserve": self.pool.reserve.as_dict(),

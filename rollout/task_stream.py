@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -131,6 +132,9 @@ class KafkaTaskSource:
         """How long one poll waits for an event."""
         max_idle_polls: int = 0
         """Return `None` (exhausted) after this many empty polls in a row (0 = never)."""
+        stranded_check_s: float = 30.0
+        """Idle this long while wanting tasks, the worker asks the broker for its partitions' lag:
+        unread tasks then are a stall, logged as an error and counted in `unread_tasks` (0 = never)."""
 
     def __init__(self, config: Config, consumer: Any = None) -> None:
         self.config = config
@@ -141,6 +145,7 @@ class KafkaTaskSource:
         self._ever_assigned = False
         self._commit_lock = asyncio.Lock()
         self._idle = 0
+        self._idle_since: float | None = None
         self._paused = False
         self._held: deque[Any] = deque()
         """Events a keep-alive poll returned (fetched before the pause took effect): served first."""
@@ -148,6 +153,8 @@ class KafkaTaskSource:
         """Rebalances that assigned this worker partitions it did not have before (not the first)."""
         self.num_revocations = 0
         """Rebalances that took partitions away: their not-started tasks are no longer `owns`."""
+        self.unread_tasks = 0
+        """Tasks on this worker's partitions that it wants but polls do not return (a stall)."""
         self._closing = False
         self._consumer = consumer if consumer is not None else self._make_consumer()
 
@@ -235,7 +242,7 @@ class KafkaTaskSource:
             else:
                 event = await asyncio.to_thread(self._consumer.poll, self.config.poll_timeout_s)
             if event is not None and isinstance(event.value, TaskSample):
-                self._idle = 0
+                self._idle, self._idle_since, self.unread_tasks = 0, None, 0
                 if not self._take(event):
                     continue
                 ref = f"{event.topic}/{event.partition}/{event.offset}"
@@ -248,6 +255,35 @@ class KafkaTaskSource:
             self._idle += 1
             if self.config.max_idle_polls and self._idle >= self.config.max_idle_polls:
                 return None
+            await self._check_stranded()
+
+    async def _check_stranded(self) -> None:
+        """After `stranded_check_s` of empty polls, unread tasks on the assigned partitions are a
+        stall: say so (an error naming the partitions) and resume them, in case one was left
+        paused; the check repeats every `stranded_check_s`."""
+        now = time.monotonic()
+        if self._idle_since is None:
+            self._idle_since = now
+        limit_s = self.config.stranded_check_s
+        if not limit_s or now - self._idle_since < limit_s:
+            return
+        self._idle_since = now
+        try:
+            lag = await asyncio.to_thread(self._consumer.lag)
+        except Exception as exc:  # ConsumerError, KafkaException: the broker is away; next time
+            log.warning("could not read the tasks lag (%s)", exc)
+            return
+        unread = {part: n for part, n in lag.items() if n > 0}
+        self.unread_tasks = sum(unread.values())
+        if unread:
+            log.error(
+                "rollout worker stalled: %d unread tasks on %s, but polls return none for %.0f s; "
+                "resuming those partitions",
+                self.unread_tasks,
+                ", ".join(f"{t}/{p} ({n})" for (t, p), n in sorted(unread.items())),
+                limit_s,
+            )
+            await asyncio.to_thread(self._consumer.resume)
 
     def _take(self, event: Any) -> bool:
         """Whether `event` is a task to run here: its partition is held, it is neither running

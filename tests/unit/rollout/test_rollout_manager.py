@@ -570,3 +570,31 @@ async def test_a_new_version_during_a_stall_restarts_the_rebase_wait() -> None:
 def test_a_negative_stall_rebase_is_refused() -> None:
     with pytest.raises(ConfigError, match="stall_rebase_s = -1"):
         RolloutManager.Config(stall_rebase_s=-1)
+
+
+class _StrandedConsumer(_FakeConsumer):
+    """Polls return nothing although the broker counts unread tasks (a partition left paused)."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.resumed = 0
+
+    def lag(self) -> dict:
+        return {("stacx.tasks", 0): 0 if self.resumed else 7, ("stacx.tasks", 1): 0}
+
+    def resume(self) -> None:
+        self.resumed += 1
+
+
+async def test_an_idle_worker_with_unread_tasks_names_the_stall_and_resumes() -> None:
+    from stacx.rollout.progress import metrics_line
+
+    consumer = _StrandedConsumer()
+    source = _kafka_source(consumer, poll_timeout_s=0.01, stranded_check_s=0.05, max_idle_polls=0)
+    manager = _stream_manager(source)  # type: ignore[arg-type]
+    pull = asyncio.create_task(source.next_group())
+    await _until(lambda: source.unread_tasks == 7)
+    assert consumer.resumed == 1
+    assert "STALLED unread_tasks=7" in metrics_line(manager.metrics())
+    await _until(lambda: source.unread_tasks == 0)  # the next check finds them read
+    pull.cancel()
