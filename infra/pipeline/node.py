@@ -43,7 +43,7 @@ from stacx.infra.pipeline.layout import (
 from stacx.infra.pipeline.resolve import planned_model_dir
 from stacx.infra.pipeline.services import ServiceProcess, ServiceSpec, Supervisor
 
-__all__ = ["NodePlan", "NodeRunner", "broker_of", "explain_node", "plan_node"]
+__all__ = ["NodePlan", "NodeRunner", "broker_of", "brokers_needed", "explain_node", "plan_node"]
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,16 @@ def broker_of(cluster: ClusterConfig, host: HostConfig, run_id: str) -> Any:
         data_dir=paths.stacx_home() / "kafka" / "cluster" / run_id / f"node-{node_id}" / "data",
         heap=cluster.broker_heap,
     )
+
+
+def brokers_needed(spec: PipelineSpec) -> int:
+    """Broker hosts that must answer before a node starts its services: what the topics'
+    `min.insync.replicas` needs and a majority of the KRaft controllers (the broker hosts), never
+    more than there are; one without a `broker` role (an external cluster)."""
+    brokers = len(spec.cluster.with_role("broker"))
+    if brokers <= 1:
+        return 1
+    return min(brokers, max(spec.topics.min_insync_replicas or 1, brokers // 2 + 1))
 
 
 def _section_world_size(spec: PipelineSpec) -> int:
@@ -314,10 +324,11 @@ class NodeRunner:
         self._start(ServiceSpec(name="broker", program=argv[:1], args=argv[1:]), wait=False)
 
     def _await_brokers(self) -> None:
-        """Until every broker host answers (a lone one cannot host replicated topics)."""
+        """Until a quorum of the broker hosts answers (`brokers_needed`): a host (re)started
+        while a broker host is down starts its services, as the cluster accepts writes."""
         from stacx.infra.services.reachability import kafka_problem
 
-        want = max(1, len(self.spec.cluster.with_role("broker")))
+        want = brokers_needed(self.spec)
         deadline = time.monotonic() + self.spec.cluster.setup_timeout_s
         problem: str | None = "not asked yet"
         while time.monotonic() < deadline:
@@ -333,7 +344,7 @@ class NodeRunner:
                 return
             time.sleep(1.0)
         raise PipelineError(
-            f"node {self.node.host.name}: the {want} broker(s) at {self.spec.bootstrap_servers} did not all "
+            f"node {self.node.host.name}: {want} of the broker(s) at {self.spec.bootstrap_servers} did not "
             f"answer within cluster.setup_timeout_s={self.spec.cluster.setup_timeout_s:.0f}s ({problem})"
         )
 

@@ -16,7 +16,7 @@ import yaml
 
 from stacx.infra.pipeline import PipelineConfigError, parse_spec
 from stacx.infra.pipeline.layout import RunLayout
-from stacx.infra.pipeline.node import plan_node, service_specs
+from stacx.infra.pipeline.node import brokers_needed, plan_node, service_specs
 from stacx.infra.services.kafka import cluster_id_for, cluster_properties
 from stacx.rollout.config import SandboxConfig
 
@@ -62,6 +62,19 @@ def test_three_broker_hosts_replicate_topics_three_times_with_two_in_sync() -> N
     assert spec.bootstrap_servers == "10.0.0.1:9092,10.0.0.2:9092,10.0.0.3:9092"
     specs = RunLayout.create(spec).topics.specs(spec.topics)
     assert {(s.replication_factor, s.config["min.insync.replicas"]) for s in specs} == {(3, "2")}
+
+
+def test_a_node_waits_for_a_broker_quorum_not_for_every_broker() -> None:
+    """Three broker hosts with min.insync.replicas 2 accept writes with one host down: a node
+    (re)started then starts its services once two answer."""
+    spec = _spec(_tree())
+    assert brokers_needed(spec) == 2
+    tree = _tree()
+    tree["topics"] = {"replication_factor": 3, "min_insync_replicas": 3}
+    assert brokers_needed(_spec(tree)) == 3
+    tree["topics"] = {"replication_factor": 1}  # no min.insync: a KRaft majority still
+    assert brokers_needed(_spec(tree)) == 2
+    assert brokers_needed(_spec(_tree(REPO / "examples" / "quickstart.yaml"))) == 1
 
 
 def test_a_replication_the_user_sets_wins_over_the_cluster_default() -> None:
