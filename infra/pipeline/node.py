@@ -37,13 +37,23 @@ from stacx.infra.pipeline.layout import (
     gateway_section,
     host_logs_dir,
     inference_section,
+    placement,
     rollout_section,
     trainer_section,
 )
+from stacx.infra.pipeline.placement import visible_devices
 from stacx.infra.pipeline.resolve import planned_model_dir
 from stacx.infra.pipeline.services import ServiceProcess, ServiceSpec, Supervisor
 
-__all__ = ["NodePlan", "NodeRunner", "broker_of", "brokers_needed", "explain_node", "plan_node"]
+__all__ = [
+    "NodePlan",
+    "NodeRunner",
+    "broker_of",
+    "brokers_needed",
+    "explain_node",
+    "host_devices",
+    "plan_node",
+]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +79,8 @@ class NodePlan:
     """In start order; a service's config file is `files[<name>.yaml]`."""
     trainer_ranks: tuple[int, int] | None = None
     """(first, count) of this host's trainer ranks in the whole group."""
+    devices: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Role -> `CUDA_VISIBLE_DEVICES` of its service on this host (`resources:`, as `stacx run`)."""
 
 
 def _url(host: HostConfig, port: int) -> str:
@@ -150,7 +162,25 @@ def plan_node(spec: PipelineSpec, layout: RunLayout, host_name: str) -> NodePlan
         node.files[f"{role}.yaml"] = section
     if "trainer" in host.roles:
         node.trainer_ranks = _rank_range(spec, host)
+    node.devices = host_devices(spec, host)
     return node
+
+
+def host_devices(spec: PipelineSpec, host: HostConfig) -> dict[str, dict[str, str]]:
+    """`CUDA_VISIBLE_DEVICES` per GPU role of `host` from `resources:` (GPU indices are each
+    host's own): the trainer's ranks get `resources.trainer`; the k-th inference host (file
+    order) the GPUs of server k (of server 0 past the last), so a host with both roles never
+    puts its server and its ranks on the same GPUs unless `resources.colocate` says so."""
+    placed, problems = placement(spec)
+    if problems or not placed.placed:
+        return {}
+    devices = {}
+    if "trainer" in host.roles:
+        devices["trainer"] = visible_devices(placed.trainer)
+    if "inference" in host.roles:
+        order = [h.name for h in spec.cluster.with_role("inference")].index(host.name)
+        devices["inference"] = visible_devices(placed.servers[order if order < len(placed.servers) else 0])
+    return {role: env for role, env in devices.items() if env}
 
 
 def _section(
@@ -217,6 +247,7 @@ def service_specs(node: NodePlan, cluster: ClusterConfig, config_dir: Path) -> l
             specs.append(ServiceSpec(name="rollout", args=["rollout", path, "--no-progress"]))
         elif role == "trainer":
             specs.append(_trainer_spec(node, cluster, path))
+        specs[-1].env.update(node.devices.get(role, {}))
     return specs
 
 

@@ -77,6 +77,30 @@ def test_a_node_waits_for_a_broker_quorum_not_for_every_broker() -> None:
     assert brokers_needed(_spec(_tree(REPO / "examples" / "quickstart.yaml"))) == 1
 
 
+def _env(spec: Any, host: str) -> dict[str, dict[str, str]]:
+    node = plan_node(spec, RunLayout.create(spec), host)
+    return {s.name: s.env for s in service_specs(node, spec.cluster, Path("/cfg"))}
+
+
+def test_node_up_places_gpus_per_service_as_stacx_run_does() -> None:
+    """`resources:` in a cluster file: each host's trainer ranks and inference server see only
+    their own GPUs (indices are the host's own), also on a host with both roles."""
+    tree = _tree()
+    tree["cluster"]["hosts"][3]["roles"].append("trainer")  # roll-1: server and ranks on one host
+    tree["cluster"]["hosts"][3]["trainer_ranks"] = 2
+    tree["resources"] = {"trainer": [0, 1], "inference": [2]}
+    tree["trainer"]["backend"].pop("device")  # the GPUs decide
+    spec = _spec(tree)
+    both = _env(spec, "roll-1")
+    assert both["inference"]["CUDA_VISIBLE_DEVICES"] == "2"
+    assert both["trainer"]["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert _env(spec, "roll-2")["inference"]["CUDA_VISIBLE_DEVICES"] == "2"
+    assert _env(spec, "train-2")["trainer"] == {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0",
+                                                "CUDA_VISIBLE_DEVICES": "0,1"}
+    assert "CUDA_VISIBLE_DEVICES" not in _env(spec, "roll-1")["rollout"]
+    assert all("CUDA_VISIBLE_DEVICES" not in env for env in _env(_spec(_tree()), "roll-1").values())
+
+
 def test_a_replication_the_user_sets_wins_over_the_cluster_default() -> None:
     tree = _tree()
     tree["topics"] = {"replication_factor": 2}
