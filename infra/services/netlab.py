@@ -3,8 +3,9 @@ benchmarks of a cluster (`tests/integration/infra/test_kafka_cluster.py`, `bench
 
 `NetLab` creates one namespace per host plus one "switch" namespace holding a bridge; each host
 gets a veth pair, one end (`eth0`, its address) in the host's namespace and the other on the
-bridge. Nothing is added to the machine's own namespace: traffic only goes between the
-namespaces the lab made. Every name carries the lab's unique prefix; `close()` (also on error)
+bridge. A host is lost by SIGKILL (`kill_host`) or by a partition (`cut`, then `heal`).
+Nothing is added to the machine's own namespace: traffic only goes between the namespaces the
+lab made. Every name carries the lab's unique prefix; `close()` (also on error)
 stops the processes the lab started, by their process groups, and deletes its namespaces, which
 takes the veth pairs and the bridge with them. Needs root and `ip` (iproute2).
 """
@@ -58,6 +59,8 @@ class LabHost:
     name: str
     address: str
     netns: str
+    port: str = ""
+    """Its veth's end on the lab's bridge (in the switch namespace): down = the cable pulled."""
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
@@ -99,7 +102,7 @@ class NetLab:
         self._ip(self.switch, "link", "set", "lo", "up")
         for i, host in enumerate(self.hosts.values()):
             self._netns_add(host.netns)
-            outer = f"{self.prefix}p{i}"  # <= 15 characters: the kernel's limit
+            outer = host.port = f"{self.prefix}p{i}"  # <= 15 characters: the kernel's limit
             self._ip(host.netns, "link", "add", "eth0", "type", "veth", "peer", "name", outer)
             self._ip(host.netns, "link", "set", outer, "netns", self.switch)
             self._ip(self.switch, "link", "set", outer, "master", "br0")
@@ -172,6 +175,16 @@ class NetLab:
             env={**os.environ, **(env or {})},
             cwd=cwd,
         )
+
+    def cut(self, host: str) -> None:
+        """A network partition: `host`'s port on the bridge goes down. Its processes live on and
+        see no error (their own `eth0` stays up); peers hear nothing from it, as when a link or
+        a switch fails: only their timeouts notice."""
+        self._ip(self.switch, "link", "set", self.hosts[host].port, "down")
+
+    def heal(self, host: str) -> None:
+        """The partition of `host` ends: its port on the bridge comes back up."""
+        self._ip(self.switch, "link", "set", self.hosts[host].port, "up")
 
     def kill_host(self, host: str) -> None:
         """The host is lost: SIGKILL to every process it runs, services included (every process
