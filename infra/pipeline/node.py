@@ -60,6 +60,10 @@ log = logging.getLogger(__name__)
 TOKEN_ENV = "STACX_SANDBOX_TOKEN"
 SETUP_MARKER = "setup.json"
 START_ORDER = ("broker", "gateway", "inference", "assembler", "trainer", "rollout")
+STOP_GRACE_S = 20.0
+"""How long a node waits for its services to stop after SIGTERM before SIGKILL."""
+GONE_GRACE_S = 3.0
+"""The same when no broker answers any more: nothing a service would still flush can arrive."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -463,12 +467,29 @@ class NodeRunner:
             time.sleep(1.0)
 
     def _stop_all(self) -> None:
-        for name in reversed([*START_ORDER]):
-            service = self.services.get(name)
-            if service is not None:
-                self.supervisor.remove(name)
-                try:
-                    service.stop()
-                except Exception as exc:  # go on stopping the others
-                    log.warning("node %s: stopping %s: %s", self.node.host.name, name, exc)
+        """The services signalled at once (this host's broker after them: they may still commit
+        to it) and none restarted any more; each gets `STOP_GRACE_S`, or `GONE_GRACE_S` when no
+        broker answers (a service would only wait for brokers that are gone)."""
+        for name in list(self.services):
+            self.supervisor.remove(name)
+        services = [name for name in reversed(START_ORDER) if name in self.services and name != "broker"]
+        if services:
+            grace_s = STOP_GRACE_S if self._brokers_answer() else GONE_GRACE_S
+            self._stop_together(services, grace_s)
+        if "broker" in self.services:
+            self._stop_together(["broker"], STOP_GRACE_S)
 
+    def _stop_together(self, names: list[str], grace_s: float) -> None:
+        for name in names:
+            self.services[name].terminate()
+        deadline = time.monotonic() + grace_s
+        for name in names:
+            try:
+                self.services[name].stop(timeout_s=max(0.1, deadline - time.monotonic()))
+            except Exception as exc:  # go on stopping the others
+                log.warning("node %s: stopping %s: %s", self.node.host.name, name, exc)
+
+    def _brokers_answer(self) -> bool:
+        from stacx.infra.services.reachability import kafka_problem
+
+        return kafka_problem(self.spec.bootstrap_servers, timeout_s=2.0, min_brokers=1) is None
