@@ -141,7 +141,7 @@ class SlurmLab:
             "MpiDefault=none",
             "ReturnToService=2",
             "SlurmdTimeout=30",
-            "KillWait=10",
+            "KillWait=30",  # a node stops its services within 20 s of SIGTERM (STOP_GRACE_S)
             *(
                 f"NodeName={n} NodeAddr={self.lab.hosts[n].address} CPUs={self.cpus} "
                 f"RealMemory={self.memory_mb} State=UNKNOWN"
