@@ -136,12 +136,15 @@ class EventConsumer:
         expected: type | tuple[type, ...] | None = None,
         on_assign: Callable[[list[tuple[str, int]]], None] | None = None,
         on_revoke: Callable[[list[tuple[str, int]]], None] | None = None,
+        on_lost: Callable[[list[tuple[str, int]]], None] | None = None,
     ) -> None:
         """`validator` rejects records (raise anything) and `expected` names the record types
         this consumer reads; events failing either go to the DLQ like undecodable ones.
         `on_assign` is called with the (topic, partition) pairs of each new assignment (from the
         thread that polls, after the group's rebalance); `on_revoke` with those taken away, before
-        the group hands them on (the last moment this member may commit them)."""
+        the group hands them on (the last moment this member may commit them); `on_lost` (default:
+        `on_revoke`) with those the group already gave to others (this member's session expired:
+        a partition, a long pause), which it may no longer commit."""
         from confluent_kafka import Consumer
 
         self.config = config
@@ -149,6 +152,7 @@ class EventConsumer:
         self._expected = expected
         self._assign_listener = on_assign
         self._revoke_listener = on_revoke
+        self._lost_listener = on_lost or on_revoke
         self._catalogue = SchemaCatalogue(
             SchemaCatalogue.Config(
                 bootstrap_servers=config.bootstrap_servers, topic=config.schemas_topic, create_topic=False
@@ -164,7 +168,9 @@ class EventConsumer:
         self.num_dead_letters = 0
         """Events sent to the DLQ (or dropped with a log line when there is none)."""
         self._consumer = Consumer(self._librdkafka_config(config))
-        self._consumer.subscribe(list(config.topics), on_assign=self._on_assign, on_revoke=self._on_revoke)
+        self._consumer.subscribe(
+            list(config.topics), on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+        )
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -540,9 +546,18 @@ class EventConsumer:
             self._assign_listener([(p.topic, p.partition) for p in partitions])
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        self._unassigned(consumer, partitions, self._revoke_listener)
+
+    def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
+        self._unassigned(consumer, partitions, self._lost_listener)
+
+    @staticmethod
+    def _unassigned(
+        consumer: Any, partitions: list[Any], listener: Callable[[list[tuple[str, int]]], None] | None
+    ) -> None:
         try:
-            if self._revoke_listener is not None:
-                self._revoke_listener([(p.topic, p.partition) for p in partitions])
+            if listener is not None:
+                listener([(p.topic, p.partition) for p in partitions])
         finally:
             consumer.unassign()
 

@@ -169,6 +169,7 @@ class KafkaTaskSource:
             ),
             on_assign=self.on_assign,
             on_revoke=self.on_revoke,
+            on_lost=self.on_lost,
         )
 
     # -- rebalances (called from the polling thread) ------------------------------------------
@@ -181,6 +182,17 @@ class KafkaTaskSource:
         with self._lock:
             positions = {p: self._progress[p].commit_point() for p in partitions if p in self._progress}
         self._commit({p: point for p, point in positions.items() if point is not None}, why="on revoke")
+
+    def on_lost(self, partitions: list[Partition]) -> None:
+        """The group gave these partitions to others already (this worker's session expired: a
+        partition of the network, a long pause): forget them, commit nothing; their tasks not
+        started here are dropped, and whatever owns them now re-runs the unfinished ones."""
+        with self._lock:
+            for part in partitions:
+                self._progress.pop(part, None)
+        self._assigned -= set(partitions)
+        self.num_revocations += 1
+        log.warning("partitions %s lost (the group moved on without this worker)", sorted(partitions))
 
     def on_assign(self, partitions: list[Partition]) -> None:
         """A new assignment: forget partitions no longer held (their look-ahead is dropped), load

@@ -598,3 +598,21 @@ async def test_an_idle_worker_with_unread_tasks_names_the_stall_and_resumes() ->
     assert "STALLED unread_tasks=7" in metrics_line(manager.metrics())
     await _until(lambda: source.unread_tasks == 0)  # the next check finds them read
     pull.cancel()
+
+
+async def test_lost_partitions_are_forgotten_without_a_commit() -> None:
+    """The group moved on without this worker (its session expired during a partition): nothing
+    is committed there, its look-ahead is not its own any more, and a later assignment of the
+    same partition starts from what the group committed, not from this worker's stale view."""
+    events = [_Event("stacx.tasks", 0, i, t) for i, t in enumerate(_tasks(2))]
+    consumer = _FakeConsumer(list(events))
+    source = _kafka_source(consumer)
+    ahead = await source.next_group()
+    assert ahead is not None and source.owns(ahead)
+    source.on_lost([("stacx.tasks", 0)])
+    assert consumer.commits == [] and not source.owns(ahead) and source.num_revocations == 1
+    consumer.positions[("stacx.tasks", 0)] = (1, encode_finished(1, {2}))  # the other owner's work
+    source.on_assign([("stacx.tasks", 0)])
+    assert source.num_takeovers == 1
+    await source.ack(ahead)  # it had started before the loss: below the group's offset now
+    assert consumer.commits == [] and consumer.positions[("stacx.tasks", 0)][0] == 1
