@@ -81,12 +81,15 @@ class PartitionProgress:
     """Finished offsets (here, or by an earlier owner per the commit metadata) above the commit."""
     read_to: int | None = None
     """The offset after the last event read here (None: nothing read yet)."""
+    floor: int = 0
+    """Every offset below it is finished: the last commit point (a rebalance that keeps the
+    partition here re-reads from an older committed one: those are not run again)."""
 
     def take(self, event: Any) -> bool:
         """Record `event` as read; True when it is a task to run (not running nor finished)."""
         offset = event.offset
         self.read_to = max(self.read_to or 0, offset + 1)
-        if offset in self.running or offset in self.finished:
+        if offset < self.floor or offset in self.running or offset in self.finished:
             return False
         self.running[offset] = event
         return True
@@ -104,7 +107,8 @@ class PartitionProgress:
         """(offset, metadata) to commit: the lowest unfinished offset read, or past all read."""
         if self.read_to is None:
             return None
-        base = min(self.running) if self.running else self.read_to
+        base = max(self.floor, min(self.running) if self.running else self.read_to)
+        self.floor = base
         self.finished = {o for o in self.finished if o >= base}
         return base, encode_finished(base, self.finished)
 
@@ -205,7 +209,9 @@ class KafkaTaskSource:
                 self._progress.pop(part, None)
             for part in gained:
                 offset, metadata = committed.get(part, (-1, ""))
-                self._progress[part] = PartitionProgress(finished=decode_finished(offset, metadata))
+                self._progress[part] = PartitionProgress(
+                    finished=decode_finished(offset, metadata), floor=max(offset, 0)
+                )
         if lost:
             self.num_revocations += 1
             log.info("partitions %s moved to other workers: tasks not started here dropped", sorted(lost))

@@ -337,6 +337,24 @@ async def test_kafka_source_commits_every_finished_task_with_the_gaps_above_the_
     assert consumer.commits[-1] == (4, set())
 
 
+async def test_a_partition_kept_through_a_rebalance_never_reruns_what_finished_below_its_commit() -> None:
+    """An eager rebalance keeps partition 0 here but resets reading to the offset committed on
+    revoke (0, while 0 and 1 ran); both finish before the re-read reaches them: neither runs again."""
+    events = [_Event("stacx.tasks", 0, i, t) for i, t in enumerate(_tasks(3))]
+    consumer = _FakeConsumer([events[0], events[1]])
+    source = _kafka_source(consumer)
+    first, second = await source.next_group(), await source.next_group()
+    source.on_revoke([("stacx.tasks", 0)])
+    source.on_assign([("stacx.tasks", 0)])  # kept: reading restarts at the committed offset 0
+    assert consumer.positions[("stacx.tasks", 0)][0] == 0
+    await source.ack(first)
+    await source.ack(second)
+    assert consumer.commits[-1] == (2, set())
+    consumer.events += [events[0], events[1], events[2]]  # the re-read from offset 0
+    third = await source.next_group()
+    assert third is not None and third.source_ref.offset == 2
+
+
 async def test_a_new_owner_skips_the_tasks_finished_above_the_committed_offset() -> None:
     """The partition's previous owner finished offsets 1 and 3 but not 0 and 2: the new owner
     runs 0, 2 and 4 only, and commits past all of them."""
