@@ -288,3 +288,21 @@ def test_every_host_starts_from_the_directory_the_sft_warm_start_exports(
     expected = layout.sft_root / export
     assert Path(trainer["models"]["policy"]["path"]) == expected
     assert Path(rollout["inference"]["tokenizer"]) == expected.resolve()
+
+
+def test_node_bind_puts_host_i_on_allocated_node_i_with_absolute_plugin_paths(tmp_path: Path) -> None:
+    """The job's copy of the file (sbatch.sh): addresses from the allocation, plug-ins found from
+    any folder; a wrong node count or pair is one line."""
+    pairs = [f"n{i}=10.9.0.{i}" for i in range(1, 8)]
+    out = tmp_path / "job.yaml"
+    done = _cli("node", "bind", "--cluster", str(CLUSTER_FILE), "--out", str(out), *pairs)
+    assert done.returncode == 0, done.stderr
+    bound = yaml.safe_load(out.read_text())
+    assert [h["address"] for h in bound["cluster"]["hosts"]] == [f"10.9.0.{i}" for i in range(1, 8)]
+    assert bound["pipeline"]["plugin_paths"] == [str(REPO / "examples")]
+    assert done.stdout.splitlines()[3] == "roll-1\tn4\t10.9.0.4"
+    short = _cli("node", "bind", "--cluster", str(CLUSTER_FILE), "--out", str(out), *pairs[:2])
+    assert short.returncode == 2 and "Traceback" not in short.stderr
+    assert "allocate as many nodes as hosts (sbatch --nodes=7)" in short.stderr
+    bad = _cli("node", "bind", "--cluster", str(CLUSTER_FILE), "--out", str(out), "n1")
+    assert bad.returncode == 2 and "give each allocated node as NODE=ADDRESS" in bad.stderr
