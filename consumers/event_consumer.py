@@ -248,10 +248,13 @@ class EventConsumer:
             except KafkaException as exc:
                 raise _commit_error(exc) from exc
 
-    def commit_positions(self, positions: Mapping[tuple[str, int], tuple[int, str]]) -> None:
+    def commit_positions(
+        self, positions: Mapping[tuple[str, int], tuple[int, str]], *, wait_s: float | None = None
+    ) -> None:
         """Commit (next offset to read, metadata) per (topic, partition), synchronously: the
         metadata (at most the broker's `offset.metadata.max.bytes`, 4 KiB by default) is handed
-        to whoever reads the partition next (`committed_positions`). Errors as `commit()`."""
+        to whoever reads the partition next (`committed_positions`). A coordinator that is away
+        is waited for `wait_s` (default `COMMIT_WAIT_S`). Errors as `commit()`."""
         from confluent_kafka import KafkaException, TopicPartition
 
         self._check_open()
@@ -263,7 +266,7 @@ class EventConsumer:
             for (topic, partition), (offset, metadata) in positions.items()
         ]
         try:
-            self._commit_waiting(lambda: self._consumer.commit(offsets=offsets, asynchronous=False))
+            self._commit_waiting(lambda: self._consumer.commit(offsets=offsets, asynchronous=False), wait_s)
         except KafkaException as exc:
             raise _commit_error(exc) from exc
 
@@ -287,12 +290,13 @@ class EventConsumer:
     COMMIT_WAIT_S = 60.0
     """How long a commit waits out a coordinator that is loading or moving (a broker restart)."""
 
-    def _commit_waiting(self, commit: Callable[[], Any]) -> None:
+    def _commit_waiting(self, commit: Callable[[], Any], wait_s: float | None = None) -> None:
         """`commit()`, retried with backoff while the group coordinator is loading, moving or
-        unreachable (KafkaException for anything else, or once `COMMIT_WAIT_S` has passed)."""
+        unreachable (KafkaException for anything else, or once `wait_s`, by default
+        `COMMIT_WAIT_S`, has passed)."""
         from confluent_kafka import KafkaException
 
-        deadline = time.monotonic() + self.COMMIT_WAIT_S
+        deadline = time.monotonic() + (self.COMMIT_WAIT_S if wait_s is None else wait_s)
         delay = 0.1
         while True:
             try:

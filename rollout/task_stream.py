@@ -32,6 +32,8 @@ Partition = tuple[str, int]
 
 FINISHED_PREFIX = "stacx.finished:"
 """Commit metadata written here: finished offsets above the committed one, as deltas from it."""
+CLOSE_COMMIT_WAIT_S = 2.0
+"""How long the last commit on close waits for a group coordinator that is away."""
 METADATA_MAX_CHARS = 4000
 """Kafka's `offset.metadata.max.bytes` defaults to 4096: a longer list keeps its lowest offsets
 (those left out run again under the next owner: duplicates, never a lost task)."""
@@ -324,13 +326,15 @@ class KafkaTaskSource:
             if point is not None:
                 await asyncio.to_thread(self._commit, {part: point}, why=f"after {event.value.task_id}")
 
-    def _commit(self, positions: dict[Partition, tuple[int, str]], *, why: str) -> None:
+    def _commit(
+        self, positions: dict[Partition, tuple[int, str]], *, why: str, wait_s: float | None = None
+    ) -> None:
         from stacx.consumers import ConsumerError
 
         if not positions:
             return
         try:
-            self._consumer.commit_positions(positions)
+            self._consumer.commit_positions(positions, wait_s=wait_s)
         except ConsumerError as exc:  # the group moved on: the partition's next owner re-reads
             log.warning("commit %s not taken (%s): unfinished tasks are redelivered", why, exc)
 
@@ -339,6 +343,8 @@ class KafkaTaskSource:
         with self._lock:
             points = {p: progress.commit_point() for p, progress in self._progress.items()}
         positions = {p: point for p, point in points.items() if point is not None}
-        await asyncio.to_thread(self._commit, positions, why="on close")
+        # short: when stopping, the brokers may be going too (a node, a Slurm job) and every
+        # finished task was committed by its ack already
+        await asyncio.to_thread(self._commit, positions, why="on close", wait_s=CLOSE_COMMIT_WAIT_S)
         self._closing = True
         await asyncio.to_thread(self._consumer.close)

@@ -43,8 +43,10 @@ while IFS=$'\t' read -r host _address roles; do
   i=$((i + 1))
 done < <("$STACX" node hosts --cluster "$JOB_FILE")
 
+# SIGTERM to every node's task (not to srun: a signalled srun kills its step with SIGKILL);
+# each `stacx node up` then stops its services
 stop_all() {
-  kill -TERM "${TRAINERS[@]}" "${OTHERS[@]}" 2>/dev/null || true
+  scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null || true
   wait || true
 }
 trap 'stop_all; exit 143' TERM INT
@@ -54,7 +56,7 @@ for pid in "${TRAINERS[@]}"; do
   wait "$pid" || status=$?
 done
 echo "stacx: training ended (status $status); stopping the other nodes"
-kill -TERM "${OTHERS[@]}" 2>/dev/null || true
+scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null || true
 for pid in "${OTHERS[@]}"; do
   wait "$pid" || true
 done

@@ -103,6 +103,7 @@ def test_sbatch_runs_the_cluster_on_its_allocation_and_ends_when_training_ends(t
     assert addresses == {"work": lab.hosts["n1"].address, "learn": lab.hosts["n2"].address}
     assert bound["pipeline"]["plugin_paths"] == [str(REPO / "examples")]  # absolute in the job's copy
     assert "training ended (status 0)" in log, log[-4000:]
+    assert "stacx node: stopped by SIGTERM" in log and "task 0: Killed" not in log, log[-4000:]  # gracefully
     state_file = next((tmp_path / "runs").glob("*/checkpoints/*/trainer_state.json"), None)
     assert state_file is not None, log[-4000:]
     checkpoints = sorted((tmp_path / "runs").glob("*/checkpoints/*/trainer_state.json"))

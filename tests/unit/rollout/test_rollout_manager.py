@@ -300,7 +300,7 @@ class _FakeConsumer:
     def poll(self, timeout: float) -> _Event | None:
         return self.events.pop(0) if self.events else None
 
-    def commit_positions(self, positions: dict) -> None:
+    def commit_positions(self, positions: dict, *, wait_s: float | None = None) -> None:
         for part, (offset, metadata) in positions.items():
             self.positions[part] = (offset, metadata)
             self.commits.append((offset, decode_finished(offset, metadata)))
@@ -634,3 +634,21 @@ async def test_lost_partitions_are_forgotten_without_a_commit() -> None:
     assert source.num_takeovers == 1
     await source.ack(ahead)  # it had started before the loss: below the group's offset now
     assert consumer.commits == [] and consumer.positions[("stacx.tasks", 0)][0] == 1
+
+
+async def test_close_commits_where_it_stands_without_waiting_for_brokers_that_are_going() -> None:
+    from stacx.rollout.task_stream import CLOSE_COMMIT_WAIT_S
+
+    class Recording(_FakeConsumer):
+        waits: list[float | None] = []
+
+        def commit_positions(self, positions: dict, *, wait_s: float | None = None) -> None:
+            self.waits.append(wait_s)
+            super().commit_positions(positions)
+
+    consumer = Recording([_Event("stacx.tasks", 0, 0, _tasks(1)[0])])
+    source = _kafka_source(consumer)
+    assert await source.next_group() is not None
+    await source.close()
+    assert consumer.waits == [CLOSE_COMMIT_WAIT_S] and CLOSE_COMMIT_WAIT_S <= 5
+    assert consumer.commits == [(0, set())]  # the running task stays unfinished for the next owner
