@@ -404,6 +404,9 @@ def audit(pipeline: Pipeline) -> dict[str, Any]:
         "trajectories": sum(len(ids) for ids in slots.values()),
         "slots": len(slots),
         "regenerated": sum(len(ids) - 1 for ids in slots.values()),
+        # sample slots (group, index) generated more than once: by two workers after a
+        # rebalance, or again after a lost host (goal 0; the assembler keeps one of each)
+        "duplicate_slots": sum(1 for ids in slots.values() if len(ids) > 1),
         "batches": len(batches),
         "batched_slots": len(batched_slots),
         "trained_slots": len(trained_slots),

@@ -11,15 +11,22 @@ c10d rendezvous, gloo over the lab's network), and `control`, where this script 
 Kafka reads (it joins that namespace after building the lab).
 
 Scale-out: roll-2's node starts `--window-s` after roll-1's workers produce their first
-trajectory; once its services are up (and 30 s more), `trajectories_per_s` is measured over a
-window with two rollout hosts, beside the window with one, on the same task stream. Then
-kafka-3, roll-2 and train-2 are lost (every process of the host killed with SIGKILL); the trainer
-host comes back (its node restarted, as systemd or a Slurm requeue would) since a
-torch.distributed group cannot lose a rank and go on; the run trains `--versions` more policy
-versions, every node is stopped and the audit reads everything back.
+trajectory; once its services are up (and 30 s more), the trajectories generated and trained per
+second (`trained_per_s`: those of the batches a new weight version was trained on) are measured
+over a window with two rollout hosts, beside the window with one; `rollout_scale_out` is the
+ratio of the trained rates. Then kafka-3, roll-2 and train-2 are lost (every process of the host
+killed with SIGKILL); the trainer host comes back (its node restarted, as systemd or a Slurm
+requeue would) since a torch.distributed group cannot lose a rank and go on. kafka-3 and roll-2
+come back, and the three are lost once more by a partition: their links cut for `--partition-s`
+(the processes live on, peers hear nothing; the trainer's gloo timeout is 30 s), then healed.
+After each loss the new versions within `--recovery-s` are counted (`losses`); every node is
+stopped and the audit reads everything back (`duplicate_slots`: sample slots generated twice).
+The exit status is 1 when a check fails (`checks_failed`: scale-out below `--min-scale-out`,
+fewer than `--versions` versions within `--recovery-s` of a loss, anything lost, trained twice,
+a version regression, an orphan process).
 
-    sudo .venv/bin/python bench/cluster.py --json [--versions 6] [--window-s 60] \
-        [--tool-latency-s 2 --sft-steps 900]
+    sudo .venv/bin/python bench/cluster.py --json [--versions 5] [--window-s 60] \
+        [--tool-latency-s 2 --sft-steps 900] [--no-partition]
 
 `--tool-latency-s` (default 2 s) adds a sleep to every tool call (the sandbox is held, the CPU is
 not), so a rollout host is bound by tool latency as with remote tools or slow test suites; the SFT
@@ -52,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from stacx.infra.pipeline import load_spec  # noqa: E402
 from stacx.infra.pipeline.layout import RunLayout  # noqa: E402
 from stacx.infra.services import kafka  # noqa: E402
-from stacx.infra.services.netlab import NetLab, lab_home, netlab_problem, stop_group  # noqa: E402
+from stacx.infra.services.netlab import NetLab, lab_home, netlab_problem, stop_groups  # noqa: E402
 
 log = logging.getLogger("stacx.cluster")
 
@@ -60,7 +67,11 @@ REPO = Path(__file__).resolve().parents[1]
 BROKERS = ("kafka-1", "kafka-2", "kafka-3")
 ROLLOUTS = ("roll-1", "roll-2")
 TRAINERS = ("train-1", "train-2")
+LOST = ("kafka-3", "roll-2", "train-2")
+"""A broker, a rollout host and a trainer host: lost by SIGKILL, then once more by a partition."""
 CLONE_NEWNET = 0x40000000
+PROCESS_GROUP_TIMEOUT_S = 30.0
+"""The trainer's gloo timeout here: a partitioned peer fails a collective after this long."""
 
 
 def tool_python(latency_s: float) -> str:
@@ -105,7 +116,7 @@ def cluster_tree(
     tree["assembler"]["mixture"]["batch_size"] = 2
     tree["trainer"]["checkpoint"] = {"every_steps": 1}
     tree["trainer"].pop("backend", None)
-    tree["trainer"]["backend"] = {"device": "cpu"}
+    tree["trainer"]["backend"] = {"device": "cpu", "process_group_timeout_s": PROCESS_GROUP_TIMEOUT_S}
     hosts = [{"name": b, "address": lab.hosts[b].address, "roles": ["broker"]} for b in BROKERS]
     hosts += [
         {"name": r, "address": lab.hosts[r].address, "roles": ["gateway", "inference", "rollout"]}
@@ -153,10 +164,12 @@ class Cluster:
         argv = [self.stacx, "node", "up", "--cluster", str(self.file), "--host", host]
         self.lab.start(host, argv, log_path=self.root / "nodes" / f"{host}.log", env=self.env, cwd=self.root)
 
-    def running(self, host: str) -> bool:
-        """Every service of `host` started and ready (its node's log says so)."""
+    def running(self, host: str, *, again: bool = False) -> bool:
+        """Every service of `host` started and ready (its node's log says so; `again`: its
+        restarted node's too, the log holding one such line per start)."""
         log_path = self.root / "nodes" / f"{host}.log"
-        return log_path.exists() and f"node {host}: running " in log_path.read_text(errors="replace")
+        text = log_path.read_text(errors="replace") if log_path.exists() else ""
+        return text.count(f"node {host}: running ") >= (2 if again else 1)
 
     def lose(self, host: str) -> None:
         log.warning("cluster: host %s lost (every process killed)", host)
@@ -183,14 +196,21 @@ class Watch:
         self.tool_calls: list[int] = []
         """Tool turns of each trajectory (the tool latency applies to each)."""
         self.versions = 0
+        self.version_times: list[float] = []
+        """When each new highest version arrived."""
+        self.batch_sizes: dict[str, int] = {}
+        """Batch id -> its trajectories (from the batches topic)."""
+        self.trained: dict[str, float] = {}
+        """Batch id -> when the first weight version trained on it was announced."""
 
     def start(self) -> Watch:
-        self.consumer.subscribe([self.layout.topics.trajectories, self.layout.topics.weights])
+        topics = self.layout.topics
+        self.consumer.subscribe([topics.trajectories, topics.weights, topics.batches])
         return self
 
     def poll(self, seconds: float) -> None:
         from stacx.schemas.codec import decode
-        from stacx.schemas.records import WeightVersion
+        from stacx.schemas.records import TrainingBatch, WeightVersion
 
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
@@ -200,15 +220,39 @@ class Watch:
             if msg.topic() == self.layout.topics.trajectories:
                 self.trajectories.append(time.monotonic())
                 self.tool_calls.append(_tool_turns(msg.value()))
+            elif msg.topic() == self.layout.topics.batches:
+                with contextlib.suppress(Exception):
+                    batch = decode(msg.value(), TrainingBatch)
+                    self.batch_sizes[batch.batch_id] = batch.num_sequences
             elif msg.value():
                 with contextlib.suppress(Exception):
-                    v = decode(msg.value(), WeightVersion)
-                    if v.model_name == self.layout.model_name:
-                        self.versions = max(self.versions, v.version)
+                    self._version(decode(msg.value(), WeightVersion))
+
+    def _version(self, v: Any) -> None:
+        if v.model_name != self.layout.model_name:
+            return
+        if v.version > self.versions:
+            self.versions = v.version
+            self.version_times.append(time.monotonic())
+        batch_id = v.metadata.get("batch_id")
+        if batch_id:
+            self.trained.setdefault(batch_id, time.monotonic())
 
     def rate(self, start: float, end: float) -> float:
+        """Trajectories generated per second in [start, end)."""
         n = sum(1 for t in self.trajectories if start <= t < end)
         return round(n / max(1e-9, end - start), 3)
+
+    def trained_rate(self, start: float, end: float) -> float:
+        """Trajectories trained per second in [start, end): those of the batches whose weight
+        version was announced then (a batch trained twice counts once)."""
+        n = sum(self.batch_sizes.get(bid, 0) for bid, t in self.trained.items() if start <= t < end)
+        return round(n / max(1e-9, end - start), 3)
+
+    def first_version_after(self, moment: float) -> float | None:
+        """Seconds from `moment` to the first new version after it (None: none yet)."""
+        later = [t for t in self.version_times if t > moment]
+        return round(later[0] - moment, 1) if later else None
 
     def tool_calls_per_trajectory(self, start: float, end: float) -> float | None:
         calls = [c for t, c in zip(self.trajectories, self.tool_calls, strict=True) if start <= t < end]
@@ -233,7 +277,17 @@ def _tool_turns(payload: bytes) -> int:
 
 def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--versions", type=int, default=6, help="policy versions to train after the losses")
+    parser.add_argument(
+        "--versions", type=int, default=5, help="policy versions wanted within --recovery-s of each loss"
+    )
+    parser.add_argument("--recovery-s", type=float, default=300.0, help="the bound after each loss")
+    parser.add_argument(
+        "--partition-s", type=float, default=45.0, help="how long the partition round cuts the hosts off"
+    )
+    parser.add_argument("--no-partition", action="store_true", help="SIGKILL losses only")
+    parser.add_argument(
+        "--min-scale-out", type=float, default=1.7, help="rollout_scale_out (trained) the check wants"
+    )
     parser.add_argument("--window-s", type=float, default=60.0, help="each scale-out window")
     parser.add_argument("--timeout-s", type=float, default=1800.0)
     parser.add_argument("--quick", action="store_true", help="smaller pools (the e2e test)")
@@ -287,8 +341,27 @@ def main() -> int:
                 "bench/cluster.py: stopped; the lab's processes and namespaces are removed", file=sys.stderr
             )
             return 130
+    result["checks_failed"] = failed_checks(result, args)
     print(json.dumps(result))
-    return 0
+    return 1 if result["checks_failed"] else 0
+
+
+def failed_checks(result: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """One line per check of the run that failed (none: exit 0)."""
+    failed = [result["error"]] if "error" in result else []
+    scale = result.get("rollout_scale_out")
+    if scale is None or scale < args.min_scale_out:
+        failed.append(f"rollout_scale_out {scale} (trained trajectories) < {args.min_scale_out}")
+    for kind, loss in result.get("losses", {}).items():
+        if loss.get("versions_within_recovery", 0) < args.versions:
+            failed.append(
+                f"{kind}: {loss.get('versions_within_recovery', 0)} new versions within "
+                f"{args.recovery_s:.0f}s of the loss; want >= {args.versions}"
+            )
+    for key in ("lost", "trained_twice", "version_regressions", "orphans"):
+        if result.get(key) != 0:
+            failed.append(f"{key} = {result.get(key)}; want 0")
+    return failed
 
 
 def run(args: argparse.Namespace, lab: NetLab, root: Path) -> dict[str, Any]:
@@ -326,6 +399,7 @@ def run(args: argparse.Namespace, lab: NetLab, root: Path) -> dict[str, Any]:
             "min_insync_replicas": spec.topics.min_insync_replicas,
         },
     }
+    windows: tuple[tuple[float, float], ...] = ()
     try:
         _await_topics(spec, layout, args.timeout_s)
         watch.start()
@@ -341,40 +415,74 @@ def run(args: argparse.Namespace, lab: NetLab, root: Path) -> dict[str, Any]:
         two_end = time.monotonic()
         one, two = watch.rate(one_start, one_end), watch.rate(two_start, two_end)
         result["trajectories_per_s"] = {"1": one, "2": two}
-        result["rollout_scale_out"] = round(two / one, 3) if one else None
+        result["generated_scale_out"] = round(two / one, 3) if one else None
         result["tool_calls_per_trajectory"] = {
             "1": watch.tool_calls_per_trajectory(one_start, one_end),
             "2": watch.tool_calls_per_trajectory(two_start, two_end),
         }
         before = watch.versions
         watch.wait(lambda: watch.versions >= max(1, before), args.timeout_s, "a first policy version")
-        for host in ("kafka-3", "roll-2", "train-2"):
-            nodes.lose(host)
-        result["lost_hosts"] = ["kafka-3", "roll-2", "train-2"]
-        result["version_at_loss"] = watch.versions
-        nodes.up("train-2")  # the trainer host comes back (systemd Restart=, a Slurm requeue)
-        target = result["version_at_loss"] + args.versions
-        watch.wait(
-            lambda: watch.versions >= target, args.timeout_s, f"{args.versions} versions after the losses"
-        )
+        windows = ((one_start, one_end), (two_start, two_end))
+        result["losses"] = {"sigkill": lose_and_recover(lab, nodes, watch, args, partition=False)}
+        result["lost_hosts"] = list(LOST)
+        result["version_at_loss"] = result["losses"]["sigkill"]["version_at_loss"]
+        if not args.no_partition:
+            for host in ("kafka-3", "roll-2"):  # back before the next loss (train-2 came back already)
+                nodes.up(host)
+            watch.wait(lambda: nodes.running("roll-2", again=True), args.timeout_s, "roll-2 back up")
+            result["losses"]["partition"] = lose_and_recover(lab, nodes, watch, args, partition=True)
     except TimeoutError as exc:
         result["error"] = str(exc)
     finally:
         result["policy_versions"] = watch.versions
         if "version_at_loss" in result:
             result["versions_after_losses"] = watch.versions - result["version_at_loss"]
+        if windows:
+            trained = [watch.trained_rate(*window) for window in windows]
+            result["trained_per_s"] = {"1": trained[0], "2": trained[1]}
+            result["rollout_scale_out"] = round(trained[1] / trained[0], 3) if trained[0] else None
         result["wall_s"] = round(time.monotonic() - started, 1)
-    for name, lab_host in lab.hosts.items():  # every node but the brokers stopped (SIGTERM)
-        for proc in lab_host.processes if name not in BROKERS else []:
-            stop_group(proc)
+    stopping = time.monotonic()  # every node but the brokers stopped at once (SIGTERM)
+    stop_groups([proc for name, host in lab.hosts.items() if name not in BROKERS for proc in host.processes])
+    result["nodes_stop_s"] = round(time.monotonic() - stopping, 1)
     pipeline = Pipeline(spec, layout=layout)
     result.update(chaos.audit(pipeline))  # read from the brokers left
-    for name in BROKERS:
-        for proc in lab.hosts[name].processes:
-            stop_group(proc)
+    stop_groups([proc for name in BROKERS for proc in lab.hosts[name].processes])
     result["orphans"] = len(chaos.orphans(run_id))
     result["staleness_rebases"] = _rebases(layout.logs_dir)
     return result
+
+
+def lose_and_recover(
+    lab: NetLab, nodes: Cluster, watch: Watch, args: argparse.Namespace, *, partition: bool
+) -> dict[str, Any]:
+    """Lose kafka-3, roll-2 and train-2 at once (SIGKILL, or a partition healed after
+    `--partition-s`), then count the new versions within `--recovery-s` of the loss."""
+    at_loss = watch.versions
+    for host in LOST:
+        if partition:
+            lab.cut(host)
+        else:
+            nodes.lose(host)
+    lost_at = time.monotonic()
+    if partition:
+        log.warning("cluster: %s cut off for %.0f s", ", ".join(LOST), args.partition_s)
+        watch.poll(args.partition_s)
+        for host in LOST:
+            lab.heal(host)
+    else:
+        nodes.up("train-2")  # the trainer host comes back (systemd Restart=, a Slurm requeue)
+    target = at_loss + args.versions
+    deadline = lost_at + args.recovery_s
+    while watch.versions < target and time.monotonic() < deadline:
+        watch.poll(2.0)
+    return {
+        "version_at_loss": at_loss,
+        "versions_within_recovery": watch.versions - at_loss,
+        "first_version_s": watch.first_version_after(lost_at),
+        "all_versions_s": round(time.monotonic() - lost_at, 1) if watch.versions >= target else None,
+        **({"partition_s": args.partition_s} if partition else {}),
+    }
 
 
 def _rebases(logs_dir: Path) -> dict[str, int]:

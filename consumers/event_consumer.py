@@ -135,17 +135,24 @@ class EventConsumer:
         validator: Validator | None = None,
         expected: type | tuple[type, ...] | None = None,
         on_assign: Callable[[list[tuple[str, int]]], None] | None = None,
+        on_revoke: Callable[[list[tuple[str, int]]], None] | None = None,
+        on_lost: Callable[[list[tuple[str, int]]], None] | None = None,
     ) -> None:
         """`validator` rejects records (raise anything) and `expected` names the record types
         this consumer reads; events failing either go to the DLQ like undecodable ones.
         `on_assign` is called with the (topic, partition) pairs of each new assignment (from the
-        thread that polls, after the group's rebalance)."""
+        thread that polls, after the group's rebalance); `on_revoke` with those taken away, before
+        the group hands them on (the last moment this member may commit them); `on_lost` (default:
+        `on_revoke`) with those the group already gave to others (this member's session expired:
+        a partition, a long pause), which it may no longer commit."""
         from confluent_kafka import Consumer
 
         self.config = config
         self._validator = validator
         self._expected = expected
         self._assign_listener = on_assign
+        self._revoke_listener = on_revoke
+        self._lost_listener = on_lost or on_revoke
         self._catalogue = SchemaCatalogue(
             SchemaCatalogue.Config(
                 bootstrap_servers=config.bootstrap_servers, topic=config.schemas_topic, create_topic=False
@@ -161,7 +168,9 @@ class EventConsumer:
         self.num_dead_letters = 0
         """Events sent to the DLQ (or dropped with a log line when there is none)."""
         self._consumer = Consumer(self._librdkafka_config(config))
-        self._consumer.subscribe(list(config.topics), on_assign=self._on_assign)
+        self._consumer.subscribe(
+            list(config.topics), on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+        )
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -239,15 +248,55 @@ class EventConsumer:
             except KafkaException as exc:
                 raise _commit_error(exc) from exc
 
+    def commit_positions(
+        self, positions: Mapping[tuple[str, int], tuple[int, str]], *, wait_s: float | None = None
+    ) -> None:
+        """Commit (next offset to read, metadata) per (topic, partition), synchronously: the
+        metadata (at most the broker's `offset.metadata.max.bytes`, 4 KiB by default) is handed
+        to whoever reads the partition next (`committed_positions`). A coordinator that is away
+        is waited for `wait_s` (default `COMMIT_WAIT_S`). Errors as `commit()`."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        self._check_open()
+        self._flush_dlq()
+        if not positions:
+            return
+        offsets = [
+            TopicPartition(topic, partition, offset, metadata=metadata)
+            for (topic, partition), (offset, metadata) in positions.items()
+        ]
+        try:
+            self._commit_waiting(lambda: self._consumer.commit(offsets=offsets, asynchronous=False), wait_s)
+        except KafkaException as exc:
+            raise _commit_error(exc) from exc
+
+    def committed_positions(
+        self, partitions: Iterable[tuple[str, int]], timeout: float = 10.0
+    ) -> dict[tuple[str, int], tuple[int, str]]:
+        """The group's committed (offset, metadata) per (topic, partition); offset < 0 where
+        nothing was committed yet."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        self._check_open()
+        query = [TopicPartition(topic, partition) for topic, partition in partitions]
+        if not query:
+            return {}
+        try:
+            found = self._consumer.committed(query, timeout=timeout)
+        except KafkaException as exc:
+            raise ConsumerError(f"reading the committed offsets failed: {exc}", retriable=True) from exc
+        return {(tp.topic, tp.partition): (tp.offset, tp.metadata or "") for tp in found}
+
     COMMIT_WAIT_S = 60.0
     """How long a commit waits out a coordinator that is loading or moving (a broker restart)."""
 
-    def _commit_waiting(self, commit: Callable[[], Any]) -> None:
+    def _commit_waiting(self, commit: Callable[[], Any], wait_s: float | None = None) -> None:
         """`commit()`, retried with backoff while the group coordinator is loading, moving or
-        unreachable (KafkaException for anything else, or once `COMMIT_WAIT_S` has passed)."""
+        unreachable (KafkaException for anything else, or once `wait_s`, by default
+        `COMMIT_WAIT_S`, has passed)."""
         from confluent_kafka import KafkaException
 
-        deadline = time.monotonic() + self.COMMIT_WAIT_S
+        deadline = time.monotonic() + (self.COMMIT_WAIT_S if wait_s is None else wait_s)
         delay = 0.1
         while True:
             try:
@@ -495,10 +544,26 @@ class EventConsumer:
             partitions = [moved.get((p.topic, p.partition), p) for p in partitions]
             self._pending_seeks.clear()
         consumer.assign(partitions)
-        if self._paused and partitions:
-            consumer.pause(partitions)
+        if partitions:  # a partition paused under an earlier assignment would stay paused
+            (consumer.pause if self._paused else consumer.resume)(partitions)
         if self._assign_listener is not None:
             self._assign_listener([(p.topic, p.partition) for p in partitions])
+
+    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        self._unassigned(consumer, partitions, self._revoke_listener)
+
+    def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
+        self._unassigned(consumer, partitions, self._lost_listener)
+
+    @staticmethod
+    def _unassigned(
+        consumer: Any, partitions: list[Any], listener: Callable[[list[tuple[str, int]]], None] | None
+    ) -> None:
+        try:
+            if listener is not None:
+                listener([(p.topic, p.partition) for p in partitions])
+        finally:
+            consumer.unassign()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -40,7 +40,7 @@ _HOMES = {
     "HFTokenizer": "stacx.rollout.tokens",
     "InferenceAdapter": "stacx.rollout.adapters",
     "JsonlTaskSource": "stacx.rollout.data",
-    "KafkaTaskSource": "stacx.rollout.data",
+    "KafkaTaskSource": "stacx.rollout.task_stream",
     "KafkaTrajectoryPublisher": "stacx.rollout.adapters",
     "ListTaskSource": "stacx.rollout.data",
     "ResourcePool": "stacx.rollout.resources",

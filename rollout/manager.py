@@ -252,7 +252,11 @@ class RolloutManager:
         self._given_back = 0
         """Admitted groups no longer counted under the bound (given back by rebases)."""
         self._takeovers_seen = 0
+        self._revocations_seen = 0
         self.num_rebases = 0
+        self.num_dropped_moved = 0
+        """Groups taken from the source and dropped before they started: their partition of the
+        tasks topic moved to another worker, which runs them."""
         self._trained: dict[str, int] = {}
         """Group id -> its episodes so far with a status the assembler trains on."""
         self.num_untrained_groups = 0
@@ -325,6 +329,8 @@ class RolloutManager:
             "staleness_rebases": self.num_rebases,
             "waiting_groups": len(self._window),
             "bypassed": self.num_bypassed,
+            "dropped_moved_groups": self.num_dropped_moved,
+            "unread_tasks": int(getattr(self.source, "unread_tasks", 0)),
             "pool_in_use": self.pool.in_use.as_dict(),
             "pool_capacity": self.pool.capacity.as_dict(),
             "pool_reserve": self.pool.reserve.as_dict(),
@@ -359,12 +365,13 @@ class RolloutManager:
         """Keep `lookahead` groups pending (never more than wanted), concurrently with dispatch:
         a stream source may block for a long time without holding back pending work."""
         pulled = 0
-        while self._stopping is None and (num_groups is None or pulled < num_groups):
+        while self._stopping is None and (num_groups is None or pulled - self.num_dropped_moved < num_groups):
             if len(self.scheduler) >= self.config.scheduler.lookahead:
                 self._space.clear()
                 await self._await_space()
                 continue
             group = await self.source.next_group()
+            self._drop_moved()
             if group is None:
                 break
             self.scheduler.push(group)
@@ -382,6 +389,29 @@ class RolloutManager:
                 await asyncio.wait_for(self._space.wait(), KEEP_ALIVE_S)
             if keep_alive is not None and not self._space.is_set():
                 await asyncio.to_thread(keep_alive)
+                self._drop_moved()
+
+    def _drop_moved(self) -> None:
+        """After the source's consumer group took partitions away, drop the groups of those
+        partitions that have not started here (pending, or admitted with no sample started):
+        their new owner runs them, and they would otherwise run twice."""
+        revocations = int(getattr(self.source, "num_revocations", 0))
+        if revocations == self._revocations_seen:
+            return
+        self._revocations_seen = revocations
+        owns = self.source.owns  # type: ignore[attr-defined]  # a source that counts revocations has it
+        dropped = self.scheduler.drop(lambda group: not owns(group))
+        for waiting in [w for w in self._window if not w.started and not owns(w.group)]:
+            self._window.remove(waiting)
+            self._remaining.pop(waiting.group.group_id, None)
+            self._trained.pop(waiting.group.group_id, None)
+            self._groups_admitted -= 1
+            dropped += 1
+        self.num_dropped_moved += dropped
+        if dropped:
+            log.info("%d groups not started here dropped: their partitions moved to another worker", dropped)
+        self._space.set()
+        self._wakeup.set()
 
     def _dispatch_done(self, num_groups: int | None) -> bool:
         if self._window:
@@ -407,6 +437,7 @@ class RolloutManager:
 
     def _dispatch_round(self, num_groups: int | None) -> None:
         self._drop_unstarted()
+        self._drop_moved()
         while self._slots_free:
             capped = self._start_fitting()
             if capped or not self._slots_free or not self._may_take(num_groups):

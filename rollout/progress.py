@@ -21,8 +21,14 @@ def metrics_line(metrics: dict[str, Any]) -> str:
     return (
         f"v{metrics['policy_version']} in_flight={metrics['in_flight']} "
         f"done={metrics['episodes_done']} ({metrics['episodes_per_s']:.1f}/s) {statuses} "
-        f"stalls={metrics['staleness_stalls']}{_gateways_text(metrics, ' ')}"
+        f"stalls={metrics['staleness_stalls']}{_gateways_text(metrics, ' ')}{_unread_text(metrics)}"
     )
+
+
+def _unread_text(metrics: dict[str, Any]) -> str:
+    """` STALLED unread_tasks=N` when the worker wants tasks its polls do not return."""
+    unread = int(metrics.get("unread_tasks", 0))
+    return f" STALLED unread_tasks={unread}" if unread else ""
 
 
 def _gateways_text(metrics: dict[str, Any], prefix: str) -> str:

@@ -248,6 +248,17 @@ class TaskScheduler:
         self.strategy.dispatched(group)
         return group
 
+    def drop(self, unwanted: Callable[[TaskGroup], bool]) -> int:
+        """Remove the pending groups `unwanted` selects (their tasks moved to another worker);
+        how many. The strategy is not told: a dropped group was never dispatched here."""
+        dropped = 0
+        for task_type, queue in self.queues.items():
+            kept = deque(g for g in queue if not unwanted(g))
+            dropped += len(queue) - len(kept)
+            self.queues[task_type] = kept
+        self.num_pending -= dropped
+        return dropped
+
     def pending_by_type(self) -> dict[str, int]:
         return {t: len(q) for t, q in self.queues.items() if q}
 

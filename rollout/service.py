@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from stacx.rollout.adapters import InferenceAdapter, KafkaTrajectoryPublisher, WeightsFollower
 from stacx.rollout.blackbox.adapter import is_external
 from stacx.rollout.config import RolloutConfig
-from stacx.rollout.data import JsonlTaskSource, KafkaTaskSource, ListTaskSource, build_task_set, task_samples
+from stacx.rollout.data import JsonlTaskSource, ListTaskSource, build_task_set, task_samples
 from stacx.rollout.errors import ConfigError, ServicesNotReadyError
 from stacx.rollout.fakes import MemoryPublisher, StaticVersion
 from stacx.rollout.gateways import GatewayEnvironments
@@ -32,6 +32,7 @@ from stacx.rollout.protocols import (
     TrajectoryPublisher,
     VersionSource,
 )
+from stacx.rollout.task_stream import KafkaTaskSource
 from stacx.rollout.teacher import AggreVaTeRows, DAggerLabels, TeacherInTheLoop
 from stacx.rollout.tokens import load_tokenizer, model_vocab_size
 from stacx.schemas.records import TaskSample

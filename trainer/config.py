@@ -63,8 +63,15 @@ class BackendConfig:
     cpu_offload: bool = False
     """fsdp2: parameters, gradients and optimizer state live in CPU memory between uses
     (FSDP2 CPUOffloadPolicy; the optimizer step runs on the CPU): a bigger model per GPU."""
+    process_group_timeout_s: float = 120.0
+    """fsdp2: how long a collective waits for a silent peer (a lost host, a link down) before the
+    rank fails, so the launch restarts from the checkpoint (torch's default is 30 minutes)."""
 
     def __post_init__(self) -> None:
+        if self.process_group_timeout_s <= 0:
+            raise ConfigError(
+                f"backend.process_group_timeout_s={self.process_group_timeout_s}: use > 0 seconds"
+            )
         if self.cpu_offload and self.kind != "fsdp2":
             raise ConfigError("backend.cpu_offload needs backend.kind: fsdp2 (FSDP2's CPU offload)")
         if self.world_size < 1:

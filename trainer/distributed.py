@@ -4,6 +4,7 @@ worker groups on ranks. Spawning the ranks is `stacx.trainer.ranks` (no torch th
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -12,10 +13,14 @@ from stacx.trainer.ranks import free_port, spawn
 
 __all__ = ["free_port", "init_process_group", "place_groups", "spawn"]
 
-def init_process_group(use_cuda: bool, world_size: int = 1) -> tuple[int, int]:
+def init_process_group(
+    use_cuda: bool, world_size: int = 1, timeout_s: float = 120.0
+) -> tuple[int, int]:
     """Join the env:// process group (NCCL on GPU, gloo on CPU); returns (rank, world_size).
     Outside torchrun/spawn a `world_size` of 1 is a group of this process alone (an in-memory
-    store: nothing listens), so one rank trains in the calling process."""
+    store: nothing listens), so one rank trains in the calling process. A collective that waits
+    longer than `timeout_s` for a peer fails (a silent peer: a lost host, a link down)."""
+    timeout = timedelta(seconds=timeout_s)
     if not dist.is_initialized():
         if "RANK" not in os.environ:
             if world_size != 1:
@@ -23,11 +28,11 @@ def init_process_group(use_cuda: bool, world_size: int = 1) -> tuple[int, int]:
                                    "spawn: no RANK in the environment (StacxTrainer.launch spawns "
                                    "the ranks for you)")
             dist.init_process_group("nccl" if use_cuda else "gloo", store=dist.HashStore(), rank=0,
-                                    world_size=1)
+                                    world_size=1, timeout=timeout)
             return 0, 1
         if use_cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if use_cuda else "gloo")
+        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timeout)
     return dist.get_rank(), dist.get_world_size()
 
 

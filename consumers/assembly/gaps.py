@@ -36,7 +36,16 @@ from faust.types import TP
 from stacx.consumers.assembly.errors import AssemblyError, BrokerUnavailableError
 from stacx.producers.kafka_log import kafka_logger
 
-__all__ = ["GapReader", "InputOrder", "KafkaGapReader", "OffsetGuard", "Refetched", "ack"]
+__all__ = [
+    "GapReader",
+    "InputOrder",
+    "KafkaGapReader",
+    "OffsetGuard",
+    "Refetched",
+    "ack",
+    "is_transient",
+    "kafka_failure",
+]
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +68,28 @@ TRANSIENT_CODES = frozenset(
         KafkaError._TIMED_OUT,
         KafkaError._ALL_BROKERS_DOWN,
         KafkaError._WAIT_COORD,
+        # librdkafka's own: a broker connection torn down (SIGKILL, link down), a name not
+        # resolving yet, a request or queue timing out while the cluster moves leaders
+        KafkaError._DESTROY_BROKER,
+        KafkaError._RESOLVE,
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._TIMED_OUT_QUEUE,
+        KafkaError._NODE_UPDATE,
+        KafkaError._WAIT_CACHE,
+        KafkaError._RETRY,
     }
 )
 """Errors of a cluster that is settling (a broker restart, a leader moving), not of the request."""
 
 
+def is_transient(error: KafkaError) -> bool:
+    """Whether the same request succeeds once the cluster settles (never for a fatal error)."""
+    return not error.fatal() and (error.retriable() or error.code() in TRANSIENT_CODES)
+
+
 def kafka_failure(what: str, error: KafkaError) -> AssemblyError:
     """`AssemblyError` for a Kafka error: retriable (`BrokerUnavailableError`) when transient."""
-    if error.retriable() or error.code() in TRANSIENT_CODES:
+    if is_transient(error):
         return BrokerUnavailableError(f"{what}: {error}")
     return AssemblyError(f"{what}: {error}")
 
@@ -222,7 +245,7 @@ class KafkaGapReader:
                 error = message.error()
                 if error is not None and error.code() == KafkaError._PARTITION_EOF:
                     return found
-                if error is not None and (error.retriable() or error.code() in TRANSIENT_CODES):
+                if error is not None and is_transient(error):
                     continue  # the consumer recovers by itself; the poll timeout bounds the wait
                 if error is not None:
                     raise AssemblyError(f"cannot read {topic}[{partition}]: {error}")

@@ -4,6 +4,7 @@ FILE is a pipeline file with a `cluster:` section (hosts and their roles). The c
 exactly the services of host NAME under supervision (what a systemd unit, a Slurm task or a
 Kubernetes pod runs per node; see examples/cluster/) and stops them all on SIGINT/SIGTERM.
 `--explain` prints that host's plan (services, command lines, config files) and starts nothing.
+`stacx node bind` writes a copy of FILE bound to a scheduler's allocation (node i runs host i).
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ def register(subparsers: Any) -> None:
         "--index", type=int, help="print only the name of the host at this index (Slurm's SLURM_NODEID)"
     )
     hosts.set_defaults(func=_hosts)
+    bind = actions.add_parser(
+        "bind", help="write the cluster file bound to an allocation (host i on node i, its address)"
+    )
+    bind.add_argument("--cluster", required=True, help="pipeline file with a `cluster:` section")
+    bind.add_argument("--out", required=True, help="where to write the job's cluster file")
+    bind.add_argument("nodes", nargs="+", metavar="NODE=ADDRESS", help="the allocated nodes, in order")
+    bind.set_defaults(func=_bind)
     node.set_defaults(func=lambda args: _usage(node))
 
 
@@ -60,6 +68,30 @@ def _hosts(args: argparse.Namespace) -> int:
         return 0
     for host in cluster.hosts:
         print(f"{host.name}\t{host.address}\t{','.join(host.roles)}")
+    return 0
+
+
+def _bind(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import yaml
+
+    from stacx.infra.config import ConfigError, load_yaml
+    from stacx.infra.pipeline import PipelineConfigError, load_spec
+    from stacx.infra.pipeline.allocation import bind_allocation, parse_nodes
+
+    try:
+        tree = load_yaml(args.cluster)
+        bound = bind_allocation(tree, parse_nodes(args.nodes), source=Path(args.cluster))
+        out = Path(args.out)
+        out.write_text(yaml.safe_dump(bound, sort_keys=False))
+        load_spec(out)  # the job's file is valid as written
+    except (ConfigError, PipelineConfigError, OSError) as exc:
+        for line in str(exc).splitlines():
+            print(f"stacx node bind: {line}", file=sys.stderr)
+        return 2
+    for (node, address), host in zip(parse_nodes(args.nodes), bound["cluster"]["hosts"], strict=True):
+        print(f"{host['name']}\t{node}\t{address}")
     return 0
 
 

@@ -37,19 +37,33 @@ from stacx.infra.pipeline.layout import (
     gateway_section,
     host_logs_dir,
     inference_section,
+    placement,
     rollout_section,
     trainer_section,
 )
+from stacx.infra.pipeline.placement import visible_devices
 from stacx.infra.pipeline.resolve import planned_model_dir
 from stacx.infra.pipeline.services import ServiceProcess, ServiceSpec, Supervisor
 
-__all__ = ["NodePlan", "NodeRunner", "broker_of", "explain_node", "plan_node"]
+__all__ = [
+    "NodePlan",
+    "NodeRunner",
+    "broker_of",
+    "brokers_needed",
+    "explain_node",
+    "host_devices",
+    "plan_node",
+]
 
 log = logging.getLogger(__name__)
 
 TOKEN_ENV = "STACX_SANDBOX_TOKEN"
 SETUP_MARKER = "setup.json"
 START_ORDER = ("broker", "gateway", "inference", "assembler", "trainer", "rollout")
+STOP_GRACE_S = 20.0
+"""How long a node waits for its services to stop after SIGTERM before SIGKILL."""
+GONE_GRACE_S = 3.0
+"""The same when no broker answers any more: nothing a service would still flush can arrive."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -69,6 +83,8 @@ class NodePlan:
     """In start order; a service's config file is `files[<name>.yaml]`."""
     trainer_ranks: tuple[int, int] | None = None
     """(first, count) of this host's trainer ranks in the whole group."""
+    devices: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Role -> `CUDA_VISIBLE_DEVICES` of its service on this host (`resources:`, as `stacx run`)."""
 
 
 def _url(host: HostConfig, port: int) -> str:
@@ -98,6 +114,16 @@ def broker_of(cluster: ClusterConfig, host: HostConfig, run_id: str) -> Any:
         data_dir=paths.stacx_home() / "kafka" / "cluster" / run_id / f"node-{node_id}" / "data",
         heap=cluster.broker_heap,
     )
+
+
+def brokers_needed(spec: PipelineSpec) -> int:
+    """Broker hosts that must answer before a node starts its services: what the topics'
+    `min.insync.replicas` needs and a majority of the KRaft controllers (the broker hosts), never
+    more than there are; one without a `broker` role (an external cluster)."""
+    brokers = len(spec.cluster.with_role("broker"))
+    if brokers <= 1:
+        return 1
+    return min(brokers, max(spec.topics.min_insync_replicas or 1, brokers // 2 + 1))
 
 
 def _section_world_size(spec: PipelineSpec) -> int:
@@ -140,7 +166,25 @@ def plan_node(spec: PipelineSpec, layout: RunLayout, host_name: str) -> NodePlan
         node.files[f"{role}.yaml"] = section
     if "trainer" in host.roles:
         node.trainer_ranks = _rank_range(spec, host)
+    node.devices = host_devices(spec, host)
     return node
+
+
+def host_devices(spec: PipelineSpec, host: HostConfig) -> dict[str, dict[str, str]]:
+    """`CUDA_VISIBLE_DEVICES` per GPU role of `host` from `resources:` (GPU indices are each
+    host's own): the trainer's ranks get `resources.trainer`; the k-th inference host (file
+    order) the GPUs of server k (of server 0 past the last), so a host with both roles never
+    puts its server and its ranks on the same GPUs unless `resources.colocate` says so."""
+    placed, problems = placement(spec)
+    if problems or not placed.placed:
+        return {}
+    devices = {}
+    if "trainer" in host.roles:
+        devices["trainer"] = visible_devices(placed.trainer)
+    if "inference" in host.roles:
+        order = [h.name for h in spec.cluster.with_role("inference")].index(host.name)
+        devices["inference"] = visible_devices(placed.servers[order if order < len(placed.servers) else 0])
+    return {role: env for role, env in devices.items() if env}
 
 
 def _section(
@@ -207,6 +251,7 @@ def service_specs(node: NodePlan, cluster: ClusterConfig, config_dir: Path) -> l
             specs.append(ServiceSpec(name="rollout", args=["rollout", path, "--no-progress"]))
         elif role == "trainer":
             specs.append(_trainer_spec(node, cluster, path))
+        specs[-1].env.update(node.devices.get(role, {}))
     return specs
 
 
@@ -314,10 +359,11 @@ class NodeRunner:
         self._start(ServiceSpec(name="broker", program=argv[:1], args=argv[1:]), wait=False)
 
     def _await_brokers(self) -> None:
-        """Until every broker host answers (a lone one cannot host replicated topics)."""
+        """Until a quorum of the broker hosts answers (`brokers_needed`): a host (re)started
+        while a broker host is down starts its services, as the cluster accepts writes."""
         from stacx.infra.services.reachability import kafka_problem
 
-        want = max(1, len(self.spec.cluster.with_role("broker")))
+        want = brokers_needed(self.spec)
         deadline = time.monotonic() + self.spec.cluster.setup_timeout_s
         problem: str | None = "not asked yet"
         while time.monotonic() < deadline:
@@ -333,7 +379,7 @@ class NodeRunner:
                 return
             time.sleep(1.0)
         raise PipelineError(
-            f"node {self.node.host.name}: the {want} broker(s) at {self.spec.bootstrap_servers} did not all "
+            f"node {self.node.host.name}: {want} of the broker(s) at {self.spec.bootstrap_servers} did not "
             f"answer within cluster.setup_timeout_s={self.spec.cluster.setup_timeout_s:.0f}s ({problem})"
         )
 
@@ -421,12 +467,29 @@ class NodeRunner:
             time.sleep(1.0)
 
     def _stop_all(self) -> None:
-        for name in reversed([*START_ORDER]):
-            service = self.services.get(name)
-            if service is not None:
-                self.supervisor.remove(name)
-                try:
-                    service.stop()
-                except Exception as exc:  # go on stopping the others
-                    log.warning("node %s: stopping %s: %s", self.node.host.name, name, exc)
+        """The services signalled at once (this host's broker after them: they may still commit
+        to it) and none restarted any more; each gets `STOP_GRACE_S`, or `GONE_GRACE_S` when no
+        broker answers (a service would only wait for brokers that are gone)."""
+        for name in list(self.services):
+            self.supervisor.remove(name)
+        services = [name for name in reversed(START_ORDER) if name in self.services and name != "broker"]
+        if services:
+            grace_s = STOP_GRACE_S if self._brokers_answer() else GONE_GRACE_S
+            self._stop_together(services, grace_s)
+        if "broker" in self.services:
+            self._stop_together(["broker"], STOP_GRACE_S)
 
+    def _stop_together(self, names: list[str], grace_s: float) -> None:
+        for name in names:
+            self.services[name].terminate()
+        deadline = time.monotonic() + grace_s
+        for name in names:
+            try:
+                self.services[name].stop(timeout_s=max(0.1, deadline - time.monotonic()))
+            except Exception as exc:  # go on stopping the others
+                log.warning("node %s: stopping %s: %s", self.node.host.name, name, exc)
+
+    def _brokers_answer(self) -> bool:
+        from stacx.infra.services.reachability import kafka_problem
+
+        return kafka_problem(self.spec.bootstrap_servers, timeout_s=2.0, min_brokers=1) is None

@@ -3,8 +3,9 @@ benchmarks of a cluster (`tests/integration/infra/test_kafka_cluster.py`, `bench
 
 `NetLab` creates one namespace per host plus one "switch" namespace holding a bridge; each host
 gets a veth pair, one end (`eth0`, its address) in the host's namespace and the other on the
-bridge. Nothing is added to the machine's own namespace: traffic only goes between the
-namespaces the lab made. Every name carries the lab's unique prefix; `close()` (also on error)
+bridge. A host is lost by SIGKILL (`kill_host`) or by a partition (`cut`, then `heal`).
+Nothing is added to the machine's own namespace: traffic only goes between the namespaces the
+lab made. Every name carries the lab's unique prefix; `close()` (also on error)
 stops the processes the lab started, by their process groups, and deletes its namespaces, which
 takes the veth pairs and the bridge with them. Needs root and `ip` (iproute2).
 """
@@ -19,11 +20,12 @@ import secrets
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["LabHost", "NetLab", "lab_home", "netlab_problem", "stop_group"]
+__all__ = ["LabHost", "NetLab", "lab_home", "netlab_problem", "stop_group", "stop_groups"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,8 @@ class LabHost:
     name: str
     address: str
     netns: str
+    port: str = ""
+    """Its veth's end on the lab's bridge (in the switch namespace): down = the cable pulled."""
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
@@ -99,7 +103,7 @@ class NetLab:
         self._ip(self.switch, "link", "set", "lo", "up")
         for i, host in enumerate(self.hosts.values()):
             self._netns_add(host.netns)
-            outer = f"{self.prefix}p{i}"  # <= 15 characters: the kernel's limit
+            outer = host.port = f"{self.prefix}p{i}"  # <= 15 characters: the kernel's limit
             self._ip(host.netns, "link", "add", "eth0", "type", "veth", "peer", "name", outer)
             self._ip(host.netns, "link", "set", outer, "netns", self.switch)
             self._ip(self.switch, "link", "set", outer, "master", "br0")
@@ -110,9 +114,7 @@ class NetLab:
 
     def close(self) -> None:
         """Stop every process the lab started, then delete its namespaces (veths and bridge go too)."""
-        for host in self.hosts.values():
-            for proc in host.processes:
-                stop_group(proc)
+        stop_groups([proc for host in self.hosts.values() for proc in host.processes])
         for name in reversed(self._made):
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
         self._made.clear()
@@ -173,6 +175,16 @@ class NetLab:
             cwd=cwd,
         )
 
+    def cut(self, host: str) -> None:
+        """A network partition: `host`'s port on the bridge goes down. Its processes live on and
+        see no error (their own `eth0` stays up); peers hear nothing from it, as when a link or
+        a switch fails: only their timeouts notice."""
+        self._ip(self.switch, "link", "set", self.hosts[host].port, "down")
+
+    def heal(self, host: str) -> None:
+        """The partition of `host` ends: its port on the bridge comes back up."""
+        self._ip(self.switch, "link", "set", self.hosts[host].port, "up")
+
     def kill_host(self, host: str) -> None:
         """The host is lost: SIGKILL to every process it runs, services included (every process
         of the host's namespace that the lab started, and what they started, by session)."""
@@ -207,19 +219,25 @@ def _sessions_below(pid: int) -> set[int]:
 
 def stop_group(proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
     """SIGTERM to the process's group (it stops what it started), then SIGKILL to what is left."""
-    if proc.poll() is None:
-        below = _sessions_below(proc.pid)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
+    stop_groups([proc], timeout_s)
+
+
+def stop_groups(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float = 60.0) -> None:
+    """`stop_group` for many at once: every group signalled first, then one shared wait, so a
+    lab of many hosts stops in the slowest one's time, not in the sum."""
+    below = {proc.pid: _sessions_below(proc.pid) if proc.poll() is None else set() for proc in procs}
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
         try:
-            proc.wait(timeout=timeout_s)
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             log.warning("netlab: pid %d did not stop within %.0fs: killing it", proc.pid, timeout_s)
-        for sid in {proc.pid, *below}:
+        for sid in {proc.pid, *below[proc.pid]}:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(sid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
-    else:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)

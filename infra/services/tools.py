@@ -50,6 +50,16 @@ TOOLS: dict[str, Tool] = {
         Tool(executable="chromedriver", package="chromium-driver", used_by="`stacx view` browser tests"),
         Tool(executable="ip", package="iproute2", used_by="network-namespace hosts (cluster tests)"),
         Tool(executable="systemd-analyze", package="systemd", used_by="checking the systemd unit example"),
+        Tool(executable="munged", package="munge", used_by="the test Slurm cluster's authentication"),
+        Tool(executable="slurmctld", package="slurmctld", used_by="the test Slurm cluster's controller"),
+        Tool(executable="slurmd", package="slurmd", used_by="the test Slurm cluster's nodes"),
+        Tool(executable="sbatch", package="slurm-client", used_by="submitting examples/cluster/sbatch.sh"),
+        Tool(executable="scontrol", package="slurm-client", used_by="the sbatch example and the Slurm lab"),
+        Tool(executable="squeue", package="slurm-client", used_by="the test Slurm cluster"),
+        Tool(executable="sinfo", package="slurm-client", used_by="the test Slurm cluster"),
+        Tool(executable="srun", package="slurm-client", used_by="the sbatch example's job steps"),
+        Tool(executable="scancel", package="slurm-client", used_by="the test Slurm cluster"),
+        Tool(executable="nsenter", package="util-linux", used_by="Slurm nodes in network namespaces"),
     )
 }
 """executable -> Tool. Keep in step with what the code runs (tests/unit/infra/test_tools.py)."""

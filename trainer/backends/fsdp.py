@@ -26,7 +26,9 @@ class FSDP2Backend(Backend):
     def __init__(self, config: BackendConfig) -> None:
         Backend.__init__(self, config)
         self._owns_group = not dist.is_initialized()
-        self.rank, self.world_size = init_process_group(self.use_cuda, config.world_size)
+        self.rank, self.world_size = init_process_group(
+            self.use_cuda, config.world_size, config.process_group_timeout_s
+        )
         if self.use_cuda:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self._meshes: dict[tuple[int, ...], Any] = {}

@@ -3,9 +3,9 @@ committed only after its group is published, so a second worker of the group get
 
 from __future__ import annotations
 
-from stacx.rollout.data import KafkaTaskSource
 from stacx.rollout.fakes import FakeEnvironments, FakeTokenizer, MemoryPublisher, ScriptedInference
 from stacx.rollout.manager import RolloutManager
+from stacx.rollout.task_stream import KafkaTaskSource
 from stacx.schemas.records import TaskSample
 
 

@@ -45,6 +45,8 @@ class RaisingConsumer:
         (KafkaError.NOT_LEADER_FOR_PARTITION, True),
         (KafkaError.LEADER_NOT_AVAILABLE, True),
         (KafkaError._TRANSPORT, True),
+        (KafkaError._DESTROY_BROKER, True),  # a broker SIGKILLed or cut off: its connection torn down
+        (KafkaError._RESOLVE, True),
         (KafkaError.TOPIC_AUTHORIZATION_FAILED, False),
     ],
 )
@@ -73,6 +75,13 @@ class FlakyReader(RecordsReader):
             self.reads.append((topic, partition, offsets))
             raise BrokerUnavailableError(f"cannot read {topic}[{partition}]: NOT_LEADER_FOR_PARTITION")
         return super().read(topic, partition, offsets)
+
+
+def test_a_fatal_error_is_never_transient() -> None:
+    from stacx.consumers.assembly.gaps import is_transient
+
+    assert is_transient(KafkaError(KafkaError._DESTROY_BROKER))
+    assert not is_transient(KafkaError(KafkaError._DESTROY_BROKER, fatal=True))
 
 
 async def test_a_transient_error_while_reading_a_gap_is_retried_and_nothing_is_lost(

@@ -16,7 +16,7 @@ import yaml
 
 from stacx.infra.pipeline import PipelineConfigError, parse_spec
 from stacx.infra.pipeline.layout import RunLayout
-from stacx.infra.pipeline.node import plan_node, service_specs
+from stacx.infra.pipeline.node import brokers_needed, plan_node, service_specs
 from stacx.infra.services.kafka import cluster_id_for, cluster_properties
 from stacx.rollout.config import SandboxConfig
 
@@ -62,6 +62,43 @@ def test_three_broker_hosts_replicate_topics_three_times_with_two_in_sync() -> N
     assert spec.bootstrap_servers == "10.0.0.1:9092,10.0.0.2:9092,10.0.0.3:9092"
     specs = RunLayout.create(spec).topics.specs(spec.topics)
     assert {(s.replication_factor, s.config["min.insync.replicas"]) for s in specs} == {(3, "2")}
+
+
+def test_a_node_waits_for_a_broker_quorum_not_for_every_broker() -> None:
+    """Three broker hosts with min.insync.replicas 2 accept writes with one host down: a node
+    (re)started then starts its services once two answer."""
+    spec = _spec(_tree())
+    assert brokers_needed(spec) == 2
+    tree = _tree()
+    tree["topics"] = {"replication_factor": 3, "min_insync_replicas": 3}
+    assert brokers_needed(_spec(tree)) == 3
+    tree["topics"] = {"replication_factor": 1}  # no min.insync: a KRaft majority still
+    assert brokers_needed(_spec(tree)) == 2
+    assert brokers_needed(_spec(_tree(REPO / "examples" / "quickstart.yaml"))) == 1
+
+
+def _env(spec: Any, host: str) -> dict[str, dict[str, str]]:
+    node = plan_node(spec, RunLayout.create(spec), host)
+    return {s.name: s.env for s in service_specs(node, spec.cluster, Path("/cfg"))}
+
+
+def test_node_up_places_gpus_per_service_as_stacx_run_does() -> None:
+    """`resources:` in a cluster file: each host's trainer ranks and inference server see only
+    their own GPUs (indices are the host's own), also on a host with both roles."""
+    tree = _tree()
+    tree["cluster"]["hosts"][3]["roles"].append("trainer")  # roll-1: server and ranks on one host
+    tree["cluster"]["hosts"][3]["trainer_ranks"] = 2
+    tree["resources"] = {"trainer": [0, 1], "inference": [2]}
+    tree["trainer"]["backend"].pop("device")  # the GPUs decide
+    spec = _spec(tree)
+    both = _env(spec, "roll-1")
+    assert both["inference"]["CUDA_VISIBLE_DEVICES"] == "2"
+    assert both["trainer"]["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert _env(spec, "roll-2")["inference"]["CUDA_VISIBLE_DEVICES"] == "2"
+    assert _env(spec, "train-2")["trainer"] == {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0",
+                                                "CUDA_VISIBLE_DEVICES": "0,1"}
+    assert "CUDA_VISIBLE_DEVICES" not in _env(spec, "roll-1")["rollout"]
+    assert all("CUDA_VISIBLE_DEVICES" not in env for env in _env(_spec(_tree()), "roll-1").values())
 
 
 def test_a_replication_the_user_sets_wins_over_the_cluster_default() -> None:
@@ -251,3 +288,21 @@ def test_every_host_starts_from_the_directory_the_sft_warm_start_exports(
     expected = layout.sft_root / export
     assert Path(trainer["models"]["policy"]["path"]) == expected
     assert Path(rollout["inference"]["tokenizer"]) == expected.resolve()
+
+
+def test_node_bind_puts_host_i_on_allocated_node_i_with_absolute_plugin_paths(tmp_path: Path) -> None:
+    """The job's copy of the file (sbatch.sh): addresses from the allocation, plug-ins found from
+    any folder; a wrong node count or pair is one line."""
+    pairs = [f"n{i}=10.9.0.{i}" for i in range(1, 8)]
+    out = tmp_path / "job.yaml"
+    done = _cli("node", "bind", "--cluster", str(CLUSTER_FILE), "--out", str(out), *pairs)
+    assert done.returncode == 0, done.stderr
+    bound = yaml.safe_load(out.read_text())
+    assert [h["address"] for h in bound["cluster"]["hosts"]] == [f"10.9.0.{i}" for i in range(1, 8)]
+    assert bound["pipeline"]["plugin_paths"] == [str(REPO / "examples")]
+    assert done.stdout.splitlines()[3] == "roll-1\tn4\t10.9.0.4"
+    short = _cli("node", "bind", "--cluster", str(CLUSTER_FILE), "--out", str(out), *pairs[:2])
+    assert short.returncode == 2 and "Traceback" not in short.stderr
+    assert "allocate as many nodes as hosts (sbatch --nodes=7)" in short.stderr
+    bad = _cli("node", "bind", "--cluster", str(CLUSTER_FILE), "--out", str(out), "n1")
+    assert bad.returncode == 2 and "give each allocated node as NODE=ADDRESS" in bad.stderr

@@ -95,6 +95,39 @@ def test_diagnosis_names_stage_reason_log_lines_and_logs_dir(tmp_path: Path) -> 
     assert "ValueError: nan" in text and str(tmp_path) in text and "stall_timeout_s" in text
 
 
+def test_a_rollout_worker_idle_with_unread_tasks_is_named_in_the_diagnosis(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker's own stall line (tasks unread on its partitions, polls returning none) is what
+    the diagnosis quotes when the rollout holds the run up."""
+    import asyncio
+    import logging
+
+    from stacx.rollout.task_stream import KafkaTaskSource
+
+    class Stranded:
+        def poll(self, timeout: float) -> None:
+            return None
+
+        def lag(self) -> dict[tuple[str, int], int]:
+            return {("stacx.tasks", 3): 7723}
+
+        def resume(self) -> None:
+            pass
+
+    config = KafkaTaskSource.Config(bootstrap_servers="unused", poll_timeout_s=0, stranded_check_s=1e-9,
+                                    max_idle_polls=3)
+    source = KafkaTaskSource(config, consumer=Stranded())
+    with caplog.at_level(logging.ERROR):
+        assert asyncio.run(source.next_group()) is None
+    lines = [f"ERROR {record.name}: {record.getMessage()}\n" for record in caplog.records]
+    (tmp_path / "rollout.log").write_text("".join(lines))
+    text = diagnose(Progress(40, 5, 5), stalled_s=301, trajectories_per_batch=8, gateway_problem=None,
+                    logs_dir=tmp_path)
+    assert "Most likely stuck: rollout" in text
+    assert "rollout worker stalled: 7723 unread tasks on stacx.tasks/3 (7723)" in text
+
+
 def test_stall_timeout_is_validated() -> None:
     with pytest.raises(PipelineConfigError, match="stall_timeout_s"):
         parse_spec({"pipeline": {"stall_timeout_s": 0}})

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from stacx.rollout.data import KafkaTaskSource, ListTaskSource
+from stacx.rollout.data import ListTaskSource
 from stacx.rollout.errors import ConfigError, ResourceDeadlockError
 from stacx.rollout.evaluator import Evaluator
 from stacx.rollout.fakes import (
@@ -21,6 +21,7 @@ from stacx.rollout.fakes import (
 from stacx.rollout.manager import RolloutManager
 from stacx.rollout.resources import Resources
 from stacx.rollout.scheduler import TaskScheduler
+from stacx.rollout.task_stream import KafkaTaskSource, decode_finished, encode_finished
 from stacx.schemas.records import TaskSample, TrajectoryStatus
 
 TOOL_THEN_ANSWER = ("<tool_call>print(6*7)</tool_call>", "<answer>42</answer>")
@@ -288,36 +289,95 @@ class _Event:
 
 
 class _FakeConsumer:
-    def __init__(self, events: list[_Event]) -> None:
+    """Hands out `events`; commits (offset, metadata) per partition like the group coordinator."""
+
+    def __init__(self, events: list[_Event], committed: dict | None = None) -> None:
         self.events = events
-        self.committed: list[int] = []
+        self.positions: dict[tuple[str, int], tuple[int, str]] = dict(committed or {})
+        self.commits: list[tuple[int, set[int]]] = []
+        """(offset, finished offsets above it) of every commit, in order."""
 
     def poll(self, timeout: float) -> _Event | None:
         return self.events.pop(0) if self.events else None
 
-    def commit(self, event: _Event) -> None:
-        self.committed.append(event.offset)
+    def commit_positions(self, positions: dict, *, wait_s: float | None = None) -> None:
+        for part, (offset, metadata) in positions.items():
+            self.positions[part] = (offset, metadata)
+            self.commits.append((offset, decode_finished(offset, metadata)))
+
+    def committed_positions(self, partitions: list) -> dict:
+        return {p: self.positions.get(p, (-1, "")) for p in partitions}
 
     def close(self) -> None:
         pass
 
 
-async def test_kafka_source_commits_only_contiguous_finished_offsets() -> None:
-    events = [_Event("stacx.tasks", 0, i, t) for i, t in enumerate(_tasks(3))]
+def _kafka_source(consumer: _FakeConsumer, **config) -> KafkaTaskSource:  # type: ignore[no-untyped-def]
+    source = KafkaTaskSource(KafkaTaskSource.Config(bootstrap_servers="unused", **config), consumer=consumer)
+    source.on_assign([("stacx.tasks", 0)])
+    return source
+
+
+async def test_kafka_source_commits_every_finished_task_with_the_gaps_above_the_offset() -> None:
+    """Each finished task commits at once: the lowest unfinished offset, and in the metadata the
+    finished ones above it (a new owner skips them; nothing waits behind a long episode)."""
+    events = [_Event("stacx.tasks", 0, i, t) for i, t in enumerate(_tasks(4))]
     consumer = _FakeConsumer(list(events))
-    source = KafkaTaskSource(
-        KafkaTaskSource.Config(bootstrap_servers="unused", samples_per_task=2, max_idle_polls=1),
-        consumer=consumer,
-    )
-    groups = [await source.next_group() for _ in range(3)]
+    source = _kafka_source(consumer, samples_per_task=2, max_idle_polls=1)
+    groups = [await source.next_group() for _ in range(4)]
     assert all(g is not None and g.num_samples == 2 for g in groups)
     assert await source.next_group() is None
-    await source.ack(groups[1])  # offset 1 done, 0 still running: nothing to commit
-    assert consumer.committed == []
+    await source.ack(groups[1])  # offset 0 still runs: commit 0, with 1 finished above it
+    assert consumer.commits == [(0, {1})]
+    await source.ack(groups[3])
+    assert consumer.commits[-1] == (0, {1, 3})
     await source.ack(groups[0])
-    assert consumer.committed == [1]
+    assert consumer.commits[-1] == (2, {3})
     await source.ack(groups[2])
-    assert consumer.committed == [1, 2]
+    assert consumer.commits[-1] == (4, set())
+
+
+async def test_a_partition_kept_through_a_rebalance_never_reruns_what_finished_below_its_commit() -> None:
+    """An eager rebalance keeps partition 0 here but resets reading to the offset committed on
+    revoke (0, while 0 and 1 ran); both finish before the re-read reaches them: neither runs again."""
+    events = [_Event("stacx.tasks", 0, i, t) for i, t in enumerate(_tasks(3))]
+    consumer = _FakeConsumer([events[0], events[1]])
+    source = _kafka_source(consumer)
+    first, second = await source.next_group(), await source.next_group()
+    source.on_revoke([("stacx.tasks", 0)])
+    source.on_assign([("stacx.tasks", 0)])  # kept: reading restarts at the committed offset 0
+    assert consumer.positions[("stacx.tasks", 0)][0] == 0
+    await source.ack(first)
+    await source.ack(second)
+    assert consumer.commits[-1] == (2, set())
+    consumer.events += [events[0], events[1], events[2]]  # the re-read from offset 0
+    third = await source.next_group()
+    assert third is not None and third.source_ref.offset == 2
+
+
+async def test_a_new_owner_skips_the_tasks_finished_above_the_committed_offset() -> None:
+    """The partition's previous owner finished offsets 1 and 3 but not 0 and 2: the new owner
+    runs 0, 2 and 4 only, and commits past all of them."""
+    events = [_Event("stacx.tasks", 0, i, t) for i, t in enumerate(_tasks(5))]
+    consumer = _FakeConsumer(list(events), committed={("stacx.tasks", 0): (0, encode_finished(0, {1, 3}))})
+    source = _kafka_source(consumer, max_idle_polls=1)
+    groups = []
+    while (group := await source.next_group()) is not None:
+        groups.append(group)
+    assert [g.source_ref.offset for g in groups] == [0, 2, 4]
+    for group in groups:
+        await source.ack(group)
+    assert consumer.commits[-1] == (5, set())
+
+
+def test_finished_offsets_round_trip_through_commit_metadata_within_kafkas_limit() -> None:
+    finished = {5, 6, 7, 9, 12, 13}
+    text = encode_finished(4, finished)
+    assert text.endswith(":1-3,5,8-9") and decode_finished(4, text) == finished
+    assert decode_finished(4, "someone else's metadata") == set()
+    assert decode_finished(4, "stacx.finished:1-x") == set()
+    many = encode_finished(0, range(1, 100_000, 2))  # too many gaps: the lowest ones are kept
+    assert len(many) <= 4000 and min(decode_finished(0, many)) == 1
 
 
 class _StreamSource:
@@ -381,15 +441,54 @@ async def test_kafka_source_counts_takeovers_and_skips_its_own_redelivered_tasks
     source.on_assign([("stacx.tasks", 0), ("stacx.tasks", 1)])  # the first assignment
     assert source.num_takeovers == 0
     source.on_assign([("stacx.tasks", 0)])  # a peer joined: this worker keeps partition 0
-    assert source.num_takeovers == 0
+    assert source.num_takeovers == 0 and source.num_revocations == 1
     source.on_assign([("stacx.tasks", 0), ("stacx.tasks", 1)])  # the peer left: its partition
     assert source.num_takeovers == 1
     first, second = await source.next_group(), await source.next_group()
     assert first is not None and second is not None
-    await source.ack(second)  # finished, not committed (offset 0 still runs)
+    await source.ack(second)  # finished, offset 0 still runs
     third = await source.next_group()  # offsets 0 and 1 again, then 2
     assert third is not None and third.source_ref.offset == 2
     assert await source.next_group() is None
+
+
+async def test_a_revoked_partition_drops_its_look_ahead_and_commits_where_it_stands() -> None:
+    """A peer joins and takes partition 1: on revoke this worker commits partition 1 as it stands
+    (offset 0 finished), then its not-started task of partition 1 is no longer its own and its
+    late ack commits nothing there."""
+    places = [(1, 0), (1, 1), (0, 0)]
+    events = [_Event("stacx.tasks", p, o, t) for (p, o), t in zip(places, _tasks(3), strict=True)]
+    consumer = _FakeConsumer(list(events))
+    source = KafkaTaskSource(KafkaTaskSource.Config(bootstrap_servers="unused"), consumer=consumer)
+    source.on_assign([("stacx.tasks", 0), ("stacx.tasks", 1)])
+    done, ahead, kept = [await source.next_group() for _ in range(3)]
+    await source.ack(done)
+    assert all(source.owns(g) for g in (ahead, kept))
+    source.on_revoke([("stacx.tasks", 0), ("stacx.tasks", 1)])  # eager: everything is revoked
+    assert consumer.positions[("stacx.tasks", 1)] == (1, "stacx.finished:")
+    source.on_assign([("stacx.tasks", 0)])
+    assert not source.owns(ahead) and source.owns(kept)
+    commits = len(consumer.commits)
+    await source.ack(ahead)  # it ran anyway (it had started): the new owner's commits rule
+    assert len(consumer.commits) == commits
+
+
+async def test_the_manager_drops_groups_whose_partition_moved_before_they_start() -> None:
+    """Groups pending in the scheduler when their partition moves to a peer never start here."""
+    places = [(0, 0), (1, 0), (1, 1), (0, 1)]
+    events = [_Event("stacx.tasks", p, o, t) for (p, o), t in zip(places, _tasks(4), strict=True)]
+    consumer = _FakeConsumer(list(events))
+    source = KafkaTaskSource(KafkaTaskSource.Config(bootstrap_servers="unused"), consumer=consumer)
+    source.on_assign([("stacx.tasks", 0), ("stacx.tasks", 1)])
+    manager = _stream_manager(source)  # type: ignore[arg-type]
+    for _ in range(4):
+        group = await source.next_group()
+        assert group is not None
+        manager.scheduler.push(group)
+    source.on_assign([("stacx.tasks", 0)])
+    manager._drop_moved()
+    assert manager.num_dropped_moved == 2 and len(manager.scheduler) == 2
+    assert {manager.scheduler.pop().source_ref.partition for _ in range(2)} == {0}  # type: ignore[union-attr]
 
 
 class _TakeoverSource(ListTaskSource):
@@ -489,3 +588,67 @@ async def test_a_new_version_during_a_stall_restarts_the_rebase_wait() -> None:
 def test_a_negative_stall_rebase_is_refused() -> None:
     with pytest.raises(ConfigError, match="stall_rebase_s = -1"):
         RolloutManager.Config(stall_rebase_s=-1)
+
+
+class _StrandedConsumer(_FakeConsumer):
+    """Polls return nothing although the broker counts unread tasks (a partition left paused)."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.resumed = 0
+
+    def lag(self) -> dict:
+        return {("stacx.tasks", 0): 0 if self.resumed else 7, ("stacx.tasks", 1): 0}
+
+    def resume(self) -> None:
+        self.resumed += 1
+
+
+async def test_an_idle_worker_with_unread_tasks_names_the_stall_and_resumes() -> None:
+    from stacx.rollout.progress import metrics_line
+
+    consumer = _StrandedConsumer()
+    source = _kafka_source(consumer, poll_timeout_s=0.01, stranded_check_s=0.05, max_idle_polls=0)
+    manager = _stream_manager(source)  # type: ignore[arg-type]
+    pull = asyncio.create_task(source.next_group())
+    await _until(lambda: source.unread_tasks == 7)
+    assert consumer.resumed == 1
+    assert "STALLED unread_tasks=7" in metrics_line(manager.metrics())
+    await _until(lambda: source.unread_tasks == 0)  # the next check finds them read
+    pull.cancel()
+
+
+async def test_lost_partitions_are_forgotten_without_a_commit() -> None:
+    """The group moved on without this worker (its session expired during a partition): nothing
+    is committed there, its look-ahead is not its own any more, and a later assignment of the
+    same partition starts from what the group committed, not from this worker's stale view."""
+    events = [_Event("stacx.tasks", 0, i, t) for i, t in enumerate(_tasks(2))]
+    consumer = _FakeConsumer(list(events))
+    source = _kafka_source(consumer)
+    ahead = await source.next_group()
+    assert ahead is not None and source.owns(ahead)
+    source.on_lost([("stacx.tasks", 0)])
+    assert consumer.commits == [] and not source.owns(ahead) and source.num_revocations == 1
+    consumer.positions[("stacx.tasks", 0)] = (1, encode_finished(1, {2}))  # the other owner's work
+    source.on_assign([("stacx.tasks", 0)])
+    assert source.num_takeovers == 1
+    await source.ack(ahead)  # it had started before the loss: below the group's offset now
+    assert consumer.commits == [] and consumer.positions[("stacx.tasks", 0)][0] == 1
+
+
+async def test_close_commits_where_it_stands_without_waiting_for_brokers_that_are_going() -> None:
+    from stacx.rollout.task_stream import CLOSE_COMMIT_WAIT_S
+
+    class Recording(_FakeConsumer):
+        waits: list[float | None] = []
+
+        def commit_positions(self, positions: dict, *, wait_s: float | None = None) -> None:
+            self.waits.append(wait_s)
+            super().commit_positions(positions)
+
+    consumer = Recording([_Event("stacx.tasks", 0, 0, _tasks(1)[0])])
+    source = _kafka_source(consumer)
+    assert await source.next_group() is not None
+    await source.close()
+    assert consumer.waits == [CLOSE_COMMIT_WAIT_S] and CLOSE_COMMIT_WAIT_S <= 5
+    assert consumer.commits == [(0, set())]  # the running task stays unfinished for the next owner
