@@ -248,7 +248,7 @@ def service_specs(node: NodePlan, cluster: ClusterConfig, config_dir: Path) -> l
         elif role == "assembler":
             specs.append(ServiceSpec(name="assembler", args=["assemble", "--config", path]))
         elif role == "rollout":
-            specs.append(ServiceSpec(name="rollout", args=["rollout", path, "--no-progress"]))
+            specs.append(ServiceSpec(name="rollout", args=["rollout", path, "--progress", "false"]))
         elif role == "trainer":
             specs.append(_trainer_spec(node, cluster, path))
         specs[-1].env.update(node.devices.get(role, {}))

@@ -427,7 +427,7 @@ class Pipeline:
         return (
             ServiceSpec(name="assembler", args=["assemble", "--config", str(assembler_file)]),
             ServiceSpec(name="trainer", args=["train", str(trainer_file)], finishes=True, env=env),
-            ServiceSpec(name="rollout", args=["rollout", str(rollout_file), "--no-progress"]),
+            ServiceSpec(name="rollout", args=["rollout", str(rollout_file), "--progress", "false"]),
         )
 
     def _wait_training_services(self) -> None:
