@@ -126,7 +126,7 @@ def _through_router(upstream: str, prompts: list[list[int]], new_tokens: int) ->
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
-        while not _answers(f"{url}/health"):
+        while not _answers(f"{url}/readiness"):
             assert router.poll() is None and time.monotonic() < deadline, "sglang-router did not start"
             time.sleep(0.2)
         return asyncio.run(_ours(url, prompts, new_tokens))

@@ -5,14 +5,17 @@ servers of any engine (each speaks SGLang's API: the built-in server, vLLM behin
 SGLang). Group affinity comes from that policy: a request goes to the server whose radix tree
 holds the longest prefix of it when that covers `cache_threshold` of it, so the samples of one
 prompt group, which share their whole prompt, land on one server (one prefill, the rest from its
-cache); load wins over a partial prefix only while the servers' loads differ by more than both
-balance thresholds. The router checks each server's `/health` and routes around one that fails
+cache); a prompt no server holds goes to the server with the smallest tree. Load decides over
+any prefix while the servers' loads differ by more than both balance thresholds, so
+`balance_abs_threshold` is set above a group's size (a lower one splits groups). The router
+checks each server's `/health` and routes around one that fails
 (`stacx run` restarts it; the router takes it back once it answers again) and retries a failed
 request on another server.
 """
 
 from __future__ import annotations
 
+import socket
 import sys
 from dataclasses import dataclass, field
 
@@ -34,10 +37,10 @@ class RouterConfig:
     """sglang-router policy: cache_aware (group affinity), round_robin, power_of_two, random."""
     cache_threshold: float = 0.5
     """Share of a request's prefix a server must already hold for the prefix to decide."""
-    balance_abs_threshold: int = 2
-    """In-flight difference (busiest - least busy) above which load overrides partial prefixes
-    (low: prompts of an RL rollout share a template, so a new group would otherwise follow the
-    template to the first server)."""
+    balance_abs_threshold: int = 32
+    """In-flight difference (busiest - least busy) above which load decides over any prefix. Keep
+    it above the samples of one group sent at once (`samples_per_task`): sglang-router lets load
+    win over a whole-prompt match too, so a lower value splits a group across servers."""
     balance_rel_threshold: float = 1.5
     """... and only when the busiest has more than this times the least busy one's load."""
     max_tree_size: int = 2**24
@@ -46,6 +49,9 @@ class RouterConfig:
     """How often every server's `/health` is asked (a down one comes back once it answers 200)."""
     timeout_s: int = 600
     """Per forwarded request (a long generation holds the call open)."""
+    prometheus_port: int = 0
+    """Port of the router's Prometheus metrics; 0: a free one, chosen when it starts (its default,
+    29000, is shared by every router on the machine)."""
     extra_args: list[str] = field(default_factory=list)
     """More `sglang_router.launch_router` flags, passed through verbatim."""
 
@@ -56,13 +62,22 @@ class RouterConfig:
             raise ValueError("balance_rel_threshold >= 1 and balance_abs_threshold >= 0")
         if len(set(self.upstreams)) != len(self.upstreams):
             raise ValueError(f"upstreams lists a server twice: {self.upstreams}")
+        if not 0 <= self.prometheus_port <= 65535:
+            raise ValueError(f"prometheus_port={self.prometheus_port}: use 0..65535 (0: a free port)")
         if self.health_check_interval_s < 1 or self.timeout_s < 1 or self.max_tree_size < 1:
             raise ValueError("health_check_interval_s, timeout_s and max_tree_size must be >= 1")
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
 
 
 def router_command(config: RouterConfig, python: str = sys.executable) -> list[str]:
     """The `sglang_router.launch_router` command line this config describes."""
     c = config
+    metrics_port = c.prometheus_port or _free_port(c.host)
     return [
         python, "-m", "sglang_router.launch_router", "--host", c.host, "--port", str(c.port),
         "--worker-urls", *[u.rstrip("/") for u in c.upstreams], "--policy", c.policy,
@@ -73,6 +88,7 @@ def router_command(config: RouterConfig, python: str = sys.executable) -> list[s
         "--health-check-interval-secs", str(c.health_check_interval_s),
         "--health-check-endpoint", "/health",
         "--request-timeout-secs", str(c.timeout_s),
+        "--prometheus-host", c.host, "--prometheus-port", str(metrics_port),
         "--log-level", "warn",
         *c.extra_args,
     ]

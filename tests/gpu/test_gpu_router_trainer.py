@@ -59,7 +59,7 @@ def test_two_sglang_servers_behind_the_router(tmp_path: Path) -> None:
                                   "--port", str(router_port),
                                   *(a for s in servers for a in ("--upstream", s.base_url))])
         deadline = time.monotonic() + 120
-        while not _ok(f"{router}/health"):
+        while not _ok(f"{router}/readiness"):  # every server registered and healthy
             assert time.monotonic() < deadline and route.poll() is None, "the router did not start"
             time.sleep(0.5)
         body = {"input_ids": list(range(10, 90)), "sampling_params": {"max_new_tokens": 8}}

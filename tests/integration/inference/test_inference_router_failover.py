@@ -150,7 +150,7 @@ async def test_two_servers_one_killed_mid_run_nothing_lost(
     ]
     router_port = _port()
     router = f"http://127.0.0.1:{router_port}"
-    route = ServiceProcess(ServiceSpec(name="router", ready_url=f"{router}/health", args=[
+    route = ServiceProcess(ServiceSpec(name="router", ready_url=f"{router}/readiness", args=[
         "route", "--port", str(router_port), "--upstream", urls[0], "--upstream", urls[1]]), tmp_path)
     try:
         for service in [*servers, route]:
