@@ -49,6 +49,9 @@ class RouterConfig:
     """How often every server's `/health` is asked (a down one comes back once it answers 200)."""
     timeout_s: int = 600
     """Per forwarded request (a long generation holds the call open)."""
+    breaker_timeout_s: int = 5
+    """Seconds a server's circuit stays open after repeated failures before it is tried again
+    (sglang-router's default, 60, keeps a restarted server idle for a minute after it is back)."""
     prometheus_port: int = 0
     """Port of the router's Prometheus metrics; 0: a free one, chosen when it starts (its default,
     29000, is shared by every router on the machine)."""
@@ -64,8 +67,8 @@ class RouterConfig:
             raise ValueError(f"upstreams lists a server twice: {self.upstreams}")
         if not 0 <= self.prometheus_port <= 65535:
             raise ValueError(f"prometheus_port={self.prometheus_port}: use 0..65535 (0: a free port)")
-        if self.health_check_interval_s < 1 or self.timeout_s < 1 or self.max_tree_size < 1:
-            raise ValueError("health_check_interval_s, timeout_s and max_tree_size must be >= 1")
+        if min(self.health_check_interval_s, self.timeout_s, self.max_tree_size, self.breaker_timeout_s) < 1:
+            raise ValueError("health_check_interval_s, timeout_s, max_tree_size, breaker_timeout_s: >= 1")
 
 
 def _free_port(host: str) -> int:
@@ -88,6 +91,7 @@ def router_command(config: RouterConfig, python: str = sys.executable) -> list[s
         "--health-check-interval-secs", str(c.health_check_interval_s),
         "--health-check-endpoint", "/health",
         "--request-timeout-secs", str(c.timeout_s),
+        "--cb-timeout-duration-secs", str(c.breaker_timeout_s),
         "--prometheus-host", c.host, "--prometheus-port", str(metrics_port),
         "--log-level", "warn",
         *c.extra_args,
