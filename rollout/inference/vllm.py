@@ -203,6 +203,10 @@ class VLLMClient:
         """`wait`: let in-flight requests finish; `abort`: end them now."""
         await self._post(f"/pause?mode={mode}", None)
 
+    async def abort_all(self) -> None:
+        """End every request vLLM is running, without pausing its scheduler."""
+        await self._post("/abort_requests", {})
+
     async def resume(self) -> None:
         await self._post("/resume", None)
 

@@ -192,8 +192,7 @@ def _install_native(app: FastAPI, state: BridgeState) -> None:
     async def abort_request(body: AbortRequest) -> Any:
         if not body.abort_all:
             return _error(InvalidRequestError("rid", "the vLLM engine aborts all at once; send abort_all"))
-        await state.vllm.pause("abort")
-        await state.vllm.resume()
+        await state.vllm.abort_all()
         return {"success": True}
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
