@@ -150,3 +150,12 @@ def test_a_head_size_vllm_cpu_lacks_is_named_with_the_fix(tmp_path: Path) -> Non
     assert problem is not None and "head_dim 16" in problem and "num_attention_heads: 2" in problem
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 2}))
     assert vllm_cpu_head_size_problem(str(tmp_path)) is None
+
+
+def test_abort_all_goes_to_vllms_abort_route_and_single_aborts_are_refused() -> None:
+    fake = FakeVLLM()
+    with _client(fake) as client:
+        assert client.post("/abort_request", json={"abort_all": True}).json()["success"]
+        one = client.post("/abort_request", json={"rid": "r1"})
+    assert fake.calls == [("/abort_requests", {})]
+    assert one.status_code == 400 and "abort_all" in one.json()["error"]["message"]
