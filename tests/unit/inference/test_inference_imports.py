@@ -24,7 +24,7 @@ def test_the_client_router_and_errors_import_without_torch() -> None:
     assert (
         _modules_after(
             "from stacx.rollout.inference import InferenceClient, InferenceError, SamplingParams\n"
-            "from stacx.rollout.inference.router_app import RouterServer\n"
+            "from stacx.rollout.inference.router import RouterConfig, router_command\n"
             "from stacx.infra.cli import build_parser; build_parser()"
         )
         == []
