@@ -65,17 +65,19 @@ def join_netns(netns: str) -> None:
         os.close(fd)
 
 
-def start_nodes(lab: NetLab, root: Path) -> None:
+def start_nodes(lab: NetLab, root: Path, ray_root: Path) -> None:
+    """Head and worker, each with its own temp dir under `ray_root` (short: Ray's sockets live
+    there, and a socket path has at most 107 bytes)."""
     ray_bin = str(Path(sys.executable).with_name("ray"))
     head, worker = lab.hosts["head"], lab.hosts["worker"]
     common = ["--block", "--disable-usage-stats"]
     lab.start("head", [ray_bin, "start", "--head", *common, "--node-ip-address", head.address,
                        "--port", str(HEAD_PORT), "--num-cpus", "6", "--resources", '{"docker": 1}',
-                       "--dashboard-host", head.address, "--temp-dir", str(root / "ray-head")],
+                       "--dashboard-host", head.address, "--temp-dir", str(ray_root / "head")],
               log_path=root / "head.log")
     lab.start("worker", [ray_bin, "start", *common, "--address", f"{head.address}:{HEAD_PORT}",
                          "--node-ip-address", worker.address, "--num-cpus", "3",
-                         "--temp-dir", str(root / "ray-worker")],
+                         "--temp-dir", str(ray_root / "worker")],
               log_path=root / "worker.log")
 
 
@@ -146,11 +148,11 @@ def run_ranks(placement: RayPlacement, name: str, log_dir: Path) -> list[str]:
     return lines
 
 
-def scenario(lab: NetLab, root: Path) -> dict[str, Any]:
+def scenario(lab: NetLab, root: Path, ray_root: Path) -> dict[str, Any]:
     head_ip = lab.hosts["head"].address
     worker_ip = lab.hosts["worker"].address
     t0 = time.monotonic()
-    start_nodes(lab, root)
+    start_nodes(lab, root, ray_root)
     join_netns(lab.hosts["head"].netns)
     config = RayPlacementConfig.model_validate({
         "address": f"{head_ip}:{HEAD_PORT}",
@@ -159,7 +161,7 @@ def scenario(lab: NetLab, root: Path) -> dict[str, Any]:
         "groups": {"policy": {"ranks": 2, "strategy": "STRICT_SPREAD"}, "critic": {"ranks": 1}},
     })
     run_id = f"bench{os.getpid()}"
-    placement = _connect(config, run_id, timeout_s=120)
+    placement = _connect(lab, config, run_id, timeout_s=120)
     wait_nodes(2, 120)
     cluster_up_s = time.monotonic() - t0
     log_dir = root / "logs"
@@ -201,10 +203,13 @@ def scenario(lab: NetLab, root: Path) -> dict[str, Any]:
     }
 
 
-def _connect(config: RayPlacementConfig, run_id: str, timeout_s: float) -> RayPlacement:
-    """Connect once the head answers (it starts in a few seconds)."""
+def _connect(lab: NetLab, config: RayPlacementConfig, run_id: str, timeout_s: float) -> RayPlacement:
+    """Connect once the head answers (it starts in a few seconds); fail at once if a node died."""
     deadline = time.monotonic() + timeout_s
     while True:
+        for host in lab.hosts.values():
+            if any(p.poll() is not None for p in host.processes):
+                raise RuntimeError(f"the Ray node on {host.name} exited; see its log")
         try:
             return RayPlacement(config, run_id=run_id)
         except ConnectionError:
@@ -223,11 +228,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"bench": "ray_placement", "skipped": problem}))
         return 2
     logging.basicConfig(level=logging.WARNING if args.json else logging.INFO)
-    with tempfile.TemporaryDirectory(prefix="stacx-ray-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="sxray", dir="/tmp") as tmp:
         root = args.keep or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         with NetLab(["head", "worker"]) as lab:
-            result = scenario(lab, root)
+            result = scenario(lab, root, Path(tmp))
     print(json.dumps(result))
     return 0
 

@@ -28,6 +28,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
@@ -192,11 +193,13 @@ class RemoteChild:
     """`ChildProcess` of a service run by a `ServiceHost` actor; a dead actor or node is a crash
     with status `LOST`. `pid` is the pid on the service's node: for messages only."""
 
-    def __init__(self, actor: Any, *, pid: int, node_ip: str) -> None:
+    def __init__(self, actor: Any, *, pid: int, node_ip: str, get: Callable[..., Any] | None = None) -> None:
         self.actor = actor
         self.pid = pid
         self.node_ip = node_ip
         self.returncode: int | None = None
+        self._get = get
+        """`ray.get` (a fake in unit tests)."""
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -224,11 +227,11 @@ class RemoteChild:
     def _ask(self, method: str, *args: Any, wait_s: float = CALL_TIMEOUT_S) -> Any:
         """Call the actor; LOST when it or its node is gone, None when it does not answer in time
         (a slow or partitioned node: Ray marks it dead, and the next call reads LOST)."""
-        import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 
+        get = self._get or _ray_get()
         try:
-            return ray.get(getattr(self.actor, method).remote(*args), timeout=wait_s)
+            return get(getattr(self.actor, method).remote(*args), timeout=wait_s)
         except RayActorError:
             return LOST if method != "signal_group" else None
         except GetTimeoutError:
@@ -411,6 +414,12 @@ class RayPlacement:
                 log.warning("removing placement group %s: %s", group.id, exc)
         self._groups.clear()
         ray.shutdown()  # a driver of an existing cluster only disconnects
+
+
+def _ray_get() -> Callable[..., Any]:
+    import ray
+
+    return ray.get
 
 
 def _forwarded_env() -> dict[str, str]:
