@@ -90,7 +90,8 @@ def no_local_signals(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _service(tmp_path: Path, placement: FakePlacement) -> RayService:
-    spec = ServiceSpec(name="gateway", args=["gateway", "--host", NODE_IP], ready_url=f"http://{NODE_IP}:8710/healthz")
+    spec = ServiceSpec(name="gateway", args=["gateway", "--host", NODE_IP],
+                       ready_url=f"http://{NODE_IP}:8710/healthz")
     return RayService(spec, tmp_path, placement=placement)  # type: ignore[arg-type]
 
 
@@ -212,3 +213,37 @@ def test_run_with_ray_sets_the_placement(monkeypatch: pytest.MonkeyPatch) -> Non
         main(["run", str(REPO / "examples/quickstart.yaml"), "--ray", "10.0.0.1:6379", "--no-live"])
     assert exited.value.code == 1
     assert seen["placement"].address == "10.0.0.1:6379"
+
+
+def test_a_gateway_restarted_on_another_node_repoints_rollout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rollout service's config names the gateway's URL: after the gateway moves, rollout is
+    restarted with a config that names the new node."""
+    from stacx.infra.pipeline.config import parse_spec
+    from stacx.infra.pipeline.rayrun import RayPipeline
+
+    monkeypatch.chdir(tmp_path)
+    tree = yaml.safe_load((REPO / "examples/quickstart.yaml").read_text())
+    tree["pipeline"]["runs_dir"] = str(tmp_path / "runs")
+    tree["placement"] = {"kind": "ray", "address": "10.0.0.1:6379"}
+    spec = parse_spec(tree, source="q.yaml", base_dir=REPO / "examples")
+    pipeline = RayPipeline(spec)
+    placement = FakePlacement(["10.0.0.3", "10.0.0.2"])
+    gateway = _service(tmp_path, placement).start()
+    pipeline.services["gateway"] = gateway
+    pipeline._bind(gateway)
+    assert pipeline.gateway_url == "http://10.0.0.3:8710"
+    rollout_nodes = FakePlacement(["10.0.0.2"])
+    rollout = RayService(ServiceSpec(name="rollout", args=["rollout"]), tmp_path,
+                         placement=rollout_nodes)  # type: ignore[arg-type]
+    pipeline.services["rollout"] = rollout.start()
+    pipeline._sft_model = tmp_path / "model"
+    monkeypatch.setattr("stacx.infra.pipeline.rayrun.Pipeline._learner_specs",
+                        lambda self, model: seen.append(self.gateway_url))
+    seen: list[str] = []
+    gateway.start()  # the supervisor's restart: a new actor, on the next node
+    pipeline.restarted(["gateway"])
+    assert pipeline.gateway_url == "http://10.0.0.2:8710"
+    assert seen == ["http://10.0.0.2:8710"]  # configs rewritten with the new URL
+    assert len(rollout_nodes.actors) == 2  # rollout restarted
