@@ -135,9 +135,7 @@ class ServiceHost:
     """The actor: runs one service's command as a process group on its node and answers for it."""
 
     def __init__(self) -> None:
-        import ray
-
-        self.node_ip = ray.util.get_node_ip_address()
+        self.node_ip = _own_node_address()
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(
@@ -180,6 +178,18 @@ class ServiceHost:
                 pass
         self.signal_group(signal.SIGKILL)  # the group's leftovers (spawned ranks), or a stuck leader
         return self.proc.wait(timeout=10)
+
+
+def _own_node_address() -> str:
+    """The address this node joined the cluster with (`ray start --node-ip-address`), not the one
+    a route to the internet would pick (`ray.util.get_node_ip_address` on a multi-homed host)."""
+    import ray
+
+    node_id = ray.get_runtime_context().get_node_id()
+    for node in ray.nodes():
+        if node["NodeID"] == node_id:
+            return str(node["NodeManagerAddress"])
+    return str(ray.util.get_node_ip_address())
 
 
 def _on_node(text: str, node_ip: str) -> str:
