@@ -14,7 +14,7 @@ from stacx.infra.services.netlab import netlab_problem
 
 REPO = Path(__file__).resolve().parents[3]
 RECOVERY_BOUND_S = 60.0
-"""A lost node's services answer again within this (measured: 2-20 s, bench/RESULTS.md)."""
+"""A lost node's services answer again within this (measured: 1.5-1.8 s, bench/RESULTS.md)."""
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.skipif(netlab_problem() is not None, reason=str(netlab_problem()))
