@@ -46,6 +46,8 @@ def register(subparsers: Any) -> None:
     run.add_argument(
         "--explain", action="store_true", help="print the resolved config of every service; start nothing"
     )
+    run.add_argument("--ray", metavar="ADDRESS", help="place the services on the Ray cluster at ADDRESS "
+                     "(HOST:PORT of its head; the file's `placement:` section says what each asks for)")
     _common(run)
     run.set_defaults(func=_run)
 
@@ -105,10 +107,27 @@ def _apply(spec: Any, args: argparse.Namespace) -> None:
         except pydantic.ValidationError as exc:
             problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
             raise PipelineConfigError(f"pipeline.{key}={value!r} (command line): {problem}") from exc
+    if getattr(args, "ray", None):
+        _place_on_ray(spec, args.ray)
     if args.steps is not None:  # the trainer's max_steps follows pipeline.steps
         from stacx.infra.pipeline.resolve import check_sections
 
         check_sections(spec)
+
+
+def _place_on_ray(spec: Any, address: str) -> None:
+    """`--ray ADDRESS`: the file's `placement:` section (if any) at that address."""
+    import pydantic
+
+    from stacx.infra.pipeline import PipelineConfigError
+    from stacx.infra.pipeline.raycluster import RayPlacementConfig
+
+    written = spec.placement.model_dump() if spec.placement is not None else {}
+    try:
+        spec.placement = RayPlacementConfig.model_validate({**written, "address": address})
+    except pydantic.ValidationError as exc:
+        problem = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise PipelineConfigError(f"--ray {address}: {problem}") from exc
 
 
 def _say_errors(command: str, exc: BaseException) -> None:

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from stacx.infra.config import ConfigError, load_yaml
 from stacx.infra.pipeline.errors import PipelineConfigError
 from stacx.infra.pipeline.placement import ResourcesConfig
+from stacx.infra.pipeline.raycluster import RayPlacementConfig
 from stacx.infra.pipeline.services import RestartPolicy
 from stacx.infra.pipeline.wires import wire_value
 from stacx.infra.telemetry import TracingConfig
@@ -425,6 +426,9 @@ class PipelineFile(_Schema):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig.one_host)
     """Which host runs which service (`stacx node up --cluster FILE --host NAME`); default:
     one host runs them all (`stacx run`)."""
+    placement: RayPlacementConfig | None = None
+    """Where `stacx run` places the services: absent, this machine; `{kind: ray, address: ...}`,
+    a Ray cluster (stacx.infra.pipeline.raycluster)."""
     gateway: dict[str, Any] = Field(default_factory=dict)
     """`stacx gateway --config` section (stacx.sandbox.gateway.Gateway.Config)."""
     inference: dict[str, Any] = Field(default_factory=dict)
@@ -477,6 +481,8 @@ class PipelineSpec:
     """Device placement of the trainer and the inference servers."""
     cluster: ClusterConfig = dataclasses.field(default_factory=ClusterConfig.one_host)
     """The hosts and their roles (one host: the single-host pipeline)."""
+    placement: RayPlacementConfig | None = None
+    """A Ray cluster that places the services (None: this machine)."""
 
 
 def schema_errors(exc: pydantic.ValidationError, source: str) -> list[str]:
@@ -653,6 +659,7 @@ def _spec(parsed: PipelineFile, source: str, base_dir: Path) -> PipelineSpec:
         topics=parsed.topics,
         resources=parsed.resources,
         cluster=parsed.cluster,
+        placement=parsed.placement,
         plugin_paths=[(base_dir / p).resolve() for p in parsed.pipeline.plugin_paths],
     )
 

@@ -848,5 +848,10 @@ def _assembler_filtering(spec: PipelineSpec) -> Any:
 
 
 def run_pipeline(spec: PipelineSpec) -> dict[str, Any]:
-    """Run the pipeline; returns the report (also written to runs/<name>/report.json)."""
+    """Run the pipeline; returns the report (also written to runs/<name>/report.json). With a
+    `placement: {kind: ray}` section, Ray places the services (stacx.infra.pipeline.rayrun)."""
+    if spec.placement is not None:
+        from stacx.infra.pipeline.rayrun import RayPipeline
+
+        return RayPipeline(spec).run()
     return Pipeline(spec).run()
