@@ -73,7 +73,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stacx.infra.pipeline import load_spec  # noqa: E402
 from stacx.infra.pipeline.layout import service_logs  # noqa: E402
-from stacx.infra.pipeline.orchestrator import Pipeline  # noqa: E402
+from stacx.infra.pipeline.orchestrator import TRAINING, Pipeline  # noqa: E402
 
 log = logging.getLogger("stacx.chaos")
 
@@ -588,7 +588,7 @@ def _on_signals(stop: threading.Event) -> list[signal.Signals]:
 def _strike_then_finish(pipeline: Pipeline, chaos: Chaos, minutes: float, stop: threading.Event) -> None:
     """Once the pipeline trains through Kafka, strike for `minutes`, then let the run finish (final
     swap, held-out evaluation)."""
-    while not stop.wait(1.0) and not pipeline.metrics.stage.startswith("GRPO through Kafka"):
+    while not stop.wait(1.0) and TRAINING not in pipeline.metrics.stage:
         pass
     chaos.run(time.monotonic() + minutes * 60, stop)
     if not stop.is_set():  # time is up: finish now (final swap, evaluation)

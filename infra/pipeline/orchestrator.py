@@ -84,6 +84,8 @@ LEARNERS = ("assembler", "trainer", "rollout")
 """The GRPO services, waited for together once the rollout service has started."""
 STOP_WAVES = (("rollout",), ("trainer", "assembler", "router"))
 """Stopped first, wave by wave (the rest after them): see `Pipeline._stop_waves`."""
+TRAINING = " through Kafka"
+"""In the stage line while the recipe trains through the run's topics (`bench/chaos.py` strikes then)."""
 MAX_TASK_EVENTS = 65_536
 """Most training-task events one run writes to its tasks topic."""
 
@@ -406,7 +408,7 @@ class Pipeline:
         try:
             self._wait_training_services()
             recipe = self.spec.trainer.get("recipe", "grpo")
-            self.metrics.stage = f"{recipe} through Kafka (target: {self.cfg.steps} policy versions)"
+            self.metrics.stage = f"{recipe}{TRAINING} (target: {self.cfg.steps} policy versions)"
             self._follow(refresh)
         finally:
             monitor.stop()
