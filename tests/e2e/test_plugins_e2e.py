@@ -249,7 +249,8 @@ def test_a_run_uses_a_users_task_source_scaffold_rewards_and_recipe(
 
     listing = tmp_path / "plugins.out"
     assert _stacx(python, "plugins", "rewards", cwd=tmp_path, log=listing, timeout_s=120) == 0, _tail(listing)
-    listed = r"^  plugacc_length +entry point stacx\.rewards of plugacc-ep \(plugacc_ep\.rewards:length\)$"
+    listed = (r"^  plugacc_length +entry point stacx\.rewards of plugacc-ep \(plugacc_ep\.rewards:length\)"
+              r"  Reward for an even answer length; the length as a component\.$")  # origin, then its summary
     assert re.search(listed, listing.read_text(), re.M), listing.read_text()
 
     config = tmp_path / "plugins.yaml"
