@@ -71,14 +71,17 @@ def start_nodes(lab: NetLab, root: Path, ray_root: Path) -> None:
     ray_bin = str(Path(sys.executable).with_name("ray"))
     head, worker = lab.hosts["head"], lab.hosts["worker"]
     common = ["--block", "--disable-usage-stats"]
+    # a busy machine delays a live raylet's answers; a dead one refuses at once, so a long check
+    # timeout keeps loaded nodes alive and still finds the killed one quickly
+    tolerant = {"RAY_health_check_timeout_ms": "30000", "RAY_health_check_failure_threshold": "10"}
     lab.start("head", [ray_bin, "start", "--head", *common, "--node-ip-address", head.address,
                        "--port", str(HEAD_PORT), "--num-cpus", "6", "--resources", '{"docker": 1}',
                        "--dashboard-host", head.address, "--temp-dir", str(ray_root / "head")],
-              log_path=root / "head.log")
+              log_path=root / "head.log", env=tolerant)
     lab.start("worker", [ray_bin, "start", *common, "--address", f"{head.address}:{HEAD_PORT}",
                          "--node-ip-address", worker.address, "--num-cpus", "3",
                          "--temp-dir", str(ray_root / "worker")],
-              log_path=root / "worker.log")
+              log_path=root / "worker.log", env=tolerant)
 
 
 def wait_nodes(count: int, timeout_s: float) -> None:
