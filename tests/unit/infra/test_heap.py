@@ -12,6 +12,7 @@ from stacx.infra.heap import freeze_startup_heap
 
 @pytest.fixture
 def unfrozen() -> Iterator[None]:
+    gc.unfreeze()  # a service started in-process by an earlier test may have frozen its heap
     yield
     gc.unfreeze()  # the rest of the test session keeps its normal collector
 
