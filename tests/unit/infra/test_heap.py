@@ -28,7 +28,8 @@ def test_start_up_objects_are_frozen_and_later_ones_are_not() -> None:
 
     frozen = freeze_startup_heap("test")
 
-    assert frozen == gc.get_freeze_count() > 0
+    # threads left by earlier tests may free frozen objects meanwhile: the count can only fall
+    assert frozen > 0 and 0 < gc.get_freeze_count() <= frozen
     assert not _tracked(model)  # full collections no longer walk it
     request = {"body": [1]}  # made while serving: collected as usual
     assert _tracked(request)

@@ -612,8 +612,8 @@ async def test_an_idle_worker_with_unread_tasks_names_the_stall_and_resumes() ->
     manager = _stream_manager(source)  # type: ignore[arg-type]
     pull = asyncio.create_task(source.next_group())
     await _until(lambda: source.unread_tasks == 7)
-    assert consumer.resumed == 1
     assert "STALLED unread_tasks=7" in metrics_line(manager.metrics())
+    await _until(lambda: consumer.resumed == 1)  # the resume follows the stall's line (a thread)
     await _until(lambda: source.unread_tasks == 0)  # the next check finds them read
     pull.cancel()
 
