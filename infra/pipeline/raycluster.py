@@ -199,6 +199,10 @@ def _on_node(text: str, node_ip: str) -> str:
 # --------------------------------------------------------------------------------- on the driver
 
 
+class NodeLostError(ServiceError):
+    """The actor's node died before the service started (Ray had not marked it dead yet)."""
+
+
 class RemoteChild:
     """`ChildProcess` of a service run by a `ServiceHost` actor; a dead actor or node is a crash
     with status `LOST`. `pid` is the pid on the service's node: for messages only."""
@@ -268,10 +272,20 @@ class RayService(ServiceProcess):
         return self.proc.node_ip if isinstance(self.proc, RemoteChild) else None
 
     def start(self) -> RayService:
-        self._release()
-        self.actor = self.placement.new_actor(self.spec.name, self.bundle)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.proc = self.placement.start_on(self.actor, self.template, self.log_path)
+        started = time.monotonic()
+        while True:
+            self._release()
+            self.actor = self.placement.new_actor(self.spec.name, self.bundle)
+            try:
+                self.proc = self.placement.start_on(self.actor, self.template, self.log_path)
+                break
+            except NodeLostError as exc:  # Ray places the next actor on a live node
+                limit_s = self.placement.config.start_timeout_s
+                if time.monotonic() - started >= limit_s:
+                    raise ServiceError(f"{exc}; no live node took it within {limit_s:.0f}s") from exc
+                log.warning("%s: placing it again", exc)
+                time.sleep(1.0)
         url = self.template.ready_url
         here = None if url is None else _on_node(url, self.proc.node_ip)
         self.spec = replace(self.template, ready_url=here)
@@ -348,7 +362,10 @@ class RayPlacement:
         call = actor.start.remote(spec.program, spec.args, spec.env, str(log_path))
         try:
             pid, node_ip = ray.get(call, timeout=self.config.start_timeout_s)
-        except (GetTimeoutError, RayActorError) as exc:
+        except RayActorError as exc:  # placed on a node that died before Ray marked it dead
+            self.kill(actor)
+            raise NodeLostError(f"placement.services.{spec.name}: its node died before it started") from exc
+        except GetTimeoutError as exc:
             self.kill(actor)
             raise ServiceError(
                 f"placement.services.{spec.name}: Ray did not place and start it within "

@@ -13,7 +13,14 @@ import pytest
 import yaml
 
 from stacx.infra.pipeline.errors import PipelineConfigError, ServiceError
-from stacx.infra.pipeline.raycluster import LOST, NODE_IP, RayPlacementConfig, RayService, RemoteChild
+from stacx.infra.pipeline.raycluster import (
+    LOST,
+    NODE_IP,
+    NodeLostError,
+    RayPlacementConfig,
+    RayService,
+    RemoteChild,
+)
 from stacx.infra.pipeline.services import RestartPolicy, ServiceSpec, Supervisor
 
 ray_exceptions = pytest.importorskip("ray.exceptions")
@@ -247,3 +254,23 @@ def test_a_gateway_restarted_on_another_node_repoints_rollout(
     assert pipeline.gateway_url == "http://10.0.0.2:8710"
     assert seen == ["http://10.0.0.2:8710"]  # configs rewritten with the new URL
     assert len(rollout_nodes.actors) == 2  # rollout restarted
+
+
+class _DyingFirstNode(FakePlacement):
+    """The first actor lands on a node that dies before the service starts (Ray had not yet
+    marked it dead): its start fails with NodeLostError; the next actor lands on a live node."""
+
+    config = RayPlacementConfig(address="10.0.0.2:6379", start_timeout_s=30)
+
+    def start_on(self, actor: FakeActor, spec: ServiceSpec, log_path: Path) -> RemoteChild:
+        if len(self.actors) == 1:
+            raise NodeLostError(f"placement.services.{spec.name}: its node died before it started")
+        return super().start_on(actor, spec, log_path)
+
+
+def test_a_service_placed_on_a_dying_node_is_placed_again(tmp_path: Path) -> None:
+    placement = _DyingFirstNode(["10.0.0.3", "10.0.0.2"])
+    service = _service(tmp_path, placement)  # type: ignore[arg-type]
+    service.start()
+    assert [a.ip for a in placement.actors] == ["10.0.0.3", "10.0.0.2"]
+    assert service.proc is not None and service.proc.node_ip == "10.0.0.2"
