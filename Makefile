@@ -7,7 +7,7 @@ VENV := .venv
 STACX := $(VENV)/bin/stacx
 PYTEST_ARGS ?=
 
-.PHONY: setup services demo test test-unit lint down status bench mutation
+.PHONY: setup services demo test test-unit test-swebench lint down status bench mutation
 
 setup:
 	@bash infra/setup.sh
@@ -21,6 +21,12 @@ demo: setup
 
 test: services
 	@$(VENV)/bin/pytest tests $(PYTEST_ARGS)
+
+# real SWE-bench Verified instances built here (needs git copies of their repositories, which no
+# registry carries): STACX_SWEBENCH_REPOS=/path/to/copies make test-swebench
+test-swebench: services
+	@test -d "$$STACX_SWEBENCH_REPOS" || { echo "make test-swebench: set STACX_SWEBENCH_REPOS to a folder of git copies (owner+name/)"; exit 2; }
+	@$(VENV)/bin/pytest tests/swebench $(PYTEST_ARGS)
 
 test-unit: setup
 	@$(VENV)/bin/pytest tests/unit $(PYTEST_ARGS)

@@ -16,12 +16,14 @@ REPO = Path(__file__).resolve().parents[3]
 RECOVERY_BOUND_S = 60.0
 """A lost node's services answer again within this (measured: 1.5-1.8 s, bench/RESULTS.md)."""
 
-pytest.importorskip("ray")
-pytestmark = pytest.mark.skipif(netlab_problem() is not None, reason=str(netlab_problem()))
 
 
 @pytest.mark.timeout(600)
 def test_services_placed_by_ray_survive_the_loss_of_a_node(tmp_path: Path) -> None:
+    import ray  # noqa: F401  (a dev dependency: missing, the suite fails here)
+
+    problem = netlab_problem()
+    assert problem is None, f"cannot build the network-namespace hosts: {problem}"
     argv = [sys.executable, str(REPO / "bench/ray_placement.py"), "--json", "--keep", str(tmp_path)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

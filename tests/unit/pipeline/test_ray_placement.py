@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import ray.exceptions as ray_exceptions
 import yaml
 
 from stacx.infra.pipeline.errors import PipelineConfigError, ServiceError
@@ -23,7 +24,6 @@ from stacx.infra.pipeline.raycluster import (
 )
 from stacx.infra.pipeline.services import RestartPolicy, ServiceSpec, Supervisor
 
-ray_exceptions = pytest.importorskip("ray.exceptions")
 REPO = Path(__file__).resolve().parents[3]
 
 

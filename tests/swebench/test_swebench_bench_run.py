@@ -21,7 +21,7 @@ from stacx.infra.services.swebench_images import build_instance_image
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 LOCAL = REPO / "tests" / "benchmark_samples" / "swe-bench-verified-local"
 INSTANCE = "pallets__flask-5014"
 REPOS_ENV = "STACX_SWEBENCH_REPOS"
@@ -32,7 +32,7 @@ def instances(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An instances file holding one real instance, its image built here."""
     repos = os.environ.get(REPOS_ENV, "")
     if not repos or not Path(repos).is_dir():
-        pytest.skip(f"set {REPOS_ENV} to a folder with a git copy of pallets/flask")
+        pytest.fail(f"set {REPOS_ENV} to a folder with a git copy of pallets/flask")
     row = next(r for r in json.loads((LOCAL / "test.json").read_text()) if r["instance_id"] == INSTANCE)
     build_instance_image(row, Path(repos))
     path = tmp_path_factory.mktemp("swebench") / "test.jsonl"

@@ -29,7 +29,7 @@ from stacx.schemas.records import TaskSample
 
 pytestmark = pytest.mark.slow
 
-SAMPLES = Path(__file__).resolve().parents[2] / "benchmark_samples" / "swe-bench-verified-local"
+SAMPLES = Path(__file__).resolve().parents[1] / "benchmark_samples" / "swe-bench-verified-local"
 ROWS = {row["instance_id"]: row for row in json.loads((SAMPLES / "test.json").read_text())}
 REPOS_ENV = "STACX_SWEBENCH_REPOS"
 CASES = [(iid, patch) for iid in ROWS for patch in ("gold", "empty")]
@@ -41,7 +41,7 @@ def repos() -> Path:
     value = os.environ.get(REPOS_ENV, "")
     if not value or not Path(value).is_dir():
         wanted = ", ".join(sorted({row["repo"] for row in ROWS.values()}))
-        pytest.skip(f"set {REPOS_ENV} to a folder with git copies of {wanted} (owner+name/ or owner/name/)")
+        pytest.fail(f"set {REPOS_ENV} to a folder with git copies of {wanted} (owner+name/ or owner/name/)")
     return Path(value)
 
 
