@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -59,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from stacx.infra.pipeline import load_spec  # noqa: E402
 from stacx.infra.pipeline.layout import RunLayout  # noqa: E402
 from stacx.infra.services import kafka  # noqa: E402
-from stacx.infra.services.netlab import NetLab, lab_home, netlab_problem, stop_groups  # noqa: E402
+from stacx.infra.services.netlab import NetLab, join_netns, lab_home, netlab_problem, stop_groups  # noqa: E402
 
 log = logging.getLogger("stacx.cluster")
 
@@ -69,7 +68,6 @@ ROLLOUTS = ("roll-1", "roll-2")
 TRAINERS = ("train-1", "train-2")
 LOST = ("kafka-3", "roll-2", "train-2")
 """A broker, a rollout host and a trainer host: lost by SIGKILL, then once more by a partition."""
-CLONE_NEWNET = 0x40000000
 PROCESS_GROUP_TIMEOUT_S = 30.0
 """The trainer's gloo timeout here: a partitioned peer fails a collective after this long."""
 
@@ -141,16 +139,6 @@ def cluster_tree(
     tree["cluster"] = {"run_id": run_id, "broker_heap": "384m", "setup_timeout_s": 900, "hosts": hosts}
     return tree
 
-
-def join_netns(netns: str) -> None:
-    """This thread (and every thread and process it starts from now on) joins `netns`."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(f"/var/run/netns/{netns}", os.O_RDONLY)
-    try:
-        if libc.setns(fd, CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), f"setns {netns}")
-    finally:
-        os.close(fd)
 
 
 class Cluster:

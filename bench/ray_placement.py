@@ -24,7 +24,6 @@ Needs root and iproute2. Last stdout line: the JSON object.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import logging
 import os
@@ -38,10 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stacx.infra.pipeline.raycluster import RayPlacement, RayPlacementConfig, RayService  # noqa: E402
 from stacx.infra.pipeline.services import RestartPolicy, ServiceSpec, Supervisor, http_ready  # noqa: E402
-from stacx.infra.services.netlab import NetLab, netlab_problem  # noqa: E402
+from stacx.infra.services.netlab import NetLab, join_netns, netlab_problem  # noqa: E402
 
 log = logging.getLogger("stacx.bench.ray")
-CLONE_NEWNET = 0x40000000
 HEAD_PORT = 6379
 DASHBOARD_PORT = 8265
 ALLREDUCE = (
@@ -53,16 +51,6 @@ ALLREDUCE = (
     "dist.destroy_process_group()\n"
 )
 
-
-def join_netns(netns: str) -> None:
-    """Move this process (its main thread, before any other starts) into `netns`."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    fd = os.open(f"/var/run/netns/{netns}", os.O_RDONLY)
-    try:
-        if libc.setns(fd, CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), f"setns {netns}")
-    finally:
-        os.close(fd)
 
 
 def start_nodes(lab: NetLab, root: Path, ray_root: Path) -> None:

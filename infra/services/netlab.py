@@ -13,6 +13,7 @@ takes the veth pairs and the bridge with them. Needs root and `ip` (iproute2).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import ipaddress
 import logging
 import os
@@ -25,7 +26,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["LabHost", "NetLab", "lab_home", "netlab_problem", "stop_group", "stop_groups"]
+__all__ = ["LabHost", "NetLab", "join_netns", "lab_home", "netlab_problem", "stop_group", "stop_groups"]
+
+CLONE_NEWNET = 0x40000000
+"""setns(2)'s flag for a network namespace."""
 
 log = logging.getLogger(__name__)
 
@@ -241,3 +245,15 @@ def stop_groups(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float = 60.
                 os.killpg(sid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
+
+
+def join_netns(netns: str) -> None:
+    """This thread (and every thread and process it starts from now on) joins `netns` (a lab
+    host's), so that a driver can live on the lab's network; call it before other threads start."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/var/run/netns/{netns}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns {netns}")
+    finally:
+        os.close(fd)
