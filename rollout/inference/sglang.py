@@ -11,12 +11,10 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 
-import httpx
-
-from stacx.rollout.inference.errors import InferenceError, ServerUnavailableError
+from stacx.rollout.inference.child_server import stop_group, wait_healthy
+from stacx.rollout.inference.errors import InferenceError
 
 __all__ = ["SGLangServer", "unavailable_reason"]
 
@@ -106,34 +104,17 @@ class SGLangServer:
         reason = unavailable_reason()
         if reason is not None:
             raise InferenceError(f"cannot launch SGLang: {reason}")
-        self.process = subprocess.Popen(self.command())
+        self.process = subprocess.Popen(self.command(), start_new_session=True)
 
     def wait_ready(self, timeout_s: float = 600.0) -> None:
         """Block until `/health_generate` answers 200; raises if the process dies or time runs out."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise ServerUnavailableError(
-                    f"SGLang exited with status {self.process.returncode} while starting"
-                )
-            try:
-                if httpx.get(f"{self.base_url}/health_generate", timeout=30).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(1.0)
-        raise ServerUnavailableError(f"SGLang did not answer at {self.base_url} in {timeout_s}s")
+        wait_healthy(self.process, f"{self.base_url}/health_generate", engine="SGLang",
+                     timeout_s=timeout_s, poll_s=1.0, request_timeout_s=30)
 
     def wait(self) -> int:
         assert self.process is not None, "start() first"
         return self.process.wait()
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        """SIGTERM to SGLang's whole process group (scheduler, detokenizer), then SIGKILL."""
+        stop_group(self.process, timeout_s)

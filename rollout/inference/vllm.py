@@ -13,15 +13,14 @@ seeded requests (`CPU Generator does not use offset`), and RL sampling needs no 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from stacx.rollout.inference.child_server import stop_group, wait_healthy
 from stacx.rollout.inference.client import GenerateResult
 from stacx.rollout.inference.errors import (
     InferenceError,
@@ -92,32 +91,15 @@ class VLLMServer:
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
         """Block until `/health` answers 200; raises if the process dies or time runs out."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                status = self.process.returncode
-                raise ServerUnavailableError(f"vLLM exited with status {status} while starting")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=5).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        raise ServerUnavailableError(f"vLLM did not answer at {self.base_url} in {timeout_s:.0f}s")
+        wait_healthy(self.process, f"{self.base_url}/health", engine="vLLM", timeout_s=timeout_s,
+                     poll_s=0.5, request_timeout_s=5)
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM to vLLM's whole process group (its engine core is a child), then SIGKILL."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        stop_group(self.process, timeout_s)
 
 
 def completion_payload(
