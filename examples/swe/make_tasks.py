@@ -1,6 +1,9 @@
 """Write the SWE tasks in miniature: Harbor task directories over a real repository snapshot.
 
-    .venv/bin/python examples/swe/make_tasks.py     # rewrites train/ and heldout/
+    .venv/bin/python examples/swe/make_tasks.py [OUT]    # writes OUT/train/ and OUT/heldout/
+
+The tasks are generated, not kept in git (each carries a copy of the snapshot): `run.py` writes them
+under examples/swe/ when they are missing, tests into a folder of their own (`write_tasks`).
 
 The repository is `inflection` 0.5.1 exactly as its PyPI sdist ships it (snapshot/, MIT licence;
 sha256 of inflection-0.5.1.tar.gz: 1a29730d366e996aaacffb2f1f1cb9593dc38e2ddd30c91250c6dde09ea9b417).
@@ -247,15 +250,22 @@ def write_task(root: Path, bug: Bug) -> None:
         script.chmod(0o755)
 
 
-def main() -> None:
+def write_tasks(out: Path) -> Path:
+    """Every task under `out/train` and `out/heldout` (rewritten), each validated; `out`."""
     unknown = set(HELDOUT) - {b.name for b in BUGS}
     if unknown:
         raise SystemExit(f"HELDOUT names unknown bugs {sorted(unknown)}")
     for folder in ("train", "heldout"):
-        shutil.rmtree(HERE / folder, ignore_errors=True)
+        shutil.rmtree(out / folder, ignore_errors=True)
+        (out / folder).mkdir(parents=True)
     for bug in BUGS:
-        write_task(HERE / ("heldout" if bug.name in HELDOUT else "train"), bug)
+        write_task(out / ("heldout" if bug.name in HELDOUT else "train"), bug)
         print(f"{bug.name}: written and validated (gold resolves, empty patch does not)")
+    return out
+
+
+def main() -> None:
+    write_tasks(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from make_tasks import BUGS, MODULE, WORKDIR, Bug  # noqa: E402
+from make_tasks import BUGS, MODULE, WORKDIR, Bug, write_tasks  # noqa: E402
 
 TOKEN = "swe-example"
 
@@ -134,6 +134,8 @@ def main(argv: list[str] | None = None) -> None:
     from stacx.sandbox.testing import serve_gateway
 
     started = time.monotonic()
+    if not (HERE / args.split).is_dir():  # generated, not kept in git
+        write_tasks(HERE)
     harbor_images.build()
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:

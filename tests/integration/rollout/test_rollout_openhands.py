@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import sys
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -312,15 +313,27 @@ async def test_openhands_terminal_and_file_editor_act_on_the_sandbox(gateway: tu
 SWE = Path(__file__).resolve().parents[3] / "examples" / "swe"
 
 
+@pytest.fixture(scope="module")
+def swe_tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/swe's tasks, generated (and validated) in a folder of this test's."""
+    sys.path.insert(0, str(SWE))
+    try:
+        from make_tasks import write_tasks
+
+        return write_tasks(tmp_path_factory.mktemp("swe"))
+    finally:
+        sys.path.remove(str(SWE))
+
+
 @pytest.mark.parametrize("task", ["heldout/inflection-humanize-id", "train/inflection-ordinal-teens"])
 async def test_swe_tasks_grade_as_swe_bench_gold_resolves_and_the_empty_patch_does_not(
-    gateway: tuple[str, str], task: str
+    gateway: tuple[str, str], swe_tasks: Path, task: str
 ) -> None:
     """examples/swe tasks in the real sandbox: the gold patch resolves (reward 1, every FAIL_TO_PASS
     and PASS_TO_PASS passes), the untouched repository does not; tests the agent edits are reset."""
     from stacx.sandbox.client import SandboxClient
 
-    task_dir = SWE / task
+    task_dir = swe_tasks / task
     async with SandboxClient(SandboxClient.Config(base_url=gateway[0], token=TOKEN)) as sandbox:
         async with sandbox.session(task_dir=str(task_dir)) as session:
             # The agent "fixes" the tests instead of the code: reset by the grader, so no reward.
@@ -337,12 +350,10 @@ async def test_swe_tasks_grade_as_swe_bench_gold_resolves_and_the_empty_patch_do
 
 
 async def test_openhands_fixes_a_held_out_swe_task_with_its_file_editor(
-    gateway: tuple[str, str], model_dir: Path, inference_url: str
+    gateway: tuple[str, str], model_dir: Path, inference_url: str, swe_tasks: Path
 ) -> None:
     """The agent's file_editor str_replace (the model's sampled call, constrained to the gold edit)
     lands in the sandbox's repository: the SWE-bench grading resolves the task."""
-    import sys
-
     sys.path.insert(0, str(SWE))
     from make_tasks import BUGS, MODULE, WORKDIR
 
@@ -365,7 +376,7 @@ async def test_openhands_fixes_a_held_out_swe_task_with_its_file_editor(
         episode={"sandboxes": 1, "memory_mb": 1024},
         step={"cpu": 0.5},
     )
-    task = to_task_sample(load_task(SWE / "heldout" / "inflection-humanize-id"))
+    task = to_task_sample(load_task(swe_tasks / "heldout" / "inflection-humanize-id"))
     trajectory, calls = await _run(gateway, model_dir, inference_url, evaluator, task)
     assert trajectory.status is TrajectoryStatus.COMPLETED, trajectory.error
     assert len(calls) == 1 and calls[0].response == call
