@@ -121,6 +121,7 @@ class _StackFile:
     oncall: Any = None
     evaluation: Any = None
     replay: Any = None
+    placement: Any = None
 
 
 def _stack_config(args: argparse.Namespace) -> stack.StackConfig:

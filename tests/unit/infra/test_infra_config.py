@@ -96,3 +96,14 @@ def test_an_empty_file_is_allowed_where_asked(tmp_path: Path) -> None:
 def test_a_directory_is_not_a_config_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="is a directory; pass a YAML config file"):
         load_yaml(tmp_path)
+
+
+def test_stacx_infra_reads_every_section_a_pipeline_file_may_have() -> None:
+    """`stacx infra --config PIPELINE.yaml` takes what it needs and leaves each other section to its
+    command: a section added to pipeline files (placement:, say) must not make it refuse them."""
+    import dataclasses
+
+    from stacx.infra.commands.infra import _StackFile
+    from stacx.infra.pipeline.config import PipelineFile
+
+    assert set(PipelineFile.model_fields) <= {f.name for f in dataclasses.fields(_StackFile)}
