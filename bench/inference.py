@@ -17,7 +17,8 @@ In one run, on one tiny model made locally (`stacx.rollout.models.make_tiny_mode
   tokens/s at batch 1, 8, 32, seconds for the GRPO shape (no per-request seeds), median reload
   seconds (and per GB of safetensors), resident memory of the server's processes, start-up seconds.
   `--only-engines` measures just these.
-The last line printed is the JSON figure object.
+The last line printed is the JSON figure object; the exit status is 1 when a target is missed
+(`meets_targets`).
 """
 
 from __future__ import annotations
@@ -257,7 +258,7 @@ def main() -> int:
             f"(hit rate {grpo['hit_rate']:.2f})"
         )
     print(json.dumps(figures))
-    return 0
+    return 0 if figures["meets_targets"] else 1
 
 
 if __name__ == "__main__":

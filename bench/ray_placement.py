@@ -18,7 +18,8 @@ and the Ray nodes are stopped by pid.
 
     sudo .venv/bin/python bench/ray_placement.py [--json]
 
-Needs root and iproute2. Last stdout line: the JSON object.
+Needs root and iproute2. Last stdout line: the JSON object; exit status 1 when one of its checks
+fails (`checks_failed`).
 """
 
 from __future__ import annotations
@@ -209,6 +210,29 @@ def _connect(lab: NetLab, config: RayPlacementConfig, run_id: str, timeout_s: fl
             time.sleep(1.0)
 
 
+RECOVERY_BOUND_S = 60.0
+"""A lost node's services must answer again on a live node within this."""
+
+
+def failed_checks(result: dict[str, Any]) -> list[str]:
+    """The bench's own checks, by name: placement as configured, the lost node's services back on
+    the head within the bound, nothing of the run left in Ray."""
+    head, worker = result["head"], result["worker"]
+    placed = {name.split("-")[2]: ip for name, ip in result["placed"].items()}
+    after = {n.split("-")[2]: ip for n, ip in result["after_loss"].items() if n.split("-")[2] in placed}
+    checks = {
+        "docker_resource": placed.get("anchor") == head,
+        "spread": {placed.get("alpha"), placed.get("beta")} == {head, worker},
+        "policy_ranks_across_nodes": result["policy_ranks"] == [f"allreduce 3.0 world 2 master {head}"] * 2,
+        "lost_node_restarted_once": len(result["on_lost_node"]) == 1
+        and result["restarts"].get(result["on_lost_node"][0]) == 1,
+        "recovery_within_bound": result["recovery_s"] < RECOVERY_BOUND_S,
+        "all_on_the_head_after_loss": set(after.values()) == {head},
+        "nothing_left": result["left_after_close"] == {"actors": 0, "placement_groups": 0},
+    }
+    return [name for name, ok in checks.items() if not ok]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="only the JSON line on stdout")
@@ -224,8 +248,9 @@ def main(argv: list[str] | None = None) -> int:
         root.mkdir(parents=True, exist_ok=True)
         with NetLab(["head", "worker"]) as lab:
             result = scenario(lab, root, Path(tmp))
+    result["checks_failed"] = failed_checks(result)
     print(json.dumps(result))
-    return 0
+    return 1 if result["checks_failed"] else 0
 
 
 if __name__ == "__main__":

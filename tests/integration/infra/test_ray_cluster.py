@@ -28,6 +28,7 @@ def test_services_placed_by_ray_survive_the_loss_of_a_node(tmp_path: Path) -> No
     done = subprocess.run(argv, capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["checks_failed"] == [], result
     head, worker = result["head"], result["worker"]
     placed = {name.split("-")[2]: ip for name, ip in result["placed"].items()}
     assert placed["anchor"] == head  # the only node with the `docker` resource
