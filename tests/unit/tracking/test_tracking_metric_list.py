@@ -1,4 +1,4 @@
-"""The metric list of docs/observability.md is what the trackers hold: every series a run logs,
+"""The metric list of docs/metrics.md is what the trackers hold: every series a run logs,
 from real producers (a tiny GRPO trainer's published version, the inference server's and the
 sandbox gateway's own Prometheus expositions, a real process tree, an evaluation), matches a
 documented name, and every documented name is logged."""
@@ -27,8 +27,8 @@ from stacx.sandbox.models import ExecResult
 from stacx.sandbox.sessions import SessionManager
 from stacx.schemas.records import TrainingBatch, Trajectory, TrajectoryStatus, Turn, WeightVersion
 
-DOC = Path(__file__).resolve().parents[3] / "docs" / "observability.md"
-SECTION = "### Every series"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
+SECTION = "## Every series"
 
 
 def documented() -> list[str]:
