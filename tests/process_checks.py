@@ -55,4 +55,8 @@ def run_to_the_end(
         proc.terminate()
         stdout, stderr = proc.communicate(timeout=300)
         raise AssertionError(f"{what} ran past {timeout_s} s:\n{stderr[-3000:]}") from None
+    except BaseException:  # the suite interrupted (Ctrl-C, its own timeout): the bench stops too
+        proc.terminate()
+        proc.communicate(timeout=300)
+        raise
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
