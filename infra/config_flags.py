@@ -77,7 +77,7 @@ def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return tree
 
 
-def _leaves(cls: type[Any], prefix: str) -> Iterator[tuple[str, Any, str]]:
+def _leaves(cls: type, prefix: str) -> Iterator[tuple[str, Any, str]]:
     hints = _hints(cls)
     docs = _field_docs(cls)
     for f in dataclasses.fields(cls):
@@ -124,7 +124,7 @@ def _yaml_value(text: str) -> Any:
 
 
 @functools.cache
-def _field_docs(cls: type[Any]) -> dict[str, str]:
+def _field_docs(cls: type) -> dict[str, str]:
     """Field name -> the first sentence of the docstring under it in the class body."""
     try:
         source = textwrap.dedent(inspect.getsource(cls))

@@ -98,11 +98,12 @@ class PartitionProgress:
 
     def finish(self, event: Any) -> bool:
         """Mark `event` finished; False when this partition's copy of the task is another one."""
-        if self.running.get(event.offset) is event:
-            del self.running[event.offset]
-        elif event.offset in self.running:
+        offset = event.offset
+        if self.running.get(offset) is event:
+            del self.running[offset]
+        elif offset in self.running:
             return False
-        self.finished.add(event.offset)
+        self.finished.add(offset)
         return True
 
     def commit_point(self) -> tuple[int, str] | None:

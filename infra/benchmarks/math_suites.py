@@ -169,7 +169,7 @@ class MathHendrycks(MathSuite):
     layout = "JSONL/Parquet rows or the release's test/<subject>/<n>.json: problem, solution with \\boxed{}"
     graders = {"math-is-equiv": "hendrycks_math_answer", MATH_VERIFY: "math_equivalent"}
     question_fields: tuple[str, ...] = ("problem",)
-    group_field = "level"
+    group_field: str | None = "level"
 
     def gold(self, row: dict[str, Any]) -> str | None:
         direct = super().gold(row)

@@ -26,9 +26,9 @@ class Line:
 def line_chart(title: str, lines: Sequence[Line], *, x_label: str, y_label: str, chart_id: str) -> str:
     """A `<figure class="chart">` holding the SVG of `lines` (`data-points`: how many points are
     drawn); an empty chart says that there is nothing yet."""
-    drawn = tuple(Line(line.label, tuple(map(tuple, line.points))) for line in lines if line.points)
+    drawn = tuple(Line(line.label, tuple((x, y) for x, y in line.points)) for line in lines if line.points)
     count = sum(len(line.points) for line in drawn)
-    svg = _svg(title, drawn, x_label, y_label)  # type: ignore[arg-type]
+    svg = _svg(title, drawn, x_label, y_label)
     return (
         f'<figure class="chart" id="{escape(chart_id)}" data-points="{count}" '
         f'aria-label="{escape(title)}">{svg}</figure>'

@@ -80,16 +80,17 @@ def _running(url: str) -> int:
     return int(info["internal_states"][0]["running_requests"])
 
 
-def _tasks(prefix: str, num: int, preamble: str = "") -> list[TaskSample]:
+def _tasks(prefix: str, num: int) -> list[TaskSample]:
     return [TaskSample(task_id=f"{prefix}-{i}", task_type="arithmetic_tool",
-                       prompt=f"{preamble}What is {6 + i}*7?", data=f'{{"answer": {(6 + i) * 7}}}')
+                       prompt=f"What is {6 + i}*7?", data=f'{{"answer": {(6 + i) * 7}}}')
             for i in range(num)]
 
 
-NEW_PREAMBLE = "A new kind of task, worded at length so that the chat template is less than half of it. " * 3
-"""Prompts that no server holds half of: by the cache-aware policy (SGLang's too) a short prompt
-sharing the chat template with a warm server's cache goes there unless load is uneven, so the
-restarted server's return is shown with work it is the better place for (equal load, smaller tree)."""
+async def _post_later(http: httpx.AsyncClient, router: str, delay_s: float, input_ids: list[int]) -> None:
+    await asyncio.sleep(delay_s)
+    params = {"max_new_tokens": 300, "ignore_eos": True}
+    answer = await http.post(f"{router}/generate", json={"input_ids": input_ids, "sampling_params": params})
+    assert answer.status_code == 200, answer.text
 
 
 def _consume(bootstrap: str, topic: str, group: str, count: int) -> list[Trajectory]:
@@ -226,8 +227,19 @@ async def _check(router: str, urls: list[str], servers: list[ServiceProcess], su
     while not _healthy(router)[url]:
         assert time.monotonic() < deadline, "the router did not take the restarted server back"
         await asyncio.sleep(0.2)
-    await _rollout(router, gateway, model_dir, _tasks("b", 6, NEW_PREAMBLE), samples, kafka)
-    assert _requests(url) > 0, "the restarted server got no request"  # a fresh process counts from 0
+    # The prompts served during the outage stay with the survivor (it holds them now); a prompt no
+    # server holds goes to the least loaded one, so of two such prompts in flight at once, one goes
+    # to the restarted server (its cache is empty, its load nothing).
+    deadline = time.monotonic() + 30
+    async with httpx.AsyncClient(timeout=120) as http:
+        for first in range(90, 60, -2):
+            if _requests(url) > 0:  # a fresh process counts from 0
+                break
+            assert time.monotonic() < deadline, "the router sends the restarted server no new prompt"
+            await asyncio.gather(*(_post_later(http, router, 0.5 * k, [first - k, *range(30, 1, -1)])
+                                   for k in range(2)))
+    assert _requests(url) > 0, "the router sends the restarted server no new prompt"
+    await _rollout(router, gateway, model_dir, _tasks("b", 6), samples, kafka)
 
     expected = (num_tasks + 6) * samples
     records = _consume(bootstrap, topic, group, expected)
