@@ -165,6 +165,26 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor,
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
+def entropy_metrics(logits: torch.Tensor, mask: torch.Tensor,
+                    temperatures: torch.Tensor | None = None) -> Metrics:
+    """Mean entropy (nats) of the policy's next-token distribution over the tokens `mask` marks,
+    each row at its sampling temperature (verl's `actor/entropy`): logits [B, T, V], mask [B, T].
+    No gradient; one row at a time, so at most one [T, V] copy is held. Empty for an empty mask."""
+    count = float(mask.sum().item())
+    if count == 0:
+        return {}
+    total = 0.0
+    with torch.no_grad():
+        for row in range(logits.shape[0]):
+            x = logits[row].to(torch.promote_types(logits.dtype, torch.float32))
+            if temperatures is not None:
+                x = x / temperatures[row].to(x.dtype)
+            logp = torch.log_softmax(x, dim=-1)
+            per_token = -(logp.exp() * logp).sum(-1)  # [T]
+            total += float((per_token * mask[row].to(per_token.dtype)).sum().item())
+    return {"entropy": total / count}
+
+
 def advantage_metrics(advantages: torch.Tensor, mask: torch.Tensor) -> Metrics:
     """Mean, max and min of the advantages (`[B]` per sequence, or `[B, T]` per token, read where
     `mask` is 1), as verl reports them; empty for an empty batch."""

@@ -12,6 +12,7 @@ from torch import nn
 from stacx.trainer.batch import TensorBatch
 from stacx.trainer.config import OptimizerConfig
 from stacx.trainer.errors import RecipeError
+from stacx.trainer.losses import entropy_metrics
 from stacx.trainer.protocols import ModelOutput, Specialization
 from stacx.trainer.recipe import ModelSlot, Role
 
@@ -103,7 +104,8 @@ class RoleWorker:
                                                dict[str, float]]:
         """(outputs averaged over the role's models, summed loss or None, metrics)."""
         spec = self.specialization
-        per_model = [spec.extract_model_output(w.forward(batch), batch) for w in self.workers]
+        forwards = [w.forward(batch) for w in self.workers]
+        per_model = [spec.extract_model_output(output, batch) for output in forwards]
         outputs = per_model[0] if len(per_model) == 1 else {
             k: torch.stack([o[k] for o in per_model]).mean(0) for k in per_model[0]}
         if not self.trainable:
@@ -114,4 +116,7 @@ class RoleWorker:
             part, part_metrics = spec.compute_loss(out, batch)
             loss = part if loss is None else loss + part
             metrics = metrics or part_metrics
+        logits = forwards[0].logits
+        if logits is not None and logits.shape[1] == batch.loss_mask.shape[1] + 1:
+            metrics = {**metrics, **entropy_metrics(logits[:, :-1], batch.loss_mask, batch.temperatures)}
         return outputs, loss, metrics

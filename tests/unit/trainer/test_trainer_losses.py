@@ -716,3 +716,21 @@ def test_advantage_metrics_per_sequence_and_per_token_by_hand() -> None:
         {"advantages_mean": 0.75, "advantages_max": 4.0, "advantages_min": -3.0}
     )
     assert advantage_metrics(torch.zeros(0), torch.zeros(0, 3)) == {}
+
+
+def test_entropy_metrics_equal_torch_categorical_at_each_rows_temperature() -> None:
+    from stacx.trainer.losses import entropy_metrics
+
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 5, 11, generator=generator, dtype=torch.float64) * 4
+    mask = torch.tensor([[0, 1, 1, 1, 0], [1, 1, 0, 0, 0], [0, 0, 0, 0, 1]], dtype=torch.float32)
+    temperatures = torch.tensor([1.0, 0.5, 2.0])
+    # torch's own Categorical, at the temperature each row was sampled at, over the masked tokens
+    expected = torch.distributions.Categorical(logits=logits / temperatures.view(-1, 1, 1)).entropy()
+    want = float(expected[mask > 0].mean())
+    assert entropy_metrics(logits, mask, temperatures) == {"entropy": pytest.approx(want, rel=1e-9)}
+    untempered = float(torch.distributions.Categorical(logits=logits).entropy()[mask > 0].mean())
+    assert entropy_metrics(logits, mask) == {"entropy": pytest.approx(untempered, rel=1e-9)}
+    uniform = torch.zeros(1, 2, 7)  # the largest entropy: log V
+    assert entropy_metrics(uniform, torch.ones(1, 2)) == {"entropy": pytest.approx(math.log(7))}
+    assert entropy_metrics(logits, torch.zeros(3, 5)) == {}
