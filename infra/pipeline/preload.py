@@ -248,8 +248,11 @@ def _become_service(request: dict[str, Any], entry: Callable[[list[str]], Any]) 
     """In the forked child: the service's session, files, environment and command. Never returns:
     the command's SystemExit ends the interpreter as it would end a fresh `stacx` process."""
     os.setsid()  # its own process group, as a spawned service's: stopping it stops its ranks
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
-        signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
+    # the signals as CPython sets them at start-up: SIGPIPE ignored, so a client that hangs up before
+    # its answer is written is a BrokenPipeError the server handles, not the end of the server
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)

@@ -18,16 +18,32 @@ from stacx.infra.pipeline.preload import ForkedProcess, Preloader, PreloadError,
 from stacx.infra.pipeline.services import ServiceProcess, ServiceSpec
 from stacx.rollout.models import make_tiny_model
 
-PROBE = '''
-import json, os, signal, sys, time
+SIGNALS = ("SIGINT", "SIGTERM", "SIGPIPE", "SIGXFSZ", "SIGHUP", "SIGCHLD")
+PROBE = f"SIGNALS = {SIGNALS!r}\n" + '''
+import json, os, signal, socket, sys, time
+
+def _write_to_a_closed_peer():
+    """What a server sees when a client hangs up before the answer is sent."""
+    mine, theirs = socket.socketpair()
+    theirs.close()
+    try:
+        mine.send(b"HTTP/1.1 400 Bad Request")
+    except BrokenPipeError:
+        return "BrokenPipeError"
+    finally:
+        mine.close()
+    return "sent"
 
 def main(args):
     """Write what the forked service sees, then sleep, exit with a status, or wait for SIGTERM."""
+    broken_pipe = _write_to_a_closed_peer()  # under SIGPIPE's default action, the end of the process
+    signals = {name: repr(signal.getsignal(getattr(signal, name))) for name in SIGNALS}
     with open(os.environ["PROBE_OUT"], "w") as out:
         json.dump({"args": args, "argv": sys.argv, "pid": os.getpid(), "ppid": os.getppid(),
                    "pgid": os.getpgid(0), "sid": os.getsid(0), "cwd": os.getcwd(),
                    "service_env": os.environ.get("SERVICE_ONLY"), "loaded": "json" in sys.modules,
-                   "optional_loaded": "csv" in sys.modules}, out)
+                   "optional_loaded": "csv" in sys.modules, "broken_pipe": broken_pipe,
+                   "signals": signals}, out)
     print("probe printed this", flush=True)
     if args[1] == "exit":
         raise SystemExit(int(args[2]))
@@ -69,6 +85,13 @@ def test_a_service_is_forked_with_its_own_env_session_and_exit_status(
     assert seen["service_env"] == "trainer"  # the service's environment, not the preloader's
     assert seen["args"] == ["serve", "exit", "3"] and seen["argv"] == ["stacx", "serve", "exit", "3"]
     assert seen["cwd"] == os.getcwd() and seen["loaded"]
+    # signals as a fresh `stacx` process has them: SIGPIPE ignored (CPython's start-up), so a client
+    # that hangs up mid-answer is an error the server handles, not the end of the server
+    assert seen["broken_pipe"] == "BrokenPipeError"
+    show = (f"SIGNALS = {SIGNALS!r}\nimport json, signal\n"
+            "print(json.dumps({n: repr(signal.getsignal(getattr(signal, n))) for n in SIGNALS}))")
+    fresh = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True, check=True)
+    assert seen["signals"] == json.loads(fresh.stdout)
     # the run's id is in what /proc shows of the preloader, so tools that find a run's processes by
     # their environment find the forked ones too
     environ = Path(f"/proc/{preloader.pid}/environ").read_bytes().split(b"\0")
