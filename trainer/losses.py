@@ -169,20 +169,22 @@ def entropy_metrics(logits: torch.Tensor, mask: torch.Tensor,
                     temperatures: torch.Tensor | None = None) -> Metrics:
     """Mean entropy (nats) of the policy's next-token distribution over the tokens `mask` marks,
     each row at its sampling temperature (verl's `actor/entropy`): logits [B, T, V], mask [B, T].
-    No gradient; one row at a time, so at most one [T, V] copy is held. Empty for an empty mask."""
-    count = float(mask.sum().item())
-    if count == 0:
+    No gradient; one row at a time, so at most one [T, V] copy is held, and one device sync in all.
+    Empty for an empty mask."""
+    if logits.shape[0] == 0:
         return {}
-    total = 0.0
     with torch.no_grad():
+        sums = []
         for row in range(logits.shape[0]):
             x = logits[row].to(torch.promote_types(logits.dtype, torch.float32))
             if temperatures is not None:
                 x = x / temperatures[row].to(x.dtype)
             logp = torch.log_softmax(x, dim=-1)
             per_token = -(logp.exp() * logp).sum(-1)  # [T]
-            total += float((per_token * mask[row].to(per_token.dtype)).sum().item())
-    return {"entropy": total / count}
+            sums.append((per_token * mask[row].to(per_token.dtype)).sum())
+        total = torch.stack(sums).sum()
+        total, count = torch.stack([total, mask.sum().to(total)]).tolist()
+    return {"entropy": total / count} if count else {}
 
 
 def advantage_metrics(advantages: torch.Tensor, mask: torch.Tensor) -> Metrics:
