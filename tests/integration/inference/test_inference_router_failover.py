@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import signal
 import socket
 import time
@@ -86,11 +87,31 @@ def _tasks(prefix: str, num: int) -> list[TaskSample]:
             for i in range(num)]
 
 
-async def _post_later(http: httpx.AsyncClient, router: str, delay_s: float, input_ids: list[int]) -> None:
-    await asyncio.sleep(delay_s)
-    params = {"max_new_tokens": 300, "ignore_eos": True}
-    answer = await http.post(f"{router}/generate", json={"input_ids": input_ids, "sampling_params": params})
-    assert answer.status_code == 200, answer.text
+async def _traffic_until(router: str, reached: str, clients: int = 8, limit_s: float = 60.0) -> int:
+    """Distinct prompts from `clients` concurrent clients through the router (each a new random
+    prompt, as a rollout's are) until the server at `reached` has served one, or `limit_s` passed.
+    Returns how many requests the router answered."""
+    rng = random.Random(7)
+    done = asyncio.Event()
+    answered = 0
+
+    async def client(http: httpx.AsyncClient) -> None:
+        nonlocal answered
+        while not done.is_set():
+            ids = [rng.randrange(2, 90) for _ in range(rng.randrange(10, 60))]
+            params = {"max_new_tokens": rng.randrange(5, 40)}
+            answer = await http.post(f"{router}/generate", json={"input_ids": ids, "sampling_params": params})
+            assert answer.status_code == 200, answer.text
+            answered += 1
+
+    async with httpx.AsyncClient(timeout=120) as http:
+        senders = [asyncio.create_task(client(http)) for _ in range(clients)]
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline and await asyncio.to_thread(_requests, reached) == 0:
+            await asyncio.sleep(0.2)
+        done.set()
+        await asyncio.gather(*senders)
+    return answered
 
 
 def _consume(bootstrap: str, topic: str, group: str, count: int) -> list[Trajectory]:
@@ -227,18 +248,12 @@ async def _check(router: str, urls: list[str], servers: list[ServiceProcess], su
     while not _healthy(router)[url]:
         assert time.monotonic() < deadline, "the router did not take the restarted server back"
         await asyncio.sleep(0.2)
-    # The prompts served during the outage stay with the survivor (it holds them now); a prompt no
-    # server holds goes to the least loaded one, so of two such prompts in flight at once, one goes
-    # to the restarted server (its cache is empty, its load nothing).
-    deadline = time.monotonic() + 30
-    async with httpx.AsyncClient(timeout=120) as http:
-        for first in range(90, 60, -2):
-            if _requests(url) > 0:  # a fresh process counts from 0
-                break
-            assert time.monotonic() < deadline, "the router sends the restarted server no new prompt"
-            await asyncio.gather(*(_post_later(http, router, 0.5 * k, [first - k, *range(30, 1, -1)])
-                                   for k in range(2)))
-    assert _requests(url) > 0, "the router sends the restarted server no new prompt"
+    # ... and gets work again under a rollout's kind of traffic: concurrent distinct prompts (one
+    # that no server holds goes to the least loaded server; the prompts served during the outage
+    # stay with the survivor, which holds them now)
+    answered = await _traffic_until(router, url)
+    view = httpx.get(f"{router}/workers", timeout=10).text
+    assert _requests(url) > 0, f"the restarted server got none of {answered} prompts in 60 s: {view}"
     await _rollout(router, gateway, model_dir, _tasks("b", 6), samples, kafka)
 
     expected = (num_tasks + 6) * samples
