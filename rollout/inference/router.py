@@ -5,12 +5,12 @@ servers of any engine (each speaks SGLang's API: the built-in server, vLLM behin
 SGLang). Group affinity comes from that policy: a request goes to the server whose radix tree
 holds the longest prefix of it when that covers `cache_threshold` of it, so the samples of one
 prompt group, which share their whole prompt, land on one server (one prefill, the rest from its
-cache); a prompt no server holds goes to the server with the smallest tree. Load decides over
-any prefix while the servers' loads differ by more than both balance thresholds, so
-`balance_abs_threshold` is set above a group's size (a lower one splits groups). The router
-checks each server's `/health` and routes around one that fails
-(`stacx run` restarts it; the router takes it back once it answers again) and retries a failed
-request on another server.
+cache); a prompt no server holds goes to the least loaded server (on a tie, the first of the
+router's own list). Load decides over any prefix while the servers' loads differ by more than both
+balance thresholds, so `balance_abs_threshold` is set above a group's size (a lower one splits
+groups). The router checks each server's `/health` and routes around one that fails (`stacx run`
+restarts it; the router takes it back once it answers again) and retries a failed request on
+another server.
 """
 
 from __future__ import annotations
